@@ -1,0 +1,441 @@
+"""The built-in benchmark client: SGLang's streaming `POST /generate`, measured like `sglang.bench_serving`.
+
+Prompts are random token ids (like bench_serving's `random-ids` dataset with `--random-range-ratio 1.0`),
+so no tokenizer is needed and every request has exactly `input_len` prompt tokens and, with
+`ignore_eos`, exactly `output_len` output tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from autotune.errors import AutotuneError
+
+__all__ = [
+    "SSE_DONE",
+    "BenchmarkError",
+    "BenchmarkResult",
+    "RequestOutcome",
+    "SSEParser",
+    "Workload",
+    "benchmark",
+    "percentile",
+    "run_benchmark",
+    "summarize",
+]
+
+SSE_DONE = "[DONE]"
+
+# Token ids past every common tokenizer's special tokens and inside every modern LLM's vocabulary
+# (the smallest in use, Llama 2's, has 32000 ids).
+_TOKEN_IDS = range(1000, 30000)
+# Warm-up only needs to touch the prefill and decode paths once, not to decode the full length.
+_WARMUP_MAX_NEW_TOKENS = 16
+_ERROR_TEXT_MAX = 500
+
+
+class BenchmarkError(AutotuneError):
+    """The benchmark produced no usable result: every request failed, warm-up failed, or it timed out.
+
+    Carries the partial counts (`completed`, `failed`, `unfinished`) and the first error's text.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        completed: int = 0,
+        failed: int = 0,
+        unfinished: int = 0,
+        first_error: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.completed = completed
+        self.failed = failed
+        self.unfinished = unfinished
+        self.first_error = first_error
+        super().__init__(
+            f"benchmark {reason} ({completed} completed, {failed} failed, {unfinished} unfinished); "
+            f"first error: {first_error or 'none'}"
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and
+    `output_len` output tokens, `concurrency` in flight at once, after `warmup_requests` uncounted ones."""
+
+    num_prompts: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    warmup_requests: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "input_len", "output_len", "concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got ({name}={value!r}).")
+        if not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
+            raise ValueError(
+                f"`warmup_requests >= 0` must hold, but got (warmup_requests={self.warmup_requests!r})."
+            )
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """One benchmark's measurements, in server time (see `time_scale`); latencies in milliseconds.
+
+    `time_scale` is what the server reported at the top level of /get_server_info (1.0 when absent, as
+    on real SGLang): real seconds per server second. Every measured duration was divided by it and every
+    throughput multiplied by it. `accept_length` is the server's `avg_spec_accept_length` of DP rank 0,
+    None without speculative decoding.
+    """
+
+    workload: Workload
+    duration_s: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    mean_ttft_ms: float
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    mean_itl_ms: float
+    p50_itl_ms: float
+    p99_itl_ms: float
+    mean_e2e_latency_ms: float
+    p50_e2e_latency_ms: float
+    p99_e2e_latency_ms: float
+    accept_length: float | None
+    time_scale: float
+    first_error: str | None = None
+
+    def to_json(self) -> str:
+        """Serialize to a JSON object (the workload nested under "workload")."""
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchmarkResult:
+        """Parse what `to_json` wrote."""
+        data = json.loads(text)
+        data["workload"] = Workload(**data["workload"])
+        return cls(**data)
+
+
+@dataclass
+class RequestOutcome:
+    """One request as the client saw it, in real (wall-clock) seconds."""
+
+    success: bool = False
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+class SSEParser:
+    """Incremental parser of a server-sent-events byte stream; returns each event's data payload.
+
+    Bytes may arrive split anywhere (inside a line, inside a UTF-8 character); `feed` returns the
+    events completed so far. Multi-line data fields are joined with newlines, comments and other
+    fields are ignored, as the SSE specification says. SGLang's final payload is `SSE_DONE`.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Add bytes; return the payloads of the events they complete."""
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
+        events: list[str] = []
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8")
+            if not line:
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith("data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(" ") else value)
+        return events
+
+    def close(self) -> list[str]:
+        """End of stream: return a last event that lacked its closing blank line, if any."""
+        events = self.feed(b"\n\n") if self._buf or self._data else []
+        self._buf = b""
+        return events
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default, which bench_serving uses); 0.0
+    for no values, as bench_serving's `np.percentile(x or 0, q)`."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"`0 <= q <= 100` must hold, but got ({q=}).")
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(
+    outcomes: Sequence[RequestOutcome],
+    duration_s: float,
+    workload: Workload,
+    *,
+    time_scale: float = 1.0,
+    accept_length: float | None = None,
+) -> BenchmarkResult:
+    """Turn per-request outcomes and the real wall-clock `duration_s` into a result in server time.
+
+    Durations are divided by `time_scale` and throughputs thereby multiplied by it.
+    """
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"`time_scale > 0` must hold, but got ({time_scale=}).")
+    ok = [o for o in outcomes if o.success]
+    ms = 1000.0 / time_scale  # real seconds -> server milliseconds
+    ttfts = [o.ttft_s * ms for o in ok if o.ttft_s is not None]
+    itls = [gap * ms for o in ok for gap in o.itl_s]
+    e2es = [o.latency_s * ms for o in ok]
+    server_duration = duration_s / time_scale
+    total_in = sum(o.prompt_tokens for o in ok)
+    total_out = sum(o.output_tokens for o in ok)
+
+    def rate(amount: float) -> float:
+        return amount / server_duration if server_duration > 0 else 0.0
+
+    return BenchmarkResult(
+        workload=workload,
+        duration_s=server_duration,
+        completed=len(ok),
+        failed=len(outcomes) - len(ok),
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=rate(len(ok)),
+        input_throughput=rate(total_in),
+        output_throughput=rate(total_out),
+        mean_ttft_ms=_mean(ttfts),
+        p50_ttft_ms=percentile(ttfts, 50),
+        p99_ttft_ms=percentile(ttfts, 99),
+        mean_itl_ms=_mean(itls),
+        p50_itl_ms=percentile(itls, 50),
+        p99_itl_ms=percentile(itls, 99),
+        mean_e2e_latency_ms=_mean(e2es),
+        p50_e2e_latency_ms=percentile(e2es, 50),
+        p99_e2e_latency_ms=percentile(e2es, 99),
+        accept_length=accept_length,
+        time_scale=time_scale,
+        first_error=next((o.error for o in outcomes if o.error), None),
+    )
+
+
+def _prompt(label: str, seed: int, index: int, input_len: int) -> list[int]:
+    # A string seed is hashed with SHA-512 by `random`: the same prompts on every run and platform.
+    return random.Random(f"autotune:{label}:{seed}:{index}").choices(_TOKEN_IDS, k=input_len)
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:_ERROR_TEXT_MAX]
+
+
+async def _generate(
+    session: aiohttp.ClientSession, url: str, input_ids: list[int], max_new_tokens: int
+) -> RequestOutcome:
+    """Send one streaming /generate request and time it; never raises for server or network errors."""
+    out = RequestOutcome(prompt_tokens=len(input_ids))
+    payload = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    parser = SSEParser()
+    done = False
+    last_tokens = 0
+    most_recent = 0.0
+    st = time.perf_counter()
+    try:
+        async with session.post(url, json=payload) as resp:
+            if resp.status != 200:
+                body = await resp.text(errors="replace")
+                out.error = f"HTTP {resp.status} {resp.reason or ''}: {body}"[:_ERROR_TEXT_MAX]
+                return out
+            async for data in resp.content.iter_any():
+                for event in parser.feed(data):
+                    if event == SSE_DONE:
+                        done = True
+                        break
+                    chunk = json.loads(event)
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"stream chunk is not a JSON object: {event[:100]!r}")
+                    if "error" in chunk:
+                        out.error = f"server error: {json.dumps(chunk['error'])}"[:_ERROR_TEXT_MAX]
+                        return out
+                    now = time.perf_counter()
+                    meta = chunk.get("meta_info") or {}
+                    out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
+                    # completion_tokens is cumulative; output_ids carries only this chunk's new tokens.
+                    tokens = meta.get("completion_tokens")
+                    tokens = (
+                        int(tokens)
+                        if tokens is not None
+                        else last_tokens + len(chunk.get("output_ids") or [])
+                    )
+                    new = tokens - last_tokens
+                    if new <= 0:
+                        continue
+                    if out.ttft_s is None:
+                        out.ttft_s = now - st
+                    else:
+                        # A chunk with k new tokens (speculative decoding accepts several per step, and
+                        # the server may batch stream output) counts as k gaps of chunk_gap / k, as
+                        # sglang.bench_serving does: ITL stays per token, comparable with and without
+                        # speculation and with bench_serving's own numbers.
+                        out.itl_s.extend([(now - most_recent) / new] * new)
+                    most_recent = now
+                    last_tokens = tokens
+                if done:
+                    break
+            if not done:
+                for event in parser.close():
+                    done = done or event == SSE_DONE
+            out.latency_s = time.perf_counter() - st
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+        # ValueError covers malformed JSON and UTF-8 in the stream; the rest are network and server deaths.
+        out.error = _error_text(e)
+        return out
+    out.output_tokens = last_tokens
+    if not done:
+        out.error = f"stream ended before {SSE_DONE} after {last_tokens} tokens"
+    elif last_tokens == 0:
+        out.error = "stream finished without generating a token"
+    else:
+        out.success = True
+    return out
+
+
+async def _server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
+    """GET /get_server_info (or 0.5.8+'s /server_info); {} when neither answers with a JSON object."""
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            async with session.get(base_url + path) as resp:
+                if resp.status == 200:
+                    info = await resp.json(content_type=None)
+                    if isinstance(info, dict):
+                        return info
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            continue
+    return {}
+
+
+def _time_scale(info: dict[str, Any]) -> float | None:
+    value = info.get("time_scale")
+    if value is None:
+        return None
+    scale = float(value)
+    if not (math.isfinite(scale) and scale > 0):
+        raise BenchmarkError(f"cannot convert units: the server reported time_scale={value!r}, not > 0")
+    return scale
+
+
+def _accept_length(info: dict[str, Any]) -> float | None:
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if value is not None:
+            return float(value)
+    return None
+
+
+async def run_benchmark(
+    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0
+) -> BenchmarkResult:
+    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`.
+
+    Warm-up requests run first and are not counted. Failed requests are counted in the result; raises
+    `BenchmarkError` when a warm-up request or every request fails, or when the whole benchmark takes
+    longer than `timeout_s` real seconds.
+    """
+    base_url = base_url.rstrip("/")
+    url = base_url + "/generate"
+    outcomes: list[RequestOutcome] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # the overall deadline bounds the rest
+    connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds what is in flight
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        try:
+            async with asyncio.timeout(timeout_s):
+                info = await _server_info(session, base_url)
+                warmups = await asyncio.gather(
+                    *(
+                        _generate(
+                            session,
+                            url,
+                            _prompt("warmup", seed, i, workload.input_len),
+                            min(workload.output_len, _WARMUP_MAX_NEW_TOKENS),
+                        )
+                        for i in range(workload.warmup_requests)
+                    )
+                )
+                bad = [w for w in warmups if not w.success]
+                if bad:
+                    raise BenchmarkError(
+                        f"warm-up failed: {len(bad)} of {len(warmups)} warm-up requests failed",
+                        first_error=bad[0].error,
+                    )
+
+                semaphore = asyncio.Semaphore(workload.concurrency)
+
+                async def one(index: int) -> None:
+                    async with semaphore:
+                        ids = _prompt("bench", seed, index, workload.input_len)
+                        outcomes.append(await _generate(session, url, ids, workload.output_len))
+
+                start = time.perf_counter()
+                await asyncio.gather(*(one(i) for i in range(workload.num_prompts)))
+                duration = time.perf_counter() - start
+                after = await _server_info(session, base_url)
+        except TimeoutError:
+            completed = sum(o.success for o in outcomes)
+            raise BenchmarkError(
+                f"did not finish within {timeout_s:g} s",
+                completed=completed,
+                failed=len(outcomes) - completed,
+                unfinished=workload.num_prompts - len(outcomes),
+                first_error=next((o.error for o in outcomes if o.error), None),
+            ) from None
+
+    time_scale = _time_scale(info) or _time_scale(after) or 1.0
+    result = summarize(
+        outcomes, duration, workload, time_scale=time_scale, accept_length=_accept_length(after)
+    )
+    if result.completed == 0:
+        raise BenchmarkError(
+            "failed: every request failed", failed=result.failed, first_error=result.first_error
+        )
+    return result
+
+
+def benchmark(base_url: str, workload: Workload, timeout_s: float, seed: int = 0) -> BenchmarkResult:
+    """Synchronous `run_benchmark` for callers without an event loop (a Ray actor method, the CLI)."""
+    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed))

@@ -1,0 +1,265 @@
+"""Reading YAML files and turning pydantic's validation errors into one-line `ConfigError`s."""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
+
+from autotune.errors import ConfigError, did_you_mean
+
+# The error type of the rules autotune's own validators raise (see `rule_error`).
+RULE_ERROR = "autotune_rule"
+
+
+class _Missing:
+    """Stands for a value that is not in the file at all."""
+
+    def __repr__(self) -> str:
+        return "nothing"
+
+
+MISSING: Any = _Missing()
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys (PyYAML would silently keep the last one)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})", mark
+            )
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: Path | str) -> dict[str, Any]:
+    """Read a YAML file whose top level is a mapping; every problem is a `ConfigError` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            path, "", str(path), "file not found", "Check the path (relative paths start at the study file)."
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(
+            path, "", str(path), "is a directory, not a file", "Point to a .yaml file."
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            path,
+            "",
+            str(path),
+            f"cannot be read ({exc})",
+            "Check the file's permissions and encoding (UTF-8).",
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = exc.problem or exc.context or "malformed YAML"
+        raise ConfigError(
+            path,
+            where,
+            _line(text, mark.line) if mark else "",
+            f"malformed YAML: {problem}",
+            "Fix the YAML syntax there (indentation, quotes, a missing ':' or a tab).",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "", "", f"malformed YAML: {exc}", "Fix the YAML syntax.") from None
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(
+            path,
+            "",
+            data,
+            f"the top level must be a mapping of keys, but the file is {kind}",
+            _top_level_fix(),
+        )
+    return data
+
+
+def _line(text: str, index: int) -> str:
+    lines = text.splitlines()
+    # At the end of the file the mark points past the last line; the last line is where the fix goes.
+    return lines[min(index, len(lines) - 1)].strip() if lines and index >= 0 else ""
+
+
+def _top_level_fix() -> str:
+    return "Write 'key: value' lines at the top level."
+
+
+def rule_error(problem: str, *, loc: tuple[str | int, ...] = (), value: Any = MISSING, fix: str) -> Exception:
+    """An error for a validator to raise: `loc` is relative to the raising model."""
+    return PydanticCustomError(RULE_ERROR, problem, {"loc": loc, "value": value, "fix": fix})
+
+
+def config_error_from_validation(
+    path: Path | str, error: ValidationError, model: type[BaseModel], *, prefix: tuple[str | int, ...] = ()
+) -> ConfigError:
+    """Turn pydantic's first validation error into one `ConfigError`: dotted field, value, fix."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    if first["type"] == "missing":
+        # A misspelled key shows up as "missing" plus "unknown key" beside it; the latter says more.
+        parent = tuple(first["loc"])[:-1]
+        first = next(
+            (e for e in errors if e["type"] == "extra_forbidden" and tuple(e["loc"])[:-1] == parent), first
+        )
+    loc = tuple(first["loc"])
+    ctx = first.get("ctx") or {}
+    kind = first["type"]
+    walked = _walk(model, loc)
+    field_loc = list(walked.loc)
+    value = first.get("input", MISSING)
+
+    if kind == RULE_ERROR:
+        field_loc += list(ctx.get("loc", ()))
+        value = ctx.get("value", MISSING)
+        problem, fix = first["msg"], str(ctx.get("fix", ""))
+    elif kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = sorted(walked.parent_fields)
+        value = key
+        problem = "unknown key"
+        fix = (did_you_mean(key, allowed).strip() + " " if allowed else "") + (
+            f"Allowed keys: {', '.join(allowed)}." if allowed else "Remove it."
+        )
+    elif kind == "missing":
+        value = MISSING
+        problem = "required key is missing"
+        fix = f"Add '{loc[-1]}'."
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        tag = str(ctx.get("discriminator", "'type'")).strip("'")
+        field_loc.append(tag)
+        tags = walked.tags
+        if kind == "union_tag_not_found":
+            value, problem = MISSING, f"required key '{tag}' is missing"
+        else:
+            value, problem = ctx.get("tag"), f"unknown {tag}"
+        hint = did_you_mean(str(value), tags).strip() if kind == "union_tag_invalid" else ""
+        fix = f"{hint} Use one of: {', '.join(tags)}.".strip()
+    elif kind == "literal_error":
+        options = [str(o) for o in walked.literals]
+        problem = "not an allowed value"
+        hint = did_you_mean(str(value), options).strip()
+        fix = f"{hint} Use one of: {', '.join(options)}.".strip() if options else first["msg"]
+    else:
+        problem, fix = _plain_problem(kind, ctx, first["msg"])
+    return ConfigError(path, _dotted((*prefix, *field_loc)), value, problem, fix)
+
+
+def _plain_problem(kind: str, ctx: Mapping[str, Any], msg: str) -> tuple[str, str]:
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    for name, op in bounds.items():
+        if kind == name:
+            limit = next(iter(ctx.values()), "?")
+            return f"must be {op} {limit}", f"Use a value {op} {limit}."
+    table = {
+        "int": ("must be a whole number", "Write an integer such as 8."),
+        "float": ("must be a number", "Write a number such as 0.9."),
+        "bool": ("must be true or false", "Write true or false."),
+        "string": ("must be a string", "Write a string (quote it if YAML reads it as something else)."),
+        "dict": ("must be a mapping", "Write 'key: value' entries under it."),
+        "model": ("must be a mapping", "Write 'key: value' entries under it."),
+        "list": ("must be a list", "Write a list such as [a, b]."),
+    }
+    for prefix, answer in table.items():
+        if kind.startswith(prefix):
+            return answer
+    return msg[:1].lower() + msg[1:], "Correct this value."
+
+
+def _dotted(loc: Iterable[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class _Walk:
+    """What a pydantic error location points at: the location without union tags, and the model around it."""
+
+    def __init__(self) -> None:
+        self.loc: list[str | int] = []
+        self.parent_fields: list[str] = []
+        self.tags: list[str] = []
+        self.literals: list[Any] = []
+
+
+def _walk(model: type[BaseModel], loc: tuple[str | int, ...]) -> _Walk:
+    out = _Walk()
+    annotation: Any = model
+    for part in loc:
+        annotation = _unwrap(annotation)
+        members = _model_members(annotation)
+        tags = {t: m for m in members for t in _tags_of(m)}
+        if len(members) > 1 and isinstance(part, str) and part in tags:
+            annotation = tags[part]  # a discriminated union's tag: not a key the user wrote
+            continue
+        out.loc.append(part)
+        if len(members) == 1:
+            fields = members[0].model_fields
+            out.parent_fields = [f.alias or name for name, f in fields.items()]
+            field = fields.get(str(part)) or next((f for f in fields.values() if f.alias == part), None)
+            annotation = field.annotation if field is not None else None
+        elif typing.get_origin(annotation) in (dict, Mapping):
+            annotation = typing.get_args(annotation)[1]
+        elif typing.get_origin(annotation) in (list, tuple):
+            annotation = typing.get_args(annotation)[0]
+        else:
+            annotation = None
+    annotation = _unwrap(annotation)
+    out.tags = list(dict.fromkeys(t for m in _model_members(annotation) for t in _tags_of(m)))
+    if typing.get_origin(annotation) is typing.Literal:
+        out.literals = list(typing.get_args(annotation))
+    return out
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Annotated and Optional so that the walk sees the real type."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) == 1:
+                annotation = args[0]
+            else:
+                return annotation
+        else:
+            return annotation
+
+
+def _model_members(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return []
+
+
+def _tags_of(model: type[BaseModel]) -> list[str]:
+    field = model.model_fields.get("type")
+    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+        return []
+    return [str(a) for a in typing.get_args(field.annotation)]

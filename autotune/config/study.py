@@ -1,0 +1,515 @@
+"""The study file: the model, the node(s), the search space, the objective, storage and limits.
+
+`load_study` validates the study file and the files it names, checks them against each other, and returns
+a `Study`. Loading creates nothing on disk; whoever runs the study calls `Study.ensure_workdir()`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import optuna
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
+from autotune.config.objective import Objective, load_objective
+from autotune.config.search_space import (
+    FLAG_NAME,
+    MANAGED_FLAGS,
+    BoolParameter,
+    CategoricalParameter,
+    SearchSpace,
+    SpeculativeRules,
+    load_search_space,
+)
+from autotune.errors import ConfigError, did_you_mean
+from autotune.launch import ServerLaunch, TrialConfig, build_server_launch, to_arg, to_env_value
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+WORKDIR_NAME = ".autotune"
+
+# Both switch NVLink multicast (NVLS) on, which must stay off where the fabric cannot take it.
+DEFAULT_NEVER_LAUNCH_ENV: Mapping[str, tuple[str, ...]] = {"NCCL_NVLS_ENABLE": ("1", "2")}
+DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-symm-mem")
+
+SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+}
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class NodeSpec(BaseModel):
+    """A GPU node that runs trials."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    address: str = "local"
+
+    @field_validator("address")
+    @classmethod
+    def _supported(cls, address: str) -> str:
+        if address == "local":
+            return address
+        if address.startswith("ssh://"):
+            raise rule_error(
+                "ssh:// nodes are not supported yet",
+                value=address,
+                fix="Use `address: local` and run autotune on the GPU node itself for now.",
+            )
+        raise rule_error("unknown node address", value=address, fix="Use `address: local`.")
+
+
+class ServerSpec(BaseModel):
+    """How to start SGLang: the command, the model, where it listens, and fixed base flags and env."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(default_factory=lambda: ["python", "-m", "sglang.launch_server"])
+    model_path: Annotated[str, Field(min_length=1)]
+    draft_model_path: str | None = None
+    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 30000
+    flags: dict[str, str | None] = Field(default_factory=dict)  # None: a switch without a value
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, command: Any) -> Any:
+        if isinstance(command, str):
+            try:
+                return shlex.split(command)
+            except ValueError as exc:
+                raise rule_error(
+                    f"cannot split the command ({exc})", value=command, fix="Balance the quotes."
+                ) from None
+        return command
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, command: list[str]) -> list[str]:
+        if not command:
+            raise rule_error(
+                "the command is empty", value=command, fix="Use e.g. [python, -m, sglang.launch_server]."
+            )
+        return command
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flag_values(cls, flags: Any) -> Any:
+        if not isinstance(flags, dict):
+            return flags
+        # true or null: a switch; false: left out; numbers become their command-line text.
+        return {
+            flag: None if value is None or value is True else to_arg(value) if _scalar(value) else value
+            for flag, value in flags.items()
+            if value is not False
+        }
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, str | None]) -> dict[str, str | None]:
+        for flag in flags:
+            if not FLAG_NAME.match(flag):
+                raise rule_error(
+                    "a server flag must start with '--'",
+                    loc=(flag,),
+                    value=flag,
+                    fix=f"Write '--{flag.lstrip('-')}'; env vars go under server.env.",
+                )
+            if flag in MANAGED_FLAGS:
+                raise rule_error(
+                    f"{flag} is set by autotune",
+                    loc=(flag,),
+                    value=flag,
+                    fix=f"Remove it here and set `{MANAGED_FLAGS[flag]}`.",
+                )
+        return flags
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values(cls, env: Any) -> Any:
+        if not isinstance(env, dict):
+            return env
+        return {name: to_env_value(value) if _scalar(value) else value for name, value in env.items()}
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        _check_env_names(env)
+        return env
+
+
+class Budget(BaseModel):
+    """When the study stops: after `n_trials` trials or `timeout_s` seconds, whichever comes first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_trials: Annotated[StrictInt, Field(gt=0)] | None = 20
+    timeout_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Budget:
+        if self.n_trials is None and self.timeout_s is None:
+            raise rule_error(
+                "the study would never stop", loc=("n_trials",), value=None, fix="Set n_trials or timeout_s."
+            )
+        return self
+
+
+class SamplerSpec(BaseModel):
+    """Which Optuna sampler proposes trials."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "tpe"
+    seed: StrictInt | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in SAMPLERS:
+            hint = did_you_mean(name, SAMPLERS).strip()
+            raise rule_error(
+                "unknown sampler", value=name, fix=f"{hint} Samplers: {', '.join(SAMPLERS)}.".strip()
+            )
+        return name
+
+    def build(self) -> optuna.samplers.BaseSampler:
+        """A new sampler of this kind and seed."""
+        return SAMPLERS[self.name](self.seed)
+
+
+class Timeouts(BaseModel):
+    """How long a server may take to become ready, and a benchmark to finish."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    startup_s: PositiveFloat = 1800.0
+    benchmark_s: PositiveFloat = 900.0
+
+
+class NeverLaunch(BaseModel):
+    """Env values and flags no launch may use; the defaults keep NVLink multicast off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: dict[str, list[str]] = Field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_NEVER_LAUNCH_ENV.items()}
+    )
+    flags: list[str] = Field(default_factory=lambda: list(DEFAULT_NEVER_LAUNCH_FLAGS))
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _as_strings(cls, env: Any) -> Any:
+        if not isinstance(env, dict):
+            return env
+        out = {}
+        for name, values in env.items():
+            values = values if isinstance(values, list) else [values]
+            out[name] = [to_env_value(v) if _scalar(v) and v is not None else v for v in values]
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, list[str]]) -> dict[str, list[str]]:
+        _check_env_names(env)
+        return env
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, flags: list[str]) -> list[str]:
+        for index, flag in enumerate(flags):
+            if not FLAG_NAME.match(flag):
+                raise rule_error(
+                    "a flag must start with '--'",
+                    loc=(index,),
+                    value=flag,
+                    fix=f"Write '--{flag.lstrip('-')}'.",
+                )
+        return flags
+
+
+class Failures(BaseModel):
+    """How failed trials are scored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    oom_penalty: float = Field(
+        default=0.0, description="the value an out-of-memory trial records (it is PRUNED, not COMPLETE)"
+    )
+
+
+class StudyFile(BaseModel):
+    """The schema of a study YAML file. Paths are relative to the study file's folder."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    study: str
+    search_space: Annotated[str, Field(min_length=1)]
+    objective: Annotated[str, Field(min_length=1)]
+    storage: str | None = None
+    tracking_uri: str | None = None
+    nodes: list[NodeSpec] = Field(default_factory=lambda: [NodeSpec(name="local", address="local")])
+    server: ServerSpec
+    budget: Budget = Field(default_factory=Budget)
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    never_launch: NeverLaunch = Field(default_factory=NeverLaunch)
+    failures: Failures = Field(default_factory=Failures)
+    ray_address: str | None = None
+
+    @field_validator("study")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not STUDY_NAME.match(name):
+            raise rule_error(
+                "a study name must match ^[A-Za-z0-9][A-Za-z0-9_.-]*$ (it names a folder)",
+                value=name,
+                fix="Use letters, digits, '_', '.' and '-', e.g. kimi-k2-eagle3.",
+            )
+        return name
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_nodes(cls, nodes: list[NodeSpec]) -> list[NodeSpec]:
+        if not nodes:
+            raise rule_error(
+                "a study needs at least one node", value=nodes, fix="Use [{name: local, address: local}]."
+            )
+        names = [node.name for node in nodes]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise rule_error(
+                    "node names must be unique", loc=(index, "name"), value=name, fix="Rename one of them."
+                )
+        return nodes
+
+
+def _scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _check_env_names(env: Mapping[str, object]) -> None:
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise rule_error(
+                "not a valid environment variable name",
+                loc=(name,),
+                value=name,
+                fix="Use letters, digits and '_', not starting with a digit.",
+            )
+
+
+@dataclass(frozen=True)
+class Study:
+    """A loaded study: the validated study file, its search space and objective, and resolved locations."""
+
+    file: StudyFile
+    path: Path
+    search_space: SearchSpace
+    objective: Objective
+    storage: str
+    tracking_uri: str
+    workdir: Path
+    search_space_path: Path
+    objective_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.file.study
+
+    @property
+    def search_space_text(self) -> str:
+        return self.search_space_path.read_text()
+
+    @property
+    def objective_text(self) -> str:
+        return self.objective_path.read_text()
+
+    def ensure_workdir(self) -> Path:
+        """Create the study's work dir (`<study dir>/.autotune/<study>/`) if needed and return it."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self.workdir
+
+    def server_launch(self, config: TrialConfig, port: int | None = None) -> ServerLaunch:
+        """The server launch for one trial (or `search_space.baseline()`); `port` overrides the file's.
+
+        Raises ForbiddenLaunchError when the launch would use a never_launch value.
+        """
+        server = self.file.server
+        algorithm = config.flags.get(SpeculativeRules.ALGORITHM) or server.flags.get(
+            SpeculativeRules.ALGORITHM
+        )
+        draft = server.draft_model_path if SpeculativeRules.needs_draft_model(algorithm) else None
+        return build_server_launch(
+            command=server.command,
+            model_path=server.model_path,
+            config=config,
+            host=server.host,
+            port=server.port if port is None else port,
+            base_flags=server.flags,
+            base_env=server.env,
+            draft_model_path=draft,
+            never_launch_env=self.file.never_launch.env,
+            never_launch_flags=self.file.never_launch.flags,
+        )
+
+
+def load_study(path: Path | str) -> Study:
+    """Read and validate a study file and the files it names; creates nothing on disk."""
+    path = Path(path)
+    data = load_yaml(path)
+    try:
+        file = StudyFile.model_validate(data)
+    except ValidationError as exc:
+        raise config_error_from_validation(path, exc, StudyFile) from None
+    study_dir = path.expanduser().resolve().parent
+    search_space_path = _named_file(path, study_dir, "search_space", file.search_space)
+    objective_path = _named_file(path, study_dir, "objective", file.objective)
+    search_space = load_search_space(search_space_path)
+    objective = load_objective(objective_path)
+    _check_against_search_space(path, file, search_space)
+    workdir = study_dir / WORKDIR_NAME / file.study
+    return Study(
+        file=file,
+        path=path,
+        search_space=search_space,
+        objective=objective,
+        storage=file.storage or f"sqlite:///{workdir / 'optuna.db'}",
+        tracking_uri=file.tracking_uri or f"sqlite:///{workdir / 'mlflow.db'}",
+        workdir=workdir,
+        search_space_path=search_space_path,
+        objective_path=objective_path,
+    )
+
+
+def _named_file(path: Path, study_dir: Path, field: str, value: str) -> Path:
+    target = Path(value).expanduser()
+    target = (target if target.is_absolute() else study_dir / target).resolve()
+    if not target.is_file():
+        problem = "is a folder, not a file" if target.is_dir() else f"no such file: {target}"
+        raise ConfigError(
+            path,
+            field,
+            value,
+            problem,
+            f"Fix the path; a relative path starts at the study file's folder {study_dir}.",
+        )
+    return target
+
+
+def _check_against_search_space(path: Path, file: StudyFile, space: SearchSpace) -> None:
+    """The rules that need both files: overlaps, never_launch, and speculation's draft model."""
+    server, never = file.server, file.never_launch
+    for section, names in (("flags", server.flags), ("env", server.env)):
+        for name in names:
+            if name in space:
+                raise ConfigError(
+                    path,
+                    f"server.{section}.{name}",
+                    name,
+                    f"is also tuned by the search space {space.path}",
+                    "Keep it in one place: remove it from the study file or from the search space.",
+                )
+
+    for name, parameter in space.parameters.items():
+        if parameter.kind == "nccl":
+            for forbidden in never.env.get(name, []):
+                if parameter.can_produce_env(forbidden):
+                    field, value = _where_it_produces(name, parameter, forbidden)
+                    raise ConfigError(
+                        space.path,
+                        field,
+                        value,
+                        f"can launch {name}={forbidden}, which never_launch in {path} forbids",
+                        f"Remove that value from {name}'s choices.",
+                    )
+        elif name in never.flags and parameter.can_pass_flag():
+            raise ConfigError(
+                space.path,
+                f"parameters.{name}",
+                name,
+                f"can pass {name}, which never_launch in {path} forbids",
+                f"Remove {name} from the search space.",
+            )
+
+    for name, value in server.env.items():
+        if value in never.env.get(name, []):
+            raise ConfigError(
+                path,
+                f"server.env.{name}",
+                value,
+                "never_launch forbids this value",
+                f"Remove {name} or change it.",
+            )
+    for flag in server.flags:
+        if flag in never.flags:
+            raise ConfigError(
+                path, f"server.flags.{flag}", flag, "never_launch forbids this flag", f"Remove {flag}."
+            )
+    for token in server.command:
+        if token.split("=", 1)[0] in never.flags:
+            raise ConfigError(
+                path, "server.command", token, "never_launch forbids this flag", "Remove it from the command."
+            )
+
+    _check_speculation(path, file, space)
+
+
+def _where_it_produces(name: str, parameter: object, forbidden: str) -> tuple[str, object]:
+    if isinstance(parameter, CategoricalParameter):
+        for index, choice in enumerate(parameter.choices):
+            if choice is not None and to_env_value(choice) == forbidden:
+                return f"parameters.{name}.choices[{index}]", choice
+    if isinstance(parameter, BoolParameter):
+        return f"parameters.{name}.type", "bool"
+    return f"parameters.{name}", forbidden
+
+
+def _check_speculation(path: Path, file: StudyFile, space: SearchSpace) -> None:
+    server = file.server
+    base_algorithm = server.flags.get(SpeculativeRules.ALGORITHM)
+    if SpeculativeRules.ALGORITHM not in space and base_algorithm is None:
+        for name in space:
+            if SpeculativeRules.is_speculative_flag(name):
+                raise ConfigError(
+                    space.path,
+                    f"parameters.{name}",
+                    name,
+                    f"speculation is never on, so {name} would never matter",
+                    f"Add {SpeculativeRules.ALGORITHM} to the search space or to server.flags in {path}.",
+                )
+    algorithms = [base_algorithm, *(space.possible_values(SpeculativeRules.ALGORITHM) or [])]
+    needing = [str(a) for a in algorithms if SpeculativeRules.needs_draft_model(a)]
+    if needing and server.draft_model_path is None:
+        source = (
+            "server.flags"
+            if SpeculativeRules.needs_draft_model(base_algorithm)
+            else f"search space {space.path}"
+        )
+        raise ConfigError(
+            path,
+            "server.draft_model_path",
+            None,
+            f"the {source} can turn on {needing[0]} speculation, which needs draft weights",
+            "Set server.draft_model_path to the draft model (e.g. the EAGLE-3 head for this model).",
+        )

@@ -1,0 +1,471 @@
+"""The study loop: Optuna proposes, a node actor runs, the outcome goes back to Optuna and to MLflow.
+
+The driver holds no GPU. It asks Optuna for a trial, turns it into a server launch through the search
+space, hands it to a free node actor, and tells Optuna what happened. It never sees how a node runs
+commands (local process or SSH); the node never sees Optuna.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.benchmark import Workload
+from autotune.config import Study
+from autotune.errors import AutotuneError, ForbiddenLaunchError
+from autotune.failures import FailureKind
+from autotune.launch import TrialConfig
+from autotune.node import NodeActor, TrialRequest, TrialResult
+from autotune.tracking import StudyTracker
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BASELINE_ATTR = "baseline"
+RETRY_OF_ATTR = "retry_of"
+MEMORY_CONSTRAINT = "memory"
+POLL_S = 0.5
+BENCHMARK_METRICS = (
+    "output_throughput",
+    "request_throughput",
+    "input_throughput",
+    "mean_ttft_ms",
+    "p50_ttft_ms",
+    "p99_ttft_ms",
+    "mean_itl_ms",
+    "p50_itl_ms",
+    "p99_itl_ms",
+    "mean_e2e_latency_ms",
+    "p50_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "duration_s",
+    "completed",
+    "failed",
+    "time_scale",
+)
+
+
+class StudyInterrupted(AutotuneError):
+    """Ctrl-C stopped the study; the running trials were stopped and recorded as interrupted."""
+
+
+@dataclass
+class Progress:
+    """What the display shows: trial k of n, its phase, the best so far and the baseline."""
+
+    total: int
+    done: int = 0
+    running: dict[int, str] = field(default_factory=dict)
+    best: float | None = None
+    baseline: float | None = None
+
+
+Reporter = Callable[[str, Progress, dict[str, Any]], None]
+
+
+def _quiet(event: str, progress: Progress, info: dict[str, Any]) -> None:
+    """A reporter that shows nothing."""
+
+
+@dataclass
+class _Running:
+    trial: optuna.Trial
+    node: str
+    actor: Any
+    run_id: str
+    baseline: bool
+    started: float
+    phase: str = "launching"
+    phase_started: float = field(default_factory=time.monotonic)
+
+
+def open_study(study: Study) -> optuna.Study:
+    """Create the Optuna study (trial 0: the baseline) or load it to continue."""
+    storage = optuna.storages.RDBStorage(study.storage)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    ostudy = optuna.create_study(
+        storage=storage,
+        study_name=study.name,
+        direction=study.objective.goal,
+        sampler=study.file.sampler.build(),
+        load_if_exists=True,
+    )
+    if study.name not in names:
+        ostudy.set_user_attr("config", _study_record(study))
+        # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
+        ostudy.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    return ostudy
+
+
+def _study_record(study: Study) -> dict[str, Any]:
+    return {
+        "study_file": str(study.path.resolve()),
+        "search_space": study.search_space_text,
+        "objective": study.objective_text,
+    }
+
+
+def finished_count(ostudy: optuna.Study) -> int:
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return len(ostudy.get_trials(deepcopy=False, states=states))
+
+
+def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
+    """Trials a dead driver left RUNNING: FAIL them as interrupted, close their runs, enqueue them again."""
+    recovered = []
+    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        ostudy._storage.set_trial_user_attr(trial._trial_id, "failure_kind", FailureKind.INTERRUPTED.value)
+        ostudy.tell(trial.number, state=TrialState.FAIL)
+        run_id = trial.user_attrs.get("mlflow_run_id")
+        if run_id:
+            tracker.client.set_tag(run_id, "autotune.state", "FAIL")
+            tracker.client.set_tag(run_id, "autotune.failure_kind", FailureKind.INTERRUPTED.value)
+            tracker.client.set_terminated(run_id, status="KILLED")
+        if RETRY_OF_ATTR not in trial.user_attrs:  # once: a trial that keeps killing drivers is not retried
+            attrs = {RETRY_OF_ATTR: trial.number}
+            if trial.user_attrs.get(BASELINE_ATTR):
+                attrs[BASELINE_ATTR] = True
+            ostudy.enqueue_trial(trial.params, user_attrs=attrs)
+        recovered.append(trial.number)
+    return recovered
+
+
+def connect_ray(study: Study) -> None:
+    """Join the study's Ray cluster, or start a local runtime whose one node is a `gpu_node`."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = study.file.ray_address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 2),
+            resources={"gpu_node": len(study.file.nodes)},
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+
+
+class StudyDriver:
+    """Runs a study to its budget: one trial per node at a time, every outcome told and tracked."""
+
+    def __init__(self, study: Study, reporter: Reporter = _quiet) -> None:
+        self.study = study
+        self.reporter = reporter
+        self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
+
+    def run(self, n_trials: int | None = None) -> optuna.Study:
+        import ray
+
+        study = self.study
+        budget = n_trials or study.file.budget.n_trials
+        deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
+        study.ensure_workdir()
+        ostudy = open_study(study)
+        tracker = StudyTracker(study.tracking_uri, study.name)
+        tracker.log_study_files(
+            {
+                "study.yaml": study.path.read_text(),
+                "search_space.yaml": study.search_space_text,
+                "objective.yaml": study.objective_text,
+            }
+        )
+        recovered = recover_interrupted(ostudy, tracker)
+        if recovered:
+            self.reporter("recovered", Progress(total=budget or 0), {"trials": recovered})
+        connect_ray(study)
+        actor_class = ray.remote(NodeActor)
+        actors = {
+            node.name: actor_class.options(
+                num_cpus=0,
+                resources={"gpu_node": 1},
+                max_concurrency=2,
+            ).remote(node.name, str(study.workdir / "nodes" / node.name))
+            for node in study.file.nodes
+        }
+        progress = Progress(total=budget or 0, done=finished_count(ostudy))
+        self._refresh_best(ostudy, progress)
+        running: dict[Any, _Running] = {}
+        try:
+            while True:
+                free = [name for name in actors if name not in {r.node for r in running.values()}]
+                for name in free:
+                    if not self._may_start(progress, running, budget, deadline):
+                        break
+                    started = self._start(ostudy, tracker, name, actors[name], progress)
+                    if started is not None:
+                        running[started[0]] = started[1]
+                if not running:
+                    break
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+                for ref in ready:
+                    entry = running.pop(ref)
+                    self._finish(ostudy, tracker, entry, ray.get(ref), progress)
+                self._poll_phases(tracker, running, progress)
+        except KeyboardInterrupt:
+            self._interrupt(ostudy, tracker, running, progress)
+            tracker.close("KILLED")
+            raise StudyInterrupted(
+                "interrupted: the running trials were stopped; resume to continue"
+            ) from None
+        self._summarize(ostudy, tracker)
+        tracker.close()
+        return ostudy
+
+    def _may_start(
+        self, progress: Progress, running: dict[Any, _Running], budget: int | None, deadline: float | None
+    ) -> bool:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        return budget is None or progress.done + len(running) < budget
+
+    # -- one trial --------------------------------------------------------------------------------------
+    def _start(
+        self, ostudy: optuna.Study, tracker: StudyTracker, node: str, actor: Any, progress: Progress
+    ) -> tuple[Any, _Running] | None:
+        study = self.study
+        trial = ostudy.ask()
+        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
+        try:
+            launch = study.server_launch(config)
+        except ForbiddenLaunchError as exc:
+            trial.set_user_attr("failure_kind", "forbidden")
+            trial.set_user_attr("failure", str(exc))
+            ostudy.tell(trial, state=TrialState.FAIL)
+            progress.done += 1
+            self.reporter(
+                "finished", progress, {"number": trial.number, "state": "FAIL", "failure": str(exc)}
+            )
+            return None
+        run_id = tracker.start_trial(trial.number, config, self.kinds, launch, baseline, node)
+        trial.set_user_attr("mlflow_run_id", run_id)
+        trial.set_user_attr("node", node)
+        if config.derived:
+            trial.set_user_attr("derived", {k: v for k, v in config.derived.items()})
+        request = TrialRequest(
+            number=trial.number,
+            launch=launch,
+            workload=Workload(**study.objective.workload.model_dump()),
+            startup_timeout_s=study.file.timeouts.startup_s,
+            benchmark_timeout_s=study.file.timeouts.benchmark_s,
+            seed=trial.number,
+        )
+        progress.running[trial.number] = "launching"
+        self.reporter(
+            "started",
+            progress,
+            {"number": trial.number, "baseline": baseline, "node": node, "params": _changed(config)},
+        )
+        ref = actor.run_trial.remote(request)
+        return ref, _Running(trial, node, actor, run_id, baseline, time.monotonic())
+
+    def _poll_phases(self, tracker: StudyTracker, running: dict[Any, _Running], progress: Progress) -> None:
+        import ray
+
+        for entry in running.values():
+            try:
+                phase = ray.get(entry.actor.phase.remote(), timeout=5)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                continue
+            if phase in ("idle", "stopping") or phase == entry.phase:
+                continue
+            now = time.monotonic()
+            tracker.set_phase(entry.run_id, phase, None)
+            tracker.client.log_metric(entry.run_id, f"phase.{entry.phase}_s", now - entry.phase_started)
+            entry.phase, entry.phase_started = phase, now
+            progress.running[entry.trial.number] = phase
+            self.reporter("phase", progress, {"number": entry.trial.number, "phase": phase})
+
+    def _finish(
+        self,
+        ostudy: optuna.Study,
+        tracker: StudyTracker,
+        entry: _Running,
+        result: TrialResult,
+        progress: Progress,
+    ) -> None:
+        trial, objective = entry.trial, self.study.objective
+        value: float | None = None
+        metrics: dict[str, float] = {"trial_s": time.monotonic() - entry.started}
+        if result.startup_s is not None:
+            metrics["startup_s"] = result.startup_s
+        if result.benchmark_s is not None:
+            metrics["benchmark_s"] = result.benchmark_s
+        tags = {"autotune.node": result.node}
+        if result.ok:
+            assert result.benchmark is not None  # TrialResult.ok says so
+            bench = asdict(result.benchmark)
+            metrics.update({k: float(bench[k]) for k in BENCHMARK_METRICS if bench.get(k) is not None})
+            if result.benchmark.accept_length is not None:
+                metrics["accept_length"] = result.benchmark.accept_length
+            value = objective.value(result.benchmark)
+            trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+            for key, amount in objective.constraints(result.benchmark).items():
+                trial.set_constraint(key, amount)
+            state = TrialState.COMPLETE
+            ostudy.tell(trial, value)
+        else:
+            assert result.failure is not None  # a result that is not ok carries its failure
+            failure = result.failure
+            trial.set_user_attr("failure_kind", failure.kind.value)
+            trial.set_user_attr("failure", failure.line[:500])
+            trial.set_user_attr("advice", failure.advice)
+            tags.update(
+                {
+                    "autotune.failure_kind": failure.kind.value,
+                    "autotune.advice": failure.advice,
+                    "autotune.failure": failure.line[:500],
+                }
+            )
+            if failure.kind.is_oom:
+                # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
+                value = self.study.file.failures.oom_penalty
+                trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+                for key in objective.limits:
+                    trial.set_constraint(key, 1.0)
+                trial.report(value, 0)
+                state = TrialState.PRUNED
+            else:
+                state = TrialState.FAIL
+            ostudy.tell(trial, state=state)
+        artifacts = {
+            "server.log": result.log,
+            "result.json": json.dumps(result.summary(), indent=2, default=str),
+        }
+        if result.benchmark is not None:
+            artifacts["benchmark.json"] = result.benchmark.to_json()
+        tracker.finish_trial(
+            entry.run_id,
+            number=trial.number,
+            state=state.name,
+            value=value,
+            baseline=entry.baseline,
+            metrics=metrics,
+            tags=tags,
+            artifacts=artifacts,
+        )
+        progress.done += 1
+        progress.running.pop(trial.number, None)
+        self._refresh_best(ostudy, progress)
+        self.reporter(
+            "finished",
+            progress,
+            {
+                "number": trial.number,
+                "state": state.name,
+                "value": value,
+                "baseline": entry.baseline,
+                "failure": result.failure.kind.value if result.failure else None,
+            },
+        )
+        self._summarize(ostudy, tracker)
+
+    def _interrupt(
+        self, ostudy: optuna.Study, tracker: StudyTracker, running: dict[Any, _Running], progress: Progress
+    ) -> None:
+        """First Ctrl-C: stop every running server, record the trials as interrupted, close their runs."""
+        import ray
+
+        self.reporter("interrupting", progress, {"trials": [r.trial.number for r in running.values()]})
+        for entry in running.values():
+            entry.actor.abort.remote()
+        for ref, entry in running.items():
+            try:
+                result = ray.get(ref, timeout=60)
+                log = result.log
+            except Exception:  # the actor may already be gone; the trial is interrupted either way
+                log = ""
+            entry.trial.set_user_attr("failure_kind", FailureKind.INTERRUPTED.value)
+            ostudy.tell(entry.trial, state=TrialState.FAIL)
+            ostudy.enqueue_trial(
+                entry.trial.params,
+                user_attrs={
+                    RETRY_OF_ATTR: entry.trial.number,
+                    **({BASELINE_ATTR: True} if entry.baseline else {}),
+                },
+            )
+            tracker.finish_trial(
+                entry.run_id,
+                number=entry.trial.number,
+                state="INTERRUPTED",
+                value=None,
+                baseline=entry.baseline,
+                metrics={},
+                tags={"autotune.failure_kind": "interrupted"},
+                artifacts={"server.log": log} if log else {},
+            )
+
+    # -- summary ----------------------------------------------------------------------------------------
+    def _refresh_best(self, ostudy: optuna.Study, progress: Progress) -> None:
+        summary = study_summary(ostudy)
+        progress.best = summary["best_value"]
+        progress.baseline = summary["baseline_value"]
+
+    def _summarize(self, ostudy: optuna.Study, tracker: StudyTracker) -> None:
+        summary = study_summary(ostudy)
+        metrics = {f"trials_{k.lower()}": float(v) for k, v in summary["states"].items()}
+        for key in ("best_value", "baseline_value", "gain_pct"):
+            if summary[key] is not None:
+                metrics[key] = summary[key]
+        tags = {"autotune.best_trial": str(summary["best_trial"])}
+        tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
+        tracker.update_summary(metrics, tags)
+
+
+def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
+    """The completed baseline trial (SGLang's defaults), if there is one."""
+    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.user_attrs.get(BASELINE_ATTR):
+            return trial
+    return None
+
+
+def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
+    """The best feasible COMPLETE trial, or None before any."""
+    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    feasible = [t for t in complete if all(v <= 0 for v in t.constraints.values())] if complete else []
+    if not feasible:
+        return None
+    maximize = ostudy.direction == optuna.study.StudyDirection.MAXIMIZE
+    return (max if maximize else min)(feasible, key=lambda t: t.value if t.value is not None else 0.0)
+
+
+def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
+    """Baseline, best, gain over the baseline, and trials counted by state and failure kind."""
+    trials = ostudy.get_trials(deepcopy=False)
+    states: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    for trial in trials:
+        states[trial.state.name] = states.get(trial.state.name, 0) + 1
+        kind = trial.user_attrs.get("failure_kind")
+        if kind:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    base, best = baseline_trial(ostudy), best_trial(ostudy)
+    base_value = base.value if base else None
+    best_value = best.value if best else None
+    gain = None
+    if base_value and best_value is not None:
+        sign = 1 if ostudy.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        gain = sign * (best_value - base_value) / abs(base_value) * 100
+    return {
+        "states": states,
+        "failure_kinds": kinds,
+        "baseline_value": base_value,
+        "best_value": best_value,
+        "best_trial": best.number if best else None,
+        "gain_pct": gain,
+    }
+
+
+def _changed(config: TrialConfig) -> dict[str, object]:
+    return {k: v for k, v in config.params.items() if v not in (None, False)}

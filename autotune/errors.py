@@ -1,0 +1,35 @@
+"""All of autotune's errors derive from `AutotuneError`."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+class AutotuneError(Exception):
+    """Root of every error autotune raises on purpose."""
+
+
+class ConfigError(AutotuneError):
+    """A user's file is wrong: names the file, the field, the value received and the fix."""
+
+    def __init__(self, path: Path | str, field: str, value: Any, problem: str, fix: str) -> None:
+        self.path = Path(path)
+        self.field = field
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        where = f"{self.path}: {field}" if field else str(self.path)
+        super().__init__(f"{where}: {problem} (got {value!r}). {fix}")
+
+
+class ForbiddenLaunchError(AutotuneError):
+    """A launch would use a value the study file says must never be launched."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""

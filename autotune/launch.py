@@ -1,0 +1,192 @@
+"""What autotune launches: one trial's settings, the server command built from them, and replay scripts."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autotune.errors import ForbiddenLaunchError
+
+# Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
+# of them (`--api-key`) too. Word match for flags, because `--max-total-tokens` is no secret.
+SECRET_NAME_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+REDACTED = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    """True when the value of this env var (or `--flag`) must never be written in clear."""
+    if name.startswith("--"):
+        words = name[2:].split("=", 1)[0].upper().replace("_", "-").split("-")
+        return any(part in words for part in SECRET_NAME_PARTS)
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def to_env_value(value: object) -> str:
+    """The string an env var gets for a YAML or sampled value (bools become "1"/"0")."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return to_arg(value)
+
+
+def to_arg(value: object) -> str:
+    """The string a command-line argument gets for a YAML or sampled value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        # Optuna's stepped floats carry noise (0.8999999999999999); 10 decimals is below any step we use.
+        rounded = round(value, 10)
+        return str(int(rounded)) if rounded.is_integer() and abs(rounded) < 1e15 else repr(rounded)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One trial's tuned settings, ready to launch: env vars, server flags, and what was sampled.
+
+    `flags` maps a flag to its value, or to None for a switch without a value. `params` holds the sampled
+    values by parameter name (as Optuna stores them); `derived` holds values set by SGLang's rules instead
+    of being sampled. An empty TrialConfig is the baseline: SGLang's own defaults.
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, str | None] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
+    derived: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def is_baseline(self) -> bool:
+        """True when nothing is tuned: the server runs with SGLang's defaults."""
+        return not (self.env or self.flags)
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def build_server_launch(
+    *,
+    command: Sequence[str],
+    model_path: str,
+    config: TrialConfig,
+    host: str,
+    port: int,
+    base_flags: Mapping[str, str | None] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    draft_model_path: str | None = None,
+    never_launch_env: Mapping[str, Collection[str]] | None = None,
+    never_launch_flags: Collection[str] = (),
+) -> ServerLaunch:
+    """Build argv as command, --model-path, base flags, trial flags, --host, --port, draft model path.
+
+    Raises ForbiddenLaunchError when the result would use a never-launch env value or flag.
+    """
+    argv: list[str] = [*command, "--model-path", model_path]
+    for flags in (base_flags or {}, config.flags):
+        for flag, value in flags.items():
+            argv += [flag] if value is None else [flag, value]
+    argv += ["--host", host, "--port", str(port)]
+    if draft_model_path is not None:
+        argv += ["--speculative-draft-model-path", draft_model_path]
+    launch = ServerLaunch(argv=tuple(argv), env={**(base_env or {}), **config.env}, host=host, port=port)
+    check_never_launch(launch, env=never_launch_env or {}, flags=never_launch_flags)
+    return launch
+
+
+def check_never_launch(
+    launch: ServerLaunch, *, env: Mapping[str, Collection[str]], flags: Collection[str]
+) -> None:
+    """Raise ForbiddenLaunchError when `launch` sets a forbidden env value or passes a forbidden flag."""
+    for name, values in env.items():
+        if name in launch.env and launch.env[name] in values:
+            raise ForbiddenLaunchError(
+                f"refusing to launch with {name}={launch.env[name]}: the study's never_launch forbids it"
+            )
+    for token in launch.argv:
+        flag = token.split("=", 1)[0]
+        if flag in flags:
+            raise ForbiddenLaunchError(f"refusing to launch with {flag}: the study's never_launch forbids it")
+
+
+def secret_env_var_for_flag(flag: str) -> str:
+    """The env var a replay script reads a secret flag's value from (`--api-key` -> `API_KEY`)."""
+    return flag.lstrip("-").split("=", 1)[0].upper().replace("-", "_")
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `env` with secret values replaced by '***' (for MLflow and logs)."""
+    return {name: REDACTED if is_secret_name(name) else value for name, value in env.items()}
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A copy of `argv` with the values of secret flags (`--api-key X`, `--api-key=X`) replaced by '***'."""
+    return [REDACTED if secret is not None else token for token, secret in _argv_secrets(argv)]
+
+
+def _argv_secrets(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Each argv token with, for a secret value, the name of its flag; `--f=v` is split into two tokens."""
+    out: list[tuple[str, str | None]] = []
+    pending: str | None = None
+    for token in argv:
+        if pending is not None and not token.startswith("--"):
+            out.append((token, pending))
+            pending = None
+            continue
+        pending = None
+        if token.startswith("--") and is_secret_name(token):
+            if "=" in token:
+                flag, _ = token.split("=", 1)
+                out += [(flag, None), (token.split("=", 1)[1], flag)]
+            else:
+                out.append((token, None))
+                pending = token
+            continue
+        out.append((token, None))
+    return out
+
+
+def launch_script(launch: ServerLaunch) -> str:
+    """A bash script that starts this server by hand; secrets are read from the caller's environment."""
+    lines = ["#!/usr/bin/env bash", "# Written by autotune: starts the server exactly as the trial did.", ""]
+    lines += ["set -euo pipefail", ""]
+    for name, value in launch.env.items():
+        if is_secret_name(name):
+            lines.append(f': "${{{name}:?set {name} in your environment}}"')
+            lines.append(f"export {name}")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}")
+    words: list[str] = []
+    for token, secret_flag in _argv_secrets(launch.argv):
+        if secret_flag is None:
+            words.append(shlex.quote(token))
+            continue
+        var = secret_env_var_for_flag(secret_flag)
+        lines.append(f': "${{{var}:?set {var} in your environment (the value of {secret_flag})}}"')
+        words.append(f'"${var}"')
+    lines += ["", "exec " + " ".join(words), ""]
+    return "\n".join(lines)
+
+
+def describe_launch(launch: ServerLaunch) -> str:
+    """One copy-pasteable shell line `K=V ... python -m ...`; secrets come from the caller's environment."""
+    words = [
+        f'{name}="${name}"' if is_secret_name(name) else f"{name}={shlex.quote(value)}"
+        for name, value in launch.env.items()
+    ]
+    for token, secret_flag in _argv_secrets(launch.argv):
+        words.append(
+            shlex.quote(token) if secret_flag is None else f'"${secret_env_var_for_flag(secret_flag)}"'
+        )
+    return " ".join(words)

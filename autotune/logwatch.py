@@ -1,0 +1,245 @@
+"""Follow a server's log while it starts: ready, failed (seconds after a fatal line), or timed out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from autotune.failures import Failure, FailureKind, classify, is_fatal_line
+from autotune.runner import ServerProcess
+
+__all__ = [
+    "READY_LINE",
+    "LogFollower",
+    "StartupOutcome",
+    "StartupStatus",
+    "wait_until_ready",
+]
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+# Log markers of the start-up phases (sglang.md "Startup log"), recorded the first time any rank logs them.
+_MARKERS: tuple[tuple[str, str], ...] = (
+    ("Load weight begin", "load_weight_begin"),
+    ("Load weight end", "load_weight_end"),
+    ("Capture cuda graph begin", "capture_cuda_graph_begin"),
+    ("Capture cuda graph end", "capture_cuda_graph_end"),
+    (READY_LINE, "ready"),
+)
+# Which marker starts which live-progress phase for `on_phase`.
+_PHASE_OF_MARKER = {"load_weight_begin": "loading", "capture_cuda_graph_begin": "capturing", "ready": "ready"}
+
+# After the first fatal line, keep reading this long: the traceback and the other ranks' errors arrive
+# just after it, and the root cause is often among them. Well inside the 2 s promised to callers.
+_SETTLE_S = 0.8
+# Noticing a fatal line takes at most one poll, then the settle: together under 2 s.
+_MAX_POLL_S = 1.0
+_READ_CHUNK = 1 << 20
+
+
+class LogFollower:
+    """Reads a growing log file incrementally and hands out complete new lines.
+
+    Only bytes after the last read are read; a partial last line is held back until its newline arrives
+    (or `flush()` is called), and a multi-byte character split across reads is decoded whole.
+    The file may not exist yet; if it shrinks (truncated or replaced), reading restarts at its start.
+    """
+
+    def __init__(self, path: Path | str, offset: int = 0) -> None:
+        self.path = Path(path)
+        self._offset = offset
+        self._partial = b""
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the file consumed so far (including a held-back partial line)."""
+        return self._offset
+
+    def poll_new_lines(self) -> list[str]:
+        """Return the complete lines written since the last call, without their newlines."""
+        data = self._read_new()
+        if not data:
+            return []
+        buf = self._partial + data
+        *complete, self._partial = buf.split(b"\n")
+        return [_decode(line) for line in complete]
+
+    def flush(self) -> list[str]:
+        """Return new complete lines plus the unterminated last line, if any (the writer has exited)."""
+        lines = self.poll_new_lines()
+        if self._partial:
+            lines.append(_decode(self._partial))
+            self._partial = b""
+        return lines
+
+    def _read_new(self) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, 2)
+                if size < self._offset:
+                    self._offset = 0
+                    self._partial = b""
+                if size == self._offset:
+                    return b""
+                f.seek(self._offset)
+                chunks = []
+                while chunk := f.read(_READ_CHUNK):
+                    chunks.append(chunk)
+        except FileNotFoundError:
+            return b""
+        data = b"".join(chunks)
+        self._offset += len(data)
+        return data
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+class StartupStatus(StrEnum):
+    """How a server's start-up ended."""
+
+    READY = "ready"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class StartupOutcome:
+    """The end of a start-up: status, the failure (when not READY), timings, and how it was decided.
+
+    `phase_times` maps load_weight_begin, load_weight_end, capture_cuda_graph_begin,
+    capture_cuda_graph_end and ready to monotonic seconds since the wait began, for those seen.
+    `ready_via` is "log" (the ready line) or "check" (ready_check() succeeded) when READY.
+    `returncode` is the process's exit status when it had exited, else None (it may still be running
+    after a fatal line: the caller stops it).
+    """
+
+    status: StartupStatus
+    elapsed_s: float
+    failure: Failure | None = None
+    phase_times: dict[str, float] = field(default_factory=dict)
+    returncode: int | None = None
+    ready_via: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status is StartupStatus.READY
+
+
+def wait_until_ready(
+    process: ServerProcess,
+    log_path: Path | str,
+    ready_check: Callable[[], bool] | None,
+    timeout_s: float,
+    poll_s: float = 0.2,
+    *,
+    on_phase: Callable[[str], None] | None = None,
+) -> StartupOutcome:
+    """Watch a starting server until it is ready, fails, or `timeout_s` passes.
+
+    READY when the ready line appears in the log or `ready_check()` returns True (an OSError from it
+    counts as not ready). FAILED within 2 s of the first fatal log line (it reads on 0.8 s for the root
+    cause), even if the process keeps running, or as soon as the process exits before ready; the
+    failure is classified from the log (UNKNOWN_CRASH with the exit status when no pattern matches).
+    TIMEOUT (STARTUP_TIMEOUT) otherwise.
+    Reading starts at `process.log_offset` when `log_path` is the process's own log, else at 0.
+    `on_phase` is called once each with "loading", "capturing" and "ready" as they are seen.
+    `ready_check` runs once per poll while nothing failed, so it should answer within a fraction of a
+    second (an HTTP GET /health with a short timeout). Never stops the process: the caller does.
+    """
+    start = time.monotonic()
+    log_path = Path(log_path)
+    offset = process.log_offset if log_path == process.log_path else 0
+    follower = LogFollower(log_path, offset)
+    lines: list[str] = []
+    phase_times: dict[str, float] = {}
+    fatal_at: float | None = None
+
+    def elapsed() -> float:
+        return time.monotonic() - start
+
+    def take(new_lines: list[str]) -> bool:
+        """Record new lines; True when the ready line was among them."""
+        nonlocal fatal_at
+        ready = False
+        for line in new_lines:
+            lines.append(line)
+            if fatal_at is None and is_fatal_line(line):
+                fatal_at = time.monotonic()
+            for marker, name in _MARKERS:
+                if marker in line and name not in phase_times:
+                    phase_times[name] = elapsed()
+                    if name in _PHASE_OF_MARKER and on_phase is not None:
+                        on_phase(_PHASE_OF_MARKER[name])
+            ready = ready or READY_LINE in line
+        return ready
+
+    def outcome(
+        status: StartupStatus,
+        failure: Failure | None = None,
+        returncode: int | None = None,
+        ready_via: str | None = None,
+    ) -> StartupOutcome:
+        return StartupOutcome(status, elapsed(), failure, dict(phase_times), returncode, ready_via)
+
+    def failed(returncode: int | None) -> StartupOutcome:
+        text = "\n".join(lines)
+        failure = classify(text, "starting")
+        if failure is None:
+            failure = Failure.of(
+                FailureKind.UNKNOWN_CRASH,
+                _last_line(lines),
+                f"server exited with status {returncode} before it was ready",
+            )
+        return outcome(StartupStatus.FAILED, failure, returncode=returncode)
+
+    while True:
+        saw_ready = take(follower.poll_new_lines())
+        if fatal_at is not None:
+            # A fatal line outranks a ready line or a passing health check seen in the same poll.
+            returncode = process.poll()
+            if returncode is not None or time.monotonic() - fatal_at >= _SETTLE_S:
+                if returncode is not None:
+                    take(follower.flush())
+                return failed(returncode)
+        elif saw_ready:
+            return outcome(StartupStatus.READY, ready_via="log")
+        else:
+            returncode = process.poll()
+            if returncode is not None:
+                # The process is gone: its last words are in the file now, read them all.
+                take(follower.flush())
+                return failed(returncode)
+            if ready_check is not None and _check(ready_check):
+                return outcome(StartupStatus.READY, ready_via="check")
+            if elapsed() >= timeout_s:
+                last = _last_phase(phase_times)
+                return outcome(
+                    StartupStatus.TIMEOUT,
+                    Failure.of(
+                        FailureKind.STARTUP_TIMEOUT,
+                        _last_line(lines),
+                        f"not ready after {timeout_s:g} s (last phase seen: {last})",
+                    ),
+                )
+        # Sleep less while a fatal line settles so FAILED comes promptly.
+        time.sleep(min(poll_s, 0.1) if fatal_at is not None else min(poll_s, _MAX_POLL_S))
+
+
+def _check(ready_check: Callable[[], bool]) -> bool:
+    try:
+        return bool(ready_check())
+    except OSError:
+        return False  # connection refused or reset while the server starts
+
+
+def _last_line(lines: list[str]) -> str:
+    return next((line for line in reversed(lines) if line.strip()), "")
+
+
+def _last_phase(phase_times: dict[str, float]) -> str:
+    return max(phase_times, key=lambda name: phase_times[name]) if phase_times else "none"

@@ -1,0 +1,274 @@
+"""Where commands run: start a long-running server in its own process group, stop the whole group.
+
+`CommandRunner` is the interface the launch logic is written against once; `LocalCommandRunner` runs on
+this machine (the simulated node, or a GPU box the driver sits on). An SSH runner joins later with the
+same interface, so nothing here outside the `Local*` classes assumes a local process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+
+__all__ = [
+    "CommandRunner",
+    "LaunchError",
+    "LocalCommandRunner",
+    "LocalServerProcess",
+    "ServerProcess",
+    "free_port",
+    "port_is_free",
+    "wait_port_free",
+]
+
+# After SIGKILL the kernel tears the group down in milliseconds; this only bounds a stuck D-state wait.
+_KILL_WAIT_S = 5.0
+_POLL_S = 0.05
+
+
+class LaunchError(AutotuneError):
+    """A command could not be started at all (not found, not executable, bad arguments)."""
+
+    def __init__(self, argv: Sequence[str], reason: str) -> None:
+        self.argv = list(argv)
+        self.reason = reason
+        super().__init__(f"could not launch {self.argv!r}: {reason}")
+
+
+class ServerProcess(ABC):
+    """A started server: its process group, its state, its log; `stop()` ends the whole group."""
+
+    @property
+    @abstractmethod
+    def pid(self) -> int:
+        """Process id of the launched command (the group leader)."""
+
+    @property
+    @abstractmethod
+    def pgid(self) -> int:
+        """Process group id; every process the server spawns shares it."""
+
+    @property
+    @abstractmethod
+    def log_path(self) -> Path:
+        """The file both stdout and stderr are appended to."""
+
+    @property
+    @abstractmethod
+    def log_offset(self) -> int:
+        """Bytes that were already in `log_path` before this process started."""
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """Return the launched command's exit status, or None while it runs (negative: killed by signal)."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the group, SIGKILL it after `grace_s`, reap; idempotent. Returns the exit status."""
+
+    def read_log(self) -> str:
+        """Return what this process wrote to its log so far (earlier content of the file excluded)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+class CommandRunner(ABC):
+    """Starts long-running commands on one machine; the launch logic never knows which machine."""
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ServerProcess:
+        """Start `argv` in its own session with os.environ + `env`, both streams appended to `log_path`.
+
+        Raises `LaunchError` when the command cannot be started.
+        """
+        argv = list(argv)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise LaunchError(argv, f"`argv` must be a non-empty sequence of str, but got {argv!r}.")
+        bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad:
+            raise LaunchError(argv, f"environment keys and values must be str, but got {bad!r}.")
+        bad_names = [k for k in env if not k or "=" in k or "\0" in k]
+        if bad_names:
+            raise LaunchError(argv, f"invalid environment variable names {bad_names!r}.")
+        return self._start(argv, dict(env), Path(log_path))
+
+    @abstractmethod
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
+        """Start the validated command; subclasses implement this."""
+
+
+class LocalServerProcess(ServerProcess):
+    """A process group started on this machine by `LocalCommandRunner`."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int) -> None:
+        self._popen = popen
+        # start_new_session makes the child a session and group leader: pgid == pid.
+        self._pgid = popen.pid
+        self._log_path = log_path
+        self._log_offset = log_offset
+        self._stopped = False
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def pgid(self) -> int:
+        return self._pgid
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    @property
+    def log_offset(self) -> int:
+        return self._log_offset
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        if self._stopped:
+            return self._popen.poll()
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + max(grace_s, 0.0)
+        while self._group_alive() and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if self._group_alive():
+            self._signal_group(signal.SIGKILL)
+            deadline = time.monotonic() + _KILL_WAIT_S
+            while self._group_alive() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+        try:
+            # The leader is dead or SIGKILLed by now; reap it so it leaves no zombie.
+            self._popen.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        # Once the group is gone its id may be reused: never signal it again.
+        self._stopped = True
+        return self._popen.poll()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self._pgid, sig)
+        except ProcessLookupError:
+            pass  # the whole group already exited
+
+    def _group_alive(self) -> bool:
+        """True while any non-zombie process remains in the group (reaps the leader as a side effect)."""
+        self._popen.poll()
+        members = _group_members(self._pgid)
+        if members is not None:
+            return bool(members)
+        try:
+            os.killpg(self._pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) pids in process group `pgid` from /proc, or None where /proc is unavailable.
+
+    Orphaned grandchildren can linger as zombies when PID 1 does not reap (containers), and
+    `killpg(pgid, 0)` counts zombies as members, so /proc is the precise answer on Linux.
+    """
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # Format: pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+class LocalCommandRunner(CommandRunner):
+    """Runs commands as child processes of this Python process."""
+
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            offset = log.tell()
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except FileNotFoundError as e:
+                raise LaunchError(argv, f"command not found: {e.filename or argv[0]!r}") from e
+            except PermissionError as e:
+                raise LaunchError(argv, f"not executable: {e.filename or argv[0]!r}") from e
+            except OSError as e:
+                raise LaunchError(
+                    argv, f"{e.strerror or e} ({errno.errorcode.get(e.errno or 0, '?')})"
+                ) from e
+        # The child holds its own copy of the log descriptor; ours is closed by the with-block.
+        return LocalServerProcess(popen, log_path, offset)
+
+
+def _sockaddr(host: str, port: int) -> tuple[socket.AddressFamily, Any]:
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    return family, addr
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when a server could listen on (host, port) now, tested by binding it.
+
+    SO_REUSEADDR is set as uvicorn does, so connections in TIME_WAIT do not count as taken.
+    """
+    family, addr = _sockaddr(host, port)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a port on `host` that was free a moment ago (the OS picks it; another process may race)."""
+    family, addr = _sockaddr(host, 0)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(addr)
+        return int(s.getsockname()[1])
+
+
+def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    """Wait until (host, port) can be bound; True when it is free, False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if port_is_free(host, port):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

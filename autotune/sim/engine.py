@@ -1,0 +1,223 @@
+"""SGLang's scheduler played forward in model time: admission by KV capacity, chunked prefill, decode.
+
+The simulated server advances an `Engine` against the wall clock; `run_workload` advances one as fast as
+it can, so the model's answer for a workload and what a client measures come from the same code.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.sim.model import NodeModel
+
+# SGLang reserves part of each request's remaining output when admitting (its new_token_ratio).
+NEW_TOKEN_RATIO = 0.3
+
+
+@dataclass
+class _Request:
+    rid: str
+    input_len: int
+    max_new_tokens: int
+    prefilled: int = 0
+    generated: int = 0
+    accept_credit: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prefilled + self.generated
+
+    def reserved(self) -> float:
+        return self.input_len + self.generated + (self.max_new_tokens - self.generated) * NEW_TOKEN_RATIO
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduler iteration: how long it took and what it produced."""
+
+    duration_s: float
+    kind: str  # prefill | decode
+    emitted: dict[str, int]
+    finished: list[str]
+    aborted: list[str] = field(default_factory=list)
+    oom_lines: list[str] | None = None
+
+
+class Engine:
+    """A simulated SGLang scheduler for one launch; call `add` and `step`, nothing here sleeps."""
+
+    def __init__(self, node: NodeModel, seed: int = 0, noise: float = 0.0) -> None:
+        self.node = node
+        self.rng = random.Random(seed)
+        self.noise = noise
+        # Run-to-run spread: one factor per launch, as on real GPUs where a whole run is fast or slow.
+        self.run_factor = max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.last_gen_throughput = 0.0
+        self._accepted = 0.0
+        self._verify_steps = 0
+
+    def add(self, rid: str, input_len: int, max_new_tokens: int) -> None:
+        self.waiting.append(_Request(rid, max(1, input_len), max(1, max_new_tokens)))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def stats(self) -> dict[str, float]:
+        used = sum(r.tokens for r in self.running)
+        accept = self._accepted / self._verify_steps if self._verify_steps else 0.0
+        return {
+            "running": len(self.running),
+            "queued": len(self.waiting),
+            "tokens": used,
+            "token_usage": used / max(self.node.plan.kv_tokens, 1),
+            "last_gen_throughput": self.last_gen_throughput,
+            "avg_accept_length": accept,
+        }
+
+    def _admit(self) -> list[str]:
+        plan = self.node.plan
+        aborted = []
+        while self.waiting and len(self.running) < plan.max_running_requests:
+            request = self.waiting[0]
+            if request.input_len + request.max_new_tokens > min(plan.kv_tokens, plan.context_len):
+                aborted.append(self.waiting.popleft().rid)  # SGLang rejects what can never fit
+                continue
+            reserved = sum(r.reserved() for r in self.running)
+            if reserved + request.reserved() > plan.kv_tokens:
+                break
+            self.running.append(self.waiting.popleft())
+        return aborted
+
+    def _jitter(self, seconds: float) -> float:
+        if not self.noise:
+            return seconds
+        return seconds * self.run_factor * max(0.5, self.rng.gauss(1.0, self.noise / 3))
+
+    def step(self) -> Step:
+        """Run one scheduler iteration: a prefill batch if any request awaits prefill, else a decode."""
+        aborted = self._admit()
+        node, plan = self.node, self.node.plan
+        prefilling = [r for r in self.running if r.prefilled < r.input_len]
+        if prefilling:
+            budget, batch_tokens, context = plan.chunked_prefill_size, 0, 0
+            done: dict[str, int] = {}
+            for request in prefilling:
+                take = min(budget - batch_tokens, request.input_len - request.prefilled)
+                if take <= 0:
+                    break
+                request.prefilled += take
+                batch_tokens += take
+                context += request.prefilled
+                if request.prefilled == request.input_len:
+                    request.generated = 1  # the prefill's last position yields the first token
+                    done[request.rid] = 1
+            if batch_tokens * plan.activation_gb_per_token > plan.avail_after_graph_gb:
+                return Step(0.0, "prefill", {}, [], aborted, node.oom_under_load_lines(batch_tokens))
+            duration = self._jitter(node.prefill_step_s(batch_tokens, context))
+            return Step(duration, "prefill", done, self._finish(done), aborted)
+
+        batch = [r for r in self.running if r.generated > 0]
+        if not batch:
+            return Step(0.0, "decode", {}, [], aborted)
+        context = sum(r.tokens for r in batch)
+        duration = self._jitter(node.decode_step_s(len(batch), context))
+        accept = node.accept_length or 1.0
+        emitted = {}
+        for request in batch:
+            request.accept_credit += accept
+            whole = int(request.accept_credit)
+            request.accept_credit -= whole
+            count = min(whole, request.max_new_tokens - request.generated)
+            request.generated += count
+            emitted[request.rid] = count
+        if node.spec:
+            self._accepted += accept * len(batch)
+            self._verify_steps += len(batch)
+        self.last_gen_throughput = sum(emitted.values()) / duration if duration else 0.0
+        self._retract_if_full()
+        return Step(duration, "decode", emitted, self._finish(emitted), aborted)
+
+    def _finish(self, emitted: dict[str, int]) -> list[str]:
+        finished = [r.rid for r in self.running if r.rid in emitted and r.generated >= r.max_new_tokens]
+        self.running = [r for r in self.running if r.rid not in finished]
+        return finished
+
+    def _retract_if_full(self) -> None:
+        # Out of KV slots mid-decode: SGLang retracts the newest request and recomputes it later.
+        while len(self.running) > 1 and sum(r.tokens for r in self.running) > self.node.plan.kv_tokens:
+            victim = self.running.pop()
+            victim.prefilled = victim.generated = 0
+            victim.accept_credit = 0.0
+            self.waiting.appendleft(victim)
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """The model's answer for a closed-loop workload, in model time."""
+
+    output_throughput: float
+    duration_s: float
+    completed: int
+    aborted: int
+    mean_ttft_s: float
+    accept_length: float | None
+    oom_lines: list[str] | None = None
+
+
+def run_workload(
+    node: NodeModel,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    *,
+    seed: int = 0,
+    noise: float = 0.0,
+) -> WorkloadResult:
+    """Play `num_prompts` requests through the engine, `concurrency` in flight, as fast as possible."""
+    engine = node.new_engine(seed=seed, noise=noise)
+    clock, submitted = 0.0, 0
+    submit_time: dict[str, float] = {}
+    first_token: dict[str, float] = {}
+    completed = aborted = 0
+    output_tokens = 0
+
+    def submit() -> None:
+        nonlocal submitted
+        rid = f"r{submitted}"
+        engine.add(rid, input_len, output_len)
+        submit_time[rid] = clock
+        submitted += 1
+
+    for _ in range(min(concurrency, num_prompts)):
+        submit()
+    while engine.has_work:
+        step = engine.step()
+        if step.oom_lines:
+            return WorkloadResult(0.0, clock, completed, aborted, 0.0, None, step.oom_lines)
+        clock += step.duration_s
+        for rid, count in step.emitted.items():
+            first_token.setdefault(rid, clock)
+            output_tokens += count
+        for rid in step.finished + step.aborted:
+            completed += rid in step.finished
+            aborted += rid in step.aborted
+            if submitted < num_prompts:
+                submit()
+    ttfts = [first_token[r] - submit_time[r] for r in first_token]
+    return WorkloadResult(
+        output_throughput=output_tokens / clock if clock else 0.0,
+        duration_s=clock,
+        completed=completed,
+        aborted=aborted,
+        mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        accept_length=node.accept_length,
+    )

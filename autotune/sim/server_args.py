@@ -1,0 +1,385 @@
+"""SGLang 0.5.4 `launch_server` command line, as the simulated node parses it.
+
+`build_parser()` accepts what `python -m sglang.launch_server` accepts for the flags the tuner and its users
+touch, with SGLang's option strings, types, defaults, choices and destination names (the `ServerArgs` field
+names, so `ns.tp_size` and not argparse's `ns.tensor_parallel_size`). An unknown flag is argparse's usage
+error (exit status 2), as in SGLang. Flags the performance model ignores are still accepted, because SGLang
+accepts them.
+
+`check_server_args(ns)` raises what SGLang's `ServerArgs.__post_init__` raises before anything is launched
+(the speculative-decoding rules, for one), and returns the warnings it logs on the way.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# The program name SGLang's usage and error lines carry under `python -m sglang.launch_server`.
+PROG = "launch_server.py"
+
+ATTENTION_BACKEND_CHOICES = [
+    # Common
+    "triton",
+    "torch_native",
+    "flex_attention",
+    "nsa",
+    # NVIDIA specific
+    "cutlass_mla",
+    "fa3",
+    "fa4",
+    "flashinfer",
+    "flashmla",
+    "trtllm_mla",
+    "trtllm_mha",
+    "dual_chunk_flash_attn",
+    # AMD specific
+    "aiter",
+    "wave",
+    # Other platforms
+    "intel_amx",
+    "ascend",
+    "intel_xpu",
+]
+
+MOE_RUNNER_BACKEND_CHOICES = [
+    "auto",
+    "deep_gemm",
+    "triton",
+    "triton_kernel",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_mxfp4",
+    "flashinfer_cutedsl",
+    "cutlass",
+]
+
+MOE_A2A_BACKEND_CHOICES = ["none", "deepep", "mooncake"]
+
+SCHEDULE_POLICY_CHOICES = ["lpm", "random", "fcfs", "dfs-weight", "lof", "priority"]
+
+KV_CACHE_DTYPE_CHOICES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"]
+
+SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+
+DTYPE_CHOICES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+LOAD_FORMAT_CHOICES = [
+    "auto",
+    "pt",
+    "safetensors",
+    "npcache",
+    "dummy",
+    "sharded_state",
+    "gguf",
+    "bitsandbytes",
+    "layered",
+    "remote",
+    "remote_instance",
+]
+
+QUANTIZATION_CHOICES = [
+    "awq",
+    "fp8",
+    "gptq",
+    "marlin",
+    "gptq_marlin",
+    "awq_marlin",
+    "bitsandbytes",
+    "gguf",
+    "modelopt",
+    "modelopt_fp8",
+    "modelopt_fp4",
+    "petit_nvfp4",
+    "w8a8_int8",
+    "w8a8_fp8",
+    "moe_wna16",
+    "qoq",
+    "w4afp8",
+    "mxfp4",
+    "auto-round",
+    "compressed-tensors",
+]
+
+DEEPEP_MODE_CHOICES = ["normal", "low_latency", "auto"]
+
+SAMPLING_BACKEND_CHOICES = ["flashinfer", "pytorch"]
+
+GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
+
+# Speculative algorithms of the EAGLE family: SGLang applies the same step/topk/draft rules to all of them.
+EAGLE_LIKE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return a parser for SGLang 0.5.4's `launch_server` flags (the subset the simulator knows).
+
+    Arguments are added in `ServerArgs` field order, so `vars(ns)` lists them as SGLang's repr does.
+    """
+    parser = argparse.ArgumentParser(prog=PROG)
+    _add_model_args(parser)
+    _add_http_args(parser)
+    _add_quantization_args(parser)
+    _add_memory_and_scheduling_args(parser)
+    _add_runtime_args(parser)
+    _add_logging_args(parser)
+    _add_api_args(parser)
+    _add_data_parallel_args(parser)
+    _add_kernel_backend_args(parser)
+    _add_speculative_args(parser)
+    _add_expert_parallel_args(parser)
+    _add_optimization_args(parser)
+    return parser
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-path",
+        "--model",
+        dest="model_path",
+        type=str,
+        required=True,
+        help="The path of the model weights. This can be a local folder or a Hugging Face repo ID.",
+    )
+    parser.add_argument("--tokenizer-path", type=str, default=None, help="The path of the tokenizer.")
+    parser.add_argument("--tokenizer-mode", type=str, default="auto", choices=["auto", "slow"])
+    parser.add_argument("--skip-tokenizer-init", action="store_true")
+    parser.add_argument("--load-format", type=str, default="auto", choices=LOAD_FORMAT_CHOICES)
+    parser.add_argument("--trust-remote-code", action="store_true", help="Allow custom models from the Hub.")
+    parser.add_argument(
+        "--context-length", type=int, default=None, help="The model's maximum context length."
+    )
+    parser.add_argument("--revision", type=str, default=None)
+
+
+def _add_http_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", type=str, default="127.0.0.1", help="The host of the HTTP server.")
+    parser.add_argument("--port", type=int, default=30000, help="The port of the HTTP server.")
+    parser.add_argument("--skip-server-warmup", action="store_true", help="If set, skip warmup.")
+    parser.add_argument("--nccl-port", type=int, default=None)
+
+
+def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", type=str, default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--quantization", type=str, default=None, choices=QUANTIZATION_CHOICES)
+    parser.add_argument("--kv-cache-dtype", type=str, default="auto", choices=KV_CACHE_DTYPE_CHOICES)
+
+
+def _add_memory_and_scheduling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="The fraction of the memory for static allocation (model weights and KV cache memory pool).",
+    )
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--max-queued-requests", type=int, default=None)
+    parser.add_argument("--max-total-tokens", type=int, default=None)
+    parser.add_argument(
+        "--chunked-prefill-size", type=int, default=None, help="Tokens per prefill chunk; -1 disables."
+    )
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+    parser.add_argument("--schedule-policy", type=str, default="fcfs", choices=SCHEDULE_POLICY_CHOICES)
+    parser.add_argument("--schedule-conservativeness", type=float, default=1.0)
+    parser.add_argument("--page-size", type=int, default=None, help="The number of tokens in a page.")
+
+
+def _add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", type=str, default=None)
+    parser.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", "--pp-size", dest="pp_size", type=int, default=1)
+    parser.add_argument(
+        "--stream-interval", type=int, default=1, help="The interval (in tokens) between streamed chunks."
+    )
+    parser.add_argument("--stream-output", action="store_true")
+    parser.add_argument("--random-seed", type=int, default=None)
+    parser.add_argument("--watchdog-timeout", type=float, default=300)
+    parser.add_argument("--dist-timeout", type=int, default=None)
+    parser.add_argument("--download-dir", type=str, default=None)
+    parser.add_argument("--base-gpu-id", type=int, default=0)
+    parser.add_argument("--gpu-id-step", type=int, default=1)
+
+
+def _add_logging_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-level", type=str, default="info", help="The logging level of all loggers.")
+    parser.add_argument("--log-level-http", type=str, default=None)
+    parser.add_argument("--log-requests", action="store_true")
+    parser.add_argument("--crash-dump-folder", type=str, default=None)
+    parser.add_argument("--show-time-cost", action="store_true")
+    parser.add_argument("--enable-metrics", action="store_true", help="Enable log prometheus metrics.")
+    parser.add_argument(
+        "--decode-log-interval", type=int, default=40, help="The log interval of decode batch."
+    )
+
+
+def _add_api_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", type=str, default=None)
+    parser.add_argument(
+        "--served-model-name", type=str, default=None, help="The model name the v1/models endpoint returns."
+    )
+    parser.add_argument("--chat-template", type=str, default=None)
+    parser.add_argument("--enable-cache-report", action="store_true")
+    parser.add_argument("--reasoning-parser", type=str, default=None)
+    parser.add_argument("--tool-call-parser", type=str, default=None)
+
+
+def _add_data_parallel_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
+    parser.add_argument(
+        "--load-balance-method", type=str, default="round_robin", choices=["round_robin", "shortest_queue"]
+    )
+    parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+
+
+def _add_kernel_backend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES)
+    parser.add_argument(
+        "--decode-attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES
+    )
+    parser.add_argument(
+        "--prefill-attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES
+    )
+    parser.add_argument("--sampling-backend", type=str, default=None, choices=SAMPLING_BACKEND_CHOICES)
+    parser.add_argument("--grammar-backend", type=str, default=None, choices=GRAMMAR_BACKEND_CHOICES)
+
+
+def _add_speculative_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--speculative-algorithm", type=str, default=None, choices=SPECULATIVE_ALGORITHM_CHOICES
+    )
+    parser.add_argument(
+        "--speculative-draft-model-path",
+        "--speculative-draft-model",
+        dest="speculative_draft_model_path",
+        type=str,
+        default=None,
+    )
+    parser.add_argument("--speculative-draft-model-revision", type=str, default=None)
+    parser.add_argument("--speculative-num-steps", type=int, default=None)
+    parser.add_argument("--speculative-eagle-topk", type=int, default=None)
+    parser.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    parser.add_argument("--speculative-accept-threshold-single", type=float, default=1.0)
+    parser.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0)
+    parser.add_argument("--speculative-token-map", type=str, default=None)
+    parser.add_argument(
+        "--speculative-attention-mode", type=str, default="prefill", choices=["prefill", "decode"]
+    )
+
+
+def _add_expert_parallel_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--expert-parallel-size", "--ep-size", "--ep", dest="ep_size", type=int, default=1)
+    parser.add_argument("--moe-a2a-backend", type=str, default="none", choices=MOE_A2A_BACKEND_CHOICES)
+    parser.add_argument("--moe-runner-backend", type=str, default="auto", choices=MOE_RUNNER_BACKEND_CHOICES)
+    parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+    parser.add_argument("--deepep-mode", type=str, default="auto", choices=DEEPEP_MODE_CHOICES)
+    parser.add_argument("--ep-num-redundant-experts", type=int, default=0)
+    parser.add_argument("--enable-eplb", action="store_true")
+
+
+def _add_optimization_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument(
+        "--cuda-graph-max-bs",
+        # 0.5.16 renames it; the old name stays, and the simulator takes both.
+        "--cuda-graph-max-bs-decode",
+        dest="cuda_graph_max_bs",
+        type=int,
+        default=None,
+        help="The largest batch size captured in a CUDA graph.",
+    )
+    parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None)
+    parser.add_argument("--disable-cuda-graph", action="store_true", help="Disable cuda graph.")
+    parser.add_argument("--disable-cuda-graph-padding", action="store_true")
+    parser.add_argument("--enable-nccl-nvls", action="store_true")
+    parser.add_argument("--enable-symm-mem", action="store_true")
+    parser.add_argument("--disable-custom-all-reduce", action="store_true")
+    parser.add_argument("--enable-mscclpp", action="store_true")
+    parser.add_argument("--enable-torch-symm-mem", action="store_true")
+    parser.add_argument("--disable-overlap-schedule", action="store_true")
+    parser.add_argument("--enable-mixed-chunk", action="store_true")
+    parser.add_argument("--enable-dp-attention", action="store_true")
+    parser.add_argument("--enable-two-batch-overlap", action="store_true")
+    parser.add_argument("--enable-torch-compile", action="store_true")
+    parser.add_argument("--torch-compile-max-bs", type=int, default=32)
+    parser.add_argument("--enable-p2p-check", action="store_true")
+    parser.add_argument("--allow-auto-truncate", action="store_true")
+    parser.add_argument("--disable-chunked-prefix-cache", action="store_true")
+    parser.add_argument("--enable-deterministic-inference", action="store_true")
+
+
+def check_server_args(ns: argparse.Namespace) -> list[str]:
+    """Raise what SGLang raises while it handles these arguments; return the warnings it logs meanwhile.
+
+    Only validates: the model resolves the automatic values (speculative steps, memory) itself, from the
+    same namespace, so `ns` is left as parsed.
+    """
+    warnings: list[str] = []
+    if ns.moe_a2a_backend in ("deepep", "mooncake") and ns.ep_size != ns.tp_size:
+        name = "DeepEP" if ns.moe_a2a_backend == "deepep" else "Mooncake"
+        warnings.append(
+            f"{name} MoE is enabled. The expert parallel size is adjusted to be the same as the "
+            f"tensor parallel size[{ns.tp_size}]."
+        )
+    if ns.enable_dp_attention and ns.tp_size % ns.dp_size != 0:
+        raise AssertionError(f"tp_size ({ns.tp_size}) must be divisible by dp_size ({ns.dp_size}).")
+    if ns.speculative_algorithm is None:
+        return warnings
+    algorithm = "EAGLE" if ns.speculative_algorithm == "NEXTN" else ns.speculative_algorithm
+    if ns.pp_size > 1:
+        raise ValueError("Speculative decoding is not supported with pipeline parallelism.")
+    if algorithm in EAGLE_LIKE_ALGORITHMS:
+        warnings.extend(_check_eagle_args(ns, algorithm))
+    elif algorithm == "NGRAM":
+        if ns.enable_dp_attention:
+            raise ValueError("Currently ngram speculative decoding does not support dp attention.")
+        if ns.max_running_requests is None:
+            warnings.append(_MAX_RUNNING_RESET)
+    return warnings
+
+
+_MAX_RUNNING_RESET = (
+    "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
+    "setting --max-running-requests."
+)
+
+
+def _check_eagle_args(ns: argparse.Namespace, algorithm: str) -> list[str]:
+    warnings: list[str] = []
+    if algorithm == "STANDALONE" and ns.enable_dp_attention:
+        raise ValueError("Currently standalone speculative decoding does not support dp attention.")
+    if ns.max_running_requests is None:
+        warnings.append(_MAX_RUNNING_RESET)
+    warnings.append(
+        "Overlap scheduler is disabled because of using eagle3 or standalone speculative decoding."
+    )
+    if ns.speculative_num_steps is None:
+        # SGLang asserts this bare, so the traceback ends in a message-less AssertionError.
+        if ns.speculative_eagle_topk is not None or ns.speculative_num_draft_tokens is not None:
+            raise AssertionError()
+        return warnings
+    topk = ns.speculative_eagle_topk
+    if topk is None:
+        return warnings
+    backends = (ns.attention_backend, ns.prefill_attention_backend, ns.decode_attention_backend)
+    if "trtllm_mha" in backends and topk > 1:
+        raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
+    if topk == 1 and ns.speculative_num_draft_tokens != ns.speculative_num_steps + 1:
+        warnings.append(
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+            "speculative_eagle_topk == 1"
+        )
+    page_size = 1 if ns.page_size is None else ns.page_size
+    if topk > 1 and page_size > 1 and ns.attention_backend != "flashinfer":
+        raise ValueError(
+            "speculative_eagle_topk > 1 with page_size > 1 is unstable and produces incorrect results for "
+            "paged attention backends. This combination is only supported for the 'flashinfer' backend."
+        )
+    return warnings
+
+
+def server_args_repr(values: dict[str, Any]) -> str:
+    """Render resolved arguments the way SGLang logs its `ServerArgs` dataclass."""
+    fields = ", ".join(f"{name}={value!r}" for name, value in values.items())
+    return f"ServerArgs({fields})"

@@ -1,0 +1,522 @@
+"""YAML loading, objectives and study files: every bad input is one clear ConfigError."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from autotune.config import (
+    METRICS,
+    load_objective,
+    load_study,
+    load_yaml,
+    parse_objective,
+)
+from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
+from autotune.errors import ConfigError, ForbiddenLaunchError
+from autotune.launch import TrialConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
+SHIPPED_OBJECTIVE = REPO / "objectives" / "throughput.yaml"
+ALG = "--speculative-algorithm"
+
+
+def _check(error: ConfigError, path: Path, field: str) -> None:
+    """The message names the file and field, shows the value and ends with a fix, on one line."""
+    text = str(error)
+    assert error.path == path, text
+    assert error.field == field, text
+    assert text.startswith(f"{path}: {field}: " if field else f"{path}: ")
+    assert f"(got {error.value!r})" in text
+    assert error.fix and text.endswith(error.fix)
+    assert "\n" not in text
+
+
+# ---- load_yaml ----
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    _check(info.value, path, "")
+    assert "not found" in info.value.problem
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="directory"):
+        load_yaml(tmp_path)
+
+
+def test_malformed_yaml_reports_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("study: ok\nserver:\n  model_path: [unclosed\n  port: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    _check(info.value, path, info.value.field)
+    assert info.value.field.startswith("line 4, column")
+    assert "malformed YAML" in info.value.problem
+
+
+def test_tab_indentation_is_malformed(tmp_path: Path) -> None:
+    path = tmp_path / "tab.yaml"
+    path.write_text("a:\n\tb: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    assert info.value.field == "line 2, column 1"
+    assert info.value.value == "b: 1"
+
+
+@pytest.mark.parametrize(("text", "kind"), [("", "empty"), ("- a\n- b\n", "a list"), ("42\n", "a int")])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
+    path = tmp_path / "top.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    _check(info.value, path, "")
+    assert kind in info.value.problem
+
+
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("parameters:\n  NCCL_ALGO: 1\n  NCCL_ALGO: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    assert info.value.field == "line 3, column 3"
+    assert "duplicate key 'NCCL_ALGO' (first at line 2)" in info.value.problem
+
+
+def test_load_yaml_returns_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text("a: 1\nb: [null, x]\n")
+    assert load_yaml(path) == {"a": 1, "b": [None, "x"]}
+
+
+# ---- objectives ----
+
+WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
+
+
+def _objective_error(data: dict[str, Any], tmp_path: Path) -> ConfigError:
+    path = tmp_path / "objective.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_objective(path)
+    _check(info.value, path, info.value.field)
+    return info.value
+
+
+def test_shipped_objective_loads() -> None:
+    objective = load_objective(SHIPPED_OBJECTIVE)
+    assert objective.metric == "output_throughput" and objective.goal == "maximize"
+    assert objective.workload.input_len == 28000 and objective.workload.warmup_requests == 1
+
+
+def test_metrics_match_benchmark_fields() -> None:
+    assert set(METRICS) == {
+        "output_throughput",
+        "request_throughput",
+        "mean_ttft_ms",
+        "p50_ttft_ms",
+        "p99_ttft_ms",
+        "mean_itl_ms",
+        "p50_itl_ms",
+        "p99_itl_ms",
+        "p50_e2e_latency_ms",
+        "p99_e2e_latency_ms",
+    }
+    assert METRICS["output_throughput"] == "maximize" and METRICS["p99_itl_ms"] == "minimize"
+
+
+def test_unknown_metric_offers_did_you_mean(tmp_path: Path) -> None:
+    error = _objective_error({"name": "t", "metric": "output_througput", "workload": WORKLOAD}, tmp_path)
+    assert error.field == "metric" and error.value == "output_througput"
+    assert "Did you mean 'output_throughput'?" in error.fix
+
+
+@pytest.mark.parametrize("key", sorted(WORKLOAD))
+def test_workload_ints_must_be_positive(tmp_path: Path, key: str) -> None:
+    error = _objective_error(
+        {"name": "t", "metric": "output_throughput", "workload": {**WORKLOAD, key: 0}}, tmp_path
+    )
+    assert error.field == f"workload.{key}" and error.value == 0
+    assert error.problem == "must be > 0"
+
+
+def test_workload_unknown_key(tmp_path: Path) -> None:
+    error = _objective_error(
+        {"name": "t", "metric": "output_throughput", "workload": {**WORKLOAD, "concurency": 4}}, tmp_path
+    )
+    assert error.field == "workload.concurency"
+    assert "Did you mean 'concurrency'?" in error.fix
+
+
+def test_direction_must_match_metric(tmp_path: Path) -> None:
+    error = _objective_error(
+        {"name": "t", "metric": "p99_ttft_ms", "direction": "maximize", "workload": WORKLOAD}, tmp_path
+    )
+    assert error.field == "direction" and error.value == "maximize"
+    assert "direction: minimize" in error.fix
+    error = _objective_error(
+        {"name": "t", "metric": "p99_ttft_ms", "direction": "minimise", "workload": WORKLOAD}, tmp_path
+    )
+    assert "Did you mean 'minimize'?" in error.fix
+
+
+def test_direction_defaults_to_metric_and_limits_become_constraints() -> None:
+    objective = parse_objective(
+        {
+            "name": "fast",
+            "metric": "mean_itl_ms",
+            "workload": WORKLOAD,
+            "limits": {"p99_ttft_ms": 5000, "output_throughput": 50},
+        }
+    )
+    assert objective.goal == "minimize" and objective.direction == "minimize"
+    result = {"mean_itl_ms": 12.5, "p99_ttft_ms": 6000.0, "output_throughput": 80.0}
+    assert objective.value(result) == 12.5
+    assert objective.constraints(result) == {"p99_ttft_ms": 1000.0, "output_throughput": -30.0}
+
+
+def test_limits_need_known_metrics() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_objective(
+            {"name": "x", "metric": "output_throughput", "workload": WORKLOAD, "limits": {"p99_ttft": 1}},
+            "o.yaml",
+        )
+    assert info.value.field == "limits.p99_ttft" and "Did you mean 'p99_ttft_ms'?" in info.value.fix
+
+
+# ---- study files ----
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project folder with the shipped search space and objective, and a studies/ folder."""
+    (tmp_path / "search_spaces").mkdir()
+    (tmp_path / "objectives").mkdir()
+    (tmp_path / "studies").mkdir()
+    shutil.copy(SHIPPED_SPACE, tmp_path / "search_spaces" / SHIPPED_SPACE.name)
+    shutil.copy(SHIPPED_OBJECTIVE, tmp_path / "objectives" / SHIPPED_OBJECTIVE.name)
+    return tmp_path
+
+
+def _study_data(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "study": "quickstart",
+        "search_space": "../search_spaces/sglang-nccl-eagle3.yaml",
+        "objective": "../objectives/throughput.yaml",
+        "server": {
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-eagle3",
+            "flags": {"--tp-size": 8, "--trust-remote-code": None},
+        },
+    }
+    data.update(changes)
+    return data
+
+
+def _write(project: Path, data: dict[str, Any], name: str = "study.yaml") -> Path:
+    path = project / "studies" / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _study_error(project: Path, data: dict[str, Any]) -> ConfigError:
+    path = _write(project, data)
+    with pytest.raises(ConfigError) as info:
+        load_study(path)
+    _check(info.value, info.value.path, info.value.field)
+    return info.value
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_study_loads_with_defaults_and_creates_nothing(project: Path) -> None:
+    path = _write(project, _study_data())
+    before = _tree(project)
+    study = load_study(path)
+    assert _tree(project) == before
+    study_dir = project / "studies"
+    assert study.name == "quickstart"
+    assert study.workdir == study_dir / ".autotune" / "quickstart"
+    assert study.storage == f"sqlite:///{study_dir}/.autotune/quickstart/optuna.db"
+    assert study.tracking_uri == f"sqlite:///{study_dir}/.autotune/quickstart/mlflow.db"
+    assert study.search_space.path == project / "search_spaces" / SHIPPED_SPACE.name
+    assert study.objective.metric == "output_throughput"
+    assert [(n.name, n.address) for n in study.file.nodes] == [("local", "local")]
+    assert study.file.server.command == ["python", "-m", "sglang.launch_server"]
+    assert study.file.server.flags == {"--tp-size": "8", "--trust-remote-code": None}
+    assert study.file.budget.n_trials == 20 and study.file.timeouts.startup_s == 1800
+    assert study.file.never_launch.env == {"NCCL_NVLS_ENABLE": ["1", "2"]}
+    assert study.file.never_launch.flags == list(DEFAULT_NEVER_LAUNCH_FLAGS)
+    assert study.ensure_workdir() == study.workdir and study.workdir.is_dir()
+
+
+def test_study_path_may_be_relative_to_cwd(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(project, _study_data())
+    monkeypatch.chdir(project)
+    study = load_study("studies/study.yaml")
+    assert study.workdir == project / "studies" / ".autotune" / "quickstart"
+
+
+def test_explicit_storage_and_command_string(project: Path) -> None:
+    data = _study_data(storage="postgresql://db/optuna", tracking_uri="http://mlflow:5000")
+    data["server"]["command"] = "python -m 'sglang.launch_server'"
+    data["sampler"] = {"name": "random", "seed": 7}
+    study = load_study(_write(project, data))
+    assert study.storage == "postgresql://db/optuna" and study.tracking_uri == "http://mlflow:5000"
+    assert study.file.server.command == ["python", "-m", "sglang.launch_server"]
+    sampler = study.file.sampler.build()
+    assert isinstance(sampler, optuna.samplers.RandomSampler)
+
+
+def test_missing_search_space_file_names_the_study_file(project: Path) -> None:
+    error = _study_error(project, _study_data(search_space="../search_spaces/nope.yaml"))
+    assert error.path == project / "studies" / "study.yaml"
+    assert error.field == "search_space" and error.value == "../search_spaces/nope.yaml"
+    assert str(project / "search_spaces" / "nope.yaml") in error.problem
+    assert "relative path starts at the study file's folder" in error.fix
+
+
+def test_search_space_errors_name_the_search_space_file(project: Path) -> None:
+    space = project / "search_spaces" / "broken.yaml"
+    space.write_text("parameters:\n  --x: {kind: sglang, type: int, low: 9, high: 1}\n")
+    error = _study_error(project, _study_data(search_space="../search_spaces/broken.yaml"))
+    assert error.path == space and error.field == "parameters.--x.low"
+
+
+def test_objective_errors_name_the_objective_file(project: Path) -> None:
+    objective = project / "objectives" / "bad.yaml"
+    objective.write_text(yaml.safe_dump({"name": "x", "metric": "tok_s", "workload": WORKLOAD}))
+    error = _study_error(project, _study_data(objective="../objectives/bad.yaml"))
+    assert error.path == objective and error.field == "metric"
+
+
+def test_unknown_study_key(project: Path) -> None:
+    data = _study_data()
+    data["sampeler"] = {"name": "tpe"}
+    error = _study_error(project, data)
+    assert error.field == "sampeler" and "Did you mean 'sampler'?" in error.fix
+
+
+def test_misspelled_required_key_reports_the_typo(project: Path) -> None:
+    data = _study_data()
+    data["server"]["modelpath"] = data["server"].pop("model_path")
+    error = _study_error(project, data)
+    assert error.field == "server.modelpath" and "Did you mean 'model_path'?" in error.fix
+
+
+def test_missing_required_key(project: Path) -> None:
+    data = _study_data()
+    del data["objective"]
+    error = _study_error(project, data)
+    assert error.field == "objective" and "missing" in error.problem and "Add 'objective'" in error.fix
+
+
+def test_wrong_type(project: Path) -> None:
+    data = _study_data()
+    data["server"]["port"] = "thirty"
+    error = _study_error(project, data)
+    assert error.field == "server.port" and error.value == "thirty" and "whole number" in error.problem
+
+
+def test_ssh_node_not_supported_yet(project: Path) -> None:
+    error = _study_error(project, _study_data(nodes=[{"name": "gpu1", "address": "ssh://me@gpu1"}]))
+    assert error.field == "nodes[0].address" and error.value == "ssh://me@gpu1"
+    assert "not supported yet" in error.problem and "address: local" in error.fix
+
+
+def test_unknown_node_address(project: Path) -> None:
+    error = _study_error(project, _study_data(nodes=[{"name": "a", "address": "gpu1:22"}]))
+    assert error.field == "nodes[0].address"
+
+
+def test_duplicate_node_names(project: Path) -> None:
+    error = _study_error(project, _study_data(nodes=[{"name": "a"}, {"name": "a"}]))
+    assert error.field == "nodes[1].name"
+
+
+def test_bad_study_name(project: Path) -> None:
+    error = _study_error(project, _study_data(study="../escape"))
+    assert error.field == "study" and error.value == "../escape"
+
+
+def test_unknown_sampler_offers_did_you_mean(project: Path) -> None:
+    error = _study_error(project, _study_data(sampler={"name": "tpe2"}))
+    assert error.field == "sampler.name" and "Did you mean 'tpe'?" in error.fix
+
+
+def test_budget_must_stop(project: Path) -> None:
+    error = _study_error(project, _study_data(budget={"n_trials": None, "timeout_s": None}))
+    assert error.field == "budget.n_trials" and "n_trials or timeout_s" in error.fix
+
+
+def test_autotune_managed_base_flag(project: Path) -> None:
+    data = _study_data()
+    data["server"]["flags"]["--port"] = 1234
+    error = _study_error(project, data)
+    assert error.field == "server.flags.--port" and "server.port" in error.fix
+
+
+def test_base_flag_also_tuned(project: Path) -> None:
+    data = _study_data()
+    data["server"]["flags"]["--mem-fraction-static"] = 0.9
+    error = _study_error(project, data)
+    assert error.path == project / "studies" / "study.yaml"
+    assert error.field == "server.flags.--mem-fraction-static"
+    assert "also tuned by the search space" in error.problem
+
+
+def test_never_launch_choice_in_search_space(project: Path) -> None:
+    space = project / "search_spaces" / "nvls.yaml"
+    space.write_text(
+        "parameters:\n  NCCL_NVLS_ENABLE: {kind: nccl, type: categorical, choices: [null, 0, 1]}\n"
+    )
+    error = _study_error(project, _study_data(search_space="../search_spaces/nvls.yaml"))
+    assert error.path == space
+    assert error.field == "parameters.NCCL_NVLS_ENABLE.choices[2]" and error.value == 1
+    assert "NCCL_NVLS_ENABLE=1" in error.problem and "never_launch" in error.problem
+    assert "Remove that value" in error.fix
+
+
+def test_never_launch_bool_env_and_int_range(project: Path) -> None:
+    space = project / "search_spaces" / "nvls.yaml"
+    space.write_text("parameters:\n  NCCL_NVLS_ENABLE: {kind: nccl, type: bool}\n")
+    error = _study_error(project, _study_data(search_space="../search_spaces/nvls.yaml"))
+    assert error.field == "parameters.NCCL_NVLS_ENABLE.type"
+    space.write_text("parameters:\n  NCCL_NVLS_ENABLE: {kind: nccl, type: int, low: 2, high: 3}\n")
+    error = _study_error(project, _study_data(search_space="../search_spaces/nvls.yaml"))
+    assert error.field == "parameters.NCCL_NVLS_ENABLE" and error.value == "2"
+
+
+def test_never_launch_flag_in_search_space(project: Path) -> None:
+    space = project / "search_spaces" / "nvls.yaml"
+    space.write_text("parameters:\n  --enable-symm-mem: {kind: sglang, type: bool}\n")
+    error = _study_error(project, _study_data(search_space="../search_spaces/nvls.yaml"))
+    assert error.path == space and error.field == "parameters.--enable-symm-mem"
+    assert "can pass --enable-symm-mem" in error.problem
+
+
+def test_never_launch_only_off_choice_is_fine(project: Path) -> None:
+    space = project / "search_spaces" / "off.yaml"
+    space.write_text(
+        "parameters:\n  NCCL_NVLS_ENABLE: {kind: nccl, type: categorical, choices: [null, 0]}\n"
+        "  --enable-nccl-nvls: {kind: sglang, type: categorical, choices: [null, false]}\n"
+    )
+    load_study(_write(project, _study_data(search_space="../search_spaces/off.yaml")))
+
+
+def test_never_launch_base_env_and_flag(project: Path) -> None:
+    data = _study_data()
+    data["server"]["env"] = {"NCCL_NVLS_ENABLE": 1}
+    error = _study_error(project, data)
+    assert error.field == "server.env.NCCL_NVLS_ENABLE" and error.value == "1"
+    data = _study_data()
+    data["server"]["flags"]["--enable-nccl-nvls"] = None
+    error = _study_error(project, data)
+    assert error.field == "server.flags.--enable-nccl-nvls"
+
+
+def test_custom_never_launch(project: Path) -> None:
+    data = _study_data(never_launch={"env": {"NCCL_ALGO": "Tree"}, "flags": []})
+    error = _study_error(project, data)
+    assert error.field == "parameters.NCCL_ALGO.choices[2]" and error.value == "Tree"
+    # NVLS flags were dropped on purpose here, so they may be tuned.
+    data = _study_data(never_launch={"env": {}, "flags": []})
+    data["server"]["flags"]["--enable-nccl-nvls"] = True
+    assert load_study(_write(project, data)).file.server.flags["--enable-nccl-nvls"] is None
+
+
+def test_speculation_needs_draft_model(project: Path) -> None:
+    data = _study_data()
+    del data["server"]["draft_model_path"]
+    error = _study_error(project, data)
+    assert error.path == project / "studies" / "study.yaml"
+    assert error.field == "server.draft_model_path" and "EAGLE3" in error.problem
+
+
+def test_speculative_knobs_need_an_algorithm(project: Path) -> None:
+    space = project / "search_spaces" / "steps.yaml"
+    space.write_text(
+        "parameters:\n  --speculative-num-steps: {kind: speculative, type: int, low: 1, high: 4}\n"
+    )
+    error = _study_error(project, _study_data(search_space="../search_spaces/steps.yaml"))
+    assert error.path == space and error.field == "parameters.--speculative-num-steps"
+    # With the algorithm fixed in the study file, tuning steps alone is fine.
+    data = _study_data(search_space="../search_spaces/steps.yaml")
+    data["server"]["flags"][ALG] = "EAGLE3"
+    study = load_study(_write(project, data))
+    launch = study.server_launch(
+        study.search_space.suggest(optuna.trial.FixedTrial({"--speculative-num-steps": 2}))
+    )
+    assert launch.argv[-2:] == ("--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3")
+
+
+# ---- server launches from a study ----
+
+
+def test_server_launch_for_a_speculative_trial(project: Path) -> None:
+    data = _study_data()
+    data["server"]["env"] = {"HF_HOME": "/cache"}
+    study = load_study(_write(project, data))
+    config = TrialConfig(
+        env={"NCCL_ALGO": "Ring"},
+        flags={"--mem-fraction-static": "0.88", ALG: "EAGLE3", "--speculative-num-steps": "3"},
+    )
+    launch = study.server_launch(config, port=31001)
+    assert launch.argv == (
+        "python", "-m", "sglang.launch_server",
+        "--model-path", "/models/Kimi-K2.5",
+        "--tp-size", "8", "--trust-remote-code",
+        "--mem-fraction-static", "0.88", ALG, "EAGLE3", "--speculative-num-steps", "3",
+        "--host", "127.0.0.1", "--port", "31001",
+        "--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3",
+    )  # fmt: skip
+    assert launch.env == {"HF_HOME": "/cache", "NCCL_ALGO": "Ring"}
+    assert launch.port == 31001
+
+
+def test_baseline_launch_has_only_base_settings(project: Path) -> None:
+    study = load_study(_write(project, _study_data()))
+    launch = study.server_launch(study.search_space.baseline())
+    assert launch.argv == (
+        "python", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.5",
+        "--tp-size", "8", "--trust-remote-code", "--host", "127.0.0.1", "--port", "30000",
+    )  # fmt: skip
+    assert launch.env == {}
+
+
+def test_server_launch_guards_never_launch(project: Path) -> None:
+    study = load_study(_write(project, _study_data()))
+    with pytest.raises(ForbiddenLaunchError):
+        study.server_launch(TrialConfig(env={"NCCL_NVLS_ENABLE": "2"}))
+    with pytest.raises(ForbiddenLaunchError):
+        study.server_launch(TrialConfig(flags={"--enable-symm-mem": None}))
+
+
+def test_every_shipped_yaml_loads() -> None:
+    for folder in ("search_spaces", "objectives"):
+        for path in sorted((REPO / folder).glob("*.yaml")):
+            data = load_yaml(path)
+            assert data, path
+    for path in sorted((REPO / "objectives").glob("*.yaml")):
+        load_objective(path)
+
+
+def test_loading_shipped_files_leaves_the_repo_untouched(tmp_path: Path) -> None:
+    study = tmp_path / "s.yaml"
+    data = _study_data(search_space=os.fspath(SHIPPED_SPACE), objective=os.fspath(SHIPPED_OBJECTIVE))
+    study.write_text(yaml.safe_dump(data))
+    load_study(study)
+    assert not (REPO / "search_spaces" / ".autotune").exists()
+    assert _tree(tmp_path) == ["s.yaml"]

@@ -1,0 +1,227 @@
+"""wait_until_ready and LogFollower against real processes that print SGLang's start-up lines."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autotune.failures import FailureKind
+from autotune.logwatch import LogFollower, StartupStatus, wait_until_ready
+from autotune.runner import LocalCommandRunner, ServerProcess
+
+# SGLang 0.5.4's start-up lines, in order, with its log prefix; `{t}` marks where a script sleeps.
+STARTUP = [
+    "[2026-02-27 11:50:30] server_args=ServerArgs(model_path='/models/m', tp_size=2, enable_nccl_nvls=False)",
+    "[2026-02-27 11:50:31 TP0] Init torch distributed begin.",
+    "[2026-02-27 11:50:32 TP0] Init torch distributed ends. mem usage=0.75 GB",
+    "[2026-02-27 11:50:33 TP0] Load weight begin. avail mem=139.20 GB",
+    "[2026-02-27 11:50:33 TP1] Load weight begin. avail mem=139.20 GB",
+    "{t}",
+    "[2026-02-27 11:52:10 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, "
+    "avail mem=70.75 GB, mem usage=68.45 GB.",
+    "[2026-02-27 11:52:11 TP0] KV Cache is allocated. #tokens: 403264, K size: 12.31 GB, V size: 12.31 GB",
+    "[2026-02-27 11:52:12 TP0] Capture cuda graph begin. This can take up to several minutes. "
+    "avail mem=44.10 GB",
+    "{t}",
+    "[2026-02-27 11:53:40 TP0] Capture cuda graph end. Time elapsed: 88.12 s. mem usage=2.31 GB. "
+    "avail mem=41.79 GB.",
+    "[2026-02-27 11:53:41 TP0] max_total_num_tokens=403264, chunked_prefill_size=8192, "
+    "max_prefill_tokens=16384, max_running_requests=48, context_len=8192, available_gpu_mem=41.79 GB",
+    "{t}",
+    "[2026-02-27 11:53:45] The server is fired up and ready to roll!",
+]
+
+OOM_TRACEBACK = [
+    "[2026-02-27 11:52:12 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/sglang/srt/model_executor/model_runner.py", line 1700, in init_memory_pool',
+    "    raise RuntimeError(",
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+    "Current value: self.server_args.mem_fraction_static=0.55",
+]
+
+
+def _script(lines: list[str], delay_s: float, then: str) -> list[str]:
+    """A python -c that prints `lines` to stderr (as SGLang logs), sleeping `delay_s` at each {t}."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        for line in {lines!r}:
+            if line == "{{t}}":
+                time.sleep({delay_s})
+            else:
+                print(line, file=sys.stderr, flush=True)
+        """
+    )
+    return [sys.executable, "-c", code + then]
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    procs: list[ServerProcess] = []
+    yield procs
+    for proc in procs:
+        proc.stop(grace_s=1)
+
+
+def _start(procs: list[ServerProcess], tmp_path: Path, argv: list[str]) -> ServerProcess:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "old trial: RuntimeError: Not enough memory. Please try to increase --mem-fraction-static\n"
+    )
+    proc = LocalCommandRunner().start(argv, {}, log)
+    procs.append(proc)
+    return proc
+
+
+def test_ready_line_with_phase_timings(tmp_path: Path, started: list[ServerProcess]) -> None:
+    proc = _start(started, tmp_path, _script(STARTUP, 0.2, "time.sleep(30)"))
+    phases: list[str] = []
+    out = wait_until_ready(
+        proc, proc.log_path, lambda: False, timeout_s=20, poll_s=0.05, on_phase=phases.append
+    )
+    assert out.status is StartupStatus.READY, out
+    assert out.ready and out.ready_via == "log" and out.failure is None
+    assert phases == ["loading", "capturing", "ready"]
+    names = [
+        "load_weight_begin",
+        "load_weight_end",
+        "capture_cuda_graph_begin",
+        "capture_cuda_graph_end",
+        "ready",
+    ]
+    assert list(out.phase_times) == names
+    times = [out.phase_times[n] for n in names]
+    assert times == sorted(times)
+    assert out.phase_times["load_weight_end"] - out.phase_times["load_weight_begin"] >= 0.15
+    assert proc.poll() is None  # ready and still serving
+
+
+def test_ready_check_alone_suffices(tmp_path: Path, started: list[ServerProcess]) -> None:
+    flag = tmp_path / "healthy"
+    proc = _start(
+        started,
+        tmp_path,
+        _script(
+            STARTUP[:5],
+            0,
+            f"import pathlib, time; time.sleep(0.3); pathlib.Path({str(flag)!r}).touch(); time.sleep(30)",
+        ),
+    )
+
+    def health() -> bool:
+        if not flag.exists():
+            raise ConnectionRefusedError  # what an HTTP check raises before the port opens
+        return True
+
+    out = wait_until_ready(proc, proc.log_path, health, timeout_s=20, poll_s=0.05)
+    assert out.status is StartupStatus.READY and out.ready_via == "check"
+    assert "load_weight_begin" in out.phase_times and "ready" not in out.phase_times
+
+
+def test_fatal_line_fails_fast_while_process_lingers(tmp_path: Path, started: list[ServerProcess]) -> None:
+    # SGLang's parent can take a while to notice and kill its tree: FAILED must not wait for the exit.
+    proc = _start(started, tmp_path, _script([*STARTUP[:5], "{t}", *OOM_TRACEBACK], 0.3, "time.sleep(30)"))
+    t0 = time.monotonic()
+    out = wait_until_ready(proc, proc.log_path, lambda: False, timeout_s=20, poll_s=0.2)
+    took = time.monotonic() - t0
+    assert out.status is StartupStatus.FAILED
+    assert out.failure is not None and out.failure.kind is FailureKind.KV_POOL_TOO_SMALL
+    assert out.failure.line.startswith("RuntimeError: Not enough memory.")
+    assert out.returncode is None and proc.poll() is None
+    # Fatal line printed ~0.3 s after start (plus interpreter start-up); FAILED within 2 s of it.
+    assert took < 0.3 + 2.0 + 0.5
+
+
+def test_exit_after_fatal_line_classifies_root_cause(tmp_path: Path, started: list[ServerProcess]) -> None:
+    lines = [
+        *STARTUP[:9],
+        "[2026-02-27 11:52:20 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "Possible solutions:",
+        "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+        "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
+        "[2026-02-27 11:52:21] Received sigquit from a child process. It usually means the child failed.",
+    ]
+    proc = _start(
+        started, tmp_path, _script(lines, 0, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    )
+    phases: list[str] = []
+    out = wait_until_ready(proc, proc.log_path, None, timeout_s=20, poll_s=0.05, on_phase=phases.append)
+    assert out.status is StartupStatus.FAILED
+    assert out.failure is not None and out.failure.kind is FailureKind.CUDA_GRAPH_OOM
+    assert out.returncode == -9
+    assert phases == ["loading", "capturing"]
+
+
+def test_exit_without_pattern_is_unknown_crash_with_status(
+    tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    # The last line has no newline: it must still be read once the process is gone.
+    then = "sys.stderr.write('KeyError: model_type'); sys.stderr.flush(); sys.exit(3)"
+    proc = _start(started, tmp_path, _script(STARTUP[:4], 0, then))
+    out = wait_until_ready(proc, proc.log_path, lambda: False, timeout_s=20, poll_s=0.05)
+    assert out.status is StartupStatus.FAILED
+    assert out.failure is not None and out.failure.kind is FailureKind.UNKNOWN_CRASH
+    assert out.returncode == 3
+    assert "status 3" in out.failure.description
+    assert out.failure.line == "KeyError: model_type"
+
+
+def test_propagation_marker_alone_fails_as_unknown_crash(
+    tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    lines = [
+        *STARTUP[:4],
+        "[2026-02-27 11:50:34] Rank 0 scheduler is dead. Please check if there are relevant logs.",
+    ]
+    proc = _start(started, tmp_path, _script(lines, 0, "time.sleep(30)"))
+    out = wait_until_ready(proc, proc.log_path, lambda: False, timeout_s=20, poll_s=0.05)
+    assert out.status is StartupStatus.FAILED
+    assert out.failure is not None and out.failure.kind is FailureKind.UNKNOWN_CRASH
+    assert "Rank 0 scheduler is dead" in out.failure.line
+
+
+def test_hang_times_out(tmp_path: Path, started: list[ServerProcess]) -> None:
+    proc = _start(started, tmp_path, _script(STARTUP[:5], 0, "time.sleep(30)"))
+    t0 = time.monotonic()
+    out = wait_until_ready(proc, proc.log_path, lambda: False, timeout_s=0.8, poll_s=0.05)
+    assert 0.8 <= time.monotonic() - t0 < 2.0
+    assert out.status is StartupStatus.TIMEOUT
+    assert out.failure is not None and out.failure.kind is FailureKind.STARTUP_TIMEOUT
+    assert "load_weight_begin" in out.failure.description
+    assert proc.poll() is None
+
+
+def test_log_follower_is_incremental(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    follower = LogFollower(log)
+    assert follower.poll_new_lines() == []  # no file yet
+    with open(log, "ab") as f:
+        f.write(b"one\ntw")
+        f.flush()
+        assert follower.poll_new_lines() == ["one"]
+        f.write(b"o\r\nthree \xc3")  # a UTF-8 character split across writes
+        f.flush()
+        assert follower.poll_new_lines() == ["two"]
+        offset = follower.offset
+        f.write(b"\xa9\n")
+        f.flush()
+        assert follower.poll_new_lines() == ["three é"]
+        assert follower.offset == offset + 2  # only the new bytes were read
+        f.write(b"tail")
+        f.flush()
+    assert follower.poll_new_lines() == []
+    assert follower.flush() == ["tail"]
+    log.write_bytes(b"new\n")  # truncated and rewritten: start over
+    assert follower.poll_new_lines() == ["new"]
+
+
+def test_log_follower_starts_at_offset(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.write_bytes(b"old\nnew\n")
+    assert LogFollower(log, offset=4).poll_new_lines() == ["new"]

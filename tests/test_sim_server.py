@@ -1,0 +1,451 @@
+"""The simulated SGLang node as a real process: its log, its HTTP API, its fatal exits and its faults."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_PATH = "moonshotai/Kimi-K2.5"
+TIME_SCALE = "0.001"  # the ten-minute weight load takes 0.6 s
+DATE = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+NOT_ENOUGH_MEMORY = (
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+    "Current value: self.server_args.mem_fraction_static=0.55"
+)
+SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class SimServer:
+    """One `python -m autotune.sim.sglang_server` process, its merged output collected line by line."""
+
+    def __init__(self, *flags: str, env: dict[str, str] | None = None, tp: int = 8) -> None:
+        self.port = free_port()
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SIM_")}
+        command = [sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", MODEL_PATH]
+        command += ["--port", str(self.port), *(["--tp", str(tp)] if tp > 1 else []), *flags]
+        self.proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**base_env, "SGLANG_SIM_TIME_SCALE": TIME_SCALE, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, needle: str, timeout: float = 20.0) -> str:
+        """The first line containing `needle`; fails with the log if it does not come in time."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if needle in line:
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"{needle!r} never appeared; log:\n{self.log}")
+                self._changed.wait(min(left, 0.1))
+
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        returncode = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return returncode
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def post(self, path: str, payload: dict[str, Any], timeout: float = 30.0) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            self.url(path), data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stream(self, path: str, payload: dict[str, Any]) -> list[str]:
+        """The `data: ...` payloads of a server-sent event stream, until it ends or breaks."""
+        request = urllib.request.Request(
+            self.url(path), data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        events: list[str] = []
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                buffer = b""
+                for raw in response:
+                    buffer += raw
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        assert event.startswith(b"data: "), event
+                        events.append(event[len(b"data: ") :].decode())
+        except (http.client.IncompleteRead, ConnectionError, urllib.error.URLError):
+            pass  # the server died mid-stream: the caller checks what arrived
+        return events
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        self.wait_for(READY_LINE, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.wait_exit()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[SimServer, list[int | None]]]:
+    """The seed's launch (Kimi-K2.5 on 8 PCIe GPUs, TP 8), with /health polled from the first moment."""
+    server = SimServer()
+    statuses: list[int | None] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            status, _ = server.get("/health", timeout=5)
+        except (urllib.error.URLError, ConnectionError):
+            status = None  # not listening yet: SGLang binds only once the schedulers are up
+        if not statuses or statuses[-1] != status:
+            statuses.append(status)
+        if status == 200:
+            break
+        time.sleep(0.02)
+    try:
+        yield server, statuses
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def speculative() -> Iterator[SimServer]:
+    server = SimServer(
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "lmsys/Kimi-K2.5-EAGLE3",
+        "--skip-server-warmup",
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+
+
+# -- startup --------------------------------------------------------------------------------------------
+def test_startup_log_is_sglangs_in_order(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    server.wait_ready()
+    expected = [
+        rf"^{DATE}\] server_args=ServerArgs\(model_path='{MODEL_PATH}', .*tp_size=8, ",
+        rf"^{DATE} TP0\] Init torch distributed begin\.$",
+        rf"^{DATE} TP0\] Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs",
+        rf"^{DATE} TP0\] Init torch distributed ends\. mem usage=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Load weight begin\. avail mem=\d+\.\d\d GB$",
+        r"^Loading safetensors checkpoint shards:   0% Completed \| 0/64 \[00:00<\?, \?it/s\]$",
+        r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it\]$",
+        r"^Loading safetensors checkpoint shards: 100% Completed \| 64/64 \[",
+        rf"^{DATE} TP0\] Load weight end\. type=\w+, dtype=torch\.bfloat16, avail mem=\d+\.\d\d GB, "
+        r"mem usage=68\.38 GB\.$",
+        rf"^{DATE} TP0\] KV Cache is allocated\. #tokens: \d+, ",
+        rf"^{DATE} TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Capture cuda graph end\. Time elapsed: \d+\.\d\d s\. mem usage=\d+\.\d\d GB\. "
+        r"avail mem=\d+\.\d\d GB\.$",
+        rf"^{DATE} TP0\] max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=\d+, "
+        r"max_running_requests=\d+, context_len=\d+, available_gpu_mem=\d+\.\d\d GB$",
+        rf"^{DATE}\] INFO:     Uvicorn running on http://127\.0\.0\.1:{server.port} ",
+        rf'^{DATE}\] INFO:     127\.0\.0\.1:\d+ - "GET /get_model_info HTTP/1\.1" 200 OK$',
+        rf'^{DATE}\] INFO:     127\.0\.0\.1:\d+ - "POST /generate HTTP/1\.1" 200 OK$',
+        rf"^{DATE}\] {READY_LINE}$",
+    ]
+    position = 0
+    for pattern in expected:
+        while position < len(server.lines) and not re.search(pattern, server.lines[position]):
+            position += 1
+        assert position < len(server.lines), f"{pattern!r} missing or out of order; log:\n{server.log}"
+        position += 1
+
+
+def test_every_rank_logs_its_per_rank_lines(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    server.wait_ready()
+    for message in ("Init torch distributed ends", "Load weight end", "KV Cache is allocated"):
+        ranks = [m.group(1) for line in server.lines if (m := re.search(r" TP(\d)\] " + message, line))]
+        assert ranks == [str(r) for r in range(8)], message
+    assert not any(re.search(r" TP[1-7]\] (Prefill|Decode) batch", line) for line in server.lines)
+
+
+def test_health_is_503_during_warmup_then_200(served: tuple[SimServer, list[int | None]]) -> None:
+    _, statuses = served
+    assert statuses[-1] == 200
+    assert 503 in statuses, statuses
+    assert statuses.index(503) < statuses.index(200)
+    assert set(statuses) <= {None, 503, 200}
+
+
+# -- HTTP API -------------------------------------------------------------------------------------------
+def test_generate_streams_sglangs_sse_chunks(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    payload = {"text": "one two three four", "sampling_params": {"max_new_tokens": 6}, "stream": True}
+    events = server.stream("/generate", payload)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(len(c["output_ids"]) for c in chunks) == 6
+    for chunk in chunks:
+        assert set(chunk) == {"text", "output_ids", "meta_info"}
+        assert chunk["meta_info"]["prompt_tokens"] == 4
+    for previous, chunk in zip(chunks, chunks[1:], strict=False):
+        assert chunk["text"].startswith(previous["text"]) and len(chunk["text"]) > len(previous["text"])
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    last = chunks[-1]["meta_info"]
+    assert last["finish_reason"] == {"type": "length", "length": 6}
+    assert last["completion_tokens"] == 6 and last["e2e_latency"] > 0
+    assert "e2e_latency" not in chunks[0]["meta_info"] and "spec_accept_length" not in last
+
+
+def test_generate_honours_stream_interval_and_input_ids(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    payload = {"input_ids": list(range(50)), "sampling_params": {"max_new_tokens": 3}, "stream": True}
+    events = server.stream("/generate", payload)
+    assert json.loads(events[0])["meta_info"]["prompt_tokens"] == 50
+
+
+def test_generate_non_streaming(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    status, body = server.post(
+        "/generate",
+        {
+            "input_ids": [1, 2, 3],
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+        },
+    )
+    assert status == 200
+    assert len(body["output_ids"]) == 5 and len(body["text"].split()) == 5
+    meta = body["meta_info"]
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 5
+    assert meta["finish_reason"] == {"type": "length", "length": 5} and meta["e2e_latency"] > 0
+
+
+def test_generate_rejects_what_sglang_rejects(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    status, body = server.post("/generate", {"sampling_params": {"max_new_tokens": 1}})
+    assert status == 400 and body["error"]["message"] == "Either text or input_ids should be provided."
+    status, body = server.post("/generate", {"input_ids": [1] * 262144})
+    assert (
+        status == 400 and "longer than the model's context length (262144 tokens)" in body["error"]["message"]
+    )
+
+
+def test_model_and_server_info(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    for path in ("/get_model_info", "/model_info"):
+        status, body = server.get(path)
+        info = json.loads(body)
+        assert status == 200 and info["model_path"] == MODEL_PATH and info["is_generation"] is True
+        assert info["tokenizer_path"] == MODEL_PATH
+    for path in ("/get_server_info", "/server_info"):
+        status, body = server.get(path)
+        info = json.loads(body)
+        assert status == 200 and info["version"] == "0.5.4" and info["time_scale"] == 0.001
+        assert info["tp_size"] == 8 and info["model_path"] == MODEL_PATH and info["port"] == server.port
+        assert info["max_total_num_tokens"] > 0 and 0 < info["mem_fraction_static"] < 1
+        assert info["cuda_graph_max_bs"] == 512 and info["chunked_prefill_size"] == 8192
+        state = info["internal_states"][0]
+        assert "last_gen_throughput" in state and "avg_spec_accept_length" not in state
+    request = urllib.request.Request(server.url("/flush_cache"), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200 and response.read().startswith(b"Cache flushed.")
+
+
+def test_openai_models_and_completions(served: tuple[SimServer, list[int | None]]) -> None:
+    server, _ = served
+    status, body = server.get("/v1/models")
+    models = json.loads(body)
+    assert status == 200 and models["object"] == "list" and models["data"][0]["id"] == MODEL_PATH
+
+    status, completion = server.post(
+        "/v1/completions", {"model": MODEL_PATH, "prompt": "a b c", "max_tokens": 4}
+    )
+    assert status == 200 and completion["object"] == "text_completion"
+    assert completion["choices"][0]["finish_reason"] == "length"
+    assert len(completion["choices"][0]["text"].split()) == 4
+    assert completion["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+        "prompt_tokens_details": None,
+    }
+
+    payload = {"prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    events = server.stream("/v1/completions", payload)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).count(" ") == 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+
+    status, chat = server.post(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+    )
+    assert status == 200 and chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"]["role"] == "assistant" and chat["usage"]["completion_tokens"] == 2
+
+
+def test_speculation_reports_accept_length(speculative: SimServer) -> None:
+    events = speculative.stream(
+        "/generate", {"input_ids": [7] * 100, "sampling_params": {"max_new_tokens": 60}, "stream": True}
+    )
+    meta = json.loads(events[-2])["meta_info"]
+    assert meta["completion_tokens"] == 60 and meta["spec_verify_ct"] > 0
+    assert 1.5 < meta["spec_accept_length"] < 4.0
+    info = json.loads(speculative.get("/get_server_info")[1])
+    assert info["speculative_algorithm"] == "EAGLE3" and info["max_running_requests"] == 48
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"]) == (3, 1)
+    assert 1.5 < info["internal_states"][0]["avg_spec_accept_length"] < 4.0
+    decode = speculative.wait_for("Decode batch [40]")
+    assert re.search(
+        r" TP0\] Decode batch \[40\], #running-req: 1, #token: \d+, token usage: \d\.\d\d, ", decode
+    )
+    assert re.search(r"accept len: \d\.\d\d, accept rate: \d\.\d\d, cuda graph: True, ", decode)
+    assert "Max running requests is reset to 48 for speculative decoding." in speculative.lines
+
+
+# -- fatal exits ----------------------------------------------------------------------------------------
+def test_unknown_flag_exits_2_with_argparses_message() -> None:
+    server = SimServer("--no-such-flag", "1")
+    assert server.wait_exit() == 2
+    assert "launch_server.py: error: unrecognized arguments: --no-such-flag 1" in server.log
+    assert server.log.startswith("usage: launch_server.py [-h] --model-path MODEL_PATH")
+
+
+def test_speculative_value_error_exits_1_before_launching() -> None:
+    server = SimServer(
+        "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+        "--speculative-num-draft-tokens", "8", "--page-size", "16",
+    )  # fmt: skip
+    assert server.wait_exit() == 1
+    assert server.lines[-1].startswith(
+        "ValueError: speculative_eagle_topk > 1 with page_size > 1 is unstable"
+    )
+    assert "server_args=" not in server.log
+
+
+def test_not_enough_memory_at_055_dies_after_weight_loading() -> None:
+    server = SimServer("--mem-fraction-static", "0.55", "--cuda-graph-max-bs", "128")
+    assert server.wait_exit() == -signal.SIGKILL
+    lines = server.lines
+    begin = next(i for i, line in enumerate(lines) if "Load weight begin" in line)
+    failure = lines.index(NOT_ENOUGH_MEMORY)
+    assert begin < failure < lines.index(next(line for line in lines if line.endswith(SIGQUIT_LINE)))
+    assert any(re.match(rf"{DATE} TP\d\] Scheduler hit an exception: Traceback", line) for line in lines)
+    assert re.match(rf"{DATE}\] {SIGQUIT_LINE}$", lines[-1])
+    assert READY_LINE not in server.log and "Uvicorn running" not in server.log
+
+
+def test_flashinfer_allreduce_fusion_fails_deterministically_on_sm120() -> None:
+    server = SimServer("--enable-flashinfer-allreduce-fusion")
+    assert server.wait_exit() == -signal.SIGKILL
+    assert "No supported CUDA architectures found for major versions [9, 10]" in server.log
+    assert server.log.index("Capture cuda graph begin") < server.log.index("No supported CUDA architectures")
+    assert server.lines[-1].endswith(SIGQUIT_LINE)
+
+
+def test_oom_under_load_kills_the_server() -> None:
+    # One unchunked 40k-token prefill needs more activation memory than the graphs left free.
+    server = SimServer(
+        "--chunked-prefill-size", "65536", "--mem-fraction-static", "0.85", "--skip-server-warmup"
+    )
+    server.wait_ready()
+    events = server.stream("/generate", {"input_ids": [5] * 40000, "sampling_params": {"max_new_tokens": 8}})
+    assert "[DONE]" not in events
+    assert server.wait_exit() == -signal.SIGKILL
+    assert "torch.OutOfMemoryError: CUDA out of memory." in server.log
+    assert server.lines[-1].endswith(SIGQUIT_LINE)
+
+
+# -- faults and shutdown --------------------------------------------------------------------------------
+def test_hang_load_never_becomes_ready_and_sigterm_exits_0() -> None:
+    server = SimServer(env={"SGLANG_SIM_FAULT": "hang_load"})
+    server.wait_for("Loading safetensors checkpoint shards:  17% Completed | 11/64")
+    time.sleep(1.0)  # longer than the whole load would take at this time scale
+    assert "Load weight end" not in server.log and READY_LINE not in server.log
+    assert "12/64" not in server.log
+    with pytest.raises(urllib.error.URLError):
+        server.get("/health", timeout=2)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(timeout=5) == 0
+    assert time.monotonic() - started < 3
+
+
+def test_sigterm_stops_a_serving_server_promptly() -> None:
+    other_node = {"SGLANG_SIM_MODEL": "llama-70b-bf16", "SGLANG_SIM_HARDWARE": "h200-nvlink-x8"}
+    server = SimServer("--skip-server-warmup", tp=4, env=other_node)
+    server.wait_ready()
+    assert server.get("/health")[0] == 200
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(timeout=5) == 0
+    assert time.monotonic() - started < 3
+    assert "Finished server process" in server.lines[-1]
+
+
+def test_crash_benchmark_dies_mid_stream_and_slow_health_is_slow() -> None:
+    server = SimServer("--skip-server-warmup", env={"SGLANG_SIM_FAULT": "slow_health,crash_benchmark:50"})
+    server.wait_ready()
+    started = time.monotonic()
+    assert server.get("/health")[0] == 200
+    assert time.monotonic() - started >= 2.0
+    events = server.stream(
+        "/generate", {"input_ids": [1] * 10, "sampling_params": {"max_new_tokens": 500}, "stream": True}
+    )
+    assert "[DONE]" not in events
+    delivered = sum(len(json.loads(e)["output_ids"]) for e in events)
+    assert delivered < 500
+    assert server.wait_exit() == 1
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in server.log
