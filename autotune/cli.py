@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from autotune.config import Study, load_study
 from autotune.errors import AutotuneError, ConfigError
-from autotune.launch import describe_launch, launch_script
+from autotune.launch import describe_launch, launch_script, to_arg
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -90,6 +90,9 @@ class ConsoleReporter:
             self._status(f"[{progress.done + 1:>3}/{progress.total}] {running} · {tail}")
         elif event == "recovered":
             self._line(f"recovered interrupted trials {info['trials']}: marked FAIL and queued again")
+        elif event == "learned":
+            pairs = ", ".join(f"{name}={value}" for name, value in info["incompatible"])
+            self._line(f"known incompatible on this hardware, not tried again: {pairs}")
         elif event == "interrupting":
             self._line(f"stopping trials {info['trials']} (Ctrl-C again to stop at once)")
 

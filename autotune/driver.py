@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,14 +22,18 @@ from autotune.benchmark import Workload
 from autotune.config import Study
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
+from autotune.incompatible import KnownIncompatibilities
 from autotune.launch import TrialConfig
 from autotune.node import NodeActor, TrialRequest, TrialResult
 from autotune.tracking import StudyTracker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 BASELINE_ATTR = "baseline"
 RETRY_OF_ATTR = "retry_of"
+SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): costs no node time or budget
+MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
 POLL_S = 0.5
 BENCHMARK_METRICS = (
@@ -112,8 +117,9 @@ def _study_record(study: Study) -> dict[str, Any]:
 
 
 def finished_count(ostudy: optuna.Study) -> int:
+    """Trials that count toward the budget: finished on a node (skipped proposals do not)."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return len(ostudy.get_trials(deepcopy=False, states=states))
+    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if not t.user_attrs.get(SKIPPED_ATTR))
 
 
 def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
@@ -171,6 +177,10 @@ class StudyDriver:
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
         ostudy = open_study(study)
+        self.known = KnownIncompatibilities(ostudy, study.search_space)
+        self.base_sampler = ostudy.sampler
+        ostudy.sampler = self.known.sampler(self.base_sampler)
+        self.skips = 0
         tracker = StudyTracker(study.tracking_uri, study.name)
         tracker.log_study_files(
             {
@@ -236,6 +246,11 @@ class StudyDriver:
         trial = ostudy.ask()
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
+        blocked = self.known.blocking(trial.params)
+        if blocked is not None:
+            self._skip(ostudy, trial, f"{blocked[0]}={blocked[1]} failed deterministically on this hardware")
+            return None
+        self.skips = 0
         try:
             launch = study.server_launch(config)
         except ForbiddenLaunchError as exc:
@@ -268,6 +283,19 @@ class StudyDriver:
         )
         ref = actor.run_trial.remote(request)
         return ref, _Running(trial, node, actor, run_id, baseline, time.monotonic())
+
+    def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str) -> None:
+        """Record a proposal that is never launched; its known failure teaches the sampler nothing new."""
+        self.skips += 1
+        if self.skips > MAX_CONSECUTIVE_SKIPS:
+            raise AutotuneError(
+                f"the sampler proposed {MAX_CONSECUTIVE_SKIPS} known-incompatible trials in a row ({why}): "
+                "remove the failing values from the search space"
+            )
+        trial.set_user_attr(SKIPPED_ATTR, True)
+        trial.set_user_attr("failure_kind", "known_incompatible")
+        trial.set_user_attr("failure", why)
+        ostudy.tell(trial, state=TrialState.FAIL)
 
     def _poll_phases(self, tracker: StudyTracker, running: dict[Any, _Running], progress: Progress) -> None:
         import ray
@@ -327,6 +355,9 @@ class StudyDriver:
                     "autotune.failure": failure.line[:500],
                 }
             )
+            if failure.kind.deterministic and self.known.learn(trial.params, failure):
+                ostudy.sampler = self.known.sampler(self.base_sampler)
+                self.reporter("learned", progress, {"incompatible": self.known.pairs})
             if failure.kind.is_oom:
                 # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
                 value = self.study.file.failures.oom_penalty

@@ -107,6 +107,7 @@ class FailurePattern(NamedTuple):
     regex: re.Pattern[str]
     kind: FailureKind
     description: str
+    culprits: tuple[str, ...] = ()  # the flags an UNSUPPORTED message names, so they are not tried again
 
 
 # Python traceback: a frame line, its indented source/caret lines, then the exception (no "File" line in
@@ -125,6 +126,7 @@ PATTERNS: tuple[FailurePattern, ...] = (
         re.compile(r"No supported CUDA architectures found for major versions"),
         FailureKind.UNSUPPORTED,
         "FlashInfer JIT has no kernel for this GPU architecture",
+        ("--enable-flashinfer-allreduce-fusion",),
     ),
     FailurePattern(
         # Torch's wording is version-dependent; this is the simulated node's wording
@@ -132,11 +134,13 @@ PATTERNS: tuple[FailurePattern, ...] = (
         re.compile(r"SymmetricMemory is not supported on device"),
         FailureKind.UNSUPPORTED,
         "torch symmetric memory (--enable-torch-symm-mem) unsupported on this GPU",
+        ("--enable-torch-symm-mem",),
     ),
     FailurePattern(
         re.compile(r"FlashAttention v3 Backend requires SM>=80 and SM<=90"),
         FailureKind.UNSUPPORTED,
         "--attention-backend fa3 unsupported on this GPU",
+        ("--attention-backend",),
     ),
     FailurePattern(
         # A bare `assert` in SGLang's FlashInfer all-to-all dispatcher (--moe-a2a-backend flashinfer)
@@ -147,6 +151,7 @@ PATTERNS: tuple[FailurePattern, ...] = (
         ),
         FailureKind.UNSUPPORTED,
         "expert-parallel FlashInfer all-to-all backend assertion failed",
+        ("--ep-size", "--moe-a2a-backend"),
     ),
     FailurePattern(
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
@@ -211,11 +216,12 @@ class Failure:
     line: str
     description: str
     advice: str
+    culprits: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, kind: FailureKind, line: str, description: str) -> Failure:
+    def of(cls, kind: FailureKind, line: str, description: str, culprits: tuple[str, ...] = ()) -> Failure:
         """Build a Failure whose advice is the kind's advice."""
-        return cls(kind=kind, line=line, description=description, advice=kind.advice)
+        return cls(kind=kind, line=line, description=description, advice=kind.advice, culprits=culprits)
 
 
 def classify(log_text: str, phase: Phase) -> Failure | None:
@@ -233,7 +239,7 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         kind = pattern.kind
         if phase == "benchmarking" and kind.is_oom:
             kind = FailureKind.OOM_UNDER_LOAD
-        return Failure.of(kind, _line_at(log_text, match.end() - 1), pattern.description)
+        return Failure.of(kind, _line_at(log_text, match.end() - 1), pattern.description, pattern.culprits)
     return None
 
 

@@ -21,11 +21,14 @@ PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 MAX_PARAM_LENGTH = 6000
 
-# MLflow prints its database migrations and a warning per new sqlite store at INFO; they drown the
-# study's own progress lines.
-for _name in ("mlflow", "alembic"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def _quiet_mlflow() -> None:
+    # MLflow logs its database migrations at INFO and configures its loggers when imported; they drown
+    # the study's own progress lines.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def param_name(name: str, kind: str) -> str:
@@ -48,6 +51,7 @@ class StudyTracker:
     def __init__(self, tracking_uri: str, study_name: str) -> None:
         from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
+        _quiet_mlflow()
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.study_name = study_name
         experiment = self.client.get_experiment_by_name(study_name)

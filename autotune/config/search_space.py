@@ -206,7 +206,12 @@ class FloatParameter(_Parameter):
         return f"numbers {self.low}..{self.high}"
 
     def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
-        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+        value = trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+        if self.step is None:
+            return value
+        # Optuna computes low + k * step in binary floating point: 0.7999999999999999 for 0.8.
+        decimals = len(f"{self.step:.12f}".rstrip("0").split(".")[1])
+        return round(value, decimals)
 
 
 class CategoricalParameter(_Parameter):

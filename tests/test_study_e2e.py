@@ -1,0 +1,151 @@
+"""A whole study through the CLI: real Ray runtime, real simulated servers, real Optuna and MLflow stores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from autotune.runner import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+N_TRIALS = 6
+
+pytestmark = pytest.mark.integration
+
+
+def write_study(tmp_path: Path, n_trials: int = N_TRIALS) -> Path:
+    objective = {
+        "name": "small-throughput",
+        "metric": "output_throughput",
+        "workload": {"num_prompts": 6, "input_len": 2000, "output_len": 64, "concurrency": 3},
+    }
+    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(objective))
+    study = {
+        "study": "e2e",
+        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
+        "objective": "objective.yaml",
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "port": free_port(),
+            "flags": {"--tp-size": 8},
+            "env": {"SGLANG_SIM_TIME_SCALE": "0.001", "HF_TOKEN": "hf_secret_value_123"},
+        },
+        "budget": {"n_trials": n_trials},
+        "sampler": {"name": "tpe", "seed": 3},
+        "timeouts": {"startup_s": 60, "benchmark_s": 60},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp_path = tmp_path_factory.mktemp("study")
+    path = write_study(tmp_path)
+    return path, run_cli("run", str(path), cwd=tmp_path)
+
+
+def test_study_runs_every_trial_and_records_it_in_optuna(finished_study) -> None:
+    path, proc = finished_study
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    storage = f"sqlite:///{path.parent / '.autotune' / 'e2e' / 'optuna.db'}"
+    trials = optuna.load_study(study_name="e2e", storage=storage).get_trials()
+    counted = [t for t in trials if not t.user_attrs.get("skipped")]
+    assert len(counted) == N_TRIALS
+    assert all(t.state.is_finished() for t in trials)
+    assert trials[0].number == 0 and trials[0].user_attrs.get("baseline") is True
+    assert trials[0].params == {}
+    assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].value > 0
+    assert any(t.params for t in counted[1:]), "trials after the baseline carry sampled parameters"
+    assert "baseline output_throughput" in proc.stdout
+
+
+def test_every_trial_has_an_mlflow_child_run_with_params_metrics_and_artifacts(finished_study) -> None:
+    path, _ = finished_study
+    workdir = path.parent / ".autotune" / "e2e"
+    storage = f"sqlite:///{workdir / 'optuna.db'}"
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    assert experiment is not None
+    runs = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id], max_results=1000)}
+    parents = [r for r in runs.values() if r.data.tags.get("autotune.role") == "study"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.metrics["baseline_value"] > 0
+    for trial in optuna.load_study(study_name="e2e", storage=storage).get_trials():
+        if trial.user_attrs.get("skipped"):
+            continue
+        run = runs[trial.user_attrs["mlflow_run_id"]]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["autotune.trial"] == str(trial.number)
+        assert run.data.tags["autotune.state"] == trial.state.name
+        assert run.info.status in ("FINISHED", "FAILED")
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"server.log", "launch.sh", "result.json"} <= artifacts
+        for name, value in trial.params.items():
+            kind = "nccl" if name.startswith("NCCL_") else None
+            if kind:
+                assert run.data.params[f"nccl.{name}"] == ("default" if value is None else str(value))
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert run.data.metrics["output_throughput"] == pytest.approx(trial.value)
+            assert "benchmark.json" in artifacts
+            log = Path(client.download_artifacts(run.info.run_id, "server.log")).read_text()
+            assert "The server is fired up and ready to roll!" in log
+        else:
+            assert run.data.tags["autotune.failure_kind"] == trial.user_attrs["failure_kind"]
+
+
+def test_secrets_never_reach_mlflow_or_launch_scripts(finished_study) -> None:
+    path, _ = finished_study
+    workdir = path.parent / ".autotune" / "e2e"
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    for run in client.search_runs([experiment.experiment_id], max_results=1000):
+        assert "hf_secret_value_123" not in repr(run.data.params) + repr(run.data.tags)
+        if run.data.tags.get("autotune.role") == "trial":
+            script = Path(client.download_artifacts(run.info.run_id, "launch.sh")).read_text()
+            assert "hf_secret_value_123" not in script
+            assert "HF_TOKEN" in script
+
+
+def test_no_server_outlives_the_study(finished_study) -> None:
+    path, _ = finished_study
+    study = yaml.safe_load(path.read_text())
+    from autotune.runner import port_is_free
+
+    assert port_is_free("127.0.0.1", study["server"]["port"])
+    ours = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"--port {study['server']['port']}" not in ours
+
+
+def test_status_and_best_read_the_finished_study(finished_study) -> None:
+    path, _ = finished_study
+    status = run_cli("status", str(path), "--json", cwd=path.parent)
+    assert status.returncode == 0, status.stderr
+    import json
+
+    data = json.loads(status.stdout)
+    assert data["study"] == "e2e" and len(data["trials"]) >= N_TRIALS
+    assert {"number", "state", "value", "params", "failure_kind", "mlflow_run_id"} <= set(data["trials"][0])
+    best = run_cli("best", str(path), "--export", str(path.parent / "best.sh"), cwd=path.parent)
+    assert best.returncode == 0, best.stderr
+    script = (path.parent / "best.sh").read_text()
+    assert script.startswith("#!/usr/bin/env bash") and "autotune.sim.sglang_server" in script
