@@ -22,26 +22,30 @@ EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0], parents=[common])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="create or continue a study and run it to its budget")
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, parents=[common])
+
+    run = add("run", "create or continue a study and run it to its budget")
     run.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     run.add_argument("--n-trials", type=int, help="the study's total trial budget (overrides the file)")
-    resume = commands.add_parser("resume", help="continue an interrupted study (same as run)")
+    resume = add("resume", "continue an interrupted study (same as run)")
     resume.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     resume.add_argument("--n-trials", type=int, help="the study's total trial budget (overrides the file)")
 
-    status = commands.add_parser("status", help="a table of the study's trials")
+    status = add("status", "a table of the study's trials")
     status.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    best = commands.add_parser("best", help="the best config, its gain over the baseline, how to launch it")
+    best = add("best", "the best config, its gain over the baseline, how to launch it")
     best.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     best.add_argument("--export", type=Path, metavar="FILE", help="write the best config's launch script")
 
-    validate = commands.add_parser("validate", help="check the study files; print the baseline launch")
+    validate = add("validate", "check the study files; print the baseline launch")
     validate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     return parser
 
@@ -49,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.debug = getattr(args, "debug", False)
     try:
         return int(COMMANDS[args.command](args))
     except ConfigError as exc:
@@ -186,16 +191,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    print(f"{'#':>4}  {'state':<8} {study.objective.metric:>18}  changed from the baseline / failure")
+    print(f"{'#':>4}  {'state':<8} {study.objective.metric:>18}  {'failure':<18}  changed from the baseline")
     for t in trials:
         value = f"{t['value']:.2f}" if t["value"] is not None else "-"
         changed = (
             "baseline"
             if t["baseline"]
-            else " ".join(f"{k}={v}" for k, v in t["params"].items() if v not in (None, False))
+            else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if v not in (None, False))
         )
-        why = f"  [{t['failure_kind']}] {t['failure'] or ''}" if t["failure_kind"] else ""
-        print(f"{t['number']:>4}  {t['state']:<8} {value:>18}  {changed}{why}"[:220])
+        print(f"{t['number']:>4}  {t['state']:<8} {value:>18}  {t['failure_kind'] or '':<18}  {changed}")
     return 0
 
 

@@ -119,7 +119,9 @@ def _study_record(study: Study) -> dict[str, Any]:
 def finished_count(ostudy: optuna.Study) -> int:
     """Trials that count toward the budget: finished on a node (skipped proposals do not)."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if not t.user_attrs.get(SKIPPED_ATTR))
+    return sum(
+        1 for t in ostudy.get_trials(deepcopy=False, states=states) if not t.user_attrs.get(SKIPPED_ATTR)
+    )
 
 
 def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
@@ -181,7 +183,7 @@ class StudyDriver:
         self.base_sampler = ostudy.sampler
         ostudy.sampler = self.known.sampler(self.base_sampler)
         self.skips = 0
-        tracker = StudyTracker(study.tracking_uri, study.name)
+        tracker = StudyTracker(study.tracking_uri, study.name, study.workdir / "artifacts")
         tracker.log_study_files(
             {
                 "study.yaml": study.path.read_text(),

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from autotune.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
@@ -20,7 +21,6 @@ TRIAL_TAG = "autotune.trial"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 MAX_PARAM_LENGTH = 6000
-
 
 
 def _quiet_mlflow() -> None:
@@ -48,7 +48,7 @@ def run_name(number: int, state: str, value: float | None, baseline: bool) -> st
 class StudyTracker:
     """Writes a study's runs to one MLflow tracking store."""
 
-    def __init__(self, tracking_uri: str, study_name: str) -> None:
+    def __init__(self, tracking_uri: str, study_name: str, artifact_root: Path) -> None:
         from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
         _quiet_mlflow()
@@ -58,7 +58,10 @@ class StudyTracker:
         self.experiment_id = (
             experiment.experiment_id
             if experiment is not None
-            else self.client.create_experiment(study_name, tags={STUDY_TAG: study_name})
+            # Artifacts live beside the study, not in ./mlruns of wherever autotune was started.
+            else self.client.create_experiment(
+                study_name, artifact_location=artifact_root.resolve().as_uri(), tags={STUDY_TAG: study_name}
+            )
         )
         self.parent_run_id = self._parent_run()
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -12,55 +10,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.runner import free_port
-
-REPO = Path(__file__).resolve().parents[1]
-N_TRIALS = 6
+from tests.conftest import N_TRIALS, run_cli
 
 pytestmark = pytest.mark.integration
-
-
-def write_study(tmp_path: Path, n_trials: int = N_TRIALS) -> Path:
-    objective = {
-        "name": "small-throughput",
-        "metric": "output_throughput",
-        "workload": {"num_prompts": 6, "input_len": 2000, "output_len": 64, "concurrency": 3},
-    }
-    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(objective))
-    study = {
-        "study": "e2e",
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": "objective.yaml",
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.001", "HF_TOKEN": "hf_secret_value_123"},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "tpe", "seed": 3},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=600,
-    )
-
-
-@pytest.fixture(scope="module")
-def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    tmp_path = tmp_path_factory.mktemp("study")
-    path = write_study(tmp_path)
-    return path, run_cli("run", str(path), cwd=tmp_path)
 
 
 def test_study_runs_every_trial_and_records_it_in_optuna(finished_study) -> None:

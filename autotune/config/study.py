@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from autotune import samplers
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
@@ -47,7 +48,8 @@ DEFAULT_NEVER_LAUNCH_ENV: Mapping[str, tuple[str, ...]] = {"NCCL_NVLS_ENABLE": (
 DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-symm-mem")
 
 SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "tpe": samplers.tpe,  # TPE started near SGLang's defaults: see autotune.samplers
+    "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
     "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),

@@ -1,0 +1,93 @@
+"""Samplers: Optuna's, plus a start near SGLang's defaults for the sampler autotune uses by default.
+
+Random configurations of a joint NCCL / SGLang / speculative space are mostly worse than the defaults
+(forced protocols, odd channel counts, unsupported flags), so TPE's random start teaches it little.
+`DefaultsStartSampler` keeps each parameter at its default ("unset", or off) with some probability
+during the start and samples the rest at random: the first trials explore the baseline's neighbourhood,
+where the gains of one or two changes show, and TPE models from there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+_NO_DEFAULT = object()
+
+
+def default_of(distribution: BaseDistribution) -> Any:
+    """A parameter's "leave it as SGLang/NCCL has it" value: None among the choices, else False."""
+    if isinstance(distribution, CategoricalDistribution):
+        for candidate in (None, False):
+            if any(choice is candidate for choice in distribution.choices):
+                return candidate
+    return _NO_DEFAULT
+
+
+class DefaultsStartSampler(BaseSampler):
+    """`base` after `n_startup_trials`; before, each parameter keeps its default with `keep_default`."""
+
+    def __init__(
+        self,
+        base: BaseSampler,
+        *,
+        n_startup_trials: int = 10,
+        keep_default: float = 0.8,
+        seed: int | None = None,
+    ) -> None:
+        if not 0.0 <= keep_default <= 1.0:
+            raise ValueError(f"`0 <= keep_default <= 1` must hold, but got ({keep_default=}).")
+        self.base = base
+        self.n_startup_trials = n_startup_trials
+        self.keep_default = keep_default
+        self._rng = random.Random(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+
+    def _starting(self, study: Study) -> bool:
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        finished = study.get_trials(deepcopy=False, states=states)
+        return len(finished) < self.n_startup_trials
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {} if self._starting(study) else self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {} if self._starting(study) else self.base.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        if not self._starting(study):
+            return self.base.sample_independent(study, trial, param_name, param_distribution)
+        default = default_of(param_distribution)
+        if default is not _NO_DEFAULT and self._rng.random() < self.keep_default:
+            return default
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+        self._random.reseed_rng()
+
+
+def tpe(seed: int | None) -> BaseSampler:
+    """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
+    the defaults."""
+    base = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)
+    return DefaultsStartSampler(base, n_startup_trials=10, keep_default=0.8, seed=seed)

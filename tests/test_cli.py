@@ -1,0 +1,389 @@
+"""The `autotune` command as a user runs it: a subprocess, its exit status, its output, and what it leaves."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
+SHIPPED_OBJECTIVE = REPO / "objectives" / "quickstart.yaml"
+
+# The study lives in a folder of its own; the CLI runs one level up, so relative paths are resolved from
+# the study file's folder, and anything written next to the study or in the working dir lands in tmp_path.
+STUDY_DIR = "study"
+STUDY_ARG = f"{STUDY_DIR}/study.yaml"
+
+
+def _autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _replace_line(text: str, key: str, value: str) -> str:
+    """Set a top-level `key: ...` line of the study file, which must be there."""
+    pattern = re.compile(rf"^{re.escape(key)}: .*$", re.MULTILINE)
+    assert pattern.search(text), f"the shipped study file has no top-level {key!r} line"
+    return pattern.sub(f"{key}: {value}", text, count=1)
+
+
+def _make_study(root: Path) -> Path:
+    """A valid copy of the quickstart study under `root/study/`, naming its own search space and objective."""
+    study_dir = root / STUDY_DIR
+    study_dir.mkdir()
+    (study_dir / "space.yaml").write_text(SHIPPED_SPACE.read_text())
+    (study_dir / "objective.yaml").write_text(SHIPPED_OBJECTIVE.read_text())
+    text = _replace_line(QUICKSTART.read_text(), "search_space", "space.yaml")
+    (study_dir / "study.yaml").write_text(_replace_line(text, "objective", "objective.yaml"))
+    return study_dir
+
+
+def _listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _assert_nothing_created(root: Path, before: list[str]) -> None:
+    after = _listing(root)
+    created = sorted(set(after) - set(before))
+    assert not [p for p in after if ".autotune" in Path(p).parts], created
+    assert not [p for p in after if p.endswith(".db")], created
+    assert not [p for p in after if "mlruns" in Path(p).parts], created
+    assert after == before, f"created: {created}"
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.rstrip("\n").split("\n")
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One mistake: replace `old` by `new` in `file` of the study folder; the message must say the rest.
+
+    `field` may hold `{line}`: the 1-based line where `new` starts in the broken file.
+    """
+
+    file: str
+    old: str
+    new: str
+    field: str
+    value: object
+    fix: str
+    problem: str
+
+
+BAD_INPUTS = [
+    pytest.param(
+        BadInput(
+            "study.yaml",
+            "\n  port: 30000\n",
+            "\n\tport: 30000\n",
+            "line {line}, column 1",
+            "port: 30000",
+            "Fix the YAML syntax there",
+            "malformed YAML: found character '\\t' that cannot start any token",
+        ),
+        id="malformed-yaml-tab",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring, Tree]}",
+            "NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring, Tree}",
+            "line {line}, column 72",
+            "NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring, Tree}",
+            "Fix the YAML syntax there",
+            "malformed YAML: expected ',' or ']', but got '}'",
+        ),
+        id="malformed-yaml-search-space",
+    ),
+    pytest.param(
+        BadInput(
+            "study.yaml",
+            "\nbudget:",
+            "\nbudgte:",
+            "budgte",
+            "budgte",
+            "Did you mean 'budget'?",
+            "unknown key",
+        ),
+        id="unknown-key-study",
+    ),
+    pytest.param(
+        BadInput(
+            "study.yaml",
+            "\n  model_path:",
+            "\n  modle_path:",
+            "server.modle_path",
+            "modle_path",
+            "Did you mean 'model_path'?",
+            "unknown key",
+        ),
+        id="unknown-key-nested",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "high: 0.95, step: 0.01}",
+            "high: 0.95, stepp: 0.01}",
+            "parameters.--mem-fraction-static.stepp",
+            "stepp",
+            "Did you mean 'step'?",
+            "unknown key",
+        ),
+        id="unknown-key-search-space",
+    ),
+    pytest.param(
+        BadInput(
+            "objective.yaml",
+            "workload: {num_prompts:",
+            "workload: {num_prompt:",
+            "workload.num_prompt",
+            "num_prompt",
+            "Did you mean 'num_prompts'?",
+            "unknown key",
+        ),
+        id="unknown-key-objective",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "low: 0.70, high: 0.95",
+            "low: 0.95, high: 0.70",
+            "parameters.--mem-fraction-static.low",
+            0.95,
+            "Swap them or widen the range.",
+            "`low <= high` must hold, but got (low=0.95, high=0.7)",
+        ),
+        id="low-above-high",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "low: 0.70, high: 0.95, step: 0.01}",
+            "low: 0.0, high: 0.95, log: true}",
+            "parameters.--mem-fraction-static.low",
+            0.0,
+            "Use a positive low, or drop `log`.",
+            "`low > 0` must hold for `log=True`",
+        ),
+        id="log-range-low-zero",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "type: int, low: 1, high: 6,",
+            "type: int, low: -2, high: 6, log: true,",
+            "parameters.--speculative-num-steps.low",
+            -2,
+            "Use a positive low, or drop `log`.",
+            "`low > 0` must hold for `log=True`",
+        ),
+        id="log-range-low-negative-int",
+    ),
+    pytest.param(
+        BadInput(
+            "space.yaml",
+            "high: 6, when: {--speculative-algorithm: EAGLE3}}",
+            "high: 6, when: {--speculative-algoritm: EAGLE3}}",
+            "parameters.--speculative-num-steps.when.--speculative-algoritm",
+            "--speculative-algoritm",
+            "Did you mean '--speculative-algorithm'?",
+            "the condition names an unknown parameter",
+        ),
+        id="condition-on-unknown-parameter",
+    ),
+    pytest.param(
+        BadInput(
+            "objective.yaml",
+            "\nmetric: output_throughput",
+            "\nmetric: output_througput",
+            "metric",
+            "output_througput",
+            "Did you mean 'output_throughput'?",
+            "unknown metric",
+        ),
+        id="unknown-objective-metric",
+    ),
+    pytest.param(
+        BadInput(
+            "objective.yaml",
+            "\nmetric: output_throughput",
+            "\nmetric: output_throughput\nlimits: {p99_ttft: 60000}",
+            "limits.p99_ttft",
+            "p99_ttft",
+            "Did you mean 'p99_ttft_ms'?",
+            "unknown metric",
+        ),
+        id="unknown-limit-metric",
+    ),
+    pytest.param(
+        BadInput(
+            "study.yaml",
+            "\nsearch_space: space.yaml",
+            "\nsearch_space: spaces/nccl.yaml",
+            "search_space",
+            "spaces/nccl.yaml",
+            "Fix the path; a relative path starts at the study file's folder",
+            "no such file",
+        ),
+        id="missing-search-space-file",
+    ),
+    pytest.param(
+        BadInput(
+            "study.yaml",
+            "\nobjective: objective.yaml",
+            "\nobjective: ../objective.yaml",
+            "objective",
+            "../objective.yaml",
+            "Fix the path; a relative path starts at the study file's folder",
+            "no such file",
+        ),
+        id="missing-objective-file",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("bad", BAD_INPUTS)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(
+    tmp_path: Path, bad: BadInput, command: str
+) -> None:
+    study_dir = _make_study(tmp_path)
+    broken = study_dir / bad.file
+    text = broken.read_text()
+    assert text.count(bad.old) >= 1, f"{bad.file} no longer contains {bad.old!r}"
+    text = text.replace(bad.old, bad.new, 1)
+    broken.write_text(text)
+    start = text.index(bad.new) + (1 if bad.new.startswith("\n") else 0)
+    field = bad.field.format(line=text.count("\n", 0, start) + 1)
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, command, STUDY_ARG)
+
+    assert result.returncode == 2, result.stderr
+    message = _one_line(result.stderr)
+    assert result.stdout == ""
+    assert message.startswith("autotune: error: "), message
+    assert f"{bad.file}: {field}: " in message  # the file, then the field
+    assert bad.problem in message
+    assert f"(got {bad.value!r})" in message
+    assert bad.fix in message
+    _assert_nothing_created(tmp_path, before)
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_missing_study_file(tmp_path: Path, command: str) -> None:
+    _make_study(tmp_path)
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, command, f"{STUDY_DIR}/studdy.yaml")
+
+    assert result.returncode == 2, result.stderr
+    message = _one_line(result.stderr)
+    assert message == (
+        f"autotune: error: {STUDY_DIR}/studdy.yaml: file not found (got '{STUDY_DIR}/studdy.yaml'). "
+        "Check the path (relative paths start at the study file)."
+    )
+    _assert_nothing_created(tmp_path, before)
+
+
+def test_run_with_a_non_positive_budget_creates_nothing(tmp_path: Path) -> None:
+    _make_study(tmp_path)
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, "run", STUDY_ARG, "--n-trials", "0")
+
+    assert result.returncode == 2, result.stderr
+    message = _one_line(result.stderr)
+    assert f"{STUDY_ARG}: --n-trials: the budget must be positive (got 0). Pass --n-trials 1" in message
+    _assert_nothing_created(tmp_path, before)
+
+
+def test_the_unbroken_copy_validates(tmp_path: Path) -> None:
+    """The bad-input cases start from this study: it must be valid, so each failure is its own mistake."""
+    _make_study(tmp_path)
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, "validate", STUDY_ARG)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("study quickstart: OK\n")
+    assert f"storage: sqlite:///{tmp_path / STUDY_DIR / '.autotune' / 'quickstart' / 'optuna.db'}" in (
+        result.stdout
+    )
+    _assert_nothing_created(tmp_path, before)
+
+
+def test_validate_quickstart_prints_the_baseline_launch(tmp_path: Path) -> None:
+    result = _autotune(tmp_path, "validate", str(QUICKSTART))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0] == "study quickstart: OK"
+    assert "baseline launch:" in lines
+    launch = lines[lines.index("baseline launch:") + 1]
+    assert "python -m autotune.sim.sglang_server" in launch
+    assert "--tp-size 8" in launch
+    assert "--model-path /models/Kimi-K2.5" in launch
+    tokens = shlex.split(launch)
+    names = {token.split("=", 1)[0] for token in tokens}
+    tuned = set(yaml.safe_load(SHIPPED_SPACE.read_text())["parameters"])
+    assert tuned, "the shipped search space tunes nothing"
+    assert not names & tuned, f"the baseline sets tuned settings: {sorted(names & tuned)}"
+    # Speculation is off in the baseline, so the draft model is not passed either.
+    assert "--speculative-draft-model-path" not in names
+    assert _listing(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["status"], id="status"),
+        pytest.param(["status", "--json"], id="status-json"),
+        pytest.param(["best"], id="best"),
+    ],
+)
+def test_a_study_never_run_says_run_it_first(tmp_path: Path, args: list[str]) -> None:
+    _make_study(tmp_path)
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, *args, STUDY_ARG)
+
+    assert result.returncode != 0
+    assert result.stdout == ""
+    message = _one_line(result.stderr)
+    assert "no study 'quickstart' yet" in message
+    assert f"start it with `autotune run {STUDY_ARG}`" in message
+    _assert_nothing_created(tmp_path, before)
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    study_dir = _make_study(tmp_path)
+    study = study_dir / "study.yaml"
+    study.write_text(study.read_text().replace("\n  port: 30000\n", "\n\tport: 30000\n", 1))
+    before = _listing(tmp_path)
+
+    result = _autotune(tmp_path, "--debug", "validate", STUDY_ARG)
+
+    assert result.returncode not in (0, 2), result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "autotune.errors.ConfigError: study/study.yaml: line " in result.stderr
+    assert "malformed YAML" in result.stderr
+    _assert_nothing_created(tmp_path, before)
