@@ -294,6 +294,10 @@ async def _generate(
                         return out
                     now = time.perf_counter()
                     meta = chunk.get("meta_info") or {}
+                    reason = meta.get("finish_reason")
+                    if isinstance(reason, dict) and reason.get("type") == "abort":
+                        out.error = f"request aborted: {reason.get('message', '')}"[:_ERROR_TEXT_MAX]
+                        return out
                     out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
                     # completion_tokens is cumulative; output_ids carries only this chunk's new tokens.
                     tokens = meta.get("completion_tokens")

@@ -159,6 +159,12 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "KV cache pool does not fit inside --mem-fraction-static",
     ),
     FailurePattern(
+        # SGLang aborts a request whose prompt cannot fit the KV pool (max_total_num_tokens).
+        re.compile(r"Input length \(\d+ tokens\) exceeds the maximum allowed length"),
+        FailureKind.KV_POOL_TOO_SMALL,
+        "a prompt of the workload does not fit the KV cache pool",
+    ),
+    FailurePattern(
         re.compile(r"Capture cuda graph failed"),
         FailureKind.CUDA_GRAPH_OOM,
         "CUDA graph capture failed",

@@ -183,6 +183,10 @@ class TrialExecutor:
             except BenchmarkError as exc:
                 if process.poll() is not None:
                     return None, self._died(log_path, process)
+                # e.g. a prompt the KV pool cannot hold: the same fix as an OOM
+                known = classify(exc.first_error or "", "benchmarking")
+                if known is not None:
+                    return None, known
                 kind = FailureKind.BENCHMARK_ERROR
                 return None, Failure(kind, exc.first_error or str(exc), str(exc), kind.advice)
 

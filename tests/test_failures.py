@@ -12,6 +12,12 @@ P = "[2026-02-27 11:50:37 TP3] "
 # FlashInfer's wording from /work/shared/reference/sglang.md.
 REAL_MESSAGES: list[tuple[str, FailureKind]] = [
     (
+        # SGLang's scheduler (validate_input_length), as the abort message of a request.
+        "Input length (28000 tokens) exceeds the maximum allowed length (20511 tokens). Use a shorter input "
+        "or enable --allow-auto-truncate.",
+        FailureKind.KV_POOL_TOO_SMALL,
+    ),
+    (
         "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
         "Current value: self.server_args.mem_fraction_static=0.55",
         FailureKind.KV_POOL_TOO_SMALL,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,12 +144,10 @@ class SimServer:
         self.wait_exit()
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[SimServer, list[int | None]]]:
-    """The seed's launch (Kimi-K2.5 on 8 PCIe GPUs, TP 8), with /health polled from the first moment."""
-    server = SimServer()
+def poll_health_until_ready(server: SimServer, timeout: float = 20.0) -> list[int | None]:
+    """The distinct /health answers from launch to the first 200, None while nothing listens."""
     statuses: list[int | None] = []
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             status, _ = server.get("/health", timeout=5)
@@ -159,8 +158,29 @@ def served() -> Iterator[tuple[SimServer, list[int | None]]]:
         if status == 200:
             break
         time.sleep(0.02)
+    return statuses
+
+
+@pytest.fixture
+def launch() -> Iterator[Callable[..., SimServer]]:
+    """Start servers for one test; whatever the test's outcome, none outlives it."""
+    servers: list[SimServer] = []
+
+    def start(*flags: str, env: dict[str, str] | None = None, tp: int = 8) -> SimServer:
+        servers.append(SimServer(*flags, env=env, tp=tp))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[SimServer, list[int | None]]]:
+    """The seed's launch (Kimi-K2.5 on 8 PCIe GPUs, TP 8), with /health polled from the first moment."""
+    server = SimServer()
     try:
-        yield server, statuses
+        yield server, poll_health_until_ready(server)
     finally:
         server.close()
 
@@ -185,16 +205,16 @@ def test_startup_log_is_sglangs_in_order(served: tuple[SimServer, list[int | Non
     expected = [
         rf"^{DATE}\] server_args=ServerArgs\(model_path='{MODEL_PATH}', .*tp_size=8, ",
         rf"^{DATE} TP0\] Init torch distributed begin\.$",
-        rf"^{DATE} TP0\] Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs",
+        rf"^{DATE} TP0\] Custom allreduce is disabled because it's not supported on more than two PCIe",
         rf"^{DATE} TP0\] Init torch distributed ends\. mem usage=\d+\.\d\d GB$",
         rf"^{DATE} TP0\] Load weight begin\. avail mem=\d+\.\d\d GB$",
         r"^Loading safetensors checkpoint shards:   0% Completed \| 0/64 \[00:00<\?, \?it/s\]$",
-        r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it\]$",
+        r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it",
         r"^Loading safetensors checkpoint shards: 100% Completed \| 64/64 \[",
         rf"^{DATE} TP0\] Load weight end\. type=\w+, dtype=torch\.bfloat16, avail mem=\d+\.\d\d GB, "
         r"mem usage=68\.38 GB\.$",
         rf"^{DATE} TP0\] KV Cache is allocated\. #tokens: \d+, ",
-        rf"^{DATE} TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=\d+\.",
         rf"^{DATE} TP0\] Capture cuda graph end\. Time elapsed: \d+\.\d\d s\. mem usage=\d+\.\d\d GB\. "
         r"avail mem=\d+\.\d\d GB\.$",
         rf"^{DATE} TP0\] max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=\d+, "
@@ -240,7 +260,7 @@ def test_generate_streams_sglangs_sse_chunks(served: tuple[SimServer, list[int |
     for chunk in chunks:
         assert set(chunk) == {"text", "output_ids", "meta_info"}
         assert chunk["meta_info"]["prompt_tokens"] == 4
-    for previous, chunk in zip(chunks, chunks[1:], strict=False):
+    for previous, chunk in itertools.pairwise(chunks):
         assert chunk["text"].startswith(previous["text"]) and len(chunk["text"]) > len(previous["text"])
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     last = chunks[-1]["meta_info"]
@@ -249,7 +269,7 @@ def test_generate_streams_sglangs_sse_chunks(served: tuple[SimServer, list[int |
     assert "e2e_latency" not in chunks[0]["meta_info"] and "spec_accept_length" not in last
 
 
-def test_generate_honours_stream_interval_and_input_ids(served: tuple[SimServer, list[int | None]]) -> None:
+def test_generate_counts_input_ids(served: tuple[SimServer, list[int | None]]) -> None:
     server, _ = served
     payload = {"input_ids": list(range(50)), "sampling_params": {"max_new_tokens": 3}, "stream": True}
     events = server.stream("/generate", payload)
@@ -338,10 +358,10 @@ def test_openai_models_and_completions(served: tuple[SimServer, list[int | None]
 
 def test_speculation_reports_accept_length(speculative: SimServer) -> None:
     events = speculative.stream(
-        "/generate", {"input_ids": [7] * 100, "sampling_params": {"max_new_tokens": 60}, "stream": True}
+        "/generate", {"input_ids": [7] * 100, "sampling_params": {"max_new_tokens": 120}, "stream": True}
     )
     meta = json.loads(events[-2])["meta_info"]
-    assert meta["completion_tokens"] == 60 and meta["spec_verify_ct"] > 0
+    assert meta["completion_tokens"] == 120 and meta["spec_verify_ct"] > 0
     assert 1.5 < meta["spec_accept_length"] < 4.0
     info = json.loads(speculative.get("/get_server_info")[1])
     assert info["speculative_algorithm"] == "EAGLE3" and info["max_running_requests"] == 48
@@ -352,19 +372,19 @@ def test_speculation_reports_accept_length(speculative: SimServer) -> None:
         r" TP0\] Decode batch \[40\], #running-req: 1, #token: \d+, token usage: \d\.\d\d, ", decode
     )
     assert re.search(r"accept len: \d\.\d\d, accept rate: \d\.\d\d, cuda graph: True, ", decode)
-    assert "Max running requests is reset to 48 for speculative decoding." in speculative.lines
+    assert any(line.startswith("Max running requests is reset to 48") for line in speculative.lines)
 
 
 # -- fatal exits ----------------------------------------------------------------------------------------
-def test_unknown_flag_exits_2_with_argparses_message() -> None:
-    server = SimServer("--no-such-flag", "1")
+def test_unknown_flag_exits_2_with_argparses_message(launch: Callable[..., SimServer]) -> None:
+    server = launch("--no-such-flag", "1")
     assert server.wait_exit() == 2
     assert "launch_server.py: error: unrecognized arguments: --no-such-flag 1" in server.log
     assert server.log.startswith("usage: launch_server.py [-h] --model-path MODEL_PATH")
 
 
-def test_speculative_value_error_exits_1_before_launching() -> None:
-    server = SimServer(
+def test_speculative_value_error_exits_1_before_launching(launch: Callable[..., SimServer]) -> None:
+    server = launch(
         "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
         "--speculative-num-draft-tokens", "8", "--page-size", "16",
     )  # fmt: skip
@@ -375,8 +395,8 @@ def test_speculative_value_error_exits_1_before_launching() -> None:
     assert "server_args=" not in server.log
 
 
-def test_not_enough_memory_at_055_dies_after_weight_loading() -> None:
-    server = SimServer("--mem-fraction-static", "0.55", "--cuda-graph-max-bs", "128")
+def test_not_enough_memory_at_055_dies_after_weight_loading(launch: Callable[..., SimServer]) -> None:
+    server = launch("--mem-fraction-static", "0.55", "--cuda-graph-max-bs", "128")
     assert server.wait_exit() == -signal.SIGKILL
     lines = server.lines
     begin = next(i for i, line in enumerate(lines) if "Load weight begin" in line)
@@ -387,17 +407,19 @@ def test_not_enough_memory_at_055_dies_after_weight_loading() -> None:
     assert READY_LINE not in server.log and "Uvicorn running" not in server.log
 
 
-def test_flashinfer_allreduce_fusion_fails_deterministically_on_sm120() -> None:
-    server = SimServer("--enable-flashinfer-allreduce-fusion")
+def test_flashinfer_allreduce_fusion_fails_deterministically_on_sm120(
+    launch: Callable[..., SimServer],
+) -> None:
+    server = launch("--enable-flashinfer-allreduce-fusion")
     assert server.wait_exit() == -signal.SIGKILL
     assert "No supported CUDA architectures found for major versions [9, 10]" in server.log
     assert server.log.index("Capture cuda graph begin") < server.log.index("No supported CUDA architectures")
     assert server.lines[-1].endswith(SIGQUIT_LINE)
 
 
-def test_oom_under_load_kills_the_server() -> None:
+def test_oom_under_load_kills_the_server(launch: Callable[..., SimServer]) -> None:
     # One unchunked 40k-token prefill needs more activation memory than the graphs left free.
-    server = SimServer(
+    server = launch(
         "--chunked-prefill-size", "65536", "--mem-fraction-static", "0.85", "--skip-server-warmup"
     )
     server.wait_ready()
@@ -409,8 +431,8 @@ def test_oom_under_load_kills_the_server() -> None:
 
 
 # -- faults and shutdown --------------------------------------------------------------------------------
-def test_hang_load_never_becomes_ready_and_sigterm_exits_0() -> None:
-    server = SimServer(env={"SGLANG_SIM_FAULT": "hang_load"})
+def test_hang_load_never_becomes_ready_and_sigterm_exits_0(launch: Callable[..., SimServer]) -> None:
+    server = launch(env={"SGLANG_SIM_FAULT": "hang_load"})
     server.wait_for("Loading safetensors checkpoint shards:  17% Completed | 11/64")
     time.sleep(1.0)  # longer than the whole load would take at this time scale
     assert "Load weight end" not in server.log and READY_LINE not in server.log
@@ -423,11 +445,17 @@ def test_hang_load_never_becomes_ready_and_sigterm_exits_0() -> None:
     assert time.monotonic() - started < 3
 
 
-def test_sigterm_stops_a_serving_server_promptly() -> None:
+def test_stream_interval_and_sigterm_on_another_node(launch: Callable[..., SimServer]) -> None:
     other_node = {"SGLANG_SIM_MODEL": "llama-70b-bf16", "SGLANG_SIM_HARDWARE": "h200-nvlink-x8"}
-    server = SimServer("--skip-server-warmup", tp=4, env=other_node)
+    server = launch("--skip-server-warmup", "--stream-interval", "4", tp=4, env=other_node)
     server.wait_ready()
     assert server.get("/health")[0] == 200
+    events = server.stream(
+        "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 10}, "stream": True}
+    )
+    sizes = [len(json.loads(e)["output_ids"]) for e in events[:-1]]
+    # The first token goes out at once (time to first token), then at least every 4th, then the rest.
+    assert sum(sizes) == 10 and sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit(timeout=5) == 0
@@ -435,8 +463,8 @@ def test_sigterm_stops_a_serving_server_promptly() -> None:
     assert "Finished server process" in server.lines[-1]
 
 
-def test_crash_benchmark_dies_mid_stream_and_slow_health_is_slow() -> None:
-    server = SimServer("--skip-server-warmup", env={"SGLANG_SIM_FAULT": "slow_health,crash_benchmark:50"})
+def test_crash_benchmark_dies_mid_stream_and_slow_health_is_slow(launch: Callable[..., SimServer]) -> None:
+    server = launch("--skip-server-warmup", env={"SGLANG_SIM_FAULT": "slow_health,crash_benchmark:50"})
     server.wait_ready()
     started = time.monotonic()
     assert server.get("/health")[0] == 200

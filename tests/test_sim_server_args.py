@@ -14,6 +14,7 @@ from autotune.sim.sglang_server import (
     SimOptions,
     count_text_tokens,
     fake_token_id,
+    sglang_environment,
 )
 
 
@@ -215,3 +216,13 @@ def test_fake_tokenizer_is_deterministic() -> None:
     assert count_text_tokens("The capital city of France is") == 6
     assert count_text_tokens("") == 1
     assert [fake_token_id(i) for i in range(3)] == [fake_token_id(i) for i in range(3)]
+
+
+def test_sglang_0_5_4_overwrites_nccl_cumem_and_nvls() -> None:
+    tuned = {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "1", "NCCL_P2P_LEVEL": "SYS"}
+    ran_with = sglang_environment(parse(), tuned)
+    assert ran_with["NCCL_CUMEM_ENABLE"] == "0" and ran_with["NCCL_NVLS_ENABLE"] == "0"
+    assert ran_with["NCCL_P2P_LEVEL"] == "SYS" and tuned["NCCL_CUMEM_ENABLE"] == "1"
+    assert sglang_environment(parse("--enable-nccl-nvls"), {})["NCCL_NVLS_ENABLE"] == "1"
+    symm = sglang_environment(parse("--enable-symm-mem"), tuned)
+    assert symm["NCCL_CUMEM_ENABLE"] == "1" and symm["NCCL_NVLS_ENABLE"] == "1"

@@ -58,16 +58,27 @@ class Engine:
         self.run_factor = max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
+        self._rejected: list[str] = []
         self.last_gen_throughput = 0.0
         self._accepted = 0.0
         self._verify_steps = 0
 
-    def add(self, rid: str, input_len: int, max_new_tokens: int) -> None:
-        self.waiting.append(_Request(rid, max(1, input_len), max(1, max_new_tokens)))
+    def add(self, rid: str, input_len: int, max_new_tokens: int) -> bool:
+        """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it."""
+        plan = self.node.plan
+        limit = min(plan.context_len, plan.kv_tokens) - 1  # SGLang's max_req_input_len
+        input_len = max(1, input_len)
+        if input_len >= limit:
+            self._rejected.append(rid)  # reported by the next step, as SGLang answers with an abort
+            return False
+        # SGLang shortens the output of a request that would outgrow the pool rather than refusing it.
+        max_new_tokens = max(1, min(max_new_tokens, limit - input_len))
+        self.waiting.append(_Request(rid, input_len, max_new_tokens))
+        return True
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._rejected)
 
     @property
     def stats(self) -> dict[str, float]:
@@ -82,19 +93,14 @@ class Engine:
             "avg_accept_length": accept,
         }
 
-    def _admit(self) -> list[str]:
+    def _admit(self) -> None:
         plan = self.node.plan
-        aborted = []
         while self.waiting and len(self.running) < plan.max_running_requests:
             request = self.waiting[0]
-            if request.input_len + request.max_new_tokens > min(plan.kv_tokens, plan.context_len):
-                aborted.append(self.waiting.popleft().rid)  # SGLang rejects what can never fit
-                continue
             reserved = sum(r.reserved() for r in self.running)
-            if reserved + request.reserved() > plan.kv_tokens:
+            if self.running and reserved + request.reserved() > plan.kv_tokens:
                 break
             self.running.append(self.waiting.popleft())
-        return aborted
 
     def _jitter(self, seconds: float) -> float:
         if not self.noise:
@@ -103,7 +109,8 @@ class Engine:
 
     def step(self) -> Step:
         """Run one scheduler iteration: a prefill batch if any request awaits prefill, else a decode."""
-        aborted = self._admit()
+        self._admit()
+        aborted, self._rejected = self._rejected, []
         node, plan = self.node, self.node.plan
         prefilling = [r for r in self.running if r.prefilled < r.input_len]
         if prefilling:

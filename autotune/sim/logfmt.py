@@ -88,7 +88,7 @@ class SimLog:
             name = {DEBUG: "DEBUG", INFO: "INFO", WARNING: "WARNING", ERROR: "ERROR"}.get(level, "INFO")
             self._write(f"[{self._now()}] {name + ':':<9} {message}")
 
-    def raw(self, text: str, level: int = INFO) -> None:
-        """A line written around logging (tqdm bars, bare warnings before logging is configured)."""
-        if level >= self.level:
+    def raw(self, text: str, level: int | None = None) -> None:
+        """A line written around logging: a tqdm bar (always shown) or a bare pre-logging warning."""
+        if level is None or level >= self.level:
             self._write(text)

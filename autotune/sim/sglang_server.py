@@ -10,15 +10,19 @@ Simulator-only settings come from the environment:
 - `SGLANG_SIM_HARDWARE`: hardware profile name or YAML path (default `rtx-pro-6000-pcie-x8`).
 - `SGLANG_SIM_MODEL`: model profile name or YAML path (default `kimi-k2.5-int4`).
 - `SGLANG_SIM_TIME_SCALE`: positive float, default 1.0; every modelled duration (init, weight loading,
-  graph capture, each scheduler step) is slept for that many times its model length. 0.001 makes a
+  graph capture, each scheduler step) lasts its model length times this in real time. 0.001 makes a
   ten-minute weight load take 0.6 s.
+- `SGLANG_SIM_STARTUP_TIME_SCALE`: the scale of start-up alone (init, weight loading, graph capture),
+  default `SGLANG_SIM_TIME_SCALE`. Start-up does not enter the benchmark, so it can run faster than
+  serving, whose client-side overhead grows relative to a fast clock (about 4% at 0.05, 10% at 0.01).
 - `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else 0).
 - `SGLANG_SIM_NOISE`: relative run-to-run spread of step times, e.g. 0.03 (default 0: deterministic).
 - `SGLANG_SIM_FAULT`: comma-separated test faults: `hang_load` (weight loading stops making progress at
   about 19% and the server never becomes ready), `crash_benchmark[:N]` (after N tokens generated once the
   server is ready, default 200, it logs a CUDA error and dies with `os._exit(1)`), `slow_health`
   (`/health` and `/health_generate` take 2 real seconds to answer).
-- `SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE=1` and `NCCL_*`: read by the model from the environment as given.
+- `SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE=1` and `NCCL_*`: read by the model from the environment, after the
+  overwrites SGLang 0.5.4 makes itself (`NCCL_CUMEM_ENABLE`, `NCCL_NVLS_ENABLE`; see `sglang_environment`).
 
 Conventions. Durations the server reports (log lines, `e2e_latency`, `last_gen_throughput`) are in model
 time, what the real node would report; a client's own clock sees them multiplied by the time scale, which
@@ -26,6 +30,11 @@ time, what the real node would report; a client's own clock sees them multiplied
 GPU work) before its first request, so that wait is not scaled. The fake tokenizer counts one token per
 whitespace-separated word of a text prompt; `input_ids` count as given. There is no EOS: every request
 generates exactly its `max_new_tokens`.
+
+Fidelity of measured throughput: a client measures wall time, which includes its own HTTP overhead
+(about a millisecond per request and a little per chunk) magnified by 1 / time scale. At 0.05 a
+benchmark of the default launch lands within about 4% of the model's answer, at 0.01 within about 10%;
+0.001 is for startup and failure tests, not for throughput.
 
 Exit statuses: 0 after SIGTERM or SIGINT; -9 (SIGKILL of itself, as SGLang's launcher kills its own
 tree) after a startup failure or an out-of-memory under load; 1 for `crash_benchmark`, for a `ValueError`
@@ -42,7 +51,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, NoReturn
@@ -51,7 +60,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from aiohttp.abc import AbstractAccessLogger
 
 from autotune.errors import ConfigError
-from autotune.sim.logfmt import ERROR, WARNING, SimLog, rank_prefix, tqdm_line
+from autotune.sim.logfmt import ERROR, INFO, WARNING, SimLog, rank_prefix, tqdm_line
 from autotune.sim.model import LaunchSettings, NodeModel
 from autotune.sim.profiles import ModelProfile, load_hardware_profile, load_model_profile
 from autotune.sim.server_args import build_parser, check_server_args, server_args_repr
@@ -67,8 +76,9 @@ WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its firs
 WARMUP_PROMPT = "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling-params default
-OPENAI_COMPLETION_DEFAULT_MAX_TOKENS = 16
+OPENAI_COMPLETION_MAX_TOKENS = 16  # the OpenAI completions default
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
+MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
 SHUTDOWN_TIMEOUT_S = 1.0
 FAKE_WORDS = (
     "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by",
@@ -85,6 +95,7 @@ class SimOptions:
     hardware: str = DEFAULT_HARDWARE
     model: str = DEFAULT_MODEL
     time_scale: float = 1.0
+    startup_time_scale: float = 1.0
     seed: int = 0
     noise: float = 0.0
     faults: frozenset[str] = frozenset()
@@ -96,6 +107,11 @@ class SimOptions:
         scale = _env_number(env, "SGLANG_SIM_TIME_SCALE", 1.0, float)
         if scale <= 0:
             raise _env_error("SGLANG_SIM_TIME_SCALE", scale, "must be positive", "Use e.g. 1.0 or 0.001.")
+        startup = _env_number(env, "SGLANG_SIM_STARTUP_TIME_SCALE", scale, float)
+        if startup <= 0:
+            raise _env_error(
+                "SGLANG_SIM_STARTUP_TIME_SCALE", startup, "must be positive", "Use e.g. 0.005 or unset it."
+            )
         noise = _env_number(env, "SGLANG_SIM_NOISE", 0.0, float)
         if not 0 <= noise < 1:
             raise _env_error("SGLANG_SIM_NOISE", noise, "must be in [0, 1)", "Use e.g. 0.03 for 3%.")
@@ -105,6 +121,7 @@ class SimOptions:
             hardware=env.get("SGLANG_SIM_HARDWARE") or DEFAULT_HARDWARE,
             model=env.get("SGLANG_SIM_MODEL") or DEFAULT_MODEL,
             time_scale=scale,
+            startup_time_scale=startup,
             seed=seed,
             noise=noise,
             faults=faults,
@@ -196,6 +213,19 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
     return values
 
 
+def sglang_environment(ns: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment SGLang 0.5.4's ranks run with: `_set_envs_and_config` overwrites two NCCL variables.
+
+    So a tuned `NCCL_CUMEM_ENABLE` has no effect on 0.5.4, and NVLS stays off unless a flag asks for it.
+    """
+    ran_with = dict(env)
+    ran_with["NCCL_CUMEM_ENABLE"] = str(int(ns.enable_symm_mem))
+    if not ns.enable_symm_mem:
+        ran_with["NCCL_NVLS_ENABLE"] = str(int(ns.enable_nccl_nvls))
+    ran_with["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    return ran_with
+
+
 # -- requests in flight ------------------------------------------------------------------------------------
 @dataclass
 class _Request:
@@ -254,12 +284,12 @@ class SimulatedServer:
         self.options = options
         self.log = log
         self.scale = options.time_scale
+        self.startup_scale = options.startup_time_scale
         self.args = resolved_server_args(ns, node, options.seed)
         self.ranks = self._rank_prefixes()
         self.engine = node.new_engine(seed=options.seed, noise=options.noise)
         self.requests: dict[str, _Request] = {}
         self.ready = False
-        self.http_started = False
         self.tokens_after_ready = 0
         self.last_gen_throughput = 0.0
         self._work = asyncio.Event()
@@ -305,7 +335,7 @@ class SimulatedServer:
 
     def _all_ranks(self, message: str, warning: bool = False) -> None:
         for _, prefix in self.ranks:
-            self.log.log(message, prefix, WARNING if warning else 20)
+            self.log.log(message, prefix, WARNING if warning else INFO)
 
     def _rank0(self, message: str) -> None:
         self.log.info(message, self.ranks[0][1])
@@ -317,25 +347,21 @@ class SimulatedServer:
         return self.ranks[0][1]
 
     async def _sleep_model(self, seconds: float) -> None:
+        """Sleep through a start-up phase of `seconds` model time."""
         if seconds > 0:
-            await asyncio.sleep(seconds * self.scale)
+            await asyncio.sleep(seconds * self.startup_scale)
 
     def _die(self, tp_rank: int, lines: list[str]) -> NoReturn:
         """A scheduler raised: log its traceback, the launcher's reaction, and kill this process tree."""
-        first, rest = (
-            (lines[0], lines[1:])
+        traceback = (
+            lines
             if lines and lines[0].startswith("Traceback")
-            else (
-                "Traceback (most recent call last):",
-                lines,
-            )
+            else ["Traceback (most recent call last):", *lines]
         )
-        self.log.error(
-            "\n".join([f"Scheduler hit an exception: {first}", *rest, ""]), self._prefix_of(tp_rank)
-        )
+        # One logging record: only its first line carries the date and rank; it ends with a newline.
+        message = "\n".join([f"Scheduler hit an exception: {traceback[0]}", *traceback[1:], ""])
+        self.log.error(message, self._prefix_of(tp_rank))
         self.log.error("Received sigquit from a child process. It usually means the child failed.")
-        sys.stdout.flush()
-        sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
         raise SystemExit(-9)  # unreachable: SIGKILL cannot be caught
 
@@ -474,7 +500,6 @@ class SimulatedServer:
             )
             sys.stderr.flush()
             os._exit(1)  # uvicorn exits with 1 when it cannot bind
-        self.http_started = True
         self.log.uvicorn(f"Uvicorn running on http://{self.ns.host}:{self.ns.port} (Press CTRL+C to quit)")
 
     async def _stop_http(self) -> None:
@@ -549,6 +574,7 @@ class SimulatedServer:
         while True:
             await self._work.wait()
             anchor, model_clock = loop.time(), 0.0
+            last_yield = anchor
             while self.engine.has_work:
                 step = self.engine.step()
                 if step.oom_lines:
@@ -557,8 +583,15 @@ class SimulatedServer:
                 delay = anchor + model_clock * self.scale - loop.time()
                 if not (step.emitted or step.finished or step.aborted) and step.duration_s == 0:
                     delay = max(delay, IDLE_STEP_S)
-                await asyncio.sleep(max(delay, 0.0))  # zero still yields to the HTTP handlers
+                if delay > 0 or loop.time() - last_yield > MAX_BUSY_S:
+                    # Behind schedule, steps run back to back and writers coalesce their tokens, as
+                    # SGLang's are when clients are slow; yielding now and then keeps the HTTP side alive.
+                    await asyncio.sleep(max(delay, 0.0))
+                    last_yield = loop.time()
                 self._deliver(step.kind, step.emitted, step.finished, step.aborted, step.duration_s)
+                if step.kind == "prefill" and step.emitted:
+                    await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
+                    last_yield = loop.time()
             self._work.clear()
 
     def _deliver(
@@ -846,52 +879,17 @@ class SimulatedServer:
                 raise _BadRequest(
                     "prompt must be a string or a list of token ids (batches are not simulated)."
                 )
-            max_tokens = _non_negative_int(
-                body.get("max_tokens"), OPENAI_COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens"
+            limit = body.get("max_tokens")
+            job = self.submit(
+                prompt_tokens, _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens")
             )
-            job = self.submit(prompt_tokens, max_tokens)
         except _BadRequest as exc:
             return _openai_error(str(exc))
-        created = int(time.time())
-        base = {
-            "id": f"cmpl-{job.rid}",
-            "object": "text_completion",
-            "created": created,
-            "model": self._model_name(body),
-        }
+        base = {"id": f"cmpl-{job.rid}", "object": "text_completion", "created": int(time.time())}
+        base["model"] = self._model_name(body)
         if body.get("stream"):
-            response = await _open_event_stream(request)
-            total = 0
-            try:
-                async for chunk in self._chunks(job):
-                    start = total
-                    total += len(chunk.new_ids)
-                    choice = {
-                        "index": 0,
-                        "text": _text(chunk.new_ids, offset=start),
-                        "logprobs": None,
-                        "finish_reason": self._openai_finish(job) if chunk.finished else None,
-                        "matched_stop": None,
-                    }
-                    await _send_event(response, {**base, "choices": [choice], "usage": None})
-                if _include_usage(body):
-                    usage = _usage(job.prompt_tokens, total)
-                    await _send_event(response, {**base, "choices": [], "usage": usage})
-                await response.write(b"data: [DONE]\n\n")
-            except ConnectionError:
-                self._abandon(job)
-            return response
-        ids = await self._collect(job)
-        if job.abort_message is not None:
-            return _openai_error(job.abort_message)
-        choice = {
-            "index": 0,
-            "text": _text(ids),
-            "logprobs": None,
-            "finish_reason": "length",
-            "matched_stop": None,
-        }
-        return web.json_response({**base, "choices": [choice], "usage": _usage(job.prompt_tokens, len(ids))})
+            return await self._stream_openai(request, job, body, base, lambda text: {"text": text})
+        return await self._complete_openai(job, base, lambda text: {"text": text})
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -902,62 +900,69 @@ class SimulatedServer:
             # Each message costs its words plus the chat template's few role and separator tokens.
             prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
-            max_tokens = _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens")
-            job = self.submit(prompt_tokens, max_tokens)
+            job = self.submit(prompt_tokens, _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"))
         except _BadRequest as exc:
             return _openai_error(str(exc))
-        base = {
-            "id": job.rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self._model_name(body),
-        }
+        base = {"id": job.rid, "object": "chat.completion", "created": int(time.time())}
+        base["model"] = self._model_name(body)
         if body.get("stream"):
-            response = await _open_event_stream(request)
             base["object"] = "chat.completion.chunk"
-            total = 0
-            try:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                await _send_event(response, {**base, "choices": [first]})
-                async for chunk in self._chunks(job):
-                    start = total
-                    total += len(chunk.new_ids)
-                    choice = {
-                        "index": 0,
-                        "delta": {"content": _text(chunk.new_ids, offset=start)},
-                        "logprobs": None,
-                        "finish_reason": self._openai_finish(job) if chunk.finished else None,
-                        "matched_stop": None,
-                    }
-                    await _send_event(response, {**base, "choices": [choice]})
-                if _include_usage(body):
-                    await _send_event(
-                        response, {**base, "choices": [], "usage": _usage(job.prompt_tokens, total)}
-                    )
-                await response.write(b"data: [DONE]\n\n")
-            except ConnectionError:
-                self._abandon(job)
-            return response
+            opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            return await self._stream_openai(
+                request, job, body, base, lambda text: {"delta": {"content": text}}, opening
+            )
+        message = {"role": "assistant", "reasoning_content": None, "tool_calls": None}
+        return await self._complete_openai(job, base, lambda text: {"message": {**message, "content": text}})
+
+    async def _complete_openai(
+        self, job: _Request, base: dict[str, Any], content: Callable[[str], dict[str, Any]]
+    ) -> web.Response:
         ids = await self._collect(job)
         if job.abort_message is not None:
             return _openai_error(job.abort_message)
-        message = {"role": "assistant", "content": _text(ids), "reasoning_content": None, "tool_calls": None}
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": "length",
-            "matched_stop": None,
-        }
+        choice = {"index": 0, **content(_text(ids)), "logprobs": None, "finish_reason": "length"}
+        choice["matched_stop"] = None
         return web.json_response({**base, "choices": [choice], "usage": _usage(job.prompt_tokens, len(ids))})
+
+    async def _stream_openai(
+        self,
+        request: web.Request,
+        job: _Request,
+        body: dict[str, Any],
+        base: dict[str, Any],
+        content: Callable[[str], dict[str, Any]],
+        opening: dict[str, Any] | None = None,
+    ) -> web.StreamResponse:
+        """OpenAI's streaming shape: one chunk per delivery, an optional usage chunk, then [DONE]."""
+        response = await _open_event_stream(request)
+        total = 0
+        try:
+            if opening is not None:
+                await _send_event(response, {**base, "choices": [opening]})
+            async for chunk in self._chunks(job):
+                total += len(chunk.new_ids)
+                finish = ("abort" if job.abort_message is not None else "length") if chunk.finished else None
+                choice = {
+                    "index": 0,
+                    **content(_text(chunk.new_ids)),
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+                choice["matched_stop"] = None
+                await _send_event(response, {**base, "choices": [choice], "usage": None})
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
+                await _send_event(
+                    response, {**base, "choices": [], "usage": _usage(job.prompt_tokens, total)}
+                )
+            await response.write(b"data: [DONE]\n\n")
+        except ConnectionError:
+            self._abandon(job)
+        return response
 
     def _model_name(self, body: dict[str, Any]) -> str:
         name = body.get("model")
         return name if isinstance(name, str) and name else str(self.args["served_model_name"])
-
-    @staticmethod
-    def _openai_finish(job: _Request) -> str:
-        return "abort" if job.abort_message is not None else "length"
 
 
 # -- request helpers ---------------------------------------------------------------------------------------
@@ -1002,8 +1007,7 @@ def _message_text(message: object) -> str:
     return ""
 
 
-def _text(ids: list[int], offset: int = 0) -> str:
-    del offset  # a token's text depends only on its id
+def _text(ids: list[int]) -> str:
     return "".join(fake_token_text(i) for i in ids)
 
 
@@ -1014,11 +1018,6 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": None,
     }
-
-
-def _include_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 def _openai_error(message: str) -> web.Response:
@@ -1056,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1
-    node = NodeModel(hardware, model, LaunchSettings.from_args(ns, os.environ))
+    node = NodeModel(hardware, model, LaunchSettings.from_args(ns, sglang_environment(ns, os.environ)))
     return asyncio.run(_serve(ns, node, options, log))
 
 
