@@ -54,6 +54,7 @@ class TrialResult:
     phase_times: dict[str, float] = field(default_factory=dict)
     log: str = ""
     returncode: int | None = None
+    server_pgid: int | None = None  # the process group the trial's server ran in (gone when this returns)
 
     @property
     def ok(self) -> bool:
@@ -69,10 +70,13 @@ class TrialResult:
 class TrialExecutor:
     """Runs trials through a command runner, phase by phase; the server never outlives its trial."""
 
-    def __init__(self, node: str, runner: CommandRunner, workdir: Path) -> None:
+    def __init__(
+        self, node: str, runner: CommandRunner, workdir: Path, port_wait_s: float = PORT_FREE_TIMEOUT_S
+    ) -> None:
         self.node = node
         self.runner = runner
         self.workdir = workdir
+        self.port_wait_s = port_wait_s
         self.phase = "idle"
         self._phase_lock = threading.Lock()
         self._process: ServerProcess | None = None
@@ -98,7 +102,7 @@ class TrialExecutor:
             self._enter("stopping")
             if self._process is not None:
                 self._process.stop(grace_s=STOP_GRACE_S)
-                wait_port_free(request.launch.host, request.launch.port, PORT_FREE_TIMEOUT_S)
+                wait_port_free(request.launch.host, request.launch.port, self.port_wait_s)
                 self._process = None
             self._enter("idle")
         if self._aborted.is_set():
@@ -117,7 +121,7 @@ class TrialExecutor:
 
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
         launch = request.launch
-        if not wait_port_free(launch.host, launch.port, PORT_FREE_TIMEOUT_S):
+        if not wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
         return self.runner.start(launch.argv, launch.env, log_path)
 
@@ -215,6 +219,7 @@ class TrialExecutor:
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
+            server_pgid=self._process.pgid if self._process is not None else None,
         )
 
 

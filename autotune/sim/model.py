@@ -362,11 +362,11 @@ class NodeModel:
 
     def _plan_memory(self) -> MemoryPlan:
         s, m, hw = self.settings, self.model, self.hw
-        chunked = s.chunked_prefill_size or self._auto_chunked_prefill()
-        if chunked < 0:
-            chunked = m.context_len  # -1 disables chunking: a prompt is prefilled whole
+        flag_chunked = s.chunked_prefill_size or self._auto_chunked_prefill()
+        # -1 disables chunking: a prompt is prefilled whole (SGLang's reservation still counts 2048).
+        chunked = m.context_len if flag_chunked < 0 else flag_chunked
         max_bs = s.cuda_graph_max_bs or self._auto_cuda_graph_max_bs()
-        mfs = s.mem_fraction_static or self._auto_mem_fraction(chunked, max_bs)
+        mfs = s.mem_fraction_static or self._auto_mem_fraction(flag_chunked, max_bs)
         total = hw.gpu_memory_gb
         nccl_gb = self.nccl_memory_gb()
         init_used = hw.cuda_context_gb + nccl_gb + (0.12 if self.custom_allreduce else 0.0)
@@ -406,6 +406,35 @@ class NodeModel:
     def _startup_failure(self) -> StartupFailure | None:
         s, hw, plan = self.settings, self.hw, self.plan
         cc = hw.compute_capability
+        if s.tp_size * s.dp_size > hw.num_gpus:
+            return StartupFailure(
+                "init",
+                _traceback(
+                    [
+                        *_SCHEDULER_INIT,
+                        (
+                            "srt/model_executor/model_runner.py",
+                            512,
+                            "init_torch_distributed",
+                            "torch.get_device_module(self.device).set_device(self.gpu_id)",
+                        ),
+                    ],
+                    "torch.AcceleratorError: CUDA error: invalid device ordinal",
+                ),
+                rank=hw.num_gpus,
+            )
+        if plan.weights_gb > plan.total_gb - plan.init_used_gb:
+            return StartupFailure(
+                "load",
+                _traceback(
+                    [
+                        *_SCHEDULER_INIT,
+                        ("srt/model_loader/loader.py", 601, "load_model", "model = _initialize_model("),
+                    ],
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
+                    f"total capacity of {hw.gpu_memory_gb / 1.0737:.2f} GiB of which 0.51 GiB is free.",
+                ),
+            )
         if s.enable_torch_symm_mem and "torch_symm_mem" in hw.unsupported:
             return StartupFailure(
                 "init",

@@ -1,0 +1,138 @@
+"""One trial on one node, for real: the simulated server launched, watched, benchmarked and torn down."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.benchmark import Workload
+from autotune.failures import FailureKind
+from autotune.launch import ServerLaunch
+from autotune.node import TrialExecutor, TrialRequest, TrialResult
+from autotune.runner import LocalCommandRunner, free_port, port_is_free
+
+SERVER = (
+    sys.executable,
+    "-m",
+    "autotune.sim.sglang_server",
+    "--model-path",
+    "/models/Kimi-K2.5",
+    "--tp-size",
+    "8",
+)
+SMALL = Workload(num_prompts=4, input_len=1000, output_len=32, concurrency=2)
+
+
+def request(
+    *flags: str,
+    env: dict[str, str] | None = None,
+    startup_s: float = 30,
+    number: int = 1,
+    port: int | None = None,
+    argv: tuple[str, ...] = SERVER,
+) -> TrialRequest:
+    port = port or free_port()
+    launch = ServerLaunch(
+        argv=(*argv, *flags, "--host", "127.0.0.1", "--port", str(port)),
+        env={"SGLANG_SIM_TIME_SCALE": "0.001", **(env or {})},
+        host="127.0.0.1",
+        port=port,
+    )
+    return TrialRequest(number, launch, SMALL, startup_timeout_s=startup_s, benchmark_timeout_s=30)
+
+
+@pytest.fixture
+def executor(tmp_path: Path) -> TrialExecutor:
+    return TrialExecutor("local", LocalCommandRunner(), tmp_path, port_wait_s=1.0)
+
+
+def assert_server_gone(result: TrialResult, port: int) -> None:
+    assert result.server_pgid is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(result.server_pgid, 0)
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> None:
+    req = request()
+    result = executor.run(req)
+    assert result.ok, result.failure
+    assert result.benchmark is not None and result.benchmark.completed == SMALL.num_prompts
+    assert result.benchmark.output_throughput > 0
+    assert result.benchmark.time_scale == pytest.approx(0.001)
+    assert {"load_weight_begin", "load_weight_end", "ready"} <= set(result.phase_times)
+    assert "The server is fired up and ready to roll!" in result.log
+    assert executor.phase == "idle"
+    assert_server_gone(result, req.launch.port)
+
+
+def test_not_enough_memory_fails_in_seconds_with_its_kind(executor: TrialExecutor) -> None:
+    req = request("--mem-fraction-static", "0.55", "--cuda-graph-max-bs", "128")
+    started = time.monotonic()
+    result = executor.run(req)
+    assert result.failure is not None and result.failure.kind is FailureKind.KV_POOL_TOO_SMALL
+    assert "Not enough memory" in result.failure.line
+    assert result.startup_s is not None and result.startup_s < 10
+    assert time.monotonic() - started < 20
+    assert_server_gone(result, req.launch.port)
+
+
+def test_unsupported_feature_names_its_flag(executor: TrialExecutor) -> None:
+    result = executor.run(request("--enable-flashinfer-allreduce-fusion"))
+    assert result.failure is not None and result.failure.kind is FailureKind.UNSUPPORTED
+    assert result.failure.culprits == ("--enable-flashinfer-allreduce-fusion",)
+
+
+def test_a_hang_during_loading_times_out_and_is_killed(executor: TrialExecutor) -> None:
+    req = request(env={"SGLANG_SIM_FAULT": "hang_load"}, startup_s=3)
+    result = executor.run(req)
+    assert result.failure is not None and result.failure.kind is FailureKind.STARTUP_TIMEOUT
+    assert 3 <= (result.startup_s or 0) < 8
+    assert_server_gone(result, req.launch.port)
+
+
+def test_a_server_dying_mid_benchmark_is_caught(executor: TrialExecutor) -> None:
+    req = request(env={"SGLANG_SIM_FAULT": "crash_benchmark:20"})
+    result = executor.run(req)
+    assert result.benchmark is None
+    assert result.failure is not None
+    assert result.failure.kind in (FailureKind.SERVER_DIED, FailureKind.UNKNOWN_CRASH)
+    assert_server_gone(result, req.launch.port)
+
+
+def test_a_missing_command_is_a_launch_error(executor: TrialExecutor) -> None:
+    result = executor.run(request(argv=("/nonexistent/sglang-launcher",)))
+    assert result.failure is not None and result.failure.kind is FailureKind.LAUNCH_ERROR
+    assert "/nonexistent/sglang-launcher" in result.failure.line or "not found" in result.failure.line.lower()
+
+
+def test_a_taken_port_is_a_launch_error(executor: TrialExecutor) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = executor.run(request(port=port))
+    assert result.failure is not None and result.failure.kind is FailureKind.LAUNCH_ERROR
+    assert str(port) in result.failure.line
+
+
+def test_abort_stops_the_server_and_reports_interrupted(executor: TrialExecutor) -> None:
+    req = request(env={"SGLANG_SIM_STARTUP_TIME_SCALE": "0.01"})  # a 6 s load: time to abort it
+    box: list[TrialResult] = []
+    worker = threading.Thread(target=lambda: box.append(executor.run(req)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while executor.phase not in ("loading", "starting") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    executor.abort()
+    worker.join(timeout=30)
+    assert box, "run() returned after abort()"
+    assert box[0].failure is not None and box[0].failure.kind is FailureKind.INTERRUPTED
+    assert_server_gone(box[0], req.launch.port)
