@@ -124,6 +124,20 @@ def finished_count(ostudy: optuna.Study) -> int:
     )
 
 
+def enqueue_retry(
+    ostudy: optuna.Study, number: int, params: dict[str, Any], user_attrs: dict[str, Any]
+) -> bool:
+    """Queue a trial's parameters once more, unless it already was a retry: a config that keeps killing
+    nodes or drivers is not retried forever."""
+    if RETRY_OF_ATTR in user_attrs:
+        return False
+    attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
+    if user_attrs.get(BASELINE_ATTR):
+        attrs[BASELINE_ATTR] = True
+    ostudy.enqueue_trial(dict(params), user_attrs=attrs)
+    return True
+
+
 def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
     """Trials a dead driver left RUNNING: FAIL them as interrupted, close their runs, enqueue them again."""
     recovered = []
@@ -135,11 +149,7 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
             tracker.client.set_tag(run_id, "autotune.state", "FAIL")
             tracker.client.set_tag(run_id, "autotune.failure_kind", FailureKind.INTERRUPTED.value)
             tracker.client.set_terminated(run_id, status="KILLED")
-        if RETRY_OF_ATTR not in trial.user_attrs:  # once: a trial that keeps killing drivers is not retried
-            attrs = {RETRY_OF_ATTR: trial.number}
-            if trial.user_attrs.get(BASELINE_ATTR):
-                attrs[BASELINE_ATTR] = True
-            ostudy.enqueue_trial(trial.params, user_attrs=attrs)
+        enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs)
         recovered.append(trial.number)
     return recovered
 
@@ -360,6 +370,8 @@ class StudyDriver:
             if failure.kind.deterministic and self.known.learn(trial.params, failure):
                 ostudy.sampler = self.known.sampler(self.base_sampler)
                 self.reporter("learned", progress, {"incompatible": self.known.pairs})
+            if failure.kind.retried_once:
+                enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs)
             if failure.kind.is_oom:
                 # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
                 value = self.study.file.failures.oom_penalty
@@ -420,13 +432,7 @@ class StudyDriver:
                 log = ""
             entry.trial.set_user_attr("failure_kind", FailureKind.INTERRUPTED.value)
             ostudy.tell(entry.trial, state=TrialState.FAIL)
-            ostudy.enqueue_trial(
-                entry.trial.params,
-                user_attrs={
-                    RETRY_OF_ATTR: entry.trial.number,
-                    **({BASELINE_ATTR: True} if entry.baseline else {}),
-                },
-            )
+            enqueue_retry(ostudy, entry.trial.number, entry.trial.params, entry.trial.user_attrs)
             tracker.finish_trial(
                 entry.run_id,
                 number=entry.trial.number,

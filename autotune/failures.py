@@ -40,6 +40,8 @@ class FailureKind(StrEnum):
     LAUNCH_ERROR = "launch_error"
     UNKNOWN_CRASH = "unknown_crash"
     INTERRUPTED = "interrupted"
+    NODE_UNREACHABLE = "node_unreachable"
+    NODE_LOST = "node_lost"
 
     @property
     def advice(self) -> str:
@@ -55,6 +57,11 @@ class FailureKind(StrEnum):
     def deterministic(self) -> bool:
         """True when the same settings fail the same way on the same hardware every time."""
         return self is FailureKind.UNSUPPORTED
+
+    @property
+    def retried_once(self) -> bool:
+        """True when the trial says nothing about its settings, so its parameters run once more."""
+        return self in (FailureKind.INTERRUPTED, FailureKind.NODE_UNREACHABLE, FailureKind.NODE_LOST)
 
 
 _ADVICE: dict[FailureKind, str] = {
@@ -98,6 +105,13 @@ _ADVICE: dict[FailureKind, str] = {
         "failure mode, add its pattern to autotune.failures.PATTERNS."
     ),
     FailureKind.INTERRUPTED: "The trial was interrupted (Ctrl-C, driver or actor stopped); it can be rerun.",
+    FailureKind.NODE_UNREACHABLE: (
+        "The connection to the node was lost mid-trial: check the network and sshd on the node; the trial "
+        "runs again once the node answers."
+    ),
+    FailureKind.NODE_LOST: (
+        "The node's actor died or the node left the Ray cluster: the trial runs again on another node."
+    ),
 }
 
 
