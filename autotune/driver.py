@@ -211,7 +211,7 @@ class StudyDriver:
                 num_cpus=0,
                 resources={"gpu_node": 1},
                 max_concurrency=2,
-            ).remote(node.name, str(study.workdir / "nodes" / node.name))
+            ).remote(node, str(study.workdir / "nodes" / node.name))
             for node in study.file.nodes
         }
         progress = Progress(total=budget or 0, done=finished_count(ostudy))

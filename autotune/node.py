@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, benchmark
+from autotune.config import NodeSpec
 from autotune.failures import Failure, FailureKind, classify
 from autotune.launch import ServerLaunch
 from autotune.logwatch import LogFollower, wait_until_ready
@@ -241,6 +242,11 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def runner_for(node: NodeSpec) -> CommandRunner:
+    """The command runner that reaches `node` from where this actor runs."""
+    return LocalCommandRunner()
+
+
 class NodeActor:
     """A Ray actor that owns one GPU node (its `gpu_node` resource) and runs one trial there at a time.
 
@@ -248,8 +254,8 @@ class NodeActor:
     trial runs (the actor allows two concurrent calls for that).
     """
 
-    def __init__(self, node: str, workdir: str) -> None:
-        self._executor = TrialExecutor(node, LocalCommandRunner(), Path(workdir))
+    def __init__(self, node: NodeSpec, workdir: str) -> None:
+        self._executor = TrialExecutor(node.name, runner_for(node), Path(workdir))
 
     def run_trial(self, request: TrialRequest) -> TrialResult:
         return self._executor.run(request)
