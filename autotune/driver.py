@@ -8,7 +8,6 @@ commands (local process or SSH); the node never sees Optuna.
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -24,7 +23,8 @@ from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
 from autotune.launch import TrialConfig
-from autotune.node import NodeActor, TrialRequest, TrialResult
+from autotune.node import TrialRequest, TrialResult
+from autotune.pool import NodePool, RayNodePool, Submitted
 from autotune.tracking import StudyTracker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -36,6 +36,7 @@ SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): co
 MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
 POLL_S = 0.5
+INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 BENCHMARK_METRICS = (
     "output_throughput",
     "request_throughput",
@@ -81,8 +82,7 @@ def _quiet(event: str, progress: Progress, info: dict[str, Any]) -> None:
 @dataclass
 class _Running:
     trial: optuna.Trial
-    node: str
-    actor: Any
+    submitted: Submitted
     run_id: str
     baseline: bool
     started: float
@@ -90,9 +90,27 @@ class _Running:
     phase_started: float = field(default_factory=time.monotonic)
 
 
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage; a SQLite file in WAL mode, which survives a crash of the process without an
+    fsync per write (each costs milliseconds, and a trial makes dozens)."""
+    storage = optuna.storages.RDBStorage(url)
+    if url.startswith("sqlite"):
+        from sqlalchemy import event
+
+        def pragmas(connection: Any, _record: Any) -> None:
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        event.listen(storage.engine, "connect", pragmas)
+        storage.engine.dispose()  # connections made before the listener reconnect with it
+    return storage
+
+
 def open_study(study: Study) -> optuna.Study:
     """Create the Optuna study (trial 0: the baseline) or load it to continue."""
-    storage = optuna.storages.RDBStorage(study.storage)
+    storage = rdb_storage(study.storage)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
     ostudy = optuna.create_study(
         storage=storage,
@@ -154,36 +172,21 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
     return recovered
 
 
-def connect_ray(study: Study) -> None:
-    """Join the study's Ray cluster, or start a local runtime whose one node is a `gpu_node`."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = study.file.ray_address or os.environ.get("RAY_ADDRESS")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=max(2, os.cpu_count() or 2),
-            resources={"gpu_node": len(study.file.nodes)},
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-
-
 class StudyDriver:
     """Runs a study to its budget: one trial per node at a time, every outcome told and tracked."""
 
-    def __init__(self, study: Study, reporter: Reporter = _quiet) -> None:
+    def __init__(
+        self,
+        study: Study,
+        reporter: Reporter = _quiet,
+        pool: Callable[[Study], NodePool] = RayNodePool,
+    ) -> None:
         self.study = study
         self.reporter = reporter
+        self.make_pool = pool
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
 
     def run(self, n_trials: int | None = None) -> optuna.Study:
-        import ray
-
         study = self.study
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
@@ -204,47 +207,38 @@ class StudyDriver:
         recovered = recover_interrupted(ostudy, tracker)
         if recovered:
             self.reporter("recovered", Progress(total=budget or 0), {"trials": recovered})
-        connect_ray(study)
-        actor_class = ray.remote(NodeActor)
-        actors = {
-            node.name: actor_class.options(
-                num_cpus=0,
-                resources={"gpu_node": 1},
-                max_concurrency=2,
-            ).remote(node, str(study.workdir / "nodes" / node.name))
-            for node in study.file.nodes
-        }
+        pool = self.make_pool(study)
         progress = Progress(total=budget or 0, done=finished_count(ostudy))
         self._refresh_best(ostudy, progress)
-        running: dict[Any, _Running] = {}
+        running: dict[int, _Running] = {}
         try:
             while True:
-                free = [name for name in actors if name not in {r.node for r in running.values()}]
-                for name in free:
+                for node in pool.idle_nodes():
                     if not self._may_start(progress, running, budget, deadline):
                         break
-                    started = self._start(ostudy, tracker, name, actors[name], progress)
-                    if started is not None:
-                        running[started[0]] = started[1]
+                    entry = self._start(ostudy, tracker, pool, node, progress)
+                    if entry is not None:
+                        running[entry.trial.number] = entry
                 if not running:
                     break
-                ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-                for ref in ready:
-                    entry = running.pop(ref)
-                    self._finish(ostudy, tracker, entry, ray.get(ref), progress)
-                self._poll_phases(tracker, running, progress)
+                for submitted, result in pool.wait(POLL_S):
+                    entry = running.pop(submitted.request.number)
+                    self._finish(ostudy, tracker, entry, result, progress)
+                self._poll_phases(tracker, pool, running, progress)
         except KeyboardInterrupt:
-            self._interrupt(ostudy, tracker, running, progress)
+            self._interrupt(ostudy, tracker, pool, running, progress)
             tracker.close("KILLED")
             raise StudyInterrupted(
                 "interrupted: the running trials were stopped; resume to continue"
             ) from None
+        finally:
+            pool.close()
         self._summarize(ostudy, tracker)
         tracker.close()
         return ostudy
 
     def _may_start(
-        self, progress: Progress, running: dict[Any, _Running], budget: int | None, deadline: float | None
+        self, progress: Progress, running: dict[int, _Running], budget: int | None, deadline: float | None
     ) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
             return False
@@ -252,8 +246,8 @@ class StudyDriver:
 
     # -- one trial --------------------------------------------------------------------------------------
     def _start(
-        self, ostudy: optuna.Study, tracker: StudyTracker, node: str, actor: Any, progress: Progress
-    ) -> tuple[Any, _Running] | None:
+        self, ostudy: optuna.Study, tracker: StudyTracker, pool: NodePool, node: str, progress: Progress
+    ) -> _Running | None:
         study = self.study
         trial = ostudy.ask()
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
@@ -293,8 +287,7 @@ class StudyDriver:
             progress,
             {"number": trial.number, "baseline": baseline, "node": node, "params": _changed(config)},
         )
-        ref = actor.run_trial.remote(request)
-        return ref, _Running(trial, node, actor, run_id, baseline, time.monotonic())
+        return _Running(trial, pool.submit(node, request), run_id, baseline, time.monotonic())
 
     def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str) -> None:
         """Record a proposal that is never launched; its known failure teaches the sampler nothing new."""
@@ -309,15 +302,12 @@ class StudyDriver:
         trial.set_user_attr("failure", why)
         ostudy.tell(trial, state=TrialState.FAIL)
 
-    def _poll_phases(self, tracker: StudyTracker, running: dict[Any, _Running], progress: Progress) -> None:
-        import ray
-
+    def _poll_phases(
+        self, tracker: StudyTracker, pool: NodePool, running: dict[int, _Running], progress: Progress
+    ) -> None:
         for entry in running.values():
-            try:
-                phase = ray.get(entry.actor.phase.remote(), timeout=5)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-                continue
-            if phase in ("idle", "stopping") or phase == entry.phase:
+            phase = pool.phase(entry.submitted)
+            if phase is None or phase in ("idle", "stopping") or phase == entry.phase:
                 continue
             now = time.monotonic()
             tracker.set_phase(entry.run_id, phase, None)
@@ -360,6 +350,8 @@ class StudyDriver:
             trial.set_user_attr("failure_kind", failure.kind.value)
             trial.set_user_attr("failure", failure.line[:500])
             trial.set_user_attr("advice", failure.advice)
+            if failure.culprits:
+                trial.set_user_attr("culprits", list(failure.culprits))
             tags.update(
                 {
                     "autotune.failure_kind": failure.kind.value,
@@ -416,31 +408,34 @@ class StudyDriver:
         self._summarize(ostudy, tracker)
 
     def _interrupt(
-        self, ostudy: optuna.Study, tracker: StudyTracker, running: dict[Any, _Running], progress: Progress
+        self,
+        ostudy: optuna.Study,
+        tracker: StudyTracker,
+        pool: NodePool,
+        running: dict[int, _Running],
+        progress: Progress,
     ) -> None:
         """First Ctrl-C: stop every running server, record the trials as interrupted, close their runs."""
-        import ray
-
-        self.reporter("interrupting", progress, {"trials": [r.trial.number for r in running.values()]})
-        for entry in running.values():
-            entry.actor.abort.remote()
-        for ref, entry in running.items():
-            try:
-                result = ray.get(ref, timeout=60)
-                log = result.log
-            except Exception:  # the actor may already be gone; the trial is interrupted either way
-                log = ""
+        self.reporter("interrupting", progress, {"trials": sorted(running)})
+        pool.abort_all()
+        logs: dict[int, str] = {}
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        while len(logs) < len(running) and time.monotonic() < deadline:
+            for submitted, result in pool.wait(POLL_S):
+                logs[submitted.request.number] = result.log
+        for number, entry in running.items():
             entry.trial.set_user_attr("failure_kind", FailureKind.INTERRUPTED.value)
             ostudy.tell(entry.trial, state=TrialState.FAIL)
-            enqueue_retry(ostudy, entry.trial.number, entry.trial.params, entry.trial.user_attrs)
+            enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs)
+            log = logs.get(number, "")
             tracker.finish_trial(
                 entry.run_id,
-                number=entry.trial.number,
+                number=number,
                 state="INTERRUPTED",
                 value=None,
                 baseline=entry.baseline,
                 metrics={},
-                tags={"autotune.failure_kind": "interrupted"},
+                tags={"autotune.failure_kind": FailureKind.INTERRUPTED.value},
                 artifacts={"server.log": log} if log else {},
             )
 

@@ -49,24 +49,28 @@ class DefaultsStartSampler(BaseSampler):
         self.keep_default = keep_default
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._decided: dict[int, bool] = {}
 
-    def _starting(self, study: Study) -> bool:
-        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        finished = study.get_trials(deepcopy=False, states=states)
-        return len(finished) < self.n_startup_trials
+    def _starting(self, study: Study, trial: FrozenTrial) -> bool:
+        # Asked once per parameter: decided once per trial (reading every trial from storage is slow).
+        if trial.number not in self._decided:
+            states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+            finished = study.get_trials(deepcopy=False, states=states)
+            self._decided = {trial.number: len(finished) < self.n_startup_trials}
+        return self._decided[trial.number]
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return {} if self._starting(study) else self.base.infer_relative_search_space(study, trial)
+        return {} if self._starting(study, trial) else self.base.infer_relative_search_space(study, trial)
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        return {} if self._starting(study) else self.base.sample_relative(study, trial, search_space)
+        return {} if self._starting(study, trial) else self.base.sample_relative(study, trial, search_space)
 
     def sample_independent(
         self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
-        if not self._starting(study):
+        if not self._starting(study, trial):
             return self.base.sample_independent(study, trial, param_name, param_distribution)
         default = default_of(param_distribution)
         if default is not _NO_DEFAULT and self._rng.random() < self.keep_default:

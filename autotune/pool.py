@@ -1,0 +1,193 @@
+"""Where trials run: a pool of nodes, one trial per node at a time.
+
+The study loop hands a `TrialRequest` to a free node and collects `TrialResult`s; it does not know whether
+the node is a Ray actor on a cluster (`RayNodePool`, the product) or an object in this process
+(`LocalNodePool`, for benchmarks of the tuner itself). A node that dies mid-trial yields a NODE_LOST
+result, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autotune.config import Study
+from autotune.failures import Failure, FailureKind
+from autotune.node import NodeActor, TrialRequest, TrialResult
+
+GPU_NODE_RESOURCE = "gpu_node"
+
+
+class Executor(Protocol):
+    """Runs trials on one node (TrialExecutor, or a model of one)."""
+
+    phase: str
+
+    def run(self, request: TrialRequest) -> TrialResult: ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A trial handed to a node."""
+
+    node: str
+    request: TrialRequest
+
+
+def lost(node: str, request: TrialRequest, why: str) -> TrialResult:
+    """The result of a trial whose node went away under it."""
+    kind = FailureKind.NODE_LOST
+    return TrialResult(request.number, node, None, Failure(kind, why, "node lost", kind.advice), None, None)
+
+
+class NodePool(ABC):
+    """Nodes that run one trial each at a time."""
+
+    @abstractmethod
+    def idle_nodes(self) -> list[str]:
+        """Nodes ready for a trial now (nodes that joined since the last call included)."""
+
+    @abstractmethod
+    def submit(self, node: str, request: TrialRequest) -> Submitted:
+        """Start `request` on `node`, which must be idle."""
+
+    @abstractmethod
+    def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
+        """The trials that finished within `timeout_s` (possibly none)."""
+
+    @abstractmethod
+    def phase(self, submitted: Submitted) -> str | None:
+        """The phase of a running trial (launching, loading, ..., benchmarking), None if unknown."""
+
+    @abstractmethod
+    def abort_all(self) -> None:
+        """Ask every running trial to stop its server now; their results still arrive through wait()."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the nodes."""
+
+
+class LocalNodePool(NodePool):
+    """Executors in this process, each trial in a thread: no Ray, for measuring the tuner itself."""
+
+    def __init__(self, executors: Mapping[str, Executor]) -> None:
+        self._executors = dict(executors)
+        self._threads = ThreadPoolExecutor(max_workers=max(1, len(executors)), thread_name_prefix="node")
+        self._running: dict[Future[TrialResult], Submitted] = {}
+
+    def idle_nodes(self) -> list[str]:
+        busy = {s.node for s in self._running.values()}
+        return [name for name in self._executors if name not in busy]
+
+    def submit(self, node: str, request: TrialRequest) -> Submitted:
+        submitted = Submitted(node, request)
+        self._running[self._threads.submit(self._executors[node].run, request)] = submitted
+        return submitted
+
+    def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
+        done, _ = wait(list(self._running), timeout=timeout_s, return_when="FIRST_COMPLETED")
+        return [(self._running.pop(future), future.result()) for future in done]
+
+    def phase(self, submitted: Submitted) -> str | None:
+        return self._executors[submitted.node].phase
+
+    def abort_all(self) -> None:
+        for submitted in self._running.values():
+            self._executors[submitted.node].abort()
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+
+
+def connect_ray(study: Study) -> None:
+    """Join the study's Ray cluster, or start a local runtime whose nodes are the study's `gpu_node`s."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = study.file.ray_address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 2),
+            resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+
+
+class RayNodePool(NodePool):
+    """One `NodeActor` per node of the study, each holding the node's `gpu_node` resource."""
+
+    def __init__(self, study: Study, make_actor: Callable[..., Any] | None = None) -> None:
+        import ray
+
+        connect_ray(study)
+        self._study = study
+        actor_class = ray.remote(NodeActor)
+        self._make_actor = make_actor or (
+            lambda node: actor_class.options(
+                num_cpus=0, resources={GPU_NODE_RESOURCE: 1}, max_concurrency=2
+            ).remote(node, str(study.workdir / "nodes" / node.name))
+        )
+        self._specs = {node.name: node for node in study.file.nodes}
+        self._actors: dict[str, Any] = {name: self._make_actor(spec) for name, spec in self._specs.items()}
+        self._running: dict[Any, Submitted] = {}
+
+    def idle_nodes(self) -> list[str]:
+        busy = {s.node for s in self._running.values()}
+        return [name for name in self._actors if name not in busy]
+
+    def submit(self, node: str, request: TrialRequest) -> Submitted:
+        submitted = Submitted(node, request)
+        self._running[self._actors[node].run_trial.remote(request)] = submitted
+        return submitted
+
+    def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
+        import ray
+
+        if not self._running:
+            time.sleep(timeout_s)
+            return []
+        ready, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=timeout_s)
+        finished = []
+        for ref in ready:
+            submitted = self._running.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                result = lost(submitted.node, submitted.request, f"the node's actor died: {exc}"[:500])
+                # A new actor takes the node; on start it stops any server the dead one left behind.
+                self._actors[submitted.node] = self._make_actor(self._specs[submitted.node])
+            finished.append((submitted, result))
+        return finished
+
+    def phase(self, submitted: Submitted) -> str | None:
+        import ray
+
+        ref = self._actors[submitted.node].phase.remote()
+        try:
+            return str(ray.get(ref, timeout=5))
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            return None
+
+    def abort_all(self) -> None:
+        for submitted in self._running.values():
+            self._actors[submitted.node].abort.remote()
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self._actors.values():
+            ray.kill(actor, no_restart=True)
+        self._actors.clear()

@@ -1,0 +1,113 @@
+"""The study loop's rules, run fast: nodes answered by the simulated node's model, real Optuna and MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotune.config import load_study
+from autotune.driver import StudyDriver, finished_count, study_summary
+from autotune.pool import LocalNodePool
+from autotune.sim.model_node import ModelExecutor
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_study(tmp_path: Path, n_trials: int, **extra: object) -> Path:
+    study = {
+        "study": "driver",
+        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
+        "objective": str(REPO / "objectives" / "quickstart.yaml"),
+        "server": {
+            "command": ["python", "-m", "sglang.launch_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "flags": {"--tp-size": 8},
+        },
+        "budget": {"n_trials": n_trials},
+        "sampler": {"name": "tpe", "seed": 7},
+        **extra,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def model_pool(nodes: int = 1):
+    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    return lambda study: LocalNodePool({f"n{i}": ModelExecutor(f"n{i}", hw, model) for i in range(nodes)})
+
+
+@pytest.fixture(scope="module")
+def study_of_30(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    path = make_study(tmp_path_factory.mktemp("driver"), 30, failures={"oom_penalty": -1.0})
+    return StudyDriver(load_study(path), pool=model_pool(nodes=2)).run()
+
+
+def test_budget_counts_trials_run_on_nodes(study_of_30: optuna.Study) -> None:
+    assert finished_count(study_of_30) == 30
+    assert all(t.state.is_finished() for t in study_of_30.trials)
+
+
+def test_trial_zero_is_the_baseline_with_no_tuned_setting(study_of_30: optuna.Study) -> None:
+    first = study_of_30.trials[0]
+    assert first.user_attrs["baseline"] is True and first.params == {}
+    assert first.state is TrialState.COMPLETE
+    assert first.value == pytest.approx(82.0, rel=0.05)  # the seed's baseline on the model
+
+
+def test_oom_is_pruned_with_the_penalty_and_an_infeasible_constraint(study_of_30: optuna.Study) -> None:
+    oom = [
+        t
+        for t in study_of_30.trials
+        if t.user_attrs.get("failure_kind") in ("kv_pool_too_small", "cuda_graph_oom", "oom_under_load")
+    ]
+    assert oom, "a 30-trial study on the seed node runs out of memory at least once"
+    for trial in oom:
+        assert trial.state is TrialState.PRUNED
+        assert trial.value == -1.0
+        assert trial.constraints["memory"] > 0
+
+
+def test_an_unsupported_flag_is_never_launched_after_it_failed(study_of_30: optuna.Study) -> None:
+    first_failure: dict[tuple[str, object], object] = {}
+    for trial in study_of_30.trials:
+        if trial.user_attrs.get("failure_kind") == "unsupported":
+            for name in trial.user_attrs["culprits"]:
+                if trial.params.get(name) not in (None, False):
+                    pair = (name, trial.params[name])
+                    first_failure[pair] = min(
+                        first_failure.get(pair, trial.datetime_complete), trial.datetime_complete
+                    )
+    assert first_failure, "the seed node's unsupported features show up in 30 trials"
+    assert set(first_failure) <= {tuple(pair) for pair in study_of_30.user_attrs["incompatible"]}
+    for trial in study_of_30.trials:
+        if trial.user_attrs.get("skipped"):
+            continue  # proposed, refused without a launch
+        for (name, value), failed_at in first_failure.items():
+            if trial.params.get(name) == value:
+                assert trial.datetime_start <= failed_at, (
+                    f"trial {trial.number} launched {name}={value} again"
+                )
+
+
+def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:
+    summary = study_summary(study_of_30)
+    assert summary["best_value"] > summary["baseline_value"]
+    for trial in study_of_30.trials:
+        if trial.state is TrialState.COMPLETE:
+            assert trial.constraints["memory"] == 0
+
+
+def test_a_second_run_continues_to_a_larger_budget(tmp_path: Path) -> None:
+    path = make_study(tmp_path, 5)
+    study = load_study(path)
+    StudyDriver(study, pool=model_pool()).run()
+    ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=8)
+    assert finished_count(ostudy) == 8
+    assert sum(1 for t in ostudy.trials if t.user_attrs.get("baseline")) == 1
