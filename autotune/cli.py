@@ -30,12 +30,20 @@ def _parser() -> argparse.ArgumentParser:
     def add(name: str, help: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help, parents=[common])
 
-    run = add("run", "create or continue a study and run it to its budget")
-    run.add_argument("study_file", type=Path, metavar="STUDY.yaml")
-    run.add_argument("--n-trials", type=int, help="the study's total trial budget (overrides the file)")
-    resume = add("resume", "continue an interrupted study (same as run)")
-    resume.add_argument("study_file", type=Path, metavar="STUDY.yaml")
-    resume.add_argument("--n-trials", type=int, help="the study's total trial budget (overrides the file)")
+    for name, text in (
+        ("run", "create or continue a study and run it to its budget"),
+        ("resume", "continue an interrupted study (same as run)"),
+    ):
+        command = add(name, text)
+        command.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+        command.add_argument(
+            "--n-trials", type=int, help="the study's total trial budget (overrides the file)"
+        )
+        command.add_argument(
+            "--accept-changes",
+            action="store_true",
+            help="continue even though the search space or objective changed since the study began",
+        )
 
     status = add("status", "a table of the study's trials")
     status.add_argument("study_file", type=Path, metavar="STUDY.yaml")
@@ -124,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
-    ostudy = StudyDriver(study, ConsoleReporter()).run(args.n_trials)
+    ostudy = StudyDriver(study, ConsoleReporter()).run(args.n_trials, accept_changes=args.accept_changes)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
     return 0

@@ -25,14 +25,24 @@ from autotune.incompatible import KnownIncompatibilities
 from autotune.launch import TrialConfig
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
+from autotune.study_storage import (
+    BASELINE_ATTR,
+    HEARTBEAT_S,
+    SKIPPED_ATTR,
+    abandoned_trials,
+    budget_used,
+    claim,
+    enqueue_retry,
+    finished_count,
+    heartbeat,
+    open_study,
+    study_lock,
+)
 from autotune.tracking import StudyTracker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-BASELINE_ATTR = "baseline"
-RETRY_OF_ATTR = "retry_of"
-SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): costs no node time or budget
 MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
 POLL_S = 0.5
@@ -90,83 +100,15 @@ class _Running:
     phase_started: float = field(default_factory=time.monotonic)
 
 
-def rdb_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage; a SQLite file in WAL mode, which survives a crash of the process without an
-    fsync per write (each costs milliseconds, and a trial makes dozens)."""
-    storage = optuna.storages.RDBStorage(url)
-    if url.startswith("sqlite"):
-        from sqlalchemy import event
-
-        def pragmas(connection: Any, _record: Any) -> None:
-            cursor = connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        event.listen(storage.engine, "connect", pragmas)
-        storage.engine.dispose()  # connections made before the listener reconnect with it
-    return storage
-
-
-def open_study(study: Study) -> optuna.Study:
-    """Create the Optuna study (trial 0: the baseline) or load it to continue."""
-    storage = rdb_storage(study.storage)
-    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    ostudy = optuna.create_study(
-        storage=storage,
-        study_name=study.name,
-        direction=study.objective.goal,
-        sampler=study.file.sampler.build(),
-        load_if_exists=True,
-    )
-    if study.name not in names:
-        ostudy.set_user_attr("config", _study_record(study))
-        # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
-        ostudy.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
-    return ostudy
-
-
-def _study_record(study: Study) -> dict[str, Any]:
-    return {
-        "study_file": str(study.path.resolve()),
-        "search_space": study.search_space_text,
-        "objective": study.objective_text,
-    }
-
-
-def finished_count(ostudy: optuna.Study) -> int:
-    """Trials that count toward the budget: finished on a node (skipped proposals do not)."""
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(
-        1 for t in ostudy.get_trials(deepcopy=False, states=states) if not t.user_attrs.get(SKIPPED_ATTR)
-    )
-
-
-def enqueue_retry(
-    ostudy: optuna.Study, number: int, params: dict[str, Any], user_attrs: dict[str, Any]
-) -> bool:
-    """Queue a trial's parameters once more, unless it already was a retry: a config that keeps killing
-    nodes or drivers is not retried forever."""
-    if RETRY_OF_ATTR in user_attrs:
-        return False
-    attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
-    if user_attrs.get(BASELINE_ATTR):
-        attrs[BASELINE_ATTR] = True
-    ostudy.enqueue_trial(dict(params), user_attrs=attrs)
-    return True
-
-
 def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
     """Trials a dead driver left RUNNING: FAIL them as interrupted, close their runs, enqueue them again."""
     recovered = []
-    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for trial in abandoned_trials(ostudy):
         ostudy._storage.set_trial_user_attr(trial._trial_id, "failure_kind", FailureKind.INTERRUPTED.value)
-        ostudy.tell(trial.number, state=TrialState.FAIL)
+        ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         run_id = trial.user_attrs.get("mlflow_run_id")
         if run_id:
-            tracker.client.set_tag(run_id, "autotune.state", "FAIL")
-            tracker.client.set_tag(run_id, "autotune.failure_kind", FailureKind.INTERRUPTED.value)
-            tracker.client.set_terminated(run_id, status="KILLED")
+            tracker.close_interrupted(run_id)
         enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs)
         recovered.append(trial.number)
     return recovered
@@ -186,12 +128,13 @@ class StudyDriver:
         self.make_pool = pool
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
 
-    def run(self, n_trials: int | None = None) -> optuna.Study:
+    def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
+        """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
         study = self.study
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
-        ostudy = open_study(study)
+        ostudy = open_study(study, accept_changes=accept_changes)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
         ostudy.sampler = self.known.sampler(self.base_sampler)
@@ -211,20 +154,24 @@ class StudyDriver:
         progress = Progress(total=budget or 0, done=finished_count(ostudy))
         self._refresh_best(ostudy, progress)
         running: dict[int, _Running] = {}
+        last_beat = time.monotonic()
         try:
             while True:
                 for node in pool.idle_nodes():
-                    if not self._may_start(progress, running, budget, deadline):
+                    entry = self._fill(ostudy, tracker, pool, node, progress, budget, deadline)
+                    if entry is None:
                         break
-                    entry = self._start(ostudy, tracker, pool, node, progress)
-                    if entry is not None:
-                        running[entry.trial.number] = entry
+                    running[entry.trial.number] = entry
                 if not running:
                     break
                 for submitted, result in pool.wait(POLL_S):
                     entry = running.pop(submitted.request.number)
                     self._finish(ostudy, tracker, entry, result, progress)
                 self._poll_phases(tracker, pool, running, progress)
+                if time.monotonic() - last_beat > HEARTBEAT_S:
+                    heartbeat(ostudy, [entry.trial for entry in running.values()])
+                    recover_interrupted(ostudy, tracker)  # trials of other drivers that died meanwhile
+                    last_beat = time.monotonic()
         except KeyboardInterrupt:
             self._interrupt(ostudy, tracker, pool, running, progress)
             tracker.close("KILLED")
@@ -237,19 +184,41 @@ class StudyDriver:
         tracker.close()
         return ostudy
 
-    def _may_start(
-        self, progress: Progress, running: dict[int, _Running], budget: int | None, deadline: float | None
-    ) -> bool:
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        return budget is None or progress.done + len(running) < budget
+    def _fill(
+        self,
+        ostudy: optuna.Study,
+        tracker: StudyTracker,
+        pool: NodePool,
+        node: str,
+        progress: Progress,
+        budget: int | None,
+        deadline: float | None,
+    ) -> _Running | None:
+        """Start the next trial on an idle node; None once the budget or the time is spent."""
+        while True:
+            with study_lock(self.study):  # other drivers of the study count and ask one at a time too
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                if budget is not None and budget_used(ostudy) >= budget:
+                    return None
+                trial = ostudy.ask()
+                claim(ostudy, trial)
+            entry = self._start(ostudy, tracker, pool, node, trial, progress)
+            if entry is not None:
+                return entry
 
     # -- one trial --------------------------------------------------------------------------------------
     def _start(
-        self, ostudy: optuna.Study, tracker: StudyTracker, pool: NodePool, node: str, progress: Progress
+        self,
+        ostudy: optuna.Study,
+        tracker: StudyTracker,
+        pool: NodePool,
+        node: str,
+        trial: optuna.Trial,
+        progress: Progress,
     ) -> _Running | None:
+        """Launch `trial` on `node`, or record it at once when it must not be launched."""
         study = self.study
-        trial = ostudy.ask()
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
         blocked = self.known.blocking(trial.params)
@@ -263,7 +232,7 @@ class StudyDriver:
             trial.set_user_attr("failure_kind", "forbidden")
             trial.set_user_attr("failure", str(exc))
             ostudy.tell(trial, state=TrialState.FAIL)
-            progress.done += 1
+            progress.done = finished_count(ostudy)
             self.reporter(
                 "finished", progress, {"number": trial.number, "state": "FAIL", "failure": str(exc)}
             )
@@ -391,7 +360,7 @@ class StudyDriver:
             tags=tags,
             artifacts=artifacts,
         )
-        progress.done += 1
+        progress.done = finished_count(ostudy)
         progress.running.pop(trial.number, None)
         self._refresh_best(ostudy, progress)
         self.reporter(

@@ -2,7 +2,10 @@
 
 The driver is the only writer. Child runs are created when a trial starts (so a running trial shows in
 the UI with its phase) and finished with its state; a retried trial gets a new run, since MLflow params
-are immutable.
+are immutable. Run names read at a glance in the run list (`trial 004 · PRUNED · kv_pool_too_small`);
+a run's description (MLflow's note) says why it failed and what to try; the parent run's description is
+the study summary with the best config's launch script, and its artifacts hold the study's plots,
+redrawn as the study goes (at most every PLOT_INTERVAL_S seconds, and once more when it closes).
 """
 
 from __future__ import annotations
@@ -10,17 +13,32 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.config import Study
+
+log = logging.getLogger(__name__)
 
 STUDY_TAG = "autotune.study"
 TRIAL_TAG = "autotune.trial"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
+NOTE_TAG = "mlflow.note.content"  # shown as the run's description in the UI (markdown)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MAX_PARAM_LENGTH = 6000
+MAX_NOTE_LENGTH = 7500  # MLflow caps tag values at 8000 characters
+PLOT_INTERVAL_S = 30.0  # plots cost a second or two; a trial on a real node takes minutes
+PLOTS_DIR = "plots"
+BEST_LAUNCH_SCRIPT = "best/launch.sh"
 
 
 def _quiet_mlflow() -> None:
@@ -37,30 +55,71 @@ def param_name(name: str, kind: str) -> str:
     return f"{prefix}.{name.lstrip('-')}"
 
 
-def run_name(number: int, state: str, value: float | None, baseline: bool) -> str:
-    """A child run's name, readable at a glance in the run list."""
-    label = "baseline" if baseline else f"trial {number:03d}"
-    if value is not None:
-        return f"{label} · {value:.1f} tok/s"
-    return f"{label} · {state.lower()}"
+def metric_unit(metric: str) -> str:
+    """The unit of an objective metric, as a run name shows it."""
+    if metric.endswith("_ms"):
+        return "ms"
+    return {"output_throughput": "tok/s", "input_throughput": "tok/s", "request_throughput": "req/s"}.get(
+        metric, ""
+    )
+
+
+def run_name(
+    number: int,
+    state: str,
+    value: float | None,
+    baseline: bool,
+    unit: str = "tok/s",
+    detail: str | None = None,
+) -> str:
+    """A child run's name, readable at a glance in the run list: the trial, its state, and its value (when
+    it completed) or `detail` (the failure kind, or a running trial's phase)."""
+    parts = [f"trial {number:03d}" + (" baseline" if baseline else ""), state.upper()]
+    if state.upper() == "COMPLETE" and value is not None:
+        parts.append(f"{value:.1f} {unit}".strip())
+    elif detail:
+        parts.append(detail)
+    return " · ".join(parts)
+
+
+def failure_note(state: str, kind: str, advice: str | None, line: str | None) -> str:
+    """A failed trial's run description: what happened and what to try, in markdown."""
+    parts = [f"**{state}: {kind}**"]
+    if advice:
+        parts.append(advice)
+    if line:
+        parts.append(f"```\n{line}\n```")
+    return "\n\n".join(parts)[:MAX_NOTE_LENGTH]
 
 
 class StudyTracker:
     """Writes a study's runs to one MLflow tracking store."""
 
-    def __init__(self, tracking_uri: str, study_name: str, artifact_root: Path) -> None:
+    def __init__(
+        self, tracking_uri: str, study_name: str, artifact_root: Path, metric: str = "output_throughput"
+    ) -> None:
         from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
         _quiet_mlflow()
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.study_name = study_name
+        self.metric = metric
+        self.unit = metric_unit(metric)
+        self._trials: dict[str, tuple[int, bool]] = {}  # run id -> (trial number, baseline)
+        self._view: tuple[optuna.Study, Study] | None = None  # what the plots are drawn from
+        self._plots_stale = False  # the study changed since the plots were last drawn
+        self._plotted_at = time.monotonic()
+        self._best_script: str | None = None
         experiment = self.client.get_experiment_by_name(study_name)
         self.experiment_id = (
             experiment.experiment_id
             if experiment is not None
             # Artifacts live beside the study, not in ./mlruns of wherever autotune was started.
             else self.client.create_experiment(
-                study_name, artifact_location=artifact_root.resolve().as_uri(), tags={STUDY_TAG: study_name}
+                study_name,
+                artifact_location=artifact_root.resolve().as_uri(),
+                # A model-tuning experiment: runs, params and metrics, not GenAI traces.
+                tags={STUDY_TAG: study_name, EXPERIMENT_KIND_TAG: "custom_model_development"},
             )
         )
         self.parent_run_id = self._parent_run()
@@ -99,7 +158,7 @@ class StudyTracker:
         """Create the trial's child run (RUNNING) with its parameters and launch script."""
         run = self.client.create_run(
             self.experiment_id,
-            run_name=run_name(number, "running", None, baseline),
+            run_name=run_name(number, "RUNNING", None, baseline, self.unit, "launching"),
             tags={
                 PARENT_TAG: self.parent_run_id,
                 STUDY_TAG: self.study_name,
@@ -112,6 +171,7 @@ class StudyTracker:
             },
         )
         run_id = str(run.info.run_id)
+        self._trials[run_id] = (number, baseline)
         params = {param_name(name, kinds[name]): _text(value) for name, value in config.params.items()}
         params.update(
             {
@@ -127,9 +187,26 @@ class StudyTracker:
         self.client.log_text(run_id, launch_script(launch), "launch.sh")
         return run_id
 
+    def close_interrupted(self, run_id: str) -> None:
+        """Close the run of a trial whose driver died: KILLED, never left RUNNING."""
+        self.client.set_tag(run_id, "autotune.state", "FAIL")
+        self.client.set_tag(run_id, "autotune.failure_kind", "interrupted")
+        self.client.set_tag(run_id, "autotune.phase", "done")
+        trial = self.client.get_run(run_id).data.tags.get(TRIAL_TAG)
+        if trial is not None and trial.isdigit():
+            self.client.set_tag(
+                run_id, RUN_NAME_TAG, run_name(int(trial), "FAIL", None, False, "", "interrupted")
+            )
+        self.client.set_terminated(run_id, status="KILLED")
+
     def set_phase(self, run_id: str, phase: str, seconds: float | None = None) -> None:
-        """Live progress: the trial's current phase, and how long the last one took."""
+        """Live progress: the trial's current phase (also in its run name), and how long the last one took."""
         self.client.set_tag(run_id, "autotune.phase", phase)
+        if run_id in self._trials:
+            number, baseline = self._trials[run_id]
+            self.client.set_tag(
+                run_id, RUN_NAME_TAG, run_name(number, "RUNNING", None, baseline, detail=phase)
+            )
         if seconds is not None:
             self.client.log_metric(run_id, f"phase.{phase}_s", seconds)
 
@@ -149,6 +226,12 @@ class StudyTracker:
         from mlflow.entities import Metric, RunTag
 
         now = _now_ms()
+        kind = tags.get("autotune.failure_kind")
+        extra = {}
+        if kind:
+            extra[NOTE_TAG] = failure_note(
+                state, kind, tags.get("autotune.advice"), tags.get("autotune.failure")
+            )
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())],
@@ -156,12 +239,14 @@ class StudyTracker:
                 RunTag(k, v)
                 for k, v in {
                     **tags,
+                    **extra,
                     "autotune.state": state,
                     "autotune.phase": "done",
-                    RUN_NAME_TAG: run_name(number, state, value, baseline),
+                    RUN_NAME_TAG: run_name(number, state, value, baseline, self.unit, kind),
                 }.items()
             ],
         )
+        self._trials.pop(run_id, None)
         for name, text in artifacts.items():
             self.client.log_text(run_id, text, name)
         status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}.get(state, "KILLED")
@@ -181,7 +266,45 @@ class StudyTracker:
     def log_parent_text(self, text: str, name: str) -> None:
         self.client.log_text(self.parent_run_id, text, name)
 
+    def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
+        """What a person opening the study's parent run sees: the summary and the best config's launch
+        script as its description (every call), and the plots (at most every PLOT_INTERVAL_S seconds
+        unless `force`; close() draws the last ones). Never raises: a broken plot must not stop a study."""
+        self._view = (ostudy, study)
+        self._plots_stale = True
+        try:
+            from autotune.report import study_findings, summary_markdown
+
+            findings = study_findings(study, ostudy)
+            self.client.set_tag(self.parent_run_id, NOTE_TAG, summary_markdown(findings)[:MAX_NOTE_LENGTH])
+            if findings.best_script is not None and findings.best_script != self._best_script:
+                self.client.log_text(self.parent_run_id, findings.best_script, BEST_LAUNCH_SCRIPT)
+                self._best_script = findings.best_script
+        except Exception:  # the study goes on without its summary; the log says why
+            log.warning("could not update the study summary in MLflow", exc_info=True)
+        if force or time.monotonic() - self._plotted_at >= PLOT_INTERVAL_S:
+            self._draw_plots()
+
+    def _draw_plots(self) -> None:
+        if self._view is None:
+            return
+        ostudy, study = self._view
+        self._plots_stale = False
+        try:
+            from autotune.plots import plot_data, save_plots
+
+            data = plot_data(ostudy, self.metric, self.unit, title=study.name)
+            with tempfile.TemporaryDirectory(prefix="autotune-plots-") as folder:
+                for path in save_plots(data, Path(folder)):
+                    self.client.log_artifact(self.parent_run_id, str(path), PLOTS_DIR)
+        except Exception:  # plots are a view of the study, never a reason to stop it
+            log.warning("could not draw the study's plots", exc_info=True)
+        self._plotted_at = time.monotonic()
+
     def close(self, status: str = "FINISHED") -> None:
+        """Draw the last plots (when the study view changed since) and close the parent run."""
+        if self._plots_stale:
+            self._draw_plots()
         self.client.set_terminated(self.parent_run_id, status=status)
 
 

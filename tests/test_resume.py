@@ -1,0 +1,75 @@
+"""Resuming a study: what a dead driver left behind, changed files, the budget across runs."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import load_study
+from autotune.driver import StudyDriver
+from autotune.errors import ConfigError
+from autotune.study_storage import DRIVER_ATTR, finished_count, open_study
+from tests.test_driver import REPO, make_study, model_pool
+
+
+def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(tmp_path: Path) -> None:
+    study = load_study(make_study(tmp_path, 4))
+    StudyDriver(study, pool=model_pool()).run(n_trials=2)
+    ostudy = open_study(study)
+    orphan = ostudy.ask({"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])})
+    # A driver on this host whose process is gone (pid 1 with a start time no process has).
+    orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")
+
+    ostudy = StudyDriver(study, pool=model_pool()).run()
+
+    interrupted = ostudy.trials[orphan.number]
+    assert interrupted.state is TrialState.FAIL
+    assert interrupted.user_attrs["failure_kind"] == "interrupted"
+    retries = [t for t in ostudy.trials if t.user_attrs.get("retry_of") == orphan.number]
+    assert len(retries) == 1 and retries[0].params["NCCL_ALGO"] == interrupted.params["NCCL_ALGO"]
+    assert retries[0].state.is_finished()
+    assert not [t for t in ostudy.trials if t.state is TrialState.RUNNING]
+    assert finished_count(ostudy) == 4  # the interrupted trial does not count against the budget
+
+
+def test_a_trial_of_a_live_driver_is_left_alone(tmp_path: Path) -> None:
+    study = load_study(make_study(tmp_path, 3))
+    ostudy = open_study(study)
+    other = ostudy.ask()
+    other.set_user_attr(DRIVER_ATTR, "another-host:4242:99")  # alive as far as anyone here can tell
+    from autotune.study_storage import claim
+
+    claim(ostudy, other)  # a fresh heartbeat
+    ostudy = StudyDriver(study, pool=model_pool()).run()
+    assert ostudy.trials[other.number].state is TrialState.RUNNING
+    assert finished_count(ostudy) == 2  # the other driver's running trial holds one unit of the budget
+
+
+def test_resuming_with_a_changed_search_space_is_refused_then_accepted(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    shutil.copy(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml", space)
+    path = make_study(tmp_path, 2)
+    path.write_text(
+        path.read_text().replace(str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"), str(space))
+    )
+    StudyDriver(load_study(path), pool=model_pool()).run()
+
+    space.write_text(
+        space.read_text()
+        .replace("low: 0.70, high: 0.95", "low: 0.75, high: 0.95")
+        .replace("  NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring, Tree]}\n", "")
+    )
+    with pytest.raises(ConfigError) as refused:
+        StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3)
+    message = str(refused.value)
+    assert "removed NCCL_ALGO" in message and "changed --mem-fraction-static" in message
+    assert "--accept-changes" in message
+
+    ostudy = StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3, accept_changes=True)
+    assert finished_count(ostudy) == 3
+    assert ostudy.user_attrs["config"]["history"], "the earlier files are kept with the study"
