@@ -53,8 +53,29 @@ def _parser() -> argparse.ArgumentParser:
     best.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     best.add_argument("--export", type=Path, metavar="FILE", help="write the best config's launch script")
 
+    diagnose = add("diagnose", "classify an SGLang server log: what killed it, and what to do")
+    diagnose.add_argument("log_file", type=Path, metavar="LOGFILE")
+    diagnose.add_argument("--json", action="store_true", help="print JSON instead of text")
     validate = add("validate", "check the study files; print the baseline launch")
     validate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+
+    ui = add("ui", "open the MLflow UI on the study's runs (Ctrl-C stops it)")
+    ui.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    ui.add_argument("--port", type=int, help="port to listen on (default: a free one)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    ui.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host beyond loopback (the UI has no login: anyone who reaches it can edit runs)",
+    )
+
+    report = add("report", "write a self-contained HTML report of the study")
+    report.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    report.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for report.html")
+
+    ablate = add("ablate", "run the best config with each changed setting reverted, one trial each")
+    ablate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    ablate.add_argument("--dry-run", action="store_true", help="print the ablation trials; run nothing")
     return parser
 
 
@@ -259,10 +280,118 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from autotune.failures import classify
+    from autotune.logwatch import READY_LINE
+
+    try:
+        text = args.log_file.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(args.log_file, "", str(args.log_file), "cannot read the log", str(exc)) from None
+    # After the ready line, a CUDA out-of-memory error happened under load, not at start.
+    phase = "benchmarking" if READY_LINE in text else "starting"
+    failure = classify(text, phase)
+    if args.json:
+        found = (
+            None
+            if failure is None
+            else {
+                "kind": failure.kind.value,
+                "line": failure.line,
+                "description": failure.description,
+                "advice": failure.advice,
+                "culprits": list(failure.culprits),
+            }
+        )
+        print(json.dumps({"log": str(args.log_file), "phase": phase, "failure": found}, indent=2))
+    elif failure is None:
+        state = "it had served requests" if phase == "benchmarking" else "it never became ready"
+        print(f"{args.log_file}: no known failure pattern ({state})")
+    else:
+        print(f"{args.log_file}: {failure.kind.value}: {failure.description}")
+        print(f"  line:   {failure.line}")
+        print(f"  advice: {failure.advice}")
+    return 0 if failure is None else EXIT_FAILED
+
+
+# -- ui / report / ablate -------------------------------------------------------------------------------
+def cmd_ui(args: argparse.Namespace) -> int:
+    from autotune.ui import REMOTE_WARNING, is_loopback, serve
+
+    study = load_study(args.study_file)
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise ConfigError(
+            args.study_file, "--port", args.port, "not a TCP port", "Use 1..65535, or leave it out."
+        )
+    if not is_loopback(args.host):
+        if not args.allow_remote:
+            raise ConfigError(
+                args.study_file,
+                "--host",
+                args.host,
+                "listening beyond loopback exposes the UI, which has no login",
+                "Add --allow-remote if you mean it, or use an SSH tunnel to 127.0.0.1.",
+            )
+        print(REMOTE_WARNING.format(host=args.host, port=args.port or "PORT"), file=sys.stderr)
+    return serve(study, args.host, args.port)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autotune.report import write_report
+
+    study = load_study(args.study_file)
+    path = write_report(study, _existing_study(study), args.out)
+    print(f"report written to {path}")
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from optuna.trial import TrialState
+
+    from autotune.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
+    from autotune.driver import StudyDriver, finished_count
+
+    study = load_study(args.study_file)
+    ostudy = _existing_study(study)
+    plan = plan_ablation(ostudy)
+    print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
+    for name, value in plan.reverts.items():
+        done = " (already run)" if name in plan.done else ""
+        print(f"  {name} -> {'default' if value is None else to_arg(value)}{done}")
+    for name, why in plan.not_ablated.items():
+        print(f"  {name}: not reverted alone: {why}")
+    if args.dry_run:
+        return 0
+    queued = enqueue_ablation(ostudy, plan)
+    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if waiting:
+        print(
+            f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
+            file=sys.stderr,
+        )
+        ostudy = StudyDriver(study, ConsoleReporter()).run(finished_count(ostudy) + waiting)
+    mark_ablation_runs(study.tracking_uri, ostudy)
+    result = ablation_results(ostudy)
+    if result is not None:
+        metric = study.objective.metric
+        print(f"trial {result.of}: {metric} {result.best_value:.2f}; without each setting:")
+        for row in result.rows:
+            if row.loss is None:
+                print(f"  {row.param:<36} {row.state.lower()} ({row.failure_kind}): needed to run")
+            else:
+                share = f", {row.share_of_gain:.0%} of the gain" if row.share_of_gain is not None else ""
+                print(f"  {row.param:<36} {row.value:.2f} ({-(row.loss_pct or 0.0):+.1f}%{share})")
+    return 0
+
+
 COMMANDS = {
+    "diagnose": cmd_diagnose,
     "run": cmd_run,
     "resume": cmd_run,
     "status": cmd_status,
     "best": cmd_best,
     "validate": cmd_validate,
+    "ui": cmd_ui,
+    "report": cmd_report,
+    "ablate": cmd_ablate,
 }

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from autotune.config import Study
+from autotune.config import NodeSpec, Study
 from autotune.failures import Failure, FailureKind
 from autotune.node import NodeActor, TrialRequest, TrialResult
+from autotune.nodecheck import check_nodes
 
 GPU_NODE_RESOURCE = "gpu_node"
+DISCOVERY_S = 5.0  # how often a discovering pool looks for nodes that joined the cluster
 
 
 class Executor(Protocol):
@@ -113,7 +115,7 @@ def connect_ray(study: Study) -> None:
 
     if ray.is_initialized():
         return
-    address = study.file.ray_address or os.environ.get("RAY_ADDRESS")
+    address = study.file.ray.address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
     if address:
         ray.init(address=address, log_to_driver=False)
@@ -127,24 +129,67 @@ def connect_ray(study: Study) -> None:
 
 
 class RayNodePool(NodePool):
-    """One `NodeActor` per node of the study, each holding the node's `gpu_node` resource."""
+    """One `NodeActor` per node, each holding its node's `gpu_node` resource.
 
-    def __init__(self, study: Study, make_actor: Callable[..., Any] | None = None) -> None:
+    The nodes are the study file's, or, with `ray.discover_nodes`, every node of the cluster that
+    advertises `gpu_node` (checked again every few seconds, so a node that joins later is used).
+    """
+
+    def __init__(self, study: Study) -> None:
         import ray
 
         connect_ray(study)
         self._study = study
-        actor_class = ray.remote(NodeActor)
-        self._make_actor = make_actor or (
-            lambda node: actor_class.options(
-                num_cpus=0, resources={GPU_NODE_RESOURCE: 1}, max_concurrency=2
-            ).remote(node, str(study.workdir / "nodes" / node.name))
-        )
-        self._specs = {node.name: node for node in study.file.nodes}
-        self._actors: dict[str, Any] = {name: self._make_actor(spec) for name, spec in self._specs.items()}
+        self._actor_class = ray.remote(NodeActor)
+        self._discovering = study.file.ray.discover_nodes
+        self._specs: dict[str, NodeSpec] = {}
+        self._placement: dict[str, str] = {}  # node name -> Ray node id, when discovered
+        self._actors: dict[str, Any] = {}
         self._running: dict[Any, Submitted] = {}
+        self._last_discovery = 0.0
+        if self._discovering:
+            self._discover()
+        else:
+            for spec in study.file.nodes:
+                self._specs[spec.name] = spec
+                self._actors[spec.name] = self._new_actor(spec)
+        check_nodes(study.file.server, self._actors)  # before any trial: every problem, with its fix
+
+    def _new_actor(self, spec: NodeSpec) -> Any:
+        options: dict[str, Any] = {"num_cpus": 0, "resources": {GPU_NODE_RESOURCE: 1}, "max_concurrency": 2}
+        if spec.name in self._placement:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                self._placement[spec.name], soft=False
+            )
+        workdir = str(self._study.workdir / "nodes" / spec.name)
+        return self._actor_class.options(**options).remote(spec, workdir)
+
+    def _discover(self) -> None:
+        import ray
+
+        self._last_discovery = time.monotonic()
+        template = self._study.file.nodes[0]
+        for node in ray.nodes():
+            if not node.get("Alive") or node.get("Resources", {}).get(GPU_NODE_RESOURCE, 0) < 1:
+                continue
+            name = f"{node.get('NodeManagerHostname', 'node')}-{node['NodeID'][:8]}"
+            if name in self._actors:
+                continue
+            self._placement[name] = node["NodeID"]
+            self._specs[name] = template.model_copy(update={"name": name})
+            self._actors[name] = self._new_actor(self._specs[name])
+
+    def _node_alive(self, name: str) -> bool:
+        import ray
+
+        node_id = self._placement.get(name)
+        return node_id is None or any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
 
     def idle_nodes(self) -> list[str]:
+        if self._discovering and time.monotonic() - self._last_discovery > DISCOVERY_S:
+            self._discover()
         busy = {s.node for s in self._running.values()}
         return [name for name in self._actors if name not in busy]
 
@@ -167,8 +212,11 @@ class RayNodePool(NodePool):
                 result = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 result = lost(submitted.node, submitted.request, f"the node's actor died: {exc}"[:500])
-                # A new actor takes the node; on start it stops any server the dead one left behind.
-                self._actors[submitted.node] = self._make_actor(self._specs[submitted.node])
+                if self._node_alive(submitted.node):
+                    # A new actor takes the node; on start it stops any server the dead one left behind.
+                    self._actors[submitted.node] = self._new_actor(self._specs[submitted.node])
+                else:
+                    del self._actors[submitted.node]
             finished.append((submitted, result))
         return finished
 

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import optuna
 from pydantic import (
@@ -58,26 +58,58 @@ SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
+SSH_ONLY_FIELDS = ("key_file", "known_hosts", "accept_unknown_host_key", "remote_dir", "connect_timeout_s")
+
+
 class NodeSpec(BaseModel):
-    """A GPU node that runs trials."""
+    """A GPU node that runs trials: `local` (the actor runs on it) or `ssh://user@host:port`.
+
+    For SSH: `key_file` logs in, `known_hosts` holds the node's host key (an unknown key is refused
+    unless `accept_unknown_host_key`), `remote_dir` holds the logs on the node (relative to the login's
+    home). `benchmark_from: node` runs the benchmark on the node, for a port the driver cannot reach.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, Field(min_length=1)]
     address: str = "local"
+    key_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_unknown_host_key: bool = False
+    benchmark_from: Literal["driver", "node"] = "driver"
+    remote_dir: Annotated[str, Field(min_length=1)] = ".autotune"
+    connect_timeout_s: PositiveFloat = 10.0
 
     @field_validator("address")
     @classmethod
     def _supported(cls, address: str) -> str:
         if address == "local":
             return address
-        if address.startswith("ssh://"):
-            raise rule_error(
-                "ssh:// nodes are not supported yet",
-                value=address,
-                fix="Use `address: local` and run autotune on the GPU node itself for now.",
-            )
-        raise rule_error("unknown node address", value=address, fix="Use `address: local`.")
+        if address.startswith("ssh:"):
+            from autotune.ssh import AddressError, parse_ssh_address
+
+            try:
+                parse_ssh_address(address)
+            except AddressError as exc:
+                raise rule_error(exc.problem, value=address, fix=exc.fix) from None
+            return address
+        raise rule_error("unknown node address", value=address, fix="Use `local` or `ssh://user@host:port`.")
+
+    @model_validator(mode="after")
+    def _ssh_fields_need_ssh(self) -> NodeSpec:
+        if self.address == "local":
+            for name in (f for f in SSH_ONLY_FIELDS if f in self.model_fields_set):
+                raise rule_error(
+                    f"{name} only applies to an ssh:// node",
+                    loc=(name,),
+                    value=getattr(self, name),
+                    fix=f"Remove {name}, or set address: ssh://user@host:port.",
+                )
+        return self
+
+    @property
+    def is_ssh(self) -> bool:
+        return self.address != "local"
 
 
 class ServerSpec(BaseModel):
@@ -260,6 +292,25 @@ class Failures(BaseModel):
     )
 
 
+class RaySpec(BaseModel):
+    """The Ray cluster trials run on: a local runtime by default, or an existing cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = Field(
+        default=None, description="ray://host:10001 or host:6379 of an existing cluster (or set RAY_ADDRESS)"
+    )
+    discover_nodes: bool = Field(
+        default=False,
+        description="one node per `gpu_node` resource in the cluster, each running trials locally; "
+        "`nodes` then holds the one template they share",
+    )
+    require_hardware: str | None = Field(
+        default=None,
+        description="use only nodes whose hardware fingerprint contains this text, e.g. '8x NVIDIA H200'",
+    )
+
+
 class StudyFile(BaseModel):
     """The schema of a study YAML file. Paths are relative to the study file's folder."""
 
@@ -277,7 +328,7 @@ class StudyFile(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     never_launch: NeverLaunch = Field(default_factory=NeverLaunch)
     failures: Failures = Field(default_factory=Failures)
-    ray_address: str | None = None
+    ray: RaySpec = Field(default_factory=RaySpec)
 
     @field_validator("study")
     @classmethod
@@ -289,6 +340,17 @@ class StudyFile(BaseModel):
                 fix="Use letters, digits, '_', '.' and '-', e.g. kimi-k2-eagle3.",
             )
         return name
+
+    @model_validator(mode="after")
+    def _one_template_when_discovering(self) -> StudyFile:
+        if self.ray.discover_nodes and (len(self.nodes) != 1 or self.nodes[0].address != "local"):
+            raise rule_error(
+                "with ray.discover_nodes, `nodes` is the one template every discovered node uses",
+                loc=("nodes",),
+                value=[node.name for node in self.nodes],
+                fix="Keep a single `{name: gpu, address: local}` entry: each node runs its trials itself.",
+            )
+        return self
 
     @field_validator("nodes")
     @classmethod
@@ -390,6 +452,7 @@ def load_study(path: Path | str) -> Study:
     search_space = load_search_space(search_space_path)
     objective = load_objective(objective_path)
     _check_against_search_space(path, file, search_space)
+    file = _resolve_node_files(path, file, study_dir)
     workdir = study_dir / WORKDIR_NAME / file.study
     return Study(
         file=file,
@@ -402,6 +465,58 @@ def load_study(path: Path | str) -> Study:
         search_space_path=search_space_path,
         objective_path=objective_path,
     )
+
+
+def _resolve_node_files(path: Path, file: StudyFile, study_dir: Path) -> StudyFile:
+    """SSH nodes' key and known-hosts files as absolute paths (relative ones start at the study's folder),
+    checked to exist; and a server the driver cannot reach refused before any trial."""
+    nodes = []
+    for index, node in enumerate(file.nodes):
+        if not node.is_ssh:
+            nodes.append(node)
+            continue
+        from autotune.ssh import parse_ssh_address
+
+        where = f"nodes[{index}]"
+        update: dict[str, str] = {}
+        if node.key_file is not None:
+            update["key_file"] = str(_absolute(study_dir, node.key_file))
+            if not Path(update["key_file"]).is_file():
+                raise ConfigError(
+                    path,
+                    f"{where}.key_file",
+                    node.key_file,
+                    f"no such file: {update['key_file']}",
+                    "Point key_file at the private key that logs in to the node.",
+                )
+        update["known_hosts"] = str(_absolute(study_dir, node.known_hosts))
+        if not node.accept_unknown_host_key and not Path(update["known_hosts"]).is_file():
+            address = parse_ssh_address(node.address)
+            raise ConfigError(
+                path,
+                f"{where}.known_hosts",
+                node.known_hosts,
+                f"no such file: {update['known_hosts']}, so the node's host key cannot be checked",
+                f"Create it (ssh-keyscan -p {address.port} {address.host} > {update['known_hosts']}, then "
+                "compare the fingerprint with the node's), or set accept_unknown_host_key: true.",
+            )
+        address = parse_ssh_address(node.address)
+        loopback = ("127.0.0.1", "localhost", "::1")
+        if node.benchmark_from == "driver" and file.server.host in loopback and not address.is_loopback:
+            raise ConfigError(
+                path,
+                "server.host",
+                file.server.host,
+                f"the server would listen on the loopback of {node.name}, which the driver cannot reach",
+                "Set server.host: 0.0.0.0 (and let the driver reach the port), or benchmark_from: node.",
+            )
+        nodes.append(node.model_copy(update=update))
+    return file.model_copy(update={"nodes": nodes})
+
+
+def _absolute(study_dir: Path, value: str) -> Path:
+    target = Path(value).expanduser()
+    return target if target.is_absolute() else study_dir / target
 
 
 def _named_file(path: Path, study_dir: Path, field: str, value: str) -> Path:

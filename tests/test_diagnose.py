@@ -1,0 +1,89 @@
+"""`autotune diagnose` on logs the simulated node really wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.runner import free_port
+
+
+def sim_log(tmp_path: Path, *flags: str) -> Path:
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autotune.sim.sglang_server",
+                "--model-path",
+                "/m",
+                "--tp-size",
+                "8",
+                "--port",
+                str(free_port()),
+                *flags,
+            ],
+            env={"SGLANG_SIM_TIME_SCALE": "0.0005", "PATH": "/usr/bin:/bin"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=20,
+            check=False,
+        )
+    return log
+
+
+def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "diagnose", *args], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "evidence"),
+    [
+        (("--mem-fraction-static", "0.55"), "kv_pool_too_small", "Not enough memory"),
+        (("--enable-torch-symm-mem",), "unsupported", "SymmetricMemory is not supported"),
+        (
+            (
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--mem-fraction-static",
+                "0.93",
+                "--cuda-graph-max-bs",
+                "512",
+            ),
+            "cuda_graph_oom",
+            "Capture cuda graph failed",
+        ),
+    ],
+    ids=["kv-pool", "symm-mem", "graph-oom"],
+)
+def test_diagnose_names_the_kind_the_line_and_the_advice(
+    tmp_path: Path, flags: tuple[str, ...], kind: str, evidence: str
+) -> None:
+    log = sim_log(tmp_path, *flags)
+    text = diagnose(str(log))
+    assert text.returncode == 1
+    assert f": {kind}:" in text.stdout and evidence in text.stdout and "advice:" in text.stdout
+    data = json.loads(diagnose(str(log), "--json").stdout)
+    assert data["failure"]["kind"] == kind and evidence in data["failure"]["line"]
+
+
+def test_a_healthy_log_has_no_failure(tmp_path: Path) -> None:
+    log = tmp_path / "ok.log"
+    log.write_text(
+        "[2026-02-27 11:50:37] The server is fired up and ready to roll!\n"
+        "[2026-02-27 11:50:40 TP0] Decode batch [40], #running-req: 4, error_handler=None\n"
+    )
+    result = diagnose(str(log))
+    assert result.returncode == 0 and "no known failure pattern" in result.stdout
+
+
+def test_a_missing_log_is_a_usage_error(tmp_path: Path) -> None:
+    result = diagnose(str(tmp_path / "nope.log"))
+    assert result.returncode == 2 and "nope.log" in result.stderr and "Traceback" not in result.stderr
