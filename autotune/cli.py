@@ -281,7 +281,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from autotune.failures import classify
+    from autotune.failures import Phase, classify
     from autotune.logwatch import READY_LINE
 
     try:
@@ -289,7 +289,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(args.log_file, "", str(args.log_file), "cannot read the log", str(exc)) from None
     # After the ready line, a CUDA out-of-memory error happened under load, not at start.
-    phase = "benchmarking" if READY_LINE in text else "starting"
+    phase: Phase = "benchmarking" if READY_LINE in text else "starting"
     failure = classify(text, phase)
     if args.json:
         found = (
@@ -349,7 +349,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
     from autotune.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
-    from autotune.driver import StudyDriver, finished_count
+    from autotune.driver import StudyDriver
+    from autotune.study_storage import budget_used
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -369,7 +370,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
             file=sys.stderr,
         )
-        ostudy = StudyDriver(study, ConsoleReporter()).run(finished_count(ostudy) + waiting)
+        ostudy = StudyDriver(study, ConsoleReporter()).run(budget_used(ostudy) + waiting)
     mark_ablation_runs(study.tracking_uri, ostudy)
     result = ablation_results(ostudy)
     if result is not None:

@@ -38,7 +38,7 @@ from autotune.study_storage import (
     open_study,
     study_lock,
 )
-from autotune.tracking import StudyTracker
+from autotune.tracking import NullTracker, StudyTracker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -122,10 +122,19 @@ class StudyDriver:
         study: Study,
         reporter: Reporter = _quiet,
         pool: Callable[[Study], NodePool] = RayNodePool,
+        *,
+        sampler: optuna.samplers.BaseSampler | None = None,
+        storage: optuna.storages.BaseStorage | None = None,
+        tracking: bool = True,
     ) -> None:
+        """`sampler` and `storage` replace the study file's; `tracking=False` writes no MLflow runs. The
+        three are for measuring the tuner itself over thousands of model trials (benchmarks/)."""
         self.study = study
         self.reporter = reporter
         self.make_pool = pool
+        self.sampler = sampler
+        self.storage = storage
+        self.tracking = tracking
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
 
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
@@ -134,12 +143,18 @@ class StudyDriver:
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
-        ostudy = open_study(study, accept_changes=accept_changes)
+        ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=self.storage)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
         ostudy.sampler = self.known.sampler(self.base_sampler)
         self.skips = 0
-        tracker = StudyTracker(study.tracking_uri, study.name, study.workdir / "artifacts")
+        tracker = (
+            StudyTracker(
+                study.tracking_uri, study.name, study.workdir / "artifacts", metric=study.objective.metric
+            )
+            if self.tracking
+            else NullTracker()
+        )
         tracker.log_study_files(
             {
                 "study.yaml": study.path.read_text(),
@@ -423,6 +438,7 @@ class StudyDriver:
         tags = {"autotune.best_trial": str(summary["best_trial"])}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
         tracker.update_summary(metrics, tags)
+        tracker.refresh_study_view(ostudy, self.study)  # description, best launch.sh, plots (throttled)
 
 
 def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:

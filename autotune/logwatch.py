@@ -16,6 +16,7 @@ __all__ = [
     "LogFollower",
     "StartupOutcome",
     "StartupStatus",
+    "follow_log",
     "wait_until_ready",
 ]
 
@@ -46,12 +47,20 @@ class LogFollower:
     Only bytes after the last read are read; a partial last line is held back until its newline arrives
     (or `flush()` is called), and a multi-byte character split across reads is decoded whole.
     The file may not exist yet; if it shrinks (truncated or replaced), reading restarts at its start.
+    `reader(offset)` returns the file's size and its bytes from `offset` on; by default it reads `path`
+    here (a server's own `read_log_bytes` also fetches a remote log first: see `follow_log`).
     """
 
-    def __init__(self, path: Path | str, offset: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        offset: int = 0,
+        reader: Callable[[int], tuple[int, bytes]] | None = None,
+    ) -> None:
         self.path = Path(path)
         self._offset = offset
         self._partial = b""
+        self._reader = reader or self._read_file
 
     @property
     def offset(self) -> int:
@@ -76,23 +85,37 @@ class LogFollower:
         return lines
 
     def _read_new(self) -> bytes:
+        size, data = self._reader(self._offset)
+        if size < self._offset:
+            self._offset = 0
+            self._partial = b""
+            size, data = self._reader(0)
+        self._offset += len(data)
+        return data
+
+    def _read_file(self, offset: int) -> tuple[int, bytes]:
         try:
             with open(self.path, "rb") as f:
                 size = f.seek(0, 2)
-                if size < self._offset:
-                    self._offset = 0
-                    self._partial = b""
-                if size == self._offset:
-                    return b""
-                f.seek(self._offset)
+                if size <= offset:
+                    return size, b""
+                f.seek(offset)
                 chunks = []
                 while chunk := f.read(_READ_CHUNK):
                     chunks.append(chunk)
         except FileNotFoundError:
-            return b""
-        data = b"".join(chunks)
-        self._offset += len(data)
-        return data
+            return 0, b""
+        return size, b"".join(chunks)
+
+
+def follow_log(process: ServerProcess, *, from_end: bool = False) -> LogFollower:
+    """A follower of `process`'s own log, from where this process began writing (or from its end now).
+
+    It reads through the process, so a remote server's log is fetched as it grows; reading raises
+    `NodeUnreachableError` when the node stops answering.
+    """
+    offset = process.log_size() if from_end else process.log_offset
+    return LogFollower(process.log_path, offset, reader=process.read_log_bytes)
 
 
 def _decode(line: bytes) -> str:
@@ -146,15 +169,15 @@ def wait_until_ready(
     cause), even if the process keeps running, or as soon as the process exits before ready; the
     failure is classified from the log (UNKNOWN_CRASH with the exit status when no pattern matches).
     TIMEOUT (STARTUP_TIMEOUT) otherwise.
-    Reading starts at `process.log_offset` when `log_path` is the process's own log, else at 0.
+    Reading starts at `process.log_offset` when `log_path` is the process's own log (read through the
+    process, so a remote log is fetched as it grows), else at 0.
     `on_phase` is called once each with "loading", "capturing" and "ready" as they are seen.
     `ready_check` runs once per poll while nothing failed, so it should answer within a fraction of a
     second (an HTTP GET /health with a short timeout). Never stops the process: the caller does.
     """
     start = time.monotonic()
     log_path = Path(log_path)
-    offset = process.log_offset if log_path == process.log_path else 0
-    follower = LogFollower(log_path, offset)
+    follower = follow_log(process) if log_path == process.log_path else LogFollower(log_path)
     lines: list[str] = []
     phase_times: dict[str, float] = {}
     fatal_at: float | None = None

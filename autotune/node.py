@@ -2,26 +2,39 @@
 
 `TrialExecutor` is the lifecycle, written once against a `CommandRunner`; `NodeActor` is the Ray actor
 that owns a node (`gpu_node` resource) and runs one trial there at a time. Neither knows about Optuna:
-they take a `TrialRequest` and return a `TrialResult`.
+they take a `TrialRequest` and return a `TrialResult`. `runner_for` picks how the actor reaches its node:
+a local process where the actor runs on the node itself, SSH where the node's address is ssh://.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Coroutine
+from concurrent.futures import CancelledError, Future
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, benchmark
-from autotune.config import NodeSpec
+from autotune import remote_benchmark
+from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, run_benchmark
+from autotune.config import NodeSpec, ServerSpec
+from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
 from autotune.launch import ServerLaunch
-from autotune.logwatch import LogFollower, wait_until_ready
-from autotune.runner import CommandRunner, LaunchError, LocalCommandRunner, ServerProcess, wait_port_free
+from autotune.logwatch import follow_log, wait_until_ready
+from autotune.nodecheck import NodeReport, benchmark_python, check_node
+from autotune.runner import (
+    CommandRunner,
+    LaunchError,
+    LocalCommandRunner,
+    NodeUnreachableError,
+    ServerProcess,
+)
 
 # SGLang needs 10 to 15 s to stop cleanly before the process group is killed.
 STOP_GRACE_S = 15.0
@@ -69,15 +82,27 @@ class TrialResult:
 
 
 class TrialExecutor:
-    """Runs trials through a command runner, phase by phase; the server never outlives its trial."""
+    """Runs trials through a command runner, phase by phase; the server never outlives its trial.
+
+    The benchmark runs here against `runner.url_for(launch)`, or with `benchmark_on_node` on the node
+    itself through the runner (`python -m autotune.remote_benchmark`), for nodes whose port this machine
+    cannot reach. A node that stops answering fails the trial as NODE_UNREACHABLE.
+    """
 
     def __init__(
-        self, node: str, runner: CommandRunner, workdir: Path, port_wait_s: float = PORT_FREE_TIMEOUT_S
+        self,
+        node: str,
+        runner: CommandRunner,
+        workdir: Path,
+        port_wait_s: float = PORT_FREE_TIMEOUT_S,
+        *,
+        benchmark_on_node: bool = False,
     ) -> None:
         self.node = node
         self.runner = runner
         self.workdir = workdir
         self.port_wait_s = port_wait_s
+        self.benchmark_on_node = benchmark_on_node
         self.phase = "idle"
         self._phase_lock = threading.Lock()
         self._process: ServerProcess | None = None
@@ -99,13 +124,17 @@ class TrialExecutor:
         except LaunchError as exc:
             failure = Failure(FailureKind.LAUNCH_ERROR, exc.reason, "launch", FailureKind.LAUNCH_ERROR.advice)
             result = self._result(request, None, failure, log_path)
+        except NodeUnreachableError as exc:
+            failure = Failure.of(FailureKind.NODE_UNREACHABLE, exc.reason, str(exc))
+            result = self._result(request, None, failure, log_path)
         finally:
             self._enter("stopping")
             if self._process is not None:
-                self._process.stop(grace_s=STOP_GRACE_S)
-                wait_port_free(request.launch.host, request.launch.port, self.port_wait_s)
+                self._teardown(self._process, request.launch)
                 self._process = None
             self._enter("idle")
+        # Read after teardown: the log is whole now (a remote one fetched), shutdown lines included.
+        result = replace(result, log=_tail(log_path))
         if self._aborted.is_set():
             kind = FailureKind.INTERRUPTED
             return replace(
@@ -120,19 +149,29 @@ class TrialExecutor:
         if process is not None:
             process.stop(grace_s=STOP_GRACE_S)
 
+    def _teardown(self, process: ServerProcess, launch: ServerLaunch) -> None:
+        """Stop the server's group, fetch the rest of its log, wait for its port; the node may be gone."""
+        process.stop(grace_s=STOP_GRACE_S)  # a remote runner remembers a server it cannot reach
+        try:
+            process.fetch_log()
+            self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s)
+        except NodeUnreachableError:
+            pass  # the trial already failed as unreachable, or the next one will
+
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
         launch = request.launch
-        if not wait_port_free(launch.host, launch.port, self.port_wait_s):
+        if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
         return self.runner.start(launch.argv, launch.env, log_path)
 
     def _run_launched(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
         started = time.monotonic()
         self._enter("starting")
+        url = self.runner.url_for(request.launch)
         outcome = wait_until_ready(
             process,
             log_path,
-            lambda: _health_ok(request.launch.base_url),
+            None if self.benchmark_on_node else lambda: _health_ok(url),  # the ready line says it there
             request.startup_timeout_s,
             on_phase=self._enter,
         )
@@ -164,25 +203,27 @@ class TrialExecutor:
     def _benchmark_watched(
         self, request: TrialRequest, process: ServerProcess, log_path: Path
     ) -> tuple[BenchmarkResult | None, Failure | None]:
-        """Benchmark in a thread while this one watches the server: a death or fatal line ends it early."""
-        follower = LogFollower(log_path, offset=log_path.stat().st_size if log_path.exists() else 0)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="benchmark") as pool:
-            future: Future[BenchmarkResult] = pool.submit(
-                benchmark,
-                request.launch.base_url,
-                request.workload,
-                request.benchmark_timeout_s,
-                request.seed,
-            )
-            while not future.done():
-                new_lines = follower.poll_new_lines()
-                died = process.poll() is not None
-                failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
-                if died or failure:
-                    process.stop(grace_s=STOP_GRACE_S)  # the client's requests fail fast from here on
-                    future.exception()
-                    return None, self._died(log_path, process)
-                time.sleep(WATCH_POLL_S)
+        """Benchmark in a thread while this one watches the server: a death or fatal line ends it early.
+
+        When the node stops answering, the benchmark is cancelled (its requests must not outlive the
+        trial) and NodeUnreachableError propagates.
+        """
+        follower = follow_log(process, from_end=True)
+        with _BenchmarkThread(self._benchmark_job(request)) as job:
+            future = job.future
+            try:
+                while not future.done():
+                    new_lines = follower.poll_new_lines()
+                    died = process.poll() is not None
+                    failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
+                    if died or failure:
+                        process.stop(grace_s=STOP_GRACE_S)  # the client's requests fail fast from here on
+                        future.exception()
+                        return None, self._died(log_path, process)
+                    time.sleep(WATCH_POLL_S)
+            except NodeUnreachableError:
+                job.cancel()
+                raise
             try:
                 return future.result(), None
             except BenchmarkError as exc:
@@ -194,6 +235,30 @@ class TrialExecutor:
                     return None, known
                 kind = FailureKind.BENCHMARK_ERROR
                 return None, Failure(kind, exc.first_error or str(exc), str(exc), kind.advice)
+
+    def _benchmark_job(self, request: TrialRequest) -> Coroutine[Any, Any, BenchmarkResult]:
+        launch = request.launch
+        if not self.benchmark_on_node:
+            url = self.runner.url_for(launch)
+            return run_benchmark(
+                url, request.workload, timeout_s=request.benchmark_timeout_s, seed=request.seed
+            )
+        argv = remote_benchmark.command(
+            benchmark_python(launch.argv),
+            _node_local_url(launch),
+            request.workload,
+            request.benchmark_timeout_s,
+            request.seed,
+        )
+
+        def on_node() -> BenchmarkResult:
+            try:
+                done = self.runner.run(argv, launch.env, request.benchmark_timeout_s + 60)
+            except TimeoutError as exc:
+                raise BenchmarkError(f"did not finish on the node ({exc})") from None
+            return remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr)
+
+        return asyncio.to_thread(on_node)
 
     def _died(self, log_path: Path, process: ServerProcess) -> Failure:
         found = classify(process.read_log(), "benchmarking")
@@ -224,6 +289,50 @@ class TrialExecutor:
         )
 
 
+class _BenchmarkThread:
+    """A benchmark coroutine on an event loop of its own thread, so that another thread can cancel it."""
+
+    def __init__(self, job: Coroutine[Any, Any, BenchmarkResult]) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="benchmark", daemon=True)
+        self._thread.start()
+        self.future: Future[BenchmarkResult] = asyncio.run_coroutine_threadsafe(job, self._loop)
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+    def __enter__(self) -> _BenchmarkThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.future.exception()  # wait for the end (a cancelled job ends at its next await)
+        except CancelledError:
+            pass
+        # Let cancelled tasks finish their clean-up (closing the HTTP session) before the loop closes.
+        pending = asyncio.run_coroutine_threadsafe(_settle(), self._loop)
+        try:
+            pending.result(timeout=10)
+        except Exception:  # clean-up errors of a cancelled benchmark change nothing about the trial
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+async def _settle() -> None:
+    """Wait for every other task of the running loop to finish."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    await asyncio.gather(*others, return_exceptions=True)
+
+
+def _node_local_url(launch: ServerLaunch) -> str:
+    """The server's URL from the node itself (a server listening on every address, via loopback)."""
+    host = "127.0.0.1" if launch.host in ("0.0.0.0", "::", "") else launch.host
+    return ServerLaunch(launch.argv, launch.env, host, launch.port).base_url
+
+
 def _health_ok(base_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
@@ -242,9 +351,38 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def runner_for(node: NodeSpec) -> CommandRunner:
-    """The command runner that reaches `node` from where this actor runs."""
-    return LocalCommandRunner()
+def runner_for(node: NodeSpec, workdir: Path | None = None) -> CommandRunner:
+    """The command runner that reaches `node` from where this actor runs; `workdir` holds its local logs.
+
+    `address: local`: the actor runs on the GPU node itself (a Ray worker there) and starts processes.
+    `address: ssh://...`: the actor runs on the driver's host and reaches the node over SSH; the node's
+    logs go under its `remote_dir`, in the same layout as the driver's `.autotune/<study>/nodes/<node>`.
+    """
+    if node.address == "local":
+        return LocalCommandRunner()
+    from autotune.ssh import SSHCommandRunner, parse_ssh_address
+
+    remote_dir = node.remote_dir
+    if workdir is not None:
+        parts = Path(workdir).parts
+        tail = parts[len(parts) - parts[::-1].index(WORKDIR_NAME) :] if WORKDIR_NAME in parts else parts[-1:]
+        remote_dir = "/".join([remote_dir.rstrip("/"), *tail])
+    return SSHCommandRunner(
+        parse_ssh_address(node.address),
+        name=node.name,
+        key_file=node.key_file,
+        known_hosts=node.known_hosts,
+        accept_unknown_host_key=node.accept_unknown_host_key,
+        remote_dir=remote_dir,
+        local_root=Path(workdir) if workdir is not None else None,
+        connect_timeout_s=node.connect_timeout_s,
+    )
+
+
+def _log_dir(runner: CommandRunner, workdir: Path) -> str:
+    """Where `runner` keeps the node's logs, as a path on the node."""
+    remote_path = getattr(runner, "remote_path", None)
+    return str(remote_path(workdir / "x").parent) if remote_path is not None else str(workdir)
 
 
 class NodeActor:
@@ -255,7 +393,32 @@ class NodeActor:
     """
 
     def __init__(self, node: NodeSpec, workdir: str) -> None:
-        self._executor = TrialExecutor(node.name, runner_for(node), Path(workdir))
+        self._node = node
+        self._workdir = Path(workdir)
+        self._executor = TrialExecutor(
+            node.name,
+            runner_for(node, self._workdir),
+            self._workdir,
+            benchmark_on_node=node.benchmark_from == "node",
+        )
+
+    def check(self, server: ServerSpec) -> NodeReport:
+        """The pre-flight check of this node for `server` (see `autotune.nodecheck`)."""
+        runner = self._executor.runner
+        try:
+            log_dir = _log_dir(runner, self._workdir)
+        except NodeUnreachableError:
+            log_dir = str(self._workdir)  # check_node reports why the node cannot be reached
+        return check_node(
+            self._node.name,
+            runner,
+            command=server.command,
+            env=server.env,
+            host=server.host,
+            port=server.port,
+            log_dir=log_dir,
+            benchmark_on_node=self._executor.benchmark_on_node,
+        )
 
     def run_trial(self, request: TrialRequest) -> TrialResult:
         return self._executor.run(request)

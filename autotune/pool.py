@@ -121,6 +121,7 @@ def connect_ray(study: Study) -> None:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(
+            address="local",  # a runtime of our own, never another session's cluster on this machine
             num_cpus=max(2, os.cpu_count() or 2),
             resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
             include_dashboard=False,

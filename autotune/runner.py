@@ -1,8 +1,8 @@
 """Where commands run: start a long-running server in its own process group, stop the whole group.
 
 `CommandRunner` is the interface the launch logic is written against once; `LocalCommandRunner` runs on
-this machine (the simulated node, or a GPU box the driver sits on). An SSH runner joins later with the
-same interface, so nothing here outside the `Local*` classes assumes a local process.
+this machine (the simulated node, or a GPU box the driver sits on), `autotune.ssh.SSHCommandRunner` on a
+node reached over SSH. Nothing here outside the `Local*` classes assumes a local process.
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.launch import ServerLaunch
 
 __all__ = [
+    "CommandResult",
     "CommandRunner",
     "LaunchError",
     "LocalCommandRunner",
     "LocalServerProcess",
+    "NodeUnreachableError",
     "ServerProcess",
     "free_port",
     "port_is_free",
@@ -43,6 +47,30 @@ class LaunchError(AutotuneError):
         self.argv = list(argv)
         self.reason = reason
         super().__init__(f"could not launch {self.argv!r}: {reason}")
+
+
+class NodeUnreachableError(AutotuneError):
+    """The node stopped answering (or refused us): its connection was lost, refused or timed out.
+
+    `fix` says what to check; `transient` is False when trying again cannot help (a refused host key
+    or login). A trial that meets it says nothing about its settings.
+    """
+
+    def __init__(self, node: str, reason: str, fix: str = "", *, transient: bool = True) -> None:
+        self.node = node
+        self.reason = reason
+        self.fix = fix or "Check the network and that sshd runs on the node."
+        self.transient = transient
+        super().__init__(f"node {node} unreachable: {reason}. {self.fix}")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A short command's exit status and output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
 class ServerProcess(ABC):
@@ -76,14 +104,38 @@ class ServerProcess(ABC):
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the group, SIGKILL it after `grace_s`, reap; idempotent. Returns the exit status."""
 
-    def read_log(self) -> str:
-        """Return what this process wrote to its log so far (earlier content of the file excluded)."""
+    def fetch_log(self) -> None:
+        """Make `log_path` on this machine hold all the server has written so far.
+
+        A local process writes there itself; a remote one copies the new bytes over from the node
+        (raising `NodeUnreachableError` when it cannot).
+        """
+        return None
+
+    def read_log_bytes(self, offset: int) -> tuple[int, bytes]:
+        """Fetch the log, then return its size and its bytes from `offset` on ((0, b"") before it exists)."""
+        self.fetch_log()
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(self.log_offset)
-                return f.read().decode("utf-8", errors="replace")
+                size = f.seek(0, 2)
+                if size <= offset:
+                    return size, b""
+                f.seek(offset)
+                return size, f.read()
         except FileNotFoundError:
-            return ""
+            return 0, b""
+
+    def log_size(self) -> int:
+        """Fetch the log, then return its size in bytes (0 before it exists)."""
+        self.fetch_log()
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read_log(self) -> str:
+        """Return what this process wrote to its log so far (earlier content of the file excluded)."""
+        return self.read_log_bytes(self.log_offset)[1].decode("utf-8", errors="replace")
 
 
 class CommandRunner(ABC):
@@ -108,6 +160,31 @@ class CommandRunner(ABC):
     @abstractmethod
     def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
         """Start the validated command; subclasses implement this."""
+
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 60.0
+    ) -> CommandResult:
+        """Run a short command to its end (with os.environ + `env` where it runs) and return its output.
+
+        A command that is not found exits 127, as in a shell. Raises `NodeUnreachableError` when the
+        machine does not answer, `TimeoutError` after `timeout_s`.
+        """
+        argv = list(argv)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"`argv` must be a non-empty sequence of str, but got {argv!r}.")
+        return self._run(argv, dict(env or {}), timeout_s)
+
+    @abstractmethod
+    def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:
+        """Run the validated short command; subclasses implement this."""
+
+    def wait_port_free(self, host: str, port: int, timeout_s: float) -> bool:
+        """Wait until a server could listen on (host, port) where commands run; False after `timeout_s`."""
+        return wait_port_free(host, port, timeout_s)
+
+    def url_for(self, launch: ServerLaunch) -> str:
+        """The URL at which this machine reaches the server `launch` starts."""
+        return launch.base_url
 
 
 class LocalServerProcess(ServerProcess):
@@ -233,6 +310,28 @@ class LocalCommandRunner(CommandRunner):
                 ) from e
         # The child holds its own copy of the log descriptor; ours is closed by the with-block.
         return LocalServerProcess(popen, log_path, offset)
+
+    def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:
+        try:
+            done = subprocess.run(
+                argv,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except FileNotFoundError as e:
+            return CommandResult(127, "", f"command not found: {e.filename or argv[0]}")
+        except PermissionError as e:
+            return CommandResult(126, "", f"not executable: {e.filename or argv[0]}")
+        except subprocess.TimeoutExpired as e:
+            raise TimeoutError(f"{argv[0]} did not finish within {timeout_s:g} s") from e
+        return CommandResult(
+            done.returncode,
+            done.stdout.decode("utf-8", errors="replace"),
+            done.stderr.decode("utf-8", errors="replace"),
+        )
 
 
 def _sockaddr(host: str, port: int) -> tuple[socket.AddressFamily, Any]:

@@ -102,15 +102,22 @@ def config_changes(recorded: dict[str, Any], study: Study) -> list[str]:
     return changes
 
 
-def open_study(study: Study, *, accept_changes: bool = False) -> optuna.Study:
+def open_study(
+    study: Study,
+    *,
+    accept_changes: bool = False,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> optuna.Study:
     """Create the Optuna study (trial 0: the baseline) or load it to continue with the same settings.
 
     Resuming with a changed search space or objective raises ConfigError saying what changed, unless
-    `accept_changes`, which records the new files with the study.
+    `accept_changes`, which records the new files with the study. `sampler` and `storage` replace the
+    study file's (e.g. Optuna's InMemoryStorage, where nothing needs to outlive the process).
     """
     study.ensure_workdir()  # the default SQLite file lives there
-    storage = rdb_storage(study.storage)
-    sampler = study.file.sampler.build()
+    storage = storage if storage is not None else rdb_storage(study.storage)
+    sampler = sampler if sampler is not None else study.file.sampler.build()
     try:
         ostudy = optuna.create_study(
             storage=storage, study_name=study.name, direction=study.objective.goal, sampler=sampler

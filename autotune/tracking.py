@@ -2,7 +2,7 @@
 
 The driver is the only writer. Child runs are created when a trial starts (so a running trial shows in
 the UI with its phase) and finished with its state; a retried trial gets a new run, since MLflow params
-are immutable. Run names read at a glance in the run list (`trial 004 · PRUNED · kv_pool_too_small`);
+are immutable. Run names read at a glance in the run list (`#004 · PRUNED · kv_pool_too_small`);
 a run's description (MLflow's note) says why it failed and what to try; the parent run's description is
 the study summary with the best config's launch script, and its artifacts hold the study's plots,
 redrawn as the study goes (at most every PLOT_INTERVAL_S seconds, and once more when it closes).
@@ -72,14 +72,13 @@ def run_name(
     unit: str = "tok/s",
     detail: str | None = None,
 ) -> str:
-    """A child run's name, readable at a glance in the run list: the trial, its state, and its value (when
-    it completed) or `detail` (the failure kind, or a running trial's phase)."""
-    parts = [f"trial {number:03d}" + (" baseline" if baseline else ""), state.upper()]
+    """A child run's name, readable at a glance in the run list (which cuts names short): the trial number,
+    then its value when it completed (`#005 · 212.4 tok/s · COMPLETE`), else its state and `detail`, the
+    failure kind or a running trial's phase (`#003 · PRUNED · kv_pool_too_small`)."""
+    label = f"#{number:03d}" + (" baseline" if baseline else "")
     if state.upper() == "COMPLETE" and value is not None:
-        parts.append(f"{value:.1f} {unit}".strip())
-    elif detail:
-        parts.append(detail)
-    return " · ".join(parts)
+        return " · ".join([label, f"{value:.1f} {unit}".strip(), "COMPLETE"])
+    return " · ".join([label, state.upper(), *([detail] if detail else [])])
 
 
 def failure_note(state: str, kind: str, advice: str | None, line: str | None) -> str:
@@ -306,6 +305,62 @@ class StudyTracker:
         if self._plots_stale:
             self._draw_plots()
         self.client.set_terminated(self.parent_run_id, status=status)
+
+
+class NullTracker(StudyTracker):
+    """Records nothing: for studies run by the thousand on model nodes, to measure the tuner itself.
+
+    Each public method of StudyTracker that the driver calls is overridden here; a new one must be too.
+    """
+
+    def __init__(self) -> None:  # no MLflow client, store or parent run
+        self.study_name = ""
+
+    def log_study_files(self, files: Mapping[str, str]) -> None:
+        pass
+
+    def start_trial(
+        self,
+        number: int,
+        config: TrialConfig,
+        kinds: Mapping[str, str],
+        launch: ServerLaunch,
+        baseline: bool,
+        node: str,
+    ) -> str:
+        return ""
+
+    def close_interrupted(self, run_id: str) -> None:
+        pass
+
+    def set_phase(self, run_id: str, phase: str, seconds: float | None = None) -> None:
+        pass
+
+    def finish_trial(
+        self,
+        run_id: str,
+        *,
+        number: int,
+        state: str,
+        value: float | None,
+        baseline: bool,
+        metrics: Mapping[str, float],
+        tags: Mapping[str, str],
+        artifacts: Mapping[str, str],
+    ) -> None:
+        pass
+
+    def update_summary(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
+        pass
+
+    def log_parent_text(self, text: str, name: str) -> None:
+        pass
+
+    def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
+        pass
+
+    def close(self, status: str = "FINISHED") -> None:
+        pass
 
 
 def _text(value: Any) -> str:

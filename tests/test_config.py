@@ -330,10 +330,10 @@ def test_wrong_type(project: Path) -> None:
     assert error.field == "server.port" and error.value == "thirty" and "whole number" in error.problem
 
 
-def test_ssh_node_not_supported_yet(project: Path) -> None:
-    error = _study_error(project, _study_data(nodes=[{"name": "gpu1", "address": "ssh://me@gpu1"}]))
-    assert error.field == "nodes[0].address" and error.value == "ssh://me@gpu1"
-    assert "not supported yet" in error.problem and "address: local" in error.fix
+def test_ssh_node_needs_a_user(project: Path) -> None:
+    error = _study_error(project, _study_data(nodes=[{"name": "gpu1", "address": "ssh://gpu1"}]))
+    assert error.field == "nodes[0].address" and error.value == "ssh://gpu1"
+    assert "no user" in error.problem and "ssh://user@host:port" in error.fix
 
 
 def test_unknown_node_address(project: Path) -> None:

@@ -13,7 +13,8 @@ from autotune.config import load_study
 from autotune.driver import StudyDriver, finished_count, study_summary
 from autotune.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
-from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.sim.predict import predict
+from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,9 +45,13 @@ def model_pool(nodes: int = 1):
 
 
 @pytest.fixture(scope="module")
-def study_of_30(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
-    path = make_study(tmp_path_factory.mktemp("driver"), 30, failures={"oom_penalty": -1.0})
-    return StudyDriver(load_study(path), pool=model_pool(nodes=2)).run()
+def study_of_30_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_study(tmp_path_factory.mktemp("driver"), 30, failures={"oom_penalty": -1.0})
+
+
+@pytest.fixture(scope="module")
+def study_of_30(study_of_30_path: Path) -> optuna.Study:
+    return StudyDriver(load_study(study_of_30_path), pool=model_pool(nodes=2)).run()
 
 
 def test_budget_counts_trials_run_on_nodes(study_of_30: optuna.Study) -> None:
@@ -54,11 +59,19 @@ def test_budget_counts_trials_run_on_nodes(study_of_30: optuna.Study) -> None:
     assert all(t.state.is_finished() for t in study_of_30.trials)
 
 
-def test_trial_zero_is_the_baseline_with_no_tuned_setting(study_of_30: optuna.Study) -> None:
+def test_trial_zero_is_the_baseline_with_no_tuned_setting(
+    study_of_30: optuna.Study, study_of_30_path: Path
+) -> None:
     first = study_of_30.trials[0]
     assert first.user_attrs["baseline"] is True and first.params == {}
     assert first.state is TrialState.COMPLETE
-    assert first.value == pytest.approx(82.0, rel=0.05)  # the seed's baseline on the model
+    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    w = load_study(study_of_30_path).objective.workload
+    workload = StandardWorkload(
+        num_prompts=w.num_prompts, input_len=w.input_len, output_len=w.output_len, concurrency=w.concurrency
+    )
+    expected = predict(hw, model, ["--tp-size", "8"], {}, workload).output_throughput
+    assert first.value == pytest.approx(expected)  # the model's answer for SGLang's defaults
 
 
 def test_oom_is_pruned_with_the_penalty_and_an_infeasible_constraint(study_of_30: optuna.Study) -> None:

@@ -1,4 +1,4 @@
-"""The analysis notebook runs top to bottom against a finished study."""
+"""The analysis notebook runs top to bottom against a finished study and shows its tables and plots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "study_analysis.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analyze_study.ipynb"
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +24,19 @@ def test_analysis_notebook_runs_on_a_finished_study(finished_study, monkeypatch)
         kernel_name="python3",
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     ).execute()
+    outputs = [
+        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+    ]
     text = "\n".join(
-        output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
+        output.get("text", "") + str(output.get("data", {}).get("text/plain", "")) for output in outputs
     )
     assert "study e2e:" in text
     assert "baseline output_throughput:" in text
     assert "best output_throughput:" in text
+    assert "#!/usr/bin/env bash" in text  # how to launch the best config
+    assert "trial runs in MLflow experiment 'e2e'" in text
+    assert "#000 baseline" in text  # the MLflow run names, joined to the trials
+    assert "what to try:" in text  # failures with their advice
+    assert "no ablation yet: run `autotune ablate" in text
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 4, "the plots are shown inline"

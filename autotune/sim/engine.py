@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotune.sim.model import NodeModel
+    from autotune.sim.model import MemoryPlan, NodeModel
 
 # SGLang reserves part of each request's remaining output when admitting (its new_token_ratio).
 NEW_TOKEN_RATIO = 0.3
@@ -65,8 +65,7 @@ class Engine:
 
     def add(self, rid: str, input_len: int, max_new_tokens: int) -> bool:
         """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it."""
-        plan = self.node.plan
-        limit = min(plan.context_len, plan.kv_tokens) - 1  # SGLang's max_req_input_len
+        limit = max_input_len(self.node.plan)
         input_len = max(1, input_len)
         if input_len >= limit:
             self._rejected.append(rid)  # reported by the next step, as SGLang answers with an abort
@@ -164,6 +163,19 @@ class Engine:
             victim.prefilled = victim.generated = 0
             victim.accept_credit = 0.0
             self.waiting.appendleft(victim)
+
+
+def max_input_len(plan: MemoryPlan) -> int:
+    """SGLang's max_req_input_len: the longest prompt the context and the KV pool can take."""
+    return min(plan.context_len, plan.kv_tokens) - 1
+
+
+def input_too_long(prompt_tokens: int, plan: MemoryPlan) -> str:
+    """The abort message SGLang answers a request whose prompt is longer than `max_input_len`."""
+    return (
+        f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
+        f"({max_input_len(plan)} tokens). Use a shorter input or enable --allow-auto-truncate."
+    )
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,29 @@ def captured_batch_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def accept_length(accept_rate: float, steps: int, topk: int, num_draft_tokens: int) -> float:
+    """Expected tokens per verify pass of an EAGLE tree: the bonus token plus the accepted draft depth.
+
+    SGLang verifies only the `num_draft_tokens - 1` best draft nodes. Each depth needs one node to be
+    reached; nodes left over widen the shallowest depths first (up to `topk` candidates each). The best
+    candidate is accepted with `accept_rate`, each lower-ranked one half as often, so a depth with `w`
+    candidates is accepted with 1 - (1 - p) * (1 - p / 2) ** (w - 1). A chain (topk 1) gets
+    1 + sum(p ** i).
+    """
+    budget = max(num_draft_tokens - 1, 0)
+    widths = [1] * min(steps, budget)
+    budget -= len(widths)
+    for depth in range(len(widths)):
+        extra = min(topk - 1, budget)
+        widths[depth] += extra
+        budget -= extra
+    expected, reach = 1.0, 1.0
+    for width in widths:
+        reach *= 1 - (1 - accept_rate) * (1 - accept_rate / 2) ** (width - 1)
+        expected += reach
+    return expected
+
+
 def _traceback(frames: list[tuple[str, int, str, str]], error: str) -> list[str]:
     lines = ["Traceback (most recent call last):"]
     for path, line, func, code in frames:
@@ -231,11 +254,7 @@ class NodeModel:
         if topk == 1:
             tokens = steps + 1  # SGLang forces a chain: one draft token per step plus the bonus token
         tokens = tokens or steps + 1
-        # A tree of topk branches raises each depth's acceptance; the draft-token budget caps the depth.
-        p = 1 - (1 - draft.accept_rate) ** (1 + 0.45 * math.log2(topk))
-        depth = min(steps, tokens - 1)
-        accept = 1 + sum(p**i for i in range(1, depth + 1))
-        return SpecSettings(steps, topk, tokens, accept)
+        return SpecSettings(steps, topk, tokens, accept_length(draft.accept_rate, steps, topk, tokens))
 
     def _custom_allreduce_enabled(self) -> bool:
         s, hw = self.settings, self.hw
@@ -325,6 +344,9 @@ class NodeModel:
         if self.tp == 1:
             return 0.0
         launch = 0.0 if in_graph else 2 * self.hw.kernel_launch_us
+        if not in_graph and self.nccl_link()[0] != "p2p":
+            # Eager collectives over host memory wait on NCCL's proxy thread; a graph pre-posts its work.
+            launch += self.hw.proxy_wait_us
         if self.custom_allreduce and nbytes < CUSTOM_ALLREDUCE_MAX_BYTES:
             return self.hw.custom_allreduce_us * (1 + nbytes / (512 * 1024)) + launch
         cost = self.nccl_allreduce_us(nbytes)
@@ -572,11 +594,17 @@ class NodeModel:
         backend = self.settings.attention_backend or self.model.default_attention_backend
         return {"triton": 1.18, "fa3": 0.9, "flashinfer": 1.0}.get(backend, 1.05)
 
-    def forward_s(self, tokens: int, context_tokens: int, in_graph: bool) -> float:
-        """One target-model forward over `tokens` new tokens attending to `context_tokens` in all."""
+    def forward_s(
+        self, tokens: int, context_tokens: int, in_graph: bool, routed_tokens: float | None = None
+    ) -> float:
+        """One target-model forward over `tokens` new tokens attending to `context_tokens` in all.
+
+        `routed_tokens` is how many independently routed tokens the MoE layers see (fewer than `tokens`
+        when several come from one sequence, as a verify pass's draft tokens do)."""
         m, hw = self.model, self.hw
         if m.num_experts:
-            distinct = m.num_experts * (1 - (1 - m.experts_per_token / m.num_experts) ** tokens)
+            routed = tokens if routed_tokens is None else routed_tokens
+            distinct = m.num_experts * (1 - (1 - m.experts_per_token / m.num_experts) ** routed)
             read_gb = m.dense_read_gb + distinct * m.expert_gb
         else:
             read_gb = m.dense_read_gb
@@ -601,20 +629,25 @@ class NodeModel:
         draft = self.model.draft
         assert draft is not None  # _resolve_spec returns None without a draft profile
         in_graph = self._in_graph(batch)
+        verify_in_graph = in_graph and draft.verify_in_cuda_graph
         ar_bytes = batch * self.spec.topk * self.model.hidden_size * 2
         draft_step_s = draft.step_ms * 1e-3 * (1 + 0.03 * batch * self.spec.topk)
         draft_step_s += draft.allreduces_per_step * self.allreduce_us(ar_bytes, in_graph) * 1e-6
         verify_tokens = batch * self.spec.num_draft_tokens
-        verify_s = self.forward_s(verify_tokens, context_tokens + verify_tokens, in_graph)
+        # Draft tokens of one sequence follow its context, so they mostly route to the same experts.
+        routed = batch * (1 + (self.spec.num_draft_tokens - 1) * draft.routing_overlap)
+        verify_s = self.forward_s(verify_tokens, context_tokens + verify_tokens, verify_in_graph, routed)
         return (self.spec.num_steps + 1) * draft_step_s + verify_s
 
     def verify_allreduce_s(self, batch: int) -> float:
         """Time the verify pass spends in all-reduces at `batch` (0 without speculation)."""
         if not self.spec:
             return 0.0
+        assert self.model.draft is not None  # no spec without a draft profile
+        in_graph = self._in_graph(batch) and self.model.draft.verify_in_cuda_graph
         tokens = batch * self.spec.num_draft_tokens
         count = self.model.num_layers * self.model.allreduces_per_layer
-        return count * self.allreduce_us(tokens * self.model.hidden_size * 2, self._in_graph(batch)) * 1e-6
+        return count * self.allreduce_us(tokens * self.model.hidden_size * 2, in_graph) * 1e-6
 
     def prefill_step_s(self, tokens: int, context_tokens: int) -> float:
         """One prefill (extend) batch of `tokens` new tokens; prefill is not graph-captured."""

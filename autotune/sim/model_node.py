@@ -2,8 +2,10 @@
 
 `ModelExecutor` takes the same `TrialRequest` a real node takes (the launch's argv and env, the
 objective's workload), asks `predict` what SGLang would do, and returns the `TrialResult` a real node
-would: a benchmark result, or the failure classified from SGLang's own message by the same pattern
-table. No process, no sleep: thousands of trials a minute.
+would: a benchmark result, or the failure classified by the same pattern table from what the real node
+reads (the server's whole traceback, or the benchmark's first error). No process, no sleep: thousands of
+trials a minute. Its `startup_s` and `benchmark_s` are the model's seconds, so a caller can count the node
+time a study would have spent.
 """
 
 from __future__ import annotations
@@ -11,10 +13,29 @@ from __future__ import annotations
 from autotune.benchmark import BenchmarkResult
 from autotune.failures import Failure, FailureKind, classify
 from autotune.node import TrialRequest, TrialResult
+from autotune.sim.engine import input_too_long
+from autotune.sim.model import NodeModel
 from autotune.sim.predict import predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 
 _SERVER_FLAGS_START = "--model-path"
+
+
+def startup_seconds(node: NodeModel) -> float:
+    """Model seconds from launch until the server is ready, or until it dies of its start-up failure:
+    the simulated server's timeline (init, weight load, KV pool, graph capture)."""
+    failure = node.startup_failure
+    phase = failure.phase if failure is not None else None
+    init, load, capture = node.init_seconds, node.load_seconds, node.capture_seconds
+    if phase == "init":
+        return init / 2
+    if phase == "load":  # dies as the load begins
+        return init
+    if phase == "kv":
+        return init + load
+    if phase == "capture":  # dies capturing the first batch size
+        return init + load + capture / max(len(node.plan.captured_batch_sizes), 1)
+    return init + load + capture
 
 
 class ModelExecutor:
@@ -49,17 +70,23 @@ class ModelExecutor:
             seed=request.seed,
             noise=self.noise,
         )
-        if answer.failure_line is not None:
-            return self._failed(request, classify(answer.failure_line, "starting"), answer.failure_line)
+        startup_s = startup_seconds(answer.node)
+        failure = answer.node.startup_failure
+        if failure is not None:
+            log = "\n".join(failure.lines)  # the real node classifies the whole traceback in its log
+            return self._failed(request, classify(log, "starting"), log, startup_s, None)
         result = answer.result
         assert result is not None  # predict returns a result whenever start-up succeeds
         if result.oom_lines:
-            return self._failed(
-                request, classify("\n".join(result.oom_lines), "benchmarking"), result.oom_lines[-1]
-            )
+            log = "\n".join(result.oom_lines)
+            return self._failed(request, classify(log, "benchmarking"), log, startup_s, result.duration_s)
         if result.completed == 0:
-            kind = FailureKind.BENCHMARK_ERROR
-            return self._failed(request, Failure.of(kind, "every request was aborted", "no request fit"), "")
+            # The real benchmark fails with the first request's abort message, and the node classifies it.
+            error = input_too_long(w.input_len, answer.plan)
+            failure_found = classify(error, "benchmarking") or Failure.of(
+                FailureKind.BENCHMARK_ERROR, error, "every request was aborted"
+            )
+            return self._failed(request, failure_found, error, startup_s, result.duration_s)
         duration = result.duration_s
         ttft_ms = result.mean_ttft_s * 1000
         itl_ms = (duration - result.mean_ttft_s) / max(w.output_len, 1) * 1000
@@ -85,9 +112,16 @@ class ModelExecutor:
             accept_length=result.accept_length,
             time_scale=1.0,
         )
-        return TrialResult(request.number, self.node, benchmark, None, 0.0, duration)
+        return TrialResult(request.number, self.node, benchmark, None, startup_s, duration)
 
-    def _failed(self, request: TrialRequest, failure: Failure | None, line: str) -> TrialResult:
+    def _failed(
+        self,
+        request: TrialRequest,
+        failure: Failure | None,
+        log: str,
+        startup_s: float,
+        benchmark_s: float | None,
+    ) -> TrialResult:
         if failure is None:
-            failure = Failure.of(FailureKind.UNKNOWN_CRASH, line, "no pattern matched the model's message")
-        return TrialResult(request.number, self.node, None, failure, 0.0, None, log=line)
+            failure = Failure.of(FailureKind.UNKNOWN_CRASH, log, "no pattern matched the model's message")
+        return TrialResult(request.number, self.node, None, failure, startup_s, benchmark_s, log=log)

@@ -49,6 +49,9 @@ class HardwareProfile(_Profile):
     nccl_default_channels: int = Field(gt=0)
     kernel_launch_us: float = Field(gt=0, description="host cost of one eager kernel launch")
     custom_allreduce_us: float = Field(gt=0, description="one custom all-reduce of a small tensor")
+    proxy_wait_us: float = Field(
+        default=0.0, ge=0, description="an eager all-reduce over shm/socket waiting on NCCL's proxy thread"
+    )
     cuda_context_gb: float = Field(ge=0)
     unsupported: list[
         Literal["flashinfer_allreduce_fusion", "torch_symm_mem", "expert_parallel_flashinfer_a2a", "fa3"]
@@ -64,6 +67,15 @@ class DraftProfile(_Profile):
     allreduces_per_step: int = Field(ge=0)
     accept_rate: float = Field(gt=0, lt=1, description="chance the target accepts the next chain token")
     default_spec: tuple[int, int, int] = Field(description="SGLang's (steps, topk, draft tokens) when unset")
+    routing_overlap: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="how independently a sequence's extra draft tokens pick experts (1: as other sequences)",
+    )
+    verify_in_cuda_graph: bool = Field(
+        default=True, description="False where the target's verify pass runs eagerly (the seed's node)"
+    )
 
 
 class StandardWorkload(_Profile):

@@ -60,6 +60,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from aiohttp.abc import AbstractAccessLogger
 
 from autotune.errors import ConfigError
+from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import ERROR, INFO, WARNING, SimLog, rank_prefix, tqdm_line
 from autotune.sim.model import LaunchSettings, NodeModel
 from autotune.sim.profiles import ModelProfile, load_hardware_profile, load_model_profile
@@ -608,11 +609,7 @@ class SimulatedServer:
         for rid in aborted:
             request = self.requests.get(rid)
             if request is not None:
-                request.abort_message = (
-                    f"Input length ({request.prompt_tokens} tokens) exceeds the maximum allowed length "
-                    f"({min(self.plan.context_len, self.plan.kv_tokens) - 1} tokens). Use a shorter input "
-                    "or enable --allow-auto-truncate."
-                )
+                request.abort_message = input_too_long(request.prompt_tokens, self.plan)
         self._log_step(kind, emitted, duration_s)  # before finished requests leave `self.requests`
         for rid in [*finished, *aborted]:
             request = self.requests.pop(rid, None)

@@ -1,0 +1,284 @@
+"""Whole studies on the simulated node's model, run by the product's study loop, fast enough to run by the
+thousand: the study file for a profile, a node that counts the node time its trials would take, and the
+landscape (the tok/s of any config of the search space, asked the same way).
+
+A study here runs through `StudyDriver` with a `LocalNodePool` of `ModelExecutor`s, an in-memory Optuna
+storage and no MLflow tracking, so the outcome rules (an OOM pruned with the penalty, an unsupported flag
+remembered and never launched again, skipped proposals not counted) are the product's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from autotune.benchmark import Workload
+from autotune.config import Study, load_study
+from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
+from autotune.driver import StudyDriver
+from autotune.launch import TrialConfig
+from autotune.node import TrialRequest, TrialResult
+from autotune.pool import LocalNodePool, NodePool
+from autotune.sim.model import MemoryPlan, NodeModel
+from autotune.sim.model_node import ModelExecutor
+from autotune.sim.predict import settings_for
+from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.study_storage import counts
+
+# Thousands of studies: Optuna's per-trial notes (GP falling back to random sampling for the conditional
+# parameters, heartbeats outside Study.optimize) would bury the tables.
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+BENCHMARKS = Path(__file__).resolve().parent
+REPO = BENCHMARKS.parent
+SEARCH_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
+NODE = "node"
+Params = dict[str, Any]  # a value per parameter name, as Optuna stores a trial's
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A simulated node (hardware and model profiles) and the objective its studies maximize."""
+
+    key: str
+    title: str
+    hardware: str
+    model: str
+    objective: Path
+    model_path: str
+    draft_model_path: str
+
+
+PROFILES: Mapping[str, Profile] = {
+    "seed": Profile(
+        "seed",
+        "seed profile: 8x RTX PRO 6000 (PCIe), Kimi-K2.5 INT4, 28k-token prompts x4",
+        "rtx-pro-6000-pcie-x8",
+        "kimi-k2.5-int4",
+        REPO / "objectives" / "quickstart.yaml",
+        "/models/Kimi-K2.5",
+        "/models/Kimi-K2.5-EAGLE3",
+    ),
+    "h200": Profile(
+        "h200",
+        "H200 profile: 8x H200 (NVLink), Llama-70B BF16, 2k-token prompts x32",
+        "h200-nvlink-x8",
+        "llama-70b-bf16",
+        BENCHMARKS / "objectives" / "h200-llama70b.yaml",
+        "/models/Llama-3.1-70B-Instruct",
+        "/models/Llama-3.1-70B-EAGLE3",
+    ),
+}
+
+
+def write_study(folder: Path, profile: Profile, n_trials: int, sampler: str = "tpe", seed: int = 0) -> Study:
+    """Write and load a study of the shipped search space on `profile`'s node, as a user would write it."""
+    data = {
+        "study": f"bench-{profile.key}",
+        "search_space": str(SEARCH_SPACE),
+        "objective": str(profile.objective),
+        "server": {
+            "command": ["python", "-m", "sglang.launch_server"],
+            "model_path": profile.model_path,
+            "draft_model_path": profile.draft_model_path,
+            "flags": {"--tp-size": 8},
+        },
+        "budget": {"n_trials": n_trials},
+        "sampler": {"name": sampler, "seed": seed},
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_study(path)
+
+
+class NodeClock(ModelExecutor):
+    """A model node that also adds up, per trial, the node time the trial would take: start-up until the
+    server is ready or dies, plus the benchmark (until it ends or runs out of memory)."""
+
+    def __init__(self, node: str, hardware: HardwareProfile, model: ModelProfile) -> None:
+        super().__init__(node, hardware, model)
+        self.seconds: dict[int, float] = {}
+
+    def run(self, request: TrialRequest) -> TrialResult:
+        result = super().run(request)
+        self.seconds[request.number] = (result.startup_s or 0.0) + (result.benchmark_s or 0.0)
+        return result
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One finished study, trial by trial in the order they ran, counting only trials that used the budget:
+    the objective value (None for a failed or infeasible trial), node seconds, outcome and parameters."""
+
+    values: list[float | None]
+    node_s: list[float]
+    states: list[str]
+    params: list[Params]
+
+    def best_after(self, k: int) -> float:
+        """The best value among the first `k` trials (0 when none completed)."""
+        return max((v for v in self.values[:k] if v is not None), default=0.0)
+
+    def node_hours(self, k: int) -> float:
+        return sum(self.node_s[:k]) / 3600
+
+    def failed_node_hours(self, k: int) -> float:
+        return sum(s for s, v in zip(self.node_s[:k], self.values[:k], strict=True) if v is None) / 3600
+
+
+def run_study(
+    profile: Profile,
+    n_trials: int,
+    *,
+    sampler_name: str = "tpe",
+    seed: int = 0,
+    sampler: Callable[[Study], optuna.samplers.BaseSampler] | None = None,
+) -> StudyRun:
+    """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
+    registry (as a study file names it), or the sampler `sampler(study)` builds."""
+    hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
+    clock = NodeClock(NODE, hardware, model)
+
+    def pool(_study: Study) -> NodePool:
+        return LocalNodePool({NODE: clock})
+
+    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
+        study = write_study(Path(folder), profile, n_trials, sampler_name, seed)
+        driver = StudyDriver(
+            study,
+            pool=pool,
+            sampler=sampler(study) if sampler is not None else None,
+            storage=optuna.storages.InMemoryStorage(),
+            tracking=False,
+        )
+        ostudy = driver.run()
+    trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)
+    used = [t for t in trials if t.state.is_finished() and counts(t)]
+    return StudyRun(
+        values=[_feasible_value(t) for t in used],
+        node_s=[clock.seconds.get(t.number, 0.0) for t in used],
+        states=[t.state.name for t in used],
+        params=[dict(t.params) for t in used],
+    )
+
+
+def _feasible_value(trial: optuna.trial.FrozenTrial) -> float | None:
+    if trial.state is not TrialState.COMPLETE or trial.value is None:
+        return None
+    return trial.value if all(v <= 0 for v in trial.constraints.values()) else None
+
+
+# -- the landscape --------------------------------------------------------------------------------------
+
+
+def parameter_values(space: SearchSpace, name: str) -> list[Any]:
+    """Every value a parameter can take (a float range with a step is enumerated on its steps)."""
+    parameter = space.parameters[name]
+    if isinstance(parameter, IntParameter):
+        return list(range(parameter.low, parameter.high + 1, parameter.step or 1))
+    if isinstance(parameter, FloatParameter):
+        if parameter.step is None:
+            return [float(v) for v in np.linspace(parameter.low, parameter.high, 26)]
+        count = round((parameter.high - parameter.low) / parameter.step)
+        return [round(parameter.low + i * parameter.step, 10) for i in range(count + 1)]
+    values = space.possible_values(name)
+    assert values is not None  # categorical and bool parameters list their values
+    return values
+
+
+class Landscape:
+    """The objective value of any config of a study's search space on `profile`'s model node, asked through
+    the product's path (search space, server launch, model node); each distinct launch is asked once."""
+
+    def __init__(self, profile: Profile, folder: Path) -> None:
+        self.profile = profile
+        self.study = write_study(folder, profile, n_trials=1)
+        self.space = self.study.search_space
+        self.values = {name: parameter_values(self.space, name) for name in self.space}
+        self.hardware = load_hardware_profile(profile.hardware)
+        self.model = load_model_profile(profile.model)
+        self._executor = ModelExecutor(NODE, self.hardware, self.model)
+        self._workload = Workload(**self.study.objective.workload.model_dump())
+        self._cache: dict[tuple[object, ...], float] = {}
+
+    @property
+    def evaluations(self) -> int:
+        return len(self._cache)
+
+    def value(self, params: Params) -> float:
+        """The objective value of `params` (a value for every parameter; inactive ones are ignored), 0 when
+        the launch fails or breaks a limit."""
+        return self.value_of(self.space.suggest(optuna.trial.FixedTrial(params)))
+
+    def value_of(self, config: TrialConfig) -> float:
+        """The objective value of one trial's config (`space.baseline()` for SGLang's defaults)."""
+        launch = self.study.server_launch(config)
+        key = (launch.argv, tuple(sorted(launch.env.items())))
+        if key not in self._cache:
+            request = TrialRequest(0, launch, self._workload, 1.0, 1.0)
+            result = self._executor.run(request).benchmark
+            objective = self.study.objective
+            ok = result is not None and all(v <= 0 for v in objective.constraints(result).values())
+            self._cache[key] = objective.value(result) if ok else 0.0
+        return self._cache[key]
+
+    def active(self, params: Params) -> Params:
+        """The parameters a trial with `params` would actually set (conditions and SGLang's rules applied)."""
+        return dict(self.space.suggest(optuna.trial.FixedTrial(params)).params)
+
+    def baseline_plan(self) -> MemoryPlan:
+        """SGLang's own memory plan for the baseline launch (its automatic --mem-fraction-static, ...)."""
+        argv = list(self.study.server_launch(self.space.baseline()).argv)
+        flags = argv[argv.index("--model-path") :]
+        return NodeModel(self.hardware, self.model, settings_for(flags, {})).plan
+
+    def random_params(self, rng: random.Random) -> Params:
+        return {name: rng.choice(values) for name, values in self.values.items()}
+
+    def ascend(self, params: Params) -> tuple[float, Params]:
+        """Coordinate ascent: change one parameter at a time to its best value until nothing improves."""
+        best = self.value(params)
+        improved = True
+        while improved:
+            improved = False
+            for name, values in self.values.items():
+                for candidate in values:
+                    trial = {**params, name: candidate}
+                    value = self.value(trial)
+                    if value > best * (1 + 1e-9):
+                        best, params, improved = value, trial, True
+        return best, params
+
+    def search(self, samples: int, ascents: int, seed: int = 0) -> tuple[float, Params]:
+        """The best config found by `samples` random configs of the whole space and coordinate ascent from
+        the `ascents` best of them (and from the baseline)."""
+        rng = random.Random(seed)
+        start = {name: values[0] for name, values in self.values.items()}
+        for name, values in self.values.items():
+            if None in values or False in values:
+                start[name] = None if None in values else False
+        candidates = [start, *(self.random_params(rng) for _ in range(samples))]
+        scored = sorted(candidates, key=self.value, reverse=True)
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        best: tuple[float, Params] = (0.0, start)
+        for params in itertools.islice(scored, ascents + 1):
+            key = tuple(sorted((k, repr(v)) for k, v in self.active(params).items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            found = self.ascend(params)
+            if found[0] > best[0]:
+                best = found
+        return best[0], self.active(best[1])

@@ -1,0 +1,338 @@
+"""Sample efficiency: how close each way of tuning gets to the best known config for a budget of trials,
+and how much node time it spends getting there, failed trials included.
+
+Every method runs whole studies through autotune's study loop on the simulated node's model (a trial is
+the model's answer: no process, no sleep), so all of them live under the product's outcome rules: an OOM
+is a pruned trial with the penalty, an unsupported flag is remembered and never launched again, and a
+proposal refused as known-incompatible costs neither budget nor node time. The methods:
+
+- autotune's default sampler (what a study file gets without `sampler.name`);
+- random search (Optuna's RandomSampler), also with twice the budget;
+- a grid over two flags with every other knob at its default, as vLLM's auto_tune does;
+- one group of knobs at a time: NCCL, then SGLang's flags, then speculation, each with a third of the
+  budget, random within the group, the groups tuned before it fixed at the best trial's values.
+
+A sequential study's first k trials do not depend on its budget, so the budget-free methods run once per
+seed to the largest budget and are read at each budget; the grid and the group plan depend on the budget
+and run once per budget. Node time is the model's: start-up until the server is ready or dies, plus the
+benchmark (teardown, 10-15 s per launch on SGLang, is not counted for any method).
+
+The best known config of each profile is the best of a large random sample of the shipped search space
+(the model's own answer for each), refined by coordinate ascent; it is cached in best_known.json beside
+this script and searched again when the model's answer for it changes, or with --recompute-best.
+
+    python benchmarks/sample_efficiency.py            # both profiles, budgets 10 20 40 80, 10 seeds
+    python benchmarks/sample_efficiency.py --samplers tpe-plain,gp   # add other samplers to compare
+    python benchmarks/sample_efficiency.py --quick    # smoke run: seed profile, budgets 4 8, 2 seeds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import optuna
+from model_studies import (
+    BENCHMARKS,
+    PROFILES,
+    SEARCH_SPACE,
+    Landscape,
+    Params,
+    Profile,
+    StudyRun,
+    parameter_values,
+    run_study,
+)
+from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
+
+from autotune.config import SearchSpace, Study, load_search_space
+from autotune.config.study import SAMPLERS, SamplerSpec
+
+BEST_KNOWN = BENCHMARKS / "best_known.json"
+RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
+BEST_SAMPLES, BEST_ASCENTS = 4000, 12
+QUICK_SAMPLES, QUICK_ASCENTS = 150, 1
+MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs"
+GROUP_ORDER = ("nccl", "sglang", "speculative")
+MUST_BUDGET, MUST_WITHIN = 40, 0.95
+DEFAULT_SAMPLER = SamplerSpec().name
+
+
+# -- the best known config ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BestKnown:
+    """The best config found for a profile, the baseline's value, and SGLang's own memory fraction."""
+
+    tok_s: float
+    params: Params
+    baseline: float
+    auto_mem_fraction: float  # SGLang's --mem-fraction-static for the baseline, on the search space's steps
+    how: str
+    cache_entry: dict[str, Any] | None = None  # what to write to best_known.json, when it was searched
+
+
+def find_best_known(
+    profile: Profile, cached: dict[str, Any] | None, recompute: bool, quick: bool
+) -> BestKnown:
+    """The cached best config while the model still gives it the same value; else a new search."""
+    with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
+        landscape = Landscape(profile, Path(folder))
+        baseline = landscape.value_of(landscape.space.baseline())
+        steps = parameter_values(landscape.space, MEM_FRACTION)
+        auto = landscape.baseline_plan().mem_fraction_static
+        auto = min(steps, key=lambda step: abs(step - auto))
+        if cached and not recompute and abs(landscape.value(cached["params"]) - cached["tok_s"]) < 1e-6:
+            how = f"{cached['how']}; cached in {BEST_KNOWN.name} on {cached['date']}"
+            return BestKnown(cached["tok_s"], cached["params"], baseline, auto, how)
+        if cached and not recompute:
+            print(f"[{profile.key}] the model's answer for the cached best config changed: searching again")
+        samples, ascents = (QUICK_SAMPLES, QUICK_ASCENTS) if quick else (BEST_SAMPLES, BEST_ASCENTS)
+        started = time.monotonic()
+        tok_s, params = landscape.search(samples, ascents)
+        how = (
+            f"best of {samples} random configs of the shipped search space and coordinate ascent from the "
+            f"{ascents} best ({landscape.evaluations} launches asked, {time.monotonic() - started:.0f} s)"
+        )
+        if quick:
+            return BestKnown(tok_s, params, baseline, auto, how + "; a quick estimate (--quick), not cached")
+        entry = {"tok_s": tok_s, "params": params, "how": how, "date": str(date.today())}
+        return BestKnown(tok_s, params, baseline, auto, how, entry)
+
+
+# -- methods and jobs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """One study: a method on a profile with a seed, run for `n_trials` (the largest budget it is read at,
+    or, for a method planned for its budget, that budget)."""
+
+    profile: str
+    method: str
+    seed: int
+    n_trials: int
+    auto_mem_fraction: float
+
+
+def grid_plan(space: SearchSpace, budget: int) -> list[dict[str, Any]]:
+    """The grid's points for a budget (the baseline takes one trial): memory fraction x graph batch size."""
+    graph_sizes = [v for v in parameter_values(space, GRAPH_BS) if v is not None]
+    mem_fractions = parameter_values(space, MEM_FRACTION)
+    return grid_points((MEM_FRACTION, mem_fractions), (GRAPH_BS, graph_sizes), budget - 1)
+
+
+def run_job(job: Job) -> tuple[Job, StudyRun]:
+    """Run one job; its error comes back to the parent as text (autotune's errors do not pickle)."""
+    try:
+        return _run_job(job)
+    except Exception:
+        raise RuntimeError(f"{job} failed:\n{traceback.format_exc()}") from None
+
+
+def _run_job(job: Job) -> tuple[Job, StudyRun]:
+    profile, defaults = PROFILES[job.profile], {MEM_FRACTION: job.auto_mem_fraction}
+    if job.method == "grid":
+        points = grid_plan(load_search_space(SEARCH_SPACE), job.n_trials)
+        # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused.
+        return job, run_study(profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults))
+    if job.method == "groups":
+
+        def groups(study: Study) -> optuna.samplers.BaseSampler:
+            kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
+            sizes = stage_sizes(job.n_trials - 1, len(GROUP_ORDER))
+            return OneGroupAtATime(kinds, GROUP_ORDER, sizes, defaults, seed=job.seed)
+
+        return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed)
+    return job, run_study(profile, job.n_trials, sampler_name=job.method, seed=job.seed)
+
+
+def plan_jobs(
+    profiles: Sequence[str],
+    budgets: Sequence[int],
+    seeds: int,
+    extra: Sequence[str],
+    best: dict[str, BestKnown],
+) -> list[Job]:
+    top, jobs = max(budgets), []
+    for key in profiles:
+        auto = best[key].auto_mem_fraction
+        for seed in range(seeds):
+            jobs.append(Job(key, "random", seed, 2 * top, auto))
+            for name in dict.fromkeys([DEFAULT_SAMPLER, *extra]):
+                jobs.append(Job(key, name, seed, top, auto))
+            jobs += [Job(key, "groups", seed, budget, auto) for budget in budgets]
+        jobs += [Job(key, "grid", 0, budget, auto) for budget in budgets]  # no randomness: one run
+    return jobs
+
+
+# -- tables ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One method at one budget over the seeds: best/best-known ratios, node hours, failed node hours."""
+
+    ratios: list[float]
+    hours: list[float]
+    failed_hours: list[float]
+    trials: int
+
+    def ratio_text(self) -> str:
+        r = self.ratios
+        if len(r) == 1:
+            return f"{r[0]:.3f}"
+        return f"{statistics.median(r):.3f} [{min(r):.2f}-{max(r):.2f}]"
+
+    def hours_text(self) -> str:
+        hours = statistics.median(self.hours)
+        failed = statistics.median(self.failed_hours)
+        return f"{hours:6.1f} h ({failed / hours:4.0%} failed)" if hours else "0.0 h"
+
+
+def cells(
+    runs: list[tuple[Job, StudyRun]], key: str, budgets: Sequence[int], reference: float, extra: Sequence[str]
+) -> dict[str, dict[int, Cell]]:
+    """Rows of the tables: method label -> budget -> cell."""
+
+    def cell(pairs: list[tuple[StudyRun, int]]) -> Cell:
+        return Cell(
+            [run.best_after(k) / reference for run, k in pairs],
+            [run.node_hours(k) for run, k in pairs],
+            [run.failed_node_hours(k) for run, k in pairs],
+            max(min(k, len(run.values)) for run, k in pairs),
+        )
+
+    mine = [(job, run) for job, run in runs if job.profile == key]
+
+    def of(method: str) -> list[StudyRun]:
+        return [run for job, run in mine if job.method == method]
+
+    def planned(method: str, budget: int) -> list[tuple[StudyRun, int]]:
+        return [
+            (run, len(run.values)) for job, run in mine if job.method == method and job.n_trials == budget
+        ]
+
+    rows: dict[str, dict[int, Cell]] = {}
+    for name in dict.fromkeys([DEFAULT_SAMPLER, *extra]):
+        label = f"autotune default ({name})" if name == DEFAULT_SAMPLER else f"sampler {name}"
+        rows[label] = {b: cell([(run, b) for run in of(name)]) for b in budgets}
+    rows["random search"] = {b: cell([(run, b) for run in of("random")]) for b in budgets}
+    rows["random search, 2x the budget"] = {b: cell([(run, 2 * b) for run in of("random")]) for b in budgets}
+    rows[f"grid {MEM_FRACTION} x {GRAPH_BS}"] = {b: cell(planned("grid", b)) for b in budgets}
+    rows["one group at a time"] = {b: cell(planned("groups", b)) for b in budgets}
+    return rows
+
+
+def print_profile(
+    profile: Profile,
+    best: BestKnown,
+    reference: float,
+    rows: dict[str, dict[int, Cell]],
+    budgets: Sequence[int],
+) -> list[str]:
+    """Print a profile's tables; returns the Must-show lines (empty when the budgets do not include it)."""
+    width = max(len(label) for label in rows) + 2
+    print(f"\n== {profile.title}")
+    print(f"best known: {reference:.1f} tok/s; the baseline (SGLang's defaults) is {best.baseline:.1f} tok/s")
+    print(f"   = {best.baseline / reference:.3f} of it. Found by: {best.how}")
+    if reference > best.tok_s:
+        print(
+            f"   NOTE: a study found {reference:.1f} tok/s, above the search's {best.tok_s:.1f}: {RECOMPUTE}"
+        )
+    print("   " + " ".join(f"{k}={v}" for k, v in best.params.items() if v is not None and v is not False))
+    seeds = max(len(row[budgets[0]].ratios) for row in rows.values())
+    print(f"\nBest tok/s found / best known: median [min-max] over {seeds} seeds (the grid: one run)")
+    print(f"{'method':<{width}}" + "".join(f"{f'budget {b}':>22}" for b in budgets))
+    for label, row in rows.items():
+        print(f"{label:<{width}}" + "".join(f"{row[b].ratio_text():>22}" for b in budgets))
+    print("\nNode hours spent (median over seeds), and the share of them spent on failed trials")
+    print(f"{'method':<{width}}" + "".join(f"{f'budget {b}':>22}" for b in budgets))
+    for label, row in rows.items():
+        print(f"{label:<{width}}" + "".join(f"{row[b].hours_text():>22}" for b in budgets))
+    grid = rows[f"grid {MEM_FRACTION} x {GRAPH_BS}"]
+    print("(the grid uses " + ", ".join(f"{grid[b].trials} of {b}" for b in budgets) + " trials)")
+    if profile.key != "seed" or MUST_BUDGET not in budgets:
+        return []
+    ours = statistics.median(rows[f"autotune default ({DEFAULT_SAMPLER})"][MUST_BUDGET].ratios)
+    random2 = statistics.median(rows["random search, 2x the budget"][MUST_BUDGET].ratios)
+    return [
+        f"seed profile, budget {MUST_BUDGET}: autotune's median best is {ours:.3f} of the best known "
+        f"(must be >= {MUST_WITHIN}): {'HOLDS' if ours >= MUST_WITHIN else 'DOES NOT HOLD'}",
+        f"seed profile, budget {MUST_BUDGET}: autotune {ours:.3f} vs random search with "
+        f"{2 * MUST_BUDGET} trials {random2:.3f}: {'HOLDS' if ours >= random2 else 'DOES NOT HOLD'}",
+    ]
+
+
+# -- main -----------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profiles", default="seed,h200", help=f"comma-separated: {', '.join(PROFILES)}")
+    parser.add_argument("--budgets", default="10,20,40,80", help="comma-separated trial budgets")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--samplers", default="", help=f"more samplers to compare: {', '.join(SAMPLERS)}")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
+    parser.add_argument("--recompute-best", action="store_true", help="search the best known configs again")
+    parser.add_argument("--json", type=Path, help="also write every study's trials to this JSON file")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: seed profile, budgets 4 8, 2 seeds"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.profiles, args.budgets, args.seeds = "seed", "4,8", 2
+    profiles = [p for p in args.profiles.split(",") if p]
+    budgets = sorted(int(b) for b in args.budgets.split(","))
+    extra = [s for s in args.samplers.split(",") if s]
+    for name in [*profiles, *extra]:
+        if name not in PROFILES and name not in SAMPLERS:
+            parser.error(
+                f"unknown profile or sampler {name!r}: profiles {list(PROFILES)}, samplers {list(SAMPLERS)}"
+            )
+    if min(budgets) < 2:
+        parser.error(f"a budget must leave a trial after the baseline, but got {min(budgets)}")
+
+    started = time.monotonic()
+    cache = json.loads(BEST_KNOWN.read_text()) if BEST_KNOWN.exists() else {"profiles": {}}
+    context = multiprocessing.get_context("fork")
+    with context.Pool(args.jobs) as pool:
+        found = pool.starmap(
+            find_best_known,
+            [(PROFILES[k], cache["profiles"].get(k), args.recompute_best, args.quick) for k in profiles],
+        )
+        best = dict(zip(profiles, found, strict=True))
+        if any(b.cache_entry for b in best.values()):
+            cache["profiles"].update({k: b.cache_entry for k, b in best.items() if b.cache_entry})
+            cache["command"] = RECOMPUTE
+            BEST_KNOWN.write_text(json.dumps(cache, indent=2, sort_keys=True) + "\n")
+        jobs = plan_jobs(profiles, budgets, args.seeds, extra, best)
+        jobs.sort(key=lambda job: -job.n_trials)  # the longest first, so the pool ends together
+        runs = list(pool.imap_unordered(run_job, jobs))
+    elapsed = time.monotonic() - started
+
+    must: list[str] = []
+    for key in profiles:
+        reference = max(
+            [best[key].tok_s, *(run.best_after(len(run.values)) for job, run in runs if job.profile == key)]
+        )
+        rows = cells(runs, key, budgets, reference, extra)
+        must += print_profile(PROFILES[key], best[key], reference, rows, budgets)
+    if must:
+        print("\nMust show:\n" + "\n".join(must))
+    trials = sum(len(run.values) for _, run in runs)
+    print(f"\n{len(runs)} studies, {trials} trials, {elapsed:.0f} s on {args.jobs} processes")
+    if args.json:
+        records = [{**asdict(job), **asdict(run)} for job, run in runs]
+        args.json.write_text(
+            json.dumps({"best_known": {k: asdict(b) for k, b in best.items()}, "studies": records})
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

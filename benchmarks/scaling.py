@@ -1,0 +1,169 @@
+"""Scaling: trials per hour with 1, 2 and 4 simulated GPU nodes in one Ray cluster, Optuna's constant
+liar on, and a check that no trial ran twice.
+
+For each node count, `ray.cluster_utils.Cluster` starts a head and that many nodes on this machine, each
+advertising one `gpu_node`; the study joins the cluster (`ray.address`) and runs one trial per discovered
+node at a time (`ray.discover_nodes`), each node's simulated SGLang server on a port of its own
+(`server.port: auto`). Storage, tracking and sampler are the product's defaults (the default TPE has
+`constant_liar=True`, so parallel proposals stay apart). Trials per hour are in wall time at the
+simulator's time scale (a ten-minute load takes 1.2 s), so only their ratios carry over to real nodes.
+
+    python benchmarks/scaling.py            # 24 trials on 1, 2 and 4 nodes
+    python benchmarks/scaling.py --quick    # 4 trials on 1 and 2 nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from model_studies import BENCHMARKS, SEARCH_SPACE
+from optuna.trial import TrialState
+
+from autotune.config import Study, load_study
+from autotune.driver import Progress, StudyDriver
+from autotune.errors import ConfigError
+from autotune.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
+
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+OBJECTIVE = BENCHMARKS / "objectives" / "overhead.yaml"
+SIM_ENV = {
+    "SGLANG_SIM_HARDWARE": "rtx-pro-6000-pcie-x8",
+    "SGLANG_SIM_MODEL": "kimi-k2.5-int4",
+    "SGLANG_SIM_STARTUP_TIME_SCALE": "0.002",
+    "SGLANG_SIM_TIME_SCALE": "0.02",
+}
+NEEDS = (
+    "a study on an existing Ray cluster that runs one node actor per `gpu_node` node "
+    "(`ray: {address: ..., discover_nodes: true}`), and `server.port: auto` so that the simulated "
+    "servers of several nodes on one machine do not collide"
+)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """One study on `nodes` nodes: its wall time and what ran where."""
+
+    nodes: int
+    trials: int
+    wall_s: float
+    nodes_used: int
+    runs_per_trial: Counter[int]
+    repeated_params: int
+    states: Counter[str]
+
+    @property
+    def per_hour(self) -> float:
+        return self.trials / self.wall_s * 3600
+
+
+def write_study(folder: Path, n_trials: int, address: str) -> Study:
+    data = {
+        "study": "scaling",
+        "search_space": str(SEARCH_SPACE),
+        "objective": str(OBJECTIVE),
+        "nodes": [{"name": "sim", "address": "local"}],  # the template every discovered node shares
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "port": "auto",
+            "flags": {"--tp-size": 8},
+            "env": SIM_ENV,
+        },
+        "budget": {"n_trials": n_trials},
+        "sampler": {"seed": 0},
+        "timeouts": {"startup_s": 120, "benchmark_s": 120},
+        "ray": {"address": address, "discover_nodes": True},
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_study(path)
+
+
+def measure(nodes: int, n_trials: int) -> Scaled:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1, resources={GPU_NODE_RESOURCE: 1})
+        cluster.wait_for_nodes()
+        marks: list[float] = []
+
+        def pool(study: Study) -> NodePool:
+            made = RayNodePool(study)
+            marks.append(time.perf_counter())
+            return made
+
+        def reporter(event: str, _progress: Progress, _info: dict[str, Any]) -> None:
+            if event == "finished":
+                marks.append(time.perf_counter())
+
+        with tempfile.TemporaryDirectory(prefix="autotune-scaling-") as folder:
+            study = write_study(Path(folder), n_trials, cluster.address)
+            ostudy = StudyDriver(study, reporter, pool=pool).run()
+            # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
+            runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
+            nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))
+        launched = [t for t in ostudy.trials if t.state.is_finished() and t.user_attrs.get("node")]
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        repeated = 0
+        for trial in launched:
+            key = tuple(sorted((k, repr(v)) for k, v in trial.params.items()))
+            repeated += key in seen and not trial.user_attrs.get("baseline")
+            seen.add(key)
+        states = Counter(t.state.name for t in ostudy.trials if t.state is not TrialState.WAITING)
+        return Scaled(nodes, len(launched), marks[-1] - marks[0], nodes_used, runs, repeated, states)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1,2,4", help="comma-separated node counts")
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 trials on 1 and 2 nodes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.trials = "1,2", 4
+    counts = sorted(int(n) for n in args.nodes.split(","))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            write_study(Path(folder), 1, "127.0.0.1:6379")
+        except ConfigError as exc:
+            print(f"scaling.py needs {NEEDS}; this autotune does not have it yet:\n  {exc}")
+            return 3
+    started = time.monotonic()
+    results = [measure(n, args.trials) for n in counts]
+    one = results[0]
+    print(f"{'nodes':>5} {'trials':>7} {'wall s':>8} {'trials/hour':>12} {'vs ' + str(one.nodes):>8}  checks")
+    for r in results:
+        twice = sorted(n for n, c in r.runs_per_trial.items() if c > 1)
+        checks = (
+            f"{r.nodes_used} nodes ran trials; "
+            + (f"trials run twice: {twice}" if twice else "no trial run twice")
+            + f"; {r.repeated_params} repeated configs; "
+            + " ".join(f"{n} {s.lower()}" for s, n in sorted(r.states.items()))
+        )
+        ratio = r.per_hour / one.per_hour
+        print(f"{r.nodes:>5} {r.trials:>7} {r.wall_s:>8.1f} {r.per_hour:>12.0f} {ratio:>7.2f}x  {checks}")
+    print(f"\n{time.monotonic() - started:.0f} s; {os.cpu_count()} CPU cores shared by every node and server")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

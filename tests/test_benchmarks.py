@@ -1,0 +1,101 @@
+"""The benchmarks of the tuner itself run with one command each and print their tables (a smoke run with
+--quick; no timing is asserted here: the numbers are the scripts' output), and the methods they compare
+do what their names say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from model_studies import PROFILES, run_study  # noqa: E402
+from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes  # noqa: E402
+
+from autotune.config import Study  # noqa: E402
+
+MEM, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs"
+
+
+def run_script(name: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.integration
+def test_sample_efficiency_prints_its_tables() -> None:
+    out = run_script("sample_efficiency.py", "--quick")
+    assert "Best tok/s found / best known" in out and "Node hours spent" in out
+    for row in (
+        "autotune default",
+        "random search, 2x the budget",
+        "grid --mem-fraction-static",
+        "one group",
+    ):
+        assert row in out
+
+
+@pytest.mark.integration
+def test_overhead_prints_where_the_time_goes() -> None:
+    out = run_script("overhead.py", "--quick")
+    assert "median overhead per trial" in out and "MLflow: create the trial's run" in out
+    assert "Teardown until the port is free" in out
+
+
+def test_a_studys_first_trials_do_not_depend_on_its_budget() -> None:
+    # What lets the benchmark read budgets 10..80 off one 80-trial study.
+    short = run_study(PROFILES["seed"], 6, seed=3)
+    long = run_study(PROFILES["seed"], 12, seed=3)
+    assert len(short.values) == 6 and short.values == long.values[:6]
+    assert short.node_s == long.node_s[:6] and all(s > 0 for s in short.node_s)
+
+
+def test_the_grid_spans_both_flags_within_the_budget() -> None:
+    fractions, sizes = [0.70 + i / 100 for i in range(26)], [32, 64, 128, 256, 512]
+    for budget in (3, 9, 19, 39, 79):
+        points = grid_points(("mfs", fractions), ("bs", sizes), budget)
+        assert 0 < len(points) <= budget
+        assert {p["mfs"] for p in points} >= {0.70, fractions[-1]} or len(points) < 4
+    assert {p["bs"] for p in grid_points(("mfs", fractions), ("bs", sizes), 39)} == set(sizes)
+    assert stage_sizes(39, 3) == [13, 13, 13] and stage_sizes(19, 3) == [6, 6, 7]
+
+
+def test_one_group_at_a_time_changes_only_the_group_of_its_stage() -> None:
+    kinds: dict[str, str] = {}
+
+    def sampler(study: Study) -> OneGroupAtATime:
+        kinds.update({name: p.kind for name, p in study.search_space.parameters.items()})
+        return OneGroupAtATime(kinds, ("nccl", "sglang", "speculative"), [3, 3, 3], {MEM: 0.85}, seed=1)
+
+    run = run_study(PROFILES["seed"], 10, sampler=sampler, seed=1)
+    assert len(run.params) == 10 and run.params[0] == {}  # the baseline first
+    changed = [{kinds[n] for n, v in p.items() if v not in (None, False, 0.85)} for p in run.params[1:]]
+    assert all(groups <= {"nccl"} for groups in changed[:3]) and any(changed[:3])
+    assert all(groups <= {"nccl", "sglang"} for groups in changed[3:6]) and any(
+        "sglang" in g for g in changed[3:6]
+    )
+    assert any("speculative" in groups for groups in changed[6:])
+    # The groups tuned before a stage keep the best trial's values through it.
+    assert (
+        len({tuple(sorted((n, v) for n, v in p.items() if kinds[n] == "nccl")) for p in run.params[4:]}) == 1
+    )
+
+
+def test_the_grid_keeps_every_other_knob_at_its_default() -> None:
+    points = [{MEM: 0.80, GRAPH: 64}, {MEM: 0.9, GRAPH: 32}]
+    run = run_study(PROFILES["seed"], 3, sampler=lambda _study: TwoFlagGrid(points, {}))
+    for params, point in zip(run.params[1:], points, strict=True):
+        assert {name: params[name] for name in point} == point
+        assert all(value is None or value is False for name, value in params.items() if name not in point)

@@ -1,0 +1,86 @@
+"""The model-backed node fails as the real node does: same failure kinds and culprits, from the same lines.
+
+Benchmarks of the tuner run thousands of trials on `ModelExecutor`; the outcome rules (OOM pruned,
+unsupported remembered) are only the product's if its failures are classified as a real node classifies
+the simulated server's log.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.benchmark import Workload
+from autotune.failures import FailureKind
+from autotune.launch import ServerLaunch
+from autotune.node import TrialExecutor, TrialRequest
+from autotune.runner import LocalCommandRunner, free_port
+from autotune.sim.model import LaunchSettings, NodeModel
+from autotune.sim.model_node import ModelExecutor, startup_seconds
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+
+SEED_HW, SEED_MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"
+LONG = Workload(num_prompts=2, input_len=28000, output_len=8, concurrency=2)  # the seed's prompt length
+BASE = ("--model-path", "/models/Kimi-K2.5", "--tp-size", "8")
+EAGLE = ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/models/Kimi-K2.5-EAGLE3")
+CASES = {
+    "flashinfer fusion on SM120": (("--enable-flashinfer-allreduce-fusion",), FailureKind.UNSUPPORTED),
+    "expert parallel on SM120": (("--ep-size", "8"), FailureKind.UNSUPPORTED),
+    "weights leave no KV pool": (("--mem-fraction-static", "0.70"), FailureKind.KV_POOL_TOO_SMALL),
+    "graphs do not fit": (
+        ("--mem-fraction-static", "0.95", "--cuda-graph-max-bs", "512", *EAGLE),
+        FailureKind.CUDA_GRAPH_OOM,
+    ),
+    "prompt longer than the KV pool": (("--mem-fraction-static", "0.78"), FailureKind.OOM_UNDER_LOAD),
+}
+
+
+def launch(flags: tuple[str, ...], port: int = 30000, program: tuple[str, ...] = ()) -> ServerLaunch:
+    argv = (*program, *BASE, *flags, "--host", "127.0.0.1", "--port", str(port))
+    return ServerLaunch(argv=argv, env={"SGLANG_SIM_TIME_SCALE": "0.001"}, host="127.0.0.1", port=port)
+
+
+def model_node() -> ModelExecutor:
+    return ModelExecutor("model", load_hardware_profile(SEED_HW), load_model_profile(SEED_MODEL))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_model_node_classifies_each_failure_by_its_kind(case: str) -> None:
+    flags, kind = CASES[case]
+    result = model_node().run(TrialRequest(1, launch(flags), LONG, 60, 60))
+    assert result.failure is not None and result.failure.kind is kind, result.failure
+    if kind is FailureKind.UNSUPPORTED:
+        assert flags[0] in result.failure.culprits
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_real_node_agrees_on_the_simulated_server(case: str, tmp_path: Path) -> None:
+    flags, _ = CASES[case]
+    server = launch(flags, free_port(), (sys.executable, "-m", "autotune.sim.sglang_server"))
+    real = TrialExecutor("local", LocalCommandRunner(), tmp_path, port_wait_s=5).run(
+        TrialRequest(1, server, LONG, 60, 60)
+    )
+    modelled = model_node().run(TrialRequest(1, launch(flags), LONG, 60, 60))
+    assert real.failure is not None and modelled.failure is not None
+    assert (modelled.failure.kind, modelled.failure.culprits) == (real.failure.kind, real.failure.culprits)
+
+
+def test_node_time_is_the_model_start_up_until_ready_or_failed_plus_the_benchmark() -> None:
+    hardware, model = load_hardware_profile(SEED_HW), load_model_profile(SEED_MODEL)
+    node = model_node()
+    ok = node.run(TrialRequest(1, launch(()), LONG, 60, 60))
+    baseline = NodeModel(hardware, model, LaunchSettings(tp_size=8))
+    assert ok.ok and ok.startup_s == pytest.approx(
+        baseline.init_seconds + baseline.load_seconds + baseline.capture_seconds
+    )
+    assert ok.benchmark is not None and ok.benchmark_s == pytest.approx(ok.benchmark.duration_s)
+
+    no_kv = node.run(TrialRequest(2, launch(("--mem-fraction-static", "0.70")), LONG, 60, 60))
+    assert no_kv.startup_s == pytest.approx(baseline.init_seconds + baseline.load_seconds)  # after the load
+    assert no_kv.benchmark_s is None
+    unsupported = node.run(TrialRequest(3, launch(("--ep-size", "8")), LONG, 60, 60))
+    assert unsupported.startup_s == pytest.approx(baseline.init_seconds)  # dies as the load begins
+    assert startup_seconds(baseline) > 600  # ten minutes of weights before anything else

@@ -1,0 +1,163 @@
+"""The study's plots: every one draws a PNG from real Optuna trials, and the tracker logs them as the
+parent run's artifacts while the study runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from autotune.plots import (
+    CUDA_GRAPH_MAX_BS,
+    MEMORY_FRACTION,
+    draw_plots,
+    is_oom,
+    param_importances,
+    plot_data,
+    png_bytes,
+    save_plots,
+    top_params,
+)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+DISTRIBUTIONS = {
+    MEMORY_FRACTION: FloatDistribution(0.5, 0.95, step=0.01),
+    CUDA_GRAPH_MAX_BS: CategoricalDistribution([None, 32, 128, 512]),
+    "NCCL_PROTO": CategoricalDistribution([None, "LL", "LL128"]),
+}
+
+
+def _trial(number: int, mem: float, bs: int | None, proto: str | None, value: float | None, kind: str = ""):
+    params = {MEMORY_FRACTION: mem, CUDA_GRAPH_MAX_BS: bs, "NCCL_PROTO": proto}
+    attrs = {"failure_kind": kind} if kind else {}
+    if kind in ("kv_pool_too_small", "cuda_graph_oom"):
+        state, values = TrialState.PRUNED, [0.0]
+    elif kind:
+        state, values = TrialState.FAIL, None
+    else:
+        state, values = TrialState.COMPLETE, [value]
+    return create_trial(
+        state=state, values=values, params=params, distributions=DISTRIBUTIONS, user_attrs=attrs
+    )
+
+
+@pytest.fixture
+def study() -> optuna.Study:
+    """A throughput study as the driver leaves it: a baseline without parameters, completed trials, OOM
+    trials pruned at the penalty, a failed one, and a skipped proposal that never ran."""
+    ostudy = optuna.create_study(direction="maximize", study_name="plots")
+    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True}))
+    for i, (mem, bs, proto, value, kind) in enumerate(
+        [
+            (0.80, 128, None, 120.0, ""),
+            (0.90, 512, "LL", 140.0, ""),
+            (0.55, 32, None, None, "kv_pool_too_small"),
+            (0.93, 512, "LL128", None, "cuda_graph_oom"),
+            (0.85, None, "LL", 135.0, ""),
+            (0.75, 32, "LL128", 90.0, ""),
+            (0.88, 128, "LL", 138.0, ""),
+            (0.70, None, None, None, "nccl_error"),
+        ]
+    ):
+        ostudy.add_trial(_trial(i + 1, mem, bs, proto, value, kind))
+    ostudy.add_trial(
+        create_trial(
+            state=TrialState.FAIL,
+            params={MEMORY_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: None, "NCCL_PROTO": None},
+            distributions=DISTRIBUTIONS,
+            user_attrs={"skipped": True, "failure_kind": "known_incompatible"},
+        )
+    )
+    return ostudy
+
+
+def test_every_single_objective_plot_is_drawn_as_png(study: optuna.Study, tmp_path: Path) -> None:
+    data = plot_data(study, "output_throughput", "tok/s")
+    assert data.baseline == 100.0
+    assert all(not t.user_attrs.get("skipped") for t in data.trials), "skipped proposals never ran"
+    paths = save_plots(data, tmp_path / "plots")
+    assert {p.name for p in paths} == {
+        "optimization_history.png",
+        "param_importances.png",
+        "objective_vs_params.png",
+        "memory_region.png",
+    }, "no Pareto front for one objective"
+    for path in paths:
+        assert path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
+
+
+def test_importances_rank_the_parameters_over_completed_sampled_trials(study: optuna.Study) -> None:
+    data = plot_data(study, "output_throughput", "tok/s")
+    importances = param_importances(data)
+    assert importances is not None and set(importances) == set(DISTRIBUTIONS)
+    assert top_params(data, importances) == list(importances)[:3]
+
+
+def test_too_few_trials_draw_a_note_instead_of_importances() -> None:
+    ostudy = optuna.create_study(direction="maximize", study_name="young")
+    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True}))
+    ostudy.add_trial(_trial(1, 0.8, 128, None, 110.0))
+    data = plot_data(ostudy, "output_throughput", "tok/s")
+    assert param_importances(data) is None
+    figures = draw_plots(data)
+    assert "param_importances.png" in figures  # a figure that says why there are no bars yet
+    text = " ".join(t.get_text() for ax in figures["param_importances.png"].axes for t in ax.texts)
+    assert "Not enough completed trials" in text
+
+
+def test_memory_region_marks_oom_trials_and_needs_both_parameters(study: optuna.Study) -> None:
+    data = plot_data(study, "output_throughput", "tok/s")
+    figure = draw_plots(data)["memory_region.png"]
+    labels = figure.axes[0].get_legend_handles_labels()[1]
+    assert {"started and served", "out of GPU memory", "failed otherwise"} <= set(labels)
+    assert sum(is_oom(t) for t in data.trials) == 2
+
+    other = optuna.create_study(direction="maximize")
+    distribution = {"NCCL_PROTO": CategoricalDistribution([None, "LL"])}
+    for value, proto in ((1.0, None), (2.0, "LL")):
+        other.add_trial(create_trial(value=value, params={"NCCL_PROTO": proto}, distributions=distribution))
+    assert "memory_region.png" not in draw_plots(plot_data(other, "output_throughput", "tok/s"))
+
+
+def test_multi_objective_study_gets_a_pareto_front(tmp_path: Path) -> None:
+    ostudy = optuna.create_study(directions=["maximize", "minimize"], study_name="pareto")
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        ostudy.set_metric_names(["output_throughput", "p99_ttft_ms"])
+    points = [(100, 50), (120, 60), (90, 40), (110, 70), (130, 90), (80, 45)]
+    for throughput, ttft in points:
+        ostudy.add_trial(
+            create_trial(
+                values=[throughput, ttft],
+                params={MEMORY_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: 128, "NCCL_PROTO": None},
+                distributions=DISTRIBUTIONS,
+            )
+        )
+    figures = draw_plots(plot_data(ostudy, "output_throughput", "tok/s"))
+    assert "pareto_front.png" in figures and "optimization_history.png" not in figures
+    front = figures["pareto_front.png"].axes[0].lines[0]
+    assert sorted(zip(front.get_xdata(), front.get_ydata(), strict=True)) == [
+        (90, 40),
+        (100, 50),
+        (120, 60),
+        (130, 90),
+    ]
+    assert figures["pareto_front.png"].axes[0].get_xlabel().startswith("output_throughput")
+    assert png_bytes(figures["pareto_front.png"]).startswith(PNG)
+
+
+@pytest.mark.integration
+def test_the_study_parent_run_carries_the_plots(finished_study) -> None:
+    path, proc = finished_study
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    workdir = path.parent / ".autotune" / "e2e"
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    parent = client.search_runs([experiment.experiment_id], filter_string="tags.`autotune.role` = 'study'")[0]
+    names = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"optimization_history.png", "param_importances.png", "memory_region.png"} <= names
+    local = Path(client.download_artifacts(parent.info.run_id, "plots/optimization_history.png"))
+    assert local.read_bytes().startswith(PNG)

@@ -1,0 +1,360 @@
+"""`autotune report` and `autotune ablate` on real studies, and the study summary MLflow shows.
+
+The ablation study is made for the purpose on the simulated node: a small search space where NCCL's
+LL protocol and P2P level raise output tok/s well above SGLang's defaults, a triton attention backend that
+changes little, and `--mem-fraction-static 0.55` that runs out of memory. The configs are enqueued
+(as a user seeding a study would), run by `autotune run`, then ablated by `autotune ablate`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from autotune.ablation import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
+from autotune.runner import free_port
+from autotune.tracking import failure_note, metric_unit, run_name
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+SPACE = {
+    "parameters": {
+        "NCCL_PROTO": {"kind": "nccl", "type": "categorical", "choices": [None, "LL"]},
+        "NCCL_P2P_LEVEL": {"kind": "nccl", "type": "categorical", "choices": [None, "SYS"]},
+        "--attention-backend": {"kind": "sglang", "type": "categorical", "choices": [None, "triton"]},
+        "--mem-fraction-static": {"kind": "sglang", "type": "categorical", "choices": [None, 0.55]},
+        "--cuda-graph-max-bs": {"kind": "sglang", "type": "categorical", "choices": [None, 256]},
+    }
+}
+BEST = {
+    "NCCL_PROTO": "LL",
+    "NCCL_P2P_LEVEL": "SYS",
+    "--attention-backend": "triton",
+    "--mem-fraction-static": None,
+    "--cuda-graph-max-bs": None,
+}
+OOM = {**BEST, "--mem-fraction-static": 0.55}
+
+
+def write_ablation_study(folder: Path) -> Path:
+    (folder / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    objective = {
+        "name": "many-short",
+        "metric": "output_throughput",
+        "workload": {"num_prompts": 8, "input_len": 500, "output_len": 128, "concurrency": 8},
+    }
+    (folder / "objective.yaml").write_text(yaml.safe_dump(objective))
+    study = {
+        "study": "ablated",
+        "search_space": "space.yaml",
+        "objective": "objective.yaml",
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "port": free_port(),
+            "flags": {"--tp-size": 8},
+            # Serving slow enough that the server's own time dominates HTTP overhead; start-up fast.
+            "env": {"SGLANG_SIM_TIME_SCALE": "0.05", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
+        },
+        "budget": {"n_trials": 3},
+        "sampler": {"name": "random", "seed": 1},
+        "timeouts": {"startup_s": 60, "benchmark_s": 60},
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The study run (baseline, the good config, an OOM config), ablated, and reported on."""
+    from autotune.config import load_study
+    from autotune.study_storage import open_study
+
+    folder = tmp_path_factory.mktemp("ablation")
+    path = write_ablation_study(folder)
+    study = load_study(path)
+    study.ensure_workdir()
+    ostudy = open_study(study)  # trial 0: the baseline
+    ostudy.enqueue_trial(BEST)
+    ostudy.enqueue_trial(OOM)
+    run = run_cli("run", str(path), cwd=folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ablate = run_cli("ablate", str(path), cwd=folder)
+    assert ablate.returncode == 0, ablate.stdout + ablate.stderr[-3000:]
+    report = run_cli("report", str(path), "--out", str(folder / "report"), cwd=folder)
+    assert report.returncode == 0, report.stderr[-3000:]
+    return path, ablate.stdout
+
+
+def _storage(path: Path, name: str) -> str:
+    return f"sqlite:///{path.parent / '.autotune' / name / 'optuna.db'}"
+
+
+def test_ablate_reverts_each_changed_setting_of_the_best_config_once(ablated_study) -> None:
+    path, stdout = ablated_study
+    trials = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated")).get_trials()
+    assert trials[1].params == BEST and trials[1].state == optuna.trial.TrialState.COMPLETE
+    assert trials[2].state == optuna.trial.TrialState.PRUNED  # the OOM config
+    assert trials[2].user_attrs["failure_kind"] == "kv_pool_too_small"
+    assert trials[1].value > trials[0].value, "the enqueued config beats SGLang's defaults on the simulator"
+    ablations = {t.user_attrs[ABLATION_PARAM_ATTR]: t for t in trials if ABLATION_OF_ATTR in t.user_attrs}
+    assert set(ablations) == {"NCCL_PROTO", "NCCL_P2P_LEVEL", "--attention-backend"}
+    for name, trial in ablations.items():
+        assert trial.user_attrs[ABLATION_OF_ATTR] == 1
+        assert trial.params == {**BEST, name: None}
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert "trial 1:" in stdout and "NCCL_PROTO" in stdout
+
+
+def test_ablation_runs_are_marked_in_mlflow(ablated_study) -> None:
+    path, _ = ablated_study
+    client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/ablated/mlflow.db'}")
+    experiment = client.get_experiment_by_name("ablated")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.`autotune.ablation_of` = '1'")
+    assert {r.data.tags["autotune.ablation_param"] for r in runs} == {
+        "NCCL_PROTO",
+        "NCCL_P2P_LEVEL",
+        "--attention-backend",
+    }
+    for run in runs:
+        assert f"without {run.data.tags['autotune.ablation_param']}" in run.info.run_name
+
+
+def test_report_is_one_self_contained_page_with_every_section(ablated_study) -> None:
+    path, _ = ablated_study
+    html = (path.parent / "report" / "report.html").read_text()
+    for section in ("summary", "best-config", "plots", "failures", "ablation", "trials"):
+        assert f'<section id="{section}">' in html, section
+    assert not re.search(r"""(src|href)=["'](https?:|//|file:)""", html), "no outside references"
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) >= 4
+    assert all(base64.b64decode(data).startswith(b"\x89PNG") for data in images)
+    for plot in ("optimization_history", "param_importances", "objective_vs_params", "memory_region"):
+        assert f'id="plot-{plot}"' in html
+    assert "pareto_front" not in html, "one objective: no Pareto front"
+
+
+def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated_study) -> None:
+    path, _ = ablated_study
+    html = (path.parent / "report" / "report.html").read_text()
+    from autotune.driver import best_trial
+
+    ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
+    winner = best_trial(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
+    best = html.split('<section id="best-config">')[1].split("</section>")[0]
+    assert f"Trial {winner.number}:" in best and "#!/usr/bin/env bash" in best
+    for name, value in winner.params.items():
+        if value is not None:
+            assert f"<td><code>{name}</code></td><td><code>{value}</code></td>" in best
+    assert "export NCCL_P2P_LEVEL=SYS" in best or winner.params["NCCL_P2P_LEVEL"] is None
+    failures = html.split('<section id="failures">')[1].split("</section>")[0]
+    assert "kv_pool_too_small" in failures and "raise --mem-fraction-static" in failures
+
+
+def test_report_splits_the_gain_by_setting(ablated_study) -> None:
+    path, _ = ablated_study
+    html = (path.parent / "report" / "report.html").read_text()
+    ablation = html.split('<section id="ablation">')[1].split("</section>")[0]
+    rows = re.findall(r"<tr><td><code>([^<]+)</code></td>", ablation)
+    assert set(rows) == {"NCCL_PROTO", "NCCL_P2P_LEVEL", "--attention-backend"}
+    assert "share of the gain" in ablation and "tok/s" in ablation
+
+
+def test_report_before_any_ablation_says_how_to_run_one(finished_study, tmp_path: Path) -> None:
+    path, proc = finished_study
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = run_cli("report", str(path), "--out", str(tmp_path / "out"), cwd=path.parent)
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "autotune ablate STUDY.yaml" in html
+    assert "Trial " in html.split('<section id="best-config">')[1]
+
+
+def test_parent_run_description_is_the_study_summary(finished_study) -> None:
+    path, _ = finished_study
+    client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/e2e/mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    parent = client.search_runs([experiment.experiment_id], filter_string="tags.`autotune.role` = 'study'")[0]
+    note = parent.data.tags["mlflow.note.content"]
+    assert "baseline (SGLang defaults)" in note and "best:" in note and "#!/usr/bin/env bash" in note
+    script = Path(client.download_artifacts(parent.info.run_id, "best/launch.sh")).read_text()
+    assert script in note
+
+
+def test_report_and_ablate_need_a_study_that_ran(tmp_path: Path) -> None:
+    from tests.conftest import write_study
+
+    path = write_study(tmp_path)
+    for command in (("report", str(path), "--out", str(tmp_path / "r")), ("ablate", str(path))):
+        proc = run_cli(*command, cwd=tmp_path)
+        assert proc.returncode == 1 and "autotune run" in proc.stderr, proc.stderr
+
+
+def test_run_names_read_at_a_glance() -> None:
+    assert run_name(5, "COMPLETE", 212.44, False) == "#005 · 212.4 tok/s · COMPLETE"
+    assert run_name(0, "COMPLETE", 80.0, True) == "#000 baseline · 80.0 tok/s · COMPLETE"
+    assert (
+        run_name(3, "PRUNED", 0.0, False, detail="kv_pool_too_small") == "#003 · PRUNED · kv_pool_too_small"
+    )
+    assert run_name(7, "RUNNING", None, False, detail="benchmarking") == "#007 · RUNNING · benchmarking"
+    assert (
+        run_name(2, "COMPLETE", 41.5, False, unit=metric_unit("p99_ttft_ms")) == "#002 · 41.5 ms · COMPLETE"
+    )
+    note = failure_note("FAIL", "nccl_error", "Check NCCL_*.", "NCCL WARN bad")
+    assert note.startswith("**FAIL: nccl_error**") and "```\nNCCL WARN bad\n```" in note
+
+
+# -- what MLflow shows while a study runs ------------------------------------------------------------------
+@pytest.fixture
+def tracker(tmp_path: Path):
+    from autotune.tracking import StudyTracker
+
+    return StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "live", tmp_path / "artifacts")
+
+
+def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -> None:
+    from autotune.launch import ServerLaunch, TrialConfig
+
+    launch = ServerLaunch(("python", "-m", "sglang.launch_server"), {"NCCL_PROTO": "LL"}, "127.0.0.1", 30000)
+    config = TrialConfig(env={"NCCL_PROTO": "LL"}, params={"NCCL_PROTO": "LL"})
+    run_id = tracker.start_trial(4, config, {"NCCL_PROTO": "nccl"}, launch, False, "node-a")
+    assert tracker.client.get_run(run_id).info.run_name == "#004 · RUNNING · launching"
+    tracker.set_phase(run_id, "capturing", 12.5)
+    run = tracker.client.get_run(run_id)
+    assert run.info.run_name == "#004 · RUNNING · capturing"
+    assert run.data.tags["autotune.phase"] == "capturing" and run.data.metrics["phase.capturing_s"] == 12.5
+    tracker.finish_trial(
+        run_id,
+        number=4,
+        state="PRUNED",
+        value=0.0,
+        baseline=False,
+        metrics={"trial_s": 30.0},
+        tags={
+            "autotune.failure_kind": "cuda_graph_oom",
+            "autotune.advice": "lower --cuda-graph-max-bs",
+            "autotune.failure": "CUDA out of memory",
+        },
+        artifacts={"server.log": "log"},
+    )
+    run = tracker.client.get_run(run_id)
+    assert run.info.run_name == "#004 · PRUNED · cuda_graph_oom"
+    assert run.data.tags["mlflow.note.content"].startswith("**PRUNED: cuda_graph_oom**")
+    assert run.data.params["nccl.NCCL_PROTO"] == "LL"
+
+    orphan = tracker.start_trial(5, config, {"NCCL_PROTO": "nccl"}, launch, False, "node-a")
+    tracker.close_interrupted(orphan)  # its driver died: the next driver closes the run
+    run = tracker.client.get_run(orphan)
+    assert run.info.run_name == "#005 · FAIL · interrupted" and run.info.status == "KILLED"
+
+
+def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(tracker, tmp_path: Path) -> None:
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.config import load_study
+    from tests.conftest import write_study
+
+    study = load_study(write_study(tmp_path))
+    ostudy = optuna.create_study(direction="maximize", study_name="live")
+    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=80.0, user_attrs={"baseline": True}))
+    tracker.refresh_study_view(ostudy, study)
+    parent = tracker.parent_run_id
+    assert "80.00 tok/s" in tracker.client.get_run(parent).data.tags["mlflow.note.content"]
+    assert not tracker.client.list_artifacts(parent, "plots"), "within the interval: no redraw"
+    tracker.close()
+    names = {Path(a.path).name for a in tracker.client.list_artifacts(parent, "plots")}
+    assert "optimization_history.png" in names
+    assert {a.path for a in tracker.client.list_artifacts(parent, "best")} == {"best/launch.sh"}
+
+
+# -- the ablation plan, on Optuna's own in-memory studies ---------------------------------------------------
+def _plan_study() -> optuna.Study:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    distributions = {
+        "NCCL_PROTO": CategoricalDistribution([None, "LL"]),
+        "--disable-custom-all-reduce": CategoricalDistribution([False, True]),
+        "--mem-fraction-static": FloatDistribution(0.7, 0.95, step=0.01),
+        "--attention-backend": CategoricalDistribution([None, "triton"]),
+    }
+    ostudy = optuna.create_study(direction="maximize", study_name="plan")
+    ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
+    params = {
+        "NCCL_PROTO": "LL",
+        "--disable-custom-all-reduce": True,
+        "--mem-fraction-static": 0.88,
+        "--attention-backend": None,
+    }
+    ostudy.add_trial(create_trial(value=150.0, params=params, distributions=distributions))
+    ostudy.add_trial(create_trial(state=TrialState.FAIL, params=params, distributions=distributions))
+    return ostudy
+
+
+def test_ablation_plan_reverts_what_the_search_space_can_unset() -> None:
+    from autotune.ablation import enqueue_ablation, plan_ablation
+
+    ostudy = _plan_study()
+    plan = plan_ablation(ostudy)
+    assert plan.of == 1
+    assert plan.reverts == {"NCCL_PROTO": None, "--disable-custom-all-reduce": False}
+    assert set(plan.not_ablated) == {"--mem-fraction-static"}, "a range has no 'leave it to SGLang' value"
+    assert enqueue_ablation(ostudy, plan) == ["NCCL_PROTO", "--disable-custom-all-reduce"]
+    waiting = ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs[ABLATION_PARAM_ATTR] for t in waiting] == [
+        "NCCL_PROTO",
+        "--disable-custom-all-reduce",
+    ]
+    assert waiting[0].system_attrs["fixed_params"]["NCCL_PROTO"] is None
+    assert plan_ablation(ostudy).done == ("NCCL_PROTO", "--disable-custom-all-reduce"), (
+        "queued counts as done"
+    )
+    assert enqueue_ablation(ostudy, plan_ablation(ostudy)) == []
+
+
+def test_ablation_results_follow_retries_and_split_the_gain() -> None:
+    from autotune.ablation import ablation_results, enqueue_ablation, plan_ablation
+
+    ostudy = _plan_study()
+    enqueue_ablation(ostudy, plan_ablation(ostudy))
+    proto = ostudy.ask()  # without NCCL_PROTO: interrupted, then retried by the driver with the same params
+    proto.suggest_categorical("NCCL_PROTO", [None, "LL"])
+    proto.set_user_attr("failure_kind", "interrupted")
+    ostudy.tell(proto, state=optuna.trial.TrialState.FAIL)
+    car = ostudy.ask()
+    car.suggest_categorical("--disable-custom-all-reduce", [False, True])
+    ostudy.tell(car, 140.0)
+    ostudy.enqueue_trial({"NCCL_PROTO": None}, user_attrs={"retry_of": proto.number})
+    retry = ostudy.ask()
+    retry.suggest_categorical("NCCL_PROTO", [None, "LL"])
+    ostudy.tell(retry, 110.0)
+
+    result = ablation_results(ostudy)
+    assert result is not None and result.of == 1 and result.baseline_value == 100.0
+    rows = {row.param: row for row in result.rows}
+    assert rows["NCCL_PROTO"].trial == retry.number and rows["NCCL_PROTO"].loss == pytest.approx(40.0)
+    assert rows["NCCL_PROTO"].share_of_gain == pytest.approx(0.8)
+    assert rows["--disable-custom-all-reduce"].loss_pct == pytest.approx(10 / 150 * 100)
+    assert [row.param for row in result.rows] == ["NCCL_PROTO", "--disable-custom-all-reduce"]
+    assert "--mem-fraction-static" in result.not_ablated
+
+
+def test_nothing_to_ablate_when_the_baseline_is_best() -> None:
+    from optuna.trial import create_trial
+
+    from autotune.ablation import plan_ablation
+    from autotune.errors import AutotuneError
+
+    ostudy = optuna.create_study(direction="maximize", study_name="flat")
+    ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
+    with pytest.raises(AutotuneError, match="is the baseline"):
+        plan_ablation(ostudy)

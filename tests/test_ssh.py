@@ -1,0 +1,353 @@
+"""Remote nodes over SSH, against a real OpenSSH server on loopback (tests/sshd.py).
+
+The "node" is this machine reached through sshd, so a test can check the remote server's pid itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from autotune.benchmark import Workload
+from autotune.config import load_study
+from autotune.errors import ConfigError
+from autotune.failures import FailureKind
+from autotune.launch import ServerLaunch
+from autotune.node import TrialExecutor, TrialRequest, TrialResult
+from autotune.nodecheck import GPU, check_node, gpu_problems, parse_gpus
+from autotune.runner import LaunchError, NodeUnreachableError, free_port, port_is_free
+from autotune.ssh import AddressError, SSHAddress, parse_ssh_address
+from tests.conftest import run_cli, write_study
+from tests.sshd import SSHServer, sshd_unavailable
+
+SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
+needs_sshd = pytest.mark.skipif(sshd_unavailable() is not None, reason=str(sshd_unavailable()))
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie left to a PID 1 that does not reap counts as dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _group(pgid: int) -> list[int]:
+    """Live pids in process group `pgid`."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == pgid and fields[0] not in ("Z", "X"):
+                out.append(int(entry.name))
+    return out
+
+
+# -- addresses and study files (no sshd) ------------------------------------------------------------
+def test_ssh_addresses_parse_with_port_22_by_default() -> None:
+    assert parse_ssh_address("ssh://root@gpu-1") == SSHAddress("root", "gpu-1", 22)
+    assert parse_ssh_address("ssh://me@10.0.0.5:2222") == SSHAddress("me", "10.0.0.5", 2222)
+    assert parse_ssh_address("ssh://me@[fe80::1]:22").host == "fe80::1"
+    assert SSHAddress("me", "h", 2222).known_hosts_name == "[h]:2222"
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        ("ssh://gpu-1:22", "no user"),
+        ("ssh://me@gpu-1:99999", "port"),
+        ("ssh://me@gpu-1:x", "port"),
+        ("ssh://me:secret@gpu-1", "password"),
+        ("ssh://me@gpu-1/var", "no path"),
+        ("ssh://me@:22", "no host"),
+    ],
+)
+def test_bad_ssh_addresses_say_what_is_wrong(address: str, problem: str) -> None:
+    with pytest.raises(AddressError, match=problem) as info:
+        parse_ssh_address(address)
+    assert info.value.fix
+
+
+def _study_with_node(tmp_path: Path, node: dict[str, Any], **server: Any) -> Path:
+    path = write_study(tmp_path, n_trials=5)
+    data = yaml.safe_load(path.read_text())
+    data["nodes"] = [node]
+    data["server"].update(server)
+    data["server"]["env"]["SGLANG_SIM_STARTUP_TIME_SCALE"] = "0.0002"  # start-up is not what is tested
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_ssh_settings_on_a_local_node_are_refused(tmp_path: Path) -> None:
+    path = _study_with_node(tmp_path, {"name": "a", "address": "local", "key_file": "id"})
+    with pytest.raises(ConfigError) as info:
+        load_study(path)
+    assert info.value.field == "nodes[0].key_file" and "ssh://" in info.value.fix
+    assert "\n" not in str(info.value)
+
+
+def test_missing_known_hosts_is_a_config_error_naming_ssh_keyscan(tmp_path: Path) -> None:
+    node = {"name": "g", "address": "ssh://me@gpu-1:2222", "known_hosts": "nowhere/known_hosts"}
+    with pytest.raises(ConfigError) as info:
+        load_study(_study_with_node(tmp_path, node))
+    assert info.value.field == "nodes[0].known_hosts"
+    assert "ssh-keyscan -p 2222 gpu-1" in info.value.fix and "accept_unknown_host_key" in info.value.fix
+
+
+def test_a_loopback_server_on_a_remote_node_needs_benchmark_from_node(tmp_path: Path) -> None:
+    (tmp_path / "kh").write_text("")
+    node = {"name": "g", "address": "ssh://me@gpu-1", "known_hosts": "kh"}
+    with pytest.raises(ConfigError) as info:
+        load_study(_study_with_node(tmp_path, node, host="127.0.0.1"))
+    assert info.value.field == "server.host" and "benchmark_from: node" in info.value.fix
+    study = load_study(_study_with_node(tmp_path, {**node, "benchmark_from": "node"}, host="127.0.0.1"))
+    assert study.file.nodes[0].known_hosts == str(tmp_path / "kh")  # relative to the study's folder
+
+
+# -- GPU inventory rules (no sshd) -----------------------------------------------------------------
+NVIDIA_SMI = """0, NVIDIA H200, 143771, 143156
+1, NVIDIA H200, 143771, 143156
+2, NVIDIA H200, 143771, 20480
+3, NVIDIA H200, 143771, [N/A]
+"""
+
+
+def test_nvidia_smi_inventory_and_sglangs_unbalanced_memory_rule() -> None:
+    gpus = parse_gpus(NVIDIA_SMI)
+    assert [g.index for g in gpus] == [0, 1, 2]
+    assert gpus[0] == GPU(0, "NVIDIA H200", 143771.0, 143156.0)
+    assert gpu_problems(gpus[:2]) == []
+    problems = gpu_problems(gpus)
+    assert any("unbalanced" in p.what and "GPU 2" in p.what for p in problems)
+    assert any("GPU 2: 120.4 GiB in use" in p.what for p in problems)
+    assert all(p.fix for p in problems)
+    assert gpu_problems(gpus, visible="0,1") == []  # the busy GPU is not the server's
+    assert "no usable GPU" in gpu_problems([])[0].what
+
+
+# -- a real sshd -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
+    if sshd_unavailable():
+        pytest.skip(str(sshd_unavailable()))
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@needs_sshd
+def test_env_values_arrive_intact_on_the_node(sshd: SSHServer, tmp_path: Path) -> None:
+    env = {
+        "SPACES": "two  words ",
+        "QUOTES": 'it\'s "quoted"',
+        "DOLLAR": "$HOME ${PATH} $(id) `id`",
+        "BACKSLASH": "a\\b\\\\c",
+        "NEWLINE": "line1\nline2",
+        "EMPTY": "",
+    }
+    args = [json.dumps(list(env)), "arg with 'quotes' and $x", "--flag=a b"]
+    code = "import json, os, sys; names = json.loads(sys.argv[1]); "
+    code += "print(json.dumps([{k: os.environ.get(k) for k in names}, sys.argv[2:]]), flush=True)"
+    runner = sshd.runner(local_root=tmp_path)
+    process = runner.start([sys.executable, "-c", code, *args], env, tmp_path / "trial-0001" / "server.log")
+    _wait_for(lambda: process.poll() is not None)
+    assert process.poll() == 0
+    seen_env, seen_args = json.loads(process.read_log().splitlines()[0])
+    assert seen_env == env
+    assert seen_args == args[1:]
+    assert (tmp_path / "trial-0001" / "server.log").read_text() == process.read_log()
+    assert process.remote_log == runner.remote_root / "trial-0001" / "server.log"  # type: ignore[attr-defined]
+
+
+@needs_sshd
+def test_what_cannot_be_launched_on_the_node_is_a_launch_error(sshd: SSHServer, tmp_path: Path) -> None:
+    runner = sshd.runner(local_root=tmp_path)
+    with pytest.raises(LaunchError, match="command not found on the node: /opt/nowhere/sglang"):
+        runner.start(["/opt/nowhere/sglang"], {}, tmp_path / "trial-0001" / "server.log")
+    with pytest.raises(LaunchError, match="cannot export"):
+        runner.start([sys.executable], {"NCCL-ALGO": "ring"}, tmp_path / "trial-0001" / "server.log")
+
+
+@needs_sshd
+def test_an_unknown_host_key_is_refused_unless_accepted(sshd: SSHServer, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(NodeUnreachableError) as info:
+        sshd.runner(known_hosts=empty).connect(retry_for_s=5)
+    assert not info.value.transient  # refused at once, not retried
+    assert "not in" in info.value.reason and "SHA256:" in info.value.reason
+    assert "ssh-keyscan" in info.value.fix and "accept_unknown_host_key: true" in info.value.fix
+
+    accepting = sshd.runner(known_hosts=empty, accept_unknown_host_key=True)
+    accepting.connect()
+    assert f"[127.0.0.1]:{sshd.port} ssh-ed25519 " in empty.read_text()
+    sshd.runner(known_hosts=empty).connect()  # now pinned
+
+    other = tmp_path / "other_known_hosts"
+    other_key = (tmp_path / "k").with_suffix(".pub")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    other.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(other_key.read_text().split()[:2])}\n")
+    with pytest.raises(NodeUnreachableError, match="does not match"):
+        sshd.runner(known_hosts=other, accept_unknown_host_key=True).connect()  # a changed key never passes
+
+
+@needs_sshd
+def test_node_check_reports_a_missing_server_command_with_its_fix(sshd: SSHServer, tmp_path: Path) -> None:
+    runner = sshd.runner(local_root=tmp_path)
+    common: dict[str, Any] = {"env": {}, "host": "127.0.0.1", "port": free_port(), "log_dir": str(tmp_path)}
+    missing = check_node("n", runner, command=[sys.executable, "-m", "sglang_not_installed.launch"], **common)
+    [problem] = missing.problems
+    assert "'sglang_not_installed.launch' cannot be imported" in problem.what
+    assert "pip install sglang_not_installed" in problem.fix
+
+    command = ["/opt/nowhere/python", "-m", "sglang.launch_server"]
+    no_python = check_node("n", runner, command=command, **common)
+    [problem] = no_python.problems
+    assert "'/opt/nowhere/python' is not found" in problem.what and "server.command" in problem.fix
+
+    unreachable = sshd.runner(known_hosts=tmp_path / "none", local_root=tmp_path)
+    [problem] = check_node("n", unreachable, command=SIM, **common).problems
+    assert "cannot reach the node" in problem.what and "accept_unknown_host_key" in problem.fix
+    # A good node passes: the study test below runs this same check through the node actor.
+
+
+def _slow_benchmark_request(number: int) -> TrialRequest:
+    """A trial whose benchmark lasts seconds (decode at 2% of real time), after a fast start."""
+    port = free_port()
+    flags = ("--model-path", "/models/Kimi-K2.5", "--tp-size", "8", "--host", "127.0.0.1")
+    launch = ServerLaunch(
+        argv=(*SIM, *flags, "--port", str(port)),
+        env={"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.0002"},
+        host="127.0.0.1",
+        port=port,
+    )
+    workload = Workload(num_prompts=32, input_len=1000, output_len=256, concurrency=4)
+    return TrialRequest(number, launch, workload, startup_timeout_s=30, benchmark_timeout_s=60)
+
+
+def _run_and_cut(executor: TrialExecutor, request: TrialRequest, cut: Any) -> TrialResult:
+    box: list[TrialResult] = []
+    worker = threading.Thread(target=lambda: box.append(executor.run(request)))
+    worker.start()
+    _wait_for(lambda: executor.phase == "benchmarking", timeout_s=30)
+    time.sleep(0.3)
+    cut()
+    worker.join(timeout=60)
+    assert box, "run() returned"
+    return box[0]
+
+
+@needs_sshd
+def test_a_connection_cut_mid_benchmark_is_node_unreachable_and_the_server_is_stopped(
+    sshd: SSHServer, tmp_path: Path
+) -> None:
+    runner = sshd.runner(local_root=tmp_path)
+    executor = TrialExecutor("n", runner, tmp_path, port_wait_s=5.0)
+    request = _slow_benchmark_request(7)
+    started = time.monotonic()
+    result = _run_and_cut(executor, request, sshd.cut_sessions)
+    assert result.failure is not None and result.failure.kind is FailureKind.NODE_UNREACHABLE
+    assert result.failure.kind.retried_once and result.benchmark is None
+    assert time.monotonic() - started < 30  # the benchmark was cancelled, not waited for
+    assert result.server_pgid is not None
+    assert not _alive(result.server_pgid) and _group(result.server_pgid) == []  # stopped on reconnect
+    assert runner.left_behind == []
+    assert port_is_free("127.0.0.1", request.launch.port)
+    assert "The server is fired up and ready to roll!" in result.log  # followed until the cut
+
+
+@needs_sshd
+def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tmp_path: Path) -> None:
+    sshd = SSHServer(tmp_path / "sshd").start()
+    try:
+        workdir = tmp_path / "node"
+        runner = sshd.runner(local_root=workdir, reconnect_s=1.0)
+        executor = TrialExecutor("n", runner, workdir, port_wait_s=1.0)
+        result = _run_and_cut(executor, _slow_benchmark_request(8), sshd.stop)
+        assert result.failure is not None and result.failure.kind is FailureKind.NODE_UNREACHABLE
+        pgid = result.server_pgid
+        assert pgid is not None and _alive(pgid)  # sshd is gone: nobody could stop it
+        assert runner.left_behind == [pgid]
+        assert json.loads((workdir / "servers.json").read_text())[0]["pgid"] == pgid
+
+        sshd.start()
+        # A new runner on the same node folder (a restarted actor) stops it on its first connection.
+        fresh = sshd.runner(local_root=workdir)
+        assert fresh.left_behind == [pgid]
+        fresh.connect()
+        _wait_for(lambda: not _group(pgid), timeout_s=20)
+        assert fresh.left_behind == [] and not (workdir / "servers.json").exists()
+    finally:
+        sshd.stop()
+
+
+# -- a whole study through ssh:// ------------------------------------------------------------------
+@needs_sshd
+@pytest.mark.integration
+def test_a_study_runs_on_an_ssh_node_and_is_recorded(sshd: SSHServer, tmp_path: Path) -> None:
+    node_home = tmp_path / "node-home"
+    path = _study_with_node(
+        tmp_path,
+        {
+            "name": "ssh-sim",
+            "address": sshd.address,
+            "key_file": str(sshd.user_key),
+            "known_hosts": str(sshd.known_hosts),
+            "remote_dir": str(node_home),
+            "benchmark_from": "node",  # the driver-side benchmark is what the other tests use
+        },
+    )
+    proc = run_cli("run", str(path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    workdir = tmp_path / ".autotune" / "e2e"
+    trials = optuna.load_study(study_name="e2e", storage=f"sqlite:///{workdir / 'optuna.db'}").get_trials()
+    counted = [t for t in trials if not t.user_attrs.get("skipped")]
+    assert len(counted) == 5 and all(t.state.is_finished() for t in trials)
+    assert counted[0].user_attrs.get("baseline") and counted[0].state == optuna.trial.TrialState.COMPLETE
+    assert all(t.user_attrs["node"] == "ssh-sim" for t in counted)
+    assert not any(t.user_attrs.get("failure_kind") == "node_unreachable" for t in counted)
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    assert experiment is not None
+    runs = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id], max_results=100)}
+    for trial in counted:
+        run = runs[trial.user_attrs["mlflow_run_id"]]
+        assert run.data.tags["autotune.node"] == "ssh-sim"
+        assert run.data.tags["autotune.state"] == trial.state.name
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert run.data.metrics["output_throughput"] == pytest.approx(trial.value)
+            log = Path(client.download_artifacts(run.info.run_id, "server.log")).read_text()
+            assert "The server is fired up and ready to roll!" in log
+        # The node kept its own copy of every trial's log, laid out as on the driver.
+        remote_log = node_home / "e2e" / "nodes" / "ssh-sim" / f"trial-{trial.number:04d}" / "server.log"
+        assert remote_log.read_text().startswith(
+            (workdir / "nodes" / "ssh-sim" / f"trial-{trial.number:04d}" / "server.log").read_text()[:200]
+        )
+
+    port = yaml.safe_load(path.read_text())["server"]["port"]
+    assert port_is_free("127.0.0.1", port)
+    assert not (workdir / "nodes" / "ssh-sim" / "servers.json").exists()  # every server was stopped

@@ -1,0 +1,210 @@
+"""`autotune ui` in a real browser: headless Chromium (Debian's, installed by .ci/run) driven by Playwright
+opens the MLflow UI on the finished test study, finds the experiment, reads the trial runs' names (number,
+tok/s, state), opens a failed trial and sees its failure kind and advice, opens the study's plots, and saves
+screenshots of each.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.runner import port_is_free
+from tests.conftest import run_cli
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+URL_LINE = re.compile(r"MLflow UI for study 'e2e': (http://127\.0\.0\.1:(\d+)/\S*)")
+START_TIMEOUT_S = 60
+STEP_TIMEOUT_MS = 20_000
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def _browser_or_skip() -> None:
+    """Chromium and Playwright come from .ci/run; elsewhere the test says what is missing. In CI it fails."""
+    missing = []
+    if not CHROMIUM.exists():
+        missing.append(f"{CHROMIUM} (apt-get install chromium chromium-driver)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package (pip install -e '.[dev]')")
+    if missing:
+        message = "browser test needs " + " and ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, int, str]:
+    """The URL `autotune ui` prints once the server answers; everything it printed so far."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=0.5):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+            match = URL_LINE.search(line)
+            if match:
+                return match.group(1), int(match.group(2)), seen
+    raise AssertionError(f"autotune ui printed no URL within {timeout_s} s: {seen!r}")
+
+
+@pytest.fixture(scope="module")
+def ui(finished_study) -> Iterator[tuple[str, int]]:
+    """`autotune ui STUDY.yaml` as a user runs it; stopped with Ctrl-C (SIGINT) afterwards, which must stop
+    the MLflow server and free its port."""
+    _browser_or_skip()
+    path, proc = finished_study
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "ui", str(path)],
+        cwd=path.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url, port, _ = _read_url(server, START_TIMEOUT_S)
+        yield url, port
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            rc = server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            raise
+    assert rc == 0
+    assert port_is_free("127.0.0.1", port), "the MLflow server outlived `autotune ui`"
+    ours = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"--port {port}" not in ours
+
+
+def test_a_user_finds_the_trials_and_why_one_failed(ui, finished_study, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url, _ = ui
+    base = url.split("#", 1)[0]
+    path, _ = finished_study
+    ostudy = optuna.load_study(
+        study_name="e2e", storage=f"sqlite:///{path.parent / '.autotune/e2e/optuna.db'}"
+    )
+    ran = [t for t in ostudy.get_trials() if not t.user_attrs.get("skipped")]
+    failed = [t for t in ran if t.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)]
+    assert failed, "the finished_study fixture must contain a failed or pruned trial for this test"
+    target = failed[0]
+    kind = target.user_attrs["failure_kind"]
+
+    started = time.monotonic()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(STEP_TIMEOUT_MS)
+
+            # The experiment list shows the study's experiment; the run list is its "Model training" view.
+            page.goto(base + "#/experiments")
+            page.get_by_role("link", name="e2e", exact=True).first.click()
+            page.get_by_text("Model training", exact=True).click()
+            parent = page.locator("[col-id='attributes.`Run Name`']").filter(has_text="study e2e")
+            parent.get_by_role("button").click()  # the trials are child runs, folded under the study's run
+            page.get_by_text("#000 baseline").first.wait_for()
+            names = page.locator("[col-id='attributes.`Run Name`'] a").all_inner_texts()
+            page.screenshot(path=tmp_path / "runs.png")
+
+            for trial in ran:
+                name = next((n for n in names if n.startswith(f"#{trial.number:03d}")), None)
+                assert name is not None, f"no run for trial {trial.number} in {names}"
+                assert trial.state.name in name
+                if trial.state == optuna.trial.TrialState.COMPLETE:
+                    assert f"{trial.value:.1f} tok/s" in name
+                else:
+                    assert trial.user_attrs["failure_kind"] in name
+
+            page.get_by_role("link", name=re.compile(rf"^#{target.number:03d} ")).first.click()
+            page.get_by_text("autotune.failure_kind").first.wait_for()
+            body = page.inner_text("body")
+            assert f"{target.state.name}: {kind}" in body  # the run's description
+            assert target.user_attrs["advice"][:40] in body
+            assert kind in body
+            page.screenshot(path=tmp_path / "failed-trial.png", full_page=True)
+
+            # The study's run carries the plots, served from the study's artifact folder.
+            page.go_back()
+            page.get_by_role("link", name="study e2e").first.click()
+            page.get_by_text("Artifacts", exact=True).first.click()
+            page.get_by_text("plots", exact=True).click()
+            page.get_by_text("optimization_history.png").click()
+            plot = page.locator("img[src^='blob:']").first
+            plot.wait_for()
+            page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=plot.element_handle())
+            page.screenshot(path=tmp_path / "study-plots.png")
+        finally:
+            browser.close()
+    for shot in ("runs.png", "failed-trial.png", "study-plots.png"):
+        data = (tmp_path / shot).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 20_000
+    assert time.monotonic() - started < 60, "the browser part must stay under a minute"
+
+
+def test_ui_refuses_to_listen_beyond_loopback_without_allow_remote(finished_study) -> None:
+    path, _ = finished_study
+    proc = run_cli("ui", str(path), "--host", "0.0.0.0", cwd=path.parent)
+    assert proc.returncode == 2
+    assert "--allow-remote" in proc.stderr and "no login" in proc.stderr
+
+
+def test_ui_on_a_study_that_never_ran_says_how_to_start_it(tmp_path: Path) -> None:
+    from tests.conftest import write_study
+
+    path = write_study(tmp_path)
+    proc = run_cli("ui", str(path), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "autotune run" in proc.stderr
+
+
+def test_ui_serves_the_study_store_and_its_artifact_folder(tmp_path: Path) -> None:
+    from autotune.config import load_study
+    from autotune.ui import is_loopback, server_command
+    from tests.conftest import write_study
+
+    study = load_study(write_study(tmp_path))
+    command = server_command(study, "127.0.0.1", 5123)
+    artifacts = (study.workdir / "artifacts").resolve()
+    assert command[command.index("--backend-store-uri") + 1] == study.tracking_uri
+    assert command[command.index("--artifacts-destination") + 1] == str(artifacts)
+    assert command[command.index("--default-artifact-root") + 1] == artifacts.as_uri()
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.5", "::", "example.org"))
