@@ -359,7 +359,7 @@ def runner_for(node: NodeSpec, workdir: Path | None = None) -> CommandRunner:
     logs go under its `remote_dir`, in the same layout as the driver's `.autotune/<study>/nodes/<node>`.
     """
     if node.address == "local":
-        return LocalCommandRunner()
+        return LocalCommandRunner(Path(workdir) if workdir is not None else None)
     from autotune.ssh import SSHCommandRunner, parse_ssh_address
 
     remote_dir = node.remote_dir

@@ -7,14 +7,18 @@ node reached over SSH. Nothing here outside the `Local*` classes assumes a local
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +194,8 @@ class CommandRunner(ABC):
 class LocalServerProcess(ServerProcess):
     """A process group started on this machine by `LocalCommandRunner`."""
 
+    on_stopped: Callable[[], None] | None = None  # set by the runner that records its servers
+
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int) -> None:
         self._popen = popen
         # start_new_session makes the child a session and group leader: pgid == pid.
@@ -236,6 +242,8 @@ class LocalServerProcess(ServerProcess):
             pass
         # Once the group is gone its id may be reused: never signal it again.
         self._stopped = True
+        if self.on_stopped is not None:
+            self.on_stopped()
         return self._popen.poll()
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -283,10 +291,32 @@ def _group_members(pgid: int) -> list[int] | None:
     return members
 
 
+SERVER_ID_VAR = "AUTOTUNE_SERVER_ID"  # in every server's environment: proves a process group is ours
+SERVERS_FILE = "servers.json"
+LEFT_BEHIND_GRACE_S = 15.0  # SGLang's clean stop, as for any other server
+
+
 class LocalCommandRunner(CommandRunner):
-    """Runs commands as child processes of this Python process."""
+    """Runs commands as child processes of this Python process.
+
+    With a `state_dir`, every server is recorded in `servers.json` there until it is stopped, and a new
+    runner on the same folder (a restarted actor, a resumed study) first stops what a dead one left
+    behind: only process groups that still carry the recorded `AUTOTUNE_SERVER_ID`.
+    """
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self._records = ServerRecords(state_dir / SERVERS_FILE if state_dir is not None else None)
+        self.stopped_left_behind = self._records.stop_all(_stop_local_group)
 
     def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+        server_id = uuid.uuid4().hex
+        env = {**env, SERVER_ID_VAR: server_id}
+        process = self._popen(argv, env, log_path)
+        self._records.add(process.pgid, server_id)
+        process.on_stopped = lambda: self._records.remove(server_id)
+        return process
+
+    def _popen(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             offset = log.tell()
@@ -332,6 +362,73 @@ class LocalCommandRunner(CommandRunner):
             done.stdout.decode("utf-8", errors="replace"),
             done.stderr.decode("utf-8", errors="replace"),
         )
+
+
+class ServerRecords:
+    """The servers a runner started and has not stopped yet, kept in a JSON file across processes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def _load(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.is_file():
+            return []
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+        return [e for e in data if isinstance(e, dict) and {"pgid", "server_id"} <= set(e)]
+
+    def _save(self, entries: list[dict[str, Any]]) -> None:
+        if self.path is None:
+            return
+        if not entries:
+            self.path.unlink(missing_ok=True)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(entries, indent=2))
+
+    def add(self, pgid: int, server_id: str) -> None:
+        with self._lock:
+            self._save([*self._load(), {"pgid": pgid, "server_id": server_id}])
+
+    def remove(self, server_id: str) -> None:
+        with self._lock:
+            self._save([e for e in self._load() if e["server_id"] != server_id])
+
+    def stop_all(self, stop: Callable[[int, str], bool]) -> list[int]:
+        """Stop every recorded server with `stop(pgid, server_id)`; returns the groups it stopped."""
+        stopped = []
+        for entry in self._load():
+            if stop(int(entry["pgid"]), str(entry["server_id"])):
+                stopped.append(int(entry["pgid"]))
+            self.remove(str(entry["server_id"]))
+        return stopped
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _stop_local_group(pgid: int, server_id: str) -> bool:
+    """Stop a recorded process group on this machine if a member still carries its server id."""
+    members = _group_members(pgid) or []
+    marker = f"{SERVER_ID_VAR}={server_id}".encode()
+    if not any(_carries(pid, marker) for pid in members):
+        return False  # gone, or the pgid now belongs to someone else
+    for sig, wait_s in ((signal.SIGTERM, LEFT_BEHIND_GRACE_S), (signal.SIGKILL, _KILL_WAIT_S)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if not _group_members(pgid):
+            break
+    return True
 
 
 def _sockaddr(host: str, port: int) -> tuple[socket.AddressFamily, Any]:

@@ -35,6 +35,9 @@ from paramiko.config import SSHConfig
 
 from autotune.launch import ServerLaunch
 from autotune.runner import (
+    LEFT_BEHIND_GRACE_S,
+    SERVER_ID_VAR,
+    SERVERS_FILE,
     CommandResult,
     CommandRunner,
     LaunchError,
@@ -54,9 +57,6 @@ __all__ = [
 SSH_SCHEME = "ssh"
 # Every server we start carries this env var; a group is only ever signalled after one of its
 # processes shows our id, so a stale pgid that the node reused for something else is left alone.
-SERVER_ID_VAR = "AUTOTUNE_SERVER_ID"
-SERVERS_FILE = "servers.json"
-LEFT_BEHIND_GRACE_S = 15.0  # SGLang's clean stop, as for any other server
 RECONNECT_S = 10.0  # how long stopping a server tries to reach the node again before leaving it behind
 KEEPALIVE_S = 10  # a keepalive notices a dead peer where no packet would otherwise be sent
 MAX_PATIENCE_S = 60.0  # the longest a connection waits for a node that did not answer last time

@@ -15,7 +15,7 @@ from autotune.benchmark import Workload
 from autotune.failures import FailureKind
 from autotune.launch import ServerLaunch
 from autotune.node import TrialExecutor, TrialRequest, TrialResult
-from autotune.runner import LocalCommandRunner, free_port, port_is_free
+from autotune.runner import LocalCommandRunner, _group_members, free_port, port_is_free
 
 SERVER = (
     sys.executable,
@@ -136,3 +136,39 @@ def test_abort_stops_the_server_and_reports_interrupted(executor: TrialExecutor)
     assert box, "run() returned after abort()"
     assert box[0].failure is not None and box[0].failure.kind is FailureKind.INTERRUPTED
     assert_server_gone(box[0], req.launch.port)
+
+
+def test_a_server_left_by_a_dead_runner_is_stopped_by_the_next_one(tmp_path: Path) -> None:
+    port = free_port()
+    first = LocalCommandRunner(tmp_path)
+    process = first.start(
+        request(port=port).launch.argv, {"SGLANG_SIM_TIME_SCALE": "0.001"}, tmp_path / "a.log"
+    )
+    deadline = time.monotonic() + 20
+    while port_is_free("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the server is up: a dead actor would leave exactly this behind
+    assert (tmp_path / "servers.json").is_file()
+
+    second = LocalCommandRunner(tmp_path)  # e.g. the actor that replaces a killed one
+
+    assert second.stopped_left_behind == [process.pgid]
+    assert not _group_members(process.pgid)  # only our unreaped zombie leader may remain
+    assert not (tmp_path / "servers.json").exists()
+    process.stop(grace_s=1)
+
+
+def test_an_unrelated_process_group_is_never_stopped(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (tmp_path / "servers.json").write_text(
+            json.dumps([{"pgid": stranger.pid, "server_id": "not-its-id"}])
+        )
+        runner = LocalCommandRunner(tmp_path)
+        assert runner.stopped_left_behind == []
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
