@@ -22,7 +22,7 @@ from autotune.config import Study
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
-from autotune.launch import TrialConfig
+from autotune.launch import TrialConfig, launch_script
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
 from autotune.study_storage import (
@@ -316,6 +316,8 @@ class StudyDriver:
         if result.benchmark_s is not None:
             metrics["benchmark_s"] = result.benchmark_s
         tags = {"autotune.node": result.node}
+        if result.server_pgid is not None:
+            trial.set_user_attr("server_pgid", result.server_pgid)
         if result.ok:
             assert result.benchmark is not None  # TrialResult.ok says so
             bench = asdict(result.benchmark)
@@ -365,6 +367,9 @@ class StudyDriver:
         }
         if result.benchmark is not None:
             artifacts["benchmark.json"] = result.benchmark.to_json()
+        launch = entry.submitted.request.launch
+        if result.port and result.port != launch.port:  # `port: auto`: the script gets the port used
+            artifacts["launch.sh"] = launch_script(launch.with_port(result.port))
         tracker.finish_trial(
             entry.run_id,
             number=trial.number,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.errors import ForbiddenLaunchError
 
@@ -61,6 +61,9 @@ class TrialConfig:
         return not (self.env or self.flags)
 
 
+AUTO_PORT = 0  # the port of a launch whose node picks a free one when it starts the server
+
+
 @dataclass(frozen=True)
 class ServerLaunch:
     """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens."""
@@ -74,6 +77,13 @@ class ServerLaunch:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    def with_port(self, port: int) -> ServerLaunch:
+        """The same launch listening on `port` (the node fills in an `auto` port just before starting)."""
+        argv = list(self.argv)
+        index = len(argv) - 1 - argv[::-1].index("--port")
+        argv[index + 1] = str(port)
+        return replace(self, argv=tuple(argv), port=port)
 
 
 def build_server_launch(

@@ -25,7 +25,7 @@ from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, run_be
 from autotune.config import NodeSpec, ServerSpec
 from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
-from autotune.launch import ServerLaunch
+from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import follow_log, wait_until_ready
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
 from autotune.runner import (
@@ -69,6 +69,7 @@ class TrialResult:
     log: str = ""
     returncode: int | None = None
     server_pgid: int | None = None  # the process group the trial's server ran in (gone when this returns)
+    port: int | None = None  # the port the server listened on (the node picks it for `port: auto`)
 
     @property
     def ok(self) -> bool:
@@ -119,6 +120,9 @@ class TrialExecutor:
         self._aborted.clear()
         try:
             self._enter("launching")
+            if request.launch.port == AUTO_PORT:  # picked here, on the node, free right now
+                port = self.runner.free_port(request.launch.host)
+                request = replace(request, launch=request.launch.with_port(port))
             self._process = self._launch(request, log_path)
             result = self._run_launched(request, self._process, log_path)
         except LaunchError as exc:
@@ -286,6 +290,7 @@ class TrialExecutor:
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,
+            port=request.launch.port or None,
         )
 
 
@@ -415,7 +420,7 @@ class NodeActor:
             command=server.command,
             env=server.env,
             host=server.host,
-            port=server.port,
+            port=None if server.port == "auto" else server.port,  # an auto port is found at launch
             log_dir=log_dir,
             benchmark_on_node=self._executor.benchmark_on_node,
         )

@@ -113,7 +113,7 @@ def check_node(
     command: Sequence[str],
     env: Mapping[str, str],
     host: str,
-    port: int,
+    port: int | None,
     log_dir: str,
     benchmark_on_node: bool = False,
 ) -> NodeReport:
@@ -133,7 +133,7 @@ def check_node(
                 )
             )
         problems += _command_problems(runner, command, env)
-        if not runner.wait_port_free(host, port, 0):
+        if port is not None and not runner.wait_port_free(host, port, 0):
             problems.append(
                 NodeProblem(
                     f"port {port} is already in use on the node",

@@ -129,6 +129,14 @@ def connect_ray(study: Study) -> None:
         )
 
 
+ACTOR_NAMESPACE = "autotune"
+
+
+def actor_name(study: str, node: str) -> str:
+    """The name of the actor that owns `node` for `study`, in the `autotune` Ray namespace."""
+    return f"{study}:{node}"
+
+
 class RayNodePool(NodePool):
     """One `NodeActor` per node, each holding its node's `gpu_node` resource.
 
@@ -157,7 +165,13 @@ class RayNodePool(NodePool):
         check_nodes(study.file.server, self._actors)  # before any trial: every problem, with its fix
 
     def _new_actor(self, spec: NodeSpec) -> Any:
-        options: dict[str, Any] = {"num_cpus": 0, "resources": {GPU_NODE_RESOURCE: 1}, "max_concurrency": 2}
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "resources": {GPU_NODE_RESOURCE: 1},
+            "max_concurrency": 2,
+            "name": actor_name(self._study.name, spec.name),  # findable by operators (and tests)
+            "namespace": ACTOR_NAMESPACE,
+        }
         if spec.name in self._placement:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -186,6 +186,14 @@ class CommandRunner(ABC):
         """Wait until a server could listen on (host, port) where commands run; False after `timeout_s`."""
         return wait_port_free(host, port, timeout_s)
 
+    def free_port(self, host: str) -> int:
+        """A port free on the node now, for a launch whose port is `auto`."""
+        probe = f"import socket; s = socket.socket(); s.bind(({host!r}, 0)); print(s.getsockname()[1])"
+        result = self.run(["python3", "-c", probe], {}, timeout_s=30)
+        if result.returncode != 0 or not result.stdout.strip().isdigit():
+            raise LaunchError(["python3", "-c", probe], f"no free port on the node: {result.stderr.strip()}")
+        return int(result.stdout.strip())
+
     def url_for(self, launch: ServerLaunch) -> str:
         """The URL at which this machine reaches the server `launch` starts."""
         return launch.base_url
@@ -315,6 +323,9 @@ class LocalCommandRunner(CommandRunner):
         self._records.add(process.pgid, server_id)
         process.on_stopped = lambda: self._records.remove(server_id)
         return process
+
+    def free_port(self, host: str) -> int:
+        return free_port(host)
 
     def _popen(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from autotune.config.search_space import (
     load_search_space,
 )
 from autotune.errors import ConfigError, did_you_mean
-from autotune.launch import ServerLaunch, TrialConfig, build_server_launch, to_arg, to_env_value
+from autotune.launch import AUTO_PORT, ServerLaunch, TrialConfig, build_server_launch, to_arg, to_env_value
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -121,7 +121,8 @@ class ServerSpec(BaseModel):
     model_path: Annotated[str, Field(min_length=1)]
     draft_model_path: str | None = None
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
-    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 30000
+    # "auto": the node picks a free port for each launch (several servers on one machine, e.g. tests).
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] | Literal["auto"] = 30000
     flags: dict[str, str | None] = Field(default_factory=dict)  # None: a switch without a value
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -429,7 +430,7 @@ class Study:
             model_path=server.model_path,
             config=config,
             host=server.host,
-            port=server.port if port is None else port,
+            port=(AUTO_PORT if server.port == "auto" else server.port) if port is None else port,
             base_flags=server.flags,
             base_env=server.env,
             draft_model_path=draft,
