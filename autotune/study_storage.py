@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import warnings
 import zlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -31,6 +32,8 @@ SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): co
 DRIVER_ATTR = "driver"
 CONFIG_ATTR = "config"
 HEARTBEAT_S = 10
+# Optuna warns that heartbeats are meant for Study.optimize; this ask/tell loop records its own.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 GRACE_S = 60  # a trial whose driver is silent this long is interrupted
 
 
