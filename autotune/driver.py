@@ -17,14 +17,22 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.benchmark import Workload
+from autotune.benchmark import BenchmarkResult, Workload
 from autotune.config import Study
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
 from autotune.launch import TrialConfig, launch_script
+from autotune.measurement import MeasurementPlan, plan_for
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
+from autotune.pruning import SHORT_STEP, short_cutoff, short_pruner
+from autotune.remeasure import (
+    REMEASURE_OF_ATTR,
+    ConfigMeasurements,
+    RemeasuredAnswer,
+    remeasured_answer,
+)
 from autotune.study_storage import (
     BASELINE_ATTR,
     HEARTBEAT_S,
@@ -45,6 +53,10 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
+OVER_LIMITS_ATTR = "over_limits"  # metric -> {limit, measured, excess, concurrency} of each broken limit
+SHORT_CUTOFF_ATTR = "short_cutoff"  # the short value below which the node was told to stop
+SHORT_VALUE_ATTR = "short_value"
+PRUNED_BY_ATTR = "pruned_by"
 POLL_S = 0.5
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 BENCHMARK_METRICS = (
@@ -109,7 +121,7 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
         run_id = trial.user_attrs.get("mlflow_run_id")
         if run_id:
             tracker.close_interrupted(run_id)
-        enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs)
+        enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=False)
         recovered.append(trial.number)
     return recovered
 
@@ -260,10 +272,12 @@ class StudyDriver:
         request = TrialRequest(
             number=trial.number,
             launch=launch,
-            workload=Workload(**study.objective.workload.model_dump()),
+            workload=Workload(**study.objective.workload.model_dump()) if study.objective.workload else None,
             startup_timeout_s=study.file.timeouts.startup_s,
             benchmark_timeout_s=study.file.timeouts.benchmark_s,
             seed=trial.number,
+            plan=None if study.objective.is_job else self._measurement_plan(ostudy, trial, baseline),
+            job=study.objective.is_job,  # the launch measures itself (autotune.job)
         )
         progress.running[trial.number] = "launching"
         self.reporter(
@@ -272,6 +286,76 @@ class StudyDriver:
             {"number": trial.number, "baseline": baseline, "node": node, "params": _changed(config)},
         )
         return _Running(trial, pool.submit(node, request), run_id, baseline, time.monotonic())
+
+    def _measurement_plan(self, ostudy: optuna.Study, trial: optuna.Trial, baseline: bool) -> MeasurementPlan:
+        """What the node measures: the objective's ladder, its short run first with the pruner's cutoff now
+        (never for the baseline, whose short value is a reference, nor for a re-measurement)."""
+        objective = self.study.objective
+        again = REMEASURE_OF_ATTR in trial.user_attrs
+        cutoff = None
+        if objective.short_first is not None and not (baseline or again):
+            cutoff = short_cutoff(ostudy, short_pruner(objective.short_first))
+            if cutoff is not None:
+                trial.set_user_attr(SHORT_CUTOFF_ATTR, cutoff)
+        return plan_for(objective, short=not again, cutoff=cutoff)
+
+    def _tell_measured(
+        self, ostudy: optuna.Study, trial: optuna.Trial, measured: BenchmarkResult, tags: dict[str, str]
+    ) -> tuple[float, TrialState]:
+        """Tell Optuna a measured trial: its limits as constraints (and by how much each was broken), its
+        short measurement as the intermediate value, then PRUNED (stopped after it) or COMPLETE."""
+        objective = self.study.objective
+        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+        over = {}
+        for check in objective.limit_checks(measured):
+            trial.set_constraint(check.metric, check.excess)
+            if check.violated:
+                over[check.metric] = {
+                    "limit": check.limit,
+                    "measured": check.measured,
+                    "excess": check.excess,
+                    "concurrency": check.concurrency,
+                    "text": check.describe(),
+                }
+        if over:
+            trial.set_user_attr(OVER_LIMITS_ATTR, over)
+            tags["autotune.over_limits"] = "; ".join(str(v["text"]) for v in over.values())[:500]
+        short = measured if measured.stopped_early else measured.short
+        if short is not None and not objective.is_multi_objective:
+            short_value = objective.value(short)
+            trial.set_user_attr(SHORT_VALUE_ATTR, short_value)
+            trial.report(short_value, SHORT_STEP)
+            if measured.stopped_early:
+                cutoff = trial.user_attrs.get(SHORT_CUTOFF_ATTR)
+                why = (
+                    f"short measurement: {objective.metric} {short_value:.4g} worse than the pruner's "
+                    f"cutoff {cutoff:.4g}"
+                )
+                trial.set_user_attr(PRUNED_BY_ATTR, why)
+                tags["autotune.pruned_by"] = why
+                ostudy.tell(trial, state=TrialState.PRUNED)  # stored value: the short one, reported above
+                return short_value, TrialState.PRUNED
+        values = objective.values(measured)
+        if objective.is_multi_objective:
+            tags["autotune.values"] = json.dumps(dict(zip(objective.metrics, values, strict=True)))
+            ostudy.tell(trial, values)
+        else:
+            ostudy.tell(trial, values[0])
+        return values[0], TrialState.COMPLETE
+
+    def _tell_job(
+        self, ostudy: optuna.Study, trial: optuna.Trial, measured: dict[str, float]
+    ) -> tuple[float, TrialState]:
+        """Tell Optuna a job trial's metrics (kept as the `metrics` attribute, intervals included), its
+        limits as constraints; COMPLETE."""
+        objective = self.study.objective
+        trial.set_user_attr("metrics", measured)
+        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+        for key, amount in objective.constraints(measured).items():
+            trial.set_constraint(key, amount)
+        values = objective.values(measured)
+        ostudy.tell(trial, values if objective.is_multi_objective else values[0])
+        return values[0], TrialState.COMPLETE
 
     def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str) -> None:
         """Record a proposal that is never launched; its known failure teaches the sampler nothing new."""
@@ -318,18 +402,13 @@ class StudyDriver:
         tags = {"autotune.node": result.node}
         if result.server_pgid is not None:
             trial.set_user_attr("server_pgid", result.server_pgid)
-        if result.ok:
+        if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement
+            metrics.update(result.metrics)
+            value, state = self._tell_job(ostudy, trial, result.metrics)
+        elif result.ok:
             assert result.benchmark is not None  # TrialResult.ok says so
-            bench = asdict(result.benchmark)
-            metrics.update({k: float(bench[k]) for k in BENCHMARK_METRICS if bench.get(k) is not None})
-            if result.benchmark.accept_length is not None:
-                metrics["accept_length"] = result.benchmark.accept_length
-            value = objective.value(result.benchmark)
-            trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
-            for key, amount in objective.constraints(result.benchmark).items():
-                trial.set_constraint(key, amount)
-            state = TrialState.COMPLETE
-            ostudy.tell(trial, value)
+            metrics.update(measurement_metrics(result.benchmark))
+            value, state = self._tell_measured(ostudy, trial, result.benchmark, tags)
         else:
             assert result.failure is not None  # a result that is not ok carries its failure
             failure = result.failure
@@ -349,14 +428,18 @@ class StudyDriver:
                 ostudy.sampler = self.known.sampler(self.base_sampler)
                 self.reporter("learned", progress, {"incompatible": self.known.pairs})
             if failure.kind.retried_once:
-                enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs)
+                once = failure.kind is not FailureKind.INTERRUPTED
+                enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=once)
             if failure.kind.is_oom:
                 # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
                 value = self.study.file.failures.oom_penalty
                 trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
                 for key in objective.limits:
                     trial.set_constraint(key, 1.0)
-                trial.report(value, 0)
+                if objective.is_multi_objective:
+                    value = None  # multi-objective trials cannot report(): pruned without a value
+                else:
+                    trial.report(value, 0)
                 state = TrialState.PRUNED
             else:
                 state = TrialState.FAIL
@@ -367,6 +450,8 @@ class StudyDriver:
         }
         if result.benchmark is not None:
             artifacts["benchmark.json"] = result.benchmark.to_json()
+        if result.details:
+            artifacts["job_result.json"] = json.dumps(result.details, indent=2)
         launch = entry.submitted.request.launch
         if result.port and result.port != launch.port:  # `port: auto`: the script gets the port used
             artifacts["launch.sh"] = launch_script(launch.with_port(result.port))
@@ -415,7 +500,7 @@ class StudyDriver:
         for number, entry in running.items():
             entry.trial.set_user_attr("failure_kind", FailureKind.INTERRUPTED.value)
             ostudy.tell(entry.trial, state=TrialState.FAIL)
-            enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs)
+            enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
             log = logs.get(number, "")
             tracker.finish_trial(
                 entry.run_id,
@@ -442,8 +527,39 @@ class StudyDriver:
                 metrics[key] = summary[key]
         tags = {"autotune.best_trial": str(summary["best_trial"])}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
+        tags.update(self._answer_tags(ostudy, tracker, summary, metrics))
         tracker.update_summary(metrics, tags)
         tracker.refresh_study_view(ostudy, self.study)  # description, best launch.sh, plots (throttled)
+
+    def _answer_tags(
+        self, ostudy: optuna.Study, tracker: StudyTracker, summary: dict[str, Any], metrics: dict[str, float]
+    ) -> dict[str, str]:
+        """The study's answer beyond one best value, for its MLflow parent run: the Pareto front (and each
+        trial run tagged `autotune.pareto` while it is on it), or the re-measured mean and gain."""
+        tags: dict[str, str] = {}
+        remeasured = summary.get("remeasured")
+        if remeasured is not None:
+            tags["autotune.remeasured"] = json.dumps(remeasured)[:5000]
+            for key in ("gain_ci_low_pct", "gain_ci_high_pct"):
+                if remeasured[key] is not None:
+                    metrics[key] = remeasured[key]
+            tags["autotune.within_noise"] = str(remeasured["within_noise"]).lower()
+        front = summary.get("pareto")
+        if front is None:
+            return tags
+        names = self.study.objective.metrics
+        tags["autotune.pareto_front"] = json.dumps(
+            [{"trial": p["number"], **dict(zip(names, p["values"], strict=True))} for p in front]
+        )[:5000]
+        members = {p["number"] for p in front}
+        tagged: set[int] = getattr(self, "_pareto_tagged", set())
+        if not isinstance(tracker, NullTracker):
+            for trial in ostudy.get_trials(deepcopy=False):
+                run_id = trial.user_attrs.get("mlflow_run_id")
+                if run_id and (trial.number in members) != (trial.number in tagged):
+                    tracker.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())
+        self._pareto_tagged = members
+        return tags
 
 
 def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
@@ -454,8 +570,34 @@ def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
     return None
 
 
+def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
+    """A multi-objective study's answer: the feasible COMPLETE trials that no other one dominates (at least
+    as good in every objective and better in one), by number; [] for a single-objective study."""
+    if len(ostudy.directions) < 2:
+        return []
+    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in ostudy.directions]
+    complete = [
+        t
+        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values is not None and all(v <= 0 for v in t.constraints.values())
+    ]
+
+    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+        better = [s * x for s, x in zip(signs, a.values, strict=True)]
+        worse = [s * y for s, y in zip(signs, b.values, strict=True)]
+        return all(x >= y for x, y in zip(better, worse, strict=True)) and better != worse
+
+    return sorted((t for t in complete if not any(dominates(o, t) for o in complete)), key=lambda t: t.number)
+
+
 def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial, or None before any."""
+    """The best feasible COMPLETE trial, or None before any (and in a multi-objective study, whose answer is
+    its `pareto_front`). Once configs were re-measured, the first trial of the config with the best mean."""
+    if len(ostudy.directions) > 1:
+        return None
+    answer = remeasured_answer(ostudy)
+    if answer is not None:
+        return next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.best.of)
     complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     feasible = [t for t in complete if all(v <= 0 for v in t.constraints.values())] if complete else []
     if not feasible:
@@ -474,6 +616,18 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
         kind = trial.user_attrs.get("failure_kind")
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
+    if len(ostudy.directions) > 1:
+        front = pareto_front(ostudy)
+        return {
+            "states": states,
+            "failure_kinds": kinds,
+            "baseline_value": None,
+            "best_value": None,
+            "best_trial": None,
+            "gain_pct": None,
+            "pareto": [{"number": t.number, "values": list(t.values or [])} for t in front],
+            "remeasured": None,
+        }
     base, best = baseline_trial(ostudy), best_trial(ostudy)
     base_value = base.value if base else None
     best_value = best.value if best else None
@@ -481,6 +635,15 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
     if base_value and best_value is not None:
         sign = 1 if ostudy.direction == optuna.study.StudyDirection.MAXIMIZE else -1
         gain = sign * (best_value - base_value) / abs(base_value) * 100
+    answer = remeasured_answer(ostudy)
+    remeasured = None
+    if answer is not None:
+        # The answer is a mean now: the best config's and the baseline's, and the gain between them.
+        best_value = answer.best.mean
+        if answer.baseline is not None and answer.baseline.n:
+            base_value = answer.baseline.mean
+        gain = answer.gain.pct if answer.gain is not None else None
+        remeasured = remeasured_summary(answer)
     return {
         "states": states,
         "failure_kinds": kinds,
@@ -488,7 +651,59 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
         "best_value": best_value,
         "best_trial": best.number if best else None,
         "gain_pct": gain,
+        "pareto": None,
+        "remeasured": remeasured,
     }
+
+
+def remeasured_summary(answer: RemeasuredAnswer) -> dict[str, Any]:
+    """A JSON-ready record of a re-measured study's answer."""
+
+    def config(group: ConfigMeasurements | None) -> dict[str, Any] | None:
+        if group is None:
+            return None
+        interval = group.interval
+        return {
+            "trial": group.of,
+            "trials": list(group.trials),
+            "n": group.n,
+            "mean": group.mean if group.n else None,
+            "ci_low": interval[0] if interval else None,
+            "ci_high": interval[1] if interval else None,
+            "failed": list(group.failed),
+        }
+
+    gain = answer.gain
+    return {
+        "confidence": answer.best.confidence,
+        "best": config(answer.best),
+        "baseline": config(answer.baseline),
+        "gain_pct": gain.pct if gain else None,
+        "gain_ci_low_pct": gain.low_pct if gain else None,
+        "gain_ci_high_pct": gain.high_pct if gain else None,
+        "within_noise": gain.within_noise if gain else None,
+        "ranking": [config(g) for g in answer.ranking],
+        "unreliable": [config(g) for g in answer.unreliable],
+    }
+
+
+def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
+    """A measurement's MLflow metrics: the combined figures, each ladder level's under `c{concurrency}.`,
+    and the short measurement's under `short.`."""
+
+    def figures(result: BenchmarkResult, prefix: str = "") -> dict[str, float]:
+        bench = asdict(result)
+        out = {prefix + k: float(bench[k]) for k in BENCHMARK_METRICS if bench.get(k) is not None}
+        if result.accept_length is not None:
+            out[prefix + "accept_length"] = result.accept_length
+        return out
+
+    metrics = figures(measured)
+    for level in measured.levels:
+        metrics.update(figures(level, f"c{level.workload.concurrency}."))
+    if measured.short is not None:
+        metrics.update(figures(measured.short, "short."))
+    return metrics
 
 
 def _changed(config: TrialConfig) -> dict[str, object]:

@@ -123,7 +123,7 @@ def open_study(
     sampler = sampler if sampler is not None else study.file.sampler.build()
     try:
         ostudy = optuna.create_study(
-            storage=storage, study_name=study.name, direction=study.objective.goal, sampler=sampler
+            storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
         )
     except optuna.exceptions.DuplicatedStudyError:
         ostudy = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
@@ -136,13 +136,14 @@ def open_study(
 
 
 def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -> None:
-    if ostudy.direction.name.lower() != study.objective.goal:
+    created = [d.name.lower() for d in ostudy.directions]
+    if created != study.objective.directions:
         raise ConfigError(
             study.objective_path,
             "direction",
-            study.objective.goal,
-            f"the study was created to {ostudy.direction.name.lower()}, its direction cannot change",
-            "Use a new study name for the other direction.",
+            study.objective.directions,
+            f"the study was created to {' and '.join(created)}, its directions cannot change",
+            "Use a new study name for other directions or another number of objectives.",
         )
     recorded = ostudy.user_attrs.get(CONFIG_ATTR) or {}
     changes = config_changes(recorded, study)
@@ -220,11 +221,17 @@ def heartbeat(ostudy: optuna.Study, trials: list[optuna.Trial]) -> None:
 
 
 def enqueue_retry(
-    ostudy: optuna.Study, number: int, params: dict[str, Any], user_attrs: dict[str, Any]
+    ostudy: optuna.Study,
+    number: int,
+    params: dict[str, Any],
+    user_attrs: dict[str, Any],
+    *,
+    once: bool = True,
 ) -> bool:
-    """Queue a trial's parameters once more, unless it already was a retry: a config that keeps killing
-    nodes or drivers is not retried forever."""
-    if RETRY_OF_ATTR in user_attrs:
+    """Queue a trial's parameters again. With `once` (a node lost or unreachable), not when it already
+    was a retry: a config that keeps killing nodes is not retried forever. A trial interrupted by its
+    driver (a crash, Ctrl-C) is always run again: that said nothing about its settings."""
+    if once and RETRY_OF_ATTR in user_attrs:
         return False
     attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
     if user_attrs.get(BASELINE_ATTR):

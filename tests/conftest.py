@@ -61,3 +61,20 @@ def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subp
     tmp_path = tmp_path_factory.mktemp("study")
     path = write_study(tmp_path)
     return path, run_cli("run", str(path), cwd=tmp_path)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory):
+    """A real PostgreSQL server started for the test session."""
+    import shutil
+    import tempfile
+
+    from tests.postgres import postgres_server
+
+    # Not under pytest's temporary folder: that one is private to this user, and PostgreSQL runs as another.
+    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    try:
+        with postgres_server(root) as url:
+            yield url
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,245 @@
+"""Kill a real driver at varied points, resume after each: nothing lost or duplicated, nothing left running.
+
+The driver runs as `autotune run` in its own process group, on the simulated node with a local Ray
+runtime; it is killed with SIGKILL (or interrupted with SIGINT) while a server loads its weights, while
+it is benchmarked, or just after a trial finished, and started again each time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from autotune.study_storage import finished_count
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+BUDGET = 10
+SIGKILL, SIGINT = signal.SIGKILL, signal.SIGINT
+
+
+def write_study(tmp_path: Path, storage: str | None, model_path: str) -> Path:
+    (tmp_path / "objective.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "small",
+                "metric": "output_throughput",
+                "workload": {"num_prompts": 4, "input_len": 2000, "output_len": 64, "concurrency": 2},
+            }
+        )
+    )
+    study = {
+        "study": "crash",
+        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
+        "objective": "objective.yaml",
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": model_path,
+            "draft_model_path": "/models/eagle3",
+            "port": "auto",
+            "flags": {"--tp-size": 8},
+            # A 2.4 s weight load and a short benchmark: time to kill the driver inside either.
+            "env": {"SGLANG_SIM_TIME_SCALE": "0.002", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.004"},
+        },
+        "budget": {"n_trials": BUDGET},
+        "sampler": {"name": "random", "seed": 11},
+        "timeouts": {"startup_s": 60, "benchmark_s": 60},
+    }
+    if storage:
+        study["storage"] = storage
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def start_driver(path: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune", "run", str(path)],
+            cwd=path.parent,
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def reached(point: str, trials_dir: Path, since: float, log: Path, finished_before: int) -> bool:
+    """Whether the driver is at a kill point: a server loading or benchmarked, or a trial just told."""
+    if point == "between":
+        return (
+            log.read_text(errors="replace").count("] trial")
+            + log.read_text(errors="replace").count("] baseline")
+            > finished_before
+        )
+    for server_log in trials_dir.glob("trial-*/server.log"):
+        if server_log.stat().st_mtime < since:
+            continue
+        text = server_log.read_text(errors="replace")
+        if point == "loading" and "Load weight begin" in text and "Load weight end" not in text:
+            return True
+        if point == "benchmarking" and "fired up and ready" in text and "Shutting down" not in text:
+            return True
+    return False
+
+
+def crash_and_resume(path: Path, kills: list[tuple[str, signal.Signals]]) -> list[str]:
+    workdir = path.parent / ".autotune" / "crash"
+    trials_dir = workdir / "nodes" / "local"
+    log = path.parent / "driver.log"
+    hit = []
+    for point, sig in kills:
+        finished_before = (
+            log.read_text(errors="replace").count("] trial")
+            + log.read_text(errors="replace").count("] baseline")
+            if log.exists()
+            else 0
+        )
+        since = time.time()
+        driver = start_driver(path, log)
+        deadline = time.monotonic() + 90
+        while driver.poll() is None and time.monotonic() < deadline:
+            if reached(point, trials_dir, since, log, finished_before):
+                break
+            time.sleep(0.05)
+        if driver.poll() is not None:
+            break  # the study reached its budget before this kill point
+        hit.append(point)
+        os.kill(driver.pid, sig)  # the driver alone: the servers are autotune's to clean up
+        if sig is SIGINT:
+            assert driver.wait(timeout=90) == 130, log.read_text()[-3000:]
+        else:
+            driver.wait(timeout=30)
+        # What Ray's own processes leave of a killed driver stays in its process group.
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    final = start_driver(path, log)
+    assert final.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    os.killpg(final.pid, signal.SIGKILL) if _group_alive(final.pid) else None
+    return hit
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def servers_of(model_path: str) -> list[int]:
+    """Live processes of this test's simulated servers (its model path is unique)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if model_path.encode() in cmdline and state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def check_study(path: Path, storage: str | None, model_path: str) -> None:
+    workdir = path.parent / ".autotune" / "crash"
+    ostudy = optuna.load_study(study_name="crash", storage=storage or f"sqlite:///{workdir / 'optuna.db'}")
+    trials = ostudy.trials
+    assert not [t.number for t in trials if t.state is TrialState.RUNNING]
+    assert finished_count(ostudy) == BUDGET
+    assert trials[0].user_attrs.get("baseline") is True
+    assert sum(1 for t in trials if t.user_attrs.get("baseline") and t.state is TrialState.COMPLETE) == 1
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crash")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    assert not [
+        r.info.run_id
+        for r in runs
+        if r.info.status == "RUNNING" and r.data.tags.get("autotune.role") == "trial"
+    ]
+    by_trial: dict[int, list] = {}
+    for run in runs:
+        if run.data.tags.get("autotune.role") == "trial":
+            by_trial.setdefault(int(run.data.tags["autotune.trial"]), []).append(run)
+    for trial in trials:
+        if trial.user_attrs.get("skipped"):
+            continue
+        assert len(by_trial.get(trial.number, [])) == 1, trial.number  # one run per trial, none twice
+        if trial.state is TrialState.COMPLETE:
+            run = by_trial[trial.number][0]
+            assert run.info.status == "FINISHED"
+            assert run.data.metrics["output_throughput"] == pytest.approx(trial.value)
+    assert servers_of(model_path) == [], "a server of an interrupted trial is still alive"
+    assert not (workdir / "nodes" / "local" / "servers.json").exists()
+
+
+KILLS = [
+    ("loading", SIGKILL),
+    ("benchmarking", SIGKILL),
+    ("between", SIGKILL),
+    ("loading", SIGINT),
+    ("benchmarking", SIGKILL),
+    ("loading", SIGKILL),
+    ("benchmarking", SIGINT),
+    ("between", SIGKILL),
+    ("loading", SIGKILL),
+    ("benchmarking", SIGINT),
+]
+
+
+def test_sigkill_and_sigint_at_varied_points_then_resume_on_sqlite(tmp_path: Path) -> None:
+    model_path = f"/models/crash-{uuid.uuid4().hex[:8]}"
+    path = write_study(tmp_path, None, model_path)
+    hit = crash_and_resume(path, KILLS)
+    assert len(hit) >= 8, hit  # most kill points were reached before the budget ran out
+    check_study(path, None, model_path)
+
+
+def test_the_same_against_postgresql(tmp_path: Path, postgres_url: str) -> None:
+    model_path = f"/models/crash-{uuid.uuid4().hex[:8]}"
+    storage = postgres_url.replace("/autotune", "/autotune")
+    path = write_study(tmp_path, storage, model_path)
+    hit = crash_and_resume(path, KILLS[:6])
+    assert len(hit) >= 5, hit
+    check_study(path, storage, model_path)
+
+
+def test_two_drivers_on_one_postgresql_study_share_the_budget(tmp_path: Path, postgres_url: str) -> None:
+    model_path = f"/models/two-{uuid.uuid4().hex[:8]}"
+    path = write_study(tmp_path, postgres_url, model_path)
+    data = yaml.safe_load(path.read_text())
+    data["study"] = "two-drivers"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    first = start_driver(path, tmp_path / "first.log")
+    time.sleep(3)  # the first creates the study and its baseline; the second joins it
+    second = start_driver(path, tmp_path / "second.log")
+    for driver in (first, second):
+        assert driver.wait(timeout=300) == 0
+        if _group_alive(driver.pid):
+            os.killpg(driver.pid, signal.SIGKILL)
+
+    ostudy = optuna.load_study(study_name="two-drivers", storage=postgres_url)
+    counted = [t for t in ostudy.trials if not t.user_attrs.get("skipped")]
+    assert len(counted) == BUDGET == finished_count(ostudy)
+    assert len({t.number for t in counted}) == BUDGET
+    drivers = {t.user_attrs["driver"] for t in counted}
+    assert len(drivers) == 2, "both drivers ran trials"
+    logs = sorted((path.parent / ".autotune" / "two-drivers" / "nodes" / "local").glob("trial-*/server.log"))
+    assert [int(p.parent.name.split("-")[1]) for p in logs] == sorted(t.number for t in counted)
+    assert servers_of(model_path) == []
