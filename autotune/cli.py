@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.config import Study, load_study
+from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
 from autotune.launch import describe_launch, launch_script, to_arg
 
@@ -44,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="continue even though the search space or objective changed since the study began",
         )
+        command.add_argument(
+            "--no-ray",
+            action="store_true",
+            help="run the nodes' trials from this process instead of Ray actors (same runners and logs)",
+        )
+        command.add_argument("--no-tracking", action="store_true", help="write no MLflow runs")
 
     status = add("status", "a table of the study's trials")
     status.add_argument("study_file", type=Path, metavar="STUDY.yaml")
@@ -52,6 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     best = add("best", "the best config, its gain over the baseline, how to launch it")
     best.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     best.add_argument("--export", type=Path, metavar="FILE", help="write the best config's launch script")
+    best.add_argument(
+        "--trial", type=int, metavar="N", help="show trial N instead (e.g. one of a Pareto front)"
+    )
+
+    remeasure = add("remeasure", "measure the top configs and the baseline again (objective.remeasure)")
+    remeasure.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+
+    compare = add("compare", "measure the best config and the default again, interleaved: gain with a CI")
+    compare.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    compare.add_argument("--rounds", type=int, default=8, help="runs of each config (default 8)")
+    compare.add_argument("--trial", type=int, metavar="N", help="compare trial N instead of the best")
+    compare.add_argument("--json", type=Path, metavar="FILE", help="where to write the runs and summary")
 
     diagnose = add("diagnose", "classify an SGLang server log: what killed it, and what to do")
     diagnose.add_argument("log_file", type=Path, metavar="LOGFILE")
@@ -125,7 +144,7 @@ class ConsoleReporter:
         elif event == "recovered":
             self._line(f"recovered interrupted trials {info['trials']}: marked FAIL and queued again")
         elif event == "learned":
-            pairs = ", ".join(f"{name}={value}" for name, value in info["incompatible"])
+            pairs = ", ".join(f"{name}={value}" for name, value, _hardware in info["incompatible"])
             self._line(f"known incompatible on this hardware, not tried again: {pairs}")
         elif event == "interrupting":
             self._line(f"stopping trials {info['trials']} (Ctrl-C again to stop at once)")
@@ -153,9 +172,53 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
-    ostudy = StudyDriver(study, ConsoleReporter()).run(args.n_trials, accept_changes=args.accept_changes)
+    driver = StudyDriver(study, ConsoleReporter(), tracking=not args.no_tracking)
+    if args.no_ray:
+        from autotune.pool import in_process_pool
+
+        driver.make_pool = in_process_pool
+    ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
+    ostudy = _remeasure(study, ostudy)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
+    return 0
+
+
+def _remeasure(study: Study, ostudy: Any) -> Any:
+    """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
+    from autotune.driver import StudyDriver
+    from autotune.remeasure import remeasure
+
+    settings = study.objective.remeasure
+    if settings is None:
+        return ostudy
+
+    def run(total: int) -> Any:
+        print(
+            f"autotune: re-measuring the top {settings.top} configs and the baseline until each has "
+            f"{settings.repeats} measurements",
+            file=sys.stderr,
+        )
+        return StudyDriver(study, ConsoleReporter()).run(total)
+
+    return remeasure(study, ostudy, run)
+
+
+def cmd_remeasure(args: argparse.Namespace) -> int:
+    from autotune.driver import study_summary
+
+    study = load_study(args.study_file)
+    if study.objective.remeasure is None:
+        raise ConfigError(
+            study.objective_path,
+            "remeasure",
+            None,
+            "the objective does not ask for re-measurement",
+            "Add e.g. `remeasure: {top: 3, repeats: 3}` to the objective file (then resume with "
+            "--accept-changes).",
+        )
+    ostudy = _remeasure(study, _existing_study(study))
+    print(_summary_text(study_summary(ostudy), study))
     return 0
 
 
@@ -163,12 +226,85 @@ def _summary_text(summary: dict[str, Any], study: Study) -> str:
     metric = study.objective.metric
     states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary["states"].items()))
     lines = [f"study {study.name}: {states}"]
+    if summary.get("pareto") is not None:
+        return "\n".join([*lines, *_pareto_lines(summary["pareto"], study)])
+    if summary.get("remeasured") is not None:
+        return "\n".join([*lines, *_remeasured_lines(summary["remeasured"], study)])
     base, best = summary["baseline_value"], summary["best_value"]
     lines.append(f"baseline {metric}: {base:.2f}" if base is not None else "baseline: did not complete")
     if best is not None:
         gain = f" ({summary['gain_pct']:+.1f}% over the baseline)" if summary["gain_pct"] is not None else ""
         lines.append(f"best {metric}: {best:.2f} (trial {summary['best_trial']}){gain}")
     return "\n".join(lines)
+
+
+def _pareto_lines(front: list[dict[str, Any]], study: Study) -> list[str]:
+    """The Pareto front as a table: one trial a line, each optimized metric with its direction."""
+    objective = study.objective
+    arrows = {"maximize": "higher is better", "minimize": "lower is better"}
+    if not front:
+        return ["Pareto front: no feasible trial completed yet"]
+    heads = "  ".join(f"{m:>18}" for m in objective.metrics)
+    lines = [
+        f"Pareto front: {len(front)} trial(s) no other feasible trial beats on every objective ("
+        + "; ".join(f"{m}: {arrows[d]}" for m, d in zip(objective.metrics, objective.directions, strict=True))
+        + ")",
+        f"  {'trial':>5}  {heads}",
+    ]
+    for point in front:
+        values = "  ".join(f"{v:>18.2f}" for v in point["values"])
+        lines.append(f"  {point['number']:>5}  {values}")
+    return lines
+
+
+def _ci(low: float | None, high: float | None, pct: bool = False) -> str:
+    if low is None or high is None:
+        return "no interval (measured once)"
+    unit = "%" if pct else ""
+    sign = "+" if pct else ""
+    return f"{low:{sign}.1f}{unit} to {high:{sign}.1f}{unit}" if pct else f"{low:.2f} to {high:.2f}"
+
+
+def _remeasured_lines(answer: dict[str, Any], study: Study) -> list[str]:
+    """The re-measured answer: the best mean with its interval, and the gain over the baseline's mean."""
+    metric = study.objective.metric
+    level = f"{answer['confidence']:.0%}"
+    best, base = answer["best"], answer["baseline"]
+    lines = []
+    if base is not None and base["n"]:
+        lines.append(
+            f"baseline {metric}: {base['mean']:.2f} (mean of {base['n']}, {level} CI "
+            f"{_ci(base['ci_low'], base['ci_high'])})"
+        )
+    else:
+        lines.append("baseline: did not complete")
+    label = (
+        "the baseline"
+        if best["trial"] == 0 and base and best["trial"] == base["trial"]
+        else (f"trial {best['trial']}")
+    )
+    lines.append(
+        f"best {metric}: {best['mean']:.2f} (mean of {best['n']}, {level} CI "
+        f"{_ci(best['ci_low'], best['ci_high'])}; {label}, re-measured on trials "
+        f"{', '.join(map(str, best['trials']))})"
+    )
+    if answer["gain_pct"] is not None:
+        gain = (
+            f"gain over the baseline: {answer['gain_pct']:+.1f}% ({level} CI "
+            f"{_ci(answer['gain_ci_low_pct'], answer['gain_ci_high_pct'], pct=True)})"
+        )
+        if answer["within_noise"]:
+            gain += (
+                ": within noise, the interval reaches 0%, so these measurements cannot tell the best "
+                "config from SGLang's defaults"
+            )
+        lines.append(gain)
+    for group in answer["unreliable"]:
+        lines.append(
+            f"not ranked: trial {group['trial']}'s config failed or broke a limit when measured again "
+            f"(trials {', '.join(map(str, group['failed']))})"
+        )
+    return lines
 
 
 # -- status / best --------------------------------------------------------------------------------------
@@ -190,10 +326,17 @@ def _existing_study(study: Study) -> Any:
 
 
 def _trial_record(trial: Any) -> dict[str, Any]:
+    values = trial.values
     return {
         "number": trial.number,
         "state": trial.state.name,
-        "value": trial.value,
+        "value": values[0] if values else None,
+        "values": list(values) if values else None,
+        "feasible": all(v <= 0 for v in trial.constraints.values()),
+        "over_limits": trial.user_attrs.get("over_limits"),
+        "pruned_by": trial.user_attrs.get("pruned_by"),
+        "short_value": trial.user_attrs.get("short_value"),
+        "remeasure_of": trial.user_attrs.get("remeasure_of"),
         "params": dict(trial.params),
         "baseline": bool(trial.user_attrs.get("baseline")),
         "failure_kind": trial.user_attrs.get("failure_kind"),
@@ -203,9 +346,12 @@ def _trial_record(trial: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from autotune.driver import study_summary
+
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
     trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
+    summary = study_summary(ostudy)
     if args.json:
         print(
             json.dumps(
@@ -214,22 +360,53 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "storage": study.storage,
                     "tracking_uri": study.tracking_uri,
                     "trials": trials,
+                    "pareto": summary["pareto"],
+                    "remeasured": summary["remeasured"],
                 },
                 indent=2,
                 default=str,
             )
         )
         return 0
-    print(f"{'#':>4}  {'state':<8} {study.objective.metric:>18}  {'failure':<18}  changed from the baseline")
+    metrics = study.objective.metrics
+    heads = "  ".join(f"{m:>18}" for m in metrics)
+    print(f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  changed from the baseline")
     for t in trials:
-        value = f"{t['value']:.2f}" if t["value"] is not None else "-"
+        values = t["values"] or [None] * len(metrics)
+        shown = "  ".join(f"{v:>18.2f}" if v is not None else f"{'-':>18}" for v in values)
         changed = (
             "baseline"
             if t["baseline"]
             else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if v not in (None, False))
         )
-        print(f"{t['number']:>4}  {t['state']:<8} {value:>18}  {t['failure_kind'] or '':<18}  {changed}")
+        state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
+        print(f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  {changed}")
+        for note in _status_notes(t):
+            print(f"{'':>6}{note}")
+    over = [t for t in trials if t["over_limits"]]
+    if over:
+        print(
+            f"{len(over)} trial(s) broke a limit (infeasible: never the answer); "
+            + ", ".join(
+                f"{m} <= {v:g}" if METRICS[m] == "minimize" else f"{m} >= {v:g}"
+                for m, v in study.objective.limits.items()
+            )
+        )
+    if summary["pareto"] is not None:
+        print("\n".join(_pareto_lines(summary["pareto"], study)))
+    elif summary["remeasured"] is not None:
+        print("\n".join(_remeasured_lines(summary["remeasured"], study)))
     return 0
+
+
+def _status_notes(t: dict[str, Any]) -> list[str]:
+    """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement."""
+    notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
+    if t["pruned_by"]:
+        notes.append(f"pruned after the {t['pruned_by']}")
+    if t["remeasure_of"] is not None:
+        notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
+    return notes
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -239,16 +416,42 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
-    best = best_trial(ostudy)
-    if best is None:
-        raise AutotuneError(f"study {study.name!r} has no completed trial yet")
     summary = study_summary(ostudy)
+    if args.trial is not None:
+        best = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == args.trial), None)
+        if best is None:
+            raise AutotuneError(f"study {study.name!r} has no trial {args.trial}")
+    elif summary["pareto"] is not None:
+        print(_summary_text(summary, study))
+        print("a multi-objective study has no single best: pick a trial of the front with --trial N")
+        return 0
+    else:
+        best = best_trial(ostudy)
+    if best is None:
+        complete = summary["states"].get("COMPLETE", 0)
+        if complete:
+            raise AutotuneError(
+                f"study {study.name!r} has no feasible trial: its {complete} complete trial(s) broke a limit "
+                f"of the objective (`autotune status {study.path}` says by how much)"
+            )
+        raise AutotuneError(f"study {study.name!r} has no completed trial yet")
     is_baseline = bool(best.user_attrs.get("baseline"))
     config = (
         study.search_space.baseline() if is_baseline else study.search_space.suggest(FixedTrial(best.params))
     )
     script = launch_script(study.server_launch(config))
     print(_summary_text(summary, study))
+    if (
+        summary["remeasured"] is None
+        and summary["gain_pct"] is not None
+        and study.objective.remeasure is None
+    ):
+        print(
+            "  (one measurement of each: add `remeasure` to the objective to know whether the gain is "
+            "beyond run-to-run noise)"
+        )
+    if args.trial is not None:
+        print(f"trial {best.number}:")
     print("settings:" if config.params else "settings: SGLang's defaults (the baseline)")
     for name, value in config.params.items():
         if value not in (None, False):
@@ -385,12 +588,43 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from autotune.compare import compare, describe_run, write
+
+    study = load_study(args.study_file)
+    if args.rounds < 2:
+        raise ConfigError(
+            args.study_file,
+            "--rounds",
+            args.rounds,
+            "an interval needs two rounds",
+            "Pass --rounds 2 or more.",
+        )
+    ostudy = _existing_study(study)
+    metric = study.objective.metric
+    comparison = compare(
+        study,
+        ostudy,
+        args.rounds,
+        trial=args.trial,
+        on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),
+    )
+    path = write(comparison, args.json or study.workdir / "compare.json")
+    env = " ".join(f"{k}={v}" for k, v in comparison.best_env.items()) or "nothing set (the default)"
+    print(f"best: trial {comparison.best_trial}: {env}")
+    print(comparison.table())
+    print(f"runs and summary written to {path}")
+    return 0
+
+
 COMMANDS = {
+    "compare": cmd_compare,
     "diagnose": cmd_diagnose,
     "run": cmd_run,
     "resume": cmd_run,
     "status": cmd_status,
     "best": cmd_best,
+    "remeasure": cmd_remeasure,
     "validate": cmd_validate,
     "ui": cmd_ui,
     "report": cmd_report,

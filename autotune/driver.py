@@ -26,6 +26,7 @@ from autotune.launch import TrialConfig, launch_script
 from autotune.measurement import MeasurementPlan, plan_for
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
+from autotune.preflight import predicted_oom
 from autotune.pruning import SHORT_STEP, short_cutoff, short_pruner
 from autotune.remeasure import (
     REMEASURE_OF_ATTR,
@@ -148,6 +149,7 @@ class StudyDriver:
         self.storage = storage
         self.tracking = tracking
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
+        self._hardware_by_node: dict[str, str | None] = {}
 
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
@@ -158,7 +160,6 @@ class StudyDriver:
         ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=self.storage)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
-        ostudy.sampler = self.known.sampler(self.base_sampler)
         self.skips = 0
         tracker = (
             StudyTracker(
@@ -178,6 +179,8 @@ class StudyDriver:
         if recovered:
             self.reporter("recovered", Progress(total=budget or 0), {"trials": recovered})
         pool = self.make_pool(study)
+        self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
+        ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
         progress = Progress(total=budget or 0, done=finished_count(ostudy))
         self._refresh_best(ostudy, progress)
         running: dict[int, _Running] = {}
@@ -248,13 +251,21 @@ class StudyDriver:
         study = self.study
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
-        blocked = self.known.blocking(trial.params)
+        hardware = self._hardware(pool, node)
+        if hardware is not None:
+            trial.set_user_attr("hardware", hardware)
+        blocked = self.known.blocking(trial.params, hardware)
         if blocked is not None:
-            self._skip(ostudy, trial, f"{blocked[0]}={blocked[1]} failed deterministically on this hardware")
+            where = f" ({hardware})" if hardware else ""
+            self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return None
         self.skips = 0
         try:
             launch = study.server_launch(config)
+            reason = self._predicted_oom(pool, node, launch.argv)
+            if reason is not None:
+                self._skip(ostudy, trial, reason, oom=True)
+                return None
         except ForbiddenLaunchError as exc:
             trial.set_user_attr("failure_kind", "forbidden")
             trial.set_user_attr("failure", str(exc))
@@ -357,18 +368,44 @@ class StudyDriver:
         ostudy.tell(trial, values if objective.is_multi_objective else values[0])
         return values[0], TrialState.COMPLETE
 
-    def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str) -> None:
-        """Record a proposal that is never launched; its known failure teaches the sampler nothing new."""
+    def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str, *, oom: bool = False) -> None:
+        """Record a proposal that is never launched, costing no node time nor budget: a known
+        incompatibility (FAIL), or a predicted OOM (PRUNED with the penalty, so samplers learn from it)."""
         self.skips += 1
         if self.skips > MAX_CONSECUTIVE_SKIPS:
             raise AutotuneError(
-                f"the sampler proposed {MAX_CONSECUTIVE_SKIPS} known-incompatible trials in a row ({why}): "
+                f"the sampler proposed {MAX_CONSECUTIVE_SKIPS} trials in a row that cannot run ({why}): "
                 "remove the failing values from the search space"
             )
         trial.set_user_attr(SKIPPED_ATTR, True)
-        trial.set_user_attr("failure_kind", "known_incompatible")
+        trial.set_user_attr("failure_kind", "predicted_oom" if oom else "known_incompatible")
         trial.set_user_attr("failure", why)
-        ostudy.tell(trial, state=TrialState.FAIL)
+        if not oom:
+            ostudy.tell(trial, state=TrialState.FAIL)
+            return
+        trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+        trial.report(self.study.file.failures.oom_penalty, 0)
+        ostudy.tell(trial, state=TrialState.PRUNED)
+
+    def _hardware(self, pool: NodePool, node: str) -> str | None:
+        facts = pool.facts(node)
+        hardware = facts.hardware if facts is not None else None
+        self._hardware_by_node[node] = hardware
+        return hardware
+
+    def _hardware_of(self, node: str) -> str | None:
+        return self._hardware_by_node.get(node)
+
+    def _predicted_oom(self, pool: NodePool, node: str, argv: tuple[str, ...]) -> str | None:
+        """Why this launch would certainly run out of memory on `node`, from the node check's facts."""
+        facts = pool.facts(node)
+        declared = self.study.file.server.model_weight_gb
+        weights = (
+            declared
+            if declared is not None
+            else (facts.weight_bytes / 1e9 if facts is not None and facts.weight_bytes else None)
+        )
+        return predicted_oom(argv, facts.gpu_memory_gb if facts is not None else None, weights)
 
     def _poll_phases(
         self, tracker: StudyTracker, pool: NodePool, running: dict[int, _Running], progress: Progress
@@ -424,8 +461,9 @@ class StudyDriver:
                     "autotune.failure": failure.line[:500],
                 }
             )
-            if failure.kind.deterministic and self.known.learn(trial.params, failure):
-                ostudy.sampler = self.known.sampler(self.base_sampler)
+            hardware = self._hardware_of(result.node)
+            if failure.kind.deterministic and self.known.learn(trial.params, failure, hardware):
+                ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
                 self.reporter("learned", progress, {"incompatible": self.known.pairs})
             if failure.kind.retried_once:
                 once = failure.kind is not FailureKind.INTERRUPTED

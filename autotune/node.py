@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune import remote_benchmark
+from autotune.bench_serving import BenchServingRun
 from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, run_benchmark
 from autotune.config import NodeSpec, ServerSpec
 from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
+from autotune.job import wait_for_job
 from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import follow_log, wait_until_ready
+from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
 from autotune.runner import (
     CommandRunner,
@@ -49,10 +52,21 @@ class TrialRequest:
 
     number: int
     launch: ServerLaunch
-    workload: Workload
+    workload: Workload | None  # None for a job (see `job`), which sends no requests
     startup_timeout_s: float
     benchmark_timeout_s: float
     seed: int = 0
+    # What to measure on the launch (a ladder, a short run first); None: one benchmark of `workload`.
+    plan: MeasurementPlan | None = None
+    # True: the launch is a job that measures itself and exits within benchmark_timeout_s (autotune.job).
+    job: bool = False
+
+    @property
+    def serving_workload(self) -> Workload:
+        """The workload of a server trial."""
+        if self.workload is None:
+            raise ValueError(f"`workload` must be set for a server trial, but trial {self.number} has none.")
+        return self.workload
 
 
 @dataclass(frozen=True)
@@ -70,10 +84,12 @@ class TrialResult:
     returncode: int | None = None
     server_pgid: int | None = None  # the process group the trial's server ran in (gone when this returns)
     port: int | None = None  # the port the server listened on (the node picks it for `port: auto`)
+    metrics: dict[str, float] = field(default_factory=dict)  # a job trial's measurement
+    details: dict[str, Any] = field(default_factory=dict)  # a job trial's whole result line
 
     @property
     def ok(self) -> bool:
-        return self.failure is None and self.benchmark is not None
+        return self.failure is None and (self.benchmark is not None or bool(self.metrics))
 
     def summary(self) -> dict[str, object]:
         """A JSON-ready record of the result (the log left out)."""
@@ -120,11 +136,14 @@ class TrialExecutor:
         self._aborted.clear()
         try:
             self._enter("launching")
-            if request.launch.port == AUTO_PORT:  # picked here, on the node, free right now
+            if request.launch.port == AUTO_PORT and not request.job:  # picked here, on the node, free now
                 port = self.runner.free_port(request.launch.host)
                 request = replace(request, launch=request.launch.with_port(port))
             self._process = self._launch(request, log_path)
-            result = self._run_launched(request, self._process, log_path)
+            if request.job:
+                result = self._run_job(request, self._process, log_path)
+            else:
+                result = self._run_launched(request, self._process, log_path)
         except LaunchError as exc:
             failure = Failure(FailureKind.LAUNCH_ERROR, exc.reason, "launch", FailureKind.LAUNCH_ERROR.advice)
             result = self._result(request, None, failure, log_path)
@@ -204,6 +223,21 @@ class TrialExecutor:
             returncode=process.poll(),
         )
 
+    def _run_job(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
+        """Wait for a job to exit within the benchmark timeout; its result line is the measurement."""
+        self._enter("measuring")
+        outcome = wait_for_job(process, request.benchmark_timeout_s, stopped=self._aborted.is_set)
+        result = self._result(
+            request,
+            None,
+            outcome.failure,
+            log_path,
+            benchmark_s=outcome.elapsed_s,
+            phase_times={"measuring": outcome.elapsed_s},
+            returncode=outcome.returncode,
+        )
+        return replace(result, metrics=outcome.metrics, details=outcome.payload)
+
     def _benchmark_watched(
         self, request: TrialRequest, process: ServerProcess, log_path: Path
     ) -> tuple[BenchmarkResult | None, Failure | None]:
@@ -213,7 +247,7 @@ class TrialExecutor:
         trial) and NodeUnreachableError propagates.
         """
         follower = follow_log(process, from_end=True)
-        with _BenchmarkThread(self._benchmark_job(request)) as job:
+        with _BenchmarkThread(self._measurement_job(request)) as job:
             future = job.future
             try:
                 while not future.done():
@@ -240,17 +274,39 @@ class TrialExecutor:
                 kind = FailureKind.BENCHMARK_ERROR
                 return None, Failure(kind, exc.first_error or str(exc), str(exc), kind.advice)
 
+    def _measurement_job(self, request: TrialRequest) -> Coroutine[Any, Any, BenchmarkResult]:
+        """The request's measurement plan on the launched server, one benchmark per run of the plan (each
+        with prompts of its own), by the built-in client or by sglang.bench_serving on the node."""
+        plan = request.plan or MeasurementPlan.single(request.serving_workload)
+        launch = request.launch
+
+        async def builtin(workload: Workload, index: int) -> BenchmarkResult:
+            one = replace(request, workload=workload, seed=run_seed(request.seed, index), plan=None)
+            return await self._benchmark_job(one)
+
+        async def bench_serving(workload: Workload, index: int) -> BenchmarkResult:
+            client = BenchServingRun(
+                self.runner,
+                _node_local_url(launch),
+                launch.argv,
+                plan.bench_serving,
+                request.benchmark_timeout_s,
+            )
+            return await asyncio.to_thread(client.measure, workload, run_seed(request.seed, index))
+
+        return run_plan(plan, bench_serving if plan.client == "bench_serving" else builtin)
+
     def _benchmark_job(self, request: TrialRequest) -> Coroutine[Any, Any, BenchmarkResult]:
         launch = request.launch
         if not self.benchmark_on_node:
             url = self.runner.url_for(launch)
             return run_benchmark(
-                url, request.workload, timeout_s=request.benchmark_timeout_s, seed=request.seed
+                url, request.serving_workload, timeout_s=request.benchmark_timeout_s, seed=request.seed
             )
         argv = remote_benchmark.command(
             benchmark_python(launch.argv),
             _node_local_url(launch),
-            request.workload,
+            request.serving_workload,
             request.benchmark_timeout_s,
             request.seed,
         )
@@ -423,6 +479,8 @@ class NodeActor:
             port=None if server.port == "auto" else server.port,  # an auto port is found at launch
             log_dir=log_dir,
             benchmark_on_node=self._executor.benchmark_on_node,
+            nvidia_smi=self._node.nvidia_smi,
+            model_path=server.model_path,
         )
 
     def run_trial(self, request: TrialRequest) -> TrialResult:

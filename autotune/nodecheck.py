@@ -50,9 +50,15 @@ sys.exit(0 if found else 3)
 """
 _MISSING_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 _GPUS = (
-    "command -v nvidia-smi >/dev/null 2>&1 || exit 3; "
-    "exec nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,nounits"
+    'command -v "$1" >/dev/null 2>&1 || exit 3; '
+    'exec "$@" --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits'
 )
+# Bytes of safetensors weights under the model path (0 where it is not a local folder).
+_WEIGHT_BYTES = (
+    'find "$1" -maxdepth 2 -name "*.safetensors" -printf "%s\\n" 2>/dev/null '
+    '| awk "{s+=\\$1} END {print s+0}"'
+)
+
 _FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
 
 
@@ -75,6 +81,7 @@ class GPU:
     name: str
     total_mib: float
     free_mib: float
+    driver: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,10 +92,25 @@ class NodeReport:
     problems: tuple[NodeProblem, ...] = ()
     gpus: tuple[GPU, ...] | None = None
     free_log_bytes: int | None = None
+    weight_bytes: int | None = None  # the model's safetensors under model_path, when found there
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def hardware(self) -> str | None:
+        """The node's hardware fingerprint, e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04)'."""
+        if not self.gpus:
+            return None
+        first = self.gpus[0]
+        driver = f", driver {first.driver}" if first.driver else ""
+        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver})"
+
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        """Memory of the node's smallest GPU, in GB (1e9 bytes)."""
+        return min(g.total_mib for g in self.gpus) * 1.048576 / 1000 if self.gpus else None
 
 
 class NodeCheckError(AutotuneError):
@@ -116,11 +138,17 @@ def check_node(
     port: int | None,
     log_dir: str,
     benchmark_on_node: bool = False,
+    nvidia_smi: Sequence[str] = ("nvidia-smi",),
+    model_path: str | None = None,
 ) -> NodeReport:
-    """Check that `node` can start `command` with `env` on (host, port), logging to `log_dir` there."""
+    """Check that `node` can start `command` with `env` on (host, port), logging to `log_dir` there.
+
+    `nvidia_smi` is the command that answers nvidia-smi's GPU query there; the report also carries the
+    size of the safetensors weights under `model_path`, for the pre-flight memory check."""
     problems: list[NodeProblem] = []
     gpus: tuple[GPU, ...] | None = None
     free: int | None = None
+    weights: int | None = None
     try:
         # The first command also connects: an unreachable node ends the check here.
         tools: Sequence[str] = getattr(runner, "required_tools", ())
@@ -141,8 +169,11 @@ def check_node(
                     "earlier run?) or set server.port to a free port.",
                 )
             )
-        gpus, gpu_trouble = _gpus(runner, env)
+        gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
         problems += gpu_trouble
+        if model_path:
+            found = _sh(runner, _WEIGHT_BYTES, [model_path]).stdout.strip()
+            weights = int(found) if found.isdigit() and int(found) > 0 else None
         free, disk_trouble = _free_log_bytes(runner, log_dir)
         problems += disk_trouble
         if benchmark_on_node:
@@ -153,13 +184,17 @@ def check_node(
         problems.append(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
-    return NodeReport(node, tuple(problems), gpus, free)
+    return NodeReport(node, tuple(problems), gpus, free, weights)
 
 
 def _sh(
-    runner: CommandRunner, script: str, args: Sequence[str] = (), timeout_s: float = CHECK_TIMEOUT_S
+    runner: CommandRunner,
+    script: str,
+    args: Sequence[str] = (),
+    timeout_s: float = CHECK_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
 ) -> Any:
-    return runner.run(["sh", "-c", script, "sh", *args], timeout_s=timeout_s)
+    return runner.run(["sh", "-c", script, "sh", *args], env, timeout_s=timeout_s)
 
 
 def _last_line(text: str) -> str:
@@ -207,8 +242,10 @@ def _command_problems(
     return []
 
 
-def _gpus(runner: CommandRunner, env: Mapping[str, str]) -> tuple[tuple[GPU, ...] | None, list[NodeProblem]]:
-    done = _sh(runner, _GPUS)
+def _gpus(
+    runner: CommandRunner, env: Mapping[str, str], nvidia_smi: Sequence[str]
+) -> tuple[tuple[GPU, ...] | None, list[NodeProblem]]:
+    done = _sh(runner, _GPUS, nvidia_smi, env=env)
     if done.returncode == 3:
         return None, []  # no NVIDIA driver tools: a simulated node, or GPUs nvidia-smi does not manage
     if done.returncode != 0:
@@ -223,14 +260,18 @@ def _gpus(runner: CommandRunner, env: Mapping[str, str]) -> tuple[tuple[GPU, ...
 
 
 def parse_gpus(text: str) -> tuple[GPU, ...]:
-    """GPUs from nvidia-smi's `--query-gpu=index,name,memory.total,memory.free` as csv,noheader,nounits."""
+    """GPUs from nvidia-smi's `--query-gpu=index,name,memory.total,memory.free,driver_version` as
+    csv,noheader,nounits (the driver column may be missing)."""
     gpus = []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) < 4:
             continue
+        driver = fields.pop() if len(fields) >= 5 else ""  # the last column asked for
         try:
-            gpus.append(GPU(int(fields[0]), ", ".join(fields[1:-2]), float(fields[-2]), float(fields[-1])))
+            gpus.append(
+                GPU(int(fields[0]), ", ".join(fields[1:-2]), float(fields[-2]), float(fields[-1]), driver)
+            )
         except ValueError:
             continue  # "[N/A]" or "[Not Supported]" fields
     return tuple(gpus)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autotune.config import NodeSpec, Study
+from autotune.errors import AutotuneError
 from autotune.failures import Failure, FailureKind
-from autotune.node import NodeActor, TrialRequest, TrialResult
-from autotune.nodecheck import check_nodes
+from autotune.node import NodeActor, TrialExecutor, TrialRequest, TrialResult, runner_for
+from autotune.nodecheck import NodeReport, check_nodes
 
 GPU_NODE_RESOURCE = "gpu_node"
 DISCOVERY_S = 5.0  # how often a discovering pool looks for nodes that joined the cluster
@@ -76,14 +77,24 @@ class NodePool(ABC):
     def close(self) -> None:
         """Release the nodes."""
 
+    def facts(self, node: str) -> NodeReport | None:
+        """What the node check found on `node` (GPUs, weights), when it ran."""
+        return None
+
 
 class LocalNodePool(NodePool):
     """Executors in this process, each trial in a thread: no Ray, for measuring the tuner itself."""
 
-    def __init__(self, executors: Mapping[str, Executor]) -> None:
+    def __init__(
+        self, executors: Mapping[str, Executor], facts: Mapping[str, NodeReport] | None = None
+    ) -> None:
         self._executors = dict(executors)
+        self._facts = dict(facts or {})
         self._threads = ThreadPoolExecutor(max_workers=max(1, len(executors)), thread_name_prefix="node")
         self._running: dict[Future[TrialResult], Submitted] = {}
+
+    def facts(self, node: str) -> NodeReport | None:
+        return self._facts.get(node)
 
     def idle_nodes(self) -> list[str]:
         busy = {s.node for s in self._running.values()}
@@ -107,6 +118,21 @@ class LocalNodePool(NodePool):
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+
+
+def in_process_pool(study: Study) -> LocalNodePool:
+    """The study's nodes as trial executors in this process, without Ray (`autotune run --no-ray`): each
+    reaches its node as a Ray actor would (`runner_for`: a local process or SSH), with the same logs."""
+    if study.file.ray.discover_nodes:
+        raise AutotuneError("ray.discover_nodes finds nodes through Ray: list the nodes, or run with Ray")
+    executors: dict[str, Executor] = {}
+    for spec in study.file.nodes:
+        workdir = study.workdir / "nodes" / spec.name
+        runner = runner_for(spec, workdir)
+        executors[spec.name] = TrialExecutor(
+            spec.name, runner, workdir, benchmark_on_node=spec.benchmark_from == "node"
+        )
+    return LocalNodePool(executors)
 
 
 def connect_ray(study: Study) -> None:
@@ -162,7 +188,29 @@ class RayNodePool(NodePool):
             for spec in study.file.nodes:
                 self._specs[spec.name] = spec
                 self._actors[spec.name] = self._new_actor(spec)
-        check_nodes(study.file.server, self._actors)  # before any trial: every problem, with its fix
+        # Before any trial: every problem, with its fix; and what each node is, for the study's records.
+        self._reports = {r.node: r for r in check_nodes(study.file.server, self._actors)}
+        self._keep_required_hardware()
+
+    def _keep_required_hardware(self) -> None:
+        import ray
+
+        wanted = self._study.file.ray.require_hardware
+        if not wanted:
+            return
+        for name in list(self._actors):
+            hardware = self._reports[name].hardware if name in self._reports else None
+            if hardware is None or wanted not in hardware:
+                ray.kill(self._actors.pop(name), no_restart=True)
+        if not self._actors:
+            found = sorted({str(r.hardware) for r in self._reports.values()})
+            raise AutotuneError(
+                f"no node matches ray.require_hardware {wanted!r} (found: {', '.join(found)}): "
+                "change require_hardware, or add nodes of that kind to the cluster"
+            )
+
+    def facts(self, node: str) -> NodeReport | None:
+        return self._reports.get(node)
 
     def _new_actor(self, spec: NodeSpec) -> Any:
         options: dict[str, Any] = {

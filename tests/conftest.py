@@ -27,10 +27,18 @@ def write_study(tmp_path: Path, n_trials: int = N_TRIALS) -> Path:
         "study": "e2e",
         "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
         "objective": "objective.yaml",
+        "nodes": [
+            {
+                "name": "local",
+                "address": "local",
+                "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
+            }
+        ],
         "server": {
             "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
             "model_path": "/models/Kimi-K2.5",
             "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "model_weight_gb": 547,
             "port": free_port(),
             "flags": {"--tp-size": 8},
             "env": {"SGLANG_SIM_TIME_SCALE": "0.001", "HF_TOKEN": "hf_secret_value_123"},

@@ -12,11 +12,12 @@ from optuna.trial import TrialState
 from autotune.config import load_study
 from autotune.driver import StudyDriver, finished_count, study_summary
 from autotune.pool import LocalNodePool
-from autotune.sim.model_node import ModelExecutor
+from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]
+SEED_HARDWARE = "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim)"
 
 
 def make_study(tmp_path: Path, n_trials: int, **extra: object) -> Path:
@@ -39,9 +40,12 @@ def make_study(tmp_path: Path, n_trials: int, **extra: object) -> Path:
     return path
 
 
-def model_pool(nodes: int = 1):
+def model_pool(nodes: int = 1, checked: bool = True):
+    """Nodes answered by the model; `checked`: with what a node check would have found (GPUs, weights)."""
     hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
-    return lambda study: LocalNodePool({f"n{i}": ModelExecutor(f"n{i}", hw, model) for i in range(nodes)})
+    names = [f"n{i}" for i in range(nodes)]
+    facts = {name: node_report(name, hw, model) for name in names} if checked else {}
+    return lambda study: LocalNodePool({name: ModelExecutor(name, hw, model) for name in names}, facts)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,9 @@ def test_an_unsupported_flag_is_never_launched_after_it_failed(study_of_30: optu
                         first_failure.get(pair, trial.datetime_complete), trial.datetime_complete
                     )
     assert first_failure, "the seed node's unsupported features show up in 30 trials"
-    assert set(first_failure) <= {tuple(pair) for pair in study_of_30.user_attrs["incompatible"]}
+    learned = {(name, value): where for name, value, where in study_of_30.user_attrs["incompatible"]}
+    assert set(first_failure) <= set(learned)
+    assert set(learned.values()) == {SEED_HARDWARE}  # recorded against the node's hardware fingerprint
     for trial in study_of_30.trials:
         if trial.user_attrs.get("skipped"):
             continue  # proposed, refused without a launch
@@ -124,3 +130,17 @@ def test_a_second_run_continues_to_a_larger_budget(tmp_path: Path) -> None:
     ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=8)
     assert finished_count(ostudy) == 8
     assert sum(1 for t in ostudy.trials if t.user_attrs.get("baseline")) == 1
+
+
+def test_predicted_ooms_are_pruned_without_a_launch_and_every_trial_knows_its_hardware(
+    study_of_30: optuna.Study,
+) -> None:
+    predicted = [t for t in study_of_30.trials if t.user_attrs.get("failure_kind") == "predicted_oom"]
+    assert predicted, "30 trials over --mem-fraction-static 0.70..0.95 propose pools the weights overflow"
+    for trial in predicted:
+        assert trial.state is TrialState.PRUNED and trial.value == -1.0
+        assert trial.user_attrs["skipped"] is True and "mlflow_run_id" not in trial.user_attrs
+        assert trial.params["--mem-fraction-static"] * 96.0 < 547 / 8
+    launched = [t for t in study_of_30.trials if not t.user_attrs.get("skipped")]
+    hardware = {t.user_attrs.get("hardware") for t in launched}
+    assert hardware == {SEED_HARDWARE}

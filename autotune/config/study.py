@@ -37,7 +37,15 @@ from autotune.config.search_space import (
     load_search_space,
 )
 from autotune.errors import ConfigError, did_you_mean
-from autotune.launch import AUTO_PORT, ServerLaunch, TrialConfig, build_server_launch, to_arg, to_env_value
+from autotune.launch import (
+    AUTO_PORT,
+    ServerLaunch,
+    TrialConfig,
+    build_server_launch,
+    check_never_launch,
+    to_arg,
+    to_env_value,
+)
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,6 +54,8 @@ WORKDIR_NAME = ".autotune"
 # Both switch NVLink multicast (NVLS) on, which must stay off where the fabric cannot take it.
 DEFAULT_NEVER_LAUNCH_ENV: Mapping[str, tuple[str, ...]] = {"NCCL_NVLS_ENABLE": ("1", "2")}
 DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-symm-mem")
+# The command a job objective's trial runs when `server.command` is not set (python3: the node's Python).
+JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.nccl_bench")}
 
 SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe": samplers.tpe,  # TPE started near SGLang's defaults: see autotune.samplers
@@ -79,6 +89,9 @@ class NodeSpec(BaseModel):
     benchmark_from: Literal["driver", "node"] = "driver"
     remote_dir: Annotated[str, Field(min_length=1)] = ".autotune"
     connect_timeout_s: PositiveFloat = 10.0
+    # The command that answers nvidia-smi's GPU query there ([python, -m, autotune.sim.nvidia_smi] for the
+    # simulated node): GPU inventory, memory and driver, for the node check and the hardware fingerprint.
+    nvidia_smi: list[str] = Field(default_factory=lambda: ["nvidia-smi"], min_length=1)
 
     @field_validator("address")
     @classmethod
@@ -113,13 +126,20 @@ class NodeSpec(BaseModel):
 
 
 class ServerSpec(BaseModel):
-    """How to start SGLang: the command, the model, where it listens, and fixed base flags and env."""
+    """How to start SGLang: the command, the model, where it listens, and fixed base flags and env.
+
+    For a job objective (`kind: nccl_allreduce`) no server runs: `command` is the job (by default
+    `JOB_COMMANDS[kind]`) and `env` its base environment; there is no model, and no flags.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     command: list[str] = Field(default_factory=lambda: ["python", "-m", "sglang.launch_server"])
-    model_path: Annotated[str, Field(min_length=1)]
+    model_path: Annotated[str, Field(min_length=1)] | None = None  # required for a serving objective
     draft_model_path: str | None = None
+    # The weights' size in GB for the pre-flight memory check; unset: the node check sums the
+    # safetensors under model_path there (and a path it cannot read turns the check off).
+    model_weight_gb: Annotated[float, Field(gt=0)] | None = None
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     # "auto": the node picks a free port for each launch (several servers on one machine, e.g. tests).
     port: Annotated[StrictInt, Field(ge=1, le=65535)] | Literal["auto"] = 30000
@@ -420,7 +440,11 @@ class Study:
 
         Raises ForbiddenLaunchError when the launch would use a never_launch value.
         """
+        if self.objective.is_job:
+            return self.job_launch(config)
         server = self.file.server
+        if server.model_path is None:  # load_study refuses this for a serving objective
+            raise ConfigError(self.path, "server.model_path", None, "missing", "Set server.model_path.")
         algorithm = config.flags.get(SpeculativeRules.ALGORITHM) or server.flags.get(
             SpeculativeRules.ALGORITHM
         )
@@ -438,6 +462,22 @@ class Study:
             never_launch_flags=self.file.never_launch.flags,
         )
 
+    def job_launch(self, config: TrialConfig) -> ServerLaunch:
+        """The launch of one trial's job: the job command with the objective's arguments, and the study's
+        env with the trial's on top. Raises ForbiddenLaunchError for a never_launch value."""
+        server, objective = self.file.server, self.objective
+        if objective.allreduce is None:  # the only job kind so far; check_kind makes sure it is set
+            raise ValueError(f"`allreduce` must be set for a job launch, but {objective.name!r} has none.")
+        command = server.command if "command" in server.model_fields_set else JOB_COMMANDS[objective.kind]
+        launch = ServerLaunch(
+            argv=(*command, *objective.allreduce.settings().to_argv()),
+            env={**server.env, **config.env},
+            host=server.host,
+            port=AUTO_PORT,  # a job listens nowhere
+        )
+        check_never_launch(launch, env=self.file.never_launch.env, flags=self.file.never_launch.flags)
+        return launch
+
 
 def load_study(path: Path | str) -> Study:
     """Read and validate a study file and the files it names; creates nothing on disk."""
@@ -453,6 +493,7 @@ def load_study(path: Path | str) -> Study:
     search_space = load_search_space(search_space_path)
     objective = load_objective(objective_path)
     _check_against_search_space(path, file, search_space)
+    _check_objective_kind(path, file, objective, search_space)
     file = _resolve_node_files(path, file, study_dir)
     workdir = study_dir / WORKDIR_NAME / file.study
     return Study(
@@ -466,6 +507,48 @@ def load_study(path: Path | str) -> Study:
         search_space_path=search_space_path,
         objective_path=objective_path,
     )
+
+
+def _check_objective_kind(path: Path, file: StudyFile, objective: Objective, space: SearchSpace) -> None:
+    """A serving study names its model; a job study tunes env vars only and passes no server flags."""
+    server = file.server
+    if not objective.is_job:
+        if server.model_path is None:
+            raise ConfigError(
+                path,
+                "server.model_path",
+                None,
+                f"the serving objective {objective.name!r} launches a model server, which needs a model",
+                "Set server.model_path to the model's folder (or Hugging Face id).",
+            )
+        return
+    for section, value in (("model_path", server.model_path), ("draft_model_path", server.draft_model_path)):
+        if value is not None:
+            raise ConfigError(
+                path,
+                f"server.{section}",
+                value,
+                f"the {objective.kind} objective runs a benchmark job, which loads no model",
+                f"Remove server.{section}.",
+            )
+    if server.flags:
+        flag = next(iter(server.flags))
+        raise ConfigError(
+            path,
+            f"server.flags.{flag}",
+            flag,
+            f"the {objective.kind} objective runs a benchmark job, which takes no server flags",
+            "Remove server.flags; what the job measures is set in the objective file.",
+        )
+    for name, parameter in space.parameters.items():
+        if parameter.kind != "nccl":
+            raise ConfigError(
+                space.path,
+                f"parameters.{name}",
+                name,
+                f"a {parameter.kind} parameter cannot change a {objective.kind} job, which runs no server",
+                "Use a search space of NCCL env vars only, e.g. search_spaces/nccl-allreduce.yaml.",
+            )
 
 
 def _resolve_node_files(path: Path, file: StudyFile, study_dir: Path) -> StudyFile:

@@ -10,9 +10,13 @@ time a study would have spent.
 
 from __future__ import annotations
 
-from autotune.benchmark import BenchmarkResult
+from dataclasses import replace
+
+from autotune.benchmark import BenchmarkResult, Workload
 from autotune.failures import Failure, FailureKind, classify
+from autotune.measurement import MeasurementPlan, run_plan_sync
 from autotune.node import TrialRequest, TrialResult
+from autotune.nodecheck import NodeReport
 from autotune.sim.engine import input_too_long
 from autotune.sim.model import NodeModel
 from autotune.sim.predict import predict
@@ -38,6 +42,17 @@ def startup_seconds(node: NodeModel) -> float:
     return init + load + capture
 
 
+def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
+    """What the node check would find on a simulated node: its GPUs (as autotune.sim.nvidia_smi lists
+    them) and the model's weights."""
+    from autotune.nodecheck import GPU
+    from autotune.sim.nvidia_smi import DRIVER_VERSION
+
+    mib = hardware.gpu_memory_gb * 1000 / 1.048576
+    gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
+    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9))
+
+
 class ModelExecutor:
     """Runs trials by asking the simulated node's model; noise as the simulated server would add it."""
 
@@ -52,9 +67,11 @@ class ModelExecutor:
         """Nothing runs long enough to abort."""
 
     def run(self, request: TrialRequest) -> TrialResult:
+        if request.plan is not None:
+            return self._run_plan(request, request.plan)
         argv = list(request.launch.argv)
         flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
-        w = request.workload
+        w = request.serving_workload
         workload = StandardWorkload(
             num_prompts=w.num_prompts,
             input_len=w.input_len,
@@ -114,6 +131,25 @@ class ModelExecutor:
         )
         return TrialResult(request.number, self.node, benchmark, None, startup_s, duration)
 
+    def _run_plan(self, request: TrialRequest, plan: MeasurementPlan) -> TrialResult:
+        """A measurement plan on one model launch: start-up counted once, the benchmarks' seconds added up,
+        the first failure ending the trial as on a real node. Every run shares the launch's noise seed."""
+        runs: list[TrialResult] = []
+
+        def measure(workload: Workload, _index: int) -> BenchmarkResult:
+            one = self.run(replace(request, workload=workload, plan=None))
+            runs.append(one)
+            if one.benchmark is None:
+                raise _RunFailed
+            return one.benchmark
+
+        try:
+            benchmark: BenchmarkResult | None = run_plan_sync(plan, measure)
+        except _RunFailed:
+            benchmark = None
+        benchmark_s = sum(r.benchmark_s or 0.0 for r in runs) if runs[-1].benchmark_s is not None else None
+        return replace(runs[-1], benchmark=benchmark, startup_s=runs[0].startup_s, benchmark_s=benchmark_s)
+
     def _failed(
         self,
         request: TrialRequest,
@@ -125,3 +161,7 @@ class ModelExecutor:
         if failure is None:
             failure = Failure.of(FailureKind.UNKNOWN_CRASH, log, "no pattern matched the model's message")
         return TrialResult(request.number, self.node, None, failure, startup_s, benchmark_s, log=log)
+
+
+class _RunFailed(Exception):
+    """A run of a plan failed; its TrialResult carries the failure."""

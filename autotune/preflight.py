@@ -1,0 +1,48 @@
+"""The pre-flight memory check: configs certain to run out of memory are recorded, never launched.
+
+It is conservative by construction: it predicts only SGLang's own "Not enough memory" check, in its
+weakest form. SGLang sizes the KV pool as what the static pool (`--mem-fraction-static` of the GPU)
+holds beyond the weights and everything allocated before them; when the weights alone exceed the pool,
+that is negative whatever else is true, so the launch would certainly fail. Anything less certain is
+left to the launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _flag(argv: Sequence[str], *names: str) -> str | None:
+    value = None
+    for index, arg in enumerate(argv):
+        for name in names:
+            if arg == name and index + 1 < len(argv):
+                value = argv[index + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value  # the last one wins, as in argparse
+
+
+def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: float | None) -> str | None:
+    """Why a launch with SGLang flags `argv` certainly fails SGLang's memory check, or None.
+
+    `gpu_memory_gb` is one GPU's memory and `weight_gb` the model's weights in all, both in GB; without
+    either, or without an explicit --mem-fraction-static, nothing is predicted.
+    """
+    fraction = _flag(argv, "--mem-fraction-static")
+    if gpu_memory_gb is None or weight_gb is None or fraction is None:
+        return None
+    try:
+        mfs = float(fraction)
+        tp = int(_flag(argv, "--tp-size", "--tp") or 1)
+    except ValueError:
+        return None  # SGLang's own argument parsing will say what is wrong
+    per_gpu = weight_gb / max(tp, 1)
+    pool = mfs * gpu_memory_gb
+    if per_gpu <= pool:
+        return None
+    return (
+        f"predicted OOM: the weights take {per_gpu:.1f} GB per GPU ({weight_gb:.0f} GB over TP {tp}), more "
+        f"than the static pool of --mem-fraction-static {mfs:g} x {gpu_memory_gb:.1f} GB = {pool:.1f} GB; "
+        "SGLang would load them and fail with 'Not enough memory'"
+    )

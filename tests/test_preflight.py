@@ -1,0 +1,46 @@
+"""The pre-flight memory check predicts only what certainly fails: checked against the model."""
+
+from __future__ import annotations
+
+import random
+
+from autotune.preflight import predicted_oom
+from autotune.sim.predict import predict
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+
+
+def test_the_seeds_055_is_predicted_and_a_roomy_pool_is_not() -> None:
+    reason = predicted_oom(["--tp-size", "8", "--mem-fraction-static", "0.55"], 96.0, 547.0)
+    assert reason is not None and "68.4 GB per GPU" in reason and "52.8 GB" in reason
+    assert predicted_oom(["--tp-size", "8", "--mem-fraction-static", "0.85"], 96.0, 547.0) is None
+    assert predicted_oom(["--tp", "8", "--mem-fraction-static=0.60"], 96.0, 547.0) is not None
+
+
+def test_nothing_is_predicted_without_the_facts_or_an_explicit_fraction() -> None:
+    assert predicted_oom(["--tp-size", "8"], 96.0, 547.0) is None  # SGLang's own fraction fits the weights
+    assert predicted_oom(["--mem-fraction-static", "0.1"], None, 547.0) is None
+    assert predicted_oom(["--mem-fraction-static", "0.1"], 96.0, None) is None
+    assert predicted_oom(["--mem-fraction-static", "lots"], 96.0, 547.0) is None
+
+
+def test_it_never_rejects_a_launch_that_would_start() -> None:
+    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    rng = random.Random(0)
+    rejected = started_though_rejected = 0
+    for _ in range(300):
+        argv = [
+            "--tp-size",
+            rng.choice(["4", "8"]),
+            "--mem-fraction-static",
+            f"{rng.uniform(0.5, 0.95):.2f}",
+            "--cuda-graph-max-bs",
+            rng.choice(["32", "128", "512"]),
+        ]
+        if predicted_oom(argv, hw.gpu_memory_gb, model.weight_gb) is None:
+            continue
+        rejected += 1
+        answer = predict(hw, model, argv)
+        if answer.failure_phase not in ("kv", "load"):  # SGLang's memory check, or weights over the GPU
+            started_though_rejected += 1
+    assert rejected > 50
+    assert started_though_rejected == 0
