@@ -99,6 +99,12 @@ class BenchmarkResult:
     on real SGLang): real seconds per server second. Every measured duration was divided by it and every
     throughput multiplied by it. `accept_length` is the server's `avg_spec_accept_length` of DP rank 0,
     None without speculative decoding.
+
+    A trial's whole measurement (see `autotune.measurement`) is one result too: the figures at the top
+    level combine its `levels` (one result per concurrency level of a ladder, all on one launch);
+    `short` is the short measurement taken first, and `stopped_early` says the trial stopped after it
+    (then the top level is the short measurement's). `client` names what measured: `builtin` or
+    `bench_serving`.
     """
 
     workload: Workload
@@ -122,16 +128,28 @@ class BenchmarkResult:
     accept_length: float | None
     time_scale: float
     first_error: str | None = None
+    levels: tuple[BenchmarkResult, ...] = ()
+    short: BenchmarkResult | None = None
+    stopped_early: bool = False
+    client: str = "builtin"
 
     def to_json(self) -> str:
-        """Serialize to a JSON object (the workload nested under "workload")."""
+        """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> BenchmarkResult:
         """Parse what `to_json` wrote."""
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchmarkResult:
+        """Build a result from `dataclasses.asdict` of one (what `to_json` writes, parsed)."""
+        data = dict(data)
         data["workload"] = Workload(**data["workload"])
+        data["levels"] = tuple(cls.from_dict(level) for level in data.get("levels") or ())
+        if data.get("short") is not None:
+            data["short"] = cls.from_dict(data["short"])
         return cls(**data)
 
 

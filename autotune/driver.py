@@ -161,13 +161,14 @@ class StudyDriver:
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
         self.skips = 0
-        tracker = (
-            StudyTracker(
-                study.tracking_uri, study.name, study.workdir / "artifacts", metric=study.objective.metric
+        with study_lock(study):  # drivers starting together must not create the tracking store twice
+            tracker = (
+                StudyTracker(
+                    study.tracking_uri, study.name, study.workdir / "artifacts", metric=study.objective.metric
+                )
+                if self.tracking
+                else NullTracker()
             )
-            if self.tracking
-            else NullTracker()
-        )
         tracker.log_study_files(
             {
                 "study.yaml": study.path.read_text(),

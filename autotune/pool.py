@@ -2,7 +2,8 @@
 
 The study loop hands a `TrialRequest` to a free node and collects `TrialResult`s; it does not know whether
 the node is a Ray actor on a cluster (`RayNodePool`, the product) or an object in this process
-(`LocalNodePool`, for benchmarks of the tuner itself). A node that dies mid-trial yields a NODE_LOST
+(`LocalNodePool`: benchmarks of the tuner, or `autotune run --no-ray`, where `in_process_pool` gives each
+node a `TrialExecutor` as its actor would). A node that dies mid-trial yields a NODE_LOST
 result, never an exception.
 """
 
@@ -83,7 +84,7 @@ class NodePool(ABC):
 
 
 class LocalNodePool(NodePool):
-    """Executors in this process, each trial in a thread: no Ray, for measuring the tuner itself."""
+    """Executors in this process, each trial in a thread: no Ray (benchmarks of the tuner; `--no-ray`)."""
 
     def __init__(
         self, executors: Mapping[str, Executor], facts: Mapping[str, NodeReport] | None = None

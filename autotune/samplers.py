@@ -90,8 +90,12 @@ class DefaultsStartSampler(BaseSampler):
         self._random.reseed_rng()
 
 
-def tpe(seed: int | None) -> BaseSampler:
+def tpe(
+    seed: int | None, *, n_startup_trials: int = 10, keep_default: float = 0.8, **options: Any
+) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
-    the defaults."""
-    base = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=10)
-    return DefaultsStartSampler(base, n_startup_trials=10, keep_default=0.8, seed=seed)
+    the defaults. The keyword arguments change its settings (`options` go to TPESampler), for measuring
+    other settings against it (benchmarks/sample_efficiency.py)."""
+    settings = {"multivariate": True, "group": True, **options}
+    base = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, **settings)
+    return DefaultsStartSampler(base, n_startup_trials=n_startup_trials, keep_default=keep_default, seed=seed)

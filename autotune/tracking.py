@@ -59,6 +59,10 @@ def metric_unit(metric: str) -> str:
     """The unit of an objective metric, as a run name shows it."""
     if metric.endswith("_ms"):
         return "ms"
+    if metric.endswith("_us"):
+        return "us"
+    if metric.endswith("_mib"):
+        return "MiB"
     return {"output_throughput": "tok/s", "input_throughput": "tok/s", "request_throughput": "req/s"}.get(
         metric, ""
     )
@@ -109,36 +113,56 @@ class StudyTracker:
         self._plots_stale = False  # the study changed since the plots were last drawn
         self._plotted_at = time.monotonic()
         self._best_script: str | None = None
-        experiment = self.client.get_experiment_by_name(study_name)
-        self.experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            # Artifacts live beside the study, not in ./mlruns of wherever autotune was started.
-            else self.client.create_experiment(
-                study_name,
-                artifact_location=artifact_root.resolve().as_uri(),
-                # A model-tuning experiment: runs, params and metrics, not GenAI traces.
-                tags={STUDY_TAG: study_name, EXPERIMENT_KIND_TAG: "custom_model_development"},
-            )
-        )
+        self.experiment_id = self._experiment(study_name, artifact_root)
         self.parent_run_id = self._parent_run()
 
+    def _experiment(self, study_name: str, artifact_root: Path) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(study_name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        try:
+            return str(
+                self.client.create_experiment(
+                    study_name,
+                    # Artifacts live beside the study, not in ./mlruns of wherever autotune was started.
+                    artifact_location=artifact_root.resolve().as_uri(),
+                    # A model-tuning experiment: runs, params and metrics, not GenAI traces.
+                    tags={STUDY_TAG: study_name, EXPERIMENT_KIND_TAG: "custom_model_development"},
+                )
+            )
+        except MlflowException:
+            # Another driver of the study created it a moment ago.
+            experiment = self.client.get_experiment_by_name(study_name)
+            if experiment is None:
+                raise
+            return str(experiment.experiment_id)
+
+    def _study_runs(self) -> list[Any]:
+        return list(
+            self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`autotune.role` = 'study'",
+                order_by=["attributes.start_time ASC"],
+            )
+        )
+
     def _parent_run(self) -> str:
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`autotune.role` = 'study'",
-            max_results=1,
-        )
-        if runs:
-            run_id: str = runs[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
-            return run_id
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"study {self.study_name}",
-            tags={STUDY_TAG: self.study_name, "autotune.role": "study"},
-        )
-        return str(run.info.run_id)
+        runs = self._study_runs()
+        if not runs:
+            self.client.create_run(
+                self.experiment_id,
+                run_name=f"study {self.study_name}",
+                tags={STUDY_TAG: self.study_name, "autotune.role": "study"},
+            )
+            runs = self._study_runs()
+            # Drivers that started together may each have made one: all keep the first, the rest go.
+            for extra in runs[1:]:
+                self.client.delete_run(extra.info.run_id)
+        run_id: str = runs[0].info.run_id
+        self.client.update_run(run_id, status="RUNNING")
+        return run_id
 
     def log_study_files(self, files: Mapping[str, str]) -> None:
         """Attach the study, search-space and objective files as they were when the study ran."""

@@ -13,7 +13,7 @@ import itertools
 import random
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,12 @@ class Landscape:
         self.hardware = load_hardware_profile(profile.hardware)
         self.model = load_model_profile(profile.model)
         self._executor = ModelExecutor(NODE, self.hardware, self.model)
-        self._workload = Workload(**self.study.objective.workload.model_dump())
+        workload = self.study.objective.workload
+        if workload is None:
+            raise ValueError(
+                f"a landscape needs a serving objective with a workload, but {profile.objective} has none"
+            )
+        self._workload = Workload(**workload.model_dump())
         self._cache: dict[tuple[object, ...], float] = {}
 
     @property
@@ -244,36 +249,62 @@ class Landscape:
         flags = argv[argv.index("--model-path") :]
         return NodeModel(self.hardware, self.model, settings_for(flags, {})).plan
 
-    def random_params(self, rng: random.Random) -> Params:
-        return {name: rng.choice(values) for name, values in self.values.items()}
+    def complete(self, params: Params) -> Params:
+        """`params` with a value for every parameter: the default (unset or off) or the lowest value where
+        it has none (inactive parameters are ignored, but a move that activates them needs them)."""
+        filled = {}
+        for name, values in self.values.items():
+            default = next((v for v in (None, False) if any(v is c for c in values)), values[0])
+            filled[name] = params.get(name, default)
+        return filled
+
+    def random_params(self, rng: random.Random, keep_default: float = 0.0) -> Params:
+        """Random values; each parameter that has a default keeps it with probability `keep_default`."""
+        defaults = self.complete({})
+        return {
+            name: defaults[name]
+            if defaults[name] in (None, False) and rng.random() < keep_default
+            else rng.choice(values)
+            for name, values in self.values.items()
+        }
+
+    def blocks(self) -> list[list[str]]:
+        """Parameters that only matter together: each parameter that a `when` names, with those it gates."""
+        gated: dict[str, list[str]] = {}
+        for name, parameter in self.space.parameters.items():
+            for gate in parameter.when or {}:
+                gated.setdefault(gate, [gate]).append(name)
+        return list(gated.values())
 
     def ascend(self, params: Params) -> tuple[float, Params]:
-        """Coordinate ascent: change one parameter at a time to its best value until nothing improves."""
+        """Coordinate ascent: the best value of one parameter at a time, and of each block of parameters
+        that only matter together (all their combinations), until nothing improves."""
+        params = self.complete(params)
         best = self.value(params)
+        moves = [[name] for name in self.values] + self.blocks()
         improved = True
         while improved:
             improved = False
-            for name, values in self.values.items():
-                for candidate in values:
-                    trial = {**params, name: candidate}
+            for names in moves:
+                for combination in itertools.product(*(self.values[name] for name in names)):
+                    trial = {**params, **dict(zip(names, combination, strict=True))}
                     value = self.value(trial)
                     if value > best * (1 + 1e-9):
                         best, params, improved = value, trial, True
         return best, params
 
-    def search(self, samples: int, ascents: int, seed: int = 0) -> tuple[float, Params]:
-        """The best config found by `samples` random configs of the whole space and coordinate ascent from
-        the `ascents` best of them (and from the baseline)."""
+    def search(
+        self, samples: int, ascents: int, seed: int = 0, starts: Sequence[Params] = ()
+    ) -> tuple[float, Params]:
+        """The best config found by coordinate ascent from the `ascents` best of `samples` random configs
+        (half of them near the defaults), and from the baseline and `starts`."""
         rng = random.Random(seed)
-        start = {name: values[0] for name, values in self.values.items()}
-        for name, values in self.values.items():
-            if None in values or False in values:
-                start[name] = None if None in values else False
-        candidates = [start, *(self.random_params(rng) for _ in range(samples))]
+        candidates = [self.complete(params) for params in ({}, *starts)]
+        candidates += [self.random_params(rng, keep_default=0.7 * (i % 2)) for i in range(samples)]
         scored = sorted(candidates, key=self.value, reverse=True)
         seen: set[tuple[tuple[str, str], ...]] = set()
-        best: tuple[float, Params] = (0.0, start)
-        for params in itertools.islice(scored, ascents + 1):
+        best: tuple[float, Params] = (0.0, candidates[0])
+        for params in [*itertools.islice(scored, ascents), *candidates[: 1 + len(starts)]]:
             key = tuple(sorted((k, repr(v)) for k, v in self.active(params).items()))
             if key in seen:
                 continue

@@ -54,6 +54,7 @@ SIM_ENV = {
     "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001",  # a ten-minute weight load takes 0.6 s
     "SGLANG_SIM_TIME_SCALE": "0.01",
 }
+PLOTS = "MLflow: study view (description, best launch.sh, plots)"
 # Where the driver's time goes, by what it calls; each label adds up every call from any thread.
 DRIVER_CALLS: Sequence[tuple[Any, str, str]] = (
     (optuna.study.Study, "ask", "Optuna: ask"),
@@ -65,8 +66,8 @@ DRIVER_CALLS: Sequence[tuple[Any, str, str]] = (
     (autotune.driver, "study_summary", "study summary (reads every trial)"),
     (StudyTracker, "start_trial", "MLflow: create the trial's run"),
     (StudyTracker, "finish_trial", "MLflow: finish the trial's run, log and artifacts"),
-    (StudyTracker, "update_summary", "MLflow: study summary and plots"),
-    (StudyTracker, "refresh_study_view", "MLflow: study summary and plots"),
+    (StudyTracker, "update_summary", "MLflow: study summary metrics"),
+    (StudyTracker, "refresh_study_view", PLOTS),
 )
 CONCURRENT = "MLflow: live phase of the running trial"  # runs while the node works, off the critical path
 LAUNCH, PORT_CHECK, STOP, PORT_FREE = (
@@ -83,6 +84,7 @@ class Stopwatch:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.longest: dict[str, float] = defaultdict(float)
         self._lock = threading.Lock()
         self._restore = ExitStack()
 
@@ -90,6 +92,7 @@ class Stopwatch:
         with self._lock:
             self.seconds[label] += seconds
             self.calls[label] += 1
+            self.longest[label] = max(self.longest[label], seconds)
 
     def timed(
         self, label: str, function: Callable[..., Any], spy: Callable[..., None] | None = None
@@ -123,7 +126,8 @@ class Stopwatch:
 class TimedRunner(LocalCommandRunner):
     """A local command runner that times the launch, the server's stop, and both port waits."""
 
-    def __init__(self, stopwatch: Stopwatch) -> None:
+    def __init__(self, stopwatch: Stopwatch, state_dir: Path) -> None:
+        super().__init__(state_dir)
         self.stopwatch = stopwatch
         self.teardowns: list[float] = []
         self._stopped_at: float | None = None
@@ -215,7 +219,6 @@ def watched(stopwatch: Stopwatch, measured: Measured) -> Iterator[None]:
 def measure(pool_kind: str, n_trials: int) -> Measured:
     measured = Measured(pool_kind)
     stopwatch = measured.stopwatch
-    runner = TimedRunner(stopwatch)
     marks: list[float] = []
     finished: list[int] = []
 
@@ -230,9 +233,11 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
         def pool(study: Study) -> NodePool:
             if pool_kind == "ray":
                 made: NodePool = RayNodePool(study)
-            else:
-                executor = TrialExecutor("local", runner, study.workdir / "nodes" / "local")
-                made = LocalNodePool({"local": executor})
+            else:  # the executor a node actor makes for `address: local`, its runner timed
+                workdir = study.workdir / "nodes" / "local"
+                runner = TimedRunner(stopwatch, workdir)
+                measured.teardowns = runner.teardowns
+                made = LocalNodePool({"local": TrialExecutor("local", runner, workdir)})
             marks.append(time.perf_counter())  # the loop starts now: what came before is set-up
             return made
 
@@ -248,14 +253,13 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
     # A trial refused before launch (never_launch) reports no node time: it ran on no node.
     measured.node_s = [measured.reported.get(n, (0.0, ""))[0] for n in finished]
     measured.states = [measured.reported.get(n, (0.0, "FAIL"))[1] for n in finished]
-    measured.teardowns = runner.teardowns
     return measured
 
 
 def print_report(results: list[Measured]) -> None:
     width = 58
     print("Per-trial time autotune adds beyond the server's start-up and benchmark (seconds)")
-    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>16}" for m in results))
+    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>28}" for m in results))
     rows: list[tuple[str, Callable[[Measured], str]]] = [
         ("trials (states)", lambda m: f"{len(m.spans)} ({_states(m.states)})"),
         ("median overhead per trial, first trial left out", lambda m: f"{statistics.median(m.steady):.3f}"),
@@ -265,7 +269,7 @@ def print_report(results: list[Measured]) -> None:
         ("once per study: open it, MLflow, start the pool", lambda m: f"{m.setup_s:.3f}"),
     ]
     for label, cell in rows:
-        print(f"{label:<{width}}" + "".join(f"{cell(m):>16}" for m in results))
+        print(f"{label:<{width}}" + "".join(f"{cell(m):>28}" for m in results))
     for m in results:
         median = statistics.median(m.steady)
         verdict = "under" if median < TARGET_S else "OVER"
@@ -277,18 +281,23 @@ def print_report(results: list[Measured]) -> None:
     labels = list(
         dict.fromkeys([label for _, _, label in DRIVER_CALLS] + [LAUNCH, PORT_CHECK, STOP, PORT_FREE])
     )
-    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>16}" for m in results))
+    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>28}" for m in results))
     for label in labels:
-        print(f"{label:<{width}}" + "".join(f"{_per_trial(m, label):>16}" for m in results))
+        print(f"{label:<{width}}" + "".join(f"{_per_trial(m, label):>28}" for m in results))
     print(f"{'not timed above (loop, Ray, logs, storage heartbeats)':<{width}}", end="")
     for m in results:
         named = sum(m.stopwatch.seconds.get(label, 0.0) for label in labels) / len(m.spans)
-        print(f"{statistics.mean(m.overheads) - named:>16.3f}", end="")
+        print(f"{statistics.mean(m.overheads) - named:>28.3f}", end="")
     print(
         f"\n{CONCURRENT + ' (concurrent)':<{width}}"
-        + "".join(f"{_per_trial(m, CONCURRENT):>16}" for m in results)
+        + "".join(f"{_per_trial(m, CONCURRENT):>28}" for m in results)
     )
     print("(node: rows are timed on the local pool only; on the Ray pool they run inside the actor)")
+    for m in results:
+        print(
+            f"{m.pool} pool: the study view took {m.stopwatch.longest[PLOTS]:.2f} s at its longest "
+            f"({m.stopwatch.calls[PLOTS]} calls): the trials after which the plots are redrawn pay for it"
+        )
 
     local = next((m for m in results if m.pool == "local"), None)
     if local and local.teardowns:
@@ -326,10 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.trials < 2:
         parser.error(f"--trials must be at least 2 (the first is left out), but got {args.trials}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     results = [measure(pool, args.trials) for pool in pools]
     print_report(results)
-    print(f"\n{time.monotonic() - started:.0f} s")
+    print(
+        f"\n{time.monotonic() - started:.0f} s on {os.cpu_count()} CPU cores; load average (1 min) "
+        f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end: other processes slow the driver too"
+    )
     return 0
 
 

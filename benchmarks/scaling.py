@@ -6,7 +6,7 @@ advertising one `gpu_node`; the study joins the cluster (`ray.address`) and runs
 node at a time (`ray.discover_nodes`), each node's simulated SGLang server on a port of its own
 (`server.port: auto`). Storage, tracking and sampler are the product's defaults (the default TPE has
 `constant_liar=True`, so parallel proposals stay apart). Trials per hour are in wall time at the
-simulator's time scale (a ten-minute load takes 1.2 s), so only their ratios carry over to real nodes.
+simulator's time scale (a ten-minute load takes 3 s), so only their ratios carry over to real nodes.
 
     python benchmarks/scaling.py            # 24 trials on 1, 2 and 4 nodes
     python benchmarks/scaling.py --quick    # 4 trials on 1 and 2 nodes
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -40,8 +41,8 @@ OBJECTIVE = BENCHMARKS / "objectives" / "overhead.yaml"
 SIM_ENV = {
     "SGLANG_SIM_HARDWARE": "rtx-pro-6000-pcie-x8",
     "SGLANG_SIM_MODEL": "kimi-k2.5-int4",
-    "SGLANG_SIM_STARTUP_TIME_SCALE": "0.002",
-    "SGLANG_SIM_TIME_SCALE": "0.02",
+    "SGLANG_SIM_STARTUP_TIME_SCALE": "0.005",  # a ten-minute weight load takes 3 s
+    "SGLANG_SIM_TIME_SCALE": "0.05",
 }
 NEEDS = (
     "a study on an existing Ray cluster that runs one node actor per `gpu_node` node "
@@ -61,6 +62,12 @@ class Scaled:
     runs_per_trial: Counter[int]
     repeated_params: int
     states: Counter[str]
+    trial_s: list[float]  # each launched trial, from Optuna's ask to its tell
+
+    @property
+    def busy(self) -> float:
+        """The share of the nodes' wall time that trials held them."""
+        return sum(self.trial_s) / (self.nodes * self.wall_s)
 
     @property
     def per_hour(self) -> float:
@@ -125,7 +132,12 @@ def measure(nodes: int, n_trials: int) -> Scaled:
             repeated += key in seen and not trial.user_attrs.get("baseline")
             seen.add(key)
         states = Counter(t.state.name for t in ostudy.trials if t.state is not TrialState.WAITING)
-        return Scaled(nodes, len(launched), marks[-1] - marks[0], nodes_used, runs, repeated, states)
+        spans = [
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            for t in launched
+            if t.datetime_complete and t.datetime_start
+        ]
+        return Scaled(nodes, len(launched), marks[-1] - marks[0], nodes_used, runs, repeated, states, spans)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -147,10 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"scaling.py needs {NEEDS}; this autotune does not have it yet:\n  {exc}")
             return 3
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     results = [measure(n, args.trials) for n in counts]
     one = results[0]
-    print(f"{'nodes':>5} {'trials':>7} {'wall s':>8} {'trials/hour':>12} {'vs ' + str(one.nodes):>8}  checks")
+    head = f"{'nodes':>5} {'trials':>7} {'wall s':>8} {'trials/hour':>12} {'vs ' + str(one.nodes):>8}"
+    print(f"{head} {'mean trial s':>13} {'nodes busy':>11} {'same-length':>12}  checks")
     for r in results:
         twice = sorted(n for n, c in r.runs_per_trial.items() if c > 1)
         checks = (
@@ -160,8 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             + " ".join(f"{n} {s.lower()}" for s, n in sorted(r.states.items()))
         )
         ratio = r.per_hour / one.per_hour
-        print(f"{r.nodes:>5} {r.trials:>7} {r.wall_s:>8.1f} {r.per_hour:>12.0f} {ratio:>7.2f}x  {checks}")
-    print(f"\n{time.monotonic() - started:.0f} s; {os.cpu_count()} CPU cores shared by every node and server")
+        row = f"{r.nodes:>5} {r.trials:>7} {r.wall_s:>8.1f} {r.per_hour:>12.0f} {ratio:>7.2f}x"
+        # What the ratio would be if trials kept their 1-node length: servers sharing this machine's CPUs
+        # slow each other down, which GPU nodes of their own do not.
+        same = ratio * statistics.mean(r.trial_s) / statistics.mean(one.trial_s)
+        print(f"{row} {statistics.mean(r.trial_s):>13.2f} {r.busy:>11.0%} {same:>11.2f}x  {checks}")
+    print(
+        f"\n{time.monotonic() - started:.0f} s; {os.cpu_count()} CPU cores shared by every node and server; "
+        f"load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
     return 0
 
 

@@ -54,6 +54,13 @@ def test_overhead_prints_where_the_time_goes() -> None:
     assert "Teardown until the port is free" in out
 
 
+@pytest.mark.integration
+def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice() -> None:
+    out = run_script("scaling.py", "--quick")
+    assert "trials/hour" in out
+    assert out.count("no trial run twice") == 2, out  # one row per node count
+
+
 def test_a_studys_first_trials_do_not_depend_on_its_budget() -> None:
     # What lets the benchmark read budgets 10..80 off one 80-trial study.
     short = run_study(PROFILES["seed"], 6, seed=3)

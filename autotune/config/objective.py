@@ -1,8 +1,15 @@
-"""The objective: which benchmark metric a study optimizes, the workload that measures it, and its limits."""
+"""The objective: which benchmark metric(s) a study optimizes, how each trial measures them, and the limits.
+
+A trial measures with autotune's built-in client or SGLang's own `bench_serving` on the node (`client`),
+at one concurrency or a `ladder` of them on the same launch, optionally a short measurement first
+(`short_first`, so that clearly bad configs stop early), and the study's best configs can be measured
+again (`remeasure`) so that its answer is a mean with a confidence interval, not one lucky run.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -18,6 +25,7 @@ from pydantic import (
 )
 
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
+from autotune.config.allreduce import ALLREDUCE_METRICS, AllReduce, ObjectiveKind, check_kind
 from autotune.errors import did_you_mean
 
 Direction = Literal["maximize", "minimize"]
@@ -35,13 +43,14 @@ METRICS: Mapping[str, Direction] = MappingProxyType(
         "p99_itl_ms": "minimize",
         "p50_e2e_latency_ms": "minimize",
         "p99_e2e_latency_ms": "minimize",
+        **ALLREDUCE_METRICS,  # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce)
     }
 )
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
-def _check_metric(metric: str, loc: tuple[str, ...] = ()) -> str:
+def _check_metric(metric: str, loc: tuple[str | int, ...] = ()) -> str:
     if metric not in METRICS:
         hint = did_you_mean(metric, METRICS).strip()
         raise rule_error(
@@ -62,22 +71,130 @@ class Workload(BaseModel):
     warmup_requests: PositiveInt = 1
 
 
+class BenchServing(BaseModel):
+    """SGLang's own client on the node: `python -m sglang.bench_serving` with the `random-ids` dataset and
+    a local tokenizer, so nothing is downloaded. `tokenizer` is a folder on the node (default: the
+    server's model path); `command` defaults to the server command's Python with `-m sglang.bench_serving`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokenizer: Annotated[str, Field(min_length=1)] | None = None
+    command: Annotated[list[str], Field(min_length=1)] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class Ladder(BaseModel):
+    """Concurrency levels measured one after another on the same launch, combined into one value:
+    `mean` (the mean over the levels) or `target` (the value at `workload.concurrency`). Each level sends
+    `workload.num_prompts` requests, or `prompts_per_concurrency` times its concurrency when set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: Annotated[list[PositiveInt], Field(min_length=2)]
+    combine: Literal["mean", "target"] = "mean"
+    prompts_per_concurrency: PositiveInt | None = None
+
+    @field_validator("concurrency")
+    @classmethod
+    def _increasing(cls, levels: list[int]) -> list[int]:
+        for index in range(1, len(levels)):
+            if levels[index] <= levels[index - 1]:
+                raise rule_error(
+                    "concurrency levels must increase",
+                    loc=(index,),
+                    value=levels[index],
+                    fix=f"List each level once, lowest first, e.g. {sorted(set(levels))}.",
+                )
+        return levels
+
+
+class ShortFirst(BaseModel):
+    """A short measurement before the full one, on the same launch: a trial whose short result is not in
+    the best `keep_top_pct` percent of the complete trials' short results (Optuna's PercentilePruner, once
+    `min_trials` trials completed) stops there, PRUNED. The short run sends `fraction` of each level's
+    prompts (at least the level's concurrency)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fraction: Annotated[float, Field(gt=0, lt=1)] = 0.25
+    keep_top_pct: Annotated[float, Field(gt=0, lt=100)] = 50.0
+    min_trials: PositiveInt = 5
+
+
+class Remeasure(BaseModel):
+    """After the budget, the `top` configs (and the baseline) are measured until each has `repeats`
+    measurements on fresh launches; the study's answer is the best mean, with its `confidence` interval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    top: PositiveInt = 3
+    repeats: Annotated[StrictInt, Field(ge=2)] = 3
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """One limit against a measurement: the worst measured value (at `concurrency`) and how far past."""
+
+    metric: str
+    limit: float
+    measured: float
+    concurrency: int
+    excess: float  # in the metric's unit; <= 0 within the limit
+
+    @property
+    def violated(self) -> bool:
+        return self.excess > 0
+
+    def describe(self) -> str:
+        """`p99_itl_ms 61.2 > limit 50 (+11.2, +22.4%) at concurrency 16`."""
+        ceiling = METRICS[self.metric] == "minimize"
+        sign = ">" if ceiling else "<"
+        pct = self.excess / self.limit * 100 if self.limit else 0.0
+        return (
+            f"{self.metric} {self.measured:.4g} {sign} limit {self.limit:g} "
+            f"({'+' if ceiling else '-'}{self.excess:.4g}, {pct:+.1f}%) at concurrency {self.concurrency}"
+        )
+
+
 class Objective(BaseModel):
-    """What a trial measures and optimizes; `limits` are the worst acceptable values of other metrics."""
+    """What a trial measures and optimizes; `limits` are the worst acceptable values of other metrics.
+
+    `metric` is optimized alone, or with `also_optimize` (each metric in its natural direction) as a
+    multi-objective study whose answer is a Pareto front.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(min_length=1)]
     metric: str
     direction: Direction | None = None  # defaults to the metric's natural direction
-    workload: Workload
+    also_optimize: list[str] = Field(default_factory=list)
+    # serving: a server is launched and benchmarked with `workload`; nccl_allreduce: `allreduce` runs.
+    kind: ObjectiveKind = "serving"
+    workload: Workload | None = None  # required for serving (check_kind)
+    allreduce: AllReduce | None = None
     # metric -> limit: a ceiling for a latency (minimize) metric, a floor for a throughput (maximize) one.
     limits: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    client: Literal["builtin", "bench_serving"] = "builtin"
+    bench_serving: BenchServing | None = None
+    ladder: Ladder | None = None
+    short_first: ShortFirst | None = None
+    remeasure: Remeasure | None = None
 
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, metric: str) -> str:
         return _check_metric(metric)
+
+    @field_validator("also_optimize")
+    @classmethod
+    def _known_metrics(cls, metrics: list[str]) -> list[str]:
+        for index, metric in enumerate(metrics):
+            _check_metric(metric, loc=(index,))
+            if metric in metrics[:index]:
+                raise rule_error("listed twice", loc=(index,), value=metric, fix="List each metric once.")
+        return metrics
 
     @field_validator("limits")
     @classmethod
@@ -85,6 +202,64 @@ class Objective(BaseModel):
         for metric in limits:
             _check_metric(metric, loc=(metric,))
         return limits
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> Objective:
+        check_kind(self)  # before the rules below, which read a serving objective's workload
+        return self
+
+    @model_validator(mode="after")
+    def _measurement_rules(self) -> Objective:
+        if self.metric in self.also_optimize:
+            raise rule_error(
+                "the metric is already the first objective",
+                loc=("also_optimize",),
+                value=self.metric,
+                fix=f"Remove {self.metric} from also_optimize.",
+            )
+        if self.bench_serving is not None and self.client != "bench_serving":
+            raise rule_error(
+                "bench_serving settings only apply to `client: bench_serving`",
+                loc=("bench_serving",),
+                value=self.client,
+                fix="Set `client: bench_serving`, or remove the bench_serving section.",
+            )
+        if self.also_optimize and self.short_first is not None:
+            raise rule_error(
+                "a short measurement is told to Optuna as an intermediate value, which multi-objective "
+                "studies cannot report",
+                loc=("short_first",),
+                value=self.also_optimize,
+                fix="Remove short_first, or optimize one metric.",
+            )
+        if self.also_optimize and self.remeasure is not None:
+            raise rule_error(
+                "re-measurement ranks configs by the mean of one metric; a multi-objective study's answer "
+                "is its Pareto front",
+                loc=("remeasure",),
+                value=self.also_optimize,
+                fix="Remove remeasure, or optimize one metric.",
+            )
+        ladder, workload = self.ladder, self.workload
+        if ladder is not None and workload is not None:
+            if workload.concurrency not in ladder.concurrency:
+                raise rule_error(
+                    "workload.concurrency must be one of the ladder's levels: its figures head the trial "
+                    "and `combine: target` optimizes them",
+                    loc=("ladder", "concurrency"),
+                    value=ladder.concurrency,
+                    fix=f"Add {workload.concurrency} to ladder.concurrency, or set workload.concurrency "
+                    "to one of its levels.",
+                )
+            if ladder.prompts_per_concurrency is None and workload.num_prompts < ladder.concurrency[-1]:
+                raise rule_error(
+                    f"workload.num_prompts ({workload.num_prompts}) is below the ladder's top level, which "
+                    "would never have that many requests in flight",
+                    loc=("ladder", "concurrency"),
+                    value=ladder.concurrency[-1],
+                    fix="Set ladder.prompts_per_concurrency (e.g. 4), or raise workload.num_prompts.",
+                )
+        return self
 
     @model_validator(mode="after")
     def _natural_direction(self) -> Objective:
@@ -103,25 +278,70 @@ class Objective(BaseModel):
 
     @property
     def goal(self) -> Direction:
-        """The study's direction (always set after validation)."""
+        """The study's direction (always set after validation); the first one's in a multi-objective study."""
         return self.direction or METRICS[self.metric]
+
+    @property
+    def metrics(self) -> list[str]:
+        """The optimized metrics, in the order Optuna's values hold them."""
+        return [self.metric, *self.also_optimize]
+
+    @property
+    def directions(self) -> list[Direction]:
+        """The study's directions, one per optimized metric."""
+        return [self.goal, *(METRICS[m] for m in self.also_optimize)]
+
+    @property
+    def is_multi_objective(self) -> bool:
+        return bool(self.also_optimize)
+
+    @property
+    def is_job(self) -> bool:
+        """True when a trial runs a job that measures itself (autotune.job) instead of a server."""
+        return self.kind != "serving"
 
     def value(self, result: Any) -> float:
         """The objective value of a benchmark result (a mapping or an object with the metric fields)."""
         return _read(result, self.metric)
 
+    def values(self, result: Any) -> list[float]:
+        """The value of every optimized metric, in `metrics` order."""
+        return [_read(result, metric) for metric in self.metrics]
+
+    def limit_checks(self, result: Any) -> list[LimitCheck]:
+        """Each limit against the result. A ladder combined by `mean` must keep every limit at every level
+        (its worst level counts); a single level, or `combine: target`, at the level it optimizes."""
+        levels = getattr(result, "levels", ()) or ()
+        if not (self.ladder is not None and self.ladder.combine == "mean" and levels):
+            levels = (result,)
+        checks = []
+        for metric, limit in self.limits.items():
+            ceiling = METRICS[metric] == "minimize"
+            worst = None
+            for level in levels:
+                measured = _read(level, metric)
+                excess = measured - limit if ceiling else limit - measured
+                if worst is None or excess > worst.excess:
+                    worst = LimitCheck(metric, limit, measured, _concurrency(level), excess)
+            assert worst is not None  # there is at least one level
+            checks.append(worst)
+        return checks
+
     def constraints(self, result: Any) -> dict[str, float]:
         """Optuna constraint values, one per limit: <= 0 means the result is within the limit."""
-        out: dict[str, float] = {}
-        for metric, limit in self.limits.items():
-            measured = _read(result, metric)
-            out[metric] = measured - limit if METRICS[metric] == "minimize" else limit - measured
-        return out
+        return {check.metric: check.excess for check in self.limit_checks(result)}
 
 
 def _read(result: Any, metric: str) -> float:
     value = result[metric] if isinstance(result, Mapping) else getattr(result, metric)
     return float(value)
+
+
+def _concurrency(result: Any) -> int:
+    workload = result.get("workload") if isinstance(result, Mapping) else getattr(result, "workload", None)
+    if isinstance(workload, Mapping):
+        return int(workload.get("concurrency", 0))
+    return int(getattr(workload, "concurrency", 0))
 
 
 def parse_objective(data: Mapping[str, Any], path: Path | str = "<objective>") -> Objective:

@@ -142,9 +142,20 @@ class ServerSpec(BaseModel):
     model_weight_gb: Annotated[float, Field(gt=0)] | None = None
     host: Annotated[str, Field(min_length=1)] = "127.0.0.1"
     # "auto": the node picks a free port for each launch (several servers on one machine, e.g. tests).
-    port: Annotated[StrictInt, Field(ge=1, le=65535)] | Literal["auto"] = 30000
+    port: int | Literal["auto"] = 30000
     flags: dict[str, str | None] = Field(default_factory=dict)  # None: a switch without a value
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port(cls, port: Any) -> Any:
+        if port == "auto" or (isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535):
+            return port
+        raise rule_error(
+            "must be a whole number from 1 to 65535, or 'auto'",
+            value=port,
+            fix="Use e.g. 30000, or auto to let the node pick a free port for each launch.",
+        )
 
     @field_validator("command", mode="before")
     @classmethod
@@ -492,8 +503,8 @@ def load_study(path: Path | str) -> Study:
     objective_path = _named_file(path, study_dir, "objective", file.objective)
     search_space = load_search_space(search_space_path)
     objective = load_objective(objective_path)
-    _check_against_search_space(path, file, search_space)
     _check_objective_kind(path, file, objective, search_space)
+    _check_against_search_space(path, file, search_space)
     file = _resolve_node_files(path, file, study_dir)
     workdir = study_dir / WORKDIR_NAME / file.study
     return Study(
