@@ -417,7 +417,7 @@ class StudyDriver:
                 continue
             now = time.monotonic()
             tracker.set_phase(entry.run_id, phase, None)
-            tracker.client.log_metric(entry.run_id, f"phase.{entry.phase}_s", now - entry.phase_started)
+            tracker.phase_took(entry.run_id, entry.phase, now - entry.phase_started)
             entry.phase, entry.phase_started = phase, now
             progress.running[entry.trial.number] = phase
             self.reporter("phase", progress, {"number": entry.trial.number, "phase": phase})

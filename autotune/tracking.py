@@ -233,6 +233,10 @@ class StudyTracker:
         if seconds is not None:
             self.client.log_metric(run_id, f"phase.{phase}_s", seconds)
 
+    def phase_took(self, run_id: str, phase: str, seconds: float) -> None:
+        """How long a trial's phase took, recorded when the next one begins."""
+        self.client.log_metric(run_id, f"phase.{phase}_s", seconds)
+
     def finish_trial(
         self,
         run_id: str,
@@ -358,6 +362,9 @@ class NullTracker(StudyTracker):
         pass
 
     def set_phase(self, run_id: str, phase: str, seconds: float | None = None) -> None:
+        pass
+
+    def phase_took(self, run_id: str, phase: str, seconds: float) -> None:
         pass
 
     def finish_trial(

@@ -3,8 +3,9 @@ thousand: the study file for a profile, a node that counts the node time its tri
 landscape (the tok/s of any config of the search space, asked the same way).
 
 A study here runs through `StudyDriver` with a `LocalNodePool` of `ModelExecutor`s, an in-memory Optuna
-storage and no MLflow tracking, so the outcome rules (an OOM pruned with the penalty, an unsupported flag
-remembered and never launched again, skipped proposals not counted) are the product's own.
+storage and no MLflow tracking, so the outcome rules (an OOM pruned with the penalty, a certain OOM
+pruned by the pre-flight check without a launch, an unsupported flag remembered and never launched
+again, skipped proposals not counted) are the product's own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from autotune.launch import TrialConfig
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodeModel
-from autotune.sim.model_node import ModelExecutor
+from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.study_storage import counts
@@ -152,7 +153,8 @@ def run_study(
     clock = NodeClock(NODE, hardware, model)
 
     def pool(_study: Study) -> NodePool:
-        return LocalNodePool({NODE: clock})
+        # With what the node check finds on such a node (GPUs, weights), as the product's pre-flight needs.
+        return LocalNodePool({NODE: clock}, {NODE: node_report(NODE, hardware, model)})
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
         study = write_study(Path(folder), profile, n_trials, sampler_name, seed)

@@ -318,7 +318,8 @@ def _states(states: list[str]) -> str:
     counts: dict[str, int] = defaultdict(int)
     for state in states:
         counts[state] += 1
-    return " ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items()))
+    words = {"COMPLETE": "ok", "PRUNED": "pruned", "FAIL": "failed"}
+    return " ".join(f"{n} {words.get(state, state.lower())}" for state, n in sorted(counts.items()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

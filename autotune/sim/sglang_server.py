@@ -15,7 +15,8 @@ Simulator-only settings come from the environment:
 - `SGLANG_SIM_STARTUP_TIME_SCALE`: the scale of start-up alone (init, weight loading, graph capture),
   default `SGLANG_SIM_TIME_SCALE`. Start-up does not enter the benchmark, so it can run faster than
   serving, whose client-side overhead grows relative to a fast clock (about 4% at 0.05, 10% at 0.01).
-- `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else 0).
+- `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else a fresh seed per
+  launch, as two launches of a real server differ).
 - `SGLANG_SIM_NOISE`: relative run-to-run spread of step times, e.g. 0.03 (default 0: deterministic).
 - `SGLANG_SIM_FAULT`: comma-separated test faults: `hang_load` (weight loading stops making progress at
   about 19% and the server never becomes ready), `crash_benchmark[:N]` (after N tokens generated once the
@@ -116,7 +117,8 @@ class SimOptions:
         noise = _env_number(env, "SGLANG_SIM_NOISE", 0.0, float)
         if not 0 <= noise < 1:
             raise _env_error("SGLANG_SIM_NOISE", noise, "must be in [0, 1)", "Use e.g. 0.03 for 3%.")
-        seed = int(_env_number(env, "SGLANG_SIM_SEED", default_seed or 0, int))
+        fresh = default_seed if default_seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = int(_env_number(env, "SGLANG_SIM_SEED", fresh, int))
         faults, crash_after = _parse_faults(env.get("SGLANG_SIM_FAULT", ""))
         return cls(
             hardware=env.get("SGLANG_SIM_HARDWARE") or DEFAULT_HARDWARE,
