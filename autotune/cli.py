@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
-from autotune.launch import describe_launch, launch_script, to_arg
+from autotune.launch import describe_launch, is_set, launch_script, to_arg
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -377,7 +377,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         changed = (
             "baseline"
             if t["baseline"]
-            else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if v not in (None, False))
+            else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if is_set(v))
         )
         state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
         print(f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  {changed}")
@@ -454,7 +454,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"trial {best.number}:")
     print("settings:" if config.params else "settings: SGLang's defaults (the baseline)")
     for name, value in config.params.items():
-        if value not in (None, False):
+        if is_set(value):
             print(f"  {name} = {value}")
     for name, value in config.derived.items():
         print(f"  {name} = {value}  (set by SGLang's rules)")

@@ -22,7 +22,7 @@ from autotune.config import Study
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
-from autotune.launch import TrialConfig, launch_script
+from autotune.launch import TrialConfig, is_set, launch_script
 from autotune.measurement import MeasurementPlan, plan_for
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
@@ -746,4 +746,4 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
 
 
 def _changed(config: TrialConfig) -> dict[str, object]:
-    return {k: v for k, v in config.params.items() if v not in (None, False)}
+    return {k: v for k, v in config.params.items() if is_set(v)}

@@ -14,6 +14,7 @@ import optuna
 
 from autotune.config import SearchSpace
 from autotune.failures import Failure
+from autotune.launch import is_set
 
 STUDY_ATTR = "incompatible"
 
@@ -40,7 +41,7 @@ class KnownIncompatibilities:
             (flag, params[flag], hardware)
             for flag in failure.culprits
             if flag in params
-            and params[flag] not in (None, False)
+            and is_set(params[flag])
             and (flag, params[flag], hardware) not in self.pairs
         ]
         if new:

@@ -30,6 +30,11 @@ def to_env_value(value: object) -> str:
     return to_arg(value)
 
 
+def is_set(value: object) -> bool:
+    """Whether a sampled value changes the launch: not None (unset) nor False (a switch off). 0 is set."""
+    return value is not None and value is not False
+
+
 def to_arg(value: object) -> str:
     """The string a command-line argument gets for a YAML or sampled value."""
     if isinstance(value, bool):

@@ -21,7 +21,7 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 from autotune.ablation import Ablation, ablation_results
 from autotune.config import Study
 from autotune.failures import FailureKind
-from autotune.launch import TrialConfig, launch_script, to_arg
+from autotune.launch import TrialConfig, is_set, launch_script, to_arg
 from autotune.tracking import metric_unit
 
 REPORT_FILE = "report.html"
@@ -133,7 +133,7 @@ def _advice(kind: str, trial: FrozenTrial) -> str:
 
 def changed_settings(config: TrialConfig) -> list[tuple[str, str]]:
     """(name, value) of what a config sets beyond SGLang's defaults, derived values marked."""
-    rows = [(name, to_arg(value)) for name, value in config.params.items() if value not in (None, False)]
+    rows = [(name, to_arg(value)) for name, value in config.params.items() if is_set(value)]
     rows += [(name, f"{to_arg(value)} (set by SGLang's rules)") for name, value in config.derived.items()]
     return rows
 
@@ -354,7 +354,7 @@ def _trials_html(f: StudyFindings) -> str:
         changed = (
             "baseline"
             if t.user_attrs.get(BASELINE_ATTR)
-            else " ".join(f"{k}={to_arg(v)}" for k, v in t.params.items() if v not in (None, False))
+            else " ".join(f"{k}={to_arg(v)}" for k, v in t.params.items() if is_set(v))
         )
         rows.append(
             f"<tr><td class='num'>{t.number}</td><td>{t.state.name}</td><td class='num'>{value}</td>"
