@@ -298,15 +298,15 @@ class Landscape:
     def search(
         self, samples: int, ascents: int, seed: int = 0, starts: Sequence[Params] = ()
     ) -> tuple[float, Params]:
-        """The best config found by coordinate ascent from the `ascents` best of `samples` random configs
-        (half of them near the defaults), and from the baseline and `starts`."""
+        """The best config found by coordinate ascent from the `ascents` best of the baseline and `samples`
+        random configs (half of them near the defaults), and from each of `starts`."""
         rng = random.Random(seed)
-        candidates = [self.complete(params) for params in ({}, *starts)]
+        candidates = [self.complete({})]
         candidates += [self.random_params(rng, keep_default=0.7 * (i % 2)) for i in range(samples)]
         scored = sorted(candidates, key=self.value, reverse=True)
         seen: set[tuple[tuple[str, str], ...]] = set()
-        best: tuple[float, Params] = (0.0, candidates[0])
-        for params in [*itertools.islice(scored, ascents), *candidates[: 1 + len(starts)]]:
+        best: tuple[float, Params] = (self.value(scored[0]), scored[0])
+        for params in [*itertools.islice(scored, ascents), *(self.complete(start) for start in starts)]:
             key = tuple(sorted((k, repr(v)) for k, v in self.active(params).items()))
             if key in seen:
                 continue

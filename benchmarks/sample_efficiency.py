@@ -37,7 +37,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ from autotune.config.study import SAMPLERS, SamplerSpec
 BEST_KNOWN = BENCHMARKS / "best_known.json"
 RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
 BEST_SAMPLES, BEST_ASCENTS = 2000, 6
-QUICK_SAMPLES, QUICK_ASCENTS = 150, 1
+QUICK_SAMPLES, QUICK_ASCENTS = 150, 0
 MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs"
 GROUP_ORDER = ("nccl", "sglang", "speculative")
 MUST_BUDGET, MUST_WITHIN = 40, 0.95
@@ -121,18 +121,19 @@ def find_best_known(
         how = (
             f"coordinate ascent (one parameter, or the speculative group, at a time) from the {ascents} best "
             f"of {samples} random configs of the shipped search space, half of them near the defaults "
-            f"({landscape.evaluations} launches asked, {time.monotonic() - started:.0f} s)"
-        )
+            if ascents
+            else f"the best of {samples} random configs of the shipped search space "
+        ) + f"({landscape.evaluations} launches asked, {time.monotonic() - started:.0f} s)"
         return _found(tok_s, params, baseline, auto, how, quick)
 
 
-def improve_best_known(profile: Profile, best: BestKnown, params: Params, quick: bool) -> BestKnown:
+def improve_best_known(profile: Profile, best: BestKnown, params: Params) -> BestKnown:
     """A study found a config better than the best known: coordinate ascent from it gives the new one."""
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
         landscape = Landscape(profile, Path(folder))
         tok_s, params = landscape.search(0, 0, starts=[params])
     how = f"coordinate ascent from the best trial of these studies, which beat the search ({best.how})"
-    return _found(tok_s, params, best.baseline, best.auto_mem_fraction, how, quick)
+    return _found(tok_s, params, best.baseline, best.auto_mem_fraction, how, quick=False)
 
 
 def _found(tok_s: float, params: Params, baseline: float, auto: float, how: str, quick: bool) -> BestKnown:
@@ -350,11 +351,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs.sort(key=lambda job: -job.n_trials)  # the longest first, so the pool ends together
         runs = list(pool.imap_unordered(run_job, jobs))
         beaten = {key: top for key in profiles if (top := best_trial_of(runs, key))[0] > best[key].tok_s}
-        improved = pool.starmap(
-            improve_best_known,
-            [(PROFILES[k], best[k], params, args.quick) for k, (_, params) in beaten.items()],
-        )
-        best.update(zip(beaten, improved, strict=True))
+        if args.quick:  # the trial itself is the estimate
+            how = "the best trial of these studies; a quick estimate (--quick), not cached"
+            best.update({k: replace(best[k], tok_s=v, params=p, how=how) for k, (v, p) in beaten.items()})
+        else:
+            improved = pool.starmap(
+                improve_best_known,
+                [(PROFILES[k], best[k], params, False) for k, (_, params) in beaten.items()],
+            )
+            best.update(zip(beaten, improved, strict=True))
     if any(b.cache_entry for b in best.values()):
         cache["profiles"].update({k: b.cache_entry for k, b in best.items() if b.cache_entry})
         cache["command"] = RECOMPUTE
