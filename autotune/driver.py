@@ -139,15 +139,20 @@ class StudyDriver:
         sampler: optuna.samplers.BaseSampler | None = None,
         storage: optuna.storages.BaseStorage | None = None,
         tracking: bool = True,
+        preflight: bool = True,
+        remember_incompatible: bool = True,
     ) -> None:
-        """`sampler` and `storage` replace the study file's; `tracking=False` writes no MLflow runs. The
-        three are for measuring the tuner itself over thousands of model trials (benchmarks/)."""
+        """`sampler` and `storage` replace the study file's; `tracking=False` writes no MLflow runs;
+        `preflight=False` launches predicted OOMs and `remember_incompatible=False` launches known
+        incompatibilities again. They are for measuring the tuner itself (benchmarks/)."""
         self.study = study
         self.reporter = reporter
         self.make_pool = pool
         self.sampler = sampler
         self.storage = storage
         self.tracking = tracking
+        self.preflight = preflight
+        self.remember_incompatible = remember_incompatible
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
         self._hardware_by_node: dict[str, str | None] = {}
 
@@ -263,7 +268,7 @@ class StudyDriver:
         self.skips = 0
         try:
             launch = study.server_launch(config)
-            reason = self._predicted_oom(pool, node, launch.argv)
+            reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None
             if reason is not None:
                 self._skip(ostudy, trial, reason, oom=True)
                 return None
@@ -463,7 +468,8 @@ class StudyDriver:
                 }
             )
             hardware = self._hardware_of(result.node)
-            if failure.kind.deterministic and self.known.learn(trial.params, failure, hardware):
+            learn = self.remember_incompatible and failure.kind.deterministic
+            if learn and self.known.learn(trial.params, failure, hardware):
                 ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
                 self.reporter("learned", progress, {"incompatible": self.known.pairs})
             if failure.kind.retried_once:

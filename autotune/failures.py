@@ -204,6 +204,12 @@ PATTERNS: tuple[FailurePattern, ...] = (
         FailureKind.NCCL_ERROR,
         "NCCL error",
     ),
+    # torch's wording for a failed kernel or CUDA call (an OOM says "out of memory" and matched above).
+    FailurePattern(
+        re.compile(r"(?:Error|Exception): CUDA error: "),
+        FailureKind.UNKNOWN_CRASH,
+        "CUDA error",
+    ),
     # Propagation markers: the server is dying, but they do not say why.
     FailurePattern(
         re.compile(r"Scheduler hit an exception"),

@@ -40,9 +40,7 @@ class KnownIncompatibilities:
         new = [
             (flag, params[flag], hardware)
             for flag in failure.culprits
-            if flag in params
-            and is_set(params[flag])
-            and (flag, params[flag], hardware) not in self.pairs
+            if flag in params and is_set(params[flag]) and (flag, params[flag], hardware) not in self.pairs
         ]
         if new:
             self.pairs.extend(new)

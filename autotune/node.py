@@ -28,7 +28,7 @@ from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
 from autotune.job import wait_for_job
 from autotune.launch import AUTO_PORT, ServerLaunch
-from autotune.logwatch import follow_log, wait_until_ready
+from autotune.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
 from autotune.runner import (
@@ -41,6 +41,7 @@ from autotune.runner import (
 
 # SGLang needs 10 to 15 s to stop cleanly before the process group is killed.
 STOP_GRACE_S = 15.0
+FAILED_GRACE_S = 0.5  # a server that logged a fatal line has nothing left to shut down cleanly
 PORT_FREE_TIMEOUT_S = 30.0
 WATCH_POLL_S = 0.2
 LOG_TAIL_BYTES = 4 << 20  # what travels back to the driver for MLflow
@@ -199,6 +200,8 @@ class TrialExecutor:
             on_phase=self._enter,
         )
         startup_s = time.monotonic() - started
+        if outcome.status is StartupStatus.FAILED:
+            process.stop(grace_s=FAILED_GRACE_S)  # it may linger after its fatal line, as the seed's did
         if not outcome.ready:
             return self._result(
                 request,
@@ -255,7 +258,7 @@ class TrialExecutor:
                     died = process.poll() is not None
                     failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
                     if died or failure:
-                        process.stop(grace_s=STOP_GRACE_S)  # the client's requests fail fast from here on
+                        process.stop(grace_s=FAILED_GRACE_S)  # the client's requests fail fast from here on
                         future.exception()
                         return None, self._died(log_path, process)
                     time.sleep(WATCH_POLL_S)
@@ -324,8 +327,9 @@ class TrialExecutor:
         found = classify(process.read_log(), "benchmarking")
         if found is not None and found.kind is not FailureKind.UNKNOWN_CRASH:
             return found
-        kind = FailureKind.SERVER_DIED
-        return Failure(kind, f"exit status {process.poll()}", "server died during the benchmark", kind.advice)
+        kind = FailureKind.SERVER_DIED  # with the crash's own line when the log has one
+        line = found.line if found is not None else f"exit status {process.poll()}"
+        return Failure(kind, line, "server died during the benchmark", kind.advice)
 
     def _result(
         self,

@@ -146,9 +146,12 @@ def run_study(
     sampler_name: str = "tpe",
     seed: int = 0,
     sampler: Callable[[Study], optuna.samplers.BaseSampler] | None = None,
+    preflight: bool = True,
+    remember_incompatible: bool = True,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
-    registry (as a study file names it), or the sampler `sampler(study)` builds."""
+    registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` and
+    `remember_incompatible` turn the product's two ways of not launching a failing config on or off."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model)
 
@@ -164,6 +167,8 @@ def run_study(
             sampler=sampler(study) if sampler is not None else None,
             storage=optuna.storages.InMemoryStorage(),
             tracking=False,
+            preflight=preflight,
+            remember_incompatible=remember_incompatible,
         )
         ostudy = driver.run()
     trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)

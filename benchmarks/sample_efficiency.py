@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             improved = pool.starmap(
                 improve_best_known,
-                [(PROFILES[k], best[k], params, False) for k, (_, params) in beaten.items()],
+                [(PROFILES[k], best[k], params) for k, (_, params) in beaten.items()],
             )
             best.update(zip(beaten, improved, strict=True))
     if any(b.cache_entry for b in best.values()):

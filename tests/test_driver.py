@@ -144,3 +144,32 @@ def test_predicted_ooms_are_pruned_without_a_launch_and_every_trial_knows_its_ha
     launched = [t for t in study_of_30.trials if not t.user_attrs.get("skipped")]
     hardware = {t.user_attrs.get("hardware") for t in launched}
     assert hardware == {SEED_HARDWARE}
+
+
+def one_value_space(tmp_path: Path, name: str, value: object) -> str:
+    """A search space whose one parameter always takes `value`: every trial after the baseline proposes it."""
+    path = tmp_path / "space.yaml"
+    parameter = {"kind": "sglang", "type": "categorical", "choices": [value]}
+    path.write_text(yaml.safe_dump({"parameters": {name: parameter}}))
+    return str(path)
+
+
+def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(tmp_path: Path) -> None:
+    # What the failures benchmark compares against: 0.6 x 96 GB cannot hold 547 GB / 8 of weights.
+    space = one_value_space(tmp_path, "--mem-fraction-static", 0.6)
+    study = load_study(make_study(tmp_path, 3, search_space=space))
+    ostudy = StudyDriver(study, pool=model_pool(), preflight=False).run()
+    tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
+    assert len(tried) == 2
+    for trial in tried:
+        assert "skipped" not in trial.user_attrs and trial.user_attrs["node"] == "n0"
+        assert trial.state is TrialState.PRUNED and trial.user_attrs["failure_kind"] == "kv_pool_too_small"
+
+
+def test_without_the_memory_an_unsupported_flag_is_launched_every_time(tmp_path: Path) -> None:
+    space = one_value_space(tmp_path, "--enable-flashinfer-allreduce-fusion", True)
+    study = load_study(make_study(tmp_path, 4, search_space=space))
+    ostudy = StudyDriver(study, pool=model_pool(), remember_incompatible=False).run()
+    tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
+    assert [t.user_attrs["failure_kind"] for t in tried] == ["unsupported"] * 3
+    assert all("node" in t.user_attrs for t in tried) and "incompatible" not in ostudy.user_attrs

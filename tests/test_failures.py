@@ -83,6 +83,11 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
         "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
         FailureKind.NCCL_ERROR,
     ),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", FailureKind.UNKNOWN_CRASH),
+    (
+        "torch.AcceleratorError: CUDA error: an illegal instruction was encountered",
+        FailureKind.UNKNOWN_CRASH,
+    ),
     ("Scheduler hit an exception: Traceback (most recent call last):", FailureKind.UNKNOWN_CRASH),
     (
         "Received sigquit from a child process. It usually means the child failed.",

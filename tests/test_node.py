@@ -106,6 +106,28 @@ def test_a_server_dying_mid_benchmark_is_caught(executor: TrialExecutor) -> None
     assert_server_gone(result, req.launch.port)
 
 
+def test_a_fatal_line_ends_the_trial_in_seconds_while_the_server_lingers(executor: TrialExecutor) -> None:
+    # The seed's server logged "Not enough memory" and stayed up: the trial must not wait for its exit.
+    req = request("--mem-fraction-static", "0.55", env={"SGLANG_SIM_FAULT": "linger"}, startup_s=60)
+    started = time.monotonic()
+    result = executor.run(req)
+    assert result.failure is not None and result.failure.kind is FailureKind.KV_POOL_TOO_SMALL
+    # Well within the start-up timeout (60 s) and the stop's usual grace (15 s): killed, not waited for.
+    assert time.monotonic() - started < 10
+    assert_server_gone(result, req.launch.port)
+
+
+def test_a_crash_under_load_ends_the_trial_while_the_server_lingers(executor: TrialExecutor) -> None:
+    req = request(env={"SGLANG_SIM_FAULT": "crash_benchmark:20,linger"})
+    started = time.monotonic()
+    result = executor.run(req)
+    assert result.benchmark is None and result.failure is not None
+    assert result.failure.kind is FailureKind.SERVER_DIED
+    assert result.failure.line.endswith("CUDA error: an illegal memory access was encountered")
+    assert time.monotonic() - started < 12  # the benchmark timeout is 30 s, the stop's usual grace 15 s
+    assert_server_gone(result, req.launch.port)
+
+
 def test_a_missing_command_is_a_launch_error(executor: TrialExecutor) -> None:
     result = executor.run(request(argv=("/nonexistent/sglang-launcher",)))
     assert result.failure is not None and result.failure.kind is FailureKind.LAUNCH_ERROR

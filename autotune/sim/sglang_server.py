@@ -21,7 +21,8 @@ Simulator-only settings come from the environment:
 - `SGLANG_SIM_FAULT`: comma-separated test faults: `hang_load` (weight loading stops making progress at
   about 19% and the server never becomes ready), `crash_benchmark[:N]` (after N tokens generated once the
   server is ready, default 200, it logs a CUDA error and dies with `os._exit(1)`), `slow_health`
-  (`/health` and `/health_generate` take 2 real seconds to answer).
+  (`/health` and `/health_generate` take 2 real seconds to answer), `linger` (after a fatal line the
+  process stays alive and stops answering, as the seed's server did, instead of killing its tree).
 - `SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE=1` and `NCCL_*`: read by the model from the environment, after the
   overwrites SGLang 0.5.4 makes itself (`NCCL_CUMEM_ENABLE`, `NCCL_NVLS_ENABLE`; see `sglang_environment`).
 
@@ -70,7 +71,7 @@ from autotune.sim.server_args import build_parser, check_server_args, server_arg
 VERSION = "0.5.4"
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5-int4"
-FAULTS = ("hang_load", "crash_benchmark", "slow_health")
+FAULTS = ("hang_load", "crash_benchmark", "slow_health", "linger")
 DEFAULT_CRASH_AFTER_TOKENS = 200
 SLOW_HEALTH_S = 2.0
 HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
@@ -365,6 +366,7 @@ class SimulatedServer:
         message = "\n".join([f"Scheduler hit an exception: {traceback[0]}", *traceback[1:], ""])
         self.log.error(message, self._prefix_of(tp_rank))
         self.log.error("Received sigquit from a child process. It usually means the child failed.")
+        self._linger_if_asked()
         os.kill(os.getpid(), signal.SIGKILL)
         raise SystemExit(-9)  # unreachable: SIGKILL cannot be caught
 
@@ -678,7 +680,15 @@ class SimulatedServer:
         ]
         self.log.error("Scheduler hit an exception: " + "\n".join(lines), self.ranks[0][1])
         sys.stderr.flush()
+        self._linger_if_asked()
         os._exit(1)
+
+    def _linger_if_asked(self) -> None:
+        """`linger`: stay alive without answering (the event loop blocks) until SIGTERM ends the process."""
+        if "linger" in self.options.faults:
+            sys.stderr.flush()
+            while True:
+                time.sleep(3600)
 
     async def _chunks(self, request: _Request) -> AsyncIterator[_Chunk]:
         """Deliveries for one streaming client, coalescing what piled up and honouring --stream-interval."""
