@@ -34,6 +34,7 @@ from autotune.remeasure import (
     RemeasuredAnswer,
     remeasured_answer,
 )
+from autotune.samplers import SERVER_CHOICES_ATTR
 from autotune.study_storage import (
     BASELINE_ATTR,
     HEARTBEAT_S,
@@ -445,6 +446,10 @@ class StudyDriver:
         tags = {"autotune.node": result.node}
         if result.server_pgid is not None:
             trial.set_user_attr("server_pgid", result.server_pgid)
+        if result.server_choices:
+            trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
+            if entry.baseline:  # SGLang's own values: where the sampler starts the knobs with no "unset"
+                ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
         if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement
             metrics.update(result.metrics)
             value, state = self._tell_job(ostudy, trial, result.metrics)

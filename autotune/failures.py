@@ -263,8 +263,8 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         if match is None:
             continue
         kind = pattern.kind
-        if phase == "benchmarking" and kind.is_oom:
-            kind = FailureKind.OOM_UNDER_LOAD
+        if phase == "benchmarking" and kind is FailureKind.CUDA_GRAPH_OOM:
+            kind = FailureKind.OOM_UNDER_LOAD  # a CUDA OOM; a prompt the KV pool cannot hold stays KV
         return Failure.of(kind, _line_at(log_text, match.end() - 1), pattern.description, pattern.culprits)
     return None
 

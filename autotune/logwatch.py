@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,6 +123,23 @@ def _decode(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
+# What SGLang decides for itself when a flag is left unset, as its `server_args=ServerArgs(...)` line
+# shows it (resolved before it is logged): the flag and the field that holds its value.
+CHOSEN_BY_SERVER = {
+    "--mem-fraction-static": re.compile(r"\bmem_fraction_static=([0-9.]+)\b"),
+    "--cuda-graph-max-bs": re.compile(r"\bcuda_graph_max_bs=(\d+)\b"),
+    "--chunked-prefill-size": re.compile(r"\bchunked_prefill_size=(-?\d+)\b"),
+}
+
+
+def server_choices(line: str) -> dict[str, float]:
+    """The values a `server_args=ServerArgs(...)` log line shows for the flags in CHOSEN_BY_SERVER."""
+    if "server_args=ServerArgs(" not in line:
+        return {}
+    found = {flag: regex.search(line) for flag, regex in CHOSEN_BY_SERVER.items()}
+    return {flag: float(match.group(1)) for flag, match in found.items() if match is not None}
+
+
 class StartupStatus(StrEnum):
     """How a server's start-up ended."""
 
@@ -147,6 +165,7 @@ class StartupOutcome:
     phase_times: dict[str, float] = field(default_factory=dict)
     returncode: int | None = None
     ready_via: str | None = None
+    server_choices: dict[str, float] = field(default_factory=dict)  # see `server_choices`
 
     @property
     def ready(self) -> bool:
@@ -180,6 +199,7 @@ def wait_until_ready(
     follower = follow_log(process) if log_path == process.log_path else LogFollower(log_path)
     lines: list[str] = []
     phase_times: dict[str, float] = {}
+    choices: dict[str, float] = {}
     fatal_at: float | None = None
 
     def elapsed() -> float:
@@ -191,6 +211,8 @@ def wait_until_ready(
         ready = False
         for line in new_lines:
             lines.append(line)
+            if not choices:
+                choices.update(server_choices(line))
             if fatal_at is None and is_fatal_line(line):
                 fatal_at = time.monotonic()
             for marker, name in _MARKERS:
@@ -207,7 +229,7 @@ def wait_until_ready(
         returncode: int | None = None,
         ready_via: str | None = None,
     ) -> StartupOutcome:
-        return StartupOutcome(status, elapsed(), failure, dict(phase_times), returncode, ready_via)
+        return StartupOutcome(status, elapsed(), failure, dict(phase_times), returncode, ready_via, choices)
 
     def failed(returncode: int | None) -> StartupOutcome:
         text = "\n".join(lines)

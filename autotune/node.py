@@ -87,6 +87,8 @@ class TrialResult:
     port: int | None = None  # the port the server listened on (the node picks it for `port: auto`)
     metrics: dict[str, float] = field(default_factory=dict)  # a job trial's measurement
     details: dict[str, Any] = field(default_factory=dict)  # a job trial's whole result line
+    # What the server chose for flags left unset (--mem-fraction-static, ...), from its log.
+    server_choices: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -211,6 +213,7 @@ class TrialExecutor:
                 startup_s=startup_s,
                 phase_times=outcome.phase_times,
                 returncode=outcome.returncode,
+                server_choices=outcome.server_choices,
             )
         self._enter("benchmarking")
         bench_started = time.monotonic()
@@ -224,6 +227,7 @@ class TrialExecutor:
             benchmark_s=time.monotonic() - bench_started,
             phase_times=outcome.phase_times,
             returncode=process.poll(),
+            server_choices=outcome.server_choices,
         )
 
     def _run_job(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
@@ -347,6 +351,7 @@ class TrialExecutor:
             startup_s=extra.get("startup_s"),  # type: ignore[arg-type]
             benchmark_s=extra.get("benchmark_s"),  # type: ignore[arg-type]
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
+            server_choices=extra.get("server_choices") or {},  # type: ignore[arg-type]
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,

@@ -4,7 +4,10 @@ Random configurations of a joint NCCL / SGLang / speculative space are mostly wo
 (forced protocols, odd channel counts, unsupported flags), so TPE's random start teaches it little.
 `DefaultsStartSampler` keeps each parameter at its default ("unset", or off) with some probability
 during the start and samples the rest at random: the first trials explore the baseline's neighbourhood,
-where the gains of one or two changes show, and TPE models from there.
+where the gains of one or two changes show, and TPE models from there. A parameter that cannot be left
+unset (a --mem-fraction-static range) keeps the value the server chose for itself in the baseline, as
+the driver records it in the study's `server_choices` attribute: a random memory fraction is the most
+common way to start a server that runs out of memory.
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 _NO_DEFAULT = object()
+SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
 
 
 def default_of(distribution: BaseDistribution) -> Any:
@@ -28,6 +37,20 @@ def default_of(distribution: BaseDistribution) -> Any:
         for candidate in (None, False):
             if any(choice is candidate for choice in distribution.choices):
                 return candidate
+    return _NO_DEFAULT
+
+
+def nearest(distribution: BaseDistribution, value: float) -> Any:
+    """The value of a numeric distribution nearest to `value` (on its step), or _NO_DEFAULT."""
+    if isinstance(distribution, FloatDistribution | IntDistribution):
+        low, high, step = distribution.low, distribution.high, distribution.step
+        clipped = min(max(value, low), high)
+        if step is not None:
+            clipped = low + round((clipped - low) / step) * step
+        return int(clipped) if isinstance(distribution, IntDistribution) else round(clipped, 10)
+    if isinstance(distribution, CategoricalDistribution):
+        numbers = [c for c in distribution.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+        return min(numbers, key=lambda c: abs(c - value)) if numbers else _NO_DEFAULT
     return _NO_DEFAULT
 
 
@@ -50,6 +73,7 @@ class DefaultsStartSampler(BaseSampler):
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._decided: dict[int, bool] = {}
+        self._server_choices: dict[str, float] = {}
 
     def _starting(self, study: Study, trial: FrozenTrial) -> bool:
         # Asked once per parameter: decided once per trial (reading every trial from storage is slow).
@@ -57,7 +81,17 @@ class DefaultsStartSampler(BaseSampler):
             states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
             finished = study.get_trials(deepcopy=False, states=states)
             self._decided = {trial.number: len(finished) < self.n_startup_trials}
+            if self._decided[trial.number]:
+                self._server_choices = dict(study.user_attrs.get(SERVER_CHOICES_ATTR) or {})
         return self._decided[trial.number]
+
+    def _default(self, name: str, distribution: BaseDistribution) -> Any:
+        """The value that leaves the server's own behaviour, or _NO_DEFAULT."""
+        default = default_of(distribution)
+        chosen = self._server_choices.get(name)
+        if default is _NO_DEFAULT and chosen is not None:
+            return nearest(distribution, chosen)
+        return default
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return {} if self._starting(study, trial) else self.base.infer_relative_search_space(study, trial)
@@ -72,7 +106,7 @@ class DefaultsStartSampler(BaseSampler):
     ) -> Any:
         if not self._starting(study, trial):
             return self.base.sample_independent(study, trial, param_name, param_distribution)
-        default = default_of(param_distribution)
+        default = self._default(param_name, param_distribution)
         if default is not _NO_DEFAULT and self._rng.random() < self.keep_default:
             return default
         return self._random.sample_independent(study, trial, param_name, param_distribution)

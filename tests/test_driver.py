@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 from autotune.config import load_study
 from autotune.driver import StudyDriver, finished_count, study_summary
 from autotune.pool import LocalNodePool
+from autotune.samplers import nearest
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
@@ -113,6 +114,18 @@ def test_an_unsupported_flag_is_never_launched_after_it_failed(study_of_30: optu
                 assert trial.datetime_start <= failed_at, (
                     f"trial {trial.number} launched {name}={value} again"
                 )
+
+
+def test_the_baselines_own_memory_fraction_is_where_the_start_samples_it(study_of_30: optuna.Study) -> None:
+    baseline = study_of_30.trials[0]
+    chosen = study_of_30.user_attrs["server_choices"]
+    assert chosen == baseline.user_attrs["server_choices"] and 0.7 < chosen["--mem-fraction-static"] < 0.95
+    start = [t.params["--mem-fraction-static"] for t in study_of_30.trials[1:10]]
+    on_step = nearest(
+        study_of_30.trials[1].distributions["--mem-fraction-static"], chosen["--mem-fraction-static"]
+    )
+    # Two nodes: the trial that starts beside the baseline cannot know its choice yet.
+    assert sum(v == pytest.approx(on_step) for v in start) >= 5, (chosen, start)
 
 
 def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:

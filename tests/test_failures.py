@@ -182,6 +182,18 @@ def test_cuda_oom_depends_on_phase() -> None:
     assert benchmarking.advice == FailureKind.OOM_UNDER_LOAD.advice
 
 
+def test_a_prompt_the_kv_pool_cannot_hold_is_kv_pool_too_small_in_either_phase() -> None:
+    # Its fix is the opposite of an OOM under load's: raise --mem-fraction-static, not lower it.
+    log = (
+        "ValueError: Input length (28001 tokens) exceeds the maximum allowed length (20227 tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    for phase in ("starting", "benchmarking"):
+        failure = classify(log, phase)
+        assert failure is not None and failure.kind is FailureKind.KV_POOL_TOO_SMALL
+        assert "raise" in failure.advice.lower() and "--mem-fraction-static" in failure.advice
+
+
 def test_flashinfer_a2a_assertion_is_unsupported() -> None:
     failure = classify(FLASHINFER_A2A_TRACEBACK, "starting")
     assert failure is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.failures import FailureKind
-from autotune.logwatch import LogFollower, StartupStatus, wait_until_ready
+from autotune.logwatch import LogFollower, StartupStatus, server_choices, wait_until_ready
 from autotune.runner import LocalCommandRunner, ServerProcess
 
 # SGLang 0.5.4's start-up lines, in order, with its log prefix; `{t}` marks where a script sleeps.
@@ -225,3 +225,26 @@ def test_log_follower_starts_at_offset(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.write_bytes(b"old\nnew\n")
     assert LogFollower(log, offset=4).poll_new_lines() == ["new"]
+
+
+def test_the_servers_own_choices_are_read_from_its_server_args_line() -> None:
+    line = (
+        "[2026-02-27 11:50:30] server_args=ServerArgs(model_path='/models/Kimi-K2.5', tp_size=8, "
+        "mem_fraction_static=0.847, max_running_requests=None, chunked_prefill_size=8192, "
+        "max_prefill_tokens=16384, cuda_graph_max_bs=256, cuda_graph_bs=None, enable_nccl_nvls=False)"
+    )
+    assert server_choices(line) == {
+        "--mem-fraction-static": 0.847,
+        "--chunked-prefill-size": 8192.0,
+        "--cuda-graph-max-bs": 256.0,
+    }
+    assert server_choices(line.replace("server_args=ServerArgs(", "args(")) == {}
+    assert server_choices(STARTUP[0]) == {}  # a line without the fields
+
+
+def test_startup_outcome_carries_the_servers_choices(tmp_path: Path, started: list[ServerProcess]) -> None:
+    first = STARTUP[0].replace("tp_size=2", "tp_size=2, mem_fraction_static=0.88, cuda_graph_max_bs=160")
+    proc = _start(started, tmp_path, _script([first, *STARTUP[1:]], 0, "time.sleep(30)"))
+    out = wait_until_ready(proc, proc.log_path, None, timeout_s=20, poll_s=0.05)
+    assert out.status is StartupStatus.READY
+    assert out.server_choices == {"--mem-fraction-static": 0.88, "--cuda-graph-max-bs": 160.0}

@@ -33,7 +33,7 @@ CASES = {
         ("--mem-fraction-static", "0.95", "--cuda-graph-max-bs", "512", *EAGLE),
         FailureKind.CUDA_GRAPH_OOM,
     ),
-    "prompt longer than the KV pool": (("--mem-fraction-static", "0.78"), FailureKind.OOM_UNDER_LOAD),
+    "prompt longer than the KV pool": (("--mem-fraction-static", "0.78"), FailureKind.KV_POOL_TOO_SMALL),
 }
 
 

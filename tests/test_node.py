@@ -68,6 +68,13 @@ def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> 
     assert result.benchmark.time_scale == pytest.approx(0.001)
     assert {"load_weight_begin", "load_weight_end", "ready"} <= set(result.phase_times)
     assert "The server is fired up and ready to roll!" in result.log
+    # What SGLang chose for the memory flags left unset, from its server_args line.
+    assert set(result.server_choices) == {
+        "--mem-fraction-static",
+        "--cuda-graph-max-bs",
+        "--chunked-prefill-size",
+    }
+    assert 0.5 < result.server_choices["--mem-fraction-static"] < 0.95
     assert executor.phase == "idle"
     assert_server_gone(result, req.launch.port)
 

@@ -18,8 +18,8 @@ from autotune.measurement import MeasurementPlan, run_plan_sync
 from autotune.node import TrialRequest, TrialResult
 from autotune.nodecheck import NodeReport
 from autotune.sim.engine import input_too_long
-from autotune.sim.model import NodeModel
-from autotune.sim.predict import predict
+from autotune.sim.model import MemoryPlan, NodeModel
+from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 
 _SERVER_FLAGS_START = "--model-path"
@@ -51,6 +51,15 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
     return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9))
+
+
+def server_choices(plan: MemoryPlan) -> dict[str, float]:
+    """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER)."""
+    return {
+        "--mem-fraction-static": plan.mem_fraction_static,
+        "--cuda-graph-max-bs": float(plan.cuda_graph_max_bs),
+        "--chunked-prefill-size": float(plan.chunked_prefill_size),
+    }
 
 
 class ModelExecutor:
@@ -87,6 +96,10 @@ class ModelExecutor:
             seed=request.seed,
             noise=self.noise,
         )
+        return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
+
+    def _outcome(self, request: TrialRequest, answer: Prediction) -> TrialResult:
+        w = request.serving_workload
         startup_s = startup_seconds(answer.node)
         failure = answer.node.startup_failure
         if failure is not None:

@@ -1,0 +1,76 @@
+"""The default sampler's start: each knob at the server's own value with `keep_default`, then TPE."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from autotune.samplers import SERVER_CHOICES_ATTR, DefaultsStartSampler, nearest
+
+MEM = "--mem-fraction-static"
+
+
+def suggest(trial: optuna.Trial) -> tuple[float, object]:
+    return trial.suggest_float(MEM, 0.70, 0.95, step=0.01), trial.suggest_categorical(
+        "NCCL_ALGO", [None, "Ring"]
+    )
+
+
+def start_sampler(keep: float, n_startup_trials: int = 1000) -> DefaultsStartSampler:
+    base = optuna.samplers.RandomSampler(seed=1)
+    return DefaultsStartSampler(base, n_startup_trials=n_startup_trials, keep_default=keep, seed=3)
+
+
+def run(study: optuna.Study, n: int) -> list[tuple[float, object]]:
+    values = []
+    for _ in range(n):
+        trial = study.ask()
+        values.append(suggest(trial))
+        study.tell(trial, 1.0)
+    return values
+
+
+def test_a_range_without_an_unset_value_starts_at_the_servers_own_choice() -> None:
+    study = optuna.create_study(direction="maximize", sampler=start_sampler(keep=1.0))
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.8467})  # what SGLang logged for the baseline
+    assert run(study, 5) == [(0.85, None)] * 5
+
+
+def test_without_a_recorded_choice_the_range_is_sampled() -> None:
+    study = optuna.create_study(direction="maximize", sampler=start_sampler(keep=1.0))
+    values = run(study, 20)
+    assert {algo for _, algo in values} == {None}  # the unset value is kept
+    assert len({mem for mem, _ in values}) > 5
+
+
+def test_each_knob_keeps_its_default_about_keep_default_of_the_time() -> None:
+    study = optuna.create_study(direction="maximize", sampler=start_sampler(keep=0.8))
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
+    values = run(study, 300)
+    kept_mem = sum(mem == 0.85 for mem, _ in values) / len(values)
+    kept_algo = sum(algo is None for _, algo in values) / len(values)
+    # Not kept, a value is drawn at random, which is the default itself some of the time.
+    assert 0.75 < kept_mem < 0.9 and 0.8 < kept_algo < 0.97
+
+
+def test_after_the_start_the_base_sampler_decides() -> None:
+    study = optuna.create_study(direction="maximize", sampler=start_sampler(keep=1.0, n_startup_trials=3))
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
+    values = run(study, 23)
+    assert values[:3] == [(0.85, None)] * 3
+    assert len({mem for mem, _ in values[3:]}) > 5 and {algo for _, algo in values[3:]} == {None, "Ring"}
+
+
+@pytest.mark.parametrize(
+    ("distribution", "value", "expected"),
+    [
+        (FloatDistribution(0.70, 0.95, step=0.01), 0.8467, 0.85),
+        (FloatDistribution(0.70, 0.95, step=0.01), 0.60, 0.70),
+        (FloatDistribution(0.5, 0.9), 0.8467, 0.8467),
+        (IntDistribution(16, 512, step=16), 250, 256),
+        (CategoricalDistribution([None, 32, 64, 128, 256]), 160, 128),
+    ],
+)
+def test_nearest_value_of_a_distribution(distribution: object, value: float, expected: object) -> None:
+    assert nearest(distribution, value) == pytest.approx(expected)  # type: ignore[arg-type]
