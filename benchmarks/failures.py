@@ -6,9 +6,9 @@ the pre-flight check ever rejects a config that would have started.
    up so a ten-minute weight load takes 0.6 s) that fail the way the seed's did: "Not enough memory" at
    start, a CUDA error under load, each with the server exiting and with the server lingering after the
    line (`SGLANG_SIM_FAULT=linger`, the seed's case). A thread here polls the server logs every 10 ms and
-   notes when a fatal line (autotune.failures.is_fatal_line) first appears; the driver's "finished" event
-   says when the trial was told to Optuna. The difference includes stopping the server's process group and
-   waiting for its port, which the driver does before it tells. Through the local pool (a TrialExecutor in
+   notes when a fatal line (autotune.failures.is_fatal_line) first appears; `Study.tell` is timed as it
+   returns. The difference includes stopping the server's process group and waiting for its port, which
+   the node does before the driver tells. Through the local pool (a TrialExecutor in
    this process) and the Ray pool (the node actor), as `autotune run` does.
 2. Node time on failed configs. 50-trial studies on the seed profile's model node (the simulated node's
    model answers each trial at once, with the node time it would take), the default sampler, over seeds,

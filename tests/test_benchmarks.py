@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+from failures import sample_rejections  # noqa: E402
 from model_studies import PROFILES, run_study  # noqa: E402
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes  # noqa: E402
 
@@ -69,6 +70,22 @@ def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice() -> None:
     out = run_script("scaling.py", "--quick")
     assert "trials/hour" in out
     assert out.count("no trial run twice") == 1, out  # one row: two nodes
+
+
+@pytest.mark.integration
+@SLOW_SCRIPTS
+def test_failures_prints_its_three_measurements() -> None:
+    out = run_script("failures.py", "--quick")
+    assert "1. Fatal line to trial told" in out and "server lingers" in out
+    assert "2. Node time spent on configs that failed" in out and "neither" in out
+    assert "3. Pre-flight false rejections" in out and "false rejections: 0 of" in out
+
+
+def test_the_preflight_check_rejects_only_configs_that_cannot_start() -> None:
+    # The target, over a small sample of each kind of node (the script samples 40000).
+    for hardware, model in (("rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"), ("h200-nvlink-x8", "llama-70b-bf16")):
+        found = sample_rejections(hardware, model, 150, seed=5)
+        assert found.rejected > 0 and found.false_rejections == 0, found
 
 
 def test_a_studys_first_trials_do_not_depend_on_its_budget() -> None:
