@@ -266,7 +266,6 @@ class StudyDriver:
             where = f" ({hardware})" if hardware else ""
             self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return None
-        self.skips = 0
         try:
             launch = study.server_launch(config)
             reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None
@@ -282,6 +281,7 @@ class StudyDriver:
                 "finished", progress, {"number": trial.number, "state": "FAIL", "failure": str(exc)}
             )
             return None
+        self.skips = 0  # a launch: the run of proposals that cannot run is broken
         run_id = tracker.start_trial(trial.number, config, self.kinds, launch, baseline, node)
         trial.set_user_attr("mlflow_run_id", run_id)
         trial.set_user_attr("node", node)

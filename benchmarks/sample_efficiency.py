@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -59,6 +60,9 @@ from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_size
 from autotune import samplers
 from autotune.config import SearchSpace, Study, load_search_space
 from autotune.config.study import SAMPLERS, SamplerSpec
+from autotune.preflight import predicted_oom
+from autotune.sim.model_node import node_report
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
 
 BEST_KNOWN = BENCHMARKS / "best_known.json"
 RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
@@ -156,10 +160,19 @@ class Job:
     auto_mem_fraction: float
 
 
-def grid_plan(space: SearchSpace, budget: int) -> list[dict[str, Any]]:
-    """The grid's points for a budget (the baseline takes one trial): memory fraction x graph batch size."""
+def grid_plan(space: SearchSpace, budget: int, profile: Profile) -> list[dict[str, Any]]:
+    """The grid's points for a budget (the baseline takes one trial): memory fraction x graph batch size,
+    over the fractions the pre-flight check lets launch (the study loop would refuse the others at no
+    cost, and a grid point refused is not a grid point tried)."""
+    hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
+    facts = node_report("node", hardware, model)
+
+    def launches(fraction: float) -> bool:
+        argv = ("--tp-size", "8", MEM_FRACTION, str(fraction))  # the study's --tp-size
+        return predicted_oom(argv, facts.gpu_memory_gb, model.weight_gb) is None
+
     graph_sizes = [v for v in parameter_values(space, GRAPH_BS) if v is not None]
-    mem_fractions = parameter_values(space, MEM_FRACTION)
+    mem_fractions = [f for f in parameter_values(space, MEM_FRACTION) if launches(f)]
     return grid_points((MEM_FRACTION, mem_fractions), (GRAPH_BS, graph_sizes), budget - 1)
 
 
@@ -174,7 +187,7 @@ def run_job(job: Job) -> tuple[Job, StudyRun]:
 def _run_job(job: Job) -> tuple[Job, StudyRun]:
     profile, defaults = PROFILES[job.profile], {MEM_FRACTION: job.auto_mem_fraction}
     if job.method == "grid":
-        points = grid_plan(load_search_space(SEARCH_SPACE), job.n_trials)
+        points = grid_plan(load_search_space(SEARCH_SPACE), job.n_trials, profile)
         # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused.
         return job, run_study(profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults))
     if job.method == "groups":
@@ -349,7 +362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         best = dict(zip(profiles, found, strict=True))
         jobs = plan_jobs(profiles, budgets, args.seeds, extra, best)
         jobs.sort(key=lambda job: -job.n_trials)  # the longest first, so the pool ends together
-        runs = list(pool.imap_unordered(run_job, jobs))
+        runs = []
+        for done in pool.imap_unordered(run_job, jobs):
+            runs.append(done)
+            # Progress on stderr: a full run takes most of an hour on two cores.
+            took = time.monotonic() - started
+            print(f"\r{len(runs)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
+        print(file=sys.stderr)
         beaten = {key: top for key in profiles if (top := best_trial_of(runs, key))[0] > best[key].tok_s}
         if args.quick:  # the trial itself is the estimate
             how = "the best trial of these studies; a quick estimate (--quick), not cached"

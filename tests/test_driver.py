@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 
 from autotune.config import load_study
 from autotune.driver import StudyDriver, finished_count, study_summary
+from autotune.errors import AutotuneError
 from autotune.pool import LocalNodePool
 from autotune.samplers import nearest
 from autotune.sim.model_node import ModelExecutor, node_report
@@ -186,3 +187,12 @@ def test_without_the_memory_an_unsupported_flag_is_launched_every_time(tmp_path:
     tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
     assert [t.user_attrs["failure_kind"] for t in tried] == ["unsupported"] * 3
     assert all("node" in t.user_attrs for t in tried) and "incompatible" not in ostudy.user_attrs
+
+
+def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fix(tmp_path: Path) -> None:
+    # Each proposal is refused at no cost; without a limit the study would never end.
+    space = one_value_space(tmp_path, "--mem-fraction-static", 0.6)
+    study = load_study(make_study(tmp_path, 3, search_space=space))
+    with pytest.raises(AutotuneError, match="in a row that cannot run .*predicted OOM.*remove the failing"):
+        StudyDriver(study, pool=model_pool()).run()
+
