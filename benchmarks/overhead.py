@@ -259,7 +259,7 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
 def print_report(results: list[Measured]) -> None:
     width = 58
     print("Per-trial time autotune adds beyond the server's start-up and benchmark (seconds)")
-    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>28}" for m in results))
+    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>32}" for m in results))
     rows: list[tuple[str, Callable[[Measured], str]]] = [
         ("trials (states)", lambda m: f"{len(m.spans)} ({_states(m.states)})"),
         ("median overhead per trial, first trial left out", lambda m: f"{statistics.median(m.steady):.3f}"),
@@ -269,7 +269,7 @@ def print_report(results: list[Measured]) -> None:
         ("once per study: open it, MLflow, start the pool", lambda m: f"{m.setup_s:.3f}"),
     ]
     for label, cell in rows:
-        print(f"{label:<{width}}" + "".join(f"{cell(m):>28}" for m in results))
+        print(f"{label:<{width}}" + "".join(f"{cell(m):>32}" for m in results))
     for m in results:
         median = statistics.median(m.steady)
         verdict = "under" if median < TARGET_S else "OVER"
@@ -281,16 +281,16 @@ def print_report(results: list[Measured]) -> None:
     labels = list(
         dict.fromkeys([label for _, _, label in DRIVER_CALLS] + [LAUNCH, PORT_CHECK, STOP, PORT_FREE])
     )
-    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>28}" for m in results))
+    print(f"{'':<{width}}" + "".join(f"{m.pool + ' pool':>32}" for m in results))
     for label in labels:
-        print(f"{label:<{width}}" + "".join(f"{_per_trial(m, label):>28}" for m in results))
+        print(f"{label:<{width}}" + "".join(f"{_per_trial(m, label):>32}" for m in results))
     print(f"{'not timed above (loop, Ray, logs, storage heartbeats)':<{width}}", end="")
     for m in results:
         named = sum(m.stopwatch.seconds.get(label, 0.0) for label in labels) / len(m.spans)
-        print(f"{statistics.mean(m.overheads) - named:>28.3f}", end="")
+        print(f"{statistics.mean(m.overheads) - named:>32.3f}", end="")
     print(
         f"\n{CONCURRENT + ' (concurrent)':<{width}}"
-        + "".join(f"{_per_trial(m, CONCURRENT):>28}" for m in results)
+        + "".join(f"{_per_trial(m, CONCURRENT):>32}" for m in results)
     )
     print("(node: rows are timed on the local pool only; on the Ray pool they run inside the actor)")
     for m in results:
