@@ -193,6 +193,6 @@ def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fi
     # Each proposal is refused at no cost; without a limit the study would never end.
     space = one_value_space(tmp_path, "--mem-fraction-static", 0.6)
     study = load_study(make_study(tmp_path, 3, search_space=space))
-    with pytest.raises(AutotuneError, match="in a row that cannot run .*predicted OOM.*remove the failing"):
+    with pytest.raises(AutotuneError, match=r"in a row that cannot run .*predicted OOM.*remove the failing"):
         StudyDriver(study, pool=model_pool()).run()
 
