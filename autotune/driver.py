@@ -8,10 +8,14 @@ commands (local process or SSH); the node never sees Optuna.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from types import FrameType
 from typing import Any
 
 import optuna
@@ -128,6 +132,27 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
     return recovered
 
 
+@contextmanager
+def ctrl_c_remembered() -> Iterator[threading.Event]:
+    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered, so that code which turns it into
+    another error cannot make the study loop miss it (sqlite3 reports a query cut short by SIGINT as
+    OperationalError, which the MLflow study view catches). Only the main thread can take signals."""
+    remembered = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield remembered
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        remembered.set()
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield remembered
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class StudyDriver:
     """Runs a study to its budget: one trial per node at a time, every outcome told and tracked."""
 
@@ -193,22 +218,25 @@ class StudyDriver:
         running: dict[int, _Running] = {}
         last_beat = time.monotonic()
         try:
-            while True:
-                for node in pool.idle_nodes():
-                    entry = self._fill(ostudy, tracker, pool, node, progress, budget, deadline)
-                    if entry is None:
+            with ctrl_c_remembered() as ctrl_c:
+                while True:
+                    if ctrl_c.is_set():  # a Ctrl-C that something below turned into another error
+                        raise KeyboardInterrupt
+                    for node in pool.idle_nodes():
+                        entry = self._fill(ostudy, tracker, pool, node, progress, budget, deadline)
+                        if entry is None:
+                            break
+                        running[entry.trial.number] = entry
+                    if not running:
                         break
-                    running[entry.trial.number] = entry
-                if not running:
-                    break
-                for submitted, result in pool.wait(POLL_S):
-                    entry = running.pop(submitted.request.number)
-                    self._finish(ostudy, tracker, entry, result, progress)
-                self._poll_phases(tracker, pool, running, progress)
-                if time.monotonic() - last_beat > HEARTBEAT_S:
-                    heartbeat(ostudy, [entry.trial for entry in running.values()])
-                    recover_interrupted(ostudy, tracker)  # trials of other drivers that died meanwhile
-                    last_beat = time.monotonic()
+                    for submitted, result in pool.wait(POLL_S):
+                        entry = running.pop(submitted.request.number)
+                        self._finish(ostudy, tracker, entry, result, progress)
+                    self._poll_phases(tracker, pool, running, progress)
+                    if time.monotonic() - last_beat > HEARTBEAT_S:
+                        heartbeat(ostudy, [entry.trial for entry in running.values()])
+                        recover_interrupted(ostudy, tracker)  # trials of other drivers that died meanwhile
+                        last_beat = time.monotonic()
         except KeyboardInterrupt:
             self._interrupt(ostudy, tracker, pool, running, progress)
             tracker.close("KILLED")

@@ -5,9 +5,9 @@ Random configurations of a joint NCCL / SGLang / speculative space are mostly wo
 `DefaultsStartSampler` keeps each parameter at its default ("unset", or off) with some probability
 during the start and samples the rest at random: the first trials explore the baseline's neighbourhood,
 where the gains of one or two changes show, and TPE models from there. A parameter that cannot be left
-unset (a --mem-fraction-static range) keeps the value the server chose for itself in the baseline, as
-the driver records it in the study's `server_choices` attribute: a random memory fraction is the most
-common way to start a server that runs out of memory.
+unset (a --mem-fraction-static range) stays within two steps of the value the server chose for itself
+in the baseline, as the driver records it in the study's `server_choices` attribute: a random memory
+fraction is the most common way to start a server that runs out of memory.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 _NO_DEFAULT = object()
+NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
 
 
@@ -86,10 +87,18 @@ class DefaultsStartSampler(BaseSampler):
         return self._decided[trial.number]
 
     def _default(self, name: str, distribution: BaseDistribution) -> Any:
-        """The value that leaves the server's own behaviour, or _NO_DEFAULT."""
+        """The value that leaves the server's own behaviour, or near it; _NO_DEFAULT when unknown."""
         default = default_of(distribution)
         chosen = self._server_choices.get(name)
         if default is _NO_DEFAULT and chosen is not None:
+            # Near, not at, the server's value: a start trial that changes nothing else is then not a
+            # repeat of the baseline (or of another such trial), and it measures the knob's slope there.
+            if isinstance(distribution, FloatDistribution) and distribution.step is not None:
+                step = distribution.step
+                chosen = min(
+                    max(chosen + step * self._rng.randint(-NEAR_STEPS, NEAR_STEPS), distribution.low),
+                    distribution.high,
+                )
             return nearest(distribution, chosen)
         return default
 

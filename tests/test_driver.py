@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import optuna
@@ -10,10 +13,10 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune.config import load_study
-from autotune.driver import StudyDriver, finished_count, study_summary
+from autotune.driver import StudyDriver, ctrl_c_remembered, finished_count, study_summary
 from autotune.errors import AutotuneError
 from autotune.pool import LocalNodePool
-from autotune.samplers import nearest
+from autotune.samplers import NEAR_STEPS, nearest
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
@@ -126,7 +129,7 @@ def test_the_baselines_own_memory_fraction_is_where_the_start_samples_it(study_o
         study_of_30.trials[1].distributions["--mem-fraction-static"], chosen["--mem-fraction-static"]
     )
     # Two nodes: the trial that starts beside the baseline cannot know its choice yet.
-    assert sum(v == pytest.approx(on_step) for v in start) >= 5, (chosen, start)
+    assert sum(abs(v - on_step) <= NEAR_STEPS * 0.01 + 1e-9 for v in start) >= 5, (chosen, start)
 
 
 def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:
@@ -196,3 +199,15 @@ def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fi
     with pytest.raises(AutotuneError, match=r"in a row that cannot run .*predicted OOM.*remove the failing"):
         StudyDriver(study, pool=model_pool()).run()
 
+
+def test_a_ctrl_c_that_something_swallows_is_still_remembered() -> None:
+    # sqlite3 turns a SIGINT during a query into OperationalError, which the MLflow view code catches.
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c_remembered() as ctrl_c:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs here, between bytecodes
+        except KeyboardInterrupt:
+            pass  # swallowed, as an `except Exception` around a sqlite3 call would swallow its error
+        assert ctrl_c.is_set()
+    assert signal.getsignal(signal.SIGINT) is before
