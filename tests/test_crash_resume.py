@@ -180,6 +180,10 @@ def check_study(path: Path, storage: str | None, model_path: str) -> None:
     for trial in trials:
         if trial.user_attrs.get("skipped"):
             continue
+        if trial.user_attrs.get("failure_kind") == "interrupted" and "mlflow_run_id" not in trial.user_attrs:
+            # Killed between Optuna's ask and the launch: no run by design; its params were queued again.
+            assert any(t.user_attrs.get("retry_of") == trial.number for t in trials), trial.number
+            continue
         assert len(by_trial.get(trial.number, [])) == 1, trial.number  # one run per trial, none twice
         if trial.state is TrialState.COMPLETE:
             run = by_trial[trial.number][0]
