@@ -111,6 +111,23 @@ def ui(finished_study) -> Iterator[tuple[str, int]]:
     assert f"--port {port}" not in ours
 
 
+def _click_past_popovers(page, target) -> None:  # type: ignore[no-untyped-def]
+    """Click `target`; if something covers the page (once in a full run: '<html> intercepts pointer
+    events'), close it with Escape as a user would and click again, naming what covered it if that fails."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        target.click(timeout=STEP_TIMEOUT_MS // 4)
+        return
+    except PlaywrightTimeout:
+        page.keyboard.press("Escape")
+    try:
+        target.click()
+    except PlaywrightTimeout as exc:
+        dialogs = page.locator("[role=dialog], [role=menu], [role=tooltip]").all_inner_texts()
+        raise AssertionError(f"the page stayed covered; open dialogs/menus: {dialogs}") from exc
+
+
 def test_a_user_finds_the_trials_and_why_one_failed(ui, finished_study, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -136,7 +153,7 @@ def test_a_user_finds_the_trials_and_why_one_failed(ui, finished_study, tmp_path
             # The experiment list shows the study's experiment; the run list is its "Model training" view.
             page.goto(base + "#/experiments")
             page.get_by_role("link", name="e2e", exact=True).first.click()
-            page.get_by_text("Model training", exact=True).click()
+            _click_past_popovers(page, page.get_by_text("Model training", exact=True))
             parent = page.locator("[col-id='attributes.`Run Name`']").filter(has_text="study e2e")
             parent.get_by_role("button").click()  # the trials are child runs, folded under the study's run
             page.get_by_text("#000 baseline").first.wait_for()
