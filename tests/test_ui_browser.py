@@ -112,15 +112,20 @@ def ui(finished_study) -> Iterator[tuple[str, int]]:
 
 
 def _click_past_popovers(page, target) -> None:  # type: ignore[no-untyped-def]
-    """Click `target`; if something covers the page (once in a full run: '<html> intercepts pointer
-    events'), close it with Escape as a user would and click again, naming what covered it if that fails."""
+    """Click `target`; if something covers the page ('<html> intercepts pointer events': MLflow 3.17 at
+    times opens its "Detect Issues in Your Traces" tour, which only "Got it" closes), close it as a user
+    would and click again, naming what covered it if that fails."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
         target.click(timeout=STEP_TIMEOUT_MS // 4)
         return
     except PlaywrightTimeout:
-        page.keyboard.press("Escape")
+        got_it = page.get_by_role("button", name="Got it")
+        if got_it.count():
+            got_it.first.click()
+        else:
+            page.keyboard.press("Escape")
     try:
         target.click()
     except PlaywrightTimeout as exc:
