@@ -717,7 +717,8 @@ def test_on_the_simulated_node_status_and_mlflow_show_the_pareto_front(
     obj = {
         "name": "throughput-vs-itl",
         "metric": "output_throughput",
-        "also_optimize": ["p99_itl_ms"],
+        # The mean, not p99: a p99 of wall-clock ITLs on two busy cores flipped the trade-off once.
+        "also_optimize": ["mean_itl_ms"],
         "workload": SIM_WORKLOAD,
     }
     path = sim_study(tmp_path, obj, 3)
