@@ -134,9 +134,9 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
 
 @contextmanager
 def ctrl_c_remembered() -> Iterator[threading.Event]:
-    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered, so that code which turns it into
-    another error cannot make the study loop miss it (sqlite3 reports a query cut short by SIGINT as
-    OperationalError, which the MLflow study view catches). Only the main thread can take signals."""
+    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered, so that code which swallows it
+    cannot make the study loop miss it (once a Ctrl-C between two trials was lost and the driver ran its
+    study to the end; the call that swallowed it was not found). Only the main thread takes signals."""
     remembered = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield remembered

@@ -94,12 +94,8 @@ class DefaultsStartSampler(BaseSampler):
             # Near, not at, the server's value: a start trial that changes nothing else is then not a
             # repeat of the baseline (or of another such trial), and it measures the knob's slope there.
             if isinstance(distribution, FloatDistribution) and distribution.step is not None:
-                step = distribution.step
-                chosen = min(
-                    max(chosen + step * self._rng.randint(-NEAR_STEPS, NEAR_STEPS), distribution.low),
-                    distribution.high,
-                )
-            return nearest(distribution, chosen)
+                chosen += distribution.step * self._rng.randint(-NEAR_STEPS, NEAR_STEPS)
+            return nearest(distribution, chosen)  # clipped to the range, on its step
         return default
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:

@@ -283,7 +283,8 @@ def sample_rejections(hardware_name: str, model_name: str, samples: int, seed: i
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
         landscape = Landscape(profile, Path(folder))
         for _ in range(samples):
-            config = landscape.space.suggest(_fixed(landscape, rng))
+            params = landscape.random_params(rng, keep_default=0.5)
+            config = landscape.space.suggest(optuna.trial.FixedTrial(params))
             launch = landscape.study.server_launch(config)
             argv = _with_flags(
                 launch.argv,
@@ -302,10 +303,6 @@ def sample_rejections(hardware_name: str, model_name: str, samples: int, seed: i
             ooms += start_oom
             let_through += start_oom and not rejects
     return Rejections(hardware_name, model_name, samples, rejected, false, ooms, let_through)
-
-
-def _fixed(landscape: Landscape, rng: random.Random) -> Any:
-    return optuna.trial.FixedTrial(landscape.random_params(rng, keep_default=0.5))
 
 
 def _with_flags(argv: tuple[str, ...], flags: dict[str, str]) -> tuple[str, ...]:

@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = []
         for done in pool.imap_unordered(run_job, jobs):
             runs.append(done)
-            # Progress on stderr: a full run takes most of an hour on two cores.
+            # Progress on stderr: a full run is thousands of studies, a few minutes on two cores.
             took = time.monotonic() - started
             print(f"\r{len(runs)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
         print(file=sys.stderr)
