@@ -40,13 +40,20 @@ IMPORT_TIMEOUT_S = 180.0  # importing sglang pulls in torch: tens of seconds on 
 ACTORS_TIMEOUT_S = 900.0
 BENCHMARK_MODULE = "autotune.remote_benchmark"
 
-_FIND_SPEC = """
-import importlib.util, sys
+# Exit 3 when the server module cannot be found; else print the SGLang version it runs: the installed
+# sglang distribution's, or the `__version__` that a stand-in for SGLang's launcher declares.
+_SERVER_VERSION = """
+import importlib, importlib.metadata, importlib.util, sys
 try:
     found = importlib.util.find_spec(sys.argv[1]) is not None
 except ImportError:
     found = False
-sys.exit(0 if found else 3)
+if not found:
+    sys.exit(3)
+try:
+    print(importlib.metadata.version("sglang"))
+except importlib.metadata.PackageNotFoundError:
+    print(getattr(importlib.import_module(sys.argv[1]), "__version__", ""))
 """
 _MISSING_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
 _GPUS = (
@@ -93,6 +100,7 @@ class NodeReport:
     gpus: tuple[GPU, ...] | None = None
     free_log_bytes: int | None = None
     weight_bytes: int | None = None  # the model's safetensors under model_path, when found there
+    server_version: str | None = None  # the SGLang version the server command runs, when it says
 
     @property
     def ok(self) -> bool:
@@ -100,12 +108,14 @@ class NodeReport:
 
     @property
     def hardware(self) -> str | None:
-        """The node's hardware fingerprint, e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04)'."""
+        """The node's hardware fingerprint with the server's version, what decides whether a feature is
+        supported: e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04), SGLang 0.5.4'."""
         if not self.gpus:
             return None
         first = self.gpus[0]
         driver = f", driver {first.driver}" if first.driver else ""
-        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver})"
+        version = f", SGLang {self.server_version}" if self.server_version else ""
+        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver}){version}"
 
     @property
     def gpu_memory_gb(self) -> float | None:
@@ -149,6 +159,7 @@ def check_node(
     gpus: tuple[GPU, ...] | None = None
     free: int | None = None
     weights: int | None = None
+    version: str | None = None
     try:
         # The first command also connects: an unreachable node ends the check here.
         tools: Sequence[str] = getattr(runner, "required_tools", ())
@@ -160,7 +171,8 @@ def check_node(
                     "Install them (setsid is in util-linux): autotune starts and stops servers with them.",
                 )
             )
-        problems += _command_problems(runner, command, env)
+        command_trouble, version = _command_problems(runner, command, env)
+        problems += command_trouble
         if port is not None and not runner.wait_port_free(host, port, 0):
             problems.append(
                 NodeProblem(
@@ -184,7 +196,7 @@ def check_node(
         problems.append(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
-    return NodeReport(node, tuple(problems), gpus, free, weights)
+    return NodeReport(node, tuple(problems), gpus, free, weights, version)
 
 
 def _sh(
@@ -203,10 +215,11 @@ def _last_line(text: str) -> str:
 
 def _command_problems(
     runner: CommandRunner, command: Sequence[str], env: Mapping[str, str]
-) -> list[NodeProblem]:
+) -> tuple[list[NodeProblem], str | None]:
+    """What keeps the server command from starting, and the SGLang version it runs (when `PY -m ...`)."""
     if len(command) >= 3 and command[1] == "-m":
         python, module = command[0], command[2]
-        done = runner.run([python, "-c", _FIND_SPEC, module], env, IMPORT_TIMEOUT_S)
+        done = runner.run([python, "-c", _SERVER_VERSION, module], env, IMPORT_TIMEOUT_S)
         if done.returncode in (126, 127):
             return [
                 NodeProblem(
@@ -214,7 +227,7 @@ def _command_problems(
                     "Install it there or set server.command to the node's interpreter, "
                     f"e.g. [/opt/venv/bin/python, -m, {module}].",
                 )
-            ]
+            ], None
         if done.returncode == 3:
             return [
                 NodeProblem(
@@ -222,15 +235,15 @@ def _command_problems(
                     f"Install it into that environment (pip install {module.split('.')[0]}) or set "
                     "server.command to the Python that has it.",
                 )
-            ]
+            ], None
         if done.returncode != 0:
             return [
                 NodeProblem(
                     f"{python} failed looking up {module!r} on the node: {_last_line(done.stderr)}",
                     f"Run `{python} -c 'import {module}'` on the node to see why.",
                 )
-            ]
-        return []
+            ], None
+        return [], done.stdout.strip() or None
     done = _sh(runner, 'command -v "$1"', [command[0]])
     if done.returncode != 0:
         return [
@@ -238,8 +251,8 @@ def _command_problems(
                 f"server command {command[0]!r} is not found on the node",
                 "Install it there or give its full path in server.command.",
             )
-        ]
-    return []
+        ], None
+    return [], None
 
 
 def _gpus(

@@ -22,7 +22,9 @@ from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]
-SEED_HARDWARE = "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim)"
+SEED_HARDWARE = (
+    "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim), SGLang 0.5.4"
+)
 
 
 def make_study(tmp_path: Path, n_trials: int, **extra: object) -> Path:

@@ -351,3 +351,24 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(sshd: SSHServer, tmp_path: 
     port = yaml.safe_load(path.read_text())["server"]["port"]
     assert port_is_free("127.0.0.1", port)
     assert not (workdir / "nodes" / "ssh-sim" / "servers.json").exists()  # every server was stopped
+
+
+def test_node_check_reads_the_sglang_version_into_the_hardware_fingerprint(tmp_path: Path) -> None:
+    # A deterministic "unsupported" failure is remembered against this fingerprint: a new SGLang may
+    # support the feature, so the version is part of it.
+    from autotune.runner import LocalCommandRunner
+    from autotune.sim.nvidia_smi import __file__ as nvidia_smi_sim
+
+    report = check_node(
+        "n",
+        LocalCommandRunner(),
+        command=SIM,
+        env={"SGLANG_SIM_HARDWARE": "h200-nvlink-x8"},
+        host="127.0.0.1",
+        port=free_port(),
+        log_dir=str(tmp_path),
+        nvidia_smi=(sys.executable, nvidia_smi_sim),
+    )
+    assert report.ok, report.problems
+    assert report.server_version == "0.5.4"
+    assert report.hardware is not None and report.hardware.endswith("), SGLang 0.5.4")

@@ -47,10 +47,11 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     them) and the model's weights."""
     from autotune.nodecheck import GPU
     from autotune.sim.nvidia_smi import DRIVER_VERSION
+    from autotune.sim.sglang_server import VERSION
 
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
-    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9))
+    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), VERSION)
 
 
 def server_choices(plan: MemoryPlan) -> dict[str, float]:

@@ -69,6 +69,7 @@ from autotune.sim.profiles import ModelProfile, load_hardware_profile, load_mode
 from autotune.sim.server_args import build_parser, check_server_args, server_args_repr
 
 VERSION = "0.5.4"
+__version__ = VERSION  # what the node check reads as the SGLang version this stand-in runs
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5-int4"
 FAULTS = ("hang_load", "crash_benchmark", "slow_health", "linger")
