@@ -8,6 +8,10 @@ where the gains of one or two changes show, and TPE models from there. A paramet
 unset (a --mem-fraction-static range) stays within two steps of the value the server chose for itself
 in the baseline, as the driver records it in the study's `server_choices` attribute: a random memory
 fraction is the most common way to start a server that runs out of memory.
+
+After the start, `FeasibleTPESampler` also learns where the feasible region ends: the best configs sit
+next to the memory limit, and plain TPE, which only sees out-of-memory trials as bad values, keeps
+proposing their neighbours that do not start.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.distributions import (
     BaseDistribution,
@@ -129,12 +134,75 @@ class DefaultsStartSampler(BaseSampler):
         self._random.reseed_rng()
 
 
+def _infeasible(trial: FrozenTrial) -> bool:
+    """A finished trial that broke a constraint: an out-of-memory launch, or an objective's limit."""
+    return trial.state is not TrialState.RUNNING and any(v > 0 for v in trial.constraints.values())
+
+
+class FeasibleTPESampler(optuna.samplers.TPESampler):
+    """TPE whose choice among its candidates also weighs how likely each is to be feasible.
+
+    c-TPE's rule (Watanabe and Hutter, 2023) for one pass/fail constraint: a candidate's score, log l(x) -
+    log g(x), gains log f(x) - log i(x), the Parzen densities of the feasible trials (completed, every
+    constraint met) and of the infeasible ones (`trial.set_constraint` > 0: the driver sets it on each
+    out-of-memory trial). Candidates still come from TPE's good density, so the search stays where the
+    good trials are, but moves away from the configs next to them that did not start. Without both kinds
+    of trial it is plain TPE. It hooks two of TPESampler's private methods (Optuna 5's, pinned in
+    pyproject.toml; tests/test_samplers.py fails if they change).
+    """
+
+    def __init__(self, *args: Any, feasibility_weight: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feasibility_weight = feasibility_weight
+        self._fitting: tuple[Study, dict[str, BaseDistribution], list[FrozenTrial]] | None = None
+
+    def _build_parzen_estimator(
+        self,
+        study: Study,
+        search_space: dict[str, BaseDistribution],
+        trials: list[FrozenTrial],
+        handle_below: bool,
+    ) -> Any:
+        # TPESampler._sample builds the good density, then the bad one: together, every trial it uses.
+        if handle_below:
+            self._fitting = (study, search_space, list(trials))
+        elif self._fitting is not None:
+            self._fitting = (study, search_space, self._fitting[2] + list(trials))
+        return super()._build_parzen_estimator(study, search_space, trials, handle_below)
+
+    def _compute_acquisition_func(
+        self, samples: dict[str, np.ndarray], mpe_below: Any, mpe_above: Any
+    ) -> np.ndarray:
+        score = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        if self._fitting is None or self.feasibility_weight == 0:
+            return score
+        study, space, trials = self._fitting
+        self._fitting = None
+        infeasible = [t for t in trials if _infeasible(t)]
+        feasible = [t for t in trials if t.state is TrialState.COMPLETE and not _infeasible(t)]
+        if not infeasible or not feasible:
+            return score
+        build = super()._build_parzen_estimator
+        feasible_pdf = build(study, space, feasible, False)
+        infeasible_pdf = build(study, space, infeasible, False)
+        odds = feasible_pdf.log_pdf(samples) - infeasible_pdf.log_pdf(samples)
+        return score + self.feasibility_weight * odds
+
+
 def tpe(
-    seed: int | None, *, n_startup_trials: int = 10, keep_default: float = 0.8, **options: Any
+    seed: int | None,
+    *,
+    n_startup_trials: int = 10,
+    keep_default: float = 0.8,
+    feasibility_weight: float = 1.0,
+    **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
-    the defaults. The keyword arguments change its settings (`options` go to TPESampler), for measuring
-    other settings against it (benchmarks/sample_efficiency.py)."""
+    the defaults, steering clear of the configs that run out of memory. The keyword arguments change its
+    settings (`options` go to TPESampler; `feasibility_weight=0` is plain TPE after the start), for
+    measuring other settings against it (benchmarks/sample_efficiency.py)."""
     settings = {"multivariate": True, "group": True, **options}
-    base = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, **settings)
+    base = FeasibleTPESampler(
+        seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
+    )
     return DefaultsStartSampler(base, n_startup_trials=n_startup_trials, keep_default=keep_default, seed=seed)

@@ -19,7 +19,7 @@ the pre-flight check ever rejects a config that would have started.
    on the model node anyway, and counted as a false rejection if it starts. The ground truth is the
    simulated node's memory model (SGLang's profile_max_num_token arithmetic), not a real GPU.
 
-    python benchmarks/failures.py           # 5 trials per case on both pools, 10 seeds, 40000 configs
+    python benchmarks/failures.py           # 5 trials per case on both pools, 20 seeds, 40000 configs
     python benchmarks/failures.py --quick   # a smoke run: 2 trials per case, local pool, 2 seeds, 400 configs
 """
 
@@ -45,6 +45,7 @@ import optuna
 import yaml
 from model_studies import BENCHMARKS, PROFILES, Landscape, run_study
 
+from autotune import samplers
 from autotune.benchmark import Workload
 from autotune.config import Study, load_study
 from autotune.driver import StudyDriver
@@ -212,11 +213,13 @@ def print_latencies(results: list[Latency]) -> None:
 
 
 # -- 2. node time on failed configs ---------------------------------------------------------------------
+# (pre-flight check, incompatibility memory, the sampler's feasibility weight): autotune's default first.
 VARIANTS = {
-    "pre-flight check and incompatibility memory (autotune)": (True, True),
-    "incompatibility memory only": (False, True),
-    "pre-flight check only": (True, False),
-    "neither": (False, False),
+    "pre-flight check and incompatibility memory (autotune)": (True, True, 1.0),
+    "both, sampler without its feasibility term": (True, True, 0.0),
+    "incompatibility memory only": (False, True, 1.0),
+    "pre-flight check only": (True, False, 1.0),
+    "neither": (False, False, 1.0),
 }
 
 
@@ -230,9 +233,14 @@ class Share:
 
 
 def study_share(variant: str, seed: int, n_trials: int) -> Share:
-    preflight, remember = VARIANTS[variant]
+    preflight, remember, feasibility = VARIANTS[variant]
     run = run_study(
-        PROFILES["seed"], n_trials, seed=seed, preflight=preflight, remember_incompatible=remember
+        PROFILES["seed"],
+        n_trials,
+        seed=seed,
+        sampler=lambda _study: samplers.tpe(seed, feasibility_weight=feasibility),
+        preflight=preflight,
+        remember_incompatible=remember,
     )
     failed = [s for s, v in zip(run.node_s, run.values, strict=True) if v is None]
     return Share(variant, seed, sum(failed), sum(run.node_s), sum(1 for s in failed if s > 0))
@@ -343,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5, help="trials per failure case and pool")
     parser.add_argument("--pools", default="local,ray", help="comma-separated: local, ray")
-    parser.add_argument("--seeds", type=int, default=10, help="seeds of the 50-trial studies")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds of the 50-trial studies")
     parser.add_argument("--configs", type=int, default=40000, help="configs sampled for false rejections")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 trials, local pool, 2 seeds")

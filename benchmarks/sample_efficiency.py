@@ -88,6 +88,7 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/keep0.9": _tpe_variant(keep_default=0.9),
     "tpe/independent": _tpe_variant(multivariate=False, group=False),
     "tpe/ei128": _tpe_variant(n_ei_candidates=128),
+    "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0),  # the default before c-TPE's term
 }
 
 

@@ -1,4 +1,5 @@
-"""The default sampler's start: each knob at the server's own value with `keep_default`, then TPE."""
+"""The default sampler's start (each knob at the server's own value with `keep_default`), then TPE that
+steers clear of configs that broke a constraint."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.samplers import NEAR_STEPS, SERVER_CHOICES_ATTR, DefaultsStartSampler, nearest
+from autotune.samplers import (
+    NEAR_STEPS,
+    SERVER_CHOICES_ATTR,
+    DefaultsStartSampler,
+    FeasibleTPESampler,
+    nearest,
+    tpe,
+)
 
 MEM = "--mem-fraction-static"
 
@@ -82,3 +90,40 @@ def test_after_the_start_the_base_sampler_decides() -> None:
 )
 def test_nearest_value_of_a_distribution(distribution: object, value: float, expected: object) -> None:
     assert nearest(distribution, value) == pytest.approx(expected)  # type: ignore[arg-type]
+
+
+def infeasible_proposals(feasibility_weight: float, seed: int) -> tuple[int, float]:
+    """Trials after TPE's start that landed past a memory limit (x + y > 1.2, told as the driver tells an
+    out-of-memory launch: pruned, constraint broken), and the best feasible x + y found in 40 trials."""
+    sampler = FeasibleTPESampler(
+        seed=seed, n_startup_trials=10, multivariate=True, feasibility_weight=feasibility_weight
+    )
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    infeasible, best = 0, 0.0
+    for number in range(40):
+        trial = study.ask()
+        total = trial.suggest_float("x", 0, 1) + trial.suggest_float("y", 0, 1)
+        if total > 1.2:
+            trial.set_constraint("memory", 1.0)
+            trial.report(0.0, 0)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            infeasible += number >= 10
+        else:
+            trial.set_constraint("memory", 0.0)
+            study.tell(trial, total)
+            best = max(best, total)
+    return infeasible, best
+
+
+def test_tpe_with_the_feasibility_term_proposes_fewer_configs_past_the_limit_and_finds_as_good() -> None:
+    plain = [infeasible_proposals(0.0, seed) for seed in range(8)]
+    feasible = [infeasible_proposals(1.0, seed) for seed in range(8)]
+    # Measured: 85 past the limit without the term, 30 with it (seeds 0-7); best x + y 1.18 both ways.
+    assert sum(n for n, _ in feasible) <= sum(n for n, _ in plain) / 2
+    assert min(best for _, best in feasible) >= 1.1
+
+
+def test_the_default_sampler_weighs_feasibility_after_its_start() -> None:
+    sampler = tpe(seed=0)
+    assert isinstance(sampler, DefaultsStartSampler)
+    assert isinstance(sampler.base, FeasibleTPESampler) and sampler.base.feasibility_weight == 1.0
