@@ -12,7 +12,8 @@ the pre-flight check ever rejects a config that would have started.
    this process) and the Ray pool (the node actor), as `autotune run` does.
 2. Node time on failed configs. 50-trial studies on the seed profile's model node (the simulated node's
    model answers each trial at once, with the node time it would take), the default sampler, over seeds,
-   with both mechanisms, each alone, and neither. Node time is start-up until ready or dead, plus the
+   with both mechanisms, each alone, and neither, and with both but without the sampler's feasibility
+   term (autotune.samplers.FeasibleTPESampler). Node time is start-up until ready or dead, plus the
    benchmark; a proposal refused without a launch costs none.
 3. False rejections. Random configs of the shipped search space on every simulated hardware x model pair,
    over TP sizes and a wide range of --mem-fraction-static: each the pre-flight check rejects is launched

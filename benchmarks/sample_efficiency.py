@@ -89,6 +89,10 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/independent": _tpe_variant(multivariate=False, group=False),
     "tpe/ei128": _tpe_variant(n_ei_candidates=128),
     "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0),  # the default before c-TPE's term
+    # An oracle, not a method: the default told the best known config's speculative mode (EAGLE-3).
+    "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
+        {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
+    ),
 }
 
 
