@@ -147,6 +147,7 @@ def true_value(study: Study, profile: Profile, params: dict[str, Any] | None) ->
     space = study.search_space
     config = space.baseline() if params is None else space.suggest(FixedTrial(params))
     w = study.objective.workload
+    assert w is not None, f"{profile.objective} is a serving objective with a workload"
     request = TrialRequest(0, study.server_launch(config), Workload(**w.model_dump()), 1.0, 1.0)
     result = ModelExecutor(
         NODE, load_hardware_profile(profile.hardware), load_model_profile(profile.model)
