@@ -89,9 +89,12 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/independent": _tpe_variant(multivariate=False, group=False),
     "tpe/ei128": _tpe_variant(n_ei_candidates=128),
     "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0),  # the default before c-TPE's term
-    # An oracle, not a method: the default told the best known config's speculative mode (EAGLE-3).
+    # Oracles, not methods: the default told the seed's best known speculative mode, and its NCCL transport.
     "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
         {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
+    ),
+    "tpe/oracle-eagle3-p2p": lambda seed: optuna.samplers.PartialFixedSampler(
+        {"--speculative-algorithm": "EAGLE3", "NCCL_P2P_LEVEL": "SYS"}, samplers.tpe(seed)
     ),
 }
 
