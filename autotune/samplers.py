@@ -12,13 +12,16 @@ fraction is the most common way to start a server that runs out of memory.
 After the start, `FeasibleTPESampler` also learns where the feasible region ends: the best configs sit
 next to the memory limit, and plain TPE, which only sees out-of-memory trials as bad values, keeps
 proposing their neighbours that do not start.
+
+`WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
+parameters every trial shares, such as Optuna's GPSampler (`gp`).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optuna
@@ -60,7 +63,24 @@ def nearest(distribution: BaseDistribution, value: float) -> Any:
     return _NO_DEFAULT
 
 
-class DefaultsStartSampler(BaseSampler):
+class _Wrapper(BaseSampler):
+    """A sampler around `base` that hands it the trial's start and end as they come."""
+
+    base: BaseSampler
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
+class DefaultsStartSampler(_Wrapper):
     """`base` after `n_startup_trials`; before, each parameter keeps its default with `keep_default`."""
 
     def __init__(
@@ -121,16 +141,8 @@ class DefaultsStartSampler(BaseSampler):
             return default
         return self._random.sample_independent(study, trial, param_name, param_distribution)
 
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self.base.before_trial(study, trial)
-
-    def after_trial(
-        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
-    ) -> None:
-        self.base.after_trial(study, trial, state, values)
-
     def reseed_rng(self) -> None:
-        self.base.reseed_rng()
+        super().reseed_rng()
         self._random.reseed_rng()
 
 
@@ -187,6 +199,57 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         infeasible_pdf = build(study, space, infeasible, False)
         odds = feasible_pdf.log_pdf(samples) - infeasible_pdf.log_pdf(samples)
         return score + self.feasibility_weight * odds
+
+
+class _WithParams:
+    """A study as a sampler sees it, without the trials that set no parameter (the baseline)."""
+
+    def __init__(self, study: Study) -> None:
+        self._study = study
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study.get_trials(*args, **kwargs) if t.params]
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study._get_trials(*args, **kwargs) if t.params]
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+def _with_params(study: Study) -> Study:
+    return cast(Study, _WithParams(study))  # a Study in every way a sampler uses one
+
+
+class WithoutBaseline(_Wrapper):
+    """`base`, blind to the trials that set no parameter. A sampler that searches the intersection of every
+    trial's parameters (Optuna's GPSampler) finds it empty once the baseline (SGLang's defaults, no
+    parameters) is in the study, and then samples every parameter at random."""
+
+    def __init__(self, base: BaseSampler) -> None:
+        self.base = base
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.base.infer_relative_search_space(_with_params(study), trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self.base.sample_relative(_with_params(study), trial, search_space)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self.base.sample_independent(_with_params(study), trial, param_name, param_distribution)
+
+
+def gp(seed: int | None) -> BaseSampler:
+    """Optuna's GPSampler (it needs PyTorch), searching the trials that set parameters."""
+    return WithoutBaseline(optuna.samplers.GPSampler(seed=seed))
 
 
 def tpe(

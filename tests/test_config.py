@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -356,6 +357,14 @@ def test_bad_study_name(project: Path) -> None:
 def test_unknown_sampler_offers_did_you_mean(project: Path) -> None:
     error = _study_error(project, _study_data(sampler={"name": "tpe2"}))
     assert error.field == "sampler.name" and "Did you mean 'tpe'?" in error.fix
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here")
+def test_sampler_gp_without_pytorch_is_refused_before_the_study(project: Path) -> None:
+    # Optuna's GPSampler imports torch at its first proposal after the start, trials into the study.
+    error = _study_error(project, _study_data(sampler={"name": "gp"}))
+    assert error.field == "sampler.name" and error.value == "gp"
+    assert "needs PyTorch" in error.problem and "pip install torch" in error.fix
 
 
 def test_budget_must_stop(project: Path) -> None:

@@ -12,6 +12,7 @@ from autotune.samplers import (
     SERVER_CHOICES_ATTR,
     DefaultsStartSampler,
     FeasibleTPESampler,
+    WithoutBaseline,
     nearest,
     tpe,
 )
@@ -127,3 +128,23 @@ def test_the_default_sampler_weighs_feasibility_after_its_start() -> None:
     sampler = tpe(seed=0)
     assert isinstance(sampler, DefaultsStartSampler)
     assert isinstance(sampler.base, FeasibleTPESampler) and sampler.base.feasibility_weight == 1.0
+
+
+def test_a_sampler_of_the_trials_common_parameters_does_not_see_the_baseline() -> None:
+    # GPSampler searches the intersection of every trial's parameters; the baseline sets none.
+    def study_with_a_baseline(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        study.tell(study.ask(), 1.0)  # the baseline: SGLang's defaults, no parameters
+        for _ in range(3):
+            trial = study.ask()
+            study.tell(trial, trial.suggest_float("x", 0, 1) + trial.suggest_float("y", 0, 1))
+        return study
+
+    def space(sampler: optuna.samplers.BaseSampler) -> set[str]:
+        study = study_with_a_baseline(sampler)
+        return set(sampler.infer_relative_search_space(study, study.trials[-1]))
+
+    plain = optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=1)
+    assert space(plain) == set()
+    wrapped = WithoutBaseline(optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=1))
+    assert space(wrapped) == {"x", "y"}

@@ -6,6 +6,7 @@ a `Study`. Loading creates nothing on disk; whoever runs the study calls `Study.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -61,7 +62,7 @@ SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe": samplers.tpe,  # TPE started near SGLang's defaults: see autotune.samplers
     "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
+    "gp": samplers.gp,  # needs PyTorch
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
 }
 
@@ -256,6 +257,13 @@ class SamplerSpec(BaseModel):
             hint = did_you_mean(name, SAMPLERS).strip()
             raise rule_error(
                 "unknown sampler", value=name, fix=f"{hint} Samplers: {', '.join(SAMPLERS)}.".strip()
+            )
+        if name == "gp" and importlib.util.find_spec("torch") is None:
+            # Optuna imports it at the first proposal after the start: fail now, not trials into a study.
+            raise rule_error(
+                "sampler gp needs PyTorch, which is not installed here",
+                value=name,
+                fix="Install it (pip install torch; the CPU build is enough) or use sampler tpe.",
             )
         return name
 
