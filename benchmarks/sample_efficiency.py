@@ -22,7 +22,7 @@ The best known config of each profile is the best of a large random sample of th
 this script and searched again when the model's answer for it changes, or with --recompute-best.
 
     python benchmarks/sample_efficiency.py            # both profiles, budgets 10 20 40 80, 10 seeds
-    python benchmarks/sample_efficiency.py --samplers tpe-plain,gp   # add other samplers to compare
+    python benchmarks/sample_efficiency.py --samplers tpe-plain,tpe/no-feasibility   # more to compare
     python benchmarks/sample_efficiency.py --quick    # smoke run: seed profile, budgets 4 8, 2 seeds
 """
 
