@@ -54,6 +54,11 @@ class FailureKind(StrEnum):
         return self in (FailureKind.KV_POOL_TOO_SMALL, FailureKind.CUDA_GRAPH_OOM, FailureKind.OOM_UNDER_LOAD)
 
     @property
+    def flag_to_lower(self) -> str | None:
+        """The server flag whose smaller value SGLang's own message names as the fix, when there is one."""
+        return _FLAG_TO_LOWER.get(self)
+
+    @property
     def deterministic(self) -> bool:
         """True when the same settings fail the same way on the same hardware every time."""
         return self is FailureKind.UNSUPPORTED
@@ -63,6 +68,10 @@ class FailureKind(StrEnum):
         """True when the trial says nothing about its settings, so its parameters run once more."""
         return self in (FailureKind.INTERRUPTED, FailureKind.NODE_UNREACHABLE, FailureKind.NODE_LOST)
 
+
+# "Possible solutions: ... 2. set --cuda-graph-max-bs to a smaller value" (cuda_graph_runner.py). The other
+# solution it names, a smaller --mem-fraction-static, shrinks the KV cache that the throughput lives on.
+_FLAG_TO_LOWER: dict[FailureKind, str] = {FailureKind.CUDA_GRAPH_OOM: "--cuda-graph-max-bs"}
 
 _ADVICE: dict[FailureKind, str] = {
     FailureKind.KV_POOL_TOO_SMALL: (

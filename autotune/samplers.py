@@ -35,6 +35,8 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.failures import FailureKind
+
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
@@ -104,9 +106,7 @@ class DefaultsStartSampler(_Wrapper):
     def _starting(self, study: Study, trial: FrozenTrial) -> bool:
         # Asked once per parameter: decided once per trial (reading every trial from storage is slow).
         if trial.number not in self._decided:
-            states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-            finished = study.get_trials(deepcopy=False, states=states)
-            self._decided = {trial.number: len(finished) < self.n_startup_trials}
+            self._decided = {trial.number: len(_finished(study)) < self.n_startup_trials}
             if self._decided[trial.number]:
                 self._server_choices = dict(study.user_attrs.get(SERVER_CHOICES_ATTR) or {})
         return self._decided[trial.number]
@@ -191,7 +191,7 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         study, space, trials = self._fitting
         self._fitting = None
         infeasible = [t for t in trials if _infeasible(t)]
-        feasible = [t for t in trials if t.state is TrialState.COMPLETE and not _infeasible(t)]
+        feasible = [t for t in trials if _feasible(t)]
         if not infeasible or not feasible:
             return score
         build = super()._build_parzen_estimator
@@ -247,6 +247,163 @@ class WithoutBaseline(_Wrapper):
         return self.base.sample_independent(_with_params(study), trial, param_name, param_distribution)
 
 
+_FLAG_TO_LOWER = {kind.value: kind.flag_to_lower for kind in FailureKind if kind.flag_to_lower}
+
+
+def _finished(study: Study) -> list[FrozenTrial]:
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return study.get_trials(deepcopy=False, states=states)
+
+
+_Key = tuple[tuple[str, str], ...]  # a config's parameters, comparable across trials
+
+
+def _key(params: dict[str, Any]) -> _Key:
+    return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def _contains(distribution: BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, CategoricalDistribution):
+        return any(value == choice and type(value) is type(choice) for choice in distribution.choices)
+    if isinstance(distribution, FloatDistribution | IntDistribution):
+        return isinstance(value, int | float) and distribution.low <= value <= distribution.high
+    return False
+
+
+class IncumbentMoves(_Wrapper):
+    """`base`, with two kinds of trial a person tuning by hand would run, planned from the trials so far.
+
+    - A repair: a trial that failed in a way SGLang says a smaller value of one flag cures (CUDA graph
+      capture out of memory: a smaller --cuda-graph-max-bs) runs again at once with the smallest value of
+      that flag the search space has below the one that failed, the rest unchanged. The config it could not
+      start is then measured after all: EAGLE-3 with SGLang's own graph batch never starts on the seed's
+      node, so without repairs a sampler learns that speculation fails rather than what it is worth.
+    - A move: after the start, with probability `share`, a trial changes one knob of the best feasible
+      trial so far (two with probability `second`); knobs that only exist under the new value (a switched-on
+      speculative algorithm's tree) are drawn at random. The landscape is mostly a product of each knob's
+      own factor, which moves climb directly; TPE's trials in between keep the search global.
+
+    A config that already ran is not planned again. Multi-objective studies get `base` alone: they have
+    no single best trial to move from.
+    """
+
+    def __init__(
+        self,
+        base: BaseSampler,
+        *,
+        n_startup_trials: int = 10,
+        share: float = 0.5,
+        second: float = 0.3,
+        seed: int | None = None,
+    ) -> None:
+        for name, value in (("share", share), ("second", second)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"`0 <= {name} <= 1` must hold, but got ({name}={value}).")
+        self.base = base
+        self.n_startup_trials = n_startup_trials
+        self.share = share
+        self.second = second
+        self._rng = random.Random(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._plans: dict[int, dict[str, Any] | None] = {}
+
+    def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        # Asked once per parameter: planned once per trial.
+        if trial.number not in self._plans:
+            self._plans = {trial.number: self._new_plan(study)}
+        return self._plans[trial.number]
+
+    def _new_plan(self, study: Study) -> dict[str, Any] | None:
+        finished = _finished(study)
+        tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        repair = self._repair(finished, tried)
+        if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
+            return repair
+        if self._rng.random() >= self.share:
+            return None
+        feasible = [t for t in finished if t.params and _feasible(t)]
+        if not feasible:
+            return None
+        sign = 1 if study.direction is optuna.study.StudyDirection.MAXIMIZE else -1
+        best = max(feasible, key=lambda t: sign * cast(float, t.value))
+        for _ in range(20):  # a move that repeats a tried config is drawn again
+            move = self._move(best)
+            if _key(move) not in tried:
+                return move
+        return None
+
+    def _repair(self, finished: list[FrozenTrial], tried: set[_Key]) -> dict[str, Any] | None:
+        for failed in sorted(finished, key=lambda t: -t.number):
+            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
+            if flag is None or flag not in failed.params:
+                continue
+            # Unset means SGLang's own value, which the server logged before it failed.
+            current = failed.params[flag]
+            if current is None:
+                current = (failed.user_attrs.get(SERVER_CHOICES_ATTR) or {}).get(flag)
+            smaller = [c for c in _numbers(failed.distributions[flag]) if current is None or c < current]
+            if smaller:
+                repaired = {**failed.params, flag: min(smaller)}
+                if _key(repaired) not in tried:
+                    return repaired
+        return None
+
+    def _move(self, best: FrozenTrial) -> dict[str, Any]:
+        params = dict(best.params)
+        count = 2 if self._rng.random() < self.second and len(params) > 1 else 1
+        for name in self._rng.sample(sorted(params), count):
+            params[name] = self._changed(best.distributions[name], params[name])
+        return params
+
+    def _changed(self, distribution: BaseDistribution, value: Any) -> Any:
+        """Another value: any other choice, or a few steps away on a range."""
+        if isinstance(distribution, CategoricalDistribution):
+            others = [c for c in distribution.choices if not (c == value and type(c) is type(value))]
+            return self._rng.choice(others) if others else value
+        if isinstance(distribution, FloatDistribution):
+            step = distribution.step or (distribution.high - distribution.low) / 25
+            return nearest(distribution, value + step * self._rng.choice([-3, -2, -1, 1, 2, 3]))
+        if isinstance(distribution, IntDistribution):
+            return self._rng.randint(distribution.low, distribution.high)
+        return value
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        planned = self._plan(study, trial) is not None
+        return {} if planned else self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        planned = self._plan(study, trial) is not None
+        return {} if planned else self.base.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        plan = self._plan(study, trial)
+        if plan is None:
+            return self.base.sample_independent(study, trial, param_name, param_distribution)
+        if param_name in plan and _contains(param_distribution, plan[param_name]):
+            return plan[param_name]
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def reseed_rng(self) -> None:
+        super().reseed_rng()
+        self._random.reseed_rng()
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    return trial.state is TrialState.COMPLETE and trial.value is not None and not _infeasible(trial)
+
+
+def _numbers(distribution: BaseDistribution) -> list[float]:
+    if isinstance(distribution, CategoricalDistribution):
+        return [c for c in distribution.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    if isinstance(distribution, IntDistribution):
+        return list(range(distribution.low, distribution.high + 1, distribution.step))
+    return []
+
+
 def gp(seed: int | None) -> BaseSampler:
     """Optuna's GPSampler (it needs PyTorch), searching the trials that set parameters."""
     return WithoutBaseline(optuna.samplers.GPSampler(seed=seed))
@@ -258,6 +415,7 @@ def tpe(
     n_startup_trials: int = 10,
     keep_default: float = 0.8,
     feasibility_weight: float = 1.0,
+    moves: float = 0.8,
     **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
@@ -268,4 +426,7 @@ def tpe(
     base = FeasibleTPESampler(
         seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
     )
-    return DefaultsStartSampler(base, n_startup_trials=n_startup_trials, keep_default=keep_default, seed=seed)
+    start = DefaultsStartSampler(
+        base, n_startup_trials=n_startup_trials, keep_default=keep_default, seed=seed
+    )
+    return IncumbentMoves(start, n_startup_trials=n_startup_trials, share=moves, seed=seed)

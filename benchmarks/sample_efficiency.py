@@ -22,7 +22,7 @@ The best known config of each profile is the best of a large random sample of th
 this script and searched again when the model's answer for it changes, or with --recompute-best.
 
     python benchmarks/sample_efficiency.py            # both profiles, budgets 10 20 40 80, 10 seeds
-    python benchmarks/sample_efficiency.py --samplers tpe-plain,tpe/no-feasibility   # more to compare
+    python benchmarks/sample_efficiency.py --samplers tpe-plain,tpe/no-moves   # more to compare
     python benchmarks/sample_efficiency.py --quick    # smoke run: seed profile, budgets 4 8, 2 seeds
 """
 
@@ -88,7 +88,9 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/keep0.9": _tpe_variant(keep_default=0.9),
     "tpe/independent": _tpe_variant(multivariate=False, group=False),
     "tpe/ei128": _tpe_variant(n_ei_candidates=128),
-    "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0),  # the default before c-TPE's term
+    "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0, moves=0.0),  # the default before c-TPE's term
+    "tpe/no-moves": _tpe_variant(moves=0.0),  # the default before moves from the best trial and repairs
+    "tpe/moves0.5": _tpe_variant(moves=0.5),
     # Oracles, not methods: the default told the seed's best known speculative mode, and its NCCL transport.
     "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
         {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
