@@ -13,6 +13,10 @@ After the start, `FeasibleTPESampler` also learns where the feasible region ends
 next to the memory limit, and plain TPE, which only sees out-of-memory trials as bad values, keeps
 proposing their neighbours that do not start.
 
+`IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
+and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
+message advises. benchmarks/RESULTS.md has the measurements behind each of these choices.
+
 `WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
 parameters every trial shares, such as Optuna's GPSampler (`gp`).
 """
@@ -419,9 +423,10 @@ def tpe(
     **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
-    the defaults, steering clear of the configs that run out of memory. The keyword arguments change its
-    settings (`options` go to TPESampler; `feasibility_weight=0` is plain TPE after the start), for
-    measuring other settings against it (benchmarks/sample_efficiency.py)."""
+    the defaults, steering clear of the configs that run out of memory, with a share `moves` of the trials
+    after the start moving from the best trial, and repairs of CUDA-graph OOMs. The keyword arguments change
+    its settings (`options` go to TPESampler; `feasibility_weight=0` and `moves=0` leave plain TPE after
+    the start, repairs aside), for measuring other settings against it (benchmarks/sample_efficiency.py)."""
     settings = {"multivariate": True, "group": True, **options}
     base = FeasibleTPESampler(
         seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings

@@ -59,7 +59,7 @@ DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-s
 JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.nccl_bench")}
 
 SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
-    "tpe": samplers.tpe,  # TPE started near SGLang's defaults: see autotune.samplers
+    "tpe": samplers.tpe,  # TPE started near SGLang's defaults, with moves and repairs: see autotune.samplers
     "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
     "gp": samplers.gp,  # needs PyTorch
