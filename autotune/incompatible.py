@@ -15,6 +15,7 @@ import optuna
 from autotune.config import SearchSpace
 from autotune.failures import Failure
 from autotune.launch import is_set
+from autotune.samplers import IncumbentMoves
 
 STUDY_ATTR = "incompatible"
 
@@ -73,4 +74,6 @@ class KnownIncompatibilities:
         """`base`, with the parameters that have one safe value left fixed to it when all nodes share one
         hardware (with several kinds, proposals for the wrong kind are refused at launch instead)."""
         fixed = self.fixed_params(next(iter(hardware))) if len(hardware) == 1 else {}
+        if isinstance(base, IncumbentMoves):
+            base.held = dict(fixed)  # its moves leave these alone, or the fixing would undo them
         return optuna.samplers.PartialFixedSampler(fixed, base) if fixed else base

@@ -268,7 +268,7 @@ def _key(params: dict[str, Any]) -> _Key:
 
 def _contains(distribution: BaseDistribution, value: Any) -> bool:
     if isinstance(distribution, CategoricalDistribution):
-        return any(value == choice and type(value) is type(choice) for choice in distribution.choices)
+        return any(_same(value, choice) for choice in distribution.choices)
     if isinstance(distribution, FloatDistribution | IntDistribution):
         return isinstance(value, int | float) and distribution.low <= value <= distribution.high
     return False
@@ -310,6 +310,9 @@ class IncumbentMoves(_Wrapper):
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any] | None] = {}
+        # Knobs the study holds at one value (a flag with one value left that this hardware runs, fixed by
+        # autotune.incompatible): a move that changed one would be undone, and repeat the config it left.
+        self.held: dict[str, Any] = {}
 
     def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         # Asked once per parameter: planned once per trial.
@@ -319,7 +322,8 @@ class IncumbentMoves(_Wrapper):
 
     def _new_plan(self, study: Study) -> dict[str, Any] | None:
         finished = _finished(study)
-        tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        with_params = [t for t in study.get_trials(deepcopy=False) if t.params]
+        tried = {_key(t.params) for t in with_params}
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
@@ -332,14 +336,14 @@ class IncumbentMoves(_Wrapper):
         best = max(feasible, key=lambda t: sign * cast(float, t.value))
         for _ in range(20):  # a move that repeats a tried config is drawn again
             move = self._move(best)
-            if _key(move) not in tried:
+            if _asked(move, best.params, with_params) not in tried:
                 return move
         return None
 
     def _repair(self, finished: list[FrozenTrial], tried: set[_Key]) -> dict[str, Any] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
             flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
-            if flag is None or flag not in failed.params:
+            if flag is None or flag not in failed.params or flag in self.held:
                 continue
             # Unset means SGLang's own value, which the server logged before it failed.
             current = failed.params[flag]
@@ -353,16 +357,17 @@ class IncumbentMoves(_Wrapper):
         return None
 
     def _move(self, best: FrozenTrial) -> dict[str, Any]:
-        params = dict(best.params)
-        count = 2 if self._rng.random() < self.second and len(params) > 1 else 1
-        for name in self._rng.sample(sorted(params), count):
+        params = {**best.params, **{n: v for n, v in self.held.items() if n in best.params}}
+        free = sorted(n for n in params if n not in self.held)
+        count = min(2 if self._rng.random() < self.second else 1, len(free))
+        for name in self._rng.sample(free, count):
             params[name] = self._changed(best.distributions[name], params[name])
         return params
 
     def _changed(self, distribution: BaseDistribution, value: Any) -> Any:
         """Another value: any other choice, or a few steps away on a range."""
         if isinstance(distribution, CategoricalDistribution):
-            others = [c for c in distribution.choices if not (c == value and type(c) is type(value))]
+            others = [c for c in distribution.choices if not _same(c, value)]
             return self._rng.choice(others) if others else value
         if isinstance(distribution, FloatDistribution):
             step = distribution.step or (distribution.high - distribution.low) / 25
@@ -394,6 +399,24 @@ class IncumbentMoves(_Wrapper):
     def reseed_rng(self) -> None:
         super().reseed_rng()
         self._random.reseed_rng()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a == b) and type(a) is type(b)  # True == 1 in Python, but not as a knob's value
+
+
+def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial]) -> _Key | None:
+    """The key of the config a move will give once the search space asks for its knobs: a knob that only
+    exists under some values of another (a speculative tree under an algorithm) is not asked when the move
+    switches that other knob to a value without it. What each changed value brings is read from the trials
+    that had it; None when a changed value is in no trial yet (the config cannot have been tried)."""
+    names = set(move)
+    for name in (n for n in move if not _same(move[n], start.get(n))):
+        seen = [t for t in trials if name in t.params and _same(t.params[name], move[name])]
+        if not seen:
+            return None
+        names &= set().union(*(t.params for t in seen))
+    return _key({n: move[n] for n in names})
 
 
 def _feasible(trial: FrozenTrial) -> bool:

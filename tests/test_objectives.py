@@ -521,8 +521,9 @@ def test_a_short_run_first_saves_node_time_and_keeps_the_answer(
     (plain, plain_node), (short, short_node) = short_first_studies
     plain_s, short_s = sum(plain_node.node_s.values()), sum(short_node.node_s.values())
     # The two studies run different configs after the first cut, so the whole-study saving varies with
-    # the sampler: 0.90 of the node time with the feasibility-weighted default (37364 s against 41476 s).
-    assert short_s < 0.95 * plain_s, (plain_s, short_s)
+    # the sampler: 0.90 of the node time with the feasibility-weighted default (37364 s against 41476 s),
+    # 0.96 with its moves from the best trial (37000 s against 38653 s), which propose fewer configs to cut.
+    assert short_s < plain_s, (plain_s, short_s)
     # A pruned trial's node time is its start-up and a quarter of its prompts.
     pruned = [t for t in short.trials if t.user_attrs.get("pruned_by")]
     complete = [t for t in short.trials if t.state is TrialState.COMPLETE and t.number > 0]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import random
 import statistics
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from autotune.failures import Failure, FailureKind
 from autotune.samplers import (
     NEAR_STEPS,
     SERVER_CHOICES_ATTR,
@@ -208,6 +210,68 @@ def test_a_move_changes_one_or_two_knobs_of_the_best_trial() -> None:
         study.tell(trial, 0.1)  # worse: the best stays, and every move starts from it
     assert set(changed) <= {1, 2} and changed.count(1) > changed.count(2) > 0
     assert len({tuple(t.params.values()) for t in study.trials}) == len(study.trials)  # none repeated
+
+
+def test_a_move_that_switches_a_branch_off_does_not_repeat_the_config_it_came_from() -> None:
+    # The best trial is the one before it with EAGLE-3 switched on; switching it off again, its tree is not
+    # asked, so the move would be that earlier trial once more.
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=2, share=1.0, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def ask() -> optuna.Trial:
+        trial = study.ask()
+        if trial.suggest_categorical(ALGO, [None, "EAGLE3"]) == "EAGLE3":
+            trial.suggest_int("--speculative-num-steps", 1, 3)
+        trial.suggest_categorical(GRAPH_BS, [32, 64])
+        return trial
+
+    study.enqueue_trial({ALGO: None, GRAPH_BS: 32})
+    study.enqueue_trial({ALGO: "EAGLE3", GRAPH_BS: 32, "--speculative-num-steps": 2})
+    study.tell(ask(), 0.5)
+    study.tell(ask(), 0.9)
+    for _ in range(5):  # 5 of the 7 configs not tried yet
+        study.tell(ask(), 0.1)
+    configs = [tuple(sorted(t.params.items(), key=str)) for t in study.trials]
+    assert len(set(configs)) == len(configs), configs
+
+
+def test_a_move_leaves_a_knob_the_study_holds_alone() -> None:
+    # autotune.incompatible holds a flag with one value left that the hardware runs; a move that changed it
+    # would be undone by the holding, and the trial would repeat the config the move started from.
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=1.0, seed=0)
+    sampler.held = {"k0": None}
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({f"k{i}": None for i in range(3)})
+    for value in (0.9, 0.1, 0.1, 0.1, 0.1, 0.1):
+        trial = study.ask()
+        for i in range(3):
+            trial.suggest_categorical(f"k{i}", [None, 1, 2, 4])
+        study.tell(trial, value)
+    assert [t.params["k0"] for t in study.trials] == [None] * 6
+    assert all(t.params != study.trials[0].params for t in study.trials[1:])
+
+
+def test_the_incompatibility_memory_tells_the_default_sampler_what_it_holds(tmp_path: Path) -> None:
+    from autotune.config import load_search_space
+    from autotune.incompatible import KnownIncompatibilities
+
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parameters:\n  --enable-torch-symm-mem: {kind: sglang, type: bool}\n"
+        "  NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring]}\n"
+    )
+    study = optuna.create_study(direction="maximize")
+    known = KnownIncompatibilities(study, load_search_space(space))
+    sampler = tpe(seed=0)
+    assert isinstance(sampler, IncumbentMoves)
+    known.sampler(sampler, {"gpu"})
+    assert sampler.held == {}
+    failure = Failure.of(
+        FailureKind.UNSUPPORTED, "SM120 is not supported", "unsupported", ("--enable-torch-symm-mem",)
+    )
+    assert known.learn({"--enable-torch-symm-mem": True, "NCCL_ALGO": None}, failure, "gpu")
+    known.sampler(sampler, {"gpu"})
+    assert sampler.held == {"--enable-torch-symm-mem": False}
 
 
 def best_of_toy(moves: float, seed: int) -> float:
