@@ -326,6 +326,8 @@ def _existing_study(study: Study) -> Any:
 
 
 def _trial_record(trial: Any) -> dict[str, Any]:
+    from autotune.samplers import PROPOSED_ATTR
+
     values = trial.values
     return {
         "number": trial.number,
@@ -337,6 +339,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "pruned_by": trial.user_attrs.get("pruned_by"),
         "short_value": trial.user_attrs.get("short_value"),
         "remeasure_of": trial.user_attrs.get("remeasure_of"),
+        "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "params": dict(trial.params),
         "baseline": bool(trial.user_attrs.get("baseline")),
         "failure_kind": trial.user_attrs.get("failure_kind"),
@@ -406,6 +409,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
+    if t.get("proposed"):
+        notes.append(t["proposed"])
     return notes
 
 

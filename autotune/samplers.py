@@ -44,6 +44,7 @@ from autotune.failures import FailureKind
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
+PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 
 
 def default_of(distribution: BaseDistribution) -> Any:
@@ -317,10 +318,14 @@ class IncumbentMoves(_Wrapper):
     def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         # Asked once per parameter: planned once per trial.
         if trial.number not in self._plans:
-            self._plans = {trial.number: self._new_plan(study)}
+            plan, why = self._new_plan(study) or (None, "")
+            if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
+                study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)
+            self._plans = {trial.number: plan}
         return self._plans[trial.number]
 
-    def _new_plan(self, study: Study) -> dict[str, Any] | None:
+    def _new_plan(self, study: Study) -> tuple[dict[str, Any], str] | None:
+        """The next trial's config and why, or None to leave the trial to `base`."""
         finished = _finished(study)
         with_params = [t for t in study.get_trials(deepcopy=False) if t.params]
         tried = {_key(t.params) for t in with_params}
@@ -337,10 +342,11 @@ class IncumbentMoves(_Wrapper):
         for _ in range(20):  # a move that repeats a tried config is drawn again
             move = self._move(best)
             if _asked(move, best.params, with_params) not in tried:
-                return move
+                changed = ", ".join(n for n in move if not _same(move[n], best.params.get(n)))
+                return move, f"a move from trial {best.number}, the best so far: {changed} changed"
         return None
 
-    def _repair(self, finished: list[FrozenTrial], tried: set[_Key]) -> dict[str, Any] | None:
+    def _repair(self, finished: list[FrozenTrial], tried: set[_Key]) -> tuple[dict[str, Any], str] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
             flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
             if flag is None or flag not in failed.params or flag in self.held:
@@ -353,7 +359,8 @@ class IncumbentMoves(_Wrapper):
             if smaller:
                 repaired = {**failed.params, flag: min(smaller)}
                 if _key(repaired) not in tried:
-                    return repaired
+                    kind = failed.user_attrs["failure_kind"]
+                    return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
         return None
 
     def _move(self, best: FrozenTrial) -> dict[str, Any]:

@@ -12,9 +12,11 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from autotune.cli import _status_notes, _trial_record
 from autotune.failures import Failure, FailureKind
 from autotune.samplers import (
     NEAR_STEPS,
+    PROPOSED_ATTR,
     SERVER_CHOICES_ATTR,
     DefaultsStartSampler,
     FeasibleTPESampler,
@@ -170,6 +172,10 @@ def test_a_config_that_ran_out_of_memory_capturing_graphs_runs_again_with_the_sm
     repair = ask_launch(study)
     assert repair.params == {ALGO: "EAGLE3", GRAPH_BS: 32}
     tell_failed(study, repair, "cuda_graph_oom")
+    # `autotune status` says why the trial ran.
+    why = "a repair of trial 0 (cuda_graph_oom): --cuda-graph-max-bs 32"
+    assert study.trials[1].system_attrs[PROPOSED_ATTR] == why
+    assert why in _status_notes(_trial_record(study.trials[1]))
     # Nothing smaller than 32 to try, and the repair of the first failure already ran: no repair.
     assert all(ask_launch(study).params != {ALGO: "EAGLE3", GRAPH_BS: 32} for _ in range(3))
 
@@ -209,6 +215,10 @@ def test_a_move_changes_one_or_two_knobs_of_the_best_trial() -> None:
         changed.append(sum(trial.params[n] != best[n] for n in names))
         study.tell(trial, 0.1)  # worse: the best stays, and every move starts from it
     assert set(changed) <= {1, 2} and changed.count(1) > changed.count(2) > 0
+    for trial in study.trials[3:]:
+        moved = [n for n in names if trial.params[n] != best[n]]
+        why = f"a move from trial 1, the best so far: {', '.join(moved)} changed"
+        assert trial.system_attrs[PROPOSED_ATTR] == why
     assert len({tuple(t.params.values()) for t in study.trials}) == len(study.trials)  # none repeated
 
 
