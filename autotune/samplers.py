@@ -297,7 +297,7 @@ class IncumbentMoves(_Wrapper):
         base: BaseSampler,
         *,
         n_startup_trials: int = 10,
-        share: float = 0.5,
+        share: float = 0.8,
         second: float = 0.3,
         seed: int | None = None,
     ) -> None:
