@@ -409,7 +409,7 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
-    if t.get("proposed"):
+    if t["proposed"]:
         notes.append(t["proposed"])
     return notes
 

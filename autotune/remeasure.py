@@ -11,7 +11,6 @@ baseline's mean with Welch's interval: a gain whose interval reaches zero is wit
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
+from autotune.samplers import ConfigKey, config_key
 from autotune.stats import mean_ci, t_quantile
 from autotune.study_storage import BASELINE_ATTR, SKIPPED_ATTR, budget_used
 
@@ -131,10 +131,9 @@ class RemeasuredAnswer:
     unreliable: tuple[ConfigMeasurements, ...]  # re-measured configs that failed or broke a limit once
 
 
-def _config_key(trial: FrozenTrial) -> str:
-    if trial.user_attrs.get(BASELINE_ATTR):
-        return "baseline"
-    return json.dumps(sorted(trial.params.items()), default=str)
+def _config_key(trial: FrozenTrial) -> ConfigKey | str:
+    # The sampler's key: a config it does not propose twice is not grouped here as re-measured.
+    return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
 
 
 def _feasible(trial: FrozenTrial) -> bool:
@@ -146,7 +145,7 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
     if confidence is None:
         settings = ostudy.user_attrs.get(SETTINGS_ATTR) or {}
         confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
-    groups: dict[str, list[FrozenTrial]] = {}
+    groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
     for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
         if trial.state in (TrialState.WAITING, TrialState.RUNNING) or trial.user_attrs.get(SKIPPED_ATTR):
             continue

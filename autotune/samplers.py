@@ -24,7 +24,7 @@ parameters every trial shares, such as Optuna's GPSampler (`gp`).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -255,15 +255,19 @@ class WithoutBaseline(_Wrapper):
 _FLAG_TO_LOWER = {kind.value: kind.flag_to_lower for kind in FailureKind if kind.flag_to_lower}
 
 
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
 def _finished(study: Study) -> list[FrozenTrial]:
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return study.get_trials(deepcopy=False, states=states)
+    return study.get_trials(deepcopy=False, states=_FINISHED)
 
 
-_Key = tuple[tuple[str, str], ...]  # a config's parameters, comparable across trials
+ConfigKey = tuple[tuple[str, str], ...]
+_Planned = tuple[dict[str, Any], str]  # a trial's config, and why a move or a repair planned it
 
 
-def _key(params: dict[str, Any]) -> _Key:
+def config_key(params: Mapping[str, Any]) -> ConfigKey:
+    """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
 
 
@@ -324,11 +328,12 @@ class IncumbentMoves(_Wrapper):
             self._plans = {trial.number: plan}
         return self._plans[trial.number]
 
-    def _new_plan(self, study: Study) -> tuple[dict[str, Any], str] | None:
+    def _new_plan(self, study: Study) -> _Planned | None:
         """The next trial's config and why, or None to leave the trial to `base`."""
-        finished = _finished(study)
-        with_params = [t for t in study.get_trials(deepcopy=False) if t.params]
-        tried = {_key(t.params) for t in with_params}
+        trials = study.get_trials(deepcopy=False)  # one read of storage per planned trial
+        finished = [t for t in trials if t.state in _FINISHED]
+        with_params = [t for t in trials if t.params]
+        tried = {config_key(t.params) for t in with_params}
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
@@ -346,7 +351,9 @@ class IncumbentMoves(_Wrapper):
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
         return None
 
-    def _repair(self, finished: list[FrozenTrial], tried: set[_Key]) -> tuple[dict[str, Any], str] | None:
+    def _repair(
+        self, finished: list[FrozenTrial], tried: set[ConfigKey]
+    ) -> tuple[dict[str, Any], str] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
             flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
             if flag is None or flag not in failed.params or flag in self.held:
@@ -358,7 +365,7 @@ class IncumbentMoves(_Wrapper):
             smaller = [c for c in _numbers(failed.distributions[flag]) if current is None or c < current]
             if smaller:
                 repaired = {**failed.params, flag: min(smaller)}
-                if _key(repaired) not in tried:
+                if config_key(repaired) not in tried:
                     kind = failed.user_attrs["failure_kind"]
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
         return None
@@ -412,7 +419,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b)  # True == 1 in Python, but not as a knob's value
 
 
-def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial]) -> _Key | None:
+def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial]) -> ConfigKey | None:
     """The key of the config a move will give once the search space asks for its knobs: a knob that only
     exists under some values of another (a speculative tree under an algorithm) is not asked when the move
     switches that other knob to a value without it. What each changed value brings is read from the trials
@@ -423,7 +430,7 @@ def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial
         if not seen:
             return None
         names &= set().union(*(t.params for t in seen))
-    return _key({n: move[n] for n in names})
+    return config_key({n: move[n] for n in names})
 
 
 def _feasible(trial: FrozenTrial) -> bool:
