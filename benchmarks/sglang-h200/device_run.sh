@@ -40,7 +40,8 @@ if [ -z "${NO_MODEL:-}" ] && [ ! -f /tmp/model-8b/config.json ]; then
   say "model folder /tmp/model-8b (config + tokenizer; weights are --load-format dummy)"
 fi
 
-alive() { [ -f $W/pid ] && kill -0 "$(cat $W/pid)" 2>/dev/null; }
+# The pid is the driver's own (bash execs it): a zombie or a reused pid has no autotune command line.
+alive() { [ -f $W/pid ] && grep -qa autotune "/proc/$(cat $W/pid)/cmdline" 2>/dev/null; }
 MODE=${MODE:-study}
 if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
   if alive; then say "the $(cat $W/mode) is running (pid $(cat $W/pid)): following it"
@@ -51,7 +52,9 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
     else
       args=(compare "$STUDY" --rounds "${ROUNDS:-6}" --json $W/compare.json)
     fi
-    (cd $W && setsid nohup python3 -m autotune "${args[@]}" >> $W/$MODE.log 2>&1 < /dev/null & echo $! > $W/pid)
+    rm -f $W/pid
+    (cd $W && setsid nohup bash -c 'echo $$ > pid; exec python3 -m autotune "$@"' _ "${args[@]}" >> $W/$MODE.log 2>&1 < /dev/null &)
+    for _ in $(seq 50); do [ -s $W/pid ] && break; sleep 0.1; done
     echo "$MODE" > $W/mode
     say "started: python3 -m autotune ${args[*]} (pid $(cat $W/pid))"
   fi
