@@ -5,8 +5,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from autotune.errors import ForbiddenLaunchError
+
+if TYPE_CHECKING:
+    from autotune.dialect import Dialect
 
 # Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
 # of them (`--api-key`) too. Word match for flags, because `--max-total-tokens` is no secret.
@@ -103,13 +107,18 @@ def build_server_launch(
     draft_model_path: str | None = None,
     never_launch_env: Mapping[str, Collection[str]] | None = None,
     never_launch_flags: Collection[str] = (),
+    dialect: Dialect | None = None,
 ) -> ServerLaunch:
     """Build argv as command, --model-path, base flags, trial flags, --host, --port, draft model path.
 
-    Raises ForbiddenLaunchError when the result would use a never-launch env value or flag.
+    With a `dialect` (the node's SGLang version), base and trial flags are spelled as that version takes
+    them, and knobs it lacks are left out (held at its default). Raises ForbiddenLaunchError when the
+    result would use a never-launch env value or flag.
     """
     argv: list[str] = [*command, "--model-path", model_path]
     for flags in (base_flags or {}, config.flags):
+        if dialect is not None:
+            flags = dialect.translate(flags).flags
         for flag, value in flags.items():
             argv += [flag] if value is None else [flag, value]
     argv += ["--host", host, "--port", str(port)]
