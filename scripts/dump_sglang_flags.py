@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             "by": "scripts/dump_sglang_flags.py (ServerArgs.add_cli_args of sglang.srt.server_args)",
             "command": " ".join(["python", "scripts/dump_sglang_flags.py", *(argv or sys.argv[1:])]),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "stubbed_modules": sorted(finder.stubbed),
+            "sglang_from": str(Path(sys.modules["sglang"].__file__ or "sglang").parent),
+            "stubbed_modules": sorted(finder.stubbed),  # empty with a full install
         },
         "flags": flag_table(parser),
     }

@@ -59,8 +59,8 @@ class _Equivalents:
                 if rename is None or rename.use is None or rename.error is not None:
                     continue
                 if rename.value is not None and not flag.takes_value:
-                    for option in flag.options:
-                        switch_for[option] = (rename.use, rename.value)
+                    for option in flag.options:  # `use` may spell the value too: --x-backend=disabled
+                        switch_for[option] = (rename.use.split("=", 1)[0], rename.value)
                 elif rename.value is None:
                     join([*flag.options, rename.use])
                     renamed.update((option, rename.use) for option in flag.options)
