@@ -125,7 +125,11 @@ def build_server_launch(
     if draft_model_path is not None:
         argv += ["--speculative-draft-model-path", draft_model_path]
     launch = ServerLaunch(argv=tuple(argv), env={**(base_env or {}), **config.env}, host=host, port=port)
-    check_never_launch(launch, env=never_launch_env or {}, flags=never_launch_flags)
+    # Forbidden flags are named as the user spells them: check the knobs as well as their translation.
+    knobs = (*(base_flags or {}), *config.flags)
+    check_never_launch(
+        replace(launch, argv=(*launch.argv, *knobs)), env=never_launch_env or {}, flags=never_launch_flags
+    )
     return launch
 
 

@@ -22,7 +22,7 @@ from autotune.dialect import (
     load_table,
     table_from_help,
 )
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.launch import TrialConfig, build_server_launch
 from autotune.nodecheck import GPU, NodeReport, check_node
 from autotune.runner import LocalCommandRunner
@@ -193,6 +193,19 @@ def test_base_flags_are_translated_too() -> None:
         dialect=Dialect(table("0.5.23")),
     )
     assert launch.argv.count("--cuda-graph-max-bs-decode") == 2 and "--cuda-graph-max-bs" not in launch.argv
+
+
+def test_a_never_launch_flag_is_refused_under_its_translation_too() -> None:
+    with pytest.raises(ForbiddenLaunchError, match="--enable-flashinfer-allreduce-fusion"):
+        build_server_launch(
+            command=["sglang", "serve"],
+            model_path="/m",
+            config=TrialConfig(flags={"--enable-flashinfer-allreduce-fusion": None}),
+            host="h",
+            port=1,
+            never_launch_flags=["--enable-flashinfer-allreduce-fusion"],
+            dialect=Dialect(table("0.5.17")),  # which writes --flashinfer-allreduce-fusion-backend auto
+        )
 
 
 # ---- the node learns its server's flags ----
