@@ -5,12 +5,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
+from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
-
-if TYPE_CHECKING:
-    from autotune.dialect import Dialect
 
 # Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
 # of them (`--api-key`) too. Word match for flags, because `--max-total-tokens` is no secret.
