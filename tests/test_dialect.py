@@ -17,6 +17,7 @@ from autotune.dialect import (
     Dialect,
     FlagTable,
     FlagTableError,
+    Held,
     committed_table,
     committed_versions,
     load_table,
@@ -223,23 +224,52 @@ def test_help_output_becomes_a_table() -> None:
     assert "--help" not in learned
 
 
+SERVER_WITHOUT_TABLE = """
+import argparse
+__version__ = "9.9.9"  # no committed table: the node check reads this server's --help
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--mem-fraction-static", type=float)
+    parser.add_argument("--attention-backend", choices=["triton", "fa3"])
+    parser.add_argument("--disable-custom-all-reduce", action="store_true")
+    parser.parse_args()
+"""
+
+
 def test_node_check_learns_the_flags_from_help_and_keeps_them_in_the_fingerprint(tmp_path: Path) -> None:
     from autotune.sim.nvidia_smi import __file__ as nvidia_smi_sim
 
+    (tmp_path / "server_9_9_9.py").write_text(SERVER_WITHOUT_TABLE)
     report = check_node(
         "n",
         LocalCommandRunner(),
-        command=SIM,
-        env={"SGLANG_SIM_HARDWARE": "h200-nvlink-x8"},
+        command=[sys.executable, "-m", "server_9_9_9"],
+        env={"SGLANG_SIM_HARDWARE": "h200-nvlink-x8", "PYTHONPATH": str(tmp_path)},
         host="127.0.0.1",
         port=None,
         log_dir=str(tmp_path),
         nvidia_smi=(sys.executable, nvidia_smi_sim),
     )
     assert report.ok, report.problems
-    assert report.server_flags is not None and "--mem-fraction-static" in report.server_flags
-    assert report.server_flags.source.endswith("--help")
-    assert report.hardware is not None and report.hardware.endswith(f", flags {report.server_flags.digest}")
+    assert report.server_version == "9.9.9" and report.server_flags is not None
+    assert report.server_flags.options == {
+        "--model-path",
+        "--mem-fraction-static",
+        "--attention-backend",
+        "--disable-custom-all-reduce",
+    }
+    assert report.server_flags.source.endswith("server_9_9_9 --help")
+    assert report.hardware is not None and report.hardware.endswith(
+        f", SGLang 9.9.9, flags {report.server_flags.digest}"
+    )
+    dialect = Dialect(report.server_flags, notice=lambda text: None)
+    assert dialect.translate_flag("--attention-backend", "flashinfer") == Held(
+        "--attention-backend",
+        "flashinfer",
+        "9.9.9",
+        "it does not take 'flashinfer' (it takes one of triton, fa3)",
+    )
 
 
 def test_node_check_takes_the_committed_table_of_its_version(tmp_path: Path) -> None:
