@@ -269,10 +269,12 @@ def server_flags(
     runner: CommandRunner, command: Sequence[str], env: Mapping[str, str], version: str | None
 ) -> FlagTable | None:
     """The flags `command` accepts: the committed table of exactly `version`, else its `--help` (None
-    when that fails: launches then pass the search space's flags unchanged)."""
+    when that fails, or for a command that is no SGLang: launches then pass the flags unchanged)."""
     table = committed_table(version) if version else None
     if table is not None:
         return table
+    if not version and not any("sglang" in word for word in command):
+        return None  # a job's command (autotune.nccl_bench): its --help could run it
     done = runner.run([*command, "--help"], env, HELP_TIMEOUT_S)
     if done.returncode != 0:
         return None

@@ -291,6 +291,24 @@ def test_node_check_takes_the_committed_table_of_its_version(tmp_path: Path) -> 
     assert report.server_flags == table("0.5.23")
 
 
+def test_a_command_that_is_no_sglang_is_not_run_with_help(tmp_path: Path) -> None:
+    # A job's command declares no version: asking its --help could start the job itself.
+    marker = tmp_path / "ran"
+    (tmp_path / "some_job.py").write_text(f"if __name__ == '__main__':\n    open({str(marker)!r}, 'w')\n")
+    report = check_node(
+        "n",
+        LocalCommandRunner(),
+        command=[sys.executable, "-m", "some_job"],
+        env={"PYTHONPATH": str(tmp_path)},
+        host="127.0.0.1",
+        port=None,
+        log_dir=str(tmp_path),
+        nvidia_smi=("no-nvidia-smi-here",),
+    )
+    assert report.ok, report.problems
+    assert report.server_flags is None and not marker.exists()
+
+
 def test_the_fingerprint_changes_with_the_flag_set() -> None:
     gpus = (GPU(0, "NVIDIA H200", 143771.0, 143000.0, "580"),)
     older = NodeReport("n", gpus=gpus, server_version="0.5.23", server_flags=table("0.5.17"))
