@@ -237,6 +237,19 @@ if __name__ == "__main__":
 """
 
 
+def test_real_sglang_help_gives_the_committed_table() -> None:
+    # tests/data/sglang-0.5.23-help.txt: SGLang 0.5.23's own parser (ServerArgs.add_cli_args, loaded as the
+    # dump script does) printed by argparse's format_help with COLUMNS=80, what `sglang serve --help` prints.
+    text = (REPO / "tests" / "data" / "sglang-0.5.23-help.txt").read_text()
+    learned, dumped = table_from_help(text, "0.5.23", "help"), table("0.5.23")
+    hidden = {o for f in dumped for o in f.options if f.help_hidden}
+    assert learned.options == dumped.options - hidden and len(hidden) == 2
+    for option in learned.options:
+        mine, real = learned.get(option), dumped.get(option)
+        assert mine is not None and real is not None
+        assert (mine.takes_value, mine.choices) == (real.takes_value, real.choices), option
+
+
 def test_node_check_learns_the_flags_from_help_and_keeps_them_in_the_fingerprint(tmp_path: Path) -> None:
     from autotune.sim.nvidia_smi import __file__ as nvidia_smi_sim
 

@@ -45,6 +45,7 @@ class Flag:
     action: str = ""
     default: Any = None
     deprecated: Deprecation | None = None
+    help_hidden: bool = False  # argparse.SUPPRESS: absent from --help, accepted all the same
 
     def accepts(self, value: str | None) -> bool:
         """True when the parser takes `value` after this option (None: the option alone)."""
@@ -146,6 +147,7 @@ def _flag_from_row(row: Mapping[str, Any]) -> Flag:
         deprecated=Deprecation(deprecated.get("use"), deprecated.get("value"), deprecated.get("error"))
         if deprecated
         else None,
+        help_hidden=row.get("help") == argparse.SUPPRESS,
     )
 
 
@@ -195,16 +197,17 @@ def table_from_help(text: str, version: str | None, source: str) -> FlagTable:
             continue
         options: list[str] = []
         metavar = ""
-        for part in line.strip().split(", "):
+        invocation = re.split(r"\s{2,}", line.strip())[0]  # help text may follow on the same line
+        for part in invocation.split(", "):
             name, _, rest = part.partition(" ")
             if not name.startswith("-"):
                 break
             options.append(name)
             metavar = metavar or rest.strip()
-        metavar = re.split(r"\s{2,}", metavar)[0]  # help text on the same line
         choices = None
-        if metavar.startswith("{"):
-            choices = tuple(metavar[1 : metavar.index("}")].split(",")) if "}" in metavar else None
+        listed = re.match(r"^\[?\{([^}]*)\}", metavar)  # {a,b} or, for nargs, [{a,b} ...]
+        if listed:
+            choices = tuple(listed.group(1).split(","))
         dest = options[-1].lstrip("-").replace("-", "_")
         if "-h" in options or "--help" in options:
             continue
