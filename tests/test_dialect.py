@@ -404,8 +404,9 @@ def test_a_space_that_could_set_steps_without_topk_is_refused() -> None:
                 {"type": "categorical", "choices": [2, 4]}, {"type": "categorical", "choices": [4, 16]}
             )
         )
-    data = spec_space({"type": "categorical", "choices": [2]}, draft)
-    del data["parameters"][TOPK]  # type: ignore[attr-defined]
-    del data["parameters"][DRAFT]  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match="needs --speculative-eagle-topk declared too"):
-        parse_search_space(data)
+    narrower = spec_space({"type": "categorical", "choices": [2]}, draft)
+    narrower["parameters"][STEPS]["when"] = {"--speculative-algorithm": ["EAGLE3", "EAGLE"]}  # type: ignore[index]
+    narrower["parameters"]["--speculative-algorithm"]["choices"] = [None, "EAGLE3", "EAGLE"]  # type: ignore[index]
+    with pytest.raises(ConfigError, match="can be left unset while --speculative-num-steps is set"):
+        parse_search_space(narrower)
+    parse_search_space(spec_space({"type": "categorical", "choices": [1, 2]}, draft))  # the same `when`: fine

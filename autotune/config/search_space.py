@@ -376,7 +376,6 @@ class SpeculativeRules:
                         fix=f"{did_you_mean(str(choice), cls.ALGORITHMS).strip()} "
                         f"SGLang knows: {', '.join(cls.ALGORITHMS)}.".strip(),
                     )
-        cls.check_steps_have_topk(parameters)
         for name, parameter in parameters.items():
             if not cls.is_speculative_flag(name) or name == cls.ALGORITHM:
                 continue
@@ -417,19 +416,28 @@ class SpeculativeRules:
                     value=name,
                     fix=f"Declare {cls.TOPK} above {name}.",
                 )
+        cls.check_steps_have_topk(parameters)
 
     @classmethod
     def check_steps_have_topk(cls, parameters: Mapping[str, _Parameter]) -> None:
-        """SGLang fails when num-steps is set and topk is not: a space that tunes steps tunes topk too."""
-        if cls.STEPS in parameters and cls.TOPK not in parameters:
-            raise rule_error(
-                f"{cls.STEPS} needs {cls.TOPK} declared too (SGLang fails with a TypeError when steps are "
-                "set and topk is not)",
-                loc=("parameters", cls.STEPS),
-                value=cls.STEPS,
-                fix=f"Declare {cls.TOPK} below it, e.g. `{{type: categorical, choices: [1, 2, 4, 8]}}` with "
-                "the same `when`.",
-            )
+        """SGLang fails when num-steps is set and topk is not: where both are tuned, topk is suggested
+        wherever steps are (topk may also be fixed in the study's server.flags, not seen here)."""
+        if cls.STEPS not in parameters or cls.TOPK not in parameters:
+            return
+        steps_when, topk_when = parameters[cls.STEPS].when or {}, parameters[cls.TOPK].when or {}
+        for other, values in topk_when.items():  # wherever steps are suggested, topk must be too
+            if other == cls.STEPS:
+                continue
+            if other not in steps_when or any(
+                not any(same_value(v, w) for w in values) for v in steps_when[other]
+            ):
+                raise rule_error(
+                    f"{cls.TOPK} can be left unset while {cls.STEPS} is set (SGLang then fails with a "
+                    "TypeError): its condition must hold wherever the steps' does",
+                    loc=("parameters", cls.TOPK, "when", other),
+                    value=values,
+                    fix=f"Give {cls.TOPK} the same `when` as {cls.STEPS}.",
+                )
 
     @classmethod
     def _needs_algorithm(cls, name: str, parameters: Mapping[str, _Parameter]) -> bool:
