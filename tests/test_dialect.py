@@ -183,6 +183,20 @@ def test_a_knob_the_version_lacks_is_held_with_one_notice_per_study() -> None:
     )
 
 
+def test_an_older_server_gets_the_switch_a_newer_flag_value_replaced() -> None:
+    # A server from before --flashinfer-allreduce-fusion-backend (its --help lists only the switch).
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+    parser.add_argument("--cuda-graph-max-bs", type=int)
+    older = Dialect(table_from_help(parser.format_help(), "0.5.4", "help"), notice=lambda text: None)
+    assert older.translate_flag("--flashinfer-allreduce-fusion-backend", "auto") == (
+        "--enable-flashinfer-allreduce-fusion",
+        None,
+    )
+    assert older.translate_flag("--cuda-graph-max-bs-decode", "64") == ("--cuda-graph-max-bs", "64")
+    assert isinstance(older.translate_flag("--flashinfer-allreduce-fusion-backend", "trtllm"), Held)
+
+
 def test_base_flags_are_translated_too() -> None:
     launch = build_server_launch(
         command=["sglang", "serve"],

@@ -126,7 +126,8 @@ class Dialect:
         if whole is not None and whole.accepts(value):
             return whole.options[0], value  # SGLang's argparse takes a unique prefix (`--tp`); write it out
         for switch, (target, meant) in sorted(self._equivalents.switch_for.items()):
-            if target == knob and value == meant and switch in table and table.get(switch).accepts(None):  # type: ignore[union-attr]
+            older = table.get(switch)
+            if target == knob and value == meant and older is not None and older.accepts(None):
                 return switch, None  # an older version spells `--x-backend auto` as its switch
         if flag is not None and flag.deprecated is not None:
             return self._held(knob, value, f"SGLang {self.version} refuses it: {flag.deprecated.error}")
