@@ -148,6 +148,8 @@ class ConsoleReporter:
             self._line(f"known incompatible on this hardware, not tried again: {pairs}")
         elif event == "interrupting":
             self._line(f"stopping trials {info['trials']} (Ctrl-C again to stop at once)")
+        elif event == "held":
+            self._line(info["text"])
 
     def _status(self, text: str) -> None:
         self.stream.write("\r\033[K" + text)

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.benchmark import BenchmarkResult, Workload
 from autotune.config import Study
+from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
@@ -181,6 +182,7 @@ class StudyDriver:
         self.remember_incompatible = remember_incompatible
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
         self._hardware_by_node: dict[str, str | None] = {}
+        self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
 
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
@@ -295,7 +297,7 @@ class StudyDriver:
             self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return None
         try:
-            launch = study.server_launch(config)
+            launch = study.server_launch(config, dialect=self._dialect(pool, node, progress))
             reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None
             if reason is not None:
                 self._skip(ostudy, trial, reason, oom=True)
@@ -427,6 +429,17 @@ class StudyDriver:
         hardware = facts.hardware if facts is not None else None
         self._hardware_by_node[node] = hardware
         return hardware
+
+    def _dialect(self, pool: NodePool, node: str, progress: Progress) -> Dialect | None:
+        """How the server on `node` spells flags (from the node check), None where it was not learned."""
+        facts = pool.facts(node)
+        table = facts.server_flags if facts is not None else None
+        if table is None:
+            return None
+        key = (table.version, table.digest)
+        if key not in self._dialects:
+            self._dialects[key] = Dialect(table, lambda text: self.reporter("held", progress, {"text": text}))
+        return self._dialects[key]
 
     def _hardware_of(self, node: str) -> str | None:
         return self._hardware_by_node.get(node)

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 
 # Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
@@ -103,20 +104,29 @@ def build_server_launch(
     draft_model_path: str | None = None,
     never_launch_env: Mapping[str, Collection[str]] | None = None,
     never_launch_flags: Collection[str] = (),
+    dialect: Dialect | None = None,
 ) -> ServerLaunch:
     """Build argv as command, --model-path, base flags, trial flags, --host, --port, draft model path.
 
-    Raises ForbiddenLaunchError when the result would use a never-launch env value or flag.
+    With a `dialect` (the node's SGLang version), base and trial flags are spelled as that version takes
+    them, and knobs it lacks are left out (held at its default). Raises ForbiddenLaunchError when the
+    result would use a never-launch env value or flag.
     """
     argv: list[str] = [*command, "--model-path", model_path]
     for flags in (base_flags or {}, config.flags):
+        if dialect is not None:
+            flags = dialect.translate(flags).flags
         for flag, value in flags.items():
             argv += [flag] if value is None else [flag, value]
     argv += ["--host", host, "--port", str(port)]
     if draft_model_path is not None:
         argv += ["--speculative-draft-model-path", draft_model_path]
     launch = ServerLaunch(argv=tuple(argv), env={**(base_env or {}), **config.env}, host=host, port=port)
-    check_never_launch(launch, env=never_launch_env or {}, flags=never_launch_flags)
+    # Forbidden flags are named as the user spells them: check the knobs as well as their translation.
+    knobs = (*(base_flags or {}), *config.flags)
+    check_never_launch(
+        replace(launch, argv=(*launch.argv, *knobs)), env=never_launch_env or {}, flags=never_launch_flags
+    )
     return launch
 
 

@@ -37,6 +37,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
+from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
 from autotune.launch import (
     AUTO_PORT,
@@ -454,8 +455,11 @@ class Study:
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self.workdir
 
-    def server_launch(self, config: TrialConfig, port: int | None = None) -> ServerLaunch:
-        """The server launch for one trial (or `search_space.baseline()`); `port` overrides the file's.
+    def server_launch(
+        self, config: TrialConfig, port: int | None = None, dialect: Dialect | None = None
+    ) -> ServerLaunch:
+        """The server launch for one trial (or `search_space.baseline()`); `port` overrides the file's;
+        `dialect` spells the flags as the node's SGLang version takes them.
 
         Raises ForbiddenLaunchError when the launch would use a never_launch value.
         """
@@ -479,6 +483,7 @@ class Study:
             draft_model_path=draft,
             never_launch_env=self.file.never_launch.env,
             never_launch_flags=self.file.never_launch.flags,
+            dialect=dialect,
         )
 
     def job_launch(self, config: TrialConfig) -> ServerLaunch:
