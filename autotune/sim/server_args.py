@@ -1,10 +1,10 @@
-"""SGLang 0.5.4 `launch_server` command line, as the simulated node parses it.
+"""SGLang's `sglang serve` command line (0.5.17 or 0.5.23), as the simulated node parses it.
 
-`build_parser()` accepts what `python -m sglang.launch_server` accepts for the flags the tuner and its users
-touch, with SGLang's option strings, types, defaults, choices and destination names (the `ServerArgs` field
-names, so `ns.tp_size` and not argparse's `ns.tensor_parallel_size`). An unknown flag is argparse's usage
-error (exit status 2), as in SGLang. Flags the performance model ignores are still accepted, because SGLang
-accepts them.
+`build_parser(version)` accepts what that release's `sglang serve` accepts for the flags the tuner and its
+users touch, with SGLang's option strings, types, defaults, choices and destination names (the `ServerArgs`
+field names, so `ns.tp_size` and not argparse's `ns.tensor_parallel_size`). An unknown flag is argparse's
+usage error (exit status 2), as in SGLang. Flags the performance model ignores are still accepted, because
+SGLang accepts them.
 
 `check_server_args(ns)` raises what SGLang's `ServerArgs.__post_init__` raises before anything is launched
 (the speculative-decoding rules, for one), and returns the warnings it logs on the way.
@@ -13,10 +13,14 @@ accepts them.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The program name SGLang's usage and error lines carry under `python -m sglang.launch_server`.
-PROG = "launch_server.py"
+from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
+
+# The program name SGLang's usage and error lines carry (server_args.py:9355, [23] :679).
+PROG = "sglang serve"
 
 ATTENTION_BACKEND_CHOICES = [
     # Common
@@ -105,18 +109,50 @@ DEEPEP_MODE_CHOICES = ["normal", "low_latency", "auto"]
 
 SAMPLING_BACKEND_CHOICES = ["flashinfer", "pytorch"]
 
+CUDA_GRAPH_BACKEND_CHOICES = ["full", "breakable", "tc_piecewise", "disabled"]
+
 GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
 
 # Speculative algorithms of the EAGLE family: SGLang applies the same step/topk/draft rules to all of them.
 EAGLE_LIKE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return a parser for SGLang 0.5.4's `launch_server` flags (the subset the simulator knows).
+def deprecation_warning(message: str) -> str:
+    """The line SGLang's `print_deprecated_warning` writes: `logger.warning` in bold yellow before logging
+    is configured, so Python's last-resort handler prints the bare text (argparse_actions.py:28-29)."""
+    return f"\033[1;33m{message}\033[0m"
+
+
+class _DeprecatedAlias(argparse.Action):
+    """SGLang's `DeprecatedAliasStoreAction` / `DeprecatedStoreTrueAction`: store and warn at parse time."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str, **kwargs: Any) -> None:
+        self.new_flag = new_flag
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+        message = (
+            f"'{option_string}' is deprecated and will be removed in a future release. "
+            f"Use '{self.new_flag}' instead."
+        )
+        namespace.deprecation_warnings = [*namespace.deprecation_warnings, deprecation_warning(message)]
+
+
+def build_parser(version: SglangVersion | str = DEFAULT_VERSION) -> argparse.ArgumentParser:
+    """Return a parser for one SGLang release's `sglang serve` flags (the subset the simulator knows).
 
     Arguments are added in `ServerArgs` field order, so `vars(ns)` lists them as SGLang's repr does.
     """
+    release = VERSIONS[version] if isinstance(version, str) else version
     parser = argparse.ArgumentParser(prog=PROG)
+    parser.set_defaults(deprecation_warnings=[], sglang_version=release.name)
     _add_model_args(parser)
     _add_http_args(parser)
     _add_quantization_args(parser)
@@ -125,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_args(parser)
     _add_api_args(parser)
     _add_data_parallel_args(parser)
-    _add_kernel_backend_args(parser)
+    _add_kernel_backend_args(parser, release)
     _add_speculative_args(parser)
     _add_expert_parallel_args(parser)
     _add_optimization_args(parser)
+    _add_deprecated_args(parser, release)
     return parser
 
 
@@ -191,7 +228,7 @@ def _add_runtime_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stream-interval", type=int, default=1, help="The interval (in tokens) between streamed chunks."
     )
-    parser.add_argument("--stream-output", action="store_true")
+    parser.add_argument("--incremental-streaming-output", action="store_true")
     parser.add_argument("--random-seed", type=int, default=None)
     parser.add_argument("--watchdog-timeout", type=float, default=300)
     parser.add_argument("--dist-timeout", type=int, default=None)
@@ -226,21 +263,21 @@ def _add_api_args(parser: argparse.ArgumentParser) -> None:
 def _add_data_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
     parser.add_argument(
-        "--load-balance-method", type=str, default="round_robin", choices=["round_robin", "shortest_queue"]
+        "--load-balance-method",
+        type=str,
+        default="auto",
+        choices=["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"],
     )
     parser.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
 
 
-def _add_kernel_backend_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES)
-    parser.add_argument(
-        "--decode-attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES
-    )
-    parser.add_argument(
-        "--prefill-attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES
-    )
+def _add_kernel_backend_args(parser: argparse.ArgumentParser, release: SglangVersion) -> None:
+    backends = [b for b in ATTENTION_BACKEND_CHOICES if b not in release.attention_backends_removed]
+    parser.add_argument("--attention-backend", type=str, default=None, choices=backends)
+    parser.add_argument("--decode-attention-backend", type=str, default=None, choices=backends)
+    parser.add_argument("--prefill-attention-backend", type=str, default=None, choices=backends)
     parser.add_argument("--sampling-backend", type=str, default=None, choices=SAMPLING_BACKEND_CHOICES)
     parser.add_argument("--grammar-backend", type=str, default=None, choices=GRAMMAR_BACKEND_CHOICES)
 
@@ -272,7 +309,9 @@ def _add_expert_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-parallel-size", "--ep-size", "--ep", dest="ep_size", type=int, default=1)
     parser.add_argument("--moe-a2a-backend", type=str, default="none", choices=MOE_A2A_BACKEND_CHOICES)
     parser.add_argument("--moe-runner-backend", type=str, default="auto", choices=MOE_RUNNER_BACKEND_CHOICES)
-    parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+    parser.add_argument(
+        "--flashinfer-allreduce-fusion-backend", type=str, default=None, choices=["auto", "trtllm", "mnnvl"]
+    )
     parser.add_argument("--deepep-mode", type=str, default="auto", choices=DEEPEP_MODE_CHOICES)
     parser.add_argument("--ep-num-redundant-experts", type=int, default=0)
     parser.add_argument("--enable-eplb", action="store_true")
@@ -281,16 +320,20 @@ def _add_expert_parallel_args(parser: argparse.ArgumentParser) -> None:
 def _add_optimization_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-radix-cache", action="store_true")
     parser.add_argument(
-        "--cuda-graph-max-bs",
-        # 0.5.16 renames it; the old name stays, and the simulator takes both.
+        "--cuda-graph-backend-decode", type=str, default=None, choices=CUDA_GRAPH_BACKEND_CHOICES
+    )
+    parser.add_argument(
+        "--cuda-graph-backend-prefill", type=str, default=None, choices=CUDA_GRAPH_BACKEND_CHOICES
+    )
+    parser.add_argument(
         "--cuda-graph-max-bs-decode",
-        dest="cuda_graph_max_bs",
         type=int,
         default=None,
-        help="The largest batch size captured in a CUDA graph.",
+        help="Maximum batch size captured for the decode cuda graph.",
     )
-    parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None)
-    parser.add_argument("--disable-cuda-graph", action="store_true", help="Disable cuda graph.")
+    parser.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None)
+    parser.add_argument("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
+    parser.add_argument("--cuda-graph-bs-prefill", type=int, nargs="+", default=None)
     parser.add_argument("--disable-cuda-graph-padding", action="store_true")
     parser.add_argument("--enable-nccl-nvls", action="store_true")
     parser.add_argument("--enable-symm-mem", action="store_true")
@@ -309,13 +352,56 @@ def _add_optimization_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-deterministic-inference", action="store_true")
 
 
-def check_server_args(ns: argparse.Namespace) -> list[str]:
+def _add_deprecated_args(parser: argparse.ArgumentParser, release: SglangVersion) -> None:
+    """SGLang's deprecated spellings, registered last as in `add_cli_args` (server_args.py:8260)."""
+    if release.stream_output_alias:
+        parser.add_argument(
+            "--stream-output",
+            action=_DeprecatedAlias,
+            nargs=0,
+            dest="incremental_streaming_output",
+            new_flag="--incremental-streaming-output",
+        )
+    if release.legacy_cuda_graph_aliases:
+        parser.add_argument(
+            "--cuda-graph-max-bs",
+            type=int,
+            action=_DeprecatedAlias,
+            new_flag="--cuda-graph-max-bs-decode",
+            dest="cuda_graph_max_bs_decode",
+        )
+        parser.add_argument(
+            "--cuda-graph-bs",
+            type=int,
+            nargs="+",
+            action=_DeprecatedAlias,
+            new_flag="--cuda-graph-bs-decode",
+            dest="cuda_graph_bs_decode",
+        )
+    parser.add_argument(
+        "--disable-cuda-graph",
+        action=_DeprecatedAlias,
+        nargs=0,
+        default=False,
+        new_flag="--cuda-graph-backend-{decode,prefill}=disabled",
+    )
+    # Still a plain flag; `__post_init__` warns and maps it to the backend `auto` (server_args.py:3950-3959).
+    parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+
+
+def check_server_args(ns: argparse.Namespace, attention_backend: str | None = None) -> list[str]:
     """Raise what SGLang raises while it handles these arguments; return the warnings it logs meanwhile.
 
+    `attention_backend` is the backend SGLang resolves when the flag is unset (it depends on the GPU).
     Only validates: the model resolves the automatic values (speculative steps, memory) itself, from the
     same namespace, so `ns` is left as parsed.
     """
-    warnings: list[str] = []
+    warnings: list[str] = list(ns.deprecation_warnings)
+    if ns.enable_flashinfer_allreduce_fusion and ns.flashinfer_allreduce_fusion_backend is None:
+        warnings.append(
+            "--enable-flashinfer-allreduce-fusion is deprecated. "
+            "Please use --flashinfer-allreduce-fusion-backend=auto instead."
+        )
     if ns.moe_a2a_backend in ("deepep", "mooncake") and ns.ep_size != ns.tp_size:
         name = "DeepEP" if ns.moe_a2a_backend == "deepep" else "Mooncake"
         warnings.append(
@@ -330,7 +416,7 @@ def check_server_args(ns: argparse.Namespace) -> list[str]:
     if ns.pp_size > 1:
         raise ValueError("Speculative decoding is not supported with pipeline parallelism.")
     if algorithm in EAGLE_LIKE_ALGORITHMS:
-        warnings.extend(_check_eagle_args(ns, algorithm))
+        warnings.extend(_check_eagle_args(ns, algorithm, ns.attention_backend or attention_backend))
     elif algorithm == "NGRAM":
         if ns.enable_dp_attention:
             raise ValueError("Currently ngram speculative decoding does not support dp attention.")
@@ -343,43 +429,73 @@ _MAX_RUNNING_RESET = (
     "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
     "setting --max-running-requests."
 )
+# arg_groups/speculative_hook.py:672: topk > 1 with pages needs a two-pass draft decode only these implement.
+_PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
 
 
-def _check_eagle_args(ns: argparse.Namespace, algorithm: str) -> list[str]:
+def _check_eagle_args(ns: argparse.Namespace, algorithm: str, attention_backend: str | None) -> list[str]:
+    """SGLang 0.5.17's `_handle_eagle` (arg_groups/speculative_hook.py:530-681; [23] 1130-1282)."""
     warnings: list[str] = []
     if algorithm == "STANDALONE" and ns.enable_dp_attention:
         raise ValueError("Currently standalone speculative decoding does not support dp attention.")
     if ns.max_running_requests is None:
         warnings.append(_MAX_RUNNING_RESET)
-    warnings.append(
-        "Overlap scheduler is disabled because of using eagle3 or standalone speculative decoding."
-    )
+    # Spec v2 keeps the overlap scheduler; SGLang only notes it when the user turns overlap off.
+    if ns.disable_overlap_schedule:
+        warnings.append(
+            "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone speculative decoding."
+        )
     if ns.speculative_num_steps is None:
         # SGLang asserts this bare, so the traceback ends in a message-less AssertionError.
         if ns.speculative_eagle_topk is not None or ns.speculative_num_draft_tokens is not None:
             raise AssertionError()
         return warnings
     topk = ns.speculative_eagle_topk
-    if topk is None:
-        return warnings
     backends = (ns.attention_backend, ns.prefill_attention_backend, ns.decode_attention_backend)
-    if "trtllm_mha" in backends and topk > 1:
+    if "trtllm_mha" in backends and topk is not None and topk > 1:
         raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
     if topk == 1 and ns.speculative_num_draft_tokens != ns.speculative_num_steps + 1:
         warnings.append(
             "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
             "speculative_eagle_topk == 1"
         )
+    if topk is None:
+        # Steps without topk reach `speculative_eagle_topk > 1` unset (speculative_hook.py:673).
+        raise TypeError("'>' not supported between instances of 'NoneType' and 'int'")
     page_size = 1 if ns.page_size is None else ns.page_size
-    if topk > 1 and page_size > 1 and ns.attention_backend != "flashinfer":
+    if topk > 1 and page_size > 1 and attention_backend not in _PAGE_TREE_SPEC_BACKENDS:
         raise ValueError(
-            "speculative_eagle_topk > 1 with page_size > 1 is unstable and produces incorrect results for "
-            "paged attention backends. This combination is only supported for the 'flashinfer' backend."
+            f"speculative_eagle_topk > 1 with page_size > 1 is only supported on {_PAGE_TREE_SPEC_BACKENDS}; "
+            f"got attention_backend={attention_backend!r}. Use page_size == 1 or one of those backends."
         )
     return warnings
 
 
-def server_args_repr(values: dict[str, Any]) -> str:
-    """Render resolved arguments the way SGLang logs its `ServerArgs` dataclass."""
+@dataclass
+class PhaseConfig:
+    """SGLang's per-phase CUDA graph settings (model_executor/cuda_graph_config.py:88-111): same fields, same
+    order, so the dataclass repr is the one SGLang logs."""
+
+    backend: str = "disabled"
+    max_bs: int | None = None
+    bs: list[int] | None = None
+    tc_compiler: str = "eager"
+    full_prefill_max_req: int | None = None
+    full_prefill_prefix_chunk_tokens: int | None = None
+
+
+@dataclass
+class CudaGraphConfig:
+    """SGLang's `CudaGraphConfig` (cuda_graph_config.py:123-131), resolved."""
+
+    decode: PhaseConfig = field(default_factory=lambda: PhaseConfig(backend="full"))
+    prefill: PhaseConfig = field(default_factory=lambda: PhaseConfig(backend="breakable"))
+
+
+def server_args_repr(values: dict[str, Any], version: SglangVersion) -> str:
+    """Render resolved arguments the way that release logs them after `server_args=`: the `ServerArgs`
+    dataclass repr (0.5.17, engine.py:1059) or the resolved dict (0.5.23, engine.py:1185)."""
+    if version.server_args_as_dict:
+        return repr({k: asdict(v) if isinstance(v, CudaGraphConfig) else v for k, v in values.items()})
     fields = ", ".join(f"{name}={value!r}" for name, value in values.items())
     return f"ServerArgs({fields})"

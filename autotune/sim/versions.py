@@ -1,0 +1,67 @@
+"""The SGLang releases the simulated server emulates, and what differs between them.
+
+One description per release; the parser, the log lines and the behaviour read it, so a difference between
+releases lives here once. Facts: shared/reference/sglang-versions.md (read from the 0.5.17 and 0.5.23 wheels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune.errors import ConfigError
+
+VERSION_ENV = "SGLANG_SIM_VERSION"
+
+
+@dataclass(frozen=True)
+class SglangVersion:
+    """What one SGLang release does differently, as far as a tuning trial can tell."""
+
+    name: str
+    # 0.5.15-0.5.19 keep `--cuda-graph-max-bs`/`--cuda-graph-bs` as deprecated aliases
+    # (server_args.py:8315-8331);
+    # 0.5.21 removes them, so argparse's prefix matching makes `--cuda-graph-max-bs` ambiguous.
+    legacy_cuda_graph_aliases: bool
+    # `--stream-output` is a deprecated alias of `--incremental-streaming-output` until 0.5.21.
+    stream_output_alias: bool
+    # engine.py logs `server_args=ServerArgs(...)` (0.5.17:1059) or a dict (0.5.23:1185, resolved_dict()).
+    server_args_as_dict: bool
+    # cuda_graph_setup.py logs `bs=[...]` at "begin" (0.5.17:429-433) or at "end" (0.5.23:788-792).
+    capture_bs_at_end: bool
+    attention_backends_removed: tuple[str, ...] = ()
+
+
+VERSIONS: dict[str, SglangVersion] = {
+    "0.5.17": SglangVersion(
+        "0.5.17",
+        legacy_cuda_graph_aliases=True,
+        stream_output_alias=True,
+        server_args_as_dict=False,
+        capture_bs_at_end=False,
+    ),
+    "0.5.23": SglangVersion(
+        "0.5.23",
+        legacy_cuda_graph_aliases=False,
+        stream_output_alias=False,
+        server_args_as_dict=True,
+        capture_bs_at_end=True,
+        attention_backends_removed=("cutlass_mla", "dual_chunk_flash_attn"),
+    ),
+}
+DEFAULT_VERSION = "0.5.17"
+
+
+def sglang_version(env: Mapping[str, str]) -> SglangVersion:
+    """The release `SGLANG_SIM_VERSION` selects (0.5.17 when unset); another value is a `ConfigError`."""
+    raw = env.get(VERSION_ENV, "").strip() or DEFAULT_VERSION
+    try:
+        return VERSIONS[raw]
+    except KeyError:
+        raise ConfigError(
+            "environment",
+            VERSION_ENV,
+            raw,
+            f"is not an SGLang version the simulated server emulates ({', '.join(VERSIONS)})",
+            f"Set {VERSION_ENV} to one of {', '.join(VERSIONS)}, or unset it for {DEFAULT_VERSION}.",
+        ) from None
