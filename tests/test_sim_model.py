@@ -291,7 +291,8 @@ def test_prefill_graphs_capture_second_and_fail_with_their_own_text(
     text = failure_text(p)
     # SGLang 0.5.17 model_executor/runner/prefill_cuda_graph_runner.py:378-381 and the tc_piecewise hint
     # (runner_backend_utils/tc_piecewise_cuda_graph/context_manager.py:125-131).
-    assert "RuntimeError: Capture prefill CUDA graph failed: torch.OutOfMemoryError: CUDA out of memory." in text
+    wrapped = "RuntimeError: Capture prefill CUDA graph failed: torch.OutOfMemoryError: CUDA out of memory."
+    assert wrapped in text
     assert "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled" in text
     argv = [*TP8, "--mem-fraction-static", "0.93", "--cuda-graph-max-bs", "1024"]
     assert predict(seed_hw, kimi, [*argv, "--cuda-graph-backend-prefill", "disabled"]).failure_phase is None
