@@ -738,6 +738,10 @@ class NodeModel:
         return self.model.weight_gb / self.model.load_gbps
 
     @property
+    def prefill_capture_seconds(self) -> float:
+        return 0.05 * len(self.plan.prefill_graph_sizes)
+
+    @property
     def capture_seconds(self) -> float:
         per_size = 0.4 * (1 + (self.spec.num_steps if self.spec else 0))
         return per_size * len(self.plan.captured_batch_sizes)

@@ -41,8 +41,8 @@ def startup_seconds(node: NodeModel) -> float:
     if phase == "capture":  # dies capturing the first batch size
         return init + load + capture / max(len(node.plan.captured_batch_sizes), 1)
     if phase == "prefill_capture":  # dies halfway through the prefill graphs, after the decode graphs
-        return init + load + capture + 0.025 * len(node.plan.prefill_graph_sizes)
-    return init + load + capture + 0.05 * len(node.plan.prefill_graph_sizes)
+        return init + load + capture + node.prefill_capture_seconds / 2
+    return init + load + capture + node.prefill_capture_seconds
 
 
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:

@@ -13,8 +13,10 @@ SGLang accepts them.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
@@ -22,25 +24,29 @@ from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
 # The program name SGLang's usage and error lines carry (server_args.py:9355, [23] :679).
 PROG = "sglang serve"
 
+# Choice lists as SGLang 0.5.17 declares them (server_args.py; checked against its parser's own dump,
+# autotune/dialect/tables/sglang-0.5.17.json); `SglangVersion.choices_added/removed` change them per release.
 ATTENTION_BACKEND_CHOICES = [
-    # Common
     "triton",
     "torch_native",
     "flex_attention",
+    "dsa",
     "nsa",
-    # NVIDIA specific
+    "dsv4",
+    "compressed",
     "cutlass_mla",
     "fa3",
     "fa4",
     "flashinfer",
     "flashmla",
     "trtllm_mla",
+    "cutedsl_mla",
+    "tokenspeed_mla",
     "trtllm_mha",
     "dual_chunk_flash_attn",
-    # AMD specific
+    "hpc_ops",
     "aiter",
     "wave",
-    # Other platforms
     "intel_amx",
     "ascend",
     "intel_xpu",
@@ -52,19 +58,57 @@ MOE_RUNNER_BACKEND_CHOICES = [
     "triton",
     "triton_kernel",
     "flashinfer_trtllm",
+    "experimental_sgl_trtllm",
+    "flashinfer_trtllm_routed",
     "flashinfer_cutlass",
     "flashinfer_mxfp4",
     "flashinfer_cutedsl",
     "cutlass",
+    "aiter",
+    "marlin",
+    "humming",
+    "experimental_sgl_marlin",
+    "hpc_ops",
 ]
 
-MOE_A2A_BACKEND_CHOICES = ["none", "deepep", "mooncake"]
+MOE_A2A_BACKEND_CHOICES = [
+    "none",
+    "deepep",
+    "mooncake",
+    "nixl",
+    "mori",
+    "ascend_fuseep",
+    "flashinfer",
+    "megamoe",
+    "pplx",
+    "ascend_tp",
+]
 
-SCHEDULE_POLICY_CHOICES = ["lpm", "random", "fcfs", "dfs-weight", "lof", "priority"]
+SCHEDULE_POLICY_CHOICES = ["lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key"]
 
-KV_CACHE_DTYPE_CHOICES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"]
+KV_CACHE_DTYPE_CHOICES = [
+    "auto",
+    "fp8_e5m2",
+    "fp8_e4m3",
+    "mxfp8",
+    "bf16",
+    "bfloat16",
+    "nvfp4",
+    "fp4_mx_block16",
+    "fp4_e2m1",
+]
 
-SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+# Free text in SGLang: builtins plus plugin-registered names (speculative/spec_info.py:30-60).
+SPECULATIVE_ALGORITHMS = (
+    "DFLASH",
+    "DSPARK",
+    "EAGLE",
+    "EAGLE3",
+    "FROZEN_KV_MTP",
+    "NEXTN",
+    "STANDALONE",
+    "NGRAM",
+)
 
 DTYPE_CHOICES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -75,16 +119,23 @@ LOAD_FORMAT_CHOICES = [
     "npcache",
     "dummy",
     "sharded_state",
+    "presharded",
     "gguf",
     "bitsandbytes",
+    "mistral",
     "layered",
+    "flash_rl",
     "remote",
     "remote_instance",
+    "fastsafetensors",
+    "private",
+    "runai_streamer",
 ]
 
 QUANTIZATION_CHOICES = [
     "awq",
     "fp8",
+    "mxfp8",
     "gptq",
     "marlin",
     "gptq_marlin",
@@ -94,20 +145,33 @@ QUANTIZATION_CHOICES = [
     "modelopt",
     "modelopt_fp8",
     "modelopt_fp4",
+    "nvfp4_online",
+    "modelopt_mixed",
     "petit_nvfp4",
     "w8a8_int8",
     "w8a8_fp8",
     "moe_wna16",
-    "qoq",
     "w4afp8",
     "mxfp4",
     "auto-round",
+    "auto-round-int8",
     "compressed-tensors",
+    "modelslim",
+    "mxfp_w4a8",
+    "quark",
+    "quark_int4fp8_moe",
+    "quark_mxfp4",
+    "mlx_q4",
+    "mlx_q8",
+    "unquant",
+    "humming",
 ]
 
-DEEPEP_MODE_CHOICES = ["normal", "low_latency", "auto"]
+DEEPEP_MODE_CHOICES = ["auto", "normal", "low_latency"]
 
-SAMPLING_BACKEND_CHOICES = ["flashinfer", "pytorch"]
+SAMPLING_BACKEND_CHOICES = ["ascend", "flashinfer", "pytorch"]
+
+FLASHINFER_ALLREDUCE_FUSION_BACKEND_CHOICES = ["auto", "trtllm", "mnnvl"]
 
 CUDA_GRAPH_BACKEND_CHOICES = ["full", "breakable", "tc_piecewise", "disabled"]
 
@@ -145,13 +209,54 @@ class _DeprecatedAlias(argparse.Action):
         namespace.deprecation_warnings = [*namespace.deprecation_warnings, deprecation_warning(message)]
 
 
+def human_readable_int(value: str) -> int:
+    """SGLang's integer type for token counts: 1k, 25.6k, 1Mi (utils/common.py:2917-2952)."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.endswith("i"):
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. "
+                    f"Use an integer IEC value such as '{int(Decimal(number))}{suffix}', "
+                    f"or an SI value such as '{number}{suffix[0]}'."
+                )
+            return int(number) * 2 ** (10 * "KMGT".index(suffix[0]) + 10)
+        return int(Decimal(number) * 10 ** (3 * "kMGT".index(suffix) + 3))
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. "
+            "Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
+            "Suffixes are case-sensitive."
+        ) from None
+
+
+class _VersionedParser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose choice lists follow one release: `add_argument` applies its changes."""
+
+    def __init__(self, release: SglangVersion, **kwargs: Any) -> None:
+        self.release = release
+        super().__init__(**kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.choices is not None:
+            added = self.release.choices_added.get(action.dest, ())
+            removed = self.release.choices_removed.get(action.dest, ())
+            action.choices = [c for c in action.choices if c not in removed] + list(added)
+        return action
+
+
 def build_parser(version: SglangVersion | str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     """Return a parser for one SGLang release's `sglang serve` flags (the subset the simulator knows).
 
     Arguments are added in `ServerArgs` field order, so `vars(ns)` lists them as SGLang's repr does.
     """
     release = VERSIONS[version] if isinstance(version, str) else version
-    parser = argparse.ArgumentParser(prog=PROG)
+    parser = _VersionedParser(release, prog=PROG)
     parser.set_defaults(deprecation_warnings=[], sglang_version=release.name)
     _add_model_args(parser)
     _add_http_args(parser)
@@ -161,7 +266,7 @@ def build_parser(version: SglangVersion | str = DEFAULT_VERSION) -> argparse.Arg
     _add_logging_args(parser)
     _add_api_args(parser)
     _add_data_parallel_args(parser)
-    _add_kernel_backend_args(parser, release)
+    _add_kernel_backend_args(parser)
     _add_speculative_args(parser)
     _add_expert_parallel_args(parser)
     _add_optimization_args(parser)
@@ -184,7 +289,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-format", type=str, default="auto", choices=LOAD_FORMAT_CHOICES)
     parser.add_argument("--trust-remote-code", action="store_true", help="Allow custom models from the Hub.")
     parser.add_argument(
-        "--context-length", type=int, default=None, help="The model's maximum context length."
+        "--context-length", type=human_readable_int, default=None, help="The model's maximum context length."
     )
     parser.add_argument("--revision", type=str, default=None)
 
@@ -211,11 +316,11 @@ def _add_memory_and_scheduling_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--max-queued-requests", type=int, default=None)
-    parser.add_argument("--max-total-tokens", type=int, default=None)
+    parser.add_argument("--max-total-tokens", type=human_readable_int, default=None)
     parser.add_argument(
         "--chunked-prefill-size", type=int, default=None, help="Tokens per prefill chunk; -1 disables."
     )
-    parser.add_argument("--max-prefill-tokens", type=int, default=16384)
+    parser.add_argument("--max-prefill-tokens", type=human_readable_int, default=16384)
     parser.add_argument("--schedule-policy", type=str, default="fcfs", choices=SCHEDULE_POLICY_CHOICES)
     parser.add_argument("--schedule-conservativeness", type=float, default=1.0)
     parser.add_argument("--page-size", type=int, default=None, help="The number of tokens in a page.")
@@ -223,7 +328,8 @@ def _add_memory_and_scheduling_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_runtime_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=str, default=None)
-    parser.add_argument("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    # No `--tp` option: argparse's prefix matching takes it for `--tp-size`, as in SGLang.
+    parser.add_argument("--tensor-parallel-size", "--tp-size", dest="tp_size", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "--pp-size", dest="pp_size", type=int, default=1)
     parser.add_argument(
         "--stream-interval", type=int, default=1, help="The interval (in tokens) between streamed chunks."
@@ -273,8 +379,8 @@ def _add_data_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", type=int, default=0)
 
 
-def _add_kernel_backend_args(parser: argparse.ArgumentParser, release: SglangVersion) -> None:
-    backends = [b for b in ATTENTION_BACKEND_CHOICES if b not in release.attention_backends_removed]
+def _add_kernel_backend_args(parser: argparse.ArgumentParser) -> None:
+    backends = ATTENTION_BACKEND_CHOICES
     parser.add_argument("--attention-backend", type=str, default=None, choices=backends)
     parser.add_argument("--decode-attention-backend", type=str, default=None, choices=backends)
     parser.add_argument("--prefill-attention-backend", type=str, default=None, choices=backends)
@@ -283,9 +389,7 @@ def _add_kernel_backend_args(parser: argparse.ArgumentParser, release: SglangVer
 
 
 def _add_speculative_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--speculative-algorithm", type=str, default=None, choices=SPECULATIVE_ALGORITHM_CHOICES
-    )
+    parser.add_argument("--speculative-algorithm", type=str, default=None)
     parser.add_argument(
         "--speculative-draft-model-path",
         "--speculative-draft-model",
@@ -310,7 +414,10 @@ def _add_expert_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-a2a-backend", type=str, default="none", choices=MOE_A2A_BACKEND_CHOICES)
     parser.add_argument("--moe-runner-backend", type=str, default="auto", choices=MOE_RUNNER_BACKEND_CHOICES)
     parser.add_argument(
-        "--flashinfer-allreduce-fusion-backend", type=str, default=None, choices=["auto", "trtllm", "mnnvl"]
+        "--flashinfer-allreduce-fusion-backend",
+        type=str,
+        default=None,
+        choices=FLASHINFER_ALLREDUCE_FUSION_BACKEND_CHOICES,
     )
     parser.add_argument("--deepep-mode", type=str, default="auto", choices=DEEPEP_MODE_CHOICES)
     parser.add_argument("--ep-num-redundant-experts", type=int, default=0)
@@ -359,6 +466,7 @@ def _add_deprecated_args(parser: argparse.ArgumentParser, release: SglangVersion
             "--stream-output",
             action=_DeprecatedAlias,
             nargs=0,
+            default=False,
             dest="incremental_streaming_output",
             new_flag="--incremental-streaming-output",
         )
@@ -412,7 +520,13 @@ def check_server_args(ns: argparse.Namespace, attention_backend: str | None = No
         raise AssertionError(f"tp_size ({ns.tp_size}) must be divisible by dp_size ({ns.dp_size}).")
     if ns.speculative_algorithm is None:
         return warnings
-    algorithm = "EAGLE" if ns.speculative_algorithm == "NEXTN" else ns.speculative_algorithm
+    algorithm = ns.speculative_algorithm.upper()
+    if algorithm not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")
+    algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
+    if algorithm == "DFLASH" and ns.speculative_draft_model_path is None:
+        # Printed by real 0.5.17 on an H200 (shared/device-kit/README.md "Real failure lines").
+        raise ValueError("DFLASH speculative decoding requires setting --speculative-draft-model-path.")
     if ns.pp_size > 1:
         raise ValueError("Speculative decoding is not supported with pipeline parallelism.")
     if algorithm in EAGLE_LIKE_ALGORITHMS:

@@ -57,7 +57,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from typing import Any, NoReturn
 
@@ -217,7 +217,7 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
     values["chunked_prefill_size"] = (
         ns.chunked_prefill_size if ns.chunked_prefill_size is not None else plan.chunked_prefill_size
     )
-    values["cuda_graph_config"] = CudaGraphConfig(
+    graphs = CudaGraphConfig(
         decode=PhaseConfig(
             backend="disabled"
             if node.settings.disable_cuda_graph
@@ -231,6 +231,10 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
             bs=node.plan.prefill_graph_sizes or None,
         ),
     )
+    # ServerArgs declares cuda_graph_config just before the per-phase flags (server_args.py:1799).
+    at = list(values).index("cuda_graph_backend_decode")
+    items = list(values.items())
+    values = dict([*items[:at], ("cuda_graph_config", graphs), *items[at:]])
     values["page_size"] = ns.page_size if ns.page_size is not None else 1
     values["random_seed"] = ns.random_seed if ns.random_seed is not None else seed
     values["device"] = ns.device or "cuda"
@@ -439,7 +443,10 @@ class SimulatedServer:
             self._fail_here()
         await self._sleep_model(self.node.init_seconds)
         init_usage = plan.init_used_gb - self.node.hw.cuda_context_gb
-        self._all_ranks(f"Init torch distributed ends. mem usage={init_usage:.2f} GB")
+        elapsed = self.node.init_seconds
+        self._all_ranks(
+            f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage={init_usage:.2f} GB"
+        )
 
     async def _load_weights(self, fail: bool) -> None:
         plan, model = self.plan, self.node.model
@@ -456,8 +463,9 @@ class SimulatedServer:
                 await asyncio.Event().wait()  # no progress, no error: only a timeout catches this
             await self._sleep_model(per_shard)
             self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
+        quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
         self._all_ranks(
-            f"Load weight end. type={architecture(model)}, dtype=torch.{model.dtype}, "
+            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={architecture(model)}, {quant}"
             f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
         )
 
@@ -508,7 +516,7 @@ class SimulatedServer:
             f"Capture target prefill CUDA graph begin. backend={self.node.prefill_graph_backend}, "
             f"num_tokens={plan.prefill_graph_sizes}, avail mem={before:.2f} GB"
         )
-        seconds = 0.05 * len(plan.prefill_graph_sizes)
+        seconds = self.node.prefill_capture_seconds
         if fail:
             await self._sleep_model(seconds / 2)
             self._fail_here()
@@ -849,7 +857,7 @@ class SimulatedServer:
             state["avg_spec_accept_length"] = stats["avg_accept_length"]
         dp_states = 1 if not self.ns.enable_dp_attention else max(self.ns.dp_size, 1)
         info = {
-            **self.args,
+            **{k: asdict(v) if isinstance(v, CudaGraphConfig) else v for k, v in self.args.items()},
             "max_total_num_tokens": self.plan.kv_tokens,
             "max_req_input_len": min(self.plan.context_len, self.plan.kv_tokens) - 1,
             "internal_states": [dict(state) for _ in range(dp_states)],

@@ -7,7 +7,7 @@ releases lives here once. Facts: shared/reference/sglang-versions.md (read from 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.errors import ConfigError
 
@@ -29,8 +29,14 @@ class SglangVersion:
     server_args_as_dict: bool
     # cuda_graph_setup.py logs `bs=[...]` at "begin" (0.5.17:429-433) or at "end" (0.5.23:788-792).
     capture_bs_at_end: bool
-    attention_backends_removed: tuple[str, ...] = ()
+    # Choice lists that differ from 0.5.17's, by argparse destination (the releases' parser dumps,
+    # autotune/dialect/tables/sglang-<version>.json).
+    choices_added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    choices_removed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
+
+_NEW_ATTENTION_BACKENDS = ("qsa", "llada2_cfg_flashinfer", "minicpm_flashattn", "minicpm_flashinfer")
+_GONE_ATTENTION_BACKENDS = ("cutlass_mla", "dual_chunk_flash_attn")
 
 VERSIONS: dict[str, SglangVersion] = {
     "0.5.17": SglangVersion(
@@ -46,7 +52,33 @@ VERSIONS: dict[str, SglangVersion] = {
         stream_output_alias=False,
         server_args_as_dict=True,
         capture_bs_at_end=True,
-        attention_backends_removed=("cutlass_mla", "dual_chunk_flash_attn"),
+        choices_added={
+            "attention_backend": _NEW_ATTENTION_BACKENDS,
+            "decode_attention_backend": _NEW_ATTENTION_BACKENDS,
+            "prefill_attention_backend": _NEW_ATTENTION_BACKENDS,
+            "load_format": ("instanttensor", "expert_pack"),
+            "schedule_policy": ("hrrn", "shortest-prefill-first"),
+            "moe_a2a_backend": ("deepep_v2", "flashinfer_megamoe"),
+            "moe_runner_backend": (
+                "flashinfer_megamoe",
+                "lora_cutedsl",
+                "lora_triton",
+                "lora_marlin",
+                "megamoe",
+                "intel_xpu",
+            ),
+            "sampling_backend": ("intel_xpu",),
+            "flashinfer_allreduce_fusion_backend": ("cutedsl",),
+        },
+        choices_removed={
+            "attention_backend": _GONE_ATTENTION_BACKENDS,
+            "decode_attention_backend": _GONE_ATTENTION_BACKENDS,
+            "prefill_attention_backend": _GONE_ATTENTION_BACKENDS,
+            "kv_cache_dtype": ("fp4_e2m1",),
+            "quantization": ("marlin",),
+            "cuda_graph_backend_decode": ("tc_piecewise",),
+            "cuda_graph_backend_prefill": ("tc_piecewise",),
+        },
     ),
 }
 DEFAULT_VERSION = "0.5.17"
