@@ -547,3 +547,17 @@ def test_auto_chunked_prefill_and_graph_max_bs_follow_sglangs_memory_table(
     plan = node(h200, llama, TP8).plan
     assert (plan.chunked_prefill_size, plan.cuda_graph_max_bs) == (8192, 512)
     assert node(h200, llama, ["--tp-size", "2"]).plan.cuda_graph_max_bs == 256
+
+
+def test_flashinfer_fusion_turns_itself_on_for_kimi_on_sm90(
+    h200: HardwareProfile, kimi: ModelProfile, llama: ModelProfile, seed_hw: HardwareProfile
+) -> None:
+    # B8: arg_groups/overrides.py:1885-1907 lists KimiK25ForConditionalGeneration, not LlamaForCausalLM;
+    # only on SM90/SM10X, so the seed's SM120 node does not fail for it.
+    on = node(h200, kimi, TP8)
+    assert on.flashinfer_fusion and on.notes == [
+        "Auto-enabling FlashInfer AllReduce Fusion on SM90/SM10X for KimiK25ForConditionalGeneration"
+    ]
+    assert not node(h200, llama, TP8).flashinfer_fusion
+    assert not node(h200, kimi, [*TP8, "--moe-a2a-backend", "deepep"]).flashinfer_fusion
+    assert not node(seed_hw, kimi, TP8).flashinfer_fusion and node(seed_hw, kimi, TP8).startup_failure is None

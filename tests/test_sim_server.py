@@ -376,9 +376,12 @@ def test_speculation_reports_accept_length(speculative: SimServer) -> None:
     )
     meta = json.loads(events[-2])["meta_info"]
     assert meta["completion_tokens"] == 120 and meta["spec_verify_ct"] > 0
+    # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
+    assert meta["spec_accept_length"] == pytest.approx(120 / meta["spec_verify_ct"])
     assert 1.5 < meta["spec_accept_length"] < 4.0
     info = json.loads(speculative.get("/get_server_info")[1])
     assert info["speculative_algorithm"] == "EAGLE3" and info["max_running_requests"] == 48
+    assert info["disable_overlap_schedule"] is False  # spec v2 keeps overlap (B1)
     assert (info["speculative_num_steps"], info["speculative_eagle_topk"]) == (3, 1)
     assert 1.5 < info["internal_states"][0]["avg_spec_accept_length"] < 4.0
     decode = speculative.wait_for("Decode batch [40]")

@@ -343,3 +343,30 @@ def test_sglang_sets_nccl_cumem_and_nvls_only_when_unset() -> None:
     assert sglang_environment(parse("--enable-nccl-nvls"), {})["NCCL_NVLS_ENABLE"] == "1"
     symm = sglang_environment(parse("--enable-symm-mem"), tuned)
     assert symm["NCCL_CUMEM_ENABLE"] == "1" and symm["NCCL_NVLS_ENABLE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("version", "algorithm", "message"),
+    [
+        # SGLang 0.5.17 server_args.py:8721-8724.
+        (
+            "0.5.17",
+            "EAGLE",
+            "Pipeline parallelism is not compatible with overlap schedule, speculative decoding",
+        ),
+        # SGLang 0.5.23 arg_groups/validation_hook.py:131-137.
+        (
+            "0.5.23",
+            "EAGLE3",
+            "Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative",
+        ),
+    ],
+)
+def test_speculation_with_pipeline_parallelism_is_sglangs_assertion(
+    version: str, algorithm: str, message: str
+) -> None:
+    ns = parse("--pp-size", "2", "--speculative-algorithm", algorithm, version=version)
+    with pytest.raises(AssertionError) as exc:
+        check_server_args(ns)
+    assert str(exc.value).startswith(message)
+    check_server_args(parse("--pp-size", "2", "--speculative-algorithm", "EAGLE", version="0.5.23"))

@@ -21,6 +21,16 @@ if TYPE_CHECKING:
 GB = 1e9
 MIB = 1 << 20
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MIB
+# Architectures SGLang 0.5.17 turns FlashInfer all-reduce fusion on for (arg_groups/overrides.py:1863-1882).
+FLASHINFER_FUSION_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GptOssForCausalLM", "GlmMoeDsaForCausalLM",
+        "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "MistralLarge3ForCausalLM", "Qwen3MoeForCausalLM",
+        "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM", "KimiK25ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    }
+)  # fmt: skip
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 PROTOCOLS = ("LL", "LL128", "Simple")
 LL_MAX_BYTES = 64 * 1024  # NCCL's tuner picks LL below this on one node, LL128 (NVLink) or Simple above
@@ -268,8 +278,13 @@ class NodeModel:
         self.settings = settings
         self.tp = settings.tp_size
         self.warnings: list[str] = []
+        self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments
         self.spec = self._resolve_spec()
         self.custom_allreduce = self._custom_allreduce_enabled()
+        if self._auto_flashinfer_fusion and not settings.enable_flashinfer_allreduce_fusion:
+            self.notes.append(
+                f"Auto-enabling FlashInfer AllReduce Fusion on SM90/SM10X for {model.architecture}"
+            )
         if settings.enable_torch_symm_mem and "torch_symm_mem" in hw.unsupported:
             # Only SM 9 and 10 have sizes (all_reduce_utils.py:3-16): the communicator is skipped, no crash.
             self.warnings.append(
@@ -397,7 +412,7 @@ class NodeModel:
         cost = self.nccl_allreduce_us(nbytes)
         if self.settings.enable_torch_symm_mem and "torch_symm_mem" not in self.hw.unsupported:
             cost *= 0.7
-        if self.settings.enable_flashinfer_allreduce_fusion and self.hw.interconnect == "nvlink":
+        if self.flashinfer_fusion and self.hw.interconnect == "nvlink":
             cost *= 0.8
         return cost + launch
 
@@ -433,6 +448,22 @@ class NodeModel:
         if major != 9:
             return "triton" if self.uses_mla else self.model.default_attention_backend
         return "triton" if self.spec and self.spec.topk > 1 else "fa3"
+
+    @property
+    def flashinfer_fusion(self) -> bool:
+        """FlashInfer all-reduce fusion: asked for, or turned on by SGLang for the architectures it lists on
+        SM90 and SM10X (B8; arg_groups/overrides.py:1863-1907)."""
+        return self.settings.enable_flashinfer_allreduce_fusion or self._auto_flashinfer_fusion
+
+    @property
+    def _auto_flashinfer_fusion(self) -> bool:
+        s = self.settings
+        return (
+            self.model.architecture in FLASHINFER_FUSION_ARCHITECTURES
+            and self.hw.compute_capability.split(".")[0] in ("9", "10")
+            and s.tp_size > 1
+            and s.moe_a2a_backend == "none"
+        )
 
     @property
     def uses_mla(self) -> bool:
@@ -580,7 +611,7 @@ class NodeModel:
             )
         if plan.static_rest_gb <= 0 or plan.kv_tokens <= 0:
             return StartupFailure("kv", self._kv_pool_failure(), rank=3)
-        if s.enable_flashinfer_allreduce_fusion and "flashinfer_allreduce_fusion" in hw.unsupported:
+        if self.flashinfer_fusion and "flashinfer_allreduce_fusion" in hw.unsupported:
             return StartupFailure(
                 "runner",
                 _traceback(

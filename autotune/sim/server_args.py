@@ -523,12 +523,12 @@ def check_server_args(ns: argparse.Namespace, attention_backend: str | None = No
     algorithm = ns.speculative_algorithm.upper()
     if algorithm not in SPECULATIVE_ALGORITHMS:
         raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")
+    if ns.pp_size > 1:
+        _check_pipeline_speculation(ns, algorithm)
     algorithm = "EAGLE" if algorithm == "NEXTN" else algorithm
     if algorithm == "DFLASH" and ns.speculative_draft_model_path is None:
         # Printed by real 0.5.17 on an H200 (shared/device-kit/README.md "Real failure lines").
         raise ValueError("DFLASH speculative decoding requires setting --speculative-draft-model-path.")
-    if ns.pp_size > 1:
-        raise ValueError("Speculative decoding is not supported with pipeline parallelism.")
     if algorithm in EAGLE_LIKE_ALGORITHMS:
         warnings.extend(_check_eagle_args(ns, algorithm, ns.attention_backend or attention_backend))
     elif algorithm == "NGRAM":
@@ -537,6 +537,13 @@ def check_server_args(ns: argparse.Namespace, attention_backend: str | None = No
         if ns.max_running_requests is None:
             warnings.append(_MAX_RUNNING_RESET)
     return warnings
+
+
+def _check_pipeline_speculation(ns: argparse.Namespace, algorithm: str) -> None:
+    """Speculation with pipeline parallelism: SGLang asserts all but the release's allowed algorithms away."""
+    release = VERSIONS[ns.sglang_version]
+    if algorithm not in release.pipeline_speculation:
+        raise AssertionError(release.pipeline_speculation_error)
 
 
 _MAX_RUNNING_RESET = (

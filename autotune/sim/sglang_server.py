@@ -68,7 +68,7 @@ from autotune.errors import ConfigError
 from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import ERROR, INFO, WARNING, SimLog, rank_prefix, tqdm_line
 from autotune.sim.model import LaunchSettings, NodeModel
-from autotune.sim.profiles import ModelProfile, load_hardware_profile, load_model_profile
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server_args import (
     CudaGraphConfig,
     PhaseConfig,
@@ -199,14 +199,6 @@ def count_text_tokens(text: str) -> int:
 
 
 # -- resolved arguments ------------------------------------------------------------------------------------
-def architecture(model: ModelProfile) -> str:
-    """The model class name SGLang logs at `Load weight end`."""
-    named = getattr(model, "architecture", None)
-    if isinstance(named, str) and named:
-        return named
-    return "DeepseekV3ForCausalLM" if model.num_experts else "LlamaForCausalLM"
-
-
 def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> dict[str, Any]:
     """The arguments as SGLang holds them after `ServerArgs.__post_init__`: automatic values filled in."""
     values = {k: v for k, v in vars(ns).items() if k not in ("deprecation_warnings", "sglang_version")}
@@ -408,6 +400,8 @@ class SimulatedServer:
 
     # -- startup ------------------------------------------------------------------------------------------
     async def _startup(self) -> None:
+        for note in self.node.notes:
+            self.log.info(note)
         self.log.info(f"server_args={server_args_repr(self.args, self.options.version)}")
         failure = self.node.startup_failure
         phase = failure.phase if failure else None
@@ -465,7 +459,7 @@ class SimulatedServer:
             self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
         quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
         self._all_ranks(
-            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={architecture(model)}, {quant}"
+            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={model.architecture}, {quant}"
             f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
         )
 
@@ -811,8 +805,8 @@ class SimulatedServer:
             meta["e2e_latency"] = (end - request.started) / self.scale
         if self.node.spec is not None:
             meta["spec_verify_ct"] = request.verify_ct
-            accepted = max(completion_tokens - 1, 0)  # the prefill, not a verify pass, gives the first token
-            meta["spec_accept_length"] = accepted / request.verify_ct if request.verify_ct else 0.0
+            # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
+            meta["spec_accept_length"] = completion_tokens / request.verify_ct if request.verify_ct else 0.0
         return meta
 
     # -- handlers -----------------------------------------------------------------------------------------
@@ -838,7 +832,7 @@ class SimulatedServer:
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
                 "model_type": None,
-                "architectures": [architecture(self.node.model)],
+                "architectures": [self.node.model.architecture],
             }
         )
 

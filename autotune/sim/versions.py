@@ -29,6 +29,9 @@ class SglangVersion:
     server_args_as_dict: bool
     # cuda_graph_setup.py logs `bs=[...]` at "begin" (0.5.17:429-433) or at "end" (0.5.23:788-792).
     capture_bs_at_end: bool
+    # Speculative algorithms allowed with `--pp-size` > 1, and the assertion that rejects the others.
+    pipeline_speculation: tuple[str, ...]
+    pipeline_speculation_error: str
     # Choice lists that differ from 0.5.17's, by argparse destination (the releases' parser dumps,
     # autotune/dialect/tables/sglang-<version>.json).
     choices_added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -45,6 +48,10 @@ VERSIONS: dict[str, SglangVersion] = {
         stream_output_alias=True,
         server_args_as_dict=False,
         capture_bs_at_end=False,
+        # server_args.py:8721-8724
+        pipeline_speculation=(),
+        pipeline_speculation_error="Pipeline parallelism is not compatible with overlap schedule, "
+        "speculative decoding",
     ),
     "0.5.23": SglangVersion(
         "0.5.23",
@@ -52,6 +59,10 @@ VERSIONS: dict[str, SglangVersion] = {
         stream_output_alias=False,
         server_args_as_dict=True,
         capture_bs_at_end=True,
+        # arg_groups/validation_hook.py:131-137
+        pipeline_speculation=("EAGLE",),
+        pipeline_speculation_error="Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
+        "speculative decoding",
         choices_added={
             "attention_backend": _NEW_ATTENTION_BACKENDS,
             "decode_attention_backend": _NEW_ATTENTION_BACKENDS,
