@@ -538,6 +538,10 @@ def test_draft_tree_needs_enough_candidates_or_the_draft_capture_fails(
     text = failure_text(p)
     assert "Exception: Capture cuda graph failed: selected index k out of range" in text
     assert "eagle_draft_cuda_graph_runner.py" in text
+    # Without graphs the first draft forward fails the same way, at the warm-up request.
+    eager = predict(h200, llama, [*argv, "--speculative-num-draft-tokens", draft, "--disable-cuda-graph"])
+    assert eager.failure_phase == "warmup"
+    assert eager.failure_line == "RuntimeError: selected index k out of range"
 
 
 def test_auto_chunked_prefill_and_graph_max_bs_follow_sglangs_memory_table(

@@ -160,6 +160,12 @@ class SpecSettings:
     num_draft_tokens: int
     accept_length: float
 
+    @property
+    def tree_has_enough_candidates(self) -> bool:
+        """SGLang verifies the `draft - 1` best of topk + (steps-1)*topk^2 draft candidates with `torch.topk`
+        (speculative/eagle_utils.py:106-110), which fails when there are fewer."""
+        return self.num_draft_tokens - 1 <= self.topk + (self.num_steps - 1) * self.topk**2
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -266,6 +272,18 @@ _SCHEDULER_INIT = [
     ("srt/managers/scheduler.py", 2923, "run_scheduler_process", "scheduler = Scheduler("),
     ("srt/managers/scheduler.py", 312, "__init__", "self.tp_worker = TpModelWorker("),
     ("srt/managers/tp_worker.py", 94, "__init__", "self.model_runner = ModelRunner("),
+]
+
+
+_DRAFT_FORWARD = [
+    ("srt/managers/scheduler.py", 1024, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+    (
+        "srt/speculative/eagle_worker_v2.py",
+        718,
+        "draft_forward",
+        "parent_list, top_scores_index, draft_tokens = (",
+    ),
+    ("srt/speculative/eagle_utils.py", 106, "organize_draft_results", "top_scores = torch.topk("),
 ]
 
 
@@ -628,14 +646,15 @@ class NodeModel:
             return StartupFailure(
                 "capture", self._capture_failed(self._torch_oom(need, plan.avail_after_kv_gb))
             )
-        if self.spec and self.spec.topk > 1 and plan.captured_batch_sizes:
-            # The draft graph's `torch.topk(scores, draft - 1)` picks from topk + (steps-1)*topk^2 candidates
-            # (speculative/eagle_utils.py:106-110); asking for more fails the draft capture.
-            candidates = self.spec.topk + (self.spec.num_steps - 1) * self.spec.topk**2
-            if self.spec.num_draft_tokens - 1 > candidates:
+        if self.spec and not self.spec.tree_has_enough_candidates:
+            # The draft graph capture fails, or without graphs the first draft forward (at warm-up).
+            if plan.captured_batch_sizes:
                 return StartupFailure(
                     "capture", self._capture_failed("selected index k out of range", draft=True)
                 )
+            return StartupFailure(
+                "warmup", _traceback(_DRAFT_FORWARD, "RuntimeError: selected index k out of range")
+            )
         if plan.avail_after_graph_gb < 0.5:
             return StartupFailure("prefill_capture", self._prefill_capture_failed(plan))
         return None

@@ -40,6 +40,8 @@ def startup_seconds(node: NodeModel) -> float:
         return init + load
     if phase == "capture":  # dies capturing the first batch size
         return init + load + capture / max(len(node.plan.captured_batch_sizes), 1)
+    if phase == "warmup":  # dies on the warm-up request, after start-up
+        return init + load + capture + node.prefill_capture_seconds
     if phase == "prefill_capture":  # dies halfway through the prefill graphs, after the decode graphs
         return init + load + capture + node.prefill_capture_seconds / 2
     return init + load + capture + node.prefill_capture_seconds
