@@ -660,8 +660,9 @@ class NodeModel:
         return None
 
     def _torch_oom(self, need_gb: float, free_gb: float) -> str:
+        """torch's out-of-memory text; the model's GB shown in GiB as torch does."""
         return (
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gb:.2f} GiB. "
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gb / 1.0737:.2f} GiB. "
             f"GPU 0 has a total capacity of {self.hw.gpu_memory_gb / 1.0737:.2f} GiB of which "
             f"{max(free_gb, 0.0) / 1.0737:.2f} GiB is free."
         )
@@ -773,9 +774,7 @@ class NodeModel:
                 ),
                 ("srt/model_executor/model_runner.py", 1987, "forward_extend", "return self.model.forward("),
             ],
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need / 1.0737:.2f} GiB. "
-            f"GPU 0 has a total capacity of {self.hw.gpu_memory_gb / 1.0737:.2f} GiB of which "
-            f"{max(self.plan.avail_after_graph_gb, 0.0) / 1.0737:.2f} GiB is free.",
+            self._torch_oom(need, self.plan.avail_after_graph_gb),
         )
 
     # -- timings ----------------------------------------------------------------------------------------
