@@ -492,11 +492,14 @@ class NodeModel:
         return 2048 if self.uses_mla else chunked
 
     def _auto_mem_fraction(self, chunked: int, max_bs: int) -> float:
-        """The reservation the seed's figures were calibrated with (SGLang 0.5.4's, in MB): 0.5.17 drops the
-        EAGLE term and adds the prefill graphs' (B2); taking that moves the seed figures (see RESULTS), so it
-        waits for a re-fit of the model profiles."""
+        """The reservation the seed's figures were calibrated with (SGLang 0.5.4's, in MB), not 0.5.17's (B2:
+        no EAGLE term, a prefill-graph reserve, x0.91 for Kimi-K2.5's vision tower). 0.5.17's would take the
+        seed's baseline from 80 to 71.5 tok/s, and with the vision factor leave Kimi no KV pool at all, so the
+        seed cannot have run it; taking it needs the profiles re-fitted on a 0.5.17 measurement."""
         total_mb = self.hw.gpu_memory_gb * 1000
-        reserved = 512 + max(chunked, 2048) * 1.5 + max_bs * 2 + self.tp / 8 * 1024
+        reserved = 512 + max(chunked, 2048) * 1.5 + self.tp / 8 * 1024
+        if not self.settings.disable_cuda_graph:
+            reserved += max_bs * 2  # 0.5.17 reserves for the decode graphs only when there are any
         if self.hw.gpu_memory_gb > 60:
             reserved = max(reserved, 10240)
         if self.spec:
