@@ -565,3 +565,12 @@ def test_flashinfer_fusion_turns_itself_on_for_kimi_on_sm90(
     assert not node(h200, llama, TP8).flashinfer_fusion
     assert not node(h200, kimi, [*TP8, "--moe-a2a-backend", "deepep"]).flashinfer_fusion
     assert not node(seed_hw, kimi, TP8).flashinfer_fusion and node(seed_hw, kimi, TP8).startup_failure is None
+
+
+def test_no_decode_graphs_no_graph_reserve(h200: HardwareProfile, llama: ModelProfile) -> None:
+    # B2 (part): 0.5.17's `reserve_for_graph_mb` counts max_bs * 2 MB only for a decode graph
+    # (server_args.py:4882-4890); on the H200 real SGLang gave 0.893 with graphs and 0.904 without.
+    with_graphs = node(h200, llama, TP8).plan.mem_fraction_static
+    without = node(h200, llama, [*TP8, "--cuda-graph-backend-decode", "disabled"]).plan.mem_fraction_static
+    assert without - with_graphs == pytest.approx(512 * 2 / 141000, abs=0.001)
+    assert node(h200, llama, [*TP8, "--disable-cuda-graph"]).plan.mem_fraction_static == without
