@@ -332,6 +332,9 @@ def test_model_and_server_info(served: tuple[SimServer, list[int | None]]) -> No
         assert info["chunked_prefill_size"] == 8192
         state = info["internal_states"][0]
         assert "last_gen_throughput" in state and "avg_spec_accept_length" not in state
+    # The old name answers with a warning per call (http_server.py:771-778); /server_info does not warn.
+    warned = "Endpoint '/get_server_info' is deprecated and will be removed in a future version."
+    assert sum(warned in line for line in server.lines) >= 1
     request = urllib.request.Request(server.url("/flush_cache"), method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200 and response.read().startswith(b"Cache flushed.")

@@ -370,3 +370,13 @@ def test_speculation_with_pipeline_parallelism_is_sglangs_assertion(
         check_server_args(ns)
     assert str(exc.value).startswith(message)
     check_server_args(parse("--pp-size", "2", "--speculative-algorithm", "EAGLE", version="0.5.23"))
+
+
+def test_0_5_23_deprecates_dp_attention_for_attn_dp_size() -> None:
+    # [23] server_args.py:418-424 (DeprecatedStoreTrueAction).
+    assert check_server_args(parse("--enable-dp-attention", version="0.5.23")) == [
+        "\033[1;33m'--enable-dp-attention' is deprecated and will be removed in a future release. "
+        "Use '--attn-dp-size <dp-size>' instead.\033[0m"
+    ]
+    assert parse("--enable-dp-attention", version="0.5.23").enable_dp_attention is True
+    assert check_server_args(parse("--enable-dp-attention")) == []

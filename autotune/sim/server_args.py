@@ -269,7 +269,7 @@ def build_parser(version: SglangVersion | str = DEFAULT_VERSION) -> argparse.Arg
     _add_kernel_backend_args(parser)
     _add_speculative_args(parser)
     _add_expert_parallel_args(parser)
-    _add_optimization_args(parser)
+    _add_optimization_args(parser, release)
     _add_deprecated_args(parser, release)
     return parser
 
@@ -424,7 +424,7 @@ def _add_expert_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-eplb", action="store_true")
 
 
-def _add_optimization_args(parser: argparse.ArgumentParser) -> None:
+def _add_optimization_args(parser: argparse.ArgumentParser, release: SglangVersion) -> None:
     parser.add_argument("--disable-radix-cache", action="store_true")
     parser.add_argument(
         "--cuda-graph-backend-decode", type=str, default=None, choices=CUDA_GRAPH_BACKEND_CHOICES
@@ -449,7 +449,8 @@ def _add_optimization_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-torch-symm-mem", action="store_true")
     parser.add_argument("--disable-overlap-schedule", action="store_true")
     parser.add_argument("--enable-mixed-chunk", action="store_true")
-    parser.add_argument("--enable-dp-attention", action="store_true")
+    if not release.dp_attention_deprecated:
+        parser.add_argument("--enable-dp-attention", action="store_true")
     parser.add_argument("--enable-two-batch-overlap", action="store_true")
     parser.add_argument("--enable-torch-compile", action="store_true")
     parser.add_argument("--torch-compile-max-bs", type=int, default=32)
@@ -493,6 +494,14 @@ def _add_deprecated_args(parser: argparse.ArgumentParser, release: SglangVersion
         default=False,
         new_flag="--cuda-graph-backend-{decode,prefill}=disabled",
     )
+    if release.dp_attention_deprecated:  # [23] server_args.py:418-424
+        parser.add_argument(
+            "--enable-dp-attention",
+            action=_DeprecatedAlias,
+            nargs=0,
+            default=False,
+            new_flag="--attn-dp-size <dp-size>",
+        )
     # Still a plain flag; `__post_init__` warns and maps it to the backend `auto` (server_args.py:3950-3959).
     parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
 

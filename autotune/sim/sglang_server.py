@@ -530,7 +530,7 @@ class SimulatedServer:
                 web.get("/health_generate", self.handle_health),
                 web.get("/get_model_info", self.handle_model_info),
                 web.get("/model_info", self.handle_model_info),
-                web.get("/get_server_info", self.handle_server_info),
+                web.get("/get_server_info", self.handle_get_server_info),
                 web.get("/server_info", self.handle_server_info),
                 web.post("/flush_cache", self.handle_flush_cache),
                 web.get("/flush_cache", self.handle_flush_cache),
@@ -835,6 +835,14 @@ class SimulatedServer:
                 "architectures": [self.node.model.architecture],
             }
         )
+
+    async def handle_get_server_info(self, request: web.Request) -> web.Response:
+        # http_server.py:771-778: the old name still answers, with a warning per call.
+        self.log.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        return await self.handle_server_info(request)
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
         stats = self.engine.stats

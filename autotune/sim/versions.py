@@ -29,6 +29,8 @@ class SglangVersion:
     server_args_as_dict: bool
     # cuda_graph_setup.py logs `bs=[...]` at "begin" (0.5.17:429-433) or at "end" (0.5.23:788-792).
     capture_bs_at_end: bool
+    # 0.5.23 deprecates `--enable-dp-attention` for `--attn-dp-size`.
+    dp_attention_deprecated: bool
     # Speculative algorithms allowed with `--pp-size` > 1, and the assertion that rejects the others.
     pipeline_speculation: tuple[str, ...]
     pipeline_speculation_error: str
@@ -48,6 +50,7 @@ VERSIONS: dict[str, SglangVersion] = {
         stream_output_alias=True,
         server_args_as_dict=False,
         capture_bs_at_end=False,
+        dp_attention_deprecated=False,
         # server_args.py:8721-8724
         pipeline_speculation=(),
         pipeline_speculation_error="Pipeline parallelism is not compatible with overlap schedule, "
@@ -59,6 +62,7 @@ VERSIONS: dict[str, SglangVersion] = {
         stream_output_alias=False,
         server_args_as_dict=True,
         capture_bs_at_end=True,
+        dp_attention_deprecated=True,
         # arg_groups/validation_hook.py:131-137
         pipeline_speculation=("EAGLE",),
         pipeline_speculation_error="Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
