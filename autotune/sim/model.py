@@ -191,6 +191,7 @@ class MemoryPlan:
     context_len: int
     prefill_graph_gb: float = 0.0
     prefill_graph_sizes: list[int] = field(default_factory=list)
+    prefill_graph_max_tokens: int = 0  # SGLang resolves it whether or not prefill graphs are on
     static_rest_gb: float = 1.0
     pre_load_avail_gb: float = 1.0
 
@@ -539,9 +540,8 @@ class NodeModel:
         sizes = [] if s.disable_cuda_graph else captured_batch_sizes(max_bs, speculative, max_running)
         tokens_per_bs = self.spec.num_draft_tokens if self.spec else 1
         graph_gb = (m.graph_mb_per_bs * max(sizes, default=0) * tokens_per_bs + 12 * len(sizes)) / 1000
-        prefill_sizes = (
-            prefill_graph_token_sizes(self._prefill_graph_max_tokens(chunked)) if s.prefill_cuda_graph else []
-        )
+        prefill_max_tokens = self._prefill_graph_max_tokens(chunked)
+        prefill_sizes = prefill_graph_token_sizes(prefill_max_tokens) if s.prefill_cuda_graph else []
         # Only the prefill graphs' non-torch memory stays (server_args.py:4905-4910); MLA's is far larger.
         prefill_graph_gb = (
             1.5 * 1024 * MIB / GB if self.uses_mla else len(prefill_sizes) * 8 * MIB / GB
@@ -559,6 +559,7 @@ class NodeModel:
             avail_after_graph_gb=avail_after_kv - graph_gb - prefill_graph_gb,
             prefill_graph_gb=prefill_graph_gb,
             prefill_graph_sizes=prefill_sizes,
+            prefill_graph_max_tokens=prefill_max_tokens,
             static_rest_gb=static_rest_gb,
             pre_load_avail_gb=total - init_used,
             activation_gb_per_token=m.activation_mb_per_token / 1000,

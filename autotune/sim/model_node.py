@@ -60,10 +60,12 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
 
 
 def server_choices(plan: MemoryPlan) -> dict[str, float]:
-    """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER).
-    0.5.17 has no `cuda_graph_max_bs=` field any more (its value sits in `cuda_graph_config=`)."""
+    """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER):
+    0.5.17 logs the graphs' batch limits inside `cuda_graph_config=`, per phase."""
     return {
         "--mem-fraction-static": plan.mem_fraction_static,
+        "--cuda-graph-max-bs-decode": float(plan.cuda_graph_max_bs),
+        "--cuda-graph-max-bs-prefill": float(plan.prefill_graph_max_tokens),
         "--chunked-prefill-size": float(plan.chunked_prefill_size),
     }
 

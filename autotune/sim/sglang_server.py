@@ -219,7 +219,7 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
         ),
         prefill=PhaseConfig(
             backend=node.prefill_graph_backend if node.settings.prefill_cuda_graph else "disabled",
-            max_bs=node.plan.prefill_graph_sizes[-1] if node.plan.prefill_graph_sizes else None,
+            max_bs=node.plan.prefill_graph_max_tokens,
             bs=node.plan.prefill_graph_sizes or None,
         ),
     )
