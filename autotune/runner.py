@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.launch import ServerLaunch
+from autotune.redaction import Secrets
 
 __all__ = [
     "CommandResult",
@@ -203,6 +204,7 @@ class LocalServerProcess(ServerProcess):
     """A process group started on this machine by `LocalCommandRunner`."""
 
     on_stopped: Callable[[], None] | None = None  # set by the runner that records its servers
+    log_writer: threading.Thread | None = None  # copies a redacted log; done once the server's output ends
 
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int) -> None:
         self._popen = popen
@@ -229,7 +231,10 @@ class LocalServerProcess(ServerProcess):
         return self._log_offset
 
     def poll(self) -> int | None:
-        return self._popen.poll()
+        code = self._popen.poll()
+        if code is not None and self.log_writer is not None:
+            self.log_writer.join(timeout=_KILL_WAIT_S)  # an exited server's last lines are in the log
+        return code
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         if self._stopped:
@@ -252,7 +257,7 @@ class LocalServerProcess(ServerProcess):
         self._stopped = True
         if self.on_stopped is not None:
             self.on_stopped()
-        return self._popen.poll()
+        return self.poll()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
@@ -329,6 +334,9 @@ class LocalCommandRunner(CommandRunner):
 
     def _popen(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # SGLang prints its api_key at start-up: with a secret in the launch, the log is written through
+        # a redacting pipe instead of by the server itself.
+        secrets = Secrets.of_launch(argv, env)
         with open(log_path, "ab") as log:
             offset = log.tell()
             try:
@@ -336,7 +344,7 @@ class LocalCommandRunner(CommandRunner):
                     argv,
                     env={**os.environ, **env},
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=subprocess.PIPE if secrets else log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
@@ -350,7 +358,13 @@ class LocalCommandRunner(CommandRunner):
                     argv, f"{e.strerror or e} ({errno.errorcode.get(e.errno or 0, '?')})"
                 ) from e
         # The child holds its own copy of the log descriptor; ours is closed by the with-block.
-        return LocalServerProcess(popen, log_path, offset)
+        process = LocalServerProcess(popen, log_path, offset)
+        if popen.stdout is not None:
+            process.log_writer = threading.Thread(
+                target=_copy_redacted, args=(popen.stdout, log_path, secrets), name="server-log", daemon=True
+            )
+            process.log_writer.start()
+        return process
 
     def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:
         try:
@@ -373,6 +387,14 @@ class LocalCommandRunner(CommandRunner):
             done.stdout.decode("utf-8", errors="replace"),
             done.stderr.decode("utf-8", errors="replace"),
         )
+
+
+def _copy_redacted(stream: Any, log_path: Path, secrets: Secrets) -> None:
+    """Append each line of `stream` to `log_path` with `secrets` redacted, until the server closes it."""
+    with stream, open(log_path, "ab") as log:
+        for line in iter(stream.readline, b""):
+            log.write(secrets.redact_bytes(line))
+            log.flush()  # the log watcher reads the file as the server runs
 
 
 class ServerRecords:

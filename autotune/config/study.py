@@ -7,6 +7,7 @@ a `Study`. Loading creates nothing on disk; whoever runs the study calls `Study.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ from pydantic import (
 )
 
 from autotune import samplers
-from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
+from autotune.config._yaml import config_error_from_validation, expand_env_references, load_yaml, rule_error
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
     FLAG_NAME,
@@ -47,6 +48,7 @@ from autotune.launch import (
     to_arg,
     to_env_value,
 )
+from autotune.redaction import Secrets
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -436,10 +438,20 @@ class Study:
     workdir: Path
     search_space_path: Path
     objective_path: Path
+    env_references: tuple[str, ...] = ()  # the `${NAME}`s the study file reads from the environment
 
     @property
     def name(self) -> str:
         return self.file.study
+
+    @property
+    def secrets(self) -> Secrets:
+        """What nothing the study writes may hold in clear: the values of its `${NAME}`s, of its secret
+        flags and env vars, and of the secret-named vars of the environment it runs in."""
+        server = self.file.server
+        argv = [*server.command, *(t for f, v in server.flags.items() for t in (f, v) if t is not None)]
+        referenced = [os.environ[name] for name in self.env_references if name in os.environ]
+        return Secrets.of(env={**os.environ, **server.env}, argv=argv, values=referenced)
 
     @property
     def search_space_text(self) -> str:
@@ -501,7 +513,7 @@ class Study:
 def load_study(path: Path | str) -> Study:
     """Read and validate a study file and the files it names; creates nothing on disk."""
     path = Path(path)
-    data = load_yaml(path)
+    data, env_references = expand_env_references(path, load_yaml(path))
     try:
         file = StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -525,6 +537,7 @@ def load_study(path: Path | str) -> Study:
         workdir=workdir,
         search_space_path=search_space_path,
         objective_path=objective_path,
+        env_references=tuple(env_references),
     )
 
 

@@ -1,0 +1,241 @@
+"""Secrets: a study whose server takes `--api-key` runs, and no secret value is written anywhere.
+
+The study test runs the real CLI on the simulated SGLang server, which enforces the key as SGLang does and
+prints it at start-up as SGLang does (`server_args=ServerArgs(... api_key='...' ...)`), then reads back
+every byte the study wrote and everything the commands printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.benchmark import BenchmarkError, Workload, benchmark
+from autotune.config._yaml import expand_env_references
+from autotune.config.study import load_study
+from autotune.errors import ConfigError
+from autotune.redaction import REDACTED, Secrets, redacted_output, server_api_key
+from autotune.runner import LocalCommandRunner, free_port
+from tests.conftest import REPO
+
+API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
+HF_TOKEN = "hf_tokenvalue_b81d44e0"  # the server's env through ${HF_TOKEN}
+WANDB_API_KEY = "wandb-key-0c9e1f77aa"  # only in the environment autotune runs in
+PASSWORD = "written-in-the-file-5521"  # written in clear in the study file (secret-named env var)
+SECRET_VALUES = (API_KEY, HF_TOKEN, WANDB_API_KEY, PASSWORD)
+N_TRIALS = 3
+
+
+def _write_study(root: Path) -> Path:
+    objective = {
+        "name": "small-throughput",
+        "metric": "output_throughput",
+        "workload": {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2},
+    }
+    (root / "objective.yaml").write_text(yaml.safe_dump(objective))
+    study = {
+        "study": "secrets",
+        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
+        "objective": "objective.yaml",
+        "nodes": [
+            {
+                "name": "local",
+                "address": "local",
+                "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
+            }
+        ],
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "model_weight_gb": 547,
+            "port": "auto",
+            "flags": {"--tp-size": 8, "--api-key": "${SIM_API_KEY}"},
+            "env": {
+                "SGLANG_SIM_TIME_SCALE": "0.001",
+                "HF_TOKEN": "${HF_TOKEN}",
+                "DB_PASSWORD": PASSWORD,
+            },
+        },
+        "budget": {"n_trials": N_TRIALS},
+        "sampler": {"name": "tpe", "seed": 3},
+        "timeouts": {"startup_s": 60, "benchmark_s": 60},
+    }
+    path = root / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="disabled",
+        SIM_API_KEY=API_KEY,
+        HF_TOKEN=HF_TOKEN,
+        WANDB_API_KEY=WANDB_API_KEY,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _leaks(data: bytes) -> list[str]:
+    return [value for value in SECRET_VALUES if value.encode() in data]
+
+
+def test_a_study_with_an_api_key_completes_and_writes_no_secret(tmp_path: Path) -> None:
+    study = _write_study(tmp_path)
+    # --no-ray: the node actor runs in the CLI's own process, so its stdout and stderr are checked too.
+    outputs = {"run": _cli(tmp_path, "run", str(study), "--no-ray")}
+    assert outputs["run"].returncode == 0, outputs["run"].stderr[-3000:]
+    outputs["status"] = _cli(tmp_path, "status", str(study))
+    outputs["status --json"] = _cli(tmp_path, "status", str(study), "--json")
+    outputs["best"] = _cli(tmp_path, "best", str(study), "--export", "best.sh")
+    outputs["report"] = _cli(tmp_path, "report", str(study), "--out", "report")
+    for name, done in outputs.items():
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        assert not _leaks((done.stdout + done.stderr).encode()), name
+
+    # Every trial ran: the client sent the key (without it the simulated server answers 401 and each
+    # trial fails as benchmark_error).
+    trials = json.loads(outputs["status --json"].stdout)["trials"]
+    assert len(trials) == N_TRIALS
+    assert [t["failure_kind"] for t in trials if t["state"] != "COMPLETE"] == [], trials
+
+    # Every byte the study wrote: Optuna and MLflow databases, artifacts, server logs, scripts, the report.
+    ours = {study, tmp_path / "objective.yaml"}  # the user's own files (the study file holds PASSWORD)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p not in ours]
+    assert any(p.suffix == ".db" for p in written) and any(p.name == "launch.sh" for p in written)
+    leaked = {str(p.relative_to(tmp_path)): _leaks(p.read_bytes()) for p in written}
+    assert {p: v for p, v in leaked.items() if v} == {}
+
+    # The server printed its key (so the scan above could fail) and the log holds it redacted.
+    logs = [p for p in written if p.name.endswith(".log") and "server_args=" in p.read_text(errors="replace")]
+    assert logs, sorted(str(p.relative_to(tmp_path)) for p in written)
+    assert all(f"api_key='{REDACTED}'" in p.read_text(errors="replace") for p in logs)
+    # The recorded study file keeps the references, not the values; the value written in it is redacted.
+    copies = [p for p in written if p.name == "study.yaml"]
+    assert copies and all(
+        "${SIM_API_KEY}" in p.read_text() and "${HF_TOKEN}" in p.read_text() for p in copies
+    )
+    assert all(f"DB_PASSWORD: {REDACTED}\n" in p.read_text() for p in copies)
+
+
+@pytest.fixture
+def keyed_server(tmp_path: Path) -> Iterator[str]:
+    """The simulated server started with --api-key, ready."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", "/models/Kimi-K2.5",
+        "--tp-size", "8", "--api-key", API_KEY, "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    process = LocalCommandRunner().start(argv, {"SGLANG_SIM_TIME_SCALE": "0.001"}, tmp_path / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while "The server is fired up" not in (tmp_path / "server.log").read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, process.read_log()[-2000:]
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.stop(grace_s=5)
+    # The runner wrote the log through its redacting pipe: the key SGLang prints is not in it.
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert f"api_key='{REDACTED}'" in log and API_KEY not in log
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_simulated_server_enforces_the_key_as_sglang_does(keyed_server: str) -> None:
+    # SGLang 0.5.17 srt/utils/auth.py: 401 {"error": "Unauthorized"} without the Bearer key; /health* free.
+    assert _get(keyed_server + "/get_server_info") == (401, b'{"error": "Unauthorized"}')
+    assert _get(keyed_server + "/get_server_info", {"Authorization": "Bearer wrong-key"})[0] == 401
+    assert _get(keyed_server + "/get_server_info", {"Authorization": f"Bearer {API_KEY}"})[0] == 200
+    assert _get(keyed_server + "/health")[0] == 200
+    workload = Workload(num_prompts=2, input_len=100, output_len=8, concurrency=2, warmup_requests=1)
+    with pytest.raises(BenchmarkError, match="warm-up failed") as info:
+        benchmark(keyed_server, workload, timeout_s=30)
+    assert "401" in str(info.value.first_error)
+    assert benchmark(keyed_server, workload, timeout_s=30, api_key=API_KEY).completed == 2
+
+
+def test_env_references_expand_and_an_unset_one_names_file_field_and_variable(tmp_path: Path) -> None:
+    data = {"server": {"flags": {"--api-key": "${KEY}"}, "command": ["x", "pre-${KEY}-post"]}}
+    expanded, names = expand_env_references("s.yaml", data, {"KEY": "v4lue"})
+    assert expanded == {"server": {"flags": {"--api-key": "v4lue"}, "command": ["x", "pre-v4lue-post"]}}
+    assert names == ["KEY"]
+    with pytest.raises(ConfigError) as info:
+        expand_env_references("s.yaml", {"server": {"env": {"HF_TOKEN": "${HF_TOKEN}"}}}, {})
+    assert str(info.value) == (
+        "s.yaml: server.env.HF_TOKEN: reads ${HF_TOKEN} from the environment, but HF_TOKEN is not set "
+        "(got '${HF_TOKEN}'). Set it where autotune runs (export HF_TOKEN=...), "
+        "or write the value in the file."
+    )
+
+
+def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study = _write_study(tmp_path)
+    text = study.read_text().replace("SGLANG_SIM_TIME_SCALE: '0.001'", "SGLANG_SIM_TIME_SCALE: ${SCALE_TEXT}")
+    study.write_text(text)
+    for name, value in {"SIM_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "SCALE_TEXT": "0.001000"}.items():
+        monkeypatch.setenv(name, value)
+    loaded = load_study(study)
+    assert loaded.env_references == ("SIM_API_KEY", "SCALE_TEXT", "HF_TOKEN")
+    assert loaded.file.server.flags["--api-key"] == API_KEY
+    assert {API_KEY, HF_TOKEN, PASSWORD, "0.001000"} <= loaded.secrets.values
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(ConfigError, match=r"server\.env\.HF_TOKEN: reads \$\{HF_TOKEN\}"):
+        load_study(study)
+
+
+def test_redaction_by_value() -> None:
+    secrets = Secrets.of(
+        env={"HF_TOKEN": "hf_abcdef", "TOKENIZERS_PARALLELISM": "false", "NCCL_ALGO": "Ring-long"},
+        argv=["--api-key", "sk-123456", "--admin-api-key=adm-123456", "--tp-size", "8"],
+    )
+    # "false" is too short to be searched for (it would blank every such word); NCCL_ALGO is no secret.
+    assert secrets.values == {"hf_abcdef", "sk-123456", "adm-123456"}
+    text = "api_key='sk-123456', admin_api_key='adm-123456' HF=hf_abcdef false Ring-long"
+    assert secrets.redact(text) == "api_key='***', admin_api_key='***' HF=*** false Ring-long"
+    assert secrets.redact_bytes(text.encode()) == secrets.redact(text).encode()
+    assert "hf_abcdef" not in repr(secrets)
+    assert Secrets.of(values=["abc", "abcdefgh"]).redact("abcdefgh abc") == "*** abc"
+    assert server_api_key(["--api-key", "a", "--api-key=b"]) == "b"
+    assert server_api_key(["--tp-size", "8"]) is None
+
+
+def test_redacted_output_covers_prints_and_tracebacks(capsys: pytest.CaptureFixture[str]) -> None:
+    import traceback
+
+    with redacted_output(Secrets.of(values=["sk-123456"])):
+        print("key sk-123456")
+        try:
+            raise RuntimeError("could not launch ['--api-key', 'sk-123456']")
+        except RuntimeError:
+            traceback.print_exc()
+    out, err = capsys.readouterr()
+    assert out == "key ***\n"
+    assert "RuntimeError: could not launch ['--api-key', '***']" in err and "sk-123456" not in err
