@@ -20,13 +20,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.benchmark import BenchmarkError, Workload, benchmark
+from autotune import remote_benchmark
+from autotune.bench_serving import BenchServingRun
+from autotune.benchmark import API_KEY_ENV, BenchmarkError, Workload, benchmark
 from autotune.config._yaml import expand_env_references
 from autotune.config.study import load_study
 from autotune.errors import ConfigError
+from autotune.measurement import BenchServingOptions
 from autotune.redaction import REDACTED, Secrets, redacted_output, server_api_key
 from autotune.runner import LocalCommandRunner, free_port
 from tests.conftest import REPO
+from tests.test_objectives import BENCH_SERVING_LINE
 
 API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
 HF_TOKEN = "hf_tokenvalue_b81d44e0"  # the server's env through ${HF_TOKEN}
@@ -136,14 +140,17 @@ def test_a_study_with_an_api_key_completes_and_writes_no_secret(tmp_path: Path) 
     assert all(f"DB_PASSWORD: {REDACTED}\n" in p.read_text() for p in copies)
 
 
+KEYED_ARGV = [
+    sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", "/models/Kimi-K2.5",
+    "--tp-size", "8", "--api-key", API_KEY, "--host", "127.0.0.1",
+]  # fmt: skip
+
+
 @pytest.fixture
 def keyed_server(tmp_path: Path) -> Iterator[str]:
     """The simulated server started with --api-key, ready."""
     port = free_port()
-    argv = [
-        sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", "/models/Kimi-K2.5",
-        "--tp-size", "8", "--api-key", API_KEY, "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+    argv = [*KEYED_ARGV, "--port", str(port)]
     process = LocalCommandRunner().start(argv, {"SGLANG_SIM_TIME_SCALE": "0.001"}, tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -178,6 +185,50 @@ def test_the_simulated_server_enforces_the_key_as_sglang_does(keyed_server: str)
         benchmark(keyed_server, workload, timeout_s=30)
     assert "401" in str(info.value.first_error)
     assert benchmark(keyed_server, workload, timeout_s=30, api_key=API_KEY).completed == 2
+
+
+def test_the_benchmark_on_the_node_reads_the_key_from_its_env(keyed_server: str) -> None:
+    workload = Workload(num_prompts=2, input_len=100, output_len=8, concurrency=2)
+    argv = remote_benchmark.command(sys.executable, keyed_server, workload, 30, 0)
+    assert not any(API_KEY in word for word in argv)  # never on a command line (ps shows it)
+    runner = LocalCommandRunner()
+    done = runner.run(argv, {API_KEY_ENV: API_KEY}, 60)
+    assert remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr).completed == 2
+    done = runner.run(argv, {API_KEY_ENV: ""}, 60)
+    with pytest.raises(BenchmarkError, match="warm-up failed"):
+        remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr)
+
+
+# What sglang.bench_serving does with the key (SGLang 0.5.17 benchmark/serving.py get_auth_headers: the
+# env's OPENAI_API_KEY as `Authorization: Bearer`), then its result line appended to --output-file.
+KEYED_STAND_IN = """
+import json, os, sys, urllib.request
+args = sys.argv[1:]
+key = os.environ.get("OPENAI_API_KEY")
+auth = {"Authorization": f"Bearer {key}"} if key else {}
+url = args[args.index("--base-url") + 1] + "/get_model_info"
+urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=10)  # 401 raises
+line = json.loads(sys.argv[1])
+line["completed"] = int(args[args.index("--num-prompts") + 1])
+with open(args[args.index("--output-file") + 1], "a") as f:
+    f.write(json.dumps(line) + "\\n")
+"""
+
+
+def test_bench_serving_gets_the_key_as_sglang_reads_it(keyed_server: str, tmp_path: Path) -> None:
+    script = tmp_path / "bench_serving_stand_in.py"
+    script.write_text(KEYED_STAND_IN)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    options = BenchServingOptions(
+        tokenizer=str(tokenizer), command=(sys.executable, str(script), json.dumps(BENCH_SERVING_LINE))
+    )
+    run = BenchServingRun(LocalCommandRunner(), keyed_server, KEYED_ARGV, options, timeout_s=60)
+    workload = Workload(num_prompts=4, input_len=100, output_len=8, concurrency=2)
+    result = run.measure(workload, seed=0)
+    # Its request passed, and so did autotune's own /get_server_info on the node (time_scale 0.001).
+    assert result.completed == 4 and result.time_scale == pytest.approx(0.001)
 
 
 def test_env_references_expand_and_an_unset_one_names_file_field_and_variable(tmp_path: Path) -> None:
