@@ -29,7 +29,7 @@ from autotune.errors import ConfigError
 from autotune.measurement import BenchServingOptions
 from autotune.redaction import REDACTED, Secrets, redacted_output, server_api_key
 from autotune.runner import LocalCommandRunner, free_port
-from tests.conftest import REPO
+from tests.conftest import write_study
 from tests.test_objectives import BENCH_SERVING_LINE
 
 API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
@@ -41,41 +41,11 @@ N_TRIALS = 3
 
 
 def _write_study(root: Path) -> Path:
-    objective = {
-        "name": "small-throughput",
-        "metric": "output_throughput",
-        "workload": {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2},
-    }
-    (root / "objective.yaml").write_text(yaml.safe_dump(objective))
-    study = {
-        "study": "secrets",
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": "objective.yaml",
-        "nodes": [
-            {
-                "name": "local",
-                "address": "local",
-                "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
-            }
-        ],
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "model_weight_gb": 547,
-            "port": "auto",
-            "flags": {"--tp-size": 8, "--api-key": "${SIM_API_KEY}"},
-            "env": {
-                "SGLANG_SIM_TIME_SCALE": "0.001",
-                "HF_TOKEN": "${HF_TOKEN}",
-                "DB_PASSWORD": PASSWORD,
-            },
-        },
-        "budget": {"n_trials": N_TRIALS},
-        "sampler": {"name": "tpe", "seed": 3},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = root / "study.yaml"
+    """The shared small study, with its server's key and HF_TOKEN read from the environment."""
+    path = write_study(root, N_TRIALS)
+    study = yaml.safe_load(path.read_text())
+    study["server"]["flags"]["--api-key"] = "${SIM_API_KEY}"
+    study["server"]["env"].update({"HF_TOKEN": "${HF_TOKEN}", "DB_PASSWORD": PASSWORD})
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 
@@ -250,6 +220,7 @@ def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
 ) -> None:
     study = _write_study(tmp_path)
     text = study.read_text().replace("SGLANG_SIM_TIME_SCALE: '0.001'", "SGLANG_SIM_TIME_SCALE: ${SCALE_TEXT}")
+    assert "${SCALE_TEXT}" in text
     study.write_text(text)
     for name, value in {"SIM_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "SCALE_TEXT": "0.001000"}.items():
         monkeypatch.setenv(name, value)
