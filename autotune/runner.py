@@ -43,6 +43,7 @@ __all__ = [
 # After SIGKILL the kernel tears the group down in milliseconds; this only bounds a stuck D-state wait.
 _KILL_WAIT_S = 5.0
 _POLL_S = 0.05
+_LOG_DRAIN_S = 1.0
 
 
 class LaunchError(AutotuneError):
@@ -233,7 +234,9 @@ class LocalServerProcess(ServerProcess):
     def poll(self) -> int | None:
         code = self._popen.poll()
         if code is not None and self.log_writer is not None:
-            self.log_writer.join(timeout=_KILL_WAIT_S)  # an exited server's last lines are in the log
+            # Once: an exited server's last lines reach the log (children holding the pipe bound the wait).
+            writer, self.log_writer = self.log_writer, None
+            writer.join(timeout=_LOG_DRAIN_S)
         return code
 
     def stop(self, grace_s: float = 10.0) -> int | None:

@@ -261,3 +261,19 @@ def test_redacted_output_covers_prints_and_tracebacks(capsys: pytest.CaptureFixt
     out, err = capsys.readouterr()
     assert out == "key ***\n"
     assert "RuntimeError: could not launch ['--api-key', '***']" in err and "sk-123456" not in err
+
+
+def test_a_server_log_with_a_secret_is_written_redacted_and_whole_at_exit(tmp_path: Path) -> None:
+    code = (
+        "import sys; print(f\"server_args=ServerArgs(api_key='{sys.argv[2]}')\"); "
+        "print('last line'); sys.exit(3)"
+    )
+    argv = [sys.executable, "-c", code, "--api-key", API_KEY]
+    process = LocalCommandRunner().start(argv, {}, tmp_path / "log")
+    deadline = time.monotonic() + 30
+    while process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # When poll() says it exited, the log already holds every line it printed, the key redacted.
+    assert process.read_log() == f"server_args=ServerArgs(api_key='{REDACTED}')\nlast line\n"
+    assert process.stop() == 3
