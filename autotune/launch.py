@@ -10,7 +10,7 @@ from autotune.errors import ForbiddenLaunchError
 
 # What is secret lives in autotune.redaction; the names stay importable from here.
 from autotune.redaction import REDACTED as REDACTED
-from autotune.redaction import argv_secrets
+from autotune.redaction import Secrets, argv_secrets
 from autotune.redaction import is_secret_name as is_secret_name
 
 
@@ -62,12 +62,14 @@ AUTO_PORT = 0  # the port of a launch whose node picks a free one when it starts
 
 @dataclass(frozen=True)
 class ServerLaunch:
-    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens."""
+    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens;
+    `secrets`: what its log must not hold besides the secrets its argv and env show by name."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     host: str
     port: int
+    secrets: Secrets = field(default_factory=Secrets, compare=False)
 
     @property
     def base_url(self) -> str:

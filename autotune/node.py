@@ -196,7 +196,7 @@ class TrialExecutor:
         launch = request.launch
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
-        return self.runner.start(launch.argv, launch.env, log_path)
+        return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)
 
     def _run_launched(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
         started = time.monotonic()

@@ -147,8 +147,11 @@ class ServerProcess(ABC):
 class CommandRunner(ABC):
     """Starts long-running commands on one machine; the launch logic never knows which machine."""
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ServerProcess:
-        """Start `argv` in its own session with os.environ + `env`, both streams appended to `log_path`.
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, secrets: Secrets | None = None
+    ) -> ServerProcess:
+        """Start `argv` in its own session with os.environ + `env`, both streams appended to `log_path`
+        with `secrets` and those of `argv` and `env` redacted.
 
         Raises `LaunchError` when the command cannot be started.
         """
@@ -161,10 +164,11 @@ class CommandRunner(ABC):
         bad_names = [k for k in env if not k or "=" in k or "\0" in k]
         if bad_names:
             raise LaunchError(argv, f"invalid environment variable names {bad_names!r}.")
-        return self._start(argv, dict(env), Path(log_path))
+        secrets = Secrets.of_launch(argv, env) | (secrets or Secrets())
+        return self._start(argv, dict(env), Path(log_path), secrets)
 
     @abstractmethod
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets) -> ServerProcess:
         """Start the validated command; subclasses implement this."""
 
     def run(
@@ -324,10 +328,12 @@ class LocalCommandRunner(CommandRunner):
         self._records = ServerRecords(state_dir / SERVERS_FILE if state_dir is not None else None)
         self.stopped_left_behind = self._records.stop_all(_stop_local_group)
 
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+    def _start(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> LocalServerProcess:
         server_id = uuid.uuid4().hex
         env = {**env, SERVER_ID_VAR: server_id}
-        process = self._popen(argv, env, log_path)
+        process = self._popen(argv, env, log_path, secrets)
         self._records.add(process.pgid, server_id)
         process.on_stopped = lambda: self._records.remove(server_id)
         return process
@@ -335,11 +341,12 @@ class LocalCommandRunner(CommandRunner):
     def free_port(self, host: str) -> int:
         return free_port(host)
 
-    def _popen(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+    def _popen(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> LocalServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # SGLang prints its api_key at start-up: with a secret in the launch, the log is written through
         # a redacting pipe instead of by the server itself.
-        secrets = Secrets.of_launch(argv, env)
         with open(log_path, "ab") as log:
             offset = log.tell()
             try:

@@ -462,7 +462,9 @@ class SSHCommandRunner(CommandRunner):
         return result.stdout
 
     # -- CommandRunner -------------------------------------------------------------------------------
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> SSHServerProcess:
+    def _start(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> SSHServerProcess:
         bad = [name for name in env if name[0].isdigit() or not set(name) <= _ENV_NAME_CHARS]
         if bad:
             raise LaunchError(argv, f"environment variable names a shell cannot export: {bad!r}")
@@ -505,7 +507,7 @@ class SSHCommandRunner(CommandRunner):
             remote_log=remote_log,
             remote_offset=int(lines[0]),
             status_path=status,
-            secrets=Secrets.of_launch(argv, env),
+            secrets=secrets,
         )
 
     def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:

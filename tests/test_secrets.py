@@ -36,7 +36,8 @@ API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
 HF_TOKEN = "hf_tokenvalue_b81d44e0"  # the server's env through ${HF_TOKEN}
 WANDB_API_KEY = "wandb-key-0c9e1f77aa"  # only in the environment autotune runs in
 PASSWORD = "written-in-the-file-5521"  # written in clear in the study file (secret-named env var)
-SECRET_VALUES = (API_KEY, HF_TOKEN, WANDB_API_KEY, PASSWORD)
+SERVED_NAME = "served-name-3e8d1c"  # a flag no name marks secret, read through ${SERVED_NAME}
+SECRET_VALUES = (API_KEY, HF_TOKEN, WANDB_API_KEY, PASSWORD, SERVED_NAME)
 N_TRIALS = 3
 
 
@@ -44,7 +45,7 @@ def _write_study(root: Path) -> Path:
     """The shared small study, with its server's key and HF_TOKEN read from the environment."""
     path = write_study(root, N_TRIALS)
     study = yaml.safe_load(path.read_text())
-    study["server"]["flags"]["--api-key"] = "${SIM_API_KEY}"
+    study["server"]["flags"].update({"--api-key": "${SIM_API_KEY}", "--served-model-name": "${SERVED_NAME}"})
     study["server"]["env"].update({"HF_TOKEN": "${HF_TOKEN}", "DB_PASSWORD": PASSWORD})
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
@@ -57,6 +58,7 @@ def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         SIM_API_KEY=API_KEY,
         HF_TOKEN=HF_TOKEN,
         WANDB_API_KEY=WANDB_API_KEY,
+        SERVED_NAME=SERVED_NAME,
     )
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],
@@ -101,7 +103,9 @@ def test_a_study_with_an_api_key_completes_and_writes_no_secret(tmp_path: Path) 
     # The server printed its key (so the scan above could fail) and the log holds it redacted.
     logs = [p for p in written if p.name.endswith(".log") and "server_args=" in p.read_text(errors="replace")]
     assert logs, sorted(str(p.relative_to(tmp_path)) for p in written)
-    assert all(f"api_key='{REDACTED}'" in p.read_text(errors="replace") for p in logs)
+    for log in logs:
+        assert f"api_key='{REDACTED}'" in log.read_text(errors="replace")
+        assert f"served_model_name='{REDACTED}'" in log.read_text(errors="replace")
     # The recorded study file keeps the references, not the values; the value written in it is redacted.
     copies = [p for p in written if p.name == "study.yaml"]
     assert copies and all(
@@ -222,12 +226,15 @@ def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
     text = study.read_text().replace("SGLANG_SIM_TIME_SCALE: '0.001'", "SGLANG_SIM_TIME_SCALE: ${SCALE_TEXT}")
     assert "${SCALE_TEXT}" in text
     study.write_text(text)
-    for name, value in {"SIM_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "SCALE_TEXT": "0.001000"}.items():
+    values = {"SIM_API_KEY": API_KEY, "SERVED_NAME": SERVED_NAME, "HF_TOKEN": HF_TOKEN}
+    for name, value in {**values, "SCALE_TEXT": "0.001000"}.items():
         monkeypatch.setenv(name, value)
     loaded = load_study(study)
-    assert loaded.env_references == ("SIM_API_KEY", "SCALE_TEXT", "HF_TOKEN")
+    assert loaded.env_references == ("SIM_API_KEY", "SERVED_NAME", "SCALE_TEXT", "HF_TOKEN")
     assert loaded.file.server.flags["--api-key"] == API_KEY
-    assert {API_KEY, HF_TOKEN, PASSWORD, "0.001000"} <= loaded.secrets.values
+    assert {API_KEY, SERVED_NAME, HF_TOKEN, PASSWORD, "0.001000"} <= loaded.secrets.values
+    # The launch carries them to the runner, which redacts them from the server's log.
+    assert loaded.server_launch(loaded.search_space.baseline()).secrets == loaded.secrets
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(ConfigError, match=r"server\.env\.HF_TOKEN: reads \$\{HF_TOKEN\}"):
         load_study(study)

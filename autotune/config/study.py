@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -480,7 +480,7 @@ class Study:
             SpeculativeRules.ALGORITHM
         )
         draft = server.draft_model_path if SpeculativeRules.needs_draft_model(algorithm) else None
-        return build_server_launch(
+        launch = build_server_launch(
             command=server.command,
             model_path=server.model_path,
             config=config,
@@ -492,6 +492,7 @@ class Study:
             never_launch_env=self.file.never_launch.env,
             never_launch_flags=self.file.never_launch.flags,
         )
+        return replace(launch, secrets=self.secrets)
 
     def job_launch(self, config: TrialConfig) -> ServerLaunch:
         """The launch of one trial's job: the job command with the objective's arguments, and the study's
@@ -505,6 +506,7 @@ class Study:
             env={**server.env, **config.env},
             host=server.host,
             port=AUTO_PORT,  # a job listens nowhere
+            secrets=self.secrets,
         )
         check_never_launch(launch, env=self.file.never_launch.env, flags=self.file.never_launch.flags)
         return launch
