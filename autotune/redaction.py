@@ -24,6 +24,7 @@ __all__ = [
     "Secrets",
     "argv_secrets",
     "is_secret_name",
+    "redacted_output",
     "server_api_key",
 ]
 
