@@ -16,8 +16,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload
+from autotune.benchmark import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload
 from autotune.measurement import BenchServingOptions
+from autotune.redaction import server_api_key
 from autotune.runner import CommandRunner
 
 __all__ = [
@@ -58,10 +59,13 @@ INSTALL_HINT = (
     "pybase64 IPython datasets pillow; or set objective bench_serving.command."
 )
 _SERVER_INFO = (
-    "import json, sys, urllib.request\n"
+    "import json, os, sys, urllib.request\n"
+    f"key = os.environ.get({API_KEY_ENV!r})\n"
+    "auth = {'Authorization': f'Bearer {key}'} if key else {}\n"
     "for path in ('/get_server_info', '/server_info'):\n"
     "    try:\n"
-    "        print(json.dumps(json.load(urllib.request.urlopen(sys.argv[1] + path, timeout=10))))\n"
+    "        request = urllib.request.Request(sys.argv[1] + path, headers=auth)\n"
+    "        print(json.dumps(json.load(urllib.request.urlopen(request, timeout=10))))\n"
     "        break\n"
     "    except Exception:\n"
     "        pass\n"
@@ -183,8 +187,9 @@ def _tail(text: str) -> str | None:
 class BenchServingRun:
     """Runs bench_serving for one launch through `runner`: `measure(workload, seed)` per benchmark.
 
-    `launch_argv` is the server's command line: the tokenizer defaults to its `--model-path`, and the
-    client's Python to the server's when the server is started as `PYTHON -m ...`.
+    `launch_argv` is the server's command line: the tokenizer defaults to its `--model-path`, the
+    client's Python to the server's when the server is started as `PYTHON -m ...`, and its `--api-key`
+    reaches bench_serving as `OPENAI_API_KEY`, which it sends as `Authorization: Bearer`.
     """
 
     def __init__(
@@ -212,6 +217,8 @@ class BenchServingRun:
         self.tokenizer = tokenizer
         self.extra_args = list(options.extra_args)
         self.timeout_s = timeout_s
+        key = server_api_key(argv)
+        self.key_env = {API_KEY_ENV: key} if key else {}
         self._checked = False
 
     def check_tokenizer(self) -> None:
@@ -236,7 +243,7 @@ class BenchServingRun:
     def time_scale(self) -> float:
         """The server's `time_scale` from /get_server_info, asked on the node (1.0 when absent, as on
         SGLang)."""
-        done = self.runner.run([self.python, "-c", _SERVER_INFO, self.base_url], {}, 30)
+        done = self.runner.run([self.python, "-c", _SERVER_INFO, self.base_url], self.key_env, 30)
         line = _tail(done.stdout) or ""
         try:
             info = json.loads(line) if done.returncode == 0 and line else {}
@@ -273,7 +280,7 @@ class BenchServingRun:
         )
         try:
             try:
-                done = self.runner.run(argv, dict(BENCH_SERVING_ENV), self.timeout_s)
+                done = self.runner.run(argv, {**BENCH_SERVING_ENV, **self.key_env}, self.timeout_s)
             except TimeoutError:
                 raise BenchmarkError(
                     f"did not finish within {self.timeout_s:g} s (sglang.bench_serving)"

@@ -390,10 +390,22 @@ def _accept_length(info: dict[str, Any]) -> float | None:
     return None
 
 
+# The env var that carries the server's --api-key to a client on the node: sglang.bench_serving reads it
+# (SGLang 0.5.17/0.5.23 benchmark/serving.py get_auth_headers), and so does autotune.remote_benchmark.
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header every request to a server started with `--api-key` carries (SGLang 0.5.17
+    srt/utils/auth.py decide_request_auth: `Authorization: Bearer <key>`, else 401)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 async def run_benchmark(
-    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0
+    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0, api_key: str | None = None
 ) -> BenchmarkResult:
-    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`.
+    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`; every
+    request carries `api_key` (the server's `--api-key`).
 
     Warm-up requests run first and are not counted. Failed requests are counted in the result; raises
     `BenchmarkError` when a warm-up request or every request fails, or when the whole benchmark takes
@@ -404,7 +416,8 @@ async def run_benchmark(
     outcomes: list[RequestOutcome] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # the overall deadline bounds the rest
     connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds what is in flight
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = auth_headers(api_key)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         try:
             async with asyncio.timeout(timeout_s):
                 info = await _server_info(session, base_url)
@@ -458,6 +471,8 @@ async def run_benchmark(
     return result
 
 
-def benchmark(base_url: str, workload: Workload, timeout_s: float, seed: int = 0) -> BenchmarkResult:
+def benchmark(
+    base_url: str, workload: Workload, timeout_s: float, seed: int = 0, api_key: str | None = None
+) -> BenchmarkResult:
     """Synchronous `run_benchmark` for callers without an event loop (a Ray actor method, the CLI)."""
-    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed))
+    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed, api_key=api_key))

@@ -6,8 +6,11 @@ Usage errors and bad files print one line and exit 2; a traceback appears only u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,6 +19,7 @@ from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
 from autotune.launch import describe_launch, is_set, launch_script, to_arg
+from autotune.redaction import Secrets, redacted_output
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -102,20 +106,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.debug = getattr(args, "debug", False)
-    try:
-        return int(COMMANDS[args.command](args))
-    except ConfigError as exc:
-        if args.debug:
-            raise
-        print(f"autotune: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except AutotuneError as exc:
-        if args.debug:
-            raise
-        print(f"autotune: {exc}", file=sys.stderr)
-        from autotune.driver import StudyInterrupted
+    with redacted_output(_secrets(args)):
+        try:
+            return int(COMMANDS[args.command](args))
+        except ConfigError as exc:
+            if args.debug:
+                traceback.print_exc()  # here, where stderr redacts, not by Python after main returns
+                return EXIT_FAILED
+            print(f"autotune: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except AutotuneError as exc:
+            if args.debug:
+                traceback.print_exc()
+                return EXIT_FAILED
+            print(f"autotune: {exc}", file=sys.stderr)
+            from autotune.driver import StudyInterrupted
 
-        return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+            return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+        except Exception:
+            traceback.print_exc()
+            return EXIT_FAILED
+
+
+def _secrets(args: argparse.Namespace) -> Secrets:
+    """What the command must not print: the environment's secrets and the study's (when it loads)."""
+    secrets = Secrets.of(env=dict(os.environ))
+    study_file = getattr(args, "study_file", None)
+    if study_file is not None:
+        with contextlib.suppress(Exception):  # the command itself reports a study file it cannot load
+            secrets |= load_study(study_file).secrets
+    return secrets
 
 
 # -- run ----------------------------------------------------------------------------------------------
@@ -466,7 +486,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     for name, value in config.derived.items():
         print(f"  {name} = {value}  (set by SGLang's rules)")
     if args.export:
-        args.export.write_text(script)
+        args.export.write_text(study.secrets.redact(script))
         args.export.chmod(0o755)
         print(f"launch script written to {args.export}")
     else:

@@ -197,7 +197,11 @@ class StudyDriver:
         with study_lock(study):  # drivers starting together must not create the tracking store twice
             tracker = (
                 StudyTracker(
-                    study.tracking_uri, study.name, study.workdir / "artifacts", metric=study.objective.metric
+                    study.tracking_uri,
+                    study.name,
+                    study.workdir / "artifacts",
+                    metric=study.objective.metric,
+                    secrets=study.secrets,
                 )
                 if self.tracking
                 else NullTracker()
@@ -304,11 +308,13 @@ class StudyDriver:
                 return None
         except ForbiddenLaunchError as exc:
             trial.set_user_attr("failure_kind", "forbidden")
-            trial.set_user_attr("failure", str(exc))
+            trial.set_user_attr("failure", study.secrets.redact(str(exc)))
             ostudy.tell(trial, state=TrialState.FAIL)
             progress.done = finished_count(ostudy)
             self.reporter(
-                "finished", progress, {"number": trial.number, "state": "FAIL", "failure": str(exc)}
+                "finished",
+                progress,
+                {"number": trial.number, "state": "FAIL", "failure": study.secrets.redact(str(exc))},
             )
             return None
         self.skips = 0  # a launch: the run of proposals that cannot run is broken
@@ -502,7 +508,7 @@ class StudyDriver:
             assert result.failure is not None  # a result that is not ok carries its failure
             failure = result.failure
             trial.set_user_attr("failure_kind", failure.kind.value)
-            trial.set_user_attr("failure", failure.line[:500])
+            trial.set_user_attr("failure", self.study.secrets.redact(failure.line)[:500])
             trial.set_user_attr("advice", failure.advice)
             if failure.culprits:
                 trial.set_user_attr("culprits", list(failure.culprits))

@@ -22,7 +22,14 @@ from typing import Any
 
 from autotune import remote_benchmark
 from autotune.bench_serving import BenchServingRun
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, run_benchmark
+from autotune.benchmark import (
+    API_KEY_ENV,
+    BenchmarkError,
+    BenchmarkResult,
+    Workload,
+    auth_headers,
+    run_benchmark,
+)
 from autotune.config import NodeSpec, ServerSpec
 from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
@@ -31,6 +38,7 @@ from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
+from autotune.redaction import server_api_key
 from autotune.runner import (
     CommandRunner,
     LaunchError,
@@ -188,7 +196,7 @@ class TrialExecutor:
         launch = request.launch
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
-        return self.runner.start(launch.argv, launch.env, log_path)
+        return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)
 
     def _run_launched(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
         started = time.monotonic()
@@ -197,7 +205,7 @@ class TrialExecutor:
         outcome = wait_until_ready(
             process,
             log_path,
-            None if self.benchmark_on_node else lambda: _health_ok(url),  # the ready line says it there
+            None if self.benchmark_on_node else lambda: _health_ok(url, server_api_key(request.launch.argv)),
             request.startup_timeout_s,
             on_phase=self._enter,
         )
@@ -308,7 +316,11 @@ class TrialExecutor:
         if not self.benchmark_on_node:
             url = self.runner.url_for(launch)
             return run_benchmark(
-                url, request.serving_workload, timeout_s=request.benchmark_timeout_s, seed=request.seed
+                url,
+                request.serving_workload,
+                timeout_s=request.benchmark_timeout_s,
+                seed=request.seed,
+                api_key=server_api_key(launch.argv),
             )
         argv = remote_benchmark.command(
             benchmark_python(launch.argv),
@@ -318,9 +330,12 @@ class TrialExecutor:
             request.seed,
         )
 
+        key = server_api_key(launch.argv)
+        key_env = {API_KEY_ENV: key} if key else {}
+
         def on_node() -> BenchmarkResult:
             try:
-                done = self.runner.run(argv, launch.env, request.benchmark_timeout_s + 60)
+                done = self.runner.run(argv, {**launch.env, **key_env}, request.benchmark_timeout_s + 60)
             except TimeoutError as exc:
                 raise BenchmarkError(f"did not finish on the node ({exc})") from None
             return remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr)
@@ -403,9 +418,11 @@ def _node_local_url(launch: ServerLaunch) -> str:
     return ServerLaunch(launch.argv, launch.env, host, launch.port).base_url
 
 
-def _health_ok(base_url: str) -> bool:
+def _health_ok(base_url: str, api_key: str | None = None) -> bool:
+    # SGLang lets /health through without the key; sending it anyway keeps one rule for every request.
+    request = urllib.request.Request(f"{base_url}/health", headers=auth_headers(api_key))
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

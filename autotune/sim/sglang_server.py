@@ -544,8 +544,10 @@ class SimulatedServer:
 
     @web.middleware
     async def _api_key_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # As SGLang 0.5.17 srt/utils/auth.py decide_request_auth: with --api-key every path but /health*
+        # and /metrics* needs `Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"}.
         key = self.ns.api_key
-        if key and not request.path.startswith("/health") and request.path != "/metrics":
+        if key and not request.path.startswith(("/health", "/metrics")):
             if request.headers.get("Authorization") != f"Bearer {key}":
                 return web.json_response({"error": "Unauthorized"}, status=401)
         response: web.StreamResponse = await handler(request)
