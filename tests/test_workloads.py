@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.bench_serving import command, parse_output
 from autotune.benchmark import (
+    BenchmarkError,
     BenchmarkResult,
     RequestOutcome,
     Slo,
@@ -33,6 +35,7 @@ from autotune.runner import LocalCommandRunner
 from autotune.sim.predictability import predictability
 from autotune.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
 from tests.test_node import request as node_request
+from tests.test_objectives import BENCH_SERVING_LINE
 from tests.test_sim_server import SimServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -287,3 +290,33 @@ def test_text_prompts_accept_more_draft_tokens_than_random_ids() -> None:
     # Token ids keep the profile's figure (no words to read); text is mostly common words and phrases.
     assert predictability("the cat sat on the mat; a cat sat".split()) == pytest.approx(5 / 9)
     assert 2.0 < random_ids < 2.6 and text > random_ids + 0.3
+
+
+# -- sglang.bench_serving as the client -----------------------------------------------------------------
+def test_bench_serving_sends_the_workload_in_real_time_and_reads_its_goodput(tmp_path: Path) -> None:
+    sharegpt = tmp_path / "s.json"
+    workload = Workload(
+        8, 100, 64, 4, prompts=str(sharegpt), request_rate=2.0, slo=Slo(ttft_ms=3000, tpot_ms=30)
+    )
+    # Served 50x faster: 2 req/s of server time is 100 real req/s, 3000 server ms are 60 real ms.
+    argv = " ".join(
+        command(["py"], "http://h:1", workload, tokenizer="/t", output_file="/o", seed=1, time_scale=0.02)
+    )
+    for part in (
+        f"--dataset-name sharegpt --dataset-path {sharegpt} --sharegpt-output-len 64",
+        "--request-rate 100",
+        "--goodput ttft:60 tpot:0.6",
+    ):
+        assert part in argv
+    uniform = replace(
+        workload, prompts=None, lengths="uniform", range_ratio=0.25, request_rate=None, slo=None
+    )
+    argv = " ".join(command(["py"], "http://h:1", uniform, tokenizer="/t", output_file="/o", seed=1))
+    assert "--dataset-name random-ids" in argv and "--random-range-ratio 0.25" in argv
+    assert "--request-rate" not in argv and "--goodput" not in argv
+    # SGLang 0.5.23's result keys (sglang/benchmark/goodput.py GoodputMetrics), per real second.
+    line = {**BENCH_SERVING_LINE, "request_goodput": 0.05, "slo_attainment": 0.75}
+    result = parse_output(json.dumps(line), workload, time_scale=0.02)
+    assert result.request_goodput == pytest.approx(0.001) and result.slo_attainment == 0.75
+    with pytest.raises(BenchmarkError, match=r"an SLO needs SGLang 0\.5\.23 or later"):
+        parse_output(json.dumps(BENCH_SERVING_LINE), workload)
