@@ -73,7 +73,7 @@ async def search_load(
     lowest_miss: float | None = None
     steps: list[BenchmarkResult] = []
     best: BenchmarkResult | None = None
-    stopped_by = f"the steps ran out ({plan.steps})"
+    stopped_by = ""
     last_error: BenchmarkError | None = None
     failed_in_a_row = 0
     for index in range(plan.steps):
@@ -105,6 +105,10 @@ async def search_load(
             elif highest_pass is not None:
                 stopped_by = f"bracketed: {highest_pass:g} met the SLO, {lowest_miss:g} did not"
             break
+    else:
+        passed = "none" if highest_pass is None else f"{highest_pass:g}"
+        missed = "none" if lowest_miss is None else f"{lowest_miss:g}"
+        stopped_by = f"the steps ran out ({plan.steps}): highest pass {passed}, lowest miss {missed}"
     if not steps:
         assert last_error is not None
         raise last_error

@@ -6,13 +6,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import random
+import re
+import sqlite3
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autotune.bench_serving import command, parse_output
 from autotune.benchmark import (
@@ -31,7 +37,7 @@ from autotune.errors import ConfigError
 from autotune.load_search import LoadSearchPlan
 from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.node import TrialExecutor
-from autotune.runner import LocalCommandRunner
+from autotune.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability
 from autotune.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
 from tests.test_node import request as node_request
@@ -320,3 +326,40 @@ def test_bench_serving_sends_the_workload_in_real_time_and_reads_its_goodput(tmp
     assert result.request_goodput == pytest.approx(0.001) and result.slo_attainment == 0.75
     with pytest.raises(BenchmarkError, match=r"an SLO needs SGLang 0\.5\.23 or later"):
         parse_output(json.dumps(BENCH_SERVING_LINE), workload)
+
+
+# -- the shipped examples, through the CLI ---------------------------------------------------------------
+@pytest.mark.parametrize("example", ["goodput", "max-load-slo"])
+def test_the_shipped_examples_validate(tmp_path: Path, example: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "validate", str(REPO / "examples" / f"{example}.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"study quickstart-{example}: OK")
+
+
+def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path) -> None:
+    study = yaml.safe_load((REPO / "examples" / "max-load-slo.yaml").read_text())
+    study["search_space"] = str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml")
+    study["objective"] = str(REPO / "objectives" / "max-load-slo.yaml")
+    study["budget"] = {"n_trials": 1}  # the baseline: one launch, one search
+    study["server"]["port"] = free_port()
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", "study.yaml"],
+        cwd=tmp_path,
+        env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^best max_load: \d+\.\d+", done.stdout, re.MULTILINE), done.stdout
+    db = tmp_path / ".autotune" / "quickstart-max-load-slo" / "mlflow.db"
+    with sqlite3.connect(db) as connection:
+        keys = {key for (key,) in connection.execute("select distinct key from metrics")}
+    assert {"max_load", "step0.request_rate", "step0.slo_attainment", "step1.request_rate"} <= keys
