@@ -33,6 +33,13 @@ class LoadSearchPlan:
     steps: int = 8
     attainment: float = 0.9
     tolerance: float = 0.1
+    min: float | None = None  # the lowest load tried; None: start / 8 (a step's time grows as 1 / rate)
+
+    @property
+    def floor(self) -> float:
+        if self.min is not None:
+            return self.min
+        return max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
 
     def load_of(self, workload: Workload) -> float:
         if self.vary == "concurrency":
@@ -57,7 +64,7 @@ class LoadSearchPlan:
             return None if highest_pass >= self.max else min(highest_pass * 2, self.max)
         if highest_pass is None:
             lower = math.floor(lowest_miss / 2) if whole else lowest_miss / 2
-            return lower if lower >= (1 if whole else 1e-3) else None
+            return lower if lower >= self.floor else None
         if lowest_miss - highest_pass <= (1 if whole else self.tolerance * highest_pass):
             return None
         middle = (highest_pass + lowest_miss) / 2
@@ -104,6 +111,8 @@ async def search_load(
                 stopped_by = f"max reached ({plan.max:g})"
             elif highest_pass is not None:
                 stopped_by = f"bracketed: {highest_pass:g} met the SLO, {lowest_miss:g} did not"
+            else:
+                stopped_by = f"the SLO missed down to the lowest load tried ({plan.floor:g}): {stopped_by}"
             break
     else:
         passed = "none" if highest_pass is None else f"{highest_pass:g}"

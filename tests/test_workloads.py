@@ -255,7 +255,8 @@ def test_the_load_search_brackets_the_highest_rate_within_the_slo(sim: SimServer
     rates = [step.workload.request_rate for step in result.levels]
     passed = [r for r, step in zip(rates, result.levels, strict=True) if search.passed(step)]
     missed = [r for r, step in zip(rates, result.levels, strict=True) if not search.passed(step)]
-    assert rates[:2] == [0.5, 1.0] and passed and missed, rates
+    # From the start, doubled while passing or halved while missing, then bisected.
+    assert rates[0] == 0.5 and rates[1] in (0.25, 1.0) and passed and missed, rates
     assert result.max_load == max(passed) and result.workload.request_rate == max(passed)
     assert min(missed) > max(passed)  # the answer's bracket: the next rate up missed
     assert result.load_stopped_by is not None
@@ -263,6 +264,20 @@ def test_the_load_search_brackets_the_highest_rate_within_the_slo(sim: SimServer
     assert metrics["max_load"] == result.max_load
     assert [metrics[f"step{i}.request_rate"] for i in range(len(rates))] == rates
     assert all(f"step{i}.slo_attainment" in metrics for i in range(len(rates)))
+
+
+def test_a_config_that_never_meets_the_slo_scores_zero_down_to_min(sim: SimServer) -> None:
+    base = Workload(num_prompts=4, input_len=200, output_len=16, concurrency=8, slo=Slo(ttft_ms=0.001))
+    search = LoadSearchPlan("request_rate", start=1.0, max=8, steps=8, min=0.25)
+    plan = replace(MeasurementPlan.single(base), load_search=search)
+
+    async def measure(workload: Workload, index: int) -> BenchmarkResult:
+        return await run_benchmark(sim.url(""), workload, timeout_s=60, seed=index)
+
+    result = asyncio.run(run_plan(plan, measure))
+    assert [step.workload.request_rate for step in result.levels] == [1.0, 0.5, 0.25]
+    assert result.max_load == 0.0
+    assert (result.load_stopped_by or "").startswith("the SLO missed down to the lowest load tried (0.25)")
 
 
 def test_a_server_dying_under_load_keeps_the_highest_load_that_passed(tmp_path: Path) -> None:

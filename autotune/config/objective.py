@@ -121,7 +121,8 @@ class LoadSearch(BaseModel):
     or the concurrency from `start`, doubling while a step passes (halving while it fails) and then bisecting
     between the highest pass and the lowest failure, at most `steps` benchmarks, none above `max`. A step
     passes when at least `attainment` of its requests met workload.slo. The trial's `max_load` is the highest
-    load that passed; a server that dies under load keeps the highest load that passed before."""
+    load that passed (0 when none down to `min` did); a server that dies under load keeps the highest load
+    that passed before."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -130,9 +131,10 @@ class LoadSearch(BaseModel):
     max: Annotated[float, Field(gt=0)]
     steps: Annotated[StrictInt, Field(ge=2, le=50)] = 8
     attainment: Annotated[float, Field(gt=0, le=1)] = 0.9
-    tolerance: Annotated[float, Field(gt=0, lt=1)] = (
-        0.1  # bisection stops when the gap is this share of the pass
-    )
+    # Bisection stops when the bracket is narrower than this share of the load that passed.
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    # The lowest load tried while halving (default start / 8): a rate step's time grows as 1 / rate.
+    min: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _range(self) -> LoadSearch:
@@ -142,6 +144,10 @@ class LoadSearch(BaseModel):
                 loc=("start",),
                 value=self.start,
                 fix=f"Set start <= max ({self.max:g}).",
+            )
+        if self.min is not None and self.min > self.start:
+            raise rule_error(
+                "min is above start", loc=("min",), value=self.min, fix=f"Set min <= start ({self.start:g})."
             )
         return self
 
