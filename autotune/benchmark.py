@@ -469,11 +469,7 @@ async def run_benchmark(
                 semaphore = asyncio.Semaphore(workload.concurrency)
                 prompts = requests_for(workload, "bench", seed, workload.num_prompts)
                 offsets = arrival_offsets(
-                    workload.num_prompts,
-                    workload.request_rate,
-                    workload.burstiness,
-                    seed,
-                    _time_scale(info) or 1.0,
+                    workload.num_prompts, workload.request_rate, workload.burstiness, _time_scale(info) or 1.0
                 )
 
                 async def one(prompt: Request, offset: float) -> None:

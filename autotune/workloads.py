@@ -204,13 +204,14 @@ def requests_for(workload: Workload, label: str, seed: int, count: int) -> list[
 
 
 def arrival_offsets(
-    count: int, request_rate: float | None, burstiness: float, seed: int, time_scale: float = 1.0
+    count: int, request_rate: float | None, burstiness: float, time_scale: float = 1.0
 ) -> list[float]:
     """When each request is sent, in real seconds from the start: all at 0 without a rate, else the sums
-    of gamma gaps of mean 1/rate (server seconds, times `time_scale` real seconds per server second)."""
+    of gamma gaps of mean 1/rate (server seconds, times `time_scale` real seconds per server second).
+    Every trial gets the same schedule for the same rate and shape, so configs meet the same traffic."""
     if request_rate is None:
         return [0.0] * count
-    rng = random.Random(f"autotune:arrivals:{seed}")
+    rng = random.Random(f"autotune:arrivals:{burstiness}")
     theta = 1.0 / (request_rate * burstiness)  # gamma(shape k, scale theta) has mean k * theta = 1 / rate
     offsets, now = [], 0.0
     for _ in range(count):

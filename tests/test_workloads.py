@@ -136,7 +136,7 @@ def test_random_ids_stay_what_they_were_and_lengths_follow_their_distribution() 
 
 def test_poisson_and_gamma_gaps_have_the_rate_and_the_spread() -> None:
     def gaps(burstiness: float) -> list[float]:
-        at = arrival_offsets(4000, 5.0, burstiness, seed=1, time_scale=0.1)
+        at = arrival_offsets(4000, 5.0, burstiness, time_scale=0.1)
         return [b - a for a, b in itertools.pairwise(at)]
 
     poisson, bursty = gaps(1.0), gaps(0.25)
@@ -146,7 +146,9 @@ def test_poisson_and_gamma_gaps_have_the_rate_and_the_spread() -> None:
     # A gamma of shape k has a coefficient of variation of 1/sqrt(k): 1 for Poisson, 2 for k = 0.25.
     assert statistics.stdev(poisson) / statistics.mean(poisson) == pytest.approx(1.0, rel=0.08)
     assert statistics.stdev(bursty) / statistics.mean(bursty) == pytest.approx(2.0, rel=0.1)
-    assert arrival_offsets(3, None, 1.0, seed=1) == [0.0, 0.0, 0.0]
+    assert arrival_offsets(3, None, 1.0) == [0.0, 0.0, 0.0]
+    # The same traffic for every trial; twice the rate, the same schedule twice as fast.
+    assert arrival_offsets(5, 10.0, 1.0) == pytest.approx([t / 2 for t in arrival_offsets(5, 5.0, 1.0)])
 
 
 # -- goodput --------------------------------------------------------------------------------------------
