@@ -35,7 +35,16 @@ Combine = Literal["mean", "target"]
 _SEED_STRIDE = 1_000_003
 # Summed over the levels rather than averaged: counts and the total time measured.
 _SUMMED = ("duration_s", "completed", "failed", "total_input_tokens", "total_output_tokens")
-_NOT_AVERAGED = ("workload", "levels", "short", "stopped_early", "client", "first_error", "time_scale")
+_NOT_AVERAGED = (
+    "workload",
+    "levels",
+    "short",
+    "stopped_early",
+    "client",
+    "first_error",
+    "time_scale",
+    "load_stopped_by",
+)
 
 
 @dataclass(frozen=True)
