@@ -81,24 +81,38 @@ def command(
     output_file: str,
     seed: int,
     extra_args: Sequence[str] = (),
+    time_scale: float = 1.0,
 ) -> list[str]:
-    """The bench_serving argv for one workload; `base` starts it (e.g. [python, -m, sglang.bench_serving])."""
+    """The bench_serving argv for one workload; `base` starts it (e.g. [python, -m, sglang.bench_serving]).
+
+    A ShareGPT prompts file is its `sharegpt` dataset (the file on the node), lengths `uniform` its
+    `--random-range-ratio`, a request rate its `--request-rate` and an SLO its `--goodput` (SGLang 0.5.23+),
+    the last two converted to real time by `time_scale` (real seconds per server second)."""
+    if workload.prompts is not None:
+        dataset = ["--dataset-name", "sharegpt", "--dataset-path", workload.prompts]
+        if workload.lengths != "file":
+            dataset += ["--sharegpt-output-len", str(workload.output_len)]
+    else:
+        ratio = workload.range_ratio if workload.lengths == "uniform" else 1.0
+        dataset = ["--dataset-name", "random-ids", "--random-input-len", str(workload.input_len)]
+        dataset += ["--random-output-len", str(workload.output_len), "--random-range-ratio", str(ratio)]
+    load = (
+        [] if workload.request_rate is None else ["--request-rate", f"{workload.request_rate / time_scale:g}"]
+    )
+    slo = workload.slo
+    limits = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms, "e2el": slo.e2el_ms} if slo is not None else {}
+    goodput = [f"{key}:{ms * time_scale:g}" for key, ms in limits.items() if ms is not None]
     return [
         *base,
         "--backend",
         "sglang",
         "--base-url",
         base_url,
-        "--dataset-name",
-        "random-ids",
+        *dataset,
         "--tokenizer",
         tokenizer,
-        "--random-input-len",
-        str(workload.input_len),
-        "--random-output-len",
-        str(workload.output_len),
-        "--random-range-ratio",
-        "1.0",
+        *load,
+        *(["--goodput", *goodput] if goodput else []),
         "--num-prompts",
         str(workload.num_prompts),
         "--max-concurrency",
@@ -158,6 +172,7 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
         values[name] /= time_scale
     completed = int(values.pop("completed"))
     accept = data.get("accept_length")
+    goodput = _goodput(data, workload, time_scale)
     result = BenchmarkResult(
         workload=workload,
         completed=completed,
@@ -167,6 +182,8 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
         accept_length=float(accept) if accept is not None and _is_number(accept) else None,
         time_scale=time_scale,
         client="bench_serving",
+        request_goodput=goodput[0],
+        slo_attainment=goodput[1],
         **values,
     )
     if completed == 0:
@@ -174,6 +191,22 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
             "failed: every request of sglang.bench_serving failed", failed=result.failed, first_error=None
         )
     return result
+
+
+def _goodput(
+    data: Mapping[str, Any], workload: Workload, time_scale: float
+) -> tuple[float | None, float | None]:
+    """`request_goodput` (per server second) and `slo_attainment`: SGLang 0.5.23+ writes for --goodput."""
+    if workload.slo is None:
+        return None, None
+    goodput, attainment = data.get("request_goodput", ""), data.get("slo_attainment", "")
+    if not (_is_number(goodput) and _is_number(attainment)):
+        raise BenchmarkError(
+            "of sglang.bench_serving wrote no goodput: an SLO needs SGLang 0.5.23 or later on the node "
+            "(its --goodput writes request_goodput and slo_attainment)",
+            first_error=f"fields present: {', '.join(sorted(data))}"[:500],
+        )
+    return float(goodput) * time_scale, float(attainment)
 
 
 def _is_number(value: object) -> bool:
@@ -269,6 +302,7 @@ class BenchServingRun:
                 first_error=_tail(made.stderr),
             )
         output_file = f"{folder}/result.jsonl"
+        scale = self.time_scale()
         argv = command(
             self.base,
             self.base_url,
@@ -277,6 +311,7 @@ class BenchServingRun:
             output_file=output_file,
             seed=seed,
             extra_args=self.extra_args,
+            time_scale=scale,
         )
         try:
             try:
@@ -299,6 +334,6 @@ class BenchServingRun:
                 raise BenchmarkError(
                     "of sglang.bench_serving wrote no result: no output file", first_error=_tail(read.stderr)
                 )
-            return parse_output(read.stdout, workload, time_scale=self.time_scale())
+            return parse_output(read.stdout, workload, time_scale=scale)
         finally:
             self.runner.run(["rm", "-rf", folder], {}, 30)

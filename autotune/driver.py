@@ -83,6 +83,9 @@ BENCHMARK_METRICS = (
     "completed",
     "failed",
     "time_scale",
+    "request_goodput",
+    "slo_attainment",
+    "max_load",
 )
 
 
@@ -374,6 +377,9 @@ class StudyDriver:
         if over:
             trial.set_user_attr(OVER_LIMITS_ATTR, over)
             tags["autotune.over_limits"] = "; ".join(str(v["text"]) for v in over.values())[:500]
+        if measured.load_stopped_by is not None:
+            trial.set_user_attr("load_stopped_by", measured.load_stopped_by)
+            tags["autotune.load_stopped_by"] = measured.load_stopped_by[:500]
         short = measured if measured.stopped_early else measured.short
         if short is not None and not objective.is_multi_objective:
             short_value = objective.value(short)
@@ -796,8 +802,14 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
         return out
 
     metrics = figures(measured)
-    for level in measured.levels:
-        metrics.update(figures(level, f"c{level.workload.concurrency}."))
+    for index, level in enumerate(measured.levels):
+        if measured.max_load is None:
+            metrics.update(figures(level, f"c{level.workload.concurrency}."))
+            continue
+        # A load search's steps, in the order measured: each with the load it sent.
+        metrics.update(figures(level, f"step{index}."))
+        metrics[f"step{index}.request_rate"] = level.workload.request_rate or 0.0
+        metrics[f"step{index}.concurrency"] = float(level.workload.concurrency)
     if measured.short is not None:
         metrics.update(figures(measured.short, "short."))
     return metrics

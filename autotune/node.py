@@ -271,14 +271,19 @@ class TrialExecutor:
                     failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
                     if died or failure:
                         process.stop(grace_s=FAILED_GRACE_S)  # the client's requests fail fast from here on
-                        future.exception()
+                        searched = None if future.exception() else future.result()
+                        if searched is not None and searched.max_load:
+                            return self._searched_until_death(searched, log_path, process), None
                         return None, self._died(log_path, process)
                     time.sleep(WATCH_POLL_S)
             except NodeUnreachableError:
                 job.cancel()
                 raise
             try:
-                return future.result(), None
+                result = future.result()
+                if result.max_load is not None and process.poll() is not None:
+                    return self._searched_until_death(result, log_path, process), None
+                return result, None
             except BenchmarkError as exc:
                 if process.poll() is not None:
                     return None, self._died(log_path, process)
@@ -341,6 +346,12 @@ class TrialExecutor:
             return remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr)
 
         return asyncio.to_thread(on_node)
+
+    def _searched_until_death(
+        self, result: BenchmarkResult, log_path: Path, process: ServerProcess
+    ) -> BenchmarkResult:
+        """A load search keeps the highest load that passed before the server died, with the death noted."""
+        return replace(result, load_stopped_by=f"the server died: {self._died(log_path, process).line}")
 
     def _died(self, log_path: Path, process: ServerProcess) -> Failure:
         found = classify(process.read_log(), "benchmarking")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from autotune.sim.predictability import request_accept_rate
 from autotune.sim.profiles import P2P_LEVELS, HardwareProfile, LinkProfile, ModelProfile
 
 if TYPE_CHECKING:
@@ -317,6 +318,14 @@ class NodeModel:
     @property
     def accept_length(self) -> float | None:
         return self.spec.accept_length if self.spec else None
+
+    def accept_length_for(self, predictability: float) -> float | None:
+        """The accept length of a request whose prompt has this predictability (see sim.predictability)."""
+        spec, draft = self.spec, self.model.draft
+        if spec is None or draft is None or predictability <= 0:
+            return self.accept_length
+        rate = request_accept_rate(draft.accept_rate, predictability)
+        return accept_length(rate, spec.num_steps, spec.topk, spec.num_draft_tokens)
 
     def _resolve_spec(self) -> SpecSettings | None:
         s, draft = self.settings, self.model.draft

@@ -68,6 +68,7 @@ from autotune.errors import ConfigError
 from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import ERROR, INFO, WARNING, SimLog, rank_prefix, tqdm_line
 from autotune.sim.model import LaunchSettings, NodeModel
+from autotune.sim.predictability import predictability
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server_args import (
     CudaGraphConfig,
@@ -616,7 +617,9 @@ class SimulatedServer:
             os.kill(os.getpid(), signal.SIGKILL)
 
     # -- engine loop --------------------------------------------------------------------------------------
-    def submit(self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None) -> _Request:
+    def submit(
+        self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None, predictability: float = 0.0
+    ) -> _Request:
         """Queue one generation on the engine and return the request its tokens will be delivered to."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
@@ -636,7 +639,7 @@ class SimulatedServer:
             raise _BadRequest(f"Duplicate request ID: {rid}")
         request = _Request(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
         self.requests[rid] = request
-        self.engine.add(rid, prompt_tokens, max_new_tokens)
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability)
         self._work.set()
         return request
 
@@ -923,7 +926,13 @@ class SimulatedServer:
                 params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
             )
             rid = body.get("rid")
-            job = self.submit(prompt_tokens, max_new, rid=str(rid) if rid is not None else None)
+            text = body.get("text")
+            job = self.submit(
+                prompt_tokens,
+                max_new,
+                rid=str(rid) if rid is not None else None,
+                predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
+            )
         except _BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if body.get("stream"):
