@@ -433,7 +433,13 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
     if t["proposed"]:
         notes.append(t["proposed"])
+    if t["failure"] and t["failure_kind"] in _SHOWN_WITH_MESSAGE:
+        notes.append(f"SGLang says: {t['failure']}")
     return notes
+
+
+# Failures whose fix is in SGLang's own message (a rejected flag, an unsupported feature): status quotes it.
+_SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -540,6 +546,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     else:
         print(f"{args.log_file}: {failure.kind.value}: {failure.description}")
         print(f"  line:   {failure.line}")
+        if failure.culprits:
+            print(f"  culprits: {' '.join(failure.culprits)}")
         print(f"  advice: {failure.advice}")
     return 0 if failure is None else EXIT_FAILED
 

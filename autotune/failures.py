@@ -1,8 +1,8 @@
 """Why a trial failed: the kinds of failure and the one table of SGLang log patterns that tell them apart.
 
-Every pattern is SGLang's (or torch's, NCCL's, FlashInfer's) own wording, quoted in
-/work/shared/reference/sglang.md, and each is tested against the real message it matches and against
-benign lines it must not match.
+Every pattern is SGLang's (or torch's, NCCL's, FlashInfer's, argparse's) own wording, as SGLang 0.5.17 to
+0.5.23 print it (and older wording that still occurs), and each is tested against the real message it
+matches (the version and SGLang source file beside it) and against benign lines it must not match.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ class FailureKind(StrEnum):
 
     KV_POOL_TOO_SMALL = "kv_pool_too_small"
     CUDA_GRAPH_OOM = "cuda_graph_oom"
+    PREFILL_GRAPH_OOM = "prefill_graph_oom"
     OOM_UNDER_LOAD = "oom_under_load"
     UNSUPPORTED = "unsupported"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    KERNEL_BUILD_FAILED = "kernel_build_failed"
     NCCL_ERROR = "nccl_error"
     STARTUP_TIMEOUT = "startup_timeout"
     SERVER_DIED = "server_died"
@@ -51,7 +54,12 @@ class FailureKind(StrEnum):
     @property
     def is_oom(self) -> bool:
         """True for the out-of-memory kinds (a penalized, pruned trial rather than a broken one)."""
-        return self in (FailureKind.KV_POOL_TOO_SMALL, FailureKind.CUDA_GRAPH_OOM, FailureKind.OOM_UNDER_LOAD)
+        return self in (
+            FailureKind.KV_POOL_TOO_SMALL,
+            FailureKind.CUDA_GRAPH_OOM,
+            FailureKind.PREFILL_GRAPH_OOM,
+            FailureKind.OOM_UNDER_LOAD,
+        )
 
     @property
     def flag_to_lower(self) -> str | None:
@@ -60,8 +68,9 @@ class FailureKind(StrEnum):
 
     @property
     def deterministic(self) -> bool:
-        """True when the same settings fail the same way on the same hardware every time."""
-        return self is FailureKind.UNSUPPORTED
+        """True when the same settings fail the same way on the same hardware every time: the values of the
+        flags the failure names (`Failure.culprits`) are remembered and not launched again."""
+        return self in (FailureKind.UNSUPPORTED, FailureKind.INVALID_ARGUMENTS)
 
     @property
     def retried_once(self) -> bool:
@@ -69,9 +78,15 @@ class FailureKind(StrEnum):
         return self in (FailureKind.INTERRUPTED, FailureKind.NODE_UNREACHABLE, FailureKind.NODE_LOST)
 
 
-# "Possible solutions: ... 2. set --cuda-graph-max-bs to a smaller value" (cuda_graph_runner.py). The other
-# solution it names, a smaller --mem-fraction-static, shrinks the KV cache that the throughput lives on.
-_FLAG_TO_LOWER: dict[FailureKind, str] = {FailureKind.CUDA_GRAPH_OOM: "--cuda-graph-max-bs"}
+# The one home of "which flag cures which failure". SGLang's "Possible solutions: ... 2. set
+# --cuda-graph-max-bs-decode to a smaller value (e.g., 16)" (0.5.17+, runner_backend_utils/__init__.py;
+# `--cuda-graph-max-bs` before 0.5.15, a deprecated alias until 0.5.19, gone in 0.5.21). The other solution
+# it names, a smaller --mem-fraction-static, shrinks the KV cache that the throughput lives on. A prefill
+# graph that runs out of memory is cured by fewer captured prefill batch sizes.
+_FLAG_TO_LOWER: dict[FailureKind, str] = {
+    FailureKind.CUDA_GRAPH_OOM: "--cuda-graph-max-bs-decode",
+    FailureKind.PREFILL_GRAPH_OOM: "--cuda-graph-max-bs-prefill",
+}
 
 _ADVICE: dict[FailureKind, str] = {
     FailureKind.KV_POOL_TOO_SMALL: (
@@ -80,7 +95,11 @@ _ADVICE: dict[FailureKind, str] = {
     ),
     FailureKind.CUDA_GRAPH_OOM: (
         "CUDA graph capture or start-up ran out of GPU memory: lower --mem-fraction-static (e.g. 0.8 or "
-        "0.7) to leave more for graphs and activations, or lower --cuda-graph-max-bs (e.g. 128)."
+        "0.7) to leave more for graphs and activations, or lower --cuda-graph-max-bs-decode (e.g. 128)."
+    ),
+    FailureKind.PREFILL_GRAPH_OOM: (
+        "Prefill CUDA graph capture ran out of GPU memory: lower --cuda-graph-max-bs-prefill or "
+        "--mem-fraction-static, or turn prefill graphs off (--cuda-graph-backend-prefill=disabled)."
     ),
     FailureKind.OOM_UNDER_LOAD: (
         "The server ran out of GPU memory while serving: lower --mem-fraction-static, "
@@ -89,6 +108,17 @@ _ADVICE: dict[FailureKind, str] = {
     FailureKind.UNSUPPORTED: (
         "A kernel or feature does not support this GPU architecture; the same flags fail the same way "
         "every time: drop the flag or choose another backend."
+    ),
+    FailureKind.INVALID_ARGUMENTS: (
+        "SGLang rejected the command line before starting (its argument parser or its own checks of the "
+        "flags; its message says which flag and why): the same flags fail the same way every time. Fix "
+        "the search space or server.flags: a flag or choice this SGLang version does not have, or a setting "
+        "another flag requires."
+    ),
+    FailureKind.KERNEL_BUILD_FAILED: (
+        "A GPU kernel failed to compile at start (FlashInfer/JIT: Ninja build failed): the node's CUDA "
+        "toolkit or SGLang/FlashInfer install is broken or incomplete (missing sources, mismatched "
+        "headers); fix the environment, not the settings; this trial says little about the settings."
     ),
     FailureKind.NCCL_ERROR: (
         "NCCL failed: check the NCCL_* environment variables of this trial (protocol, algorithm, "
@@ -130,7 +160,19 @@ class FailurePattern(NamedTuple):
     regex: re.Pattern[str]
     kind: FailureKind
     description: str
-    culprits: tuple[str, ...] = ()  # the flags an UNSUPPORTED message names, so they are not tried again
+    # The flags a deterministic failure implicates, so their values are not tried again; a regex group
+    # whose name starts with "flags" adds the flags the message itself names (an argparse error's).
+    culprits: tuple[str, ...] = ()
+
+    def culprits_in(self, match: re.Match[str]) -> tuple[str, ...]:
+        """This row's culprits, with the flags named in `match`'s `flags*` groups."""
+        named = [
+            flag
+            for group, text in match.groupdict().items()
+            if group.startswith("flags") and text
+            for flag in _FLAG.findall(text)
+        ]
+        return tuple(dict.fromkeys([*self.culprits, *named]))
 
 
 # Python traceback: a frame line, its indented source/caret lines, then the exception (no "File" line in
@@ -138,6 +180,13 @@ class FailurePattern(NamedTuple):
 _LAST_FRAME_IN = (
     r'  File "[^"\n]*(?:{where})[^"\n]*", line \d+, in [^\n]*\n(?:(?![ \t]*File ")[ \t][^\n]*\n)*'
 )
+
+# An out-of-memory error as torch words it (`torch.OutOfMemoryError: CUDA out of memory. Tried to ...`) or
+# as the CUDA driver does (`CUDA error: out of memory`), inside a wrapper's message on the same line.
+_OOM_TEXT = r"[^\n]*(?:out of memory|OutOfMemoryError)"
+
+# The flags a message names: a FailurePattern's `flags` group lists them (--name or --a/--b).
+_FLAG = re.compile(r"--[A-Za-z0-9][\w-]*")
 
 # ONE ordered table. classify() picks the first row (most specific first) that matches anywhere in the
 # log, so a root cause beats the errors it causes in other ranks (an OOM on one rank makes the others
@@ -149,7 +198,14 @@ PATTERNS: tuple[FailurePattern, ...] = (
         re.compile(r"No supported CUDA architectures found for major versions"),
         FailureKind.UNSUPPORTED,
         "FlashInfer JIT has no kernel for this GPU architecture",
-        ("--enable-flashinfer-allreduce-fusion",),
+        ("--enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend"),
+    ),
+    FailurePattern(
+        # 0.5.17+ (layers/flashinfer_comm_fusion.py `_resolve_backend`), at runner warm-up on SM120.
+        re.compile(r"FlashInfer allreduce fusion requires SM90 or SM10X"),
+        FailureKind.UNSUPPORTED,
+        "FlashInfer all-reduce fusion unsupported on this GPU",
+        ("--enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend"),
     ),
     FailurePattern(
         # Torch's wording is version-dependent; this is the simulated node's wording
@@ -176,7 +232,57 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "expert-parallel FlashInfer all-to-all backend assertion failed",
         ("--ep-size", "--moe-a2a-backend"),
     ),
+    # Rejected arguments: argparse's `{prog}: error: ...` (prog `sglang serve` or `launch_server.py`,
+    # exit status 2) and SGLang's own checks of the flags, raised as ValueError before anything loads.
     FailurePattern(
+        re.compile(
+            r"[\w.-]: error: (?:argument (?P<flags>--[\w-]+(?:/--?[\w-]+)*): "
+            r"|ambiguous option: (?P<flags2>--[\w-]+)(?:=\S*)? could match "
+            r"|unrecognized arguments: (?P<flags3>[^\n]*)"
+            r"|the following arguments are required: (?P<flags4>[^\n]*))"
+        ),
+        FailureKind.INVALID_ARGUMENTS,
+        "SGLang's argument parser rejected a flag",
+    ),
+    FailurePattern(
+        # "ValueError: --speculative-use-rejection-sampling requires --speculative-eagle-topk=1."
+        # (0.5.17+, arg_groups/speculative_hook.py). The flag checked is the culprit, not the one it needs.
+        re.compile(r"ValueError: (?P<flags>--[\w-]+)(?:=\S+)? requires --"),
+        FailureKind.INVALID_ARGUMENTS,
+        "SGLang rejected a flag that requires another setting",
+    ),
+    FailurePattern(
+        # "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path."
+        re.compile(r"ValueError: \w+ speculative decoding requires setting --"),
+        FailureKind.INVALID_ARGUMENTS,
+        "SGLang rejected a speculative algorithm without the setting it requires",
+        ("--speculative-algorithm",),
+    ),
+    FailurePattern(
+        # The EAGLE draft tree offers topk + (steps-1)*topk^2 candidates; asking torch.topk for
+        # --speculative-num-draft-tokens - 1 of them fails in the draft graph's capture, every time
+        # (speculative/eagle_utils.py, wrapped by eagle_draft_cuda_graph_runner.py). A combination of
+        # three flags: no single value is to blame, so none is remembered as incompatible.
+        re.compile(r"Capture cuda graph failed: [^\n]*selected index k out of range"),
+        FailureKind.INVALID_ARGUMENTS,
+        "speculative draft tree holds fewer than --speculative-num-draft-tokens - 1 candidates "
+        "(topk + (steps-1)*topk^2)",
+    ),
+    FailurePattern(
+        # A JIT kernel build (FlashInfer, sgl-kernel) that fails: the environment, not the settings.
+        # Real H200, 0.5.17: "Exception: Capture cuda graph failed: Ninja build failed. ..."
+        re.compile(r"\bNinja build failed\b|Error building extension '"),
+        FailureKind.KERNEL_BUILD_FAILED,
+        "a GPU kernel failed to compile (JIT build)",
+    ),
+    FailurePattern(
+        # 0.5.15+ (mem_cache/kv_cache_configurator.py): the weights exceed the static pool.
+        re.compile(r"Loaded weights leave no GPU memory for the KV cache"),
+        FailureKind.KV_POOL_TOO_SMALL,
+        "KV cache pool does not fit inside --mem-fraction-static",
+    ),
+    FailurePattern(
+        # Before 0.5.15 the common case; since, the residual one (model_executor/pool_configurator.py).
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
         FailureKind.KV_POOL_TOO_SMALL,
         "KV cache pool does not fit inside --mem-fraction-static",
@@ -188,9 +294,16 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "a prompt of the workload does not fit the KV cache pool",
     ),
     FailurePattern(
-        re.compile(r"Capture cuda graph failed"),
+        # 0.5.15+ (model_executor/runner/prefill_cuda_graph_runner.py), an OOM inside.
+        re.compile(r"Capture prefill CUDA graph failed: " + _OOM_TEXT),
+        FailureKind.PREFILL_GRAPH_OOM,
+        "prefill CUDA graph capture ran out of GPU memory",
+    ),
+    FailurePattern(
+        # Decode and EAGLE draft graph runners wrap the error: an OOM only when the wrapped error is one.
+        re.compile(r"Capture cuda graph failed: " + _OOM_TEXT),
         FailureKind.CUDA_GRAPH_OOM,
-        "CUDA graph capture failed",
+        "CUDA graph capture ran out of GPU memory",
     ),
     FailurePattern(
         re.compile(r"torch\.OutOfMemoryError: CUDA out of memory|CUDA out of memory\. Tried to allocate"),
@@ -198,13 +311,26 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "torch CUDA out of memory",
     ),
     FailurePattern(
+        # The driver's own allocation failing (cuBLAS workspace, NCCL buffers, a graph pool): the GPU is
+        # out of memory as surely as with torch's allocator, and the same fix (a smaller static pool)
+        # applies, so it is an OOM too, not an unknown crash.
+        re.compile(r"CUDA error: out of memory"),
+        FailureKind.CUDA_GRAPH_OOM,  # OOM_UNDER_LOAD while benchmarking
+        "CUDA driver out of memory",
+    ),
+    FailurePattern(
         re.compile(r"The memory capacity is unbalanced\. Some GPUs may be occupied by other processes"),
         FailureKind.LAUNCH_ERROR,
         "another process holds GPU memory",
     ),
     FailurePattern(
-        # Python's OSError says "Address already in use", uvicorn and torch's TCPStore say it lower-case.
-        re.compile(r"[Aa]ddress already in use|EADDRINUSE"),
+        # Python's OSError says "Address already in use", uvicorn and torch's TCPStore say it lower-case;
+        # SGLang's own checks: "--port at 30000 is not available in 30 seconds." (utils/network.py) and
+        # "Port is already in use. dist_init_port=..." (server_args.py).
+        re.compile(
+            r"[Aa]ddress already in use|EADDRINUSE|\bat \d+ is not available in \d+ seconds"
+            r"|Port is already in use\."
+        ),
         FailureKind.LAUNCH_ERROR,
         "port already taken",
     ),
@@ -219,6 +345,12 @@ PATTERNS: tuple[FailurePattern, ...] = (
         FailureKind.UNKNOWN_CRASH,
         "CUDA error",
     ),
+    FailurePattern(
+        # A capture that failed for another reason than memory: not the graph batch's fault.
+        re.compile(r"Capture (?:cuda|prefill CUDA) graph failed"),
+        FailureKind.UNKNOWN_CRASH,
+        "CUDA graph capture failed (not out of memory)",
+    ),
     # Propagation markers: the server is dying, but they do not say why.
     FailurePattern(
         re.compile(r"Scheduler hit an exception"),
@@ -231,9 +363,30 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "a child process failed and the server is killing its tree",
     ),
     FailurePattern(
-        re.compile(r"Rank 0 scheduler is dead"),
+        # 0.5.17+ running phase (managers/tokenizer_manager.py): "SIGQUIT received. signum=..., frame=...".
+        re.compile(r"SIGQUIT received\. signum="),
         FailureKind.UNKNOWN_CRASH,
-        "rank 0 scheduler is dead",
+        "a child process failed and the server is killing its tree",
+    ),
+    FailurePattern(
+        # utils/watchdog.py SubprocessWatchdog: "Subprocess X (pid=N) crashed with exit code -9. ..."
+        re.compile(r"Subprocess [^\n]* crashed with exit code"),
+        FailureKind.UNKNOWN_CRASH,
+        "a server subprocess crashed",
+    ),
+    FailurePattern(
+        # utils/watchdog.py: "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)";
+        # the soft watchdog only dumps its state and the server lives on.
+        re.compile(r"\bwatchdog timeout \([^\n]*\bsoft=False\)"),
+        FailureKind.UNKNOWN_CRASH,
+        "a batch hung past --watchdog-timeout and the server kills itself",
+    ),
+    FailurePattern(
+        # 0.5.17+ (entrypoints/engine.py): "Rank 0 scheduler died during initialization (exit code: -9).
+        # If exit code is -9 (SIGKILL), a common cause is the OS OOM killer." Older: "is dead".
+        re.compile(r"Rank \d+ scheduler (?:died during initialization|is dead)"),
+        FailureKind.UNKNOWN_CRASH,
+        "a scheduler process died",
     ),
     FailurePattern(
         re.compile(r"Initialization failed\."),
@@ -263,7 +416,9 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
     """Classify a server log: the most specific matching pattern wins; None when no pattern matches.
 
     `phase` is "starting" or "benchmarking": a CUDA out-of-memory error at start is a capture or
-    start-up OOM (CUDA_GRAPH_OOM), the same error while benchmarking is OOM_UNDER_LOAD.
+    start-up OOM (CUDA_GRAPH_OOM), the same error while benchmarking is OOM_UNDER_LOAD. A failed graph
+    capture is an OOM only when the error it wraps is one; a prefill graph's is PREFILL_GRAPH_OOM.
+    A rejected command line is INVALID_ARGUMENTS with the flags SGLang's message names as culprits.
     """
     if phase not in _PHASES:
         raise ValueError(f"`phase` must be one of {_PHASES}, but got {phase!r}.")
@@ -274,7 +429,8 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         kind = pattern.kind
         if phase == "benchmarking" and kind is FailureKind.CUDA_GRAPH_OOM:
             kind = FailureKind.OOM_UNDER_LOAD  # a CUDA OOM; a prompt the KV pool cannot hold stays KV
-        return Failure.of(kind, _line_at(log_text, match.end() - 1), pattern.description, pattern.culprits)
+        line = _line_at(log_text, match.end() - 1)
+        return Failure.of(kind, line, pattern.description, pattern.culprits_in(match))
     return None
 
 

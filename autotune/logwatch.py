@@ -123,21 +123,64 @@ def _decode(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
-# What SGLang decides for itself when a flag is left unset, as its `server_args=ServerArgs(...)` line
-# shows it (resolved before it is logged): the flag and the field that holds its value.
-CHOSEN_BY_SERVER = {
-    "--mem-fraction-static": re.compile(r"\bmem_fraction_static=([0-9.]+)\b"),
-    "--cuda-graph-max-bs": re.compile(r"\bcuda_graph_max_bs=(\d+)\b"),
-    "--chunked-prefill-size": re.compile(r"\bchunked_prefill_size=(-?\d+)\b"),
+# What SGLang decides for itself when a flag is left unset, as its `server_args=` line shows it (resolved
+# before it is logged), under autotune's name for each flag (SGLang's newest spelling). Three formats:
+#   <= 0.5.13  server_args=ServerArgs(..., mem_fraction_static=0.893, chunked_prefill_size=8192,
+#              cuda_graph_max_bs=512, ...)
+#   0.5.15-17  server_args=ServerArgs(..., cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(
+#              backend='full', max_bs=512, ...), prefill=PhaseConfig(...)),
+#              cuda_graph_max_bs_decode=None, ...)
+#   0.5.19+    server_args={'model_path': ..., 'mem_fraction_static': 0.893, 'cuda_graph_config':
+#              {'decode': {'backend': 'full', 'max_bs': 512, ...}, 'prefill': {...}}, ...}
+# (srt/entrypoints/engine.py: f"{server_args=}", then server_args.resolved_dict()).
+def _field(name: str, number: str) -> re.Pattern[str]:
+    """`name=N` (a dataclass repr) or `'name': N` (a dict)."""
+    return re.compile(rf"(?:\b{name}=|'{name}': )({number})(?=[,)}}\s]|$)")
+
+
+_FLOAT, _INT = r"[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]+)?", r"-?\d+"
+_FLAT: dict[str, tuple[re.Pattern[str], ...]] = {
+    "--mem-fraction-static": (_field("mem_fraction_static", _FLOAT),),
+    "--chunked-prefill-size": (_field("chunked_prefill_size", _INT),),
+    "--cuda-graph-max-bs-decode": (
+        _field("cuda_graph_max_bs_decode", _INT),
+        _field("cuda_graph_max_bs", _INT),
+    ),
+    "--cuda-graph-max-bs-prefill": (_field("cuda_graph_max_bs_prefill", _INT),),
 }
+# One phase of `cuda_graph_config`: `decode=PhaseConfig(...)` or `'decode': {...}` (no nested brackets of
+# either kind inside a phase but the `bs` list).
+_PHASE = {
+    "--cuda-graph-max-bs-decode": re.compile(r"(?:\bdecode=PhaseConfig\(|'decode': \{)([^(){}]*)"),
+    "--cuda-graph-max-bs-prefill": re.compile(r"(?:\bprefill=PhaseConfig\(|'prefill': \{)([^(){}]*)"),
+}
+_PHASE_MAX_BS = _field("max_bs", r"\d+")
+# Where the logged values are: from the start of the line's `server_args=`.
+_SERVER_ARGS = re.compile(r"\bserver_args=(?:ServerArgs\(|\{)")
+
+CHOSEN_BY_SERVER = tuple(_FLAT)
 
 
 def server_choices(line: str) -> dict[str, float]:
-    """The values a `server_args=ServerArgs(...)` log line shows for the flags in CHOSEN_BY_SERVER."""
-    if "server_args=ServerArgs(" not in line:
+    """The values a `server_args=` log line shows for the flags in CHOSEN_BY_SERVER (every format SGLang
+    0.5.11 to 0.5.23 prints); a graph's batch is what its phase in `cuda_graph_config` captures up to,
+    else the flat field (None there means "SGLang's choice", found in the phase)."""
+    start = _SERVER_ARGS.search(line)
+    if start is None:
         return {}
-    found = {flag: regex.search(line) for flag, regex in CHOSEN_BY_SERVER.items()}
-    return {flag: float(match.group(1)) for flag, match in found.items() if match is not None}
+    text = line[start.start() :]
+    found: dict[str, float] = {}
+    for flag, regexes in _FLAT.items():
+        phase = _PHASE.get(flag)
+        if phase is not None and (inside := phase.search(text)) is not None:
+            if (match := _PHASE_MAX_BS.search(inside.group(1))) is not None:
+                found[flag] = float(match.group(1))
+                continue
+        for regex in regexes:
+            if (match := regex.search(text)) is not None:
+                found[flag] = float(match.group(1))
+                break
+    return found
 
 
 class StartupStatus(StrEnum):

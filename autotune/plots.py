@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.failures import FailureKind
 
 MEMORY_FRACTION = "--mem-fraction-static"
-CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs"
+CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with sampled parameters; fewer say nothing about importance
 TOP_PARAMS = 3
 DPI = 110

@@ -282,11 +282,14 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
 class IncumbentMoves(_Wrapper):
     """`base`, with two kinds of trial a person tuning by hand would run, planned from the trials so far.
 
-    - A repair: a trial that failed in a way SGLang says a smaller value of one flag cures (CUDA graph
-      capture out of memory: a smaller --cuda-graph-max-bs) runs again at once with the smallest value of
-      that flag the search space has below the one that failed, the rest unchanged. The config it could not
-      start is then measured after all: EAGLE-3 with SGLang's own graph batch never starts on the seed's
-      node, so without repairs a sampler learns that speculation fails rather than what it is worth.
+    - A repair: a trial that failed in a way SGLang says a smaller value of one flag cures
+      (`FailureKind.flag_to_lower`: a decode CUDA graph capture out of memory, a smaller
+      --cuda-graph-max-bs-decode; a prefill graph's, a smaller --cuda-graph-max-bs-prefill) runs again at
+      once with the smallest value of that flag the search space has below the one that failed (below
+      the value the server logged choosing, when the flag was unset), the rest unchanged. The config it
+      could not start is then measured after all: EAGLE-3 with SGLang's own graph batch never starts on
+      the seed's node, so without repairs a sampler learns that speculation fails rather than what it is
+      worth.
     - A move: after the start, with probability `share`, a trial changes one knob of the best feasible
       trial so far (two with probability `second`); knobs that only exist under the new value (a switched-on
       speculative algorithm's tree) are drawn at random. The landscape is mostly a product of each knob's

@@ -21,7 +21,7 @@ from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_size
 
 from autotune.config import Study  # noqa: E402
 
-MEM, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs"
+MEM, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
 
 
 SLOW_SCRIPTS = pytest.mark.skipif(

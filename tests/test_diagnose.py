@@ -60,8 +60,9 @@ def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
             "cuda_graph_oom",
             "Capture cuda graph failed",
         ),
+        (("--attention-backend", "flash"), "invalid_arguments", "invalid choice: 'flash'"),
     ],
-    ids=["kv-pool", "symm-mem", "graph-oom"],
+    ids=["kv-pool", "symm-mem", "graph-oom", "argparse"],
 )
 def test_diagnose_names_the_kind_the_line_and_the_advice(
     tmp_path: Path, flags: tuple[str, ...], kind: str, evidence: str
@@ -72,6 +73,24 @@ def test_diagnose_names_the_kind_the_line_and_the_advice(
     assert f": {kind}:" in text.stdout and evidence in text.stdout and "advice:" in text.stdout
     data = json.loads(diagnose(str(log), "--json").stdout)
     assert data["failure"]["kind"] == kind and evidence in data["failure"]["line"]
+
+
+def test_an_argparse_rejection_is_reported_with_sglangs_message_and_culprit(tmp_path: Path) -> None:
+    # Real SGLang 0.5.23 on a flag it no longer has (argparse; exit status 2, nothing else logged).
+    log = tmp_path / "server.log"
+    log.write_text(
+        "usage: sglang serve [-h] --model-path MODEL_PATH\n"
+        "                    [--cuda-graph-max-bs-decode CUDA_GRAPH_MAX_BS_DECODE]\n"
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+        "--cuda-graph-max-bs-prefill\n"
+    )
+    text = diagnose(str(log))
+    assert text.returncode == 1 and ": invalid_arguments:" in text.stdout
+    assert "line:   sglang serve: error: ambiguous option: --cuda-graph-max-bs could match" in text.stdout
+    assert "culprits: --cuda-graph-max-bs" in text.stdout
+    data = json.loads(diagnose(str(log), "--json").stdout)
+    assert data["failure"]["kind"] == "invalid_arguments"
+    assert data["failure"]["culprits"] == ["--cuda-graph-max-bs"]
 
 
 def test_a_healthy_log_has_no_failure(tmp_path: Path) -> None:

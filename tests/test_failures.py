@@ -8,33 +8,54 @@ from autotune.failures import PATTERNS, Failure, FailureKind, classify, is_fatal
 
 P = "[2026-02-27 11:50:37 TP3] "
 
-# (real message, kind at start, kind while benchmarking); the messages are SGLang's, torch's, NCCL's and
-# FlashInfer's wording from /work/shared/reference/sglang.md.
+# (real message, kind at start): SGLang's, torch's, NCCL's, FlashInfer's and argparse's wording, each with
+# the SGLang version and source file that prints it (paths inside the `sglang` package; see
+# shared/reference/sglang-versions.md, whose "Exact real log strings" table and A2, A5, C3 quote them, and
+# the device kit's "Real failure lines", seen on a real H200 with 0.5.17).
 REAL_MESSAGES: list[tuple[str, FailureKind]] = [
     (
-        # SGLang's scheduler (validate_input_length), as the abort message of a request.
+        # All versions: managers/utils.py validate_input_length, as the abort message of a request.
         "Input length (28000 tokens) exceeds the maximum allowed length (20511 tokens). Use a shorter input "
         "or enable --allow-auto-truncate.",
         FailureKind.KV_POOL_TOO_SMALL,
     ),
     (
-        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-        "Current value: self.server_args.mem_fraction_static=0.55",
+        # 0.5.15+: srt/mem_cache/kv_cache_configurator.py (0.5.17 :1646-1655, 0.5.23 :3050-3057);
+        # real H200, 0.5.17, --mem-fraction-static 0.01.
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.01. "
+        "Raise --mem-fraction-static above 0.016 (minimum viable = 1 - available/pre = 0.0154). If using "
+        "speculative decoding, draft weights are now counted.",
         FailureKind.KV_POOL_TOO_SMALL,
     ),
     (
-        "Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered",
-        FailureKind.CUDA_GRAPH_OOM,
+        # <= 0.5.13: model_runner.py; 0.5.15+ the residual case, model_executor/pool_configurator.py:62-67.
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.55",
+        FailureKind.KV_POOL_TOO_SMALL,
     ),
     (
+        # 0.5.17: model_executor/runner/decode_cuda_graph_runner.py:414-419 wrapping torch's OOM.
         "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. "
         "GPU 3 has a total capacity of 139.81 GiB of which 1.12 GiB is free.",
         FailureKind.CUDA_GRAPH_OOM,
     ),
     (
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
-        "capacity of 139.81 GiB of which 1.12 GiB is free. Including non-PyTorch memory, this process has "
-        "138.68 GiB memory in use.",
+        # 0.5.17: the same wrapper around the CUDA driver's own allocation failure.
+        "Exception: Capture cuda graph failed: CUDA error: out of memory",
+        FailureKind.CUDA_GRAPH_OOM,
+    ),
+    (
+        # 0.5.17: model_executor/runner/prefill_cuda_graph_runner.py:378-381 (0.5.23 :521).
+        "RuntimeError: Capture prefill CUDA graph failed: CUDA out of memory. Tried to allocate 1.50 GiB. "
+        "GPU 0 has a total capacity of 139.80 GiB of which 1.02 GiB is free.",
+        FailureKind.PREFILL_GRAPH_OOM,
+    ),
+    (
+        # torch's caching allocator (any version); real H200, 0.5.17, --mem-fraction-static 0.999 while
+        # allocating the KV pool.
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.28 GiB. GPU 0 has a total "
+        "capacity of 139.80 GiB of which 4.27 GiB is free. Including non-PyTorch memory, this process has "
+        "135.52 GiB memory in use.",
         FailureKind.CUDA_GRAPH_OOM,
     ),
     (
@@ -42,7 +63,18 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
         FailureKind.CUDA_GRAPH_OOM,
     ),
     (
+        # torch's wording for cudaErrorMemoryAllocation from a driver call (C3): an OOM, not a crash.
+        "RuntimeError: CUDA error: out of memory",
+        FailureKind.CUDA_GRAPH_OOM,
+    ),
+    (
+        # flashinfer compilation_context.py (JIT), wrapped in a capture failure on older servers.
         "RuntimeError: No supported CUDA architectures found for major versions [9, 10].",
+        FailureKind.UNSUPPORTED,
+    ),
+    (
+        # 0.5.17: srt/layers/flashinfer_comm_fusion.py:46-50 (_resolve_backend), on SM120.
+        "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
         FailureKind.UNSUPPORTED,
     ),
     # The simulated node's wording for torch symmetric memory on an unsupported architecture.
@@ -51,11 +83,60 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
         FailureKind.UNSUPPORTED,
     ),
     (
+        # All versions: srt/layers/attention/flashattention_backend.py.
         "AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90. "
         "Please use `--attention-backend flashinfer`.",
         FailureKind.UNSUPPORTED,
     ),
     (
+        # 0.5.17 real H200 (argparse, prog `sglang serve`, exit 2).
+        "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'triton', "
+        "'torch_native', 'flex_attention', 'flashinfer', 'fa3')",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # 0.5.23 (server_args.py has --cuda-graph-max-bs-decode/-prefill, no --cuda-graph-max-bs).
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+        "--cuda-graph-max-bs-prefill",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # Any version, `python -m sglang.launch_server` (prog launch_server.py); 0.5.23 for --stream-output.
+        "launch_server.py: error: unrecognized arguments: --stream-output --cuda-graph-bs 8",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # 0.5.17 real H200: srt/arg_groups/speculative_hook.py, EAGLE with --speculative-eagle-topk 4.
+        "ValueError: --speculative-use-rejection-sampling requires --speculative-eagle-topk=1.",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # 0.5.17 real H200: srt/arg_groups/speculative_hook.py.
+        "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path.",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # 0.5.17 (source reading, A4): torch.topk in speculative/eagle_utils.py inside the draft graph's
+        # capture, wrapped by speculative/eagle_draft_cuda_graph_runner.py:273-276.
+        "Exception: Capture cuda graph failed: selected index k out of range",
+        FailureKind.INVALID_ARGUMENTS,
+    ),
+    (
+        # 0.5.17 real H200: a broken FlashInfer JIT (missing norm.cu; CUB/Thrust mismatch) in capture.
+        "Exception: Capture cuda graph failed: Ninja build failed. Ninja output:",
+        FailureKind.KERNEL_BUILD_FAILED,
+    ),
+    (
+        # A capture that fails for another reason is not an OOM (decode_cuda_graph_runner.py wrapper).
+        "Exception: Capture cuda graph failed: Expected all tensors to be on the same device",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    (
+        "RuntimeError: Capture prefill CUDA graph failed: Dynamo failed to run FX node",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    (
+        # All versions: distributed/bootstrap.py (C4).
         "ValueError: The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
         "min_per_gpu_memory=70.12, local_gpu_memory=139.81, local_gpu_memory * 0.9=125.83",
         FailureKind.LAUNCH_ERROR,
@@ -69,6 +150,17 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
     (
         "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
         "address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use",
+        FailureKind.LAUNCH_ERROR,
+    ),
+    (
+        # 0.5.17: srt/utils/network.py:93-96 wait_port_available.
+        "ValueError: --port at 30000 is not available in 30 seconds. --port is used by a process already.",
+        FailureKind.LAUNCH_ERROR,
+    ),
+    (
+        # 0.5.17: srt/server_args.py:9538-9541.
+        "RuntimeError: Port is already in use. dist_init_port=None port_base=30000 detokenizer_port=30001 "
+        "nccl_port=30002 scheduler_input_port=30003",
         FailureKind.LAUNCH_ERROR,
     ),
     (
@@ -88,11 +180,38 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
         "torch.AcceleratorError: CUDA error: an illegal instruction was encountered",
         FailureKind.UNKNOWN_CRASH,
     ),
+    # Propagation markers (C3).
+    # 0.5.17: managers/scheduler.py:4949-4952.
     ("Scheduler hit an exception: Traceback (most recent call last):", FailureKind.UNKNOWN_CRASH),
     (
+        # 0.5.17: entrypoints/engine.py:1649-1653 (launch phase).
         "Received sigquit from a child process. It usually means the child failed.",
         FailureKind.UNKNOWN_CRASH,
     ),
+    (
+        # 0.5.17: managers/tokenizer_manager.py:3753-3756 (running phase).
+        "SIGQUIT received. signum=3, frame=<frame at 0x7f1c2c0b5a40, file "
+        "'/usr/lib/python3.12/selectors.py', "
+        "line 468, code select>. It usually means one child failed.",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    (
+        # 0.5.17: srt/utils/watchdog.py:153-156 (the hard watchdog).
+        "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    (
+        # 0.5.17: srt/utils/watchdog.py SubprocessWatchdog._check_processes.
+        "Subprocess scheduler_0 (pid=41235) crashed with exit code -9. Triggering SIGQUIT for cleanup...",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    (
+        # 0.5.17: entrypoints/engine.py:1677-1684 (0.5.23 :2006).
+        "RuntimeError: Rank 3 scheduler died during initialization (exit code: -9). If exit code is -9 "
+        "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.",
+        FailureKind.UNKNOWN_CRASH,
+    ),
+    # Older servers (before 0.5.15).
     ("Rank 0 scheduler is dead. Please check if there are relevant logs.", FailureKind.UNKNOWN_CRASH),
     ("Initialization failed. Please see the error messages above.", FailureKind.UNKNOWN_CRASH),
     ("Initialization failed. warmup error: Traceback (most recent call last):", FailureKind.UNKNOWN_CRASH),
@@ -144,6 +263,23 @@ BENIGN_LINES = [
     "[2026-02-27 11:50:30 TP0] Set NCCL_CUMEM_ENABLE=0, NCCL_NVLS_ENABLE=0",
     "[2026-02-27 11:55:02 TP0] The request was aborted because of an error in the client; error count: 0",
     "AssertionError",  # alone: not known to be the FlashInfer all-to-all backend's
+    # 0.5.17's own lines around a healthy start (shared/reference/sglang-versions.md, device kit).
+    "[2026-12-01 10:01:02 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+    "bs=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64], avail mem=20.44 GB",
+    "[2026-12-01 10:02:15 TP0] Capture target decode CUDA graph end. elapsed=72.68 s, mem usage=0.08 GB, "
+    "avail mem=20.35 GB.",
+    "[2026-12-01 10:00:01] '--cuda-graph-max-bs' is deprecated and will be removed in a future release. "
+    "Use '--cuda-graph-max-bs-decode' instead.",
+    "[2026-12-01 10:00:01] --enable-flashinfer-allreduce-fusion is deprecated. Please use "
+    "--flashinfer-allreduce-fusion-backend=auto instead.",
+    "[2026-12-01 10:00:02] port 30000 is in use. Waiting for 1 seconds for --port to be available. ",
+    "[2026-12-01 10:00:02] Watchdog Scheduler initialized.",
+    "[2026-12-01 10:30:00 TP0] Scheduler watchdog timeout (self.watchdog_timeout=60, self.soft=True)",
+    "[2026-12-01 10:00:03] Auto-enabling FlashInfer AllReduce Fusion on SM90/SM10X for "
+    "KimiK25ForConditionalGeneration",
+    "[2026-12-01 10:00:03 TP0] TorchSymmMemCommunicator: Device capability 12 not supported, communicator "
+    "is not available.",
+    "usage: sglang serve [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]",
 ]
 
 
@@ -257,10 +393,181 @@ def test_kind_properties() -> None:
     assert {k for k in FailureKind if k.is_oom} == {
         FailureKind.KV_POOL_TOO_SMALL,
         FailureKind.CUDA_GRAPH_OOM,
+        FailureKind.PREFILL_GRAPH_OOM,
         FailureKind.OOM_UNDER_LOAD,
     }
-    assert {k for k in FailureKind if k.deterministic} == {FailureKind.UNSUPPORTED}
+    assert {k for k in FailureKind if k.deterministic} == {
+        FailureKind.UNSUPPORTED,
+        FailureKind.INVALID_ARGUMENTS,
+    }
+    # The one home of "which flag cures which failure", in SGLang's newest spelling.
+    assert {k: k.flag_to_lower for k in FailureKind if k.flag_to_lower} == {
+        FailureKind.CUDA_GRAPH_OOM: "--cuda-graph-max-bs-decode",
+        FailureKind.PREFILL_GRAPH_OOM: "--cuda-graph-max-bs-prefill",
+    }
     assert all(k.advice for k in FailureKind)
     assert "raise --mem-fraction-static" in FailureKind.KV_POOL_TOO_SMALL.advice
     assert "lower --mem-fraction-static" in FailureKind.CUDA_GRAPH_OOM.advice
     assert FailureKind("kv_pool_too_small") is FailureKind.KV_POOL_TOO_SMALL
+
+
+def test_a_capture_failure_is_an_oom_only_when_it_wraps_one() -> None:
+    # Real H200, 0.5.17: a broken JIT inside the decode graph's capture, with SGLang's "Possible
+    # solutions" that name the graph batch: neither an OOM nor repaired with a smaller batch.
+    ninja = (
+        P + "Exception: Capture cuda graph failed: Ninja build failed. Ninja output:\n"
+        "FAILED: norm.cuda.o\n"
+        "#error The version of CUB in your include path is not compatible with this release of Thrust.\n"
+        "Possible solutions:\n"
+        "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+        "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+        "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. (Not recommended. Huge "
+        "performance loss)\n"
+    )
+    failure = classify(ninja, "starting")
+    assert failure is not None and failure.kind is FailureKind.KERNEL_BUILD_FAILED
+    assert not failure.kind.is_oom and failure.kind.flag_to_lower is None and not failure.kind.deterministic
+    tree = P + "Exception: Capture cuda graph failed: selected index k out of range\nPossible solutions:\n"
+    failure = classify(tree, "starting")
+    assert failure is not None and failure.kind is FailureKind.INVALID_ARGUMENTS
+    assert not failure.kind.is_oom and failure.culprits == ()  # a combination: no one value is to blame
+    oom = ninja.replace(
+        "Ninja build failed. Ninja output:", "CUDA out of memory. Tried to allocate 2.00 GiB."
+    )
+    failure = classify(oom, "starting")
+    assert failure is not None and failure.kind is FailureKind.CUDA_GRAPH_OOM
+    assert failure.kind.flag_to_lower == "--cuda-graph-max-bs-decode"
+
+
+def test_a_prefill_graph_oom_lowers_the_prefill_knob() -> None:
+    log = "\n".join(
+        [
+            P + "Capture target prefill CUDA graph begin. backend=tc_piecewise, num_tokens=[4, 8], avail "
+            "mem=3.10 GB",
+            P + "RuntimeError: Capture prefill CUDA graph failed: CUDA out of memory. Tried to allocate 1.50 "
+            "GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.02 GiB is free.",
+            "Fail when using backend: tc_piecewise for prefill runner.",
+            "Possible suggestions:",
+            "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+            "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
+        ]
+    )
+    failure = classify(log, "starting")
+    assert failure is not None and failure.kind is FailureKind.PREFILL_GRAPH_OOM
+    assert failure.kind.is_oom and failure.kind.flag_to_lower == "--cuda-graph-max-bs-prefill"
+    assert "--cuda-graph-max-bs-prefill" in failure.advice
+
+
+ARGPARSE_LOG = (
+    "usage: sglang serve [-h] --model-path MODEL_PATH [--tokenizer-path TOKENIZER_PATH]\n"
+    "                    [--attention-backend {triton,torch_native,flex_attention,flashinfer,fa3}]\n"
+    "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'triton', "
+    "'torch_native', 'flex_attention', 'flashinfer', 'fa3')\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("log", "culprits"),
+    [
+        (ARGPARSE_LOG, ("--attention-backend",)),
+        (
+            "launch_server.py: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'x'\n",
+            ("--tp-size", "--tensor-parallel-size"),
+        ),
+        (
+            "sglang serve: error: ambiguous option: --cuda-graph-max-bs=512 could match "
+            "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill\n",
+            ("--cuda-graph-max-bs",),
+        ),
+        (
+            "sglang serve: error: unrecognized arguments: --stream-output --cuda-graph-bs 8\n",
+            ("--stream-output", "--cuda-graph-bs"),
+        ),
+        (
+            "sglang serve: error: the following arguments are required: --model-path/--model\n",
+            ("--model-path", "--model"),
+        ),
+        (
+            P + "ValueError: --speculative-use-rejection-sampling requires --speculative-eagle-topk=1.\n",
+            ("--speculative-use-rejection-sampling",),
+        ),
+        (
+            P + "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path.\n",
+            ("--speculative-algorithm",),
+        ),
+        (
+            P + "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.\n",
+            ("--enable-flashinfer-allreduce-fusion", "--flashinfer-allreduce-fusion-backend"),
+        ),
+    ],
+    ids=[
+        "invalid-choice",
+        "aliases",
+        "ambiguous",
+        "unrecognized",
+        "required",
+        "requires",
+        "dflash",
+        "fusion",
+    ],
+)
+def test_a_deterministic_failure_names_the_flags_of_sglangs_message(
+    log: str, culprits: tuple[str, ...]
+) -> None:
+    for phase in ("starting", "benchmarking"):
+        failure = classify(log, phase)
+        assert failure is not None and failure.kind.deterministic and not failure.kind.is_oom
+        assert failure.culprits == culprits
+        assert failure.line in log.splitlines()  # SGLang's own message, shown by status and diagnose
+
+
+def test_an_argparse_rejection_shows_sglangs_own_line() -> None:
+    failure = classify(ARGPARSE_LOG, "starting")
+    assert failure is not None and failure.kind is FailureKind.INVALID_ARGUMENTS
+    assert failure.line.startswith(
+        "sglang serve: error: argument --attention-backend: invalid choice: 'flash'"
+    )
+
+
+def test_a_driver_oom_depends_on_phase_like_torchs() -> None:
+    log = P + "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"
+    starting, benchmarking = classify(log, "starting"), classify(log, "benchmarking")
+    assert starting is not None and starting.kind is FailureKind.CUDA_GRAPH_OOM
+    assert benchmarking is not None and benchmarking.kind is FailureKind.OOM_UNDER_LOAD
+
+
+def test_runtime_oom_under_load_with_the_real_h200_text() -> None:
+    # Real H200, 0.5.17, --mem-fraction-static 0.995: up, then 64 long prompts (managers/scheduler.py).
+    log = "\n".join(
+        [
+            "[2026-12-01 12:01:10] The server is fired up and ready to roll!",
+            "[2026-12-01 12:03:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+            '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 4947, '
+            "in run_scheduler_process",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total "
+            "capacity of 139.80 GiB of which 34.31 MiB is free.",
+            "[2026-12-01 12:03:41] SIGQUIT received. signum=3, frame=None. It usually means one child "
+            "failed.",
+        ]
+    )
+    failure = classify(log, "benchmarking")
+    assert failure is not None and failure.kind is FailureKind.OOM_UNDER_LOAD
+    assert failure.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 46.00 MiB")
+
+
+def test_the_new_kv_message_beats_the_markers_of_its_death() -> None:
+    # Real H200, 0.5.17: the scheduler raises, the launcher reports the rank dead.
+    log = "\n".join(
+        [
+            P + "Scheduler hit an exception: Traceback (most recent call last):",
+            "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+            "--mem-fraction-static=0.01. Raise --mem-fraction-static above 0.016 (minimum viable = "
+            "1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted.",
+            "[2026-12-01 10:00:09] Received sigquit from a child process. It usually means the child failed.",
+            "RuntimeError: Rank 0 scheduler died during initialization (exit code: -3). If exit code is -9 "
+            "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.",
+        ]
+    )
+    failure = classify(log, "starting")
+    assert failure is not None and failure.kind is FailureKind.KV_POOL_TOO_SMALL
+    assert failure.line.startswith("ValueError: Loaded weights leave no GPU memory")

@@ -236,10 +236,53 @@ def test_the_servers_own_choices_are_read_from_its_server_args_line() -> None:
     assert server_choices(line) == {
         "--mem-fraction-static": 0.847,
         "--chunked-prefill-size": 8192.0,
-        "--cuda-graph-max-bs": 256.0,
+        "--cuda-graph-max-bs-decode": 256.0,  # under the newest spelling of the knob
     }
     assert server_choices(line.replace("server_args=ServerArgs(", "args(")) == {}
     assert server_choices(STARTUP[0]) == {}  # a line without the fields
+
+
+SERVER_ARGS_LINES = Path(__file__).parent / "data" / "server_args"
+
+
+@pytest.mark.parametrize(
+    ("version", "prefill"),
+    [
+        ("0.5.11", None),
+        ("0.5.17", None),
+        ("0.5.19", None),
+        ("0.5.23", None),
+        ("0.5.17-prefill", 48.0),
+        ("0.5.23-prefill", 48.0),
+    ],
+)
+def test_the_servers_own_choices_are_read_from_every_format_sglang_logs(
+    version: str, prefill: float | None
+) -> None:
+    # Lines built from each version's real ServerArgs fields (data/server_args/generate.py): a repr up to
+    # 0.5.17 (0.5.17's with cuda_graph_max_bs_decode=None and the batch in cuda_graph_config), a dict after.
+    line = "[2026-12-01 10:00:00] " + (SERVER_ARGS_LINES / f"{version}.log").read_text().strip()
+    expected = {
+        "--mem-fraction-static": 0.893,
+        "--chunked-prefill-size": 8192.0,
+        "--cuda-graph-max-bs-decode": 160.0 if prefill else 512.0,
+    }
+    if prefill is not None:
+        expected["--cuda-graph-max-bs-prefill"] = prefill
+    assert server_choices(line) == expected
+
+
+def test_a_flat_graph_batch_is_read_when_the_phase_has_none() -> None:
+    line = (
+        "server_args={'mem_fraction_static': 0.9, 'cuda_graph_config': {'decode': {'backend': 'full', "
+        "'max_bs': None, 'bs': None}, 'prefill': {'backend': 'disabled', 'max_bs': None}}, "
+        "'cuda_graph_max_bs_decode': 64, 'cuda_graph_max_bs_prefill': None, 'chunked_prefill_size': -1}"
+    )
+    assert server_choices(line) == {
+        "--mem-fraction-static": 0.9,
+        "--chunked-prefill-size": -1.0,
+        "--cuda-graph-max-bs-decode": 64.0,
+    }
 
 
 def test_startup_outcome_carries_the_servers_choices(tmp_path: Path, started: list[ServerProcess]) -> None:
@@ -247,4 +290,4 @@ def test_startup_outcome_carries_the_servers_choices(tmp_path: Path, started: li
     proc = _start(started, tmp_path, _script([first, *STARTUP[1:]], 0, "time.sleep(30)"))
     out = wait_until_ready(proc, proc.log_path, None, timeout_s=20, poll_s=0.05)
     assert out.status is StartupStatus.READY
-    assert out.server_choices == {"--mem-fraction-static": 0.88, "--cuda-graph-max-bs": 160.0}
+    assert out.server_choices == {"--mem-fraction-static": 0.88, "--cuda-graph-max-bs-decode": 160.0}

@@ -71,7 +71,7 @@ def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> 
     # What SGLang chose for the memory flags left unset, from its server_args line.
     assert set(result.server_choices) == {
         "--mem-fraction-static",
-        "--cuda-graph-max-bs",
+        "--cuda-graph-max-bs-decode",
         "--chunked-prefill-size",
     }
     assert 0.5 < result.server_choices["--mem-fraction-static"] < 0.95
@@ -80,7 +80,7 @@ def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> 
 
 
 def test_not_enough_memory_fails_in_seconds_with_its_kind(executor: TrialExecutor) -> None:
-    req = request("--mem-fraction-static", "0.55", "--cuda-graph-max-bs", "128")
+    req = request("--mem-fraction-static", "0.55", "--cuda-graph-max-bs-decode", "128")
     started = time.monotonic()
     result = executor.run(req)
     assert result.failure is not None and result.failure.kind is FailureKind.KV_POOL_TOO_SMALL
@@ -93,7 +93,10 @@ def test_not_enough_memory_fails_in_seconds_with_its_kind(executor: TrialExecuto
 def test_unsupported_feature_names_its_flag(executor: TrialExecutor) -> None:
     result = executor.run(request("--enable-flashinfer-allreduce-fusion"))
     assert result.failure is not None and result.failure.kind is FailureKind.UNSUPPORTED
-    assert result.failure.culprits == ("--enable-flashinfer-allreduce-fusion",)
+    assert result.failure.culprits == (
+        "--enable-flashinfer-allreduce-fusion",
+        "--flashinfer-allreduce-fusion-backend",
+    )
 
 
 def test_a_hang_during_loading_times_out_and_is_killed(executor: TrialExecutor) -> None:

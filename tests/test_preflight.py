@@ -33,7 +33,7 @@ def test_it_never_rejects_a_launch_that_would_start() -> None:
             rng.choice(["4", "8"]),
             "--mem-fraction-static",
             f"{rng.uniform(0.5, 0.95):.2f}",
-            "--cuda-graph-max-bs",
+            "--cuda-graph-max-bs-decode",
             rng.choice(["32", "128", "512"]),
         ]
         if predicted_oom(argv, hw.gpu_memory_gb, model.weight_gb) is None:

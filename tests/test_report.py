@@ -31,7 +31,7 @@ SPACE = {
         "NCCL_P2P_LEVEL": {"kind": "nccl", "type": "categorical", "choices": [None, "SYS"]},
         "--attention-backend": {"kind": "sglang", "type": "categorical", "choices": [None, "triton"]},
         "--mem-fraction-static": {"kind": "sglang", "type": "categorical", "choices": [None, 0.55]},
-        "--cuda-graph-max-bs": {"kind": "sglang", "type": "categorical", "choices": [None, 256]},
+        "--cuda-graph-max-bs-decode": {"kind": "sglang", "type": "categorical", "choices": [None, 256]},
     }
 }
 BEST = {
@@ -39,7 +39,7 @@ BEST = {
     "NCCL_P2P_LEVEL": "SYS",
     "--attention-backend": "triton",
     "--mem-fraction-static": None,
-    "--cuda-graph-max-bs": None,
+    "--cuda-graph-max-bs-decode": None,
 }
 OOM = {**BEST, "--mem-fraction-static": 0.55}
 
@@ -241,7 +241,7 @@ def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -
         metrics={"trial_s": 30.0},
         tags={
             "autotune.failure_kind": "cuda_graph_oom",
-            "autotune.advice": "lower --cuda-graph-max-bs",
+            "autotune.advice": "lower --cuda-graph-max-bs-decode",
             "autotune.failure": "CUDA out of memory",
         },
         artifacts={"server.log": "log"},

@@ -141,7 +141,7 @@ def test_the_default_sampler_moves_from_the_best_trial_and_weighs_feasibility_af
     assert isinstance(start.base, FeasibleTPESampler) and start.base.feasibility_weight == 1.0
 
 
-GRAPH_BS, ALGO = "--cuda-graph-max-bs", "--speculative-algorithm"
+GRAPH_BS, ALGO = "--cuda-graph-max-bs-decode", "--speculative-algorithm"
 
 
 def ask_launch(study: optuna.Study) -> optuna.Trial:
@@ -173,7 +173,7 @@ def test_a_config_that_ran_out_of_memory_capturing_graphs_runs_again_with_the_sm
     assert repair.params == {ALGO: "EAGLE3", GRAPH_BS: 32}
     tell_failed(study, repair, "cuda_graph_oom")
     # `autotune status` says why the trial ran.
-    why = "a repair of trial 0 (cuda_graph_oom): --cuda-graph-max-bs 32"
+    why = "a repair of trial 0 (cuda_graph_oom): --cuda-graph-max-bs-decode 32"
     assert study.trials[1].system_attrs[PROPOSED_ATTR] == why
     assert why in _status_notes(_trial_record(study.trials[1]))
     # Nothing smaller than 32 to try, and the repair of the first failure already ran: no repair.
@@ -282,6 +282,34 @@ def test_the_incompatibility_memory_tells_the_default_sampler_what_it_holds(tmp_
     assert known.learn({"--enable-torch-symm-mem": True, "NCCL_ALGO": None}, failure, "gpu")
     known.sampler(sampler, {"gpu"})
     assert sampler.held == {"--enable-torch-symm-mem": False}
+
+
+def test_a_rejected_argument_is_remembered_by_the_flag_sglang_names(tmp_path: Path) -> None:
+    from autotune.config import load_search_space
+    from autotune.failures import classify
+    from autotune.incompatible import KnownIncompatibilities
+
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "parameters:\n  --attention-backend: {kind: sglang, type: categorical, choices: [null, flash, fa3]}\n"
+        "  --disable-custom-all-reduce: {kind: sglang, type: bool}\n"
+    )
+    known = KnownIncompatibilities(optuna.create_study(direction="maximize"), load_search_space(space))
+    # Real 0.5.17 (argparse, exit 2): a choice this version does not have.
+    failure = classify(
+        "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'triton', "
+        "'fa3')\n",
+        "starting",
+    )
+    assert (
+        failure is not None and failure.kind is FailureKind.INVALID_ARGUMENTS and failure.kind.deterministic
+    )
+    params = {"--attention-backend": "flash", "--disable-custom-all-reduce": True}
+    assert known.learn(params, failure, "gpu") == [("--attention-backend", "flash", "gpu")]
+    assert known.blocking(params, "gpu") == ("--attention-backend", "flash", "gpu")
+    assert (
+        known.blocking({**params, "--attention-backend": "fa3"}, "gpu") is None
+    )  # only the named flag is blamed
 
 
 def best_of_toy(moves: float, seed: int) -> float:

@@ -346,7 +346,7 @@ def test_values_become_env_strings_and_flags(tmp_path: Path) -> None:
             "NCCL_NET_GDR_LEVEL": {"kind": "nccl", "type": "bool"},
             "--disable-custom-all-reduce": {"kind": "sglang", "type": "bool"},
             "--enable-torch-symm-mem": {"kind": "sglang", "type": "bool"},
-            "--cuda-graph-max-bs": {"kind": "sglang", "type": "categorical", "choices": [None, 128]},
+            "--cuda-graph-max-bs-decode": {"kind": "sglang", "type": "categorical", "choices": [None, 128]},
             "--mem-fraction-static": {
                 "kind": "sglang",
                 "type": "float",
@@ -365,7 +365,7 @@ def test_values_become_env_strings_and_flags(tmp_path: Path) -> None:
             "NCCL_NET_GDR_LEVEL": False,
             "--disable-custom-all-reduce": True,
             "--enable-torch-symm-mem": False,
-            "--cuda-graph-max-bs": None,
+            "--cuda-graph-max-bs-decode": None,
             "--mem-fraction-static": 0.8999999999999999,
         }
     )
