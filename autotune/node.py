@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -38,6 +41,7 @@ from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
+from autotune.nodelock import NodeBusy, node_held
 from autotune.redaction import server_api_key
 from autotune.runner import (
     CommandRunner,
@@ -76,6 +80,11 @@ class TrialRequest:
         if self.workload is None:
             raise ValueError(f"`workload` must be set for a server trial, but trial {self.number} has none.")
         return self.workload
+
+
+def _holder(request: TrialRequest) -> str:
+    """What a waiting driver is told about the trial that holds the node."""
+    return f"trial {request.number} of pid {os.getpid()} on {socket.gethostname()}"
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,19 @@ class TrialExecutor:
         log_path = self.workdir / f"trial-{request.number:04d}" / "server.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._aborted.clear()
+        try:
+            with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
+                return self._run_held(request, log_path)
+        except NodeBusy:
+            kind = FailureKind.INTERRUPTED
+            failure = Failure(kind, "stopped while waiting for the node", "", kind.advice)
+            return self._result(request, None, failure, log_path)
+
+    def _wait_for_node(self, holder: str) -> None:
+        self._enter("waiting")
+        print(f"autotune: node {self.node} is busy with {holder}: this trial waits for it", file=sys.stderr)
+
+    def _run_held(self, request: TrialRequest, log_path: Path) -> TrialResult:
         try:
             self._enter("launching")
             if request.launch.port == AUTO_PORT and not request.job:  # picked here, on the node, free now
