@@ -34,6 +34,7 @@ from autotune.study_storage import open_study
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli, write_study
 
+REPO = Path(__file__).resolve().parents[1]
 REMEASURE = {"top": 2, "repeats": 3, "confidence": 0.95}
 
 
@@ -255,10 +256,9 @@ def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
 
 
 @pytest.mark.integration
-def test_run_options_hold_for_remeasurement_and_ablation(tmp_path: Path) -> None:
-    """`--no-ray --no-tracking` hold for every phase: the re-measurement and the ablation that follow the
-    study's trials start no Ray runtime (RAY_ADDRESS is no address: any ray.init() fails) and write
-    no MLflow store."""
+def test_run_options_hold_for_remeasurement(tmp_path: Path) -> None:
+    """`--no-ray --no-tracking` hold for every phase: the re-measurement that follows the study's trials
+    starts no Ray runtime (RAY_ADDRESS is no address: any ray.init() fails) and writes no MLflow store."""
     import os
     import subprocess
 
@@ -287,25 +287,34 @@ def test_run_options_hold_for_remeasurement_and_ablation(tmp_path: Path) -> None
             "env": {"SGLANG_SIM_TIME_SCALE": "0.01", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
         },
         "budget": {"n_trials": 2},
-        "sampler": {"name": "random", "seed": 0},
         "timeouts": {"startup_s": 60, "benchmark_s": 60},
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "RAY_ADDRESS": "ray-must-not-start"}  # ray.init() fails at once on it
-    for command in ("run", "ablate"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "autotune", command, str(path), "--no-ray", "--no-tracking"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert not (tmp_path / ".autotune" / "options" / "mlflow.db").exists(), f"{command} wrote MLflow"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(path), "--no-ray", "--no-tracking"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": "ray-must-not-start"},  # ray.init() fails at once on it
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     study = load_study(path)
     ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
     remeasured = [t for t in ostudy.trials if t.user_attrs.get(REMEASURE_OF_ATTR) is not None]
     assert remeasured, "no re-measurement ran"
     assert not (study.workdir / "mlflow.db").exists() and not list(tmp_path.rglob("mlruns"))
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "remeasure", "ablate"])
+def test_every_command_that_runs_trials_takes_the_driver_options(command: str) -> None:
+    from autotune.cli import _driver, _parser
+    from autotune.pool import in_process_pool
+
+    study = load_study(REPO / "examples" / "quickstart.yaml")
+    args = _parser().parse_args([command, "study.yaml", "--no-ray", "--no-tracking"])
+    driver = _driver(study, args)
+    assert driver.make_pool is in_process_pool and driver.tracking is False
+    default = _driver(study, _parser().parse_args([command, "study.yaml"]))
+    assert default.make_pool is not in_process_pool and default.tracking is True
