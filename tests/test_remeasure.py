@@ -193,10 +193,10 @@ FRESH_NOISE = [
 ]
 
 
-@pytest.mark.integration
-def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def simulated_study(
+    tmp_path: Path, name: str, command: list[str], workload: dict[str, int], repeats: int, env: dict[str, str]
+) -> Path:
+    """A two-trial study of `--max-running-requests` on the simulated node, re-measuring the best."""
     space = {
         "parameters": {
             "--max-running-requests": {"kind": "sglang", "type": "categorical", "choices": [None, 2]}
@@ -204,34 +204,40 @@ def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
     }
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     obj = {
-        "name": "noisy",
+        "name": name,
         "metric": "output_throughput",
-        "workload": {"num_prompts": 8, "input_len": 1000, "output_len": 256, "concurrency": 4},
-        "remeasure": {"top": 1, "repeats": 3},
+        "workload": workload,
+        "remeasure": {"top": 1, "repeats": repeats},
     }
     (tmp_path / "objective.yaml").write_text(yaml.safe_dump(obj))
     data = {
-        "study": "noisy",
+        "study": name,
         "search_space": "space.yaml",
         "objective": "objective.yaml",
         "server": {
-            "command": FRESH_NOISE,
+            "command": command,
             "model_path": "/models/Kimi-K2.5",
             "port": free_port(),
             "flags": {"--tp-size": 8},
-            "env": {
-                # About a second of wall time per benchmark: a 0.1 s stall of a busy machine moves it by
-                # 10%, not 5x as it did at 0.02 s (once, 8.8 against 75 tok/s in a full test run).
-                "SGLANG_SIM_TIME_SCALE": "0.2",
-                "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001",
-                "SGLANG_SIM_NOISE": "0.05",
-            },
+            "env": {"SGLANG_SIM_STARTUP_TIME_SCALE": "0.001", **env},
         },
         "budget": {"n_trials": 2},
         "timeouts": {"startup_s": 60, "benchmark_s": 60},
     }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.integration
+def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = {"num_prompts": 8, "input_len": 1000, "output_len": 256, "concurrency": 4}
+    # About a second of wall time per benchmark: a 0.1 s stall of a busy machine moves it by 10%, not 5x
+    # as it did at 0.02 s (once, 8.8 against 75 tok/s in a full test run).
+    env = {"SGLANG_SIM_TIME_SCALE": "0.2", "SGLANG_SIM_NOISE": "0.05"}
+    path = simulated_study(tmp_path, "noisy", FRESH_NOISE, workload, 3, env)
     study = load_study(path)
     open_study(study).enqueue_trial({"--max-running-requests": 2})
 
@@ -262,35 +268,9 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path) -> None:
     import os
     import subprocess
 
-    space = {
-        "parameters": {
-            "--max-running-requests": {"kind": "sglang", "type": "categorical", "choices": [None, 2]}
-        }
-    }
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    obj = {
-        "name": "fast",
-        "metric": "output_throughput",
-        "workload": {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2},
-        "remeasure": {"top": 1, "repeats": 2},
-    }
-    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(obj))
-    data = {
-        "study": "options",
-        "search_space": "space.yaml",
-        "objective": "objective.yaml",
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.01", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
-        },
-        "budget": {"n_trials": 2},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
+    workload = {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2}
+    command = [sys.executable, "-m", "autotune.sim.sglang_server"]
+    path = simulated_study(tmp_path, "options", command, workload, 2, {"SGLANG_SIM_TIME_SCALE": "0.01"})
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(path), "--no-ray", "--no-tracking"],
         capture_output=True,
