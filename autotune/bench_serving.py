@@ -16,8 +16,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload
+from autotune.benchmark import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload
 from autotune.measurement import BenchServingOptions
+from autotune.redaction import server_api_key
 from autotune.runner import CommandRunner
 
 __all__ = [
@@ -58,10 +59,13 @@ INSTALL_HINT = (
     "pybase64 IPython datasets pillow; or set objective bench_serving.command."
 )
 _SERVER_INFO = (
-    "import json, sys, urllib.request\n"
+    "import json, os, sys, urllib.request\n"
+    f"key = os.environ.get({API_KEY_ENV!r})\n"
+    "auth = {'Authorization': f'Bearer {key}'} if key else {}\n"
     "for path in ('/get_server_info', '/server_info'):\n"
     "    try:\n"
-    "        print(json.dumps(json.load(urllib.request.urlopen(sys.argv[1] + path, timeout=10))))\n"
+    "        request = urllib.request.Request(sys.argv[1] + path, headers=auth)\n"
+    "        print(json.dumps(json.load(urllib.request.urlopen(request, timeout=10))))\n"
     "        break\n"
     "    except Exception:\n"
     "        pass\n"
@@ -77,24 +81,38 @@ def command(
     output_file: str,
     seed: int,
     extra_args: Sequence[str] = (),
+    time_scale: float = 1.0,
 ) -> list[str]:
-    """The bench_serving argv for one workload; `base` starts it (e.g. [python, -m, sglang.bench_serving])."""
+    """The bench_serving argv for one workload; `base` starts it (e.g. [python, -m, sglang.bench_serving]).
+
+    A ShareGPT prompts file is its `sharegpt` dataset (the file on the node), lengths `uniform` its
+    `--random-range-ratio`, a request rate its `--request-rate` and an SLO its `--goodput` (SGLang 0.5.23+),
+    the last two converted to real time by `time_scale` (real seconds per server second)."""
+    if workload.prompts is not None:
+        dataset = ["--dataset-name", "sharegpt", "--dataset-path", workload.prompts]
+        if workload.lengths != "file":
+            dataset += ["--sharegpt-output-len", str(workload.output_len)]
+    else:
+        ratio = workload.range_ratio if workload.lengths == "uniform" else 1.0
+        dataset = ["--dataset-name", "random-ids", "--random-input-len", str(workload.input_len)]
+        dataset += ["--random-output-len", str(workload.output_len), "--random-range-ratio", str(ratio)]
+    load = (
+        [] if workload.request_rate is None else ["--request-rate", f"{workload.request_rate / time_scale:g}"]
+    )
+    slo = workload.slo
+    limits = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms, "e2el": slo.e2el_ms} if slo is not None else {}
+    goodput = [f"{key}:{ms * time_scale:g}" for key, ms in limits.items() if ms is not None]
     return [
         *base,
         "--backend",
         "sglang",
         "--base-url",
         base_url,
-        "--dataset-name",
-        "random-ids",
+        *dataset,
         "--tokenizer",
         tokenizer,
-        "--random-input-len",
-        str(workload.input_len),
-        "--random-output-len",
-        str(workload.output_len),
-        "--random-range-ratio",
-        "1.0",
+        *load,
+        *(["--goodput", *goodput] if goodput else []),
         "--num-prompts",
         str(workload.num_prompts),
         "--max-concurrency",
@@ -154,6 +172,7 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
         values[name] /= time_scale
     completed = int(values.pop("completed"))
     accept = data.get("accept_length")
+    goodput = _goodput(data, workload, time_scale)
     result = BenchmarkResult(
         workload=workload,
         completed=completed,
@@ -163,6 +182,8 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
         accept_length=float(accept) if accept is not None and _is_number(accept) else None,
         time_scale=time_scale,
         client="bench_serving",
+        request_goodput=goodput[0],
+        slo_attainment=goodput[1],
         **values,
     )
     if completed == 0:
@@ -170,6 +191,22 @@ def parse_output(text: str, workload: Workload, *, time_scale: float = 1.0) -> B
             "failed: every request of sglang.bench_serving failed", failed=result.failed, first_error=None
         )
     return result
+
+
+def _goodput(
+    data: Mapping[str, Any], workload: Workload, time_scale: float
+) -> tuple[float | None, float | None]:
+    """`request_goodput` (per server second) and `slo_attainment`: SGLang 0.5.23+ writes for --goodput."""
+    if workload.slo is None:
+        return None, None
+    goodput, attainment = data.get("request_goodput", ""), data.get("slo_attainment", "")
+    if not (_is_number(goodput) and _is_number(attainment)):
+        raise BenchmarkError(
+            "of sglang.bench_serving wrote no goodput: an SLO needs SGLang 0.5.23 or later on the node "
+            "(its --goodput writes request_goodput and slo_attainment)",
+            first_error=f"fields present: {', '.join(sorted(data))}"[:500],
+        )
+    return float(goodput) * time_scale, float(attainment)
 
 
 def _is_number(value: object) -> bool:
@@ -183,8 +220,9 @@ def _tail(text: str) -> str | None:
 class BenchServingRun:
     """Runs bench_serving for one launch through `runner`: `measure(workload, seed)` per benchmark.
 
-    `launch_argv` is the server's command line: the tokenizer defaults to its `--model-path`, and the
-    client's Python to the server's when the server is started as `PYTHON -m ...`.
+    `launch_argv` is the server's command line: the tokenizer defaults to its `--model-path`, the
+    client's Python to the server's when the server is started as `PYTHON -m ...`, and its `--api-key`
+    reaches bench_serving as `OPENAI_API_KEY`, which it sends as `Authorization: Bearer`.
     """
 
     def __init__(
@@ -212,6 +250,8 @@ class BenchServingRun:
         self.tokenizer = tokenizer
         self.extra_args = list(options.extra_args)
         self.timeout_s = timeout_s
+        key = server_api_key(argv)
+        self.key_env = {API_KEY_ENV: key} if key else {}
         self._checked = False
 
     def check_tokenizer(self) -> None:
@@ -236,7 +276,7 @@ class BenchServingRun:
     def time_scale(self) -> float:
         """The server's `time_scale` from /get_server_info, asked on the node (1.0 when absent, as on
         SGLang)."""
-        done = self.runner.run([self.python, "-c", _SERVER_INFO, self.base_url], {}, 30)
+        done = self.runner.run([self.python, "-c", _SERVER_INFO, self.base_url], self.key_env, 30)
         line = _tail(done.stdout) or ""
         try:
             info = json.loads(line) if done.returncode == 0 and line else {}
@@ -262,6 +302,7 @@ class BenchServingRun:
                 first_error=_tail(made.stderr),
             )
         output_file = f"{folder}/result.jsonl"
+        scale = self.time_scale()
         argv = command(
             self.base,
             self.base_url,
@@ -270,10 +311,11 @@ class BenchServingRun:
             output_file=output_file,
             seed=seed,
             extra_args=self.extra_args,
+            time_scale=scale,
         )
         try:
             try:
-                done = self.runner.run(argv, dict(BENCH_SERVING_ENV), self.timeout_s)
+                done = self.runner.run(argv, {**BENCH_SERVING_ENV, **self.key_env}, self.timeout_s)
             except TimeoutError:
                 raise BenchmarkError(
                     f"did not finish within {self.timeout_s:g} s (sglang.bench_serving)"
@@ -292,6 +334,6 @@ class BenchServingRun:
                 raise BenchmarkError(
                     "of sglang.bench_serving wrote no result: no output file", first_error=_tail(read.stderr)
                 )
-            return parse_output(read.stdout, workload, time_scale=self.time_scale())
+            return parse_output(read.stdout, workload, time_scale=scale)
         finally:
             self.runner.run(["rm", "-rf", folder], {}, 30)

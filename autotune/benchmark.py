@@ -2,7 +2,8 @@
 
 Prompts are random token ids (like bench_serving's `random-ids` dataset with `--random-range-ratio 1.0`),
 so no tokenizer is needed and every request has exactly `input_len` prompt tokens and, with
-`ignore_eos`, exactly `output_len` output tokens.
+`ignore_eos`, exactly `output_len` output tokens; or the workload's prompts file, lengths and arrival
+rate (see `autotune.workloads`). With an SLO, requests that met it count as goodput.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from autotune.errors import AutotuneError
+from autotune.workloads import Lengths, PromptsFormat, Request, arrival_offsets, requests_for
 
 __all__ = [
     "SSE_DONE",
@@ -26,6 +27,7 @@ __all__ = [
     "BenchmarkResult",
     "RequestOutcome",
     "SSEParser",
+    "Slo",
     "Workload",
     "benchmark",
     "percentile",
@@ -35,9 +37,6 @@ __all__ = [
 
 SSE_DONE = "[DONE]"
 
-# Token ids past every common tokenizer's special tokens and inside every modern LLM's vocabulary
-# (the smallest in use, Llama 2's, has 32000 ids).
-_TOKEN_IDS = range(1000, 30000)
 # Warm-up only needs to touch the prefill and decode paths once, not to decode the full length.
 _WARMUP_MAX_NEW_TOKENS = 16
 _ERROR_TEXT_MAX = 500
@@ -70,17 +69,50 @@ class BenchmarkError(AutotuneError):
 
 
 @dataclass(frozen=True)
+class Slo:
+    """Per-request latency limits in server milliseconds; a request that meets every one set is good.
+
+    SGLang 0.5.23's `bench_serving --goodput ttft:MS tpot:MS e2el:MS` (sglang/benchmark/goodput.py): TPOT is
+    a request's (latency - TTFT) / (output tokens - 1), its mean inter-token latency.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def met(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> bool:
+        return all(
+            limit is None or observed <= limit
+            for limit, observed in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2el_ms, e2el_ms))
+        )
+
+
+@dataclass(frozen=True)
 class Workload:
     """What the benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and
-    `output_len` output tokens, `concurrency` in flight at once, after `warmup_requests` uncounted ones."""
+    `output_len` output tokens, `concurrency` in flight at once, after `warmup_requests` uncounted ones.
+
+    Or the prompts of the file `prompts`, lengths `fixed`, `uniform` (in [length * range_ratio, length]) or
+    from the file, sent at `request_rate` per server second (gamma gaps of shape `burstiness`; None: all at
+    once). With `slo`, the result's goodput counts the requests that met it (see `autotune.workloads`).
+    """
 
     num_prompts: int
     input_len: int
     output_len: int
     concurrency: int
     warmup_requests: int = 1
+    prompts: str | None = None
+    prompts_format: PromptsFormat = "auto"
+    lengths: Lengths = "fixed"
+    range_ratio: float = 0.5
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    slo: Slo | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.slo, dict):  # from JSON or the objective's model_dump
+            object.__setattr__(self, "slo", Slo(**self.slo))
         for name in ("num_prompts", "input_len", "output_len", "concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -132,6 +164,12 @@ class BenchmarkResult:
     short: BenchmarkResult | None = None
     stopped_early: bool = False
     client: str = "builtin"
+    # With the workload's SLO: good requests per server second, and the share of requests sent that were good.
+    request_goodput: float | None = None
+    slo_attainment: float | None = None
+    # A load search (autotune.load_search): the highest load that met the SLO, and why the search ended.
+    max_load: float | None = None
+    load_stopped_by: str | None = None
 
     def to_json(self) -> str:
         """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""
@@ -240,6 +278,7 @@ def summarize(
     server_duration = duration_s / time_scale
     total_in = sum(o.prompt_tokens for o in ok)
     total_out = sum(o.output_tokens for o in ok)
+    good = sum(_good(o, workload.slo, ms) for o in ok) if workload.slo is not None else 0
 
     def rate(amount: float) -> float:
         return amount / server_duration if server_duration > 0 else 0.0
@@ -266,12 +305,18 @@ def summarize(
         accept_length=accept_length,
         time_scale=time_scale,
         first_error=next((o.error for o in outcomes if o.error), None),
+        request_goodput=rate(good) if workload.slo is not None else None,
+        slo_attainment=good / len(outcomes) if workload.slo is not None and outcomes else None,
     )
 
 
-def _prompt(label: str, seed: int, index: int, input_len: int) -> list[int]:
-    # A string seed is hashed with SHA-512 by `random`: the same prompts on every run and platform.
-    return random.Random(f"autotune:{label}:{seed}:{index}").choices(_TOKEN_IDS, k=input_len)
+def _good(outcome: RequestOutcome, slo: Slo, ms: float) -> bool:
+    """Whether a successful request met the SLO, as SGLang 0.5.23's calculate_goodput decides (a single-token
+    answer has no inter-token gap: its TPOT counts as 0)."""
+    ttft = (outcome.ttft_s or 0.0) * ms
+    latency = outcome.latency_s * ms
+    tpot = (latency - ttft) / (outcome.output_tokens - 1) if outcome.output_tokens > 1 else 0.0
+    return slo.met(ttft, tpot, latency)
 
 
 def _error_text(e: BaseException) -> str:
@@ -279,12 +324,12 @@ def _error_text(e: BaseException) -> str:
 
 
 async def _generate(
-    session: aiohttp.ClientSession, url: str, input_ids: list[int], max_new_tokens: int
+    session: aiohttp.ClientSession, url: str, prompt: Request, max_new_tokens: int
 ) -> RequestOutcome:
     """Send one streaming /generate request and time it; never raises for server or network errors."""
-    out = RequestOutcome(prompt_tokens=len(input_ids))
+    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens)
     payload = {
-        "input_ids": input_ids,
+        **({"text": prompt.text} if prompt.input_ids is None else {"input_ids": prompt.input_ids}),
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
         "stream": True,
     }
@@ -390,10 +435,22 @@ def _accept_length(info: dict[str, Any]) -> float | None:
     return None
 
 
+# The env var that carries the server's --api-key to a client on the node: sglang.bench_serving reads it
+# (SGLang 0.5.17/0.5.23 benchmark/serving.py get_auth_headers), and so does autotune.remote_benchmark.
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header every request to a server started with `--api-key` carries (SGLang 0.5.17
+    srt/utils/auth.py decide_request_auth: `Authorization: Bearer <key>`, else 401)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 async def run_benchmark(
-    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0
+    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0, api_key: str | None = None
 ) -> BenchmarkResult:
-    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`.
+    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`; every
+    request carries `api_key` (the server's `--api-key`).
 
     Warm-up requests run first and are not counted. Failed requests are counted in the result; raises
     `BenchmarkError` when a warm-up request or every request fails, or when the whole benchmark takes
@@ -404,19 +461,15 @@ async def run_benchmark(
     outcomes: list[RequestOutcome] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # the overall deadline bounds the rest
     connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds what is in flight
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = auth_headers(api_key)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         try:
             async with asyncio.timeout(timeout_s):
                 info = await _server_info(session, base_url)
                 warmups = await asyncio.gather(
                     *(
-                        _generate(
-                            session,
-                            url,
-                            _prompt("warmup", seed, i, workload.input_len),
-                            min(workload.output_len, _WARMUP_MAX_NEW_TOKENS),
-                        )
-                        for i in range(workload.warmup_requests)
+                        _generate(session, url, prompt, min(prompt.output_len, _WARMUP_MAX_NEW_TOKENS))
+                        for prompt in requests_for(workload, "warmup", seed, workload.warmup_requests)
                     )
                 )
                 bad = [w for w in warmups if not w.success]
@@ -427,14 +480,19 @@ async def run_benchmark(
                     )
 
                 semaphore = asyncio.Semaphore(workload.concurrency)
+                prompts = requests_for(workload, "bench", seed, workload.num_prompts)
+                offsets = arrival_offsets(
+                    workload.num_prompts, workload.request_rate, workload.burstiness, _time_scale(info) or 1.0
+                )
 
-                async def one(index: int) -> None:
+                async def one(prompt: Request, offset: float) -> None:
+                    # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
+                    await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
                     async with semaphore:
-                        ids = _prompt("bench", seed, index, workload.input_len)
-                        outcomes.append(await _generate(session, url, ids, workload.output_len))
+                        outcomes.append(await _generate(session, url, prompt, prompt.output_len))
 
                 start = time.perf_counter()
-                await asyncio.gather(*(one(i) for i in range(workload.num_prompts)))
+                await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
                 duration = time.perf_counter() - start
                 after = await _server_info(session, base_url)
         except TimeoutError:
@@ -458,6 +516,8 @@ async def run_benchmark(
     return result
 
 
-def benchmark(base_url: str, workload: Workload, timeout_s: float, seed: int = 0) -> BenchmarkResult:
+def benchmark(
+    base_url: str, workload: Workload, timeout_s: float, seed: int = 0, api_key: str | None = None
+) -> BenchmarkResult:
     """Synchronous `run_benchmark` for callers without an event loop (a Ray actor method, the CLI)."""
-    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed))
+    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed, api_key=api_key))

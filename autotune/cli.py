@@ -6,20 +6,37 @@ Usage errors and bad files print one line and exit 2; a traceback appears only u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
 from autotune.launch import describe_launch, is_set, launch_script, to_arg
+from autotune.redaction import Secrets, redacted_output
+
+if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
+    from autotune.driver import StudyDriver
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+
+def _add_driver_options(command: argparse.ArgumentParser) -> None:
+    """The options of the driver that runs trials: every command that runs trials takes them."""
+    command.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="run the nodes' trials from this process instead of Ray actors (same runners and logs)",
+    )
+    command.add_argument("--no-tracking", action="store_true", help="write no MLflow runs")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,12 +62,7 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="continue even though the search space or objective changed since the study began",
         )
-        command.add_argument(
-            "--no-ray",
-            action="store_true",
-            help="run the nodes' trials from this process instead of Ray actors (same runners and logs)",
-        )
-        command.add_argument("--no-tracking", action="store_true", help="write no MLflow runs")
+        _add_driver_options(command)
 
     status = add("status", "a table of the study's trials")
     status.add_argument("study_file", type=Path, metavar="STUDY.yaml")
@@ -65,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
     remeasure = add("remeasure", "measure the top configs and the baseline again (objective.remeasure)")
     remeasure.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    _add_driver_options(remeasure)
 
     compare = add("compare", "measure the best config and the default again, interleaved: gain with a CI")
     compare.add_argument("study_file", type=Path, metavar="STUDY.yaml")
@@ -94,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ablate = add("ablate", "run the best config with each changed setting reverted, one trial each")
     ablate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    _add_driver_options(ablate)
     ablate.add_argument("--dry-run", action="store_true", help="print the ablation trials; run nothing")
     return parser
 
@@ -102,20 +116,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.debug = getattr(args, "debug", False)
-    try:
-        return int(COMMANDS[args.command](args))
-    except ConfigError as exc:
-        if args.debug:
-            raise
-        print(f"autotune: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except AutotuneError as exc:
-        if args.debug:
-            raise
-        print(f"autotune: {exc}", file=sys.stderr)
-        from autotune.driver import StudyInterrupted
+    with redacted_output(_secrets(args)):
+        try:
+            return int(COMMANDS[args.command](args))
+        except ConfigError as exc:
+            if args.debug:
+                traceback.print_exc()  # here, where stderr redacts, not by Python after main returns
+                return EXIT_FAILED
+            print(f"autotune: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except AutotuneError as exc:
+            if args.debug:
+                traceback.print_exc()
+                return EXIT_FAILED
+            print(f"autotune: {exc}", file=sys.stderr)
+            from autotune.driver import StudyInterrupted
 
-        return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+            return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+        except Exception:
+            traceback.print_exc()
+            return EXIT_FAILED
+
+
+def _secrets(args: argparse.Namespace) -> Secrets:
+    """What the command must not print: the environment's secrets and the study's (when it loads)."""
+    secrets = Secrets.of(env=dict(os.environ))
+    study_file = getattr(args, "study_file", None)
+    if study_file is not None:
+        with contextlib.suppress(Exception):  # the command itself reports a study file it cannot load
+            secrets |= load_study(study_file).secrets
+    return secrets
 
 
 # -- run ----------------------------------------------------------------------------------------------
@@ -148,6 +178,8 @@ class ConsoleReporter:
             self._line(f"known incompatible on this hardware, not tried again: {pairs}")
         elif event == "interrupting":
             self._line(f"stopping trials {info['trials']} (Ctrl-C again to stop at once)")
+        elif event == "held":
+            self._line(info["text"])
 
     def _status(self, text: str) -> None:
         self.stream.write("\r\033[K" + text)
@@ -159,7 +191,7 @@ class ConsoleReporter:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune.driver import StudyDriver, study_summary
+    from autotune.driver import study_summary
 
     study = load_study(args.study_file)
     if args.n_trials is not None and args.n_trials < 1:
@@ -172,21 +204,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
-    driver = StudyDriver(study, ConsoleReporter(), tracking=not args.no_tracking)
-    if args.no_ray:
-        from autotune.pool import in_process_pool
-
-        driver.make_pool = in_process_pool
-    ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
-    ostudy = _remeasure(study, ostudy)
+    ostudy = _driver(study, args).run(args.n_trials, accept_changes=args.accept_changes)
+    ostudy = _remeasure(study, ostudy, args)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
     return 0
 
 
-def _remeasure(study: Study, ostudy: Any) -> Any:
-    """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
+def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
+    """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
     from autotune.driver import StudyDriver
+
+    driver = StudyDriver(study, ConsoleReporter(), tracking=not args.no_tracking)
+    if args.no_ray:
+        from autotune.pool import in_process_pool
+
+        driver.make_pool = in_process_pool
+    return driver
+
+
+def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
+    """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
     from autotune.remeasure import remeasure
 
     settings = study.objective.remeasure
@@ -199,7 +237,7 @@ def _remeasure(study: Study, ostudy: Any) -> Any:
             f"{settings.repeats} measurements",
             file=sys.stderr,
         )
-        return StudyDriver(study, ConsoleReporter()).run(total)
+        return _driver(study, args).run(total)
 
     return remeasure(study, ostudy, run)
 
@@ -217,7 +255,7 @@ def cmd_remeasure(args: argparse.Namespace) -> int:
             "Add e.g. `remeasure: {top: 3, repeats: 3}` to the objective file (then resume with "
             "--accept-changes).",
         )
-    ostudy = _remeasure(study, _existing_study(study))
+    ostudy = _remeasure(study, _existing_study(study), args)
     print(_summary_text(study_summary(ostudy), study))
     return 0
 
@@ -470,7 +508,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     for name, value in config.derived.items():
         print(f"  {name} = {value}  (set by SGLang's rules)")
     if args.export:
-        args.export.write_text(script)
+        args.export.write_text(study.secrets.redact(script))
         args.export.chmod(0o755)
         print(f"launch script written to {args.export}")
     else:
@@ -565,7 +603,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
     from autotune.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
-    from autotune.driver import StudyDriver
     from autotune.study_storage import budget_used
 
     study = load_study(args.study_file)
@@ -586,8 +623,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
             file=sys.stderr,
         )
-        ostudy = StudyDriver(study, ConsoleReporter()).run(budget_used(ostudy) + waiting)
-    mark_ablation_runs(study.tracking_uri, ostudy)
+        ostudy = _driver(study, args).run(budget_used(ostudy) + waiting)
+    if not args.no_tracking:
+        mark_ablation_runs(study.tracking_uri, ostudy)
     result = ablation_results(ostudy)
     if result is not None:
         metric = study.objective.metric

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.benchmark import BenchmarkResult, Workload
 from autotune.config import Study
+from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.failures import FailureKind
 from autotune.incompatible import KnownIncompatibilities
@@ -82,6 +83,9 @@ BENCHMARK_METRICS = (
     "completed",
     "failed",
     "time_scale",
+    "request_goodput",
+    "slo_attainment",
+    "max_load",
 )
 
 
@@ -181,6 +185,7 @@ class StudyDriver:
         self.remember_incompatible = remember_incompatible
         self.kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
         self._hardware_by_node: dict[str, str | None] = {}
+        self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
 
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
@@ -195,7 +200,11 @@ class StudyDriver:
         with study_lock(study):  # drivers starting together must not create the tracking store twice
             tracker = (
                 StudyTracker(
-                    study.tracking_uri, study.name, study.workdir / "artifacts", metric=study.objective.metric
+                    study.tracking_uri,
+                    study.name,
+                    study.workdir / "artifacts",
+                    metric=study.objective.metric,
+                    secrets=study.secrets,
                 )
                 if self.tracking
                 else NullTracker()
@@ -295,18 +304,20 @@ class StudyDriver:
             self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return None
         try:
-            launch = study.server_launch(config)
+            launch = study.server_launch(config, dialect=self._dialect(pool, node, progress))
             reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None
             if reason is not None:
                 self._skip(ostudy, trial, reason, oom=True)
                 return None
         except ForbiddenLaunchError as exc:
             trial.set_user_attr("failure_kind", "forbidden")
-            trial.set_user_attr("failure", str(exc))
+            trial.set_user_attr("failure", study.secrets.redact(str(exc)))
             ostudy.tell(trial, state=TrialState.FAIL)
             progress.done = finished_count(ostudy)
             self.reporter(
-                "finished", progress, {"number": trial.number, "state": "FAIL", "failure": str(exc)}
+                "finished",
+                progress,
+                {"number": trial.number, "state": "FAIL", "failure": study.secrets.redact(str(exc))},
             )
             return None
         self.skips = 0  # a launch: the run of proposals that cannot run is broken
@@ -366,6 +377,9 @@ class StudyDriver:
         if over:
             trial.set_user_attr(OVER_LIMITS_ATTR, over)
             tags["autotune.over_limits"] = "; ".join(str(v["text"]) for v in over.values())[:500]
+        if measured.load_stopped_by is not None:
+            trial.set_user_attr("load_stopped_by", measured.load_stopped_by)
+            tags["autotune.load_stopped_by"] = measured.load_stopped_by[:500]
         short = measured if measured.stopped_early else measured.short
         if short is not None and not objective.is_multi_objective:
             short_value = objective.value(short)
@@ -427,6 +441,17 @@ class StudyDriver:
         hardware = facts.hardware if facts is not None else None
         self._hardware_by_node[node] = hardware
         return hardware
+
+    def _dialect(self, pool: NodePool, node: str, progress: Progress) -> Dialect | None:
+        """How the server on `node` spells flags (from the node check), None where it was not learned."""
+        facts = pool.facts(node)
+        table = facts.server_flags if facts is not None else None
+        if table is None:
+            return None
+        key = (table.version, table.digest)
+        if key not in self._dialects:
+            self._dialects[key] = Dialect(table, lambda text: self.reporter("held", progress, {"text": text}))
+        return self._dialects[key]
 
     def _hardware_of(self, node: str) -> str | None:
         return self._hardware_by_node.get(node)
@@ -491,7 +516,7 @@ class StudyDriver:
             assert result.failure is not None  # a result that is not ok carries its failure
             failure = result.failure
             trial.set_user_attr("failure_kind", failure.kind.value)
-            trial.set_user_attr("failure", failure.line[:500])
+            trial.set_user_attr("failure", self.study.secrets.redact(failure.line)[:500])
             trial.set_user_attr("advice", failure.advice)
             if failure.culprits:
                 trial.set_user_attr("culprits", list(failure.culprits))
@@ -779,8 +804,14 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
         return out
 
     metrics = figures(measured)
-    for level in measured.levels:
-        metrics.update(figures(level, f"c{level.workload.concurrency}."))
+    for index, level in enumerate(measured.levels):
+        if measured.max_load is None:
+            metrics.update(figures(level, f"c{level.workload.concurrency}."))
+            continue
+        # A load search's steps, in the order measured: each with the load it sent.
+        metrics.update(figures(level, f"step{index}."))
+        metrics[f"step{index}.request_rate"] = level.workload.request_rate or 0.0
+        metrics[f"step{index}.concurrency"] = float(level.workload.concurrency)
     if measured.short is not None:
         metrics.update(figures(measured.short, "short."))
     return metrics

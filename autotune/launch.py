@@ -6,21 +6,13 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 
-# Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
-# of them (`--api-key`) too. Word match for flags, because `--max-total-tokens` is no secret.
-SECRET_NAME_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-REDACTED = "***"
-
-
-def is_secret_name(name: str) -> bool:
-    """True when the value of this env var (or `--flag`) must never be written in clear."""
-    if name.startswith("--"):
-        words = name[2:].split("=", 1)[0].upper().replace("_", "-").split("-")
-        return any(part in words for part in SECRET_NAME_PARTS)
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
+# What is secret lives in autotune.redaction; the names stay importable from here.
+from autotune.redaction import REDACTED as REDACTED
+from autotune.redaction import Secrets, argv_secrets
+from autotune.redaction import is_secret_name as is_secret_name
 
 
 def to_env_value(value: object) -> str:
@@ -71,12 +63,14 @@ AUTO_PORT = 0  # the port of a launch whose node picks a free one when it starts
 
 @dataclass(frozen=True)
 class ServerLaunch:
-    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens."""
+    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens;
+    `secrets`: what its log must not hold besides the secrets its argv and env show by name."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     host: str
     port: int
+    secrets: Secrets = field(default_factory=Secrets, compare=False)
 
     @property
     def base_url(self) -> str:
@@ -103,20 +97,29 @@ def build_server_launch(
     draft_model_path: str | None = None,
     never_launch_env: Mapping[str, Collection[str]] | None = None,
     never_launch_flags: Collection[str] = (),
+    dialect: Dialect | None = None,
 ) -> ServerLaunch:
     """Build argv as command, --model-path, base flags, trial flags, --host, --port, draft model path.
 
-    Raises ForbiddenLaunchError when the result would use a never-launch env value or flag.
+    With a `dialect` (the node's SGLang version), base and trial flags are spelled as that version takes
+    them, and knobs it lacks are left out (held at its default). Raises ForbiddenLaunchError when the
+    result would use a never-launch env value or flag.
     """
     argv: list[str] = [*command, "--model-path", model_path]
     for flags in (base_flags or {}, config.flags):
+        if dialect is not None:
+            flags = dialect.translate(flags).flags
         for flag, value in flags.items():
             argv += [flag] if value is None else [flag, value]
     argv += ["--host", host, "--port", str(port)]
     if draft_model_path is not None:
         argv += ["--speculative-draft-model-path", draft_model_path]
     launch = ServerLaunch(argv=tuple(argv), env={**(base_env or {}), **config.env}, host=host, port=port)
-    check_never_launch(launch, env=never_launch_env or {}, flags=never_launch_flags)
+    # Forbidden flags are named as the user spells them: check the knobs as well as their translation.
+    knobs = (*(base_flags or {}), *config.flags)
+    check_never_launch(
+        replace(launch, argv=(*launch.argv, *knobs)), env=never_launch_env or {}, flags=never_launch_flags
+    )
     return launch
 
 
@@ -147,29 +150,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """A copy of `argv` with the values of secret flags (`--api-key X`, `--api-key=X`) replaced by '***'."""
-    return [REDACTED if secret is not None else token for token, secret in _argv_secrets(argv)]
-
-
-def _argv_secrets(argv: Sequence[str]) -> list[tuple[str, str | None]]:
-    """Each argv token with, for a secret value, the name of its flag; `--f=v` is split into two tokens."""
-    out: list[tuple[str, str | None]] = []
-    pending: str | None = None
-    for token in argv:
-        if pending is not None and not token.startswith("--"):
-            out.append((token, pending))
-            pending = None
-            continue
-        pending = None
-        if token.startswith("--") and is_secret_name(token):
-            if "=" in token:
-                flag, _ = token.split("=", 1)
-                out += [(flag, None), (token.split("=", 1)[1], flag)]
-            else:
-                out.append((token, None))
-                pending = token
-            continue
-        out.append((token, None))
-    return out
+    return [REDACTED if secret is not None else token for token, secret in argv_secrets(argv)]
 
 
 def launch_script(launch: ServerLaunch) -> str:
@@ -183,7 +164,7 @@ def launch_script(launch: ServerLaunch) -> str:
         else:
             lines.append(f"export {name}={shlex.quote(value)}")
     words: list[str] = []
-    for token, secret_flag in _argv_secrets(launch.argv):
+    for token, secret_flag in argv_secrets(launch.argv):
         if secret_flag is None:
             words.append(shlex.quote(token))
             continue
@@ -200,7 +181,7 @@ def describe_launch(launch: ServerLaunch) -> str:
         f'{name}="${name}"' if is_secret_name(name) else f"{name}={shlex.quote(value)}"
         for name, value in launch.env.items()
     ]
-    for token, secret_flag in _argv_secrets(launch.argv):
+    for token, secret_flag in argv_secrets(launch.argv):
         words.append(
             shlex.quote(token) if secret_flag is None else f'"${secret_env_var_for_flag(secret_flag)}"'
         )

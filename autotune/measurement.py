@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 from autotune.benchmark import BenchmarkResult, Workload
+from autotune.load_search import LoadSearchPlan, search_load
 
 if TYPE_CHECKING:
     from autotune.config.objective import Objective
@@ -34,7 +35,16 @@ Combine = Literal["mean", "target"]
 _SEED_STRIDE = 1_000_003
 # Summed over the levels rather than averaged: counts and the total time measured.
 _SUMMED = ("duration_s", "completed", "failed", "total_input_tokens", "total_output_tokens")
-_NOT_AVERAGED = ("workload", "levels", "short", "stopped_early", "client", "first_error", "time_scale")
+_NOT_AVERAGED = (
+    "workload",
+    "levels",
+    "short",
+    "stopped_early",
+    "client",
+    "first_error",
+    "time_scale",
+    "load_stopped_by",
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class MeasurementPlan:
     cutoff: float | None = None
     client: Literal["builtin", "bench_serving"] = "builtin"
     bench_serving: BenchServingOptions | None = None
+    load_search: LoadSearchPlan | None = None  # instead of the levels: the highest load that meets the SLO
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -93,12 +104,13 @@ def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None =
     if w is None:  # a job objective (autotune.job): its launch measures itself
         raise ValueError(f"`workload` must be set for a plan, but objective {objective.name!r} has none.")
     ladder = objective.ladder
+    base = Workload(**w.model_dump())
     levels: list[Workload] = []
     for concurrency in ladder.concurrency if ladder is not None else [w.concurrency]:
         prompts = w.num_prompts
         if ladder is not None and ladder.prompts_per_concurrency is not None:
             prompts = ladder.prompts_per_concurrency * concurrency
-        levels.append(Workload(prompts, w.input_len, w.output_len, concurrency, w.warmup_requests))
+        levels.append(replace(base, num_prompts=prompts, concurrency=concurrency))
     short_levels: tuple[Workload, ...] = ()
     if short and objective.short_first is not None:
         fraction = objective.short_first.fraction
@@ -114,6 +126,7 @@ def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None =
             command=tuple(spec.command) if spec and spec.command else None,
             extra_args=tuple(spec.extra_args) if spec else (),
         )
+    search = objective.load_search
     return MeasurementPlan(
         levels=tuple(levels),
         target=w.concurrency,
@@ -124,6 +137,7 @@ def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None =
         cutoff=cutoff if short_levels else None,
         client=objective.client,
         bench_serving=options,
+        load_search=LoadSearchPlan(**search.model_dump()) if search is not None else None,
     )
 
 
@@ -162,7 +176,10 @@ async def run_plan(
     plan: MeasurementPlan, measure: Callable[[Workload, int], Awaitable[BenchmarkResult]]
 ) -> BenchmarkResult:
     """Run `plan` with `measure(workload, run_index)` (one benchmark on the launched server; the index
-    picks its prompts) and combine the results. A `BenchmarkError` of any run ends the trial."""
+    picks its prompts) and combine the results. A `BenchmarkError` of any run ends the trial; a load search
+    runs its own steps (autotune.load_search)."""
+    if plan.load_search is not None:
+        return await search_load(plan.load_search, plan.levels[0], measure)
     short: list[BenchmarkResult] = []
     full: list[BenchmarkResult] = []
     for index, (part, workload) in enumerate(_runs(plan)):

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -22,7 +25,14 @@ from typing import Any
 
 from autotune import remote_benchmark
 from autotune.bench_serving import BenchServingRun
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, run_benchmark
+from autotune.benchmark import (
+    API_KEY_ENV,
+    BenchmarkError,
+    BenchmarkResult,
+    Workload,
+    auth_headers,
+    run_benchmark,
+)
 from autotune.config import NodeSpec, ServerSpec
 from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
@@ -31,6 +41,8 @@ from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.measurement import MeasurementPlan, run_plan, run_seed
 from autotune.nodecheck import NodeReport, benchmark_python, check_node
+from autotune.nodelock import NodeBusy, node_held
+from autotune.redaction import server_api_key
 from autotune.runner import (
     CommandRunner,
     LaunchError,
@@ -68,6 +80,11 @@ class TrialRequest:
         if self.workload is None:
             raise ValueError(f"`workload` must be set for a server trial, but trial {self.number} has none.")
         return self.workload
+
+
+def _holder(request: TrialRequest) -> str:
+    """What a waiting driver is told about the trial that holds the node."""
+    return f"trial {request.number} of pid {os.getpid()} on {socket.gethostname()}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,19 @@ class TrialExecutor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._aborted.clear()
         try:
+            with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
+                return self._run_held(request, log_path)
+        except NodeBusy:
+            kind = FailureKind.INTERRUPTED
+            failure = Failure(kind, "stopped while waiting for the node", "", kind.advice)
+            return self._result(request, None, failure, log_path)
+
+    def _wait_for_node(self, holder: str) -> None:
+        self._enter("waiting")
+        print(f"autotune: node {self.node} is busy with {holder}: this trial waits for it", file=sys.stderr)
+
+    def _run_held(self, request: TrialRequest, log_path: Path) -> TrialResult:
+        try:
             self._enter("launching")
             if request.launch.port == AUTO_PORT and not request.job:  # picked here, on the node, free now
                 port = self.runner.free_port(request.launch.host)
@@ -190,7 +220,7 @@ class TrialExecutor:
         launch = request.launch
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
-        return self.runner.start(launch.argv, launch.env, log_path)
+        return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)
 
     def _run_launched(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
         started = time.monotonic()
@@ -199,7 +229,7 @@ class TrialExecutor:
         outcome = wait_until_ready(
             process,
             log_path,
-            None if self.benchmark_on_node else lambda: _health_ok(url),  # the ready line says it there
+            None if self.benchmark_on_node else lambda: _health_ok(url, server_api_key(request.launch.argv)),
             request.startup_timeout_s,
             on_phase=self._enter,
         )
@@ -267,14 +297,19 @@ class TrialExecutor:
                     failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
                     if died or failure:
                         process.stop(grace_s=FAILED_GRACE_S)  # the client's requests fail fast from here on
-                        future.exception()
+                        searched = None if future.exception() else future.result()
+                        if searched is not None and searched.max_load:
+                            return self._searched_until_death(searched, log_path, process), None
                         return None, self._died(log_path, process)
                     time.sleep(WATCH_POLL_S)
             except NodeUnreachableError:
                 job.cancel()
                 raise
             try:
-                return future.result(), None
+                result = future.result()
+                if result.max_load is not None and process.poll() is not None:
+                    return self._searched_until_death(result, log_path, process), None
+                return result, None
             except BenchmarkError as exc:
                 if process.poll() is not None:
                     return None, self._died(log_path, process)
@@ -312,7 +347,11 @@ class TrialExecutor:
         if not self.benchmark_on_node:
             url = self.runner.url_for(launch)
             return run_benchmark(
-                url, request.serving_workload, timeout_s=request.benchmark_timeout_s, seed=request.seed
+                url,
+                request.serving_workload,
+                timeout_s=request.benchmark_timeout_s,
+                seed=request.seed,
+                api_key=server_api_key(launch.argv),
             )
         argv = remote_benchmark.command(
             benchmark_python(launch.argv),
@@ -322,14 +361,23 @@ class TrialExecutor:
             request.seed,
         )
 
+        key = server_api_key(launch.argv)
+        key_env = {API_KEY_ENV: key} if key else {}
+
         def on_node() -> BenchmarkResult:
             try:
-                done = self.runner.run(argv, launch.env, request.benchmark_timeout_s + 60)
+                done = self.runner.run(argv, {**launch.env, **key_env}, request.benchmark_timeout_s + 60)
             except TimeoutError as exc:
                 raise BenchmarkError(f"did not finish on the node ({exc})") from None
             return remote_benchmark.result_from_output(done.returncode, done.stdout, done.stderr)
 
         return asyncio.to_thread(on_node)
+
+    def _searched_until_death(
+        self, result: BenchmarkResult, log_path: Path, process: ServerProcess
+    ) -> BenchmarkResult:
+        """A load search keeps the highest load that passed before the server died, with the death noted."""
+        return replace(result, load_stopped_by=f"the server died: {self._died(log_path, process).line}")
 
     def _died(self, log_path: Path, process: ServerProcess) -> Failure:
         found = classify(process.read_log(), "benchmarking")
@@ -408,9 +456,11 @@ def _node_local_url(launch: ServerLaunch) -> str:
     return ServerLaunch(launch.argv, launch.env, host, launch.port).base_url
 
 
-def _health_ok(base_url: str) -> bool:
+def _health_ok(base_url: str, api_key: str | None = None) -> bool:
+    # SGLang lets /health through without the key; sending it anyway keeps one rule for every request.
+    request = urllib.request.Request(f"{base_url}/health", headers=auth_headers(api_key))
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.dialect import FlagTable, committed_table, table_from_help
 from autotune.errors import AutotuneError
 from autotune.runner import CommandRunner, NodeUnreachableError
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_nodes",
     "gpu_problems",
     "parse_gpus",
+    "server_flags",
 ]
 
 MIN_FREE_LOG_BYTES = 256 << 20  # a server log is megabytes; a trial's worth of NCCL_DEBUG output, more
@@ -37,6 +39,7 @@ UNBALANCED_RATIO = 0.9
 BUSY_FREE_SHARE = 0.9
 CHECK_TIMEOUT_S = 30.0
 IMPORT_TIMEOUT_S = 180.0  # importing sglang pulls in torch: tens of seconds on a cold node
+HELP_TIMEOUT_S = 240.0  # real SGLang's `--help` imports everything first: ~25 s warm, minutes cold
 ACTORS_TIMEOUT_S = 900.0
 BENCHMARK_MODULE = "autotune.remote_benchmark"
 
@@ -101,6 +104,8 @@ class NodeReport:
     free_log_bytes: int | None = None
     weight_bytes: int | None = None  # the model's safetensors under model_path, when found there
     server_version: str | None = None  # the SGLang version the server command runs, when it says
+    # The flags the server command accepts: the committed table of its version, else read from its --help.
+    server_flags: FlagTable | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,14 +113,16 @@ class NodeReport:
 
     @property
     def hardware(self) -> str | None:
-        """The node's hardware fingerprint with the server's version, what decides whether a feature is
-        supported: e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04), SGLang 0.5.4'."""
+        """The node's hardware fingerprint with the server's version and flag set, what decides whether a
+        feature is supported: e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04), SGLang 0.5.17, flags
+        381d4305'."""
         if not self.gpus:
             return None
         first = self.gpus[0]
         driver = f", driver {first.driver}" if first.driver else ""
         version = f", SGLang {self.server_version}" if self.server_version else ""
-        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver}){version}"
+        flags = f", flags {self.server_flags.digest}" if self.server_flags is not None else ""
+        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver}){version}{flags}"
 
     @property
     def gpu_memory_gb(self) -> float | None:
@@ -160,6 +167,7 @@ def check_node(
     free: int | None = None
     weights: int | None = None
     version: str | None = None
+    flags: FlagTable | None = None
     try:
         # The first command also connects: an unreachable node ends the check here.
         tools: Sequence[str] = getattr(runner, "required_tools", ())
@@ -173,6 +181,8 @@ def check_node(
             )
         command_trouble, version = _command_problems(runner, command, env)
         problems += command_trouble
+        if not command_trouble:
+            flags = server_flags(runner, command, env, version)
         if port is not None and not runner.wait_port_free(host, port, 0):
             problems.append(
                 NodeProblem(
@@ -196,7 +206,7 @@ def check_node(
         problems.append(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
-    return NodeReport(node, tuple(problems), gpus, free, weights, version)
+    return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
 
 
 def _sh(
@@ -253,6 +263,23 @@ def _command_problems(
             )
         ], None
     return [], None
+
+
+def server_flags(
+    runner: CommandRunner, command: Sequence[str], env: Mapping[str, str], version: str | None
+) -> FlagTable | None:
+    """The flags `command` accepts: the committed table of exactly `version`, else its `--help` (None
+    when that fails, or for a command that is no SGLang: launches then pass the flags unchanged)."""
+    table = committed_table(version) if version else None
+    if table is not None:
+        return table
+    if not version and not any("sglang" in word for word in command):
+        return None  # a job's command (autotune.nccl_bench): its --help could run it
+    done = runner.run([*command, "--help"], env, HELP_TIMEOUT_S)
+    if done.returncode != 0:
+        return None
+    learned = table_from_help(done.stdout, version, f"{' '.join(command)} --help")
+    return learned if learned.flags else None
 
 
 def _gpus(

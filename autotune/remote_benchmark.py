@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload, benchmark
+from autotune.benchmark import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload, benchmark
 
 __all__ = ["command", "main", "result_from_output"]
 
 
 def command(python: str, base_url: str, workload: Workload, timeout_s: float, seed: int) -> list[str]:
-    """The argv that benchmarks `base_url` with `python` on the node."""
+    """The argv that benchmarks `base_url` with `python` on the node (the server's key, if any, goes in
+    its env as `API_KEY_ENV`, never on its command line)."""
     return [
         python,
         "-m",
@@ -66,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workload = Workload(**json.loads(args.workload))
     try:
-        result = benchmark(args.base_url, workload, args.timeout_s, args.seed)
+        result = benchmark(
+            args.base_url, workload, args.timeout_s, args.seed, api_key=os.environ.get(API_KEY_ENV) or None
+        )
     except BenchmarkError as exc:
         error = {
             "reason": exc.reason,

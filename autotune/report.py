@@ -377,5 +377,5 @@ def write_report(study: Study, ostudy: optuna.Study, out: Path) -> Path:
     plots = {name: png_bytes(figure) for name, figure in draw_plots(data).items()}
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT_FILE
-    path.write_text(render_html(findings, plots))
+    path.write_text(study.secrets.redact(render_html(findings, plots)))
     return path

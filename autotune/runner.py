@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.launch import ServerLaunch
+from autotune.redaction import Secrets
 
 __all__ = [
     "CommandResult",
@@ -42,6 +43,7 @@ __all__ = [
 # After SIGKILL the kernel tears the group down in milliseconds; this only bounds a stuck D-state wait.
 _KILL_WAIT_S = 5.0
 _POLL_S = 0.05
+_LOG_DRAIN_S = 1.0
 
 
 class LaunchError(AutotuneError):
@@ -145,8 +147,11 @@ class ServerProcess(ABC):
 class CommandRunner(ABC):
     """Starts long-running commands on one machine; the launch logic never knows which machine."""
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ServerProcess:
-        """Start `argv` in its own session with os.environ + `env`, both streams appended to `log_path`.
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, secrets: Secrets | None = None
+    ) -> ServerProcess:
+        """Start `argv` in its own session with os.environ + `env`, both streams appended to `log_path`
+        with `secrets` and those of `argv` and `env` redacted.
 
         Raises `LaunchError` when the command cannot be started.
         """
@@ -159,10 +164,11 @@ class CommandRunner(ABC):
         bad_names = [k for k in env if not k or "=" in k or "\0" in k]
         if bad_names:
             raise LaunchError(argv, f"invalid environment variable names {bad_names!r}.")
-        return self._start(argv, dict(env), Path(log_path))
+        secrets = Secrets.of_launch(argv, env) | (secrets or Secrets())
+        return self._start(argv, dict(env), Path(log_path), secrets)
 
     @abstractmethod
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> ServerProcess:
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets) -> ServerProcess:
         """Start the validated command; subclasses implement this."""
 
     def run(
@@ -203,6 +209,7 @@ class LocalServerProcess(ServerProcess):
     """A process group started on this machine by `LocalCommandRunner`."""
 
     on_stopped: Callable[[], None] | None = None  # set by the runner that records its servers
+    log_writer: threading.Thread | None = None  # copies a redacted log; done once the server's output ends
 
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int) -> None:
         self._popen = popen
@@ -229,7 +236,12 @@ class LocalServerProcess(ServerProcess):
         return self._log_offset
 
     def poll(self) -> int | None:
-        return self._popen.poll()
+        code = self._popen.poll()
+        if code is not None and self.log_writer is not None:
+            # Once: an exited server's last lines reach the log (children holding the pipe bound the wait).
+            writer, self.log_writer = self.log_writer, None
+            writer.join(timeout=_LOG_DRAIN_S)
+        return code
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         if self._stopped:
@@ -252,7 +264,7 @@ class LocalServerProcess(ServerProcess):
         self._stopped = True
         if self.on_stopped is not None:
             self.on_stopped()
-        return self._popen.poll()
+        return self.poll()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
@@ -316,10 +328,12 @@ class LocalCommandRunner(CommandRunner):
         self._records = ServerRecords(state_dir / SERVERS_FILE if state_dir is not None else None)
         self.stopped_left_behind = self._records.stop_all(_stop_local_group)
 
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+    def _start(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> LocalServerProcess:
         server_id = uuid.uuid4().hex
         env = {**env, SERVER_ID_VAR: server_id}
-        process = self._popen(argv, env, log_path)
+        process = self._popen(argv, env, log_path, secrets)
         self._records.add(process.pgid, server_id)
         process.on_stopped = lambda: self._records.remove(server_id)
         return process
@@ -327,8 +341,12 @@ class LocalCommandRunner(CommandRunner):
     def free_port(self, host: str) -> int:
         return free_port(host)
 
-    def _popen(self, argv: list[str], env: dict[str, str], log_path: Path) -> LocalServerProcess:
+    def _popen(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> LocalServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # SGLang prints its api_key at start-up: with a secret in the launch, the log is written through
+        # a redacting pipe instead of by the server itself.
         with open(log_path, "ab") as log:
             offset = log.tell()
             try:
@@ -336,7 +354,7 @@ class LocalCommandRunner(CommandRunner):
                     argv,
                     env={**os.environ, **env},
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=subprocess.PIPE if secrets else log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
@@ -350,7 +368,13 @@ class LocalCommandRunner(CommandRunner):
                     argv, f"{e.strerror or e} ({errno.errorcode.get(e.errno or 0, '?')})"
                 ) from e
         # The child holds its own copy of the log descriptor; ours is closed by the with-block.
-        return LocalServerProcess(popen, log_path, offset)
+        process = LocalServerProcess(popen, log_path, offset)
+        if popen.stdout is not None:
+            process.log_writer = threading.Thread(
+                target=_copy_redacted, args=(popen.stdout, log_path, secrets), name="server-log", daemon=True
+            )
+            process.log_writer.start()
+        return process
 
     def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:
         try:
@@ -373,6 +397,14 @@ class LocalCommandRunner(CommandRunner):
             done.stdout.decode("utf-8", errors="replace"),
             done.stderr.decode("utf-8", errors="replace"),
         )
+
+
+def _copy_redacted(stream: Any, log_path: Path, secrets: Secrets) -> None:
+    """Append each line of `stream` to `log_path` with `secrets` redacted, until the server closes it."""
+    with stream, open(log_path, "ab") as log:
+        for line in iter(stream.readline, b""):
+            log.write(secrets.redact_bytes(line))
+            log.flush()  # the log watcher reads the file as the server runs
 
 
 class ServerRecords:

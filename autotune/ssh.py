@@ -34,6 +34,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from paramiko.config import SSHConfig
 
 from autotune.launch import ServerLaunch
+from autotune.redaction import Secrets
 from autotune.runner import (
     LEFT_BEHIND_GRACE_S,
     SERVER_ID_VAR,
@@ -461,7 +462,9 @@ class SSHCommandRunner(CommandRunner):
         return result.stdout
 
     # -- CommandRunner -------------------------------------------------------------------------------
-    def _start(self, argv: list[str], env: dict[str, str], log_path: Path) -> SSHServerProcess:
+    def _start(
+        self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
+    ) -> SSHServerProcess:
         bad = [name for name in env if name[0].isdigit() or not set(name) <= _ENV_NAME_CHARS]
         if bad:
             raise LaunchError(argv, f"environment variable names a shell cannot export: {bad!r}")
@@ -504,6 +507,7 @@ class SSHCommandRunner(CommandRunner):
             remote_log=remote_log,
             remote_offset=int(lines[0]),
             status_path=status,
+            secrets=secrets,
         )
 
     def _run(self, argv: list[str], env: dict[str, str], timeout_s: float) -> CommandResult:
@@ -685,8 +689,10 @@ class SSHServerProcess(ServerProcess):
         remote_log: PurePosixPath,
         remote_offset: int,
         status_path: PurePosixPath,
+        secrets: Secrets | None = None,
     ) -> None:
         self.runner = runner
+        self.secrets = secrets or Secrets()  # redacted from the local copy of the log
         self.server_id = server_id
         self.remote_log = remote_log
         self.status_path = status_path
@@ -758,8 +764,11 @@ class SSHServerProcess(ServerProcess):
                 data = self.runner._read_remote(self.remote_log, self._remote_pos, _FETCH_CHUNK)
                 if not data:
                     return
+                full = len(data) == _FETCH_CHUNK
+                if self.secrets and b"\n" in data:
+                    data = data[: data.rfind(b"\n") + 1]  # whole lines only, so no secret is cut in two
                 with open(self._log_path, "ab") as local:
-                    local.write(data)
+                    local.write(self.secrets.redact_bytes(data))
                 self._remote_pos += len(data)
-                if len(data) < _FETCH_CHUNK:
+                if not full:
                     return

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
+from autotune.redaction import Secrets
 
 if TYPE_CHECKING:
     import optuna
@@ -99,12 +100,18 @@ class StudyTracker:
     """Writes a study's runs to one MLflow tracking store."""
 
     def __init__(
-        self, tracking_uri: str, study_name: str, artifact_root: Path, metric: str = "output_throughput"
+        self,
+        tracking_uri: str,
+        study_name: str,
+        artifact_root: Path,
+        metric: str = "output_throughput",
+        secrets: Secrets | None = None,
     ) -> None:
         from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
         _quiet_mlflow()
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.secrets = secrets or Secrets()  # redacted from every param, tag and text it records
         self.study_name = study_name
         self.metric = metric
         self.unit = metric_unit(metric)
@@ -167,7 +174,7 @@ class StudyTracker:
     def log_study_files(self, files: Mapping[str, str]) -> None:
         """Attach the study, search-space and objective files as they were when the study ran."""
         for name, text in files.items():
-            self.client.log_text(self.parent_run_id, text, f"study/{name}")
+            self.client.log_text(self.parent_run_id, self.secrets.redact(text), f"study/{name}")
 
     def start_trial(
         self,
@@ -206,8 +213,9 @@ class StudyTracker:
         params["server.argv"] = " ".join(redact_argv(launch.argv))[:MAX_PARAM_LENGTH]
         from mlflow.entities import Param
 
+        params = {k: self.secrets.redact(v) for k, v in params.items()}
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in sorted(params.items())])
-        self.client.log_text(run_id, launch_script(launch), "launch.sh")
+        self.client.log_text(run_id, self.secrets.redact(launch_script(launch)), "launch.sh")
         return run_id
 
     def close_interrupted(self, run_id: str) -> None:
@@ -263,7 +271,7 @@ class StudyTracker:
             run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())],
             tags=[
-                RunTag(k, v)
+                RunTag(k, self.secrets.redact(v))
                 for k, v in {
                     **tags,
                     **extra,
@@ -275,7 +283,7 @@ class StudyTracker:
         )
         self._trials.pop(run_id, None)
         for name, text in artifacts.items():
-            self.client.log_text(run_id, text, name)
+            self.client.log_text(run_id, self.secrets.redact(text), name)
         status = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}.get(state, "KILLED")
         self.client.set_terminated(run_id, status=status)
 
@@ -287,11 +295,11 @@ class StudyTracker:
         self.client.log_batch(
             self.parent_run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())],
-            tags=[RunTag(k, v) for k, v in tags.items()],
+            tags=[RunTag(k, self.secrets.redact(v)) for k, v in tags.items()],
         )
 
     def log_parent_text(self, text: str, name: str) -> None:
-        self.client.log_text(self.parent_run_id, text, name)
+        self.client.log_text(self.parent_run_id, self.secrets.redact(text), name)
 
     def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
         """What a person opening the study's parent run sees: the summary and the best config's launch
@@ -303,9 +311,11 @@ class StudyTracker:
             from autotune.report import study_findings, summary_markdown
 
             findings = study_findings(study, ostudy)
-            self.client.set_tag(self.parent_run_id, NOTE_TAG, summary_markdown(findings)[:MAX_NOTE_LENGTH])
+            note = self.secrets.redact(summary_markdown(findings))[:MAX_NOTE_LENGTH]
+            self.client.set_tag(self.parent_run_id, NOTE_TAG, note)
             if findings.best_script is not None and findings.best_script != self._best_script:
-                self.client.log_text(self.parent_run_id, findings.best_script, BEST_LAUNCH_SCRIPT)
+                script = self.secrets.redact(findings.best_script)
+                self.client.log_text(self.parent_run_id, script, BEST_LAUNCH_SCRIPT)
                 self._best_script = findings.best_script
         except Exception:  # the study goes on without its summary; the log says why
             log.warning("could not update the study summary in MLflow", exc_info=True)

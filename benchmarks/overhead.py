@@ -42,6 +42,7 @@ from autotune.config.search_space import SearchSpace
 from autotune.driver import Progress, StudyDriver
 from autotune.node import TrialExecutor
 from autotune.pool import LocalNodePool, NodePool, RayNodePool
+from autotune.redaction import Secrets
 from autotune.runner import LocalCommandRunner, ServerProcess, free_port
 from autotune.tracking import StudyTracker
 
@@ -132,8 +133,10 @@ class TimedRunner(LocalCommandRunner):
         self.teardowns: list[float] = []
         self._stopped_at: float | None = None
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ServerProcess:
-        process = self.stopwatch.timed(LAUNCH, super().start)(argv, env, log_path)
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, secrets: Secrets | None = None
+    ) -> ServerProcess:
+        process = self.stopwatch.timed(LAUNCH, super().start)(argv, env, log_path, secrets=secrets)
         stop = self.stopwatch.timed(STOP, process.stop)
 
         def stop_and_remember(grace_s: float = 10.0) -> int | None:

@@ -134,6 +134,9 @@ def test_metrics_match_benchmark_fields() -> None:
         "p99_itl_ms",
         "p50_e2e_latency_ms",
         "p99_e2e_latency_ms",
+        "request_goodput",  # with workload.slo (test_workloads)
+        "slo_attainment",
+        "max_load",  # with load_search
     }
     assert METRICS["output_throughput"] == "maximize" and METRICS["p99_itl_ms"] == "minimize"
 

@@ -46,23 +46,26 @@ def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("flags", "kind", "evidence"),
     [
-        (("--mem-fraction-static", "0.55"), "kv_pool_too_small", "Not enough memory"),
-        (("--enable-torch-symm-mem",), "unsupported", "SymmetricMemory is not supported"),
+        # SGLang 0.5.15+ wording (mem_cache/kv_cache_configurator.py), as the simulated 0.5.17 prints it.
         (
-            (
-                "--speculative-algorithm",
-                "EAGLE3",
-                "--mem-fraction-static",
-                "0.93",
-                "--cuda-graph-max-bs",
-                "512",
-            ),
+            ("--mem-fraction-static", "0.55"),
+            "kv_pool_too_small",
+            "Loaded weights leave no GPU memory for the KV cache",
+        ),
+        # 0.5.17 layers/flashinfer_comm_fusion.py: the fusion needs SM90/SM10X; the simulated node is SM120.
+        (
+            ("--enable-flashinfer-allreduce-fusion",),
+            "unsupported",
+            "FlashInfer allreduce fusion requires SM90 or SM10X",
+        ),
+        (
+            ("--mem-fraction-static", "0.95", "--cuda-graph-max-bs-decode", "1024"),
             "cuda_graph_oom",
             "Capture cuda graph failed",
         ),
         (("--attention-backend", "flash"), "invalid_arguments", "invalid choice: 'flash'"),
     ],
-    ids=["kv-pool", "symm-mem", "graph-oom", "argparse"],
+    ids=["kv-pool", "fusion", "graph-oom", "argparse"],
 )
 def test_diagnose_names_the_kind_the_line_and_the_advice(
     tmp_path: Path, flags: tuple[str, ...], kind: str, evidence: str

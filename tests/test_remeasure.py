@@ -252,3 +252,60 @@ def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
     low, high = answer.gain.low_pct, answer.gain.high_pct
     assert low is not None and high is not None and math.isfinite(low) and high - low > 0
     assert ("within noise" in out) == (low <= 0 <= high)
+
+
+@pytest.mark.integration
+def test_run_options_hold_for_remeasurement_and_ablation(tmp_path: Path) -> None:
+    """`--no-ray --no-tracking` hold for every phase: the re-measurement and the ablation that follow the
+    study's trials start no Ray runtime (RAY_ADDRESS is no address: any ray.init() fails) and write
+    no MLflow store."""
+    import os
+    import subprocess
+
+    space = {
+        "parameters": {
+            "--max-running-requests": {"kind": "sglang", "type": "categorical", "choices": [None, 2]}
+        }
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    obj = {
+        "name": "fast",
+        "metric": "output_throughput",
+        "workload": {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2},
+        "remeasure": {"top": 1, "repeats": 2},
+    }
+    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(obj))
+    data = {
+        "study": "options",
+        "search_space": "space.yaml",
+        "objective": "objective.yaml",
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "port": free_port(),
+            "flags": {"--tp-size": 8},
+            "env": {"SGLANG_SIM_TIME_SCALE": "0.01", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
+        },
+        "budget": {"n_trials": 2},
+        "sampler": {"name": "random", "seed": 0},
+        "timeouts": {"startup_s": 60, "benchmark_s": 60},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "RAY_ADDRESS": "ray-must-not-start"}  # ray.init() fails at once on it
+    for command in ("run", "ablate"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune", command, str(path), "--no-ray", "--no-tracking"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not (tmp_path / ".autotune" / "options" / "mlflow.db").exists(), f"{command} wrote MLflow"
+    study = load_study(path)
+    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
+    remeasured = [t for t in ostudy.trials if t.user_attrs.get(REMEASURE_OF_ATTR) is not None]
+    assert remeasured, "no re-measurement ran"
+    assert not (study.workdir / "mlflow.db").exists() and not list(tmp_path.rglob("mlruns"))

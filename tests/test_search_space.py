@@ -11,6 +11,7 @@ import yaml
 
 from autotune.config.search_space import (
     SKIP,
+    AtMost,
     Derived,
     SearchSpace,
     SpeculativeRules,
@@ -426,7 +427,7 @@ def test_rules_decide() -> None:
     assert decide(TOPK, {ALG: "EAGLE3"}, declared) == SKIP  # steps unset: topk unset too
     assert decide(DRAFT, {ALG: "EAGLE3", STEPS: 2}, declared) is None
     assert decide(DRAFT, {ALG: "EAGLE3", STEPS: 2, TOPK: 1}, declared) == Derived(3)
-    assert decide(DRAFT, {ALG: "EAGLE3", STEPS: 2, TOPK: 2}, declared) is None
+    assert decide(DRAFT, {ALG: "EAGLE3", STEPS: 2, TOPK: 2}, declared) == AtMost(7)  # the draft tree
     assert decide("--mem-fraction-static", {}, declared) is None
     # With the algorithm fixed outside the search space, the knobs are always suggested.
     assert decide(STEPS, {}, [STEPS, TOPK]) is None

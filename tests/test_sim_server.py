@@ -27,9 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_PATH = "moonshotai/Kimi-K2.5"
 TIME_SCALE = "0.001"  # the ten-minute weight load takes 0.6 s
 DATE = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
-NOT_ENOUGH_MEMORY = (
-    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-    "Current value: self.server_args.mem_fraction_static=0.55"
+# SGLang 0.5.17 srt/mem_cache/kv_cache_configurator.py:1646-1655 (device-kit README "Real failure lines").
+NOT_ENOUGH_MEMORY = re.compile(
+    r"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0\.55\. "
+    r"Raise --mem-fraction-static above 0\.\d{3} \(minimum viable = 1 - available/pre = 0\.\d{4}\)\. "
+    r"If using speculative decoding, draft weights are now counted\.$"
 )
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 READY_LINE = "The server is fired up and ready to roll!"
@@ -206,17 +208,24 @@ def test_startup_log_is_sglangs_in_order(served: tuple[SimServer, list[int | Non
         rf"^{DATE}\] server_args=ServerArgs\(model_path='{MODEL_PATH}', .*tp_size=8, ",
         rf"^{DATE} TP0\] Init torch distributed begin\.$",
         rf"^{DATE} TP0\] Custom allreduce is disabled because it's not supported on more than two PCIe",
-        rf"^{DATE} TP0\] Init torch distributed ends\. mem usage=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Init torch distributed ends\. elapsed=\d+\.\d\d s, mem usage=\d+\.\d\d GB$",
         rf"^{DATE} TP0\] Load weight begin\. avail mem=\d+\.\d\d GB$",
         r"^Loading safetensors checkpoint shards:   0% Completed \| 0/64 \[00:00<\?, \?it/s\]$",
         r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it",
         r"^Loading safetensors checkpoint shards: 100% Completed \| 64/64 \[",
-        rf"^{DATE} TP0\] Load weight end\. type=\w+, dtype=torch\.bfloat16, avail mem=\d+\.\d\d GB, "
-        r"mem usage=68\.38 GB\.$",
-        rf"^{DATE} TP0\] KV Cache is allocated\. #tokens: \d+, ",
-        rf"^{DATE} TP0\] Capture cuda graph begin\. This can take up to several minutes\. avail mem=\d+\.",
-        rf"^{DATE} TP0\] Capture cuda graph end\. Time elapsed: \d+\.\d\d s\. mem usage=\d+\.\d\d GB\. "
+        # SGLang 0.5.17: model_runner.py:1099-1106, memory_pool.py:1669-1681 (MLA: one KV size),
+        # kv_cache_configurator.py:257-260, cuda_graph_setup.py:429-456 and :362-366 (prefill).
+        rf"^{DATE} TP0\] Load weight end\. elapsed=\d+\.\d\d s, type=\w+, quant=compressed-tensors, "
+        r"avail mem=\d+\.\d\d GB, mem usage=68\.38 GB\.$",
+        rf"^{DATE} TP0\] KV Cache is allocated\. dtype: torch\.bfloat16, #tokens: \d+, "
+        r"KV size: \d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Memory pool end\. avail mem=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, "
+        r"bs=\[1, 2, 4, 8, 12, 16, 24, .*, 512\], avail mem=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Capture target decode CUDA graph end\. elapsed=\d+\.\d\d s, mem usage=\d+\.\d\d GB, "
         r"avail mem=\d+\.\d\d GB\.$",
+        rf"^{DATE} TP0\] Capture target prefill CUDA graph begin\. backend=tc_piecewise, num_tokens=\[4, 8, ",
+        rf"^{DATE} TP0\] Capture target prefill CUDA graph end\. elapsed=",
         rf"^{DATE} TP0\] max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=\d+, "
         r"max_running_requests=\d+, context_len=\d+, available_gpu_mem=\d+\.\d\d GB$",
         rf"^{DATE}\] INFO:     Uvicorn running on http://127\.0\.0\.1:{server.port} ",
@@ -256,7 +265,10 @@ def test_generate_streams_sglangs_sse_chunks(served: tuple[SimServer, list[int |
     events = server.stream("/generate", payload)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert sum(len(c["output_ids"]) for c in chunks) == 6
+    # B13: non-incremental streaming (the default) sends the cumulative ids (tokenizer_manager.py:2341-2354).
+    assert len(chunks[-1]["output_ids"]) == 6 and len(chunks) > 1
+    for previous, chunk in itertools.pairwise(chunks):
+        assert chunk["output_ids"][: len(previous["output_ids"])] == previous["output_ids"]
     for chunk in chunks:
         assert set(chunk) == {"text", "output_ids", "meta_info"}
         assert chunk["meta_info"]["prompt_tokens"] == 4
@@ -312,12 +324,17 @@ def test_model_and_server_info(served: tuple[SimServer, list[int | None]]) -> No
     for path in ("/get_server_info", "/server_info"):
         status, body = server.get(path)
         info = json.loads(body)
-        assert status == 200 and info["version"] == "0.5.4" and info["time_scale"] == 0.001
+        assert status == 200 and info["version"] == "0.5.17" and info["time_scale"] == 0.001
         assert info["tp_size"] == 8 and info["model_path"] == MODEL_PATH and info["port"] == server.port
         assert info["max_total_num_tokens"] > 0 and 0 < info["mem_fraction_static"] < 1
-        assert info["cuda_graph_max_bs"] == 512 and info["chunked_prefill_size"] == 8192
+        # 0.5.17 has no cuda_graph_max_bs key any more (device-kit README): the decode graph's sits here.
+        assert "cuda_graph_max_bs" not in info and info["cuda_graph_config"]["decode"]["max_bs"] == 512
+        assert info["chunked_prefill_size"] == 8192
         state = info["internal_states"][0]
         assert "last_gen_throughput" in state and "avg_spec_accept_length" not in state
+    # The old name answers with a warning per call (http_server.py:771-778); /server_info does not warn.
+    warned = "Endpoint '/get_server_info' is deprecated and will be removed in a future version."
+    assert sum(warned in line for line in server.lines) >= 1
     request = urllib.request.Request(server.url("/flush_cache"), method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200 and response.read().startswith(b"Cache flushed.")
@@ -362,9 +379,12 @@ def test_speculation_reports_accept_length(speculative: SimServer) -> None:
     )
     meta = json.loads(events[-2])["meta_info"]
     assert meta["completion_tokens"] == 120 and meta["spec_verify_ct"] > 0
+    # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
+    assert meta["spec_accept_length"] == pytest.approx(120 / meta["spec_verify_ct"])
     assert 1.5 < meta["spec_accept_length"] < 4.0
     info = json.loads(speculative.get("/get_server_info")[1])
     assert info["speculative_algorithm"] == "EAGLE3" and info["max_running_requests"] == 48
+    assert info["disable_overlap_schedule"] is False  # spec v2 keeps overlap (B1)
     assert (info["speculative_num_steps"], info["speculative_eagle_topk"]) == (3, 1)
     assert 1.5 < info["internal_states"][0]["avg_spec_accept_length"] < 4.0
     decode = speculative.wait_for("Decode batch [40]")
@@ -379,18 +399,36 @@ def test_speculation_reports_accept_length(speculative: SimServer) -> None:
 def test_unknown_flag_exits_2_with_argparses_message(launch: Callable[..., SimServer]) -> None:
     server = launch("--no-such-flag", "1")
     assert server.wait_exit() == 2
-    assert "launch_server.py: error: unrecognized arguments: --no-such-flag 1" in server.log
-    assert server.log.startswith("usage: launch_server.py [-h] --model-path MODEL_PATH")
+    assert "sglang serve: error: unrecognized arguments: --no-such-flag 1" in server.log
+    assert server.log.startswith("usage: sglang serve [-h] --model-path MODEL_PATH")
+
+
+def test_0_5_23_exits_2_on_the_removed_graph_flag(launch: Callable[..., SimServer]) -> None:
+    server = launch("--cuda-graph-max-bs", "128", env={"SGLANG_SIM_VERSION": "0.5.23"})
+    assert server.wait_exit() == 2
+    # What SGLang 0.5.23's parser printed for this flag (shared/reference/sglang-versions.md A1).
+    assert server.lines[-1] == (
+        "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+        "--cuda-graph-max-bs-prefill"
+    )
+
+
+def test_unknown_version_exits_1_naming_the_variable(launch: Callable[..., SimServer]) -> None:
+    server = launch(env={"SGLANG_SIM_VERSION": "0.5.4"})
+    assert server.wait_exit() == 1
+    assert "SGLANG_SIM_VERSION" in server.log and "'0.5.4'" in server.log and "0.5.17, 0.5.23" in server.log
 
 
 def test_speculative_value_error_exits_1_before_launching(launch: Callable[..., SimServer]) -> None:
     server = launch(
         "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
-        "--speculative-num-draft-tokens", "8", "--page-size", "16",
+        "--speculative-num-draft-tokens", "8", "--page-size", "16", "--attention-backend", "flashmla",
     )  # fmt: skip
     assert server.wait_exit() == 1
+    # The kimi profile resolves triton on SM120, which the tree draft supports (B5); flashmla does not.
     assert server.lines[-1].startswith(
-        "ValueError: speculative_eagle_topk > 1 with page_size > 1 is unstable"
+        "ValueError: speculative_eagle_topk > 1 with page_size > 1 is only supported on "
+        "('flashinfer', 'fa3', 'triton'); got attention_backend='flashmla'."
     )
     assert "server_args=" not in server.log
 
@@ -400,7 +438,7 @@ def test_not_enough_memory_at_055_dies_after_weight_loading(launch: Callable[...
     assert server.wait_exit() == -signal.SIGKILL
     lines = server.lines
     begin = next(i for i, line in enumerate(lines) if "Load weight begin" in line)
-    failure = lines.index(NOT_ENOUGH_MEMORY)
+    failure = next(i for i, line in enumerate(lines) if NOT_ENOUGH_MEMORY.fullmatch(line))
     assert begin < failure < lines.index(next(line for line in lines if line.endswith(SIGQUIT_LINE)))
     assert any(re.match(rf"{DATE} TP\d\] Scheduler hit an exception: Traceback", line) for line in lines)
     assert re.match(rf"{DATE}\] {SIGQUIT_LINE}$", lines[-1])
@@ -412,8 +450,10 @@ def test_flashinfer_allreduce_fusion_fails_deterministically_on_sm120(
 ) -> None:
     server = launch("--enable-flashinfer-allreduce-fusion")
     assert server.wait_exit() == -signal.SIGKILL
-    assert "No supported CUDA architectures found for major versions [9, 10]" in server.log
-    assert server.log.index("Capture cuda graph begin") < server.log.index("No supported CUDA architectures")
+    # SGLang 0.5.17 layers/flashinfer_comm_fusion.py:46-50, at runner warm-up after the KV pool.
+    assert "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs." in server.log
+    assert server.log.index("Memory pool end") < server.log.index("FlashInfer allreduce fusion requires")
+    assert "CUDA graph begin" not in server.log
     assert server.lines[-1].endswith(SIGQUIT_LINE)
 
 
@@ -453,7 +493,8 @@ def test_stream_interval_and_sigterm_on_another_node(launch: Callable[..., SimSe
     events = server.stream(
         "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 10}, "stream": True}
     )
-    sizes = [len(json.loads(e)["output_ids"]) for e in events[:-1]]
+    totals = [len(json.loads(e)["output_ids"]) for e in events[:-1]]  # cumulative (B13)
+    sizes = [b - a for a, b in itertools.pairwise([0, *totals])]
     # The first token goes out at once (time to first token), then at least every 4th, then the rest.
     assert sum(sizes) == 10 and sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
     started = time.monotonic()
@@ -473,7 +514,7 @@ def test_crash_benchmark_dies_mid_stream_and_slow_health_is_slow(launch: Callabl
         "/generate", {"input_ids": [1] * 10, "sampling_params": {"max_new_tokens": 500}, "stream": True}
     )
     assert "[DONE]" not in events
-    delivered = sum(len(json.loads(e)["output_ids"]) for e in events)
+    delivered = len(json.loads(events[-1])["output_ids"]) if events else 0
     assert delivered < 500
     assert server.wait_exit() == 1
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in server.log

@@ -370,5 +370,6 @@ def test_node_check_reads_the_sglang_version_into_the_hardware_fingerprint(tmp_p
         nvidia_smi=(sys.executable, nvidia_smi_sim),
     )
     assert report.ok, report.problems
-    assert report.server_version == "0.5.4"
-    assert report.hardware is not None and report.hardware.endswith("), SGLang 0.5.4")
+    assert report.server_version == "0.5.17"
+    assert report.hardware is not None and report.server_flags is not None
+    assert report.hardware.endswith(f"), SGLang {report.server_version}, flags {report.server_flags.digest}")

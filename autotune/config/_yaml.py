@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -95,6 +97,46 @@ def load_yaml(path: Path | str) -> dict[str, Any]:
             _top_level_fix(),
         )
     return data
+
+
+# `${NAME}` in a string value of a study file: the value of env var NAME where the study is loaded.
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env_references(
+    path: Path | str, data: Any, environ: Mapping[str, str] | None = None
+) -> tuple[Any, list[str]]:
+    """`data` with every `${NAME}` in its string values replaced by env var NAME, and the names read.
+
+    Raises `ConfigError` naming the file, the field and the variable when one is not set.
+    """
+    env = os.environ if environ is None else environ
+    names: list[str] = []
+
+    def expand(value: Any, loc: tuple[str | int, ...]) -> Any:
+        if isinstance(value, dict):
+            return {k: expand(v, (*loc, str(k))) for k, v in value.items()}
+        if isinstance(value, list):
+            return [expand(v, (*loc, i)) for i, v in enumerate(value)]
+        if not isinstance(value, str):
+            return value
+
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise ConfigError(
+                    path,
+                    _dotted(loc),
+                    value,
+                    f"reads ${{{name}}} from the environment, but {name} is not set",
+                    f"Set it where autotune runs (export {name}=...), or write the value in the file.",
+                )
+            names.append(name)
+            return env[name]
+
+        return ENV_REFERENCE.sub(one, value)
+
+    return expand(data, ()), list(dict.fromkeys(names))
 
 
 def _line(text: str, index: int) -> str:

@@ -26,7 +26,8 @@ from pydantic import (
 
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
 from autotune.config.allreduce import ALLREDUCE_METRICS, AllReduce, ObjectiveKind, check_kind
-from autotune.errors import did_you_mean
+from autotune.errors import ConfigError, did_you_mean
+from autotune.workloads import load_prompts
 
 Direction = Literal["maximize", "minimize"]
 
@@ -43,6 +44,11 @@ METRICS: Mapping[str, Direction] = MappingProxyType(
         "p99_itl_ms": "minimize",
         "p50_e2e_latency_ms": "minimize",
         "p99_e2e_latency_ms": "minimize",
+        # With workload.slo: good requests per second, and the share of requests that were good.
+        "request_goodput": "maximize",
+        "slo_attainment": "maximize",
+        # With load_search: the highest request rate (or concurrency) at which the SLO held.
+        "max_load": "maximize",
         **ALLREDUCE_METRICS,  # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce)
     }
 )
@@ -59,16 +65,91 @@ def _check_metric(metric: str, loc: tuple[str | int, ...] = ()) -> str:
     return metric
 
 
+class Slo(BaseModel):
+    """Per-request limits in milliseconds (SGLang 0.5.23's `bench_serving --goodput` keys): time to first
+    token, time per output token after the first (a request's mean inter-token latency), end-to-end."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: Annotated[float, Field(gt=0)] | None = None
+    tpot_ms: Annotated[float, Field(gt=0)] | None = None
+    e2el_ms: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> Slo:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
+            raise rule_error("an SLO needs a limit", value={}, fix="Set ttft_ms, tpot_ms or e2el_ms.")
+        return self
+
+
 class Workload(BaseModel):
-    """The benchmark each trial runs: random prompts of fixed lengths at a fixed concurrency."""
+    """The benchmark each trial runs: random prompts of fixed lengths at a fixed concurrency, or a prompts
+    file, length distributions and an arrival rate (see autotune.workloads), with an SLO for goodput."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_prompts: PositiveInt
     input_len: PositiveInt
     output_len: PositiveInt
-    concurrency: PositiveInt
+    concurrency: PositiveInt  # the most requests in flight (with request_rate too, as --max-concurrency)
     warmup_requests: PositiveInt = 1
+    prompts: Annotated[str, Field(min_length=1)] | None = (
+        None  # JSONL or ShareGPT JSON; relative: to this file
+    )
+    prompts_format: Literal["auto", "jsonl", "sharegpt"] = "auto"
+    # fixed: input_len/output_len; uniform: in [len * range_ratio, len]; file: the prompts file's output_len.
+    lengths: Literal["fixed", "uniform", "file"] = "fixed"
+    range_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+    request_rate: Annotated[float, Field(gt=0)] | None = None  # requests/s; None: all at once
+    burstiness: Annotated[float, Field(gt=0)] = 1.0  # gamma shape of the gaps; 1.0 Poisson
+    slo: Slo | None = None
+
+    @model_validator(mode="after")
+    def _lengths_from_file(self) -> Workload:
+        if self.lengths == "file" and self.prompts is None:
+            raise rule_error(
+                "lengths from the file need a prompts file",
+                loc=("lengths",),
+                value=self.lengths,
+                fix="Set workload.prompts, or use lengths: fixed | uniform.",
+            )
+        return self
+
+
+class LoadSearch(BaseModel):
+    """The highest load at which the SLO holds, searched on one launch: `vary` the request rate (requests/s)
+    or the concurrency from `start`, doubling while a step passes (halving while it fails) and then bisecting
+    between the highest pass and the lowest failure, at most `steps` benchmarks, none above `max`. A step
+    passes when at least `attainment` of its requests met workload.slo. The trial's `max_load` is the highest
+    load that passed (0 when none down to `min` did); a server that dies under load keeps the highest load
+    that passed before."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vary: Literal["request_rate", "concurrency"] = "request_rate"
+    start: Annotated[float, Field(gt=0)]
+    max: Annotated[float, Field(gt=0)]
+    steps: Annotated[StrictInt, Field(ge=2, le=50)] = 8
+    attainment: Annotated[float, Field(gt=0, le=1)] = 0.9
+    # Bisection stops when the bracket is narrower than this share of the load that passed.
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    # The lowest load tried while halving (default start / 8): a rate step's time grows as 1 / rate.
+    min: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> LoadSearch:
+        if self.start > self.max:
+            raise rule_error(
+                "start is above max",
+                loc=("start",),
+                value=self.start,
+                fix=f"Set start <= max ({self.max:g}).",
+            )
+        if self.min is not None and self.min > self.start:
+            raise rule_error(
+                "min is above start", loc=("min",), value=self.min, fix=f"Set min <= start ({self.start:g})."
+            )
+        return self
 
 
 class BenchServing(BaseModel):
@@ -181,6 +262,7 @@ class Objective(BaseModel):
     ladder: Ladder | None = None
     short_first: ShortFirst | None = None
     remeasure: Remeasure | None = None
+    load_search: LoadSearch | None = None
 
     @field_validator("metric")
     @classmethod
@@ -240,6 +322,7 @@ class Objective(BaseModel):
                 value=self.also_optimize,
                 fix="Remove remeasure, or optimize one metric.",
             )
+        self._workload_rules()
         ladder, workload = self.ladder, self.workload
         if ladder is not None and workload is not None:
             if workload.concurrency not in ladder.concurrency:
@@ -260,6 +343,49 @@ class Objective(BaseModel):
                     fix="Set ladder.prompts_per_concurrency (e.g. 4), or raise workload.num_prompts.",
                 )
         return self
+
+    def _workload_rules(self) -> None:
+        """The SLO, goodput and load-search rules: one place for what each needs."""
+        workload, search = self.workload, self.load_search
+        slo_metrics = [m for m in self.metrics if m in ("request_goodput", "slo_attainment", "max_load")]
+        if workload is not None and workload.slo is None and (slo_metrics or search is not None):
+            raise rule_error(
+                f"{(slo_metrics or ['load_search'])[0]} counts the requests that met an SLO, and none is set",
+                loc=("workload", "slo"),
+                value=None,
+                fix="Add workload.slo, e.g. {ttft_ms: 2000, tpot_ms: 50}.",
+            )
+        if (search is not None) != ("max_load" in self.metrics):
+            raise rule_error(
+                "max_load is what a load search measures: one needs the other",
+                loc=("load_search",) if search is None else ("metric",),
+                value=self.metric,
+                fix="Write `metric: max_load` with a load_search section, or neither.",
+            )
+        if search is not None:
+            for section in ("ladder", "short_first", "also_optimize"):
+                if getattr(self, section):
+                    raise rule_error(
+                        f"a load search measures its own loads; {section} does not combine with it",
+                        loc=(section,),
+                        value=getattr(self, section),
+                        fix=f"Remove {section}.",
+                    )
+        if self.client == "bench_serving" and workload is not None:
+            unsupported = {
+                "prompts": workload.prompts is not None and workload.prompts_format == "jsonl",
+                "lengths": workload.lengths == "file",
+                "burstiness": workload.burstiness != 1.0,  # 0.5.17's get_request draws exponential gaps only
+            }
+            for field_name, bad in unsupported.items():
+                if bad:
+                    raise rule_error(
+                        "sglang.bench_serving cannot send this workload (it reads ShareGPT files, not JSONL, "
+                        "and sends Poisson arrivals only)",
+                        loc=("workload", field_name),
+                        value=getattr(workload, field_name),
+                        fix="Use `client: builtin`, or a ShareGPT *.json prompts file and burstiness 1.0.",
+                    )
 
     @model_validator(mode="after")
     def _natural_direction(self) -> Objective:
@@ -345,11 +471,31 @@ def _concurrency(result: Any) -> int:
 
 
 def parse_objective(data: Mapping[str, Any], path: Path | str = "<objective>") -> Objective:
-    """Validate an objective already read from YAML; errors are ConfigErrors naming `path`."""
+    """Validate an objective already read from YAML; errors are ConfigErrors naming `path`. A relative
+    workload.prompts is resolved against `path`'s folder, and the file read now, so a bad one stops the
+    study before any launch."""
     try:
-        return Objective.model_validate(data)
+        objective = Objective.model_validate(data)
     except ValidationError as exc:
         raise config_error_from_validation(path, exc, Objective) from None
+    workload = objective.workload
+    if workload is not None and workload.prompts is not None:
+        prompts = Path(workload.prompts).expanduser()
+        if not prompts.is_absolute() and str(path) != "<objective>":
+            prompts = Path(path).parent / prompts
+        objective.workload = workload.model_copy(update={"prompts": str(prompts.resolve())})
+        try:
+            load_prompts(objective.workload.prompts, workload.prompts_format)
+        except ConfigError as exc:
+            where = f"{exc.path}: {exc.field}" if exc.field else str(exc.path)
+            raise ConfigError(
+                path,
+                "workload.prompts",
+                workload.prompts,
+                f"{where}: {exc.problem} (got {exc.value!r})",
+                exc.fix,
+            ) from None
+    return objective
 
 
 def load_objective(path: Path | str) -> Objective:

@@ -176,6 +176,14 @@ class IntParameter(_Parameter):
     def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
         return trial.suggest_int(name, self.low, self.high, step=self.step or 1, log=self.log)
 
+    def suggest_at_most(self, name: str, trial: optuna.trial.BaseTrial, high: int) -> object:
+        """Suggest within low..min(high, `high`); a stored trial is rebuilt as it ran, in the full range."""
+        step = self.step or 1
+        top = self.low + (min(self.high, high) - self.low) // step * step
+        if isinstance(trial, optuna.trial.FrozenTrial) or top < self.low:
+            return self.suggest(name, trial)
+        return trial.suggest_int(name, self.low, top, step=step, log=self.log)
+
 
 class FloatParameter(_Parameter):
     """A real range, as `trial.suggest_float`."""
@@ -290,6 +298,13 @@ class Derived:
 SKIP = "skip"
 
 
+@dataclass(frozen=True)
+class AtMost:
+    """Suggest the parameter no higher than `high`: SGLang fails above it."""
+
+    high: int
+
+
 class SpeculativeRules:
     """SGLang's speculative-decoding rules (`ServerArgs._handle_speculative_decoding`), in one place."""
 
@@ -311,11 +326,19 @@ class SpeculativeRules:
         """True when this `--speculative-algorithm` value loads a separate draft model."""
         return algorithm is not None and str(algorithm) in cls.NEEDS_DRAFT_MODEL
 
+    @staticmethod
+    def max_draft_tokens(steps: int, topk: int) -> int:
+        """The most draft tokens an EAGLE tree of `steps` levels and `topk` branches holds: SGLang picks
+        `draft - 1` of its `topk + (steps - 1) * topk**2` candidates with torch.topk
+        (srt/speculative/eagle_utils.py:106-110, 0.5.17), which fails in draft CUDA-graph capture above."""
+        return topk + (steps - 1) * topk**2 + 1
+
     @classmethod
     def decide(
         cls, name: str, values: Mapping[str, object], declared: Collection[str]
-    ) -> Derived | str | None:
-        """Before suggesting `name`: None to suggest it, SKIP to leave it unset, or a Derived value.
+    ) -> Derived | AtMost | str | None:
+        """Before suggesting `name`: None to suggest it, SKIP to leave it unset, a Derived value, or AtMost
+        a bound for the suggestion.
 
         `values` holds what earlier parameters took (sampled or derived); `declared` all parameter names.
         """
@@ -324,8 +347,11 @@ class SpeculativeRules:
                 return SKIP  # speculative knobs mean nothing without an algorithm
         if name in (cls.TOPK, cls.DRAFT_TOKENS) and values.get(cls.STEPS) is None:
             return SKIP  # SGLang: with num-steps unset, topk and draft tokens must be unset too
-        if name == cls.DRAFT_TOKENS and values.get(cls.TOPK) is not None and to_arg(values[cls.TOPK]) == "1":
-            return Derived(int(to_arg(values[cls.STEPS])) + 1)  # SGLang forces steps + 1 when topk is 1
+        if name == cls.DRAFT_TOKENS and values.get(cls.TOPK) is not None:
+            steps, topk = int(to_arg(values[cls.STEPS])), int(to_arg(values[cls.TOPK]))
+            if topk == 1:
+                return Derived(steps + 1)  # SGLang forces steps + 1 when topk is 1
+            return AtMost(cls.max_draft_tokens(steps, topk))
         return None
 
     @classmethod
@@ -367,12 +393,50 @@ class SpeculativeRules:
                     value=name,
                     fix=f"Declare {cls.STEPS} above {name}.",
                 )
+            if name == cls.TOPK and cls.STEPS in names and not _never_null(parameter):
+                raise rule_error(
+                    f"{name} must not be null while {cls.STEPS} is tuned (SGLang 0.5.17-0.5.23 fail with "
+                    "TypeError: '>' not supported between instances of 'NoneType' and 'int')",
+                    loc=("parameters", name, "choices"),
+                    value=getattr(parameter, "choices", None),
+                    fix="Remove null from its choices (1 is the smallest tree).",
+                )
+            if name == cls.DRAFT_TOKENS and not isinstance(parameter, IntParameter):
+                raise rule_error(
+                    f"{name} must be `type: int`: autotune keeps it within the EAGLE draft tree "
+                    f"(draft - 1 <= topk + (steps - 1) * topk^2) by narrowing its range",
+                    loc=("parameters", name, "type"),
+                    value=getattr(parameter, "type", None),
+                    fix="Write it as `type: int, low: 2, high: 16`.",
+                )
             if name == cls.DRAFT_TOKENS and cls.TOPK in names[names.index(name) :]:
                 raise rule_error(
                     f"{cls.TOPK} must be declared before {name} (topk 1 fixes draft tokens to steps + 1)",
                     loc=("parameters", name),
                     value=name,
                     fix=f"Declare {cls.TOPK} above {name}.",
+                )
+        cls.check_steps_have_topk(parameters)
+
+    @classmethod
+    def check_steps_have_topk(cls, parameters: Mapping[str, _Parameter]) -> None:
+        """SGLang fails when num-steps is set and topk is not: where both are tuned, topk is suggested
+        wherever steps are (topk may also be fixed in the study's server.flags, not seen here)."""
+        if cls.STEPS not in parameters or cls.TOPK not in parameters:
+            return
+        steps_when, topk_when = parameters[cls.STEPS].when or {}, parameters[cls.TOPK].when or {}
+        for other, values in topk_when.items():  # wherever steps are suggested, topk must be too
+            if other == cls.STEPS:
+                continue
+            if other not in steps_when or any(
+                not any(same_value(v, w) for w in values) for v in steps_when[other]
+            ):
+                raise rule_error(
+                    f"{cls.TOPK} can be left unset while {cls.STEPS} is set (SGLang then fails with a "
+                    "TypeError): its condition must hold wherever the steps' does",
+                    loc=("parameters", cls.TOPK, "when", other),
+                    value=values,
+                    fix=f"Give {cls.TOPK} the same `when` as {cls.STEPS}.",
                 )
 
     @classmethod
@@ -514,6 +578,8 @@ class SearchSpace:
                 continue
             if isinstance(decision, Derived):
                 derived[name] = decision.value
+            elif isinstance(decision, AtMost) and isinstance(parameter, IntParameter):
+                sampled[name] = parameter.suggest_at_most(name, trial, decision.high)
             else:
                 sampled[name] = parameter.suggest(name, trial)
         return self._config(sampled, derived)
@@ -546,6 +612,10 @@ class SearchSpace:
         if isinstance(parameter, BoolParameter):
             return [False, True]
         return None
+
+
+def _never_null(parameter: _Parameter) -> bool:
+    return not isinstance(parameter, CategoricalParameter) or None not in parameter.choices
 
 
 def _condition_holds(parameter: _Parameter, values: Mapping[str, object]) -> bool:

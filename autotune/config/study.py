@@ -7,10 +7,11 @@ a `Study`. Loading creates nothing on disk; whoever runs the study calls `Study.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,7 +27,7 @@ from pydantic import (
 )
 
 from autotune import samplers
-from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
+from autotune.config._yaml import config_error_from_validation, expand_env_references, load_yaml, rule_error
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
     FLAG_NAME,
@@ -37,6 +38,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
+from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
 from autotune.launch import (
     AUTO_PORT,
@@ -47,6 +49,7 @@ from autotune.launch import (
     to_arg,
     to_env_value,
 )
+from autotune.redaction import Secrets
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -436,10 +439,20 @@ class Study:
     workdir: Path
     search_space_path: Path
     objective_path: Path
+    env_references: tuple[str, ...] = ()  # the `${NAME}`s the study file reads from the environment
 
     @property
     def name(self) -> str:
         return self.file.study
+
+    @property
+    def secrets(self) -> Secrets:
+        """What nothing the study writes may hold in clear: the values of its `${NAME}`s, of its secret
+        flags and env vars, and of the secret-named vars of the environment it runs in."""
+        server = self.file.server
+        argv = [*server.command, *(t for f, v in server.flags.items() for t in (f, v) if t is not None)]
+        referenced = [os.environ[name] for name in self.env_references if name in os.environ]
+        return Secrets.of(env={**os.environ, **server.env}, argv=argv, values=referenced)
 
     @property
     def search_space_text(self) -> str:
@@ -454,8 +467,11 @@ class Study:
         self.workdir.mkdir(parents=True, exist_ok=True)
         return self.workdir
 
-    def server_launch(self, config: TrialConfig, port: int | None = None) -> ServerLaunch:
-        """The server launch for one trial (or `search_space.baseline()`); `port` overrides the file's.
+    def server_launch(
+        self, config: TrialConfig, port: int | None = None, dialect: Dialect | None = None
+    ) -> ServerLaunch:
+        """The server launch for one trial (or `search_space.baseline()`); `port` overrides the file's;
+        `dialect` spells the flags as the node's SGLang version takes them.
 
         Raises ForbiddenLaunchError when the launch would use a never_launch value.
         """
@@ -468,7 +484,7 @@ class Study:
             SpeculativeRules.ALGORITHM
         )
         draft = server.draft_model_path if SpeculativeRules.needs_draft_model(algorithm) else None
-        return build_server_launch(
+        launch = build_server_launch(
             command=server.command,
             model_path=server.model_path,
             config=config,
@@ -479,7 +495,9 @@ class Study:
             draft_model_path=draft,
             never_launch_env=self.file.never_launch.env,
             never_launch_flags=self.file.never_launch.flags,
+            dialect=dialect,
         )
+        return replace(launch, secrets=self.secrets)
 
     def job_launch(self, config: TrialConfig) -> ServerLaunch:
         """The launch of one trial's job: the job command with the objective's arguments, and the study's
@@ -493,6 +511,7 @@ class Study:
             env={**server.env, **config.env},
             host=server.host,
             port=AUTO_PORT,  # a job listens nowhere
+            secrets=self.secrets,
         )
         check_never_launch(launch, env=self.file.never_launch.env, flags=self.file.never_launch.flags)
         return launch
@@ -501,7 +520,7 @@ class Study:
 def load_study(path: Path | str) -> Study:
     """Read and validate a study file and the files it names; creates nothing on disk."""
     path = Path(path)
-    data = load_yaml(path)
+    data, env_references = expand_env_references(path, load_yaml(path))
     try:
         file = StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -525,6 +544,7 @@ def load_study(path: Path | str) -> Study:
         workdir=workdir,
         search_space_path=search_space_path,
         objective_path=objective_path,
+        env_references=tuple(env_references),
     )
 
 

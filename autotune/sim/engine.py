@@ -26,6 +26,7 @@ class _Request:
     prefilled: int = 0
     generated: int = 0
     accept_credit: float = 0.0
+    accept: float | None = None  # this request's accept length when its prompt sets one (None: the node's)
 
     @property
     def tokens(self) -> int:
@@ -63,8 +64,9 @@ class Engine:
         self._accepted = 0.0
         self._verify_steps = 0
 
-    def add(self, rid: str, input_len: int, max_new_tokens: int) -> bool:
-        """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it."""
+    def add(self, rid: str, input_len: int, max_new_tokens: int, predictability: float = 0.0) -> bool:
+        """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it.
+        `predictability` (autotune.sim.predictability) raises its draft acceptance above the node's."""
         limit = max_input_len(self.node.plan)
         input_len = max(1, input_len)
         if input_len >= limit:
@@ -72,7 +74,8 @@ class Engine:
             return False
         # SGLang shortens the output of a request that would outgrow the pool rather than refusing it.
         max_new_tokens = max(1, min(max_new_tokens, limit - input_len))
-        self.waiting.append(_Request(rid, input_len, max_new_tokens))
+        accept = self.node.accept_length_for(predictability) if predictability > 0 else None
+        self.waiting.append(_Request(rid, input_len, max_new_tokens, accept=accept))
         return True
 
     @property
@@ -135,9 +138,12 @@ class Engine:
             return Step(0.0, "decode", {}, [], aborted)
         context = sum(r.tokens for r in batch)
         duration = self._jitter(node.decode_step_s(len(batch), context))
-        accept = node.accept_length or 1.0
+        node_accept = node.accept_length or 1.0
         emitted = {}
+        accepted = 0.0
         for request in batch:
+            accept = request.accept or node_accept
+            accepted += accept
             request.accept_credit += accept
             whole = int(request.accept_credit)
             request.accept_credit -= whole
@@ -145,7 +151,7 @@ class Engine:
             request.generated += count
             emitted[request.rid] = count
         if node.spec:
-            self._accepted += accept * len(batch)
+            self._accepted += accepted
             self._verify_steps += len(batch)
         self.last_gen_throughput = sum(emitted.values()) / duration if duration else 0.0
         self._retract_if_full()

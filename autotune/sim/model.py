@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from autotune.sim.predictability import request_accept_rate
 from autotune.sim.profiles import P2P_LEVELS, HardwareProfile, LinkProfile, ModelProfile
 
 if TYPE_CHECKING:
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
 GB = 1e9
 MIB = 1 << 20
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MIB
+# Architectures SGLang 0.5.17 turns FlashInfer all-reduce fusion on for (arg_groups/overrides.py:1863-1882).
+FLASHINFER_FUSION_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GptOssForCausalLM", "GlmMoeDsaForCausalLM",
+        "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "MistralLarge3ForCausalLM", "Qwen3MoeForCausalLM",
+        "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM", "KimiK25ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    }
+)  # fmt: skip
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 PROTOCOLS = ("LL", "LL128", "Simple")
 LL_MAX_BYTES = 64 * 1024  # NCCL's tuner picks LL below this on one node, LL128 (NVLink) or Simple above
@@ -81,8 +92,11 @@ class LaunchSettings:
     dp_size: int = 1
     ep_size: int = 1
     mem_fraction_static: float | None = None
-    cuda_graph_max_bs: int | None = None
-    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None  # the decode graph's (`--cuda-graph-max-bs-decode`)
+    disable_cuda_graph: bool = False  # no decode graph
+    prefill_cuda_graph: bool = True  # breakable prefill graphs are on by default on CUDA since 0.5.15
+    prefill_cuda_graph_backend: str | None = None  # None: SGLang's default for the model
+    page_size: int = 1
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None
     attention_backend: str | None = None
@@ -112,14 +126,21 @@ class LaunchSettings:
             dp_size=int(arg("dp_size", 1)),  # type: ignore[call-overload]
             ep_size=int(arg("ep_size", 1)),  # type: ignore[call-overload]
             mem_fraction_static=getattr(ns, "mem_fraction_static", None),
-            cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs", None),
-            disable_cuda_graph=bool(arg("disable_cuda_graph", False)),
+            cuda_graph_max_bs=getattr(ns, "cuda_graph_max_bs_decode", None),
+            disable_cuda_graph=bool(arg("disable_cuda_graph", False))
+            or getattr(ns, "cuda_graph_backend_decode", None) == "disabled",
+            prefill_cuda_graph=not arg("disable_cuda_graph", False)
+            and getattr(ns, "cuda_graph_backend_prefill", None) != "disabled",
+            prefill_cuda_graph_backend=getattr(ns, "cuda_graph_backend_prefill", None),
+            page_size=int(arg("page_size", 1)),  # type: ignore[call-overload]
             chunked_prefill_size=getattr(ns, "chunked_prefill_size", None),
             max_running_requests=getattr(ns, "max_running_requests", None),
             attention_backend=getattr(ns, "attention_backend", None),
             moe_a2a_backend=str(arg("moe_a2a_backend", "none")),
             disable_custom_all_reduce=bool(arg("disable_custom_all_reduce", False)),
-            enable_flashinfer_allreduce_fusion=bool(arg("enable_flashinfer_allreduce_fusion", False)),
+            # The deprecated flag means the backend `auto` (server_args.py:3950-3959).
+            enable_flashinfer_allreduce_fusion=bool(arg("enable_flashinfer_allreduce_fusion", False))
+            or getattr(ns, "flashinfer_allreduce_fusion_backend", None) is not None,
             enable_torch_symm_mem=bool(arg("enable_torch_symm_mem", False)),
             kv_cache_dtype=str(arg("kv_cache_dtype", "auto")),
             speculative_algorithm=str(algorithm).upper() if algorithm else None,
@@ -139,6 +160,12 @@ class SpecSettings:
     topk: int
     num_draft_tokens: int
     accept_length: float
+
+    @property
+    def tree_has_enough_candidates(self) -> bool:
+        """SGLang verifies the `draft - 1` best of topk + (steps-1)*topk^2 draft candidates with `torch.topk`
+        (speculative/eagle_utils.py:106-110), which fails when there are fewer."""
+        return self.num_draft_tokens - 1 <= self.topk + (self.num_steps - 1) * self.topk**2
 
 
 @dataclass(frozen=True)
@@ -163,21 +190,51 @@ class MemoryPlan:
     cuda_graph_max_bs: int
     captured_batch_sizes: list[int]
     context_len: int
+    prefill_graph_gb: float = 0.0
+    prefill_graph_sizes: list[int] = field(default_factory=list)
+    prefill_graph_max_tokens: int = 0  # SGLang resolves it whether or not prefill graphs are on
+    static_rest_gb: float = 1.0
+    pre_load_avail_gb: float = 1.0
 
 
 @dataclass(frozen=True)
 class StartupFailure:
     """SGLang dying during startup: the phase, the failing rank and the exact lines it prints."""
 
-    phase: str  # init | load | kv | capture | warmup
+    phase: str  # init | load | kv | runner | capture | prefill_capture | warmup
     lines: list[str]
     rank: int = 0
 
 
-def captured_batch_sizes(max_bs: int) -> list[int]:
-    """SGLang 0.5.4's captured decode batch sizes, cut at --cuda-graph-max-bs."""
-    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    return [s for s in sizes if s <= max_bs]
+def captured_batch_sizes(
+    max_bs: int, speculative: bool = False, max_requests: int | None = None
+) -> list[int]:
+    """The decode batch sizes SGLang captures: `_generate_decode_cuda_graph_batch_sizes` (server_args.py
+    4930-4968; its own list with speculation, max_bs always included), then clamped to the request pool at
+    capture (`get_batch_sizes_to_capture`, base_cuda_graph_runner.py:61-99)."""
+    if speculative:
+        sizes = [
+            *range(1, 9),
+            *range(10, 33, 2),
+            *range(40, 65, 4),
+            *range(72, 257, 8),
+            *range(272, max_bs + 1, 16),
+        ]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    sizes = [s for s in sizes if s <= max_bs]
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    if max_requests is not None and max(sizes) > max_requests:
+        sizes = [s for s in sizes if s < max_requests] + [max_requests]
+    return sizes
+
+
+def prefill_graph_token_sizes(max_tokens: int) -> list[int]:
+    """The token counts SGLang captures prefill graphs for (`_generate_prefill_cuda_graph_batch_sizes`)."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+    sizes += [*range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    return [s for s in sizes if s <= max_tokens]
 
 
 def accept_length(accept_rate: float, steps: int, topk: int, num_draft_tokens: int) -> float:
@@ -220,6 +277,18 @@ _SCHEDULER_INIT = [
 ]
 
 
+_DRAFT_FORWARD = [
+    ("srt/managers/scheduler.py", 1024, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+    (
+        "srt/speculative/eagle_worker_v2.py",
+        718,
+        "draft_forward",
+        "parent_list, top_scores_index, draft_tokens = (",
+    ),
+    ("srt/speculative/eagle_utils.py", 106, "organize_draft_results", "top_scores = torch.topk("),
+]
+
+
 class NodeModel:
     """The model's answer for one launch on one node: memory, failures, and step times."""
 
@@ -229,8 +298,19 @@ class NodeModel:
         self.settings = settings
         self.tp = settings.tp_size
         self.warnings: list[str] = []
+        self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments
         self.spec = self._resolve_spec()
         self.custom_allreduce = self._custom_allreduce_enabled()
+        if self._auto_flashinfer_fusion and not settings.enable_flashinfer_allreduce_fusion:
+            self.notes.append(
+                f"Auto-enabling FlashInfer AllReduce Fusion on SM90/SM10X for {model.architecture}"
+            )
+        if settings.enable_torch_symm_mem and "torch_symm_mem" in hw.unsupported:
+            # Only SM 9 and 10 have sizes (all_reduce_utils.py:3-16): the communicator is skipped, no crash.
+            self.warnings.append(
+                f"TorchSymmMemCommunicator: Device capability {hw.compute_capability.split('.')[0]} not "
+                "supported, communicator is not available."
+            )
         self.plan = self._plan_memory()
         self.startup_failure = self._startup_failure()
 
@@ -238,6 +318,14 @@ class NodeModel:
     @property
     def accept_length(self) -> float | None:
         return self.spec.accept_length if self.spec else None
+
+    def accept_length_for(self, predictability: float) -> float | None:
+        """The accept length of a request whose prompt has this predictability (see sim.predictability)."""
+        spec, draft = self.spec, self.model.draft
+        if spec is None or draft is None or predictability <= 0:
+            return self.accept_length
+        rate = request_accept_rate(draft.accept_rate, predictability)
+        return accept_length(rate, spec.num_steps, spec.topk, spec.num_draft_tokens)
 
     def _resolve_spec(self) -> SpecSettings | None:
         s, draft = self.settings, self.model.draft
@@ -352,21 +440,76 @@ class NodeModel:
         cost = self.nccl_allreduce_us(nbytes)
         if self.settings.enable_torch_symm_mem and "torch_symm_mem" not in self.hw.unsupported:
             cost *= 0.7
-        if self.settings.enable_flashinfer_allreduce_fusion and self.hw.interconnect == "nvlink":
+        if self.flashinfer_fusion and self.hw.interconnect == "nvlink":
             cost *= 0.8
         return cost + launch
 
     # -- memory -----------------------------------------------------------------------------------------
+    @property
+    def _gpu_mib(self) -> float:
+        return self.hw.gpu_memory_gb * GB / MIB
+
     def _auto_chunked_prefill(self) -> int:
-        return 8192 if self.hw.gpu_memory_gb >= 60 else 4096
+        """SGLang 0.5.17's table by GPU memory in MiB (server_args.py:4634-4690)."""
+        mib = self._gpu_mib
+        return 2048 if mib < 35 * 1024 else 4096 if mib < 60 * 1024 else 8192 if mib < 160 * 1024 else 16384
 
     def _auto_cuda_graph_max_bs(self) -> int:
-        return 512 if self.tp >= 4 and self.hw.gpu_memory_gb >= 80 else 256
+        mib, small_tp = self._gpu_mib, self.tp < 4
+        if mib < 20 * 1024:
+            return 8
+        if mib < 35 * 1024:
+            return 24 if small_tp else 80
+        if mib < 60 * 1024:
+            return 32 if small_tp else 160
+        if mib < 160 * 1024:
+            return 256 if small_tp else 512
+        return 512
+
+    @property
+    def attention_backend(self) -> str:
+        """The flag, else the backend SGLang picks for this GPU (B9; harness: Kimi-K2.5 gets triton on SM120
+        and fa3 on SM90; on SM90 an EAGLE tree (topk > 1) gets triton, other models fa3)."""
+        if self.settings.attention_backend:
+            return self.settings.attention_backend
+        major = int(self.hw.compute_capability.split(".")[0])
+        if major != 9:
+            return "triton" if self.uses_mla else self.model.default_attention_backend
+        return "triton" if self.spec and self.spec.topk > 1 else "fa3"
+
+    @property
+    def flashinfer_fusion(self) -> bool:
+        """FlashInfer all-reduce fusion: asked for, or turned on by SGLang for the architectures it lists on
+        SM90 and SM10X (B8; arg_groups/overrides.py:1863-1907)."""
+        return self.settings.enable_flashinfer_allreduce_fusion or self._auto_flashinfer_fusion
+
+    @property
+    def _auto_flashinfer_fusion(self) -> bool:
+        s = self.settings
+        return (
+            self.model.architecture in FLASHINFER_FUSION_ARCHITECTURES
+            and self.hw.compute_capability.split(".")[0] in ("9", "10")
+            and s.tp_size > 1
+            and s.moe_a2a_backend == "none"
+        )
+
+    @property
+    def uses_mla(self) -> bool:
+        return not self.model.kv_sharded_by_tp  # an MLA latent cache is the one every rank holds whole
+
+    def _prefill_graph_max_tokens(self, chunked: int) -> int:
+        # server_args.py:4723-4731: the chunk size, or 2048 for MLA backends.
+        return 2048 if self.uses_mla else chunked
 
     def _auto_mem_fraction(self, chunked: int, max_bs: int) -> float:
-        """SGLang 0.5.4's `_handle_gpu_memory_settings` reservation, in MB."""
+        """The reservation the seed's figures were calibrated with (SGLang 0.5.4's, in MB), not 0.5.17's (B2:
+        no EAGLE term, a prefill-graph reserve, x0.91 for Kimi-K2.5's vision tower). 0.5.17's would take the
+        seed's baseline from 80 to 71.5 tok/s, and with the vision factor leave Kimi no KV pool at all, so the
+        seed cannot have run it; taking it needs the profiles re-fitted on a 0.5.17 measurement."""
         total_mb = self.hw.gpu_memory_gb * 1000
-        reserved = 512 + max(chunked, 2048) * 1.5 + max_bs * 2 + self.tp / 8 * 1024
+        reserved = 512 + max(chunked, 2048) * 1.5 + self.tp / 8 * 1024
+        if not self.settings.disable_cuda_graph:
+            reserved += max_bs * 2  # 0.5.17 reserves for the decode graphs only when there are any
         if self.hw.gpu_memory_gb > 60:
             reserved = max(reserved, 10240)
         if self.spec:
@@ -398,11 +541,20 @@ class NodeModel:
         kv_gb = mfs * total - init_used - weights - m.runtime_overhead_gb
         kv_tokens = max(0, int(kv_gb * GB / self.kv_bytes_per_token()))
         avail_after_kv = avail_after_weights - m.runtime_overhead_gb - max(kv_gb, 0.0)
-        sizes = [] if s.disable_cuda_graph else captured_batch_sizes(max_bs)
-        tokens_per_bs = self.spec.num_draft_tokens if self.spec else 1
-        graph_gb = (m.graph_mb_per_bs * max(sizes, default=0) * tokens_per_bs + 12 * len(sizes)) / 1000
+        # Weights that leave the static budget no room at all (kv_cache_configurator.py:1639-1655).
+        static_rest_gb = mfs * total - init_used - weights
         default_running = 48 if self.spec else 4096
         max_running = s.max_running_requests or max(1, min(default_running, kv_tokens // 2))
+        speculative = s.speculative_algorithm is not None
+        sizes = [] if s.disable_cuda_graph else captured_batch_sizes(max_bs, speculative, max_running)
+        tokens_per_bs = self.spec.num_draft_tokens if self.spec else 1
+        graph_gb = (m.graph_mb_per_bs * max(sizes, default=0) * tokens_per_bs + 12 * len(sizes)) / 1000
+        prefill_max_tokens = self._prefill_graph_max_tokens(chunked)
+        prefill_sizes = prefill_graph_token_sizes(prefill_max_tokens) if s.prefill_cuda_graph else []
+        # Only the prefill graphs' non-torch memory stays (server_args.py:4905-4910); MLA's is far larger.
+        prefill_graph_gb = (
+            1.5 * 1024 * MIB / GB if self.uses_mla else len(prefill_sizes) * 8 * MIB / GB
+        ) * bool(prefill_sizes)
         return MemoryPlan(
             total_gb=total,
             init_used_gb=init_used,
@@ -413,7 +565,12 @@ class NodeModel:
             kv_tokens=kv_tokens,
             avail_after_kv_gb=avail_after_kv,
             graph_gb=graph_gb,
-            avail_after_graph_gb=avail_after_kv - graph_gb,
+            avail_after_graph_gb=avail_after_kv - graph_gb - prefill_graph_gb,
+            prefill_graph_gb=prefill_graph_gb,
+            prefill_graph_sizes=prefill_sizes,
+            prefill_graph_max_tokens=prefill_max_tokens,
+            static_rest_gb=static_rest_gb,
+            pre_load_avail_gb=total - init_used,
             activation_gb_per_token=m.activation_mb_per_token / 1000,
             mem_fraction_static=mfs,
             chunked_prefill_size=chunked,
@@ -427,7 +584,6 @@ class NodeModel:
     # -- failures ---------------------------------------------------------------------------------------
     def _startup_failure(self) -> StartupFailure | None:
         s, hw, plan = self.settings, self.hw, self.plan
-        cc = hw.compute_capability
         if s.tp_size * s.dp_size > hw.num_gpus:
             return StartupFailure(
                 "init",
@@ -457,23 +613,6 @@ class NodeModel:
                     f"total capacity of {hw.gpu_memory_gb / 1.0737:.2f} GiB of which 0.51 GiB is free.",
                 ),
             )
-        if s.enable_torch_symm_mem and "torch_symm_mem" in hw.unsupported:
-            return StartupFailure(
-                "init",
-                _traceback(
-                    [
-                        *_SCHEDULER_INIT[:2],
-                        (
-                            "srt/distributed/device_communicators/torch_symm_mem.py",
-                            58,
-                            "__init__",
-                            "self.max_size = TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES"
-                            "[self.device_capability][self.world_size]",
-                        ),
-                    ],
-                    f"RuntimeError: SymmetricMemory is not supported on device with compute capability {cc}",
-                ),
-            )
         if s.attention_backend == "fa3" and "fa3" in hw.unsupported:
             return StartupFailure(
                 "init",
@@ -501,58 +640,136 @@ class NodeModel:
                 ),
                 rank=3,
             )
-        if plan.kv_tokens <= 0:
+        if plan.static_rest_gb <= 0 or plan.kv_tokens <= 0:
+            return StartupFailure("kv", self._kv_pool_failure(), rank=3)
+        if self.flashinfer_fusion and "flashinfer_allreduce_fusion" in hw.unsupported:
             return StartupFailure(
-                "kv",
+                "runner",
                 _traceback(
                     [
                         *_SCHEDULER_INIT,
-                        ("srt/model_executor/model_runner.py", 354, "initialize", "self.init_memory_pool("),
-                        (
-                            "srt/model_executor/model_runner.py",
-                            1543,
-                            "init_memory_pool",
-                            "raise RuntimeError(",
-                        ),
+                        ("srt/model_executor/runner/base_runner.py", 231, "warmup", "self._init_ar_fusion()"),
+                        ("srt/layers/flashinfer_comm_fusion.py", 46, "_resolve_backend", "raise ValueError("),
                     ],
-                    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-                    f"Current value: self.server_args.mem_fraction_static={plan.mem_fraction_static}",
-                ),
-                rank=3,
-            )
-        if s.enable_flashinfer_allreduce_fusion and "flashinfer_allreduce_fusion" in hw.unsupported:
-            return StartupFailure(
-                "capture",
-                self._capture_failed(
-                    "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
+                    "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
                 ),
             )
-        if plan.avail_after_graph_gb < 0.5:
+        if plan.avail_after_graph_gb + plan.prefill_graph_gb < 0.5:
             need = plan.graph_gb / max(len(plan.captured_batch_sizes), 1) * 4
             return StartupFailure(
-                "capture",
-                self._capture_failed(
-                    f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need:.2f} GiB. "
-                    f"GPU 0 has a total capacity of {hw.gpu_memory_gb / 1.0737:.2f} GiB of which "
-                    f"{max(plan.avail_after_kv_gb, 0.0) / 1.0737:.2f} GiB is free."
-                ),
+                "capture", self._capture_failed(self._torch_oom(need, plan.avail_after_kv_gb))
             )
+        if self.spec and not self.spec.tree_has_enough_candidates:
+            # The draft graph capture fails, or without graphs the first draft forward (at warm-up).
+            if plan.captured_batch_sizes:
+                return StartupFailure(
+                    "capture", self._capture_failed("selected index k out of range", draft=True)
+                )
+            return StartupFailure(
+                "warmup", _traceback(_DRAFT_FORWARD, "RuntimeError: selected index k out of range")
+            )
+        if plan.avail_after_graph_gb < 0.5:
+            return StartupFailure("prefill_capture", self._prefill_capture_failed(plan))
         return None
 
-    def _capture_failed(self, torch_error: str) -> list[str]:
-        return [
-            *_traceback(
+    def _torch_oom(self, need_gb: float, free_gb: float) -> str:
+        """torch's out-of-memory text; the model's GB shown in GiB as torch does."""
+        return (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gb / 1.0737:.2f} GiB. "
+            f"GPU 0 has a total capacity of {self.hw.gpu_memory_gb / 1.0737:.2f} GiB of which "
+            f"{max(free_gb, 0.0) / 1.0737:.2f} GiB is free."
+        )
+
+    @property
+    def prefill_graph_backend(self) -> str:
+        """The prefill graph backend: the flag, else tc_piecewise for MLA models (as SGLang resolved
+        Kimi-K2.5, B12) and breakable otherwise (`default_prefill_backend`, cuda_graph_config.py:113)."""
+        explicit = self.settings.prefill_cuda_graph_backend
+        return explicit or ("tc_piecewise" if self.uses_mla else "breakable")
+
+    def _kv_pool_failure(self) -> list[str]:
+        plan = self.plan
+        frames = [
+            *_SCHEDULER_INIT,
+            ("srt/model_executor/model_runner.py", 612, "initialize", "self.init_memory_pool("),
+        ]
+        if plan.static_rest_gb <= 0:
+            minimum = 1 - plan.avail_after_weights_gb / plan.pre_load_avail_gb
+            return _traceback(
                 [
-                    *_SCHEDULER_INIT,
-                    ("srt/model_executor/cuda_graph_runner.py", 385, "__init__", "raise Exception("),
+                    *frames,
+                    (
+                        "srt/mem_cache/kv_cache_configurator.py",
+                        1646,
+                        "profile_max_num_token",
+                        "raise ValueError(",
+                    ),
                 ],
-                f"Exception: Capture cuda graph failed: {torch_error}",
+                "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={plan.mem_fraction_static}. Raise --mem-fraction-static above "
+                f"{math.ceil(minimum * 1000) / 1000:.3f} "
+                f"(minimum viable = 1 - available/pre = {minimum:.4f}). "
+                "If using speculative decoding, draft weights are now counted.",
+            )
+        # A positive remainder too small for one token (model_executor/pool_configurator.py:62-67).
+        return _traceback(
+            [
+                *frames,
+                ("srt/model_executor/pool_configurator.py", 67, "__post_init__", "raise RuntimeError(msg)"),
+            ],
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: mem_fraction_static={plan.mem_fraction_static}",
+        )
+
+    def _prefill_capture_failed(self, plan: MemoryPlan) -> list[str]:
+        """Prefill graphs run out of memory: only tc_piecewise wraps the error (prefill_cuda_graph_runner.py
+        372-381); breakable lets torch's error through."""
+        backend = self.prefill_graph_backend
+        torch_error = self._torch_oom(
+            plan.prefill_graph_gb, plan.avail_after_graph_gb + plan.prefill_graph_gb
+        )
+        frames = [
+            *_SCHEDULER_INIT,
+            (
+                "srt/model_executor/runner/prefill_cuda_graph_runner.py",
+                378,
+                "__init__",
+                "raise RuntimeError(",
             ),
+        ]
+        if backend != "tc_piecewise":
+            return _traceback(frames, torch_error)
+        return [
+            *_traceback(frames, f"RuntimeError: Capture prefill CUDA graph failed: {torch_error}"),
+            "Fail when using backend: tc_piecewise for prefill runner.",
+            "Possible suggestions:",
+            "1. change to breakable by --cuda-graph-backend-prefill=breakable",
+            "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
+            "3. if it is an OOM problem, set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) "
+            "or set --cuda-graph-max-bs-prefill to a smaller value (e.g., 2048)",
+            "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose ",
+        ]
+
+    def _capture_failed(self, torch_error: str, draft: bool = False) -> list[str]:
+        """SGLang's decode (or EAGLE draft) capture wrapper and `CUDA_GRAPH_CAPTURE_FAILED_MSG`
+        (decode_cuda_graph_runner.py:414-419, runner_backend_utils/__init__.py:14-21)."""
+        runner = (
+            ("srt/speculative/eagle_draft_cuda_graph_runner.py", 273, "__init__", "raise Exception(")
+            if draft
+            else (
+                "srt/model_executor/runner/decode_cuda_graph_runner.py",
+                417,
+                "__init__",
+                "raise Exception(",
+            )
+        )
+        return [
+            *_traceback([*_SCHEDULER_INIT, runner], f"Exception: Capture cuda graph failed: {torch_error}"),
             "Possible solutions:",
             "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
-            "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
-            "3. disable torch compile by not using --enable-torch-compile",
-            "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)",
+            "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)",
+            "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+            "(Not recommended. Huge performance loss)",
             "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose ",
         ]
 
@@ -570,9 +787,7 @@ class NodeModel:
                 ),
                 ("srt/model_executor/model_runner.py", 1987, "forward_extend", "return self.model.forward("),
             ],
-            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need / 1.0737:.2f} GiB. "
-            f"GPU 0 has a total capacity of {self.hw.gpu_memory_gb / 1.0737:.2f} GiB of which "
-            f"{max(self.plan.avail_after_graph_gb, 0.0) / 1.0737:.2f} GiB is free.",
+            self._torch_oom(need, self.plan.avail_after_graph_gb),
         )
 
     # -- timings ----------------------------------------------------------------------------------------
@@ -583,6 +798,10 @@ class NodeModel:
     @property
     def load_seconds(self) -> float:
         return self.model.weight_gb / self.model.load_gbps
+
+    @property
+    def prefill_capture_seconds(self) -> float:
+        return 0.05 * len(self.plan.prefill_graph_sizes)
 
     @property
     def capture_seconds(self) -> float:
@@ -620,7 +839,7 @@ class NodeModel:
         return max(weights_s, compute_s) + attention_s + comm_s + launch_s + m.step_overhead_ms * 1e-3
 
     def _in_graph(self, batch: int) -> bool:
-        return not self.settings.disable_cuda_graph and batch <= self.plan.cuda_graph_max_bs
+        return batch <= max(self.plan.captured_batch_sizes, default=0)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One decode step of `batch` requests; with speculation, draft + verify + draft extend."""

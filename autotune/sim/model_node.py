@@ -10,6 +10,7 @@ time a study would have spent.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from autotune.benchmark import BenchmarkResult, Workload
@@ -35,11 +36,15 @@ def startup_seconds(node: NodeModel) -> float:
         return init / 2
     if phase == "load":  # dies as the load begins
         return init
-    if phase == "kv":
+    if phase in ("kv", "runner"):
         return init + load
     if phase == "capture":  # dies capturing the first batch size
         return init + load + capture / max(len(node.plan.captured_batch_sizes), 1)
-    return init + load + capture
+    if phase == "warmup":  # dies on the warm-up request, after start-up
+        return init + load + capture + node.prefill_capture_seconds
+    if phase == "prefill_capture":  # dies halfway through the prefill graphs, after the decode graphs
+        return init + load + capture + node.prefill_capture_seconds / 2
+    return init + load + capture + node.prefill_capture_seconds
 
 
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
@@ -47,18 +52,20 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     them) and the model's weights."""
     from autotune.nodecheck import GPU
     from autotune.sim.nvidia_smi import DRIVER_VERSION
-    from autotune.sim.sglang_server import VERSION
+    from autotune.sim.versions import sglang_version
 
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
-    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), VERSION)
+    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)
 
 
 def server_choices(plan: MemoryPlan) -> dict[str, float]:
-    """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER)."""
+    """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER):
+    0.5.17 logs the graphs' batch limits inside `cuda_graph_config=`, per phase."""
     return {
         "--mem-fraction-static": plan.mem_fraction_static,
-        "--cuda-graph-max-bs": float(plan.cuda_graph_max_bs),
+        "--cuda-graph-max-bs-decode": float(plan.cuda_graph_max_bs),
+        "--cuda-graph-max-bs-prefill": float(plan.prefill_graph_max_tokens),
         "--chunked-prefill-size": float(plan.chunked_prefill_size),
     }
 

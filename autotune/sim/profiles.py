@@ -114,6 +114,7 @@ class ModelProfile(_Profile):
     graph_mb_per_bs: float = Field(ge=0, description="CUDA graph pool per captured batch size unit")
     activation_mb_per_token: float = Field(gt=0, description="peak activations per prefill token")
     default_attention_backend: str
+    architecture: str = Field(description="the Hugging Face architecture SGLang loads (its model class)")
     draft: DraftProfile | None = None
     standard_workload: StandardWorkload
 

@@ -1,12 +1,14 @@
-"""A simulated SGLang 0.5.4 server: `python -m autotune.sim.sglang_server [launch_server flags]`.
+"""A simulated SGLang server, 0.5.17 or 0.5.23: `python -m autotune.sim.sglang_server [sglang serve flags]`.
 
-It stands in for `python -m sglang.launch_server` with the same command line: it parses SGLang's flags
-(argparse's exit 2 on an unknown one), prints SGLang's startup log with real-time pauses, dies with SGLang's
-exact fatal lines and exit status, serves SGLang's HTTP API, and generates fake tokens at the pace the
-performance model (`autotune.sim.model`) gives for the launch settings and NCCL environment.
+It stands in for `sglang serve` (`python -m sglang.launch_server`) with the same command line: it parses
+SGLang's flags (argparse's exit 2 on an unknown one), prints SGLang's startup log with real-time pauses, dies
+with SGLang's exact fatal lines and exit status, serves SGLang's HTTP API, and generates fake tokens at the
+pace the performance model (`autotune.sim.model`) gives for the launch settings and NCCL environment.
 
 Simulator-only settings come from the environment:
 
+- `SGLANG_SIM_VERSION`: the SGLang release to emulate, `0.5.17` (default) or `0.5.23`: its flags, its log
+  wording and its behaviour (`autotune.sim.versions`).
 - `SGLANG_SIM_HARDWARE`: hardware profile name or YAML path (default `rtx-pro-6000-pcie-x8`).
 - `SGLANG_SIM_MODEL`: model profile name or YAML path (default `kimi-k2.5-int4`).
 - `SGLANG_SIM_TIME_SCALE`: positive float, default 1.0; every modelled duration (init, weight loading,
@@ -24,7 +26,8 @@ Simulator-only settings come from the environment:
   (`/health` and `/health_generate` take 2 real seconds to answer), `linger` (after a fatal line the
   process stays alive and stops answering, as the seed's server did, instead of killing its tree).
 - `SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE=1` and `NCCL_*`: read by the model from the environment, after the
-  overwrites SGLang 0.5.4 makes itself (`NCCL_CUMEM_ENABLE`, `NCCL_NVLS_ENABLE`; see `sglang_environment`).
+  defaults SGLang sets itself when they are unset (`NCCL_CUMEM_ENABLE`, `NCCL_NVLS_ENABLE`; see
+  `sglang_environment`).
 
 Conventions. Durations the server reports (log lines, `e2e_latency`, `last_gen_throughput`) are in model
 time, what the real node would report; a client's own clock sees them multiplied by the time scale, which
@@ -54,7 +57,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from typing import Any, NoReturn
 
@@ -65,11 +68,17 @@ from autotune.errors import ConfigError
 from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import ERROR, INFO, WARNING, SimLog, rank_prefix, tqdm_line
 from autotune.sim.model import LaunchSettings, NodeModel
-from autotune.sim.profiles import ModelProfile, load_hardware_profile, load_model_profile
-from autotune.sim.server_args import build_parser, check_server_args, server_args_repr
+from autotune.sim.predictability import predictability
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.sim.server_args import (
+    CudaGraphConfig,
+    PhaseConfig,
+    build_parser,
+    check_server_args,
+    server_args_repr,
+)
+from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion, sglang_version
 
-VERSION = "0.5.4"
-__version__ = VERSION  # what the node check reads as the SGLang version this stand-in runs
 DEFAULT_HARDWARE = "rtx-pro-6000-pcie-x8"
 DEFAULT_MODEL = "kimi-k2.5-int4"
 FAULTS = ("hang_load", "crash_benchmark", "slow_health", "linger")
@@ -104,6 +113,7 @@ class SimOptions:
     noise: float = 0.0
     faults: frozenset[str] = frozenset()
     crash_after_tokens: int = DEFAULT_CRASH_AFTER_TOKENS
+    version: SglangVersion = VERSIONS[DEFAULT_VERSION]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], default_seed: int | None = None) -> SimOptions:
@@ -131,6 +141,7 @@ class SimOptions:
             noise=noise,
             faults=faults,
             crash_after_tokens=crash_after,
+            version=sglang_version(env),
         )
 
 
@@ -165,6 +176,14 @@ def _parse_faults(raw: str) -> tuple[frozenset[str], int]:
     return frozenset(faults), crash_after
 
 
+def __getattr__(name: str) -> str:
+    """`__version__`, what the node check reads as the SGLang version: the one `SGLANG_SIM_VERSION` selects
+    (a bad value is the `ConfigError` naming it, so the node check reports it)."""
+    if name == "__version__":
+        return sglang_version(os.environ).name
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- fake tokenizer ----------------------------------------------------------------------------------------
 def fake_token_id(position: int) -> int:
     """The id of the `position`-th generated token of any request: deterministic, never special."""
@@ -181,17 +200,9 @@ def count_text_tokens(text: str) -> int:
 
 
 # -- resolved arguments ------------------------------------------------------------------------------------
-def architecture(model: ModelProfile) -> str:
-    """The model class name SGLang logs at `Load weight end`."""
-    named = getattr(model, "architecture", None)
-    if isinstance(named, str) and named:
-        return named
-    return "DeepseekV3ForCausalLM" if model.num_experts else "LlamaForCausalLM"
-
-
 def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> dict[str, Any]:
     """The arguments as SGLang holds them after `ServerArgs.__post_init__`: automatic values filled in."""
-    values = dict(vars(ns))
+    values = {k: v for k, v in vars(ns).items() if k not in ("deprecation_warnings", "sglang_version")}
     plan = node.plan
     values["tokenizer_path"] = ns.tokenizer_path or ns.model_path
     values["served_model_name"] = ns.served_model_name or ns.model_path
@@ -199,16 +210,32 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
     values["chunked_prefill_size"] = (
         ns.chunked_prefill_size if ns.chunked_prefill_size is not None else plan.chunked_prefill_size
     )
-    values["cuda_graph_max_bs"] = plan.cuda_graph_max_bs
+    graphs = CudaGraphConfig(
+        decode=PhaseConfig(
+            backend="disabled"
+            if node.settings.disable_cuda_graph
+            else ns.cuda_graph_backend_decode or "full",
+            max_bs=plan.cuda_graph_max_bs,
+            bs=plan.captured_batch_sizes or None,
+        ),
+        prefill=PhaseConfig(
+            backend=node.prefill_graph_backend if node.settings.prefill_cuda_graph else "disabled",
+            max_bs=node.plan.prefill_graph_max_tokens,
+            bs=node.plan.prefill_graph_sizes or None,
+        ),
+    )
+    # ServerArgs declares cuda_graph_config just before the per-phase flags (server_args.py:1799).
+    at = list(values).index("cuda_graph_backend_decode")
+    items = list(values.items())
+    values = dict([*items[:at], ("cuda_graph_config", graphs), *items[at:]])
     values["page_size"] = ns.page_size if ns.page_size is not None else 1
     values["random_seed"] = ns.random_seed if ns.random_seed is not None else seed
     values["device"] = ns.device or "cuda"
-    values["attention_backend"] = ns.attention_backend or node.model.default_attention_backend
+    values["attention_backend"] = ns.attention_backend or node.attention_backend
     if ns.moe_a2a_backend in ("deepep", "mooncake"):
         values["ep_size"] = ns.tp_size
     if ns.speculative_algorithm is not None:
-        values["max_running_requests"] = ns.max_running_requests or 48
-        values["disable_overlap_schedule"] = True
+        values["max_running_requests"] = ns.max_running_requests or 48  # spec v2 keeps overlap (B1)
     if ns.speculative_algorithm == "NEXTN":
         values["speculative_algorithm"] = "EAGLE"
     if node.spec is not None:
@@ -219,15 +246,16 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
 
 
 def sglang_environment(ns: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
-    """The environment SGLang 0.5.4's ranks run with: `_set_envs_and_config` overwrites two NCCL variables.
-
-    So a tuned `NCCL_CUMEM_ENABLE` has no effect on 0.5.4, and NVLS stays off unless a flag asks for it.
-    """
+    """The environment SGLang's ranks run with: `_set_envs_and_config` (engine.py:1582-1591, [23] 1898-1916)
+    sets the two NCCL variables only where they are unset (or a symmetric-memory/NVLS flag asks), so a tuned
+    `NCCL_CUMEM_ENABLE` takes effect."""
     ran_with = dict(env)
-    ran_with["NCCL_CUMEM_ENABLE"] = str(int(ns.enable_symm_mem))
-    if not ns.enable_symm_mem:
-        ran_with["NCCL_NVLS_ENABLE"] = str(int(ns.enable_nccl_nvls))
+    if ns.enable_symm_mem or "NCCL_CUMEM_ENABLE" not in env:
+        ran_with["NCCL_CUMEM_ENABLE"] = str(int(ns.enable_symm_mem))
+    if ns.enable_nccl_nvls or ns.enable_symm_mem or "NCCL_NVLS_ENABLE" not in env:
+        ran_with["NCCL_NVLS_ENABLE"] = str(int(ns.enable_nccl_nvls or ns.enable_symm_mem))
     ran_with["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    ran_with["CUDA_MODULE_LOADING"] = "AUTO"
     return ran_with
 
 
@@ -373,7 +401,9 @@ class SimulatedServer:
 
     # -- startup ------------------------------------------------------------------------------------------
     async def _startup(self) -> None:
-        self.log.info(f"server_args={server_args_repr(self.args)}")
+        for note in self.node.notes:
+            self.log.info(note)
+        self.log.info(f"server_args={server_args_repr(self.args, self.options.version)}")
         failure = self.node.startup_failure
         phase = failure.phase if failure else None
         await self._init_distributed(fail=phase == "init")
@@ -381,7 +411,10 @@ class SimulatedServer:
         if phase == "kv" and failure:
             self._die(failure.rank, failure.lines)
         self._allocate_kv_cache()
+        if phase == "runner" and failure:
+            self._die(failure.rank, failure.lines)
         await self._capture_cuda_graphs(fail=phase == "capture")
+        await self._capture_prefill_graphs(fail=phase == "prefill_capture")
         plan, chunked = self.plan, self.args["chunked_prefill_size"]
         self._all_ranks(
             f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={chunked}, "
@@ -405,7 +438,10 @@ class SimulatedServer:
             self._fail_here()
         await self._sleep_model(self.node.init_seconds)
         init_usage = plan.init_used_gb - self.node.hw.cuda_context_gb
-        self._all_ranks(f"Init torch distributed ends. mem usage={init_usage:.2f} GB")
+        elapsed = self.node.init_seconds
+        self._all_ranks(
+            f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage={init_usage:.2f} GB"
+        )
 
     async def _load_weights(self, fail: bool) -> None:
         plan, model = self.plan, self.node.model
@@ -422,8 +458,9 @@ class SimulatedServer:
                 await asyncio.Event().wait()  # no progress, no error: only a timeout catches this
             await self._sleep_model(per_shard)
             self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
+        quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
         self._all_ranks(
-            f"Load weight end. type={architecture(model)}, dtype=torch.{model.dtype}, "
+            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={model.architecture}, {quant}"
             f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
         )
 
@@ -433,27 +470,55 @@ class SimulatedServer:
             sizes = f"K size: {plan.kv_gb / 2:.2f} GB, V size: {plan.kv_gb / 2:.2f} GB"
         else:
             sizes = f"KV size: {plan.kv_gb:.2f} GB"  # MLA keeps one latent cache, and SGLang says so
-        self._all_ranks(f"KV Cache is allocated. #tokens: {plan.kv_tokens}, {sizes}")
+        dtype = (
+            "torch.float8_e4m3fn" if self.node.settings.kv_cache_dtype.startswith("fp8") else "torch.bfloat16"
+        )
+        self._all_ranks(f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.kv_tokens}, {sizes}")
         self._all_ranks(f"Memory pool end. avail mem={plan.avail_after_kv_gb:.2f} GB")
 
     async def _capture_cuda_graphs(self, fail: bool) -> None:
+        """The decode graphs (cuda_graph_setup.py:429-456, [23] 759-792): `bs=` at begin in 0.5.17, at end in
+        0.5.23; `target verify` with speculation."""
         plan = self.plan
         sizes = plan.captured_batch_sizes
         if not sizes and not fail:
             return
+        name = "target verify" if self.node.spec else "target decode"
+        tokens = self.node.spec.num_draft_tokens if self.node.spec else 1
+        at_end = self.options.version.capture_bs_at_end
         self._all_ranks(
-            "Capture cuda graph begin. This can take up to several minutes. "
+            f"Capture {name} CUDA graph begin. backend={self.args['cuda_graph_config'].decode.backend}, "
+            f"num_tokens_per_req={tokens}, {'' if at_end else f'bs={sizes}, '}"
             f"avail mem={plan.avail_after_kv_gb:.2f} GB"
         )
         if fail:
             await self._sleep_model(self.node.capture_seconds / max(len(sizes), 1))
             self._fail_here()
         await self._sleep_model(self.node.capture_seconds)
-        desc = f"Capturing batches (bs={sizes[0]} avail_mem={plan.avail_after_graph_gb:.2f} GB)"
-        self.log.raw(tqdm_line(desc, len(sizes), len(sizes), self.node.capture_seconds, 0.0))
         self._all_ranks(
-            f"Capture cuda graph end. Time elapsed: {self.node.capture_seconds:.2f} s. "
-            f"mem usage={plan.graph_gb:.2f} GB. avail mem={plan.avail_after_graph_gb:.2f} GB."
+            f"Capture {name} CUDA graph end. {f'bs={sizes}, ' if at_end else ''}"
+            f"elapsed={self.node.capture_seconds:.2f} s, mem usage={plan.graph_gb:.2f} GB, "
+            f"avail mem={plan.avail_after_kv_gb - plan.graph_gb:.2f} GB."
+        )
+
+    async def _capture_prefill_graphs(self, fail: bool) -> None:
+        """The prefill graphs, a second capture with its own memory (cuda_graph_setup.py:362-366)."""
+        plan = self.plan
+        if not plan.prefill_graph_sizes:
+            return
+        before = plan.avail_after_kv_gb - plan.graph_gb
+        self._all_ranks(
+            f"Capture target prefill CUDA graph begin. backend={self.node.prefill_graph_backend}, "
+            f"num_tokens={plan.prefill_graph_sizes}, avail mem={before:.2f} GB"
+        )
+        seconds = self.node.prefill_capture_seconds
+        if fail:
+            await self._sleep_model(seconds / 2)
+            self._fail_here()
+        await self._sleep_model(seconds)
+        self._all_ranks(
+            f"Capture target prefill CUDA graph end. elapsed={seconds:.2f} s, "
+            f"mem usage={plan.prefill_graph_gb:.2f} GB, avail mem={plan.avail_after_graph_gb:.2f} GB."
         )
 
     # -- HTTP server --------------------------------------------------------------------------------------
@@ -466,7 +531,7 @@ class SimulatedServer:
                 web.get("/health_generate", self.handle_health),
                 web.get("/get_model_info", self.handle_model_info),
                 web.get("/model_info", self.handle_model_info),
-                web.get("/get_server_info", self.handle_server_info),
+                web.get("/get_server_info", self.handle_get_server_info),
                 web.get("/server_info", self.handle_server_info),
                 web.post("/flush_cache", self.handle_flush_cache),
                 web.get("/flush_cache", self.handle_flush_cache),
@@ -480,8 +545,10 @@ class SimulatedServer:
 
     @web.middleware
     async def _api_key_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # As SGLang 0.5.17 srt/utils/auth.py decide_request_auth: with --api-key every path but /health*
+        # and /metrics* needs `Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"}.
         key = self.ns.api_key
-        if key and not request.path.startswith("/health") and request.path != "/metrics":
+        if key and not request.path.startswith(("/health", "/metrics")):
             if request.headers.get("Authorization") != f"Bearer {key}":
                 return web.json_response({"error": "Unauthorized"}, status=401)
         response: web.StreamResponse = await handler(request)
@@ -550,7 +617,9 @@ class SimulatedServer:
             os.kill(os.getpid(), signal.SIGKILL)
 
     # -- engine loop --------------------------------------------------------------------------------------
-    def submit(self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None) -> _Request:
+    def submit(
+        self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None, predictability: float = 0.0
+    ) -> _Request:
         """Queue one generation on the engine and return the request its tokens will be delivered to."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
@@ -570,7 +639,7 @@ class SimulatedServer:
             raise _BadRequest(f"Duplicate request ID: {rid}")
         request = _Request(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
         self.requests[rid] = request
-        self.engine.add(rid, prompt_tokens, max_new_tokens)
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability)
         self._work.set()
         return request
 
@@ -741,8 +810,8 @@ class SimulatedServer:
             meta["e2e_latency"] = (end - request.started) / self.scale
         if self.node.spec is not None:
             meta["spec_verify_ct"] = request.verify_ct
-            accepted = max(completion_tokens - 1, 0)  # the prefill, not a verify pass, gives the first token
-            meta["spec_accept_length"] = accepted / request.verify_ct if request.verify_ct else 0.0
+            # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
+            meta["spec_accept_length"] = completion_tokens / request.verify_ct if request.verify_ct else 0.0
         return meta
 
     # -- handlers -----------------------------------------------------------------------------------------
@@ -768,9 +837,17 @@ class SimulatedServer:
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
                 "model_type": None,
-                "architectures": [architecture(self.node.model)],
+                "architectures": [self.node.model.architecture],
             }
         )
+
+    async def handle_get_server_info(self, request: web.Request) -> web.Response:
+        # http_server.py:771-778: the old name still answers, with a warning per call.
+        self.log.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        return await self.handle_server_info(request)
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
         stats = self.engine.stats
@@ -787,11 +864,11 @@ class SimulatedServer:
             state["avg_spec_accept_length"] = stats["avg_accept_length"]
         dp_states = 1 if not self.ns.enable_dp_attention else max(self.ns.dp_size, 1)
         info = {
-            **self.args,
+            **{k: asdict(v) if isinstance(v, CudaGraphConfig) else v for k, v in self.args.items()},
             "max_total_num_tokens": self.plan.kv_tokens,
             "max_req_input_len": min(self.plan.context_len, self.plan.kv_tokens) - 1,
             "internal_states": [dict(state) for _ in range(dp_states)],
-            "version": VERSION,
+            "version": self.options.version.name,
             "time_scale": self.scale,
             "simulator": {
                 "hardware": self.node.hw.name,
@@ -849,7 +926,13 @@ class SimulatedServer:
                 params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
             )
             rid = body.get("rid")
-            job = self.submit(prompt_tokens, max_new, rid=str(rid) if rid is not None else None)
+            text = body.get("text")
+            job = self.submit(
+                prompt_tokens,
+                max_new,
+                rid=str(rid) if rid is not None else None,
+                predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
+            )
         except _BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if body.get("stream"):
@@ -868,7 +951,7 @@ class SimulatedServer:
                 ids.extend(chunk.new_ids)
                 payload = {
                     "text": _text(ids),
-                    "output_ids": chunk.new_ids,
+                    "output_ids": list(ids),  # cumulative, as real non-incremental streaming sends (B13)
                     "meta_info": self._meta_info(job, len(ids), chunk.finished),
                 }
                 await _send_event(response, payload)
@@ -1053,11 +1136,13 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one simulated launch with SGLang's command line; return the exit status."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    ns = build_parser().parse_args(argv)
+    try:
+        version = sglang_version(os.environ)
+    except ConfigError as exc:
+        print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
+        return 1
+    ns = build_parser(version).parse_args(argv)
     log = SimLog(sys.stderr, ns.log_level, ns.log_level_http)
-    # ServerArgs warns before logging is configured, so Python prints these bare; its errors propagate.
-    for warning in check_server_args(ns):
-        log.raw(warning, WARNING)
     try:
         options = SimOptions.from_env(os.environ, default_seed=ns.random_seed)
         hardware = load_hardware_profile(options.hardware)
@@ -1066,6 +1151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1
     node = NodeModel(hardware, model, LaunchSettings.from_args(ns, sglang_environment(ns, os.environ)))
+    # ServerArgs warns before logging is configured, so Python prints these bare; its errors propagate.
+    for warning in check_server_args(ns, node.attention_backend):
+        log.raw(warning, WARNING)
     return asyncio.run(_serve(ns, node, options, log))
 
 
