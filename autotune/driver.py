@@ -499,6 +499,8 @@ class StudyDriver:
         tags = {"autotune.node": result.node}
         if result.server_pgid is not None:
             trial.set_user_attr("server_pgid", result.server_pgid)
+        if result.server_memory:
+            trial.set_user_attr("server_memory", result.server_memory)
         if result.server_choices:
             trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
             if entry.baseline:  # SGLang's own values: where the sampler starts the knobs with no "unset"

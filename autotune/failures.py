@@ -294,6 +294,14 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "a prompt of the workload does not fit the KV cache pool",
     ),
     FailurePattern(
+        # torch's OOM message lists the other processes on the GPU ("Process 4306 has 129.77 GiB memory
+        # in use"; real H200, 0.5.17, two servers on one GPU): one holding gigabytes makes the OOM the
+        # node's problem, not the config's, in either phase and inside a capture's message too.
+        re.compile(r"out of memory[^\n]* Process \d+ has (?:\d{2,}|[2-9])(?:\.\d+)? GiB memory in use"),
+        FailureKind.LAUNCH_ERROR,
+        "another process holds GPU memory",
+    ),
+    FailurePattern(
         # 0.5.15+ (model_executor/runner/prefill_cuda_graph_runner.py), an OOM inside.
         re.compile(r"Capture prefill CUDA graph failed: " + _OOM_TEXT),
         FailureKind.PREFILL_GRAPH_OOM,

@@ -1,9 +1,11 @@
 """Settings that failed deterministically on a node's hardware, remembered so they are never retried there.
 
-An UNSUPPORTED failure names the flags it implicates (`Failure.culprits`). The trial's values of those
-flags are recorded with the study against the node's hardware fingerprint (in Optuna storage, so a
-resumed study remembers them); a later trial that proposes one of them on that hardware is not launched,
-and a parameter left with one safe value is fixed for the sampler when every node is of that hardware.
+A deterministic failure (UNSUPPORTED: a feature this GPU lacks; INVALID_ARGUMENTS: a flag SGLang
+rejects) names the flags it implicates (`Failure.culprits`, the flags SGLang's message names). The
+trial's values of those flags are recorded with the study against the node's hardware fingerprint (in
+Optuna storage, so a resumed study remembers them); a later trial that proposes one of them on that
+hardware is not launched, and a parameter left with one safe value is fixed for the sampler when every
+node is of that hardware.
 """
 
 from __future__ import annotations

@@ -23,13 +23,17 @@ __all__ = [
 
 READY_LINE = "The server is fired up and ready to roll!"
 
-# Log markers of the start-up phases (sglang.md "Startup log"), recorded the first time any rank logs them.
-_MARKERS: tuple[tuple[str, str], ...] = (
-    ("Load weight begin", "load_weight_begin"),
-    ("Load weight end", "load_weight_end"),
-    ("Capture cuda graph begin", "capture_cuda_graph_begin"),
-    ("Capture cuda graph end", "capture_cuda_graph_end"),
-    (READY_LINE, "ready"),
+# Log markers of the start-up phases, recorded the first time any rank logs them. The graph captures are
+# "Capture cuda graph begin/end" before 0.5.15, and one per graph since: "Capture target decode CUDA graph
+# begin. backend=full, ..." / "... CUDA graph end. elapsed=...", with "target verify", "draft decode",
+# "target prefill" (model_executor/model_runner_components/cuda_graph_setup.py, eagle_worker_v2.py).
+_CAPTURE = r"Capture (?:[a-z]+ ){0,3}cuda graph "
+_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Load weight begin"), "load_weight_begin"),
+    (re.compile(r"Load weight end"), "load_weight_end"),
+    (re.compile(_CAPTURE + r"begin\b", re.IGNORECASE), "capture_cuda_graph_begin"),
+    (re.compile(_CAPTURE + r"end\b", re.IGNORECASE), "capture_cuda_graph_end"),
+    (re.compile(re.escape(READY_LINE)), "ready"),
 )
 # Which marker starts which live-progress phase for `on_phase`.
 _PHASE_OF_MARKER = {"load_weight_begin": "loading", "capture_cuda_graph_begin": "capturing", "ready": "ready"}
@@ -183,6 +187,37 @@ def server_choices(line: str) -> dict[str, float]:
     return found
 
 
+# The memory report a starting server prints (0.5.11 to 0.5.23, every rank; the first one is read):
+#   KV Cache is allocated. dtype: torch.bfloat16, #tokens: 3806725, K size: 58.09 GB, V size: 58.09 GB
+#   (MLA: "..., #tokens: N, KV size: X GB"; srt/mem_cache/memory_pool.py)
+#   max_total_num_tokens=3806725, chunked_prefill_size=8192, max_prefill_tokens=16384,
+#   max_running_requests=4096, context_len=8192, available_gpu_mem=20.35 GB  (srt/managers/scheduler.py)
+_KV_ALLOCATED = re.compile(r"KV Cache is allocated\. [^\n]*?#tokens: (\d+)")
+_KV_SIZES = re.compile(r"\b(?:K|V|KV) size: ([0-9.]+) GB")
+_SCHEDULER_MEMORY = {
+    "max_total_num_tokens": re.compile(r"\bmax_total_num_tokens=(\d+)"),
+    "max_running_requests": re.compile(r"\bmax_total_num_tokens=\d+,[^\n]*?\bmax_running_requests=(\d+)"),
+    "context_len": re.compile(r"\bmax_total_num_tokens=\d+,[^\n]*?\bcontext_len=(\d+)"),
+    "available_gpu_mem_gb": re.compile(r"\bmax_total_num_tokens=\d+,[^\n]*?\bavailable_gpu_mem=([0-9.]+) GB"),
+}
+_MEMORY_KEYS = ("kv_cache_tokens", "kv_cache_gb", *_SCHEDULER_MEMORY)
+
+
+def server_memory(line: str) -> dict[str, float]:
+    """What one log line of the server's memory report says: `kv_cache_tokens`, `kv_cache_gb` (K and V
+    together), `max_total_num_tokens`, `max_running_requests`, `context_len`, `available_gpu_mem_gb`."""
+    found: dict[str, float] = {}
+    if (kv := _KV_ALLOCATED.search(line)) is not None:
+        found["kv_cache_tokens"] = float(kv.group(1))
+        sizes = _KV_SIZES.findall(line[kv.end() :])
+        if sizes:
+            found["kv_cache_gb"] = round(sum(float(size) for size in sizes), 2)
+    for key, regex in _SCHEDULER_MEMORY.items():
+        if (match := regex.search(line)) is not None:
+            found[key] = float(match.group(1))
+    return found
+
+
 class StartupStatus(StrEnum):
     """How a server's start-up ended."""
 
@@ -199,7 +234,8 @@ class StartupOutcome:
     capture_cuda_graph_end and ready to monotonic seconds since the wait began, for those seen.
     `ready_via` is "log" (the ready line) or "check" (ready_check() succeeded) when READY.
     `returncode` is the process's exit status when it had exited, else None (it may still be running
-    after a fatal line: the caller stops it).
+    after a fatal line: the caller stops it). `server_memory` is the server's memory report (see
+    `server_memory`), as far as it got.
     """
 
     status: StartupStatus
@@ -209,6 +245,7 @@ class StartupOutcome:
     returncode: int | None = None
     ready_via: str | None = None
     server_choices: dict[str, float] = field(default_factory=dict)  # see `server_choices`
+    server_memory: dict[str, float] = field(default_factory=dict)  # see `server_memory`
 
     @property
     def ready(self) -> bool:
@@ -233,7 +270,9 @@ def wait_until_ready(
     TIMEOUT (STARTUP_TIMEOUT) otherwise.
     Reading starts at `process.log_offset` when `log_path` is the process's own log (read through the
     process, so a remote log is fetched as it grows), else at 0.
-    `on_phase` is called once each with "loading", "capturing" and "ready" as they are seen.
+    `on_phase` is called once each with "loading", "capturing" and "ready" as they are seen; a
+    STARTUP_TIMEOUT names the last phase marker seen (a second graph's capture after the first's end
+    is "capture_cuda_graph_begin").
     `ready_check` runs once per poll while nothing failed, so it should answer within a fraction of a
     second (an HTTP GET /health with a short timeout). Never stops the process: the caller does.
     """
@@ -243,6 +282,8 @@ def wait_until_ready(
     lines: list[str] = []
     phase_times: dict[str, float] = {}
     choices: dict[str, float] = {}
+    memory: dict[str, float] = {}
+    last_marker: list[str] = ["none"]
     fatal_at: float | None = None
 
     def elapsed() -> float:
@@ -258,8 +299,13 @@ def wait_until_ready(
                 choices.update(server_choices(line))
             if fatal_at is None and is_fatal_line(line):
                 fatal_at = time.monotonic()
+            if not all(memory.get(key) is not None for key in _MEMORY_KEYS):
+                memory.update({k: v for k, v in server_memory(line).items() if k not in memory})
             for marker, name in _MARKERS:
-                if marker in line and name not in phase_times:
+                if marker.search(line) is None:
+                    continue
+                last_marker[0] = name  # a later graph's capture after the first one's end counts
+                if name not in phase_times:
                     phase_times[name] = elapsed()
                     if name in _PHASE_OF_MARKER and on_phase is not None:
                         on_phase(_PHASE_OF_MARKER[name])
@@ -272,7 +318,9 @@ def wait_until_ready(
         returncode: int | None = None,
         ready_via: str | None = None,
     ) -> StartupOutcome:
-        return StartupOutcome(status, elapsed(), failure, dict(phase_times), returncode, ready_via, choices)
+        return StartupOutcome(
+            status, elapsed(), failure, dict(phase_times), returncode, ready_via, choices, dict(memory)
+        )
 
     def failed(returncode: int | None) -> StartupOutcome:
         text = "\n".join(lines)
@@ -305,7 +353,7 @@ def wait_until_ready(
             if ready_check is not None and _check(ready_check):
                 return outcome(StartupStatus.READY, ready_via="check")
             if elapsed() >= timeout_s:
-                last = _last_phase(phase_times)
+                last = last_marker[0]
                 return outcome(
                     StartupStatus.TIMEOUT,
                     Failure.of(
@@ -327,7 +375,3 @@ def _check(ready_check: Callable[[], bool]) -> bool:
 
 def _last_line(lines: list[str]) -> str:
     return next((line for line in reversed(lines) if line.strip()), "")
-
-
-def _last_phase(phase_times: dict[str, float]) -> str:
-    return max(phase_times, key=lambda name: phase_times[name]) if phase_times else "none"

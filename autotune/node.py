@@ -106,6 +106,8 @@ class TrialResult:
     details: dict[str, Any] = field(default_factory=dict)  # a job trial's whole result line
     # What the server chose for flags left unset (--mem-fraction-static, ...), from its log.
     server_choices: dict[str, float] = field(default_factory=dict)
+    # The server's memory report (KV cache tokens and GB, max_total_num_tokens, available_gpu_mem_gb, ...).
+    server_memory: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -244,6 +246,7 @@ class TrialExecutor:
                 phase_times=outcome.phase_times,
                 returncode=outcome.returncode,
                 server_choices=outcome.server_choices,
+                server_memory=outcome.server_memory,
             )
         self._enter("benchmarking")
         bench_started = time.monotonic()
@@ -258,6 +261,7 @@ class TrialExecutor:
             phase_times=outcome.phase_times,
             returncode=process.poll(),
             server_choices=outcome.server_choices,
+            server_memory=outcome.server_memory,
         )
 
     def _run_job(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
@@ -400,6 +404,7 @@ class TrialExecutor:
             benchmark_s=extra.get("benchmark_s"),  # type: ignore[arg-type]
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
             server_choices=extra.get("server_choices") or {},  # type: ignore[arg-type]
+            server_memory=extra.get("server_memory") or {},  # type: ignore[arg-type]
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,

@@ -25,6 +25,7 @@ from autotune.failures import FailureKind
 
 MEMORY_FRACTION = "--mem-fraction-static"
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
+OLD_CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs"  # SGLang's name before 0.5.15: a study that tuned it
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with sampled parameters; fewer say nothing about importance
 TOP_PARAMS = 3
 DPI = 110
@@ -253,24 +254,23 @@ def objective_vs_params(data: PlotData, params: Sequence[str]) -> Figure | None:
 
 
 def memory_region(data: PlotData) -> Figure | None:
-    """Where the server starts: mem-fraction-static against cuda-graph-max-bs, OOM trials marked.
+    """Where the server starts: mem-fraction-static against the decode CUDA graph batch, OOM trials marked.
 
     None when the search space tunes neither; trials that leave mem-fraction-static to SGLang are not shown
     (SGLang picks it from the GPU and the other flags)."""
     names = {name for t in data.trials for name in t.params}
-    if MEMORY_FRACTION not in names or CUDA_GRAPH_MAX_BS not in names:
+    graph = next((n for n in (CUDA_GRAPH_MAX_BS, OLD_CUDA_GRAPH_MAX_BS) if n in names), None)
+    if MEMORY_FRACTION not in names or graph is None:
         return None
     figure = Figure(figsize=(8, 4.6), layout="constrained")
     ax = figure.subplots()
-    y_axis = _ParamAxis.of(CUDA_GRAPH_MAX_BS, data.trials)
-    placed = [
-        t for t in data.trials if t.params.get(MEMORY_FRACTION) is not None and CUDA_GRAPH_MAX_BS in t.params
-    ]
+    y_axis = _ParamAxis.of(graph, data.trials)
+    placed = [t for t in data.trials if t.params.get(MEMORY_FRACTION) is not None and graph in t.params]
 
     def xy(trials: list[FrozenTrial]) -> tuple[list[float], list[float]]:
         return (
             [float(t.params[MEMORY_FRACTION]) for t in trials],
-            [y_axis.position(t.params[CUDA_GRAPH_MAX_BS]) for t in trials],
+            [y_axis.position(t.params[graph]) for t in trials],
         )
 
     complete = [t for t in placed if t.state == TrialState.COMPLETE]
@@ -299,7 +299,7 @@ def memory_region(data: PlotData) -> Figure | None:
         ax.scatter(x, y, zorder=4, label="failed otherwise", **FAILED_STYLE)
     y_axis.label(ax, axis="y")
     ax.set_xlabel(MEMORY_FRACTION)
-    ax.set_ylabel(CUDA_GRAPH_MAX_BS)
+    ax.set_ylabel(graph)
     ax.set_title(f"{data.title}: memory, where the server starts")
     ax.grid(alpha=0.3)
     if placed:

@@ -1,10 +1,10 @@
 """The pre-flight memory check: configs certain to run out of memory are recorded, never launched.
 
-It is conservative by construction: it predicts only SGLang's own "Not enough memory" check, in its
-weakest form. SGLang sizes the KV pool as what the static pool (`--mem-fraction-static` of the GPU)
-holds beyond the weights and everything allocated before them; when the weights alone exceed the pool,
-that is negative whatever else is true, so the launch would certainly fail. Anything less certain is
-left to the launch.
+It is conservative by construction: it predicts only SGLang's own check that the KV cache fits
+(KV_POOL_TOO_SMALL), in its weakest form. SGLang sizes the KV pool as what the static pool
+(`--mem-fraction-static` of the GPU) holds beyond the weights and everything allocated before them; when
+the weights alone exceed the pool, that is negative whatever else is true, so the launch would certainly
+fail. Anything less certain is left to the launch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ def _flag(argv: Sequence[str], *names: str) -> str | None:
     return value  # the last one wins, as in argparse
 
 
+# SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
+# `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+
+
+def tensor_parallel_size(argv: Sequence[str]) -> int:
+    """The TP size `argv` gives SGLang (1 when unset); ValueError when it is not an integer."""
+    return int(_flag(argv, *TP_FLAGS) or 1)
+
+
 def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: float | None) -> str | None:
     """Why a launch with SGLang flags `argv` certainly fails SGLang's memory check, or None.
 
@@ -34,7 +44,7 @@ def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: f
         return None
     try:
         mfs = float(fraction)
-        tp = int(_flag(argv, "--tp-size", "--tp") or 1)
+        tp = tensor_parallel_size(argv)
     except ValueError:
         return None  # SGLang's own argument parsing will say what is wrong
     per_gpu = weight_gb / max(tp, 1)
@@ -44,5 +54,5 @@ def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: f
     return (
         f"predicted OOM: the weights take {per_gpu:.1f} GB per GPU ({weight_gb:.0f} GB over TP {tp}), more "
         f"than the static pool of --mem-fraction-static {mfs:g} x {gpu_memory_gb:.1f} GB = {pool:.1f} GB; "
-        "SGLang would load them and fail with 'Not enough memory'"
+        "SGLang would load them and find no memory left for the KV cache (kv_pool_too_small)"
     )

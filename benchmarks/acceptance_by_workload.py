@@ -19,10 +19,10 @@ FAST = {"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001
 EAGLE3 = ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "lmsys/Kimi-K2.5-EAGLE3")
 TREES = {
     "steps 3, topk 1 (the draft's default)": (),
-    # The default --cuda-graph-max-bs (512) runs out of memory capturing this tree's graphs.
+    # The default --cuda-graph-max-bs-decode (512) runs out of memory capturing this tree's graphs.
     "steps 5, topk 4, 8 draft tokens": (
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "4",
-        "--speculative-num-draft-tokens", "8", "--cuda-graph-max-bs", "64",
+        "--speculative-num-draft-tokens", "8", "--cuda-graph-max-bs-decode", "64",
     ),
 }  # fmt: skip
 

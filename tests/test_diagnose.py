@@ -109,3 +109,13 @@ def test_a_healthy_log_has_no_failure(tmp_path: Path) -> None:
 def test_a_missing_log_is_a_usage_error(tmp_path: Path) -> None:
     result = diagnose(str(tmp_path / "nope.log"))
     assert result.returncode == 2 and "nope.log" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_quotes_sglangs_message_for_a_rejected_flag() -> None:
+    from autotune.cli import _status_notes
+
+    line = "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'fa3')"
+    record = {"over_limits": None, "pruned_by": None, "remeasure_of": None, "proposed": None}
+    notes = _status_notes({**record, "failure_kind": "invalid_arguments", "failure": line})
+    assert notes == [f"SGLang says: {line}"]
+    assert _status_notes({**record, "failure_kind": "cuda_graph_oom", "failure": "x"}) == []

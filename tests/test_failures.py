@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.failures import PATTERNS, Failure, FailureKind, classify, is_fatal_line
@@ -139,6 +141,14 @@ REAL_MESSAGES: list[tuple[str, FailureKind]] = [
         # All versions: distributed/bootstrap.py (C4).
         "ValueError: The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
         "min_per_gpu_memory=70.12, local_gpu_memory=139.81, local_gpu_memory * 0.9=125.83",
+        FailureKind.LAUNCH_ERROR,
+    ),
+    (
+        # Real H200, 0.5.17 (data/sglang-0.5.17-h200/oom-gpu-held-by-another-process.log): torch's OOM
+        # names the other server that held the GPU.
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB. GPU 0 has a total "
+        "capacity of 139.80 GiB of which 71.94 MiB is free. Process 4306 has 129.77 GiB memory in use. "
+        "Including non-PyTorch memory, this process has 9.95 GiB memory in use.",
         FailureKind.LAUNCH_ERROR,
     ),
     ("OSError: [Errno 98] Address already in use", FailureKind.LAUNCH_ERROR),
@@ -571,3 +581,29 @@ def test_the_new_kv_message_beats_the_markers_of_its_death() -> None:
     failure = classify(log, "starting")
     assert failure is not None and failure.kind is FailureKind.KV_POOL_TOO_SMALL
     assert failure.line.startswith("ValueError: Loaded weights leave no GPU memory")
+
+
+REAL_H200_LOGS = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
+
+
+def test_an_oom_with_another_process_holding_the_gpu_is_the_nodes_problem() -> None:
+    # Real H200, 0.5.17: a second driver's server held 129.77 GiB of the GPU.
+    log = (REAL_H200_LOGS / "oom-gpu-held-by-another-process.log").read_text()
+    for phase in ("starting", "benchmarking"):
+        failure = classify(log, phase)
+        assert failure is not None and failure.kind is FailureKind.LAUNCH_ERROR
+        assert not failure.kind.is_oom and "Process 4306 has 129.77 GiB memory in use" in failure.line
+    # A process of a few hundred MiB (another rank's stray context) does not make it the node's fault.
+    alone = P + (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 139.80 GiB of which 1.10 GiB is free. Process 4306 has 512.00 MiB memory in use. Including "
+        "non-PyTorch memory, this process has 138.10 GiB memory in use."
+    )
+    failure = classify(alone, "starting")
+    assert failure is not None and failure.kind is FailureKind.CUDA_GRAPH_OOM
+
+
+def test_a_real_healthy_start_has_no_failure() -> None:
+    log = (REAL_H200_LOGS / "start-ready.log").read_text()
+    assert classify(log, "starting") is None and classify(log, "benchmarking") is None
+    assert not any(is_fatal_line(line) for line in log.splitlines())

@@ -36,6 +36,31 @@ STARTUP = [
     "[2026-02-27 11:53:45] The server is fired up and ready to roll!",
 ]
 
+# SGLang 0.5.17's start-up on a real H200 (device kit, "Real failure lines"; EAGLE adds the draft and
+# verify graphs, 0.5.15+ the prefill graph: model_executor/model_runner_components/cuda_graph_setup.py).
+STARTUP_0517 = [
+    "[2026-12-01 10:00:01] server_args=ServerArgs(model_path='/models/m', tp_size=1, "
+    "mem_fraction_static=0.893)",
+    "[2026-12-01 10:00:05 TP0] Load weight begin. avail mem=139.20 GB",
+    "[2026-12-01 10:00:09 TP0] Load weight end. elapsed=4.12 s, type=LlamaForCausalLM, avail mem=136.90 GB, "
+    "mem usage=2.30 GB.",
+    "[2026-12-01 10:00:10 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 3806725, "
+    "K size: 58.09 GB, V size: 58.09 GB",
+    "[2026-12-01 10:00:10 TP0] Memory pool end. avail mem=20.71 GB",
+    "[2026-12-01 10:00:11 TP0] Capture target prefill CUDA graph begin. backend=breakable, "
+    "num_tokens=[4, 8], avail mem=20.60 GB",
+    "[2026-12-01 10:00:12 TP0] Capture target prefill CUDA graph end. elapsed=1.02 s, mem usage=0.05 GB, "
+    "avail mem=20.55 GB.",
+    "[2026-12-01 10:00:12 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+    "bs=[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64], avail mem=20.44 GB",
+    "{t}",
+    "[2026-12-01 10:01:25 TP0] Capture target decode CUDA graph end. elapsed=72.68 s, mem usage=0.08 GB, "
+    "avail mem=20.35 GB.",
+    "[2026-12-01 10:01:26 TP0] max_total_num_tokens=3806725, chunked_prefill_size=8192, "
+    "max_prefill_tokens=16384, max_running_requests=4096, context_len=8192, available_gpu_mem=20.35 GB",
+    "[2026-12-01 10:01:30] The server is fired up and ready to roll!",
+]
+
 OOM_TRACEBACK = [
     "[2026-02-27 11:52:12 TP1] Scheduler hit an exception: Traceback (most recent call last):",
     '  File "/sglang/srt/model_executor/model_runner.py", line 1700, in init_memory_pool',
@@ -184,6 +209,68 @@ def test_propagation_marker_alone_fails_as_unknown_crash(
     assert out.status is StartupStatus.FAILED
     assert out.failure is not None and out.failure.kind is FailureKind.UNKNOWN_CRASH
     assert "Rank 0 scheduler is dead" in out.failure.line
+
+
+def test_0517_phase_markers_and_memory_report(tmp_path: Path, started: list[ServerProcess]) -> None:
+    proc = _start(started, tmp_path, _script(STARTUP_0517, 0.1, "time.sleep(30)"))
+    phases: list[str] = []
+    out = wait_until_ready(
+        proc, proc.log_path, lambda: False, timeout_s=20, poll_s=0.05, on_phase=phases.append
+    )
+    assert out.status is StartupStatus.READY, out
+    assert phases == ["loading", "capturing", "ready"]
+    assert list(out.phase_times) == [
+        "load_weight_begin",
+        "load_weight_end",
+        "capture_cuda_graph_begin",
+        "capture_cuda_graph_end",
+        "ready",
+    ]
+    assert out.server_memory == {
+        "kv_cache_tokens": 3806725.0,
+        "kv_cache_gb": 116.18,
+        "max_total_num_tokens": 3806725.0,
+        "max_running_requests": 4096.0,
+        "context_len": 8192.0,
+        "available_gpu_mem_gb": 20.35,
+    }
+
+
+def test_a_hang_in_the_second_graphs_capture_names_that_capture(
+    tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    # The prefill graph was captured; the decode graph's capture never ends.
+    lines = STARTUP_0517[: STARTUP_0517.index("{t}")]
+    proc = _start(started, tmp_path, _script(lines, 0, "time.sleep(30)"))
+    out = wait_until_ready(proc, proc.log_path, lambda: False, timeout_s=0.8, poll_s=0.05)
+    assert out.status is StartupStatus.TIMEOUT and out.failure is not None
+    assert "last phase seen: capture_cuda_graph_begin" in out.failure.description
+
+
+@pytest.mark.parametrize(
+    "line",
+    [  # <= 0.5.13, then 0.5.15+ (0.5.17, 0.5.23: verify with speculation)
+        "Capture cuda graph begin. This can take up to several minutes. avail mem=44.10 GB",
+        "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1], avail mem=20 GB",
+        "Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, avail mem=20 GB",
+        "Capture draft decode CUDA graph begin. backend=full, avail mem=20.44 GB",
+        "Capture target prefill CUDA graph begin. backend=tc_piecewise, num_tokens=[4, 8], avail mem=3.1 GB",
+    ],
+)
+def test_every_capture_marker_starts_the_capturing_phase(line: str) -> None:
+    from autotune.logwatch import _MARKERS
+
+    names = [name for regex, name in _MARKERS if regex.search("[2026-12-01 10:00:12 TP0] " + line)]
+    assert names == ["capture_cuda_graph_begin"]
+    assert not any(regex.search("Exception: Capture cuda graph failed: x") for regex, _ in _MARKERS)
+
+
+def test_the_memory_report_of_an_mla_model() -> None:
+    from autotune.logwatch import server_memory
+
+    line = "[TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 403264, KV size: 24.62 GB"
+    assert server_memory(line) == {"kv_cache_tokens": 403264.0, "kv_cache_gb": 24.62}
+    assert server_memory("KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 9") == {}
 
 
 def test_hang_times_out(tmp_path: Path, started: list[ServerProcess]) -> None:

@@ -14,6 +14,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.plots import (
     CUDA_GRAPH_MAX_BS,
     MEMORY_FRACTION,
+    OLD_CUDA_GRAPH_MAX_BS,
     draw_plots,
     is_oom,
     param_importances,
@@ -121,6 +122,20 @@ def test_memory_region_marks_oom_trials_and_needs_both_parameters(study: optuna.
     for value, proto in ((1.0, None), (2.0, "LL")):
         other.add_trial(create_trial(value=value, params={"NCCL_PROTO": proto}, distributions=distribution))
     assert "memory_region.png" not in draw_plots(plot_data(other, "output_throughput", "tok/s"))
+
+
+def test_memory_region_of_a_study_that_tuned_the_knob_under_its_old_name() -> None:
+    # SGLang's spelling before 0.5.15: a study made then still gets its plot.
+    old = optuna.create_study(direction="maximize")
+    distributions = {
+        MEMORY_FRACTION: DISTRIBUTIONS[MEMORY_FRACTION],
+        OLD_CUDA_GRAPH_MAX_BS: DISTRIBUTIONS[CUDA_GRAPH_MAX_BS],
+    }
+    for value, bs in ((1.0, 32), (2.0, 128)):
+        params = {MEMORY_FRACTION: 0.8, OLD_CUDA_GRAPH_MAX_BS: bs}
+        old.add_trial(create_trial(value=value, params=params, distributions=distributions))
+    figure = draw_plots(plot_data(old, "output_throughput", "tok/s"))["memory_region.png"]
+    assert figure.axes[0].get_ylabel() == OLD_CUDA_GRAPH_MAX_BS
 
 
 def test_multi_objective_study_gets_a_pareto_front(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 
-from autotune.preflight import predicted_oom
+import pytest
+
+from autotune.preflight import predicted_oom, tensor_parallel_size
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 
@@ -14,6 +16,29 @@ def test_the_seeds_055_is_predicted_and_a_roomy_pool_is_not() -> None:
     assert reason is not None and "68.4 GB per GPU" in reason and "52.8 GB" in reason
     assert predicted_oom(["--tp-size", "8", "--mem-fraction-static", "0.85"], 96.0, 547.0) is None
     assert predicted_oom(["--tp", "8", "--mem-fraction-static=0.60"], 96.0, 547.0) is not None
+    assert "Not enough memory" not in reason  # SGLang's wording before 0.5.15; not what it says now
+
+
+@pytest.mark.parametrize(
+    "tp",
+    [
+        ["--tp-size", "8"],
+        ["--tensor-parallel-size", "8"],
+        ["--tensor-parallel-size=8"],
+        ["--tp", "8"],
+        ["--tp=8"],
+    ],
+)
+def test_every_spelling_of_the_tp_size_is_read(tp: list[str]) -> None:
+    # 0.5.17 server_args.py: --tp-size and its alias --tensor-parallel-size; --tp by argparse's prefix.
+    assert tensor_parallel_size([*tp, "--mem-fraction-static", "0.85"]) == 8
+    assert predicted_oom([*tp, "--mem-fraction-static", "0.85"], 96.0, 547.0) is None  # 68 GB of 82 GB
+
+
+def test_the_last_tp_flag_wins_as_in_argparse() -> None:
+    assert tensor_parallel_size(["--tp-size", "4", "--tensor-parallel-size", "8"]) == 8
+    assert tensor_parallel_size(["--tensor-parallel-size", "8", "--tp", "2"]) == 2
+    assert tensor_parallel_size([]) == 1
 
 
 def test_nothing_is_predicted_without_the_facts_or_an_explicit_fraction() -> None:

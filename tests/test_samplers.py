@@ -187,6 +187,33 @@ def test_an_unset_graph_batch_is_repaired_below_the_value_the_server_chose() -> 
     assert ask_launch(study).params == {ALGO: "EAGLE3", GRAPH_BS: 32}
 
 
+def test_a_prefill_graph_oom_is_repaired_with_the_prefill_knob_not_the_decode_one() -> None:
+    prefill = "--cuda-graph-max-bs-prefill"
+    study = repairs_study()
+    study.enqueue_trial({GRAPH_BS: 128, prefill: None})
+    trial = study.ask()
+    trial.suggest_categorical(GRAPH_BS, [None, 32, 64, 128])
+    trial.suggest_categorical(prefill, [None, 4, 8, 16])
+    trial.set_user_attr(SERVER_CHOICES_ATTR, {GRAPH_BS: 128.0, prefill: 16.0})  # as the server logged it
+    tell_failed(study, trial, "prefill_graph_oom")
+    repair = study.ask()
+    assert repair.suggest_categorical(GRAPH_BS, [None, 32, 64, 128]) == 128
+    assert repair.suggest_categorical(prefill, [None, 4, 8, 16]) == 4
+    assert study.trials[repair.number].system_attrs[PROPOSED_ATTR] == (
+        "a repair of trial 0 (prefill_graph_oom): --cuda-graph-max-bs-prefill 4"
+    )
+
+
+@pytest.mark.parametrize("kind", ["kernel_build_failed", "invalid_arguments", "unknown_crash"])
+def test_a_capture_failure_that_is_not_an_oom_is_not_repaired(kind: str) -> None:
+    study = repairs_study()
+    study.enqueue_trial({ALGO: "EAGLE3", GRAPH_BS: 128})
+    tell_failed(study, ask_launch(study), kind)
+    for _ in range(5):
+        asked = ask_launch(study)
+        assert PROPOSED_ATTR not in study.trials[asked.number].system_attrs
+
+
 def test_a_failure_that_a_smaller_graph_batch_does_not_cure_is_not_repaired() -> None:
     study = repairs_study()
     study.enqueue_trial({ALGO: "EAGLE3", GRAPH_BS: 128})
