@@ -20,10 +20,11 @@ from autotune.samplers import NEAR_STEPS, nearest
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
+from autotune.study_storage import open_study
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_HARDWARE = (
-    "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim), SGLang 0.5.4"
+    "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim), SGLang 0.5.17"
 )
 
 
@@ -65,6 +66,18 @@ def study_of_30(study_of_30_path: Path) -> optuna.Study:
     return StudyDriver(load_study(study_of_30_path), pool=model_pool(nodes=2)).run()
 
 
+@pytest.fixture(scope="module")
+def memory_study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    """Three trials on the seed node: one runs out of memory under the quickstart's long prompts (the
+    static pool leaves too little for activations), one has a static pool the weights overflow (68 GB a
+    GPU in 0.70 of 89 GiB), which the pre-flight check refuses without a launch."""
+    study = load_study(make_study(tmp_path_factory.mktemp("memory"), 3, failures={"oom_penalty": -1.0}))
+    ostudy = open_study(study)
+    ostudy.enqueue_trial({"--mem-fraction-static": 0.95, "--chunked-prefill-size": 16384})
+    ostudy.enqueue_trial({"--mem-fraction-static": 0.70})
+    return StudyDriver(study, pool=model_pool()).run()
+
+
 def test_budget_counts_trials_run_on_nodes(study_of_30: optuna.Study) -> None:
     assert finished_count(study_of_30) == 30
     assert all(t.state.is_finished() for t in study_of_30.trials)
@@ -85,13 +98,13 @@ def test_trial_zero_is_the_baseline_with_no_tuned_setting(
     assert first.value == pytest.approx(expected)  # the model's answer for SGLang's defaults
 
 
-def test_oom_is_pruned_with_the_penalty_and_an_infeasible_constraint(study_of_30: optuna.Study) -> None:
+def test_oom_is_pruned_with_the_penalty_and_an_infeasible_constraint(memory_study: optuna.Study) -> None:
     oom = [
         t
-        for t in study_of_30.trials
+        for t in memory_study.trials
         if t.user_attrs.get("failure_kind") in ("kv_pool_too_small", "cuda_graph_oom", "oom_under_load")
     ]
-    assert oom, "a 30-trial study on the seed node runs out of memory at least once"
+    assert oom, "0.95 of the memory in the static pool runs out under 28k-token prompts"
     for trial in oom:
         assert trial.state is TrialState.PRUNED
         assert trial.value == -1.0
@@ -152,10 +165,10 @@ def test_a_second_run_continues_to_a_larger_budget(tmp_path: Path) -> None:
 
 
 def test_predicted_ooms_are_pruned_without_a_launch_and_every_trial_knows_its_hardware(
-    study_of_30: optuna.Study,
+    study_of_30: optuna.Study, memory_study: optuna.Study
 ) -> None:
-    predicted = [t for t in study_of_30.trials if t.user_attrs.get("failure_kind") == "predicted_oom"]
-    assert predicted, "30 trials over --mem-fraction-static 0.70..0.95 propose pools the weights overflow"
+    predicted = [t for t in memory_study.trials if t.user_attrs.get("failure_kind") == "predicted_oom"]
+    assert predicted, "a static pool of 0.70 is refused before a launch"
     for trial in predicted:
         assert trial.state is TrialState.PRUNED and trial.value == -1.0
         assert trial.user_attrs["skipped"] is True and "mlflow_run_id" not in trial.user_attrs
