@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from model_studies import (
     BENCHMARKS,
     PROFILES,
@@ -56,6 +57,7 @@ from model_studies import (
     run_study,
     search_space_for,
 )
+from nccl_prestudy import nccl_prestudy
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
 from autotune import samplers
@@ -74,6 +76,7 @@ MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs"
 GROUP_ORDER = ("nccl", "sglang", "speculative")
 MUST_BUDGET, MUST_WITHIN, MAX_FAILED = 40, 0.95, 0.05
 DEFAULT_SAMPLER = SamplerSpec().name
+NCCL_FIRST = "tpe/nccl-first"  # the default after an NCCL all-reduce study (nccl_prestudy.py)
 
 
 def _tpe_variant(**settings: Any) -> Callable[[int | None], optuna.samplers.BaseSampler]:
@@ -93,6 +96,9 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0, moves=0.0),  # the default before c-TPE's term
     "tpe/no-moves": _tpe_variant(moves=0.0),  # the default before moves from the best trial and repairs
     "tpe/moves0.5": _tpe_variant(moves=0.5),
+    "tpe/no-branches": _tpe_variant(branch_trials=0),  # the default before speculation's own trials
+    "tpe/no-floor": _tpe_variant(floor=False),  # ... and before the floor on the memory fraction
+    "tpe/before-issue-21": _tpe_variant(branch_trials=0, floor=False),
     # Oracles, not methods: the default told the seed's best known speculative mode, and its NCCL transport.
     "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
         {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
@@ -211,6 +217,12 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
             return OneGroupAtATime(kinds, GROUP_ORDER, sizes, defaults, seed=job.seed)
 
         return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed)
+    if job.method == NCCL_FIRST:
+        concurrency = int(yaml.safe_load(profile.objective.read_text())["workload"]["concurrency"])
+        best_nccl, seconds = nccl_prestudy(profile, concurrency)
+        sampler = samplers.tpe(job.seed, start_values=best_nccl)
+        run = run_study(profile, job.n_trials, sampler=lambda _s: sampler, seed=job.seed)
+        return job, replace(run, node_s=[run.node_s[0] + seconds, *run.node_s[1:]])  # on the baseline's
     if job.method in VARIANTS:
         variant = VARIANTS[job.method]
         return job, run_study(profile, job.n_trials, sampler=lambda _study: variant(job.seed), seed=job.seed)
@@ -371,7 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", default="10,20,40,80", help="comma-separated trial budgets")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument(
-        "--samplers", default="", help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS])}"
+        "--samplers",
+        default="",
+        help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS, NCCL_FIRST])}",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
     parser.add_argument("--recompute-best", action="store_true", help="search the best known configs again")
@@ -385,8 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = sorted(int(b) for b in args.budgets.split(","))
     extra = [s for s in args.samplers.split(",") if s]
     for name in extra:
-        if name not in SAMPLERS and name not in VARIANTS:
-            parser.error(f"unknown sampler {name!r}: samplers {[*SAMPLERS, *VARIANTS]}")
+        if name not in SAMPLERS and name not in VARIANTS and name != NCCL_FIRST:
+            parser.error(f"unknown sampler {name!r}: samplers {[*SAMPLERS, *VARIANTS, NCCL_FIRST]}")
     try:
         nodes = [load_profile(p) for p in args.profiles.split(",") if p]
     except ConfigError as exc:

@@ -164,3 +164,13 @@ def test_a_profile_yaml_with_replicas_and_one_that_does_not_fit(tmp_path: Path) 
     (tmp_path / "typo.yaml").write_text(text + "tp: 4\n")
     with pytest.raises(ConfigError, match=r"typo.yaml: tp: Extra inputs"):
         load_profile(str(tmp_path / "typo.yaml"))
+
+
+def test_the_nccl_study_finds_p2p_across_the_seeds_host_bridges() -> None:
+    from nccl_prestudy import TRIAL_S, nccl_prestudy
+
+    # The seed's GPUs sit behind four host bridges: NCCL's default level (PXB) sends its all-reduces
+    # through host memory; P2P needs NCCL_P2P_LEVEL=SYS (autotune/sim/profiles/hardware/rtx-pro-6000-pcie-x8).
+    best, seconds = nccl_prestudy(PROFILES["seed"], concurrency=4)
+    assert best["NCCL_P2P_LEVEL"] == "SYS"
+    assert 20 * TRIAL_S <= seconds <= 40 * TRIAL_S  # a pass over every NCCL knob's values

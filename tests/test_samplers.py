@@ -419,3 +419,11 @@ def test_no_branch_trials_leaves_the_moves_as_they_were() -> None:
     for value in (0.5, 0.9, 0.7, 0.1, 0.1, 0.1):
         study.tell(ask_branch(study), value)
     assert all(PROPOSED_ATTR not in t.system_attrs for t in study.trials)
+
+
+def test_the_start_keeps_a_knob_at_the_value_a_cheaper_study_found() -> None:
+    base = optuna.samplers.RandomSampler(seed=1)
+    sampler = DefaultsStartSampler(base, keep_default=1.0, start_values={"NCCL_ALGO": "Ring"}, seed=3)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
+    assert {algo for _, algo in run(study, 10)} == {"Ring"}
