@@ -15,7 +15,10 @@ proposing their neighbours that do not start.
 
 `IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
 and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
-message advises. benchmarks/RESULTS.md has the measurements behind each of these choices.
+message advises. Right after the start each speculative algorithm gets a few trials on purpose (the best
+trial with it switched on, SGLang's documented tree first), and no proposal's memory fraction is below the
+minimum that a KV-pool-too-small message of the server named. benchmarks/RESULTS.md has the measurements
+behind each of these choices.
 
 `WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
 parameters every trial shares, such as Optuna's GPSampler (`gp`).

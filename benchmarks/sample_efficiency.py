@@ -10,7 +10,13 @@ proposal refused as known-incompatible costs neither budget nor node time. The m
 - random search (Optuna's RandomSampler), also with twice the budget;
 - a grid over two flags with every other knob at its default, as vLLM's auto_tune does;
 - one group of knobs at a time: NCCL, then SGLang's flags, then speculation, each with a third of the
-  budget, random within the group, the groups tuned before it fixed at the best trial's values.
+  budget, random within the group, the groups tuned before it fixed at the best trial's values;
+- with `--samplers tpe/nccl-first`: the default after an NCCL all-reduce study (nccl_prestudy.py), whose
+  node time is counted with the server study's.
+
+A profile is a shipped one (seed, h200) or a YAML file (benchmarks/profiles/): hardware and model
+profiles, the objective, and the layout (--tp-size: the node's GPUs unless it says; --dp-size replicas);
+the search space's --ep-size choices follow the --tp-size.
 
 A sequential study's first k trials do not depend on its budget, so the budget-free methods run once per
 seed to the largest budget and are read at each budget; the grid and the group plan depend on the budget
@@ -22,6 +28,7 @@ The best known config of each profile is the best of a large random sample of th
 this script and searched again when the model's answer for it changes, or with --recompute-best.
 
     python benchmarks/sample_efficiency.py            # both profiles, budgets 10 20 40 80, 10 seeds
+    python benchmarks/sample_efficiency.py --profiles seed,h200,benchmarks/profiles/h100x4-llama70b.yaml
     python benchmarks/sample_efficiency.py --samplers tpe-plain,tpe/no-moves   # more to compare
     python benchmarks/sample_efficiency.py --quick    # smoke run: seed profile, budgets 4 8, 2 seeds
 """
