@@ -15,7 +15,10 @@ proposing their neighbours that do not start.
 
 `IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
 and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
-message advises. benchmarks/RESULTS.md has the measurements behind each of these choices.
+message advises. Right after the start each speculative algorithm gets a few trials on purpose (the best
+trial with it switched on, SGLang's documented tree first), and no proposal's memory fraction is below the
+minimum that a KV-pool-too-small message of the server named. benchmarks/RESULTS.md has the measurements
+behind each of these choices.
 
 `WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
 parameters every trial shares, such as Optuna's GPSampler (`gp`).
@@ -23,7 +26,9 @@ parameters every trial shares, such as Optuna's GPSampler (`gp`).
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -39,12 +44,28 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
+MEM_FRACTION = "--mem-fraction-static"
+# SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
+# (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
+# the KV cache under --mem-fraction-static=0.55. Raise --mem-fraction-static above 0.016 (minimum viable =
+# 1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted."
+_MINIMUM_VIABLE = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
+BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
+# SGLang's documented defaults for an EAGLE tree, "the same for EAGLE-2 and EAGLE-3": num_steps 5,
+# eagle_topk 4, num_draft_tokens 8 (docs.sglang.io/advanced_features/speculative_decoding.html), where
+# a branch's first trial starts; the docs send the user on to bench_speculative.py, as the moves do.
+DOCUMENTED_TREE = {
+    SpeculativeRules.STEPS: 5,
+    SpeculativeRules.TOPK: 4,
+    SpeculativeRules.DRAFT_TOKENS: 8,
+}
 
 
 def default_of(distribution: BaseDistribution) -> Any:
@@ -96,11 +117,14 @@ class DefaultsStartSampler(_Wrapper):
         *,
         n_startup_trials: int = 10,
         keep_default: float = 0.8,
+        start_values: Mapping[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
         if not 0.0 <= keep_default <= 1.0:
             raise ValueError(f"`0 <= keep_default <= 1` must hold, but got ({keep_default=}).")
         self.base = base
+        # Values a cheaper study found for some knobs (an NCCL all-reduce study's best): kept in their place.
+        self.start_values = dict(start_values or {})
         self.n_startup_trials = n_startup_trials
         self.keep_default = keep_default
         self._rng = random.Random(seed)
@@ -118,6 +142,8 @@ class DefaultsStartSampler(_Wrapper):
 
     def _default(self, name: str, distribution: BaseDistribution) -> Any:
         """The value that leaves the server's own behaviour, or near it; _NO_DEFAULT when unknown."""
+        if name in self.start_values and _contains(distribution, self.start_values[name]):
+            return self.start_values[name]
         default = default_of(distribution)
         chosen = self._server_choices.get(name)
         if default is _NO_DEFAULT and chosen is not None:
@@ -149,6 +175,29 @@ class DefaultsStartSampler(_Wrapper):
     def reseed_rng(self) -> None:
         super().reseed_rng()
         self._random.reseed_rng()
+
+
+def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution) -> float | None:
+    """The smallest --mem-fraction-static on the distribution's steps that the server's own messages allow:
+    above the minimum viable fraction a KV_POOL_TOO_SMALL trial's message names, or a step above the
+    fraction of one whose message names none (SGLang's older "Not enough memory" line). None before any
+    such trial. Draft weights raise the minimum, so the largest over the trials is kept."""
+    floors = []
+    for trial in trials:
+        if trial.user_attrs.get("failure_kind") != FailureKind.KV_POOL_TOO_SMALL.value:
+            continue
+        named = _MINIMUM_VIABLE.search(str(trial.user_attrs.get("failure", "")))
+        failed = trial.params.get(MEM_FRACTION)
+        if named is not None:
+            floors.append(float(named.group(1)))
+        elif isinstance(failed, float):
+            floors.append(failed + (getattr(distribution, "step", None) or 0.01))
+    if not floors or not isinstance(distribution, FloatDistribution):
+        return None
+    floor, step = max(floors), distribution.step
+    if step:  # the first step at or above the floor
+        floor = distribution.low + math.ceil((floor - distribution.low) / step - 1e-9) * step
+    return round(min(max(floor, distribution.low), distribution.high), 10)
 
 
 def _infeasible(trial: FrozenTrial) -> bool:
@@ -306,6 +355,8 @@ class IncumbentMoves(_Wrapper):
         n_startup_trials: int = 10,
         share: float = 0.8,
         second: float = 0.3,
+        branch_trials: int = BRANCH_TRIALS,
+        floor: bool = True,
         seed: int | None = None,
     ) -> None:
         for name, value in (("share", share), ("second", second)):
@@ -315,9 +366,12 @@ class IncumbentMoves(_Wrapper):
         self.n_startup_trials = n_startup_trials
         self.share = share
         self.second = second
+        self.branch_trials = branch_trials
+        self.floor = floor
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any] | None] = {}
+        self._floor: list[FrozenTrial] = []  # the finished trials, for the memory fraction's floor
         # Knobs the study holds at one value (a flag with one value left that this hardware runs, fixed by
         # autotune.incompatible): a move that changed one would be undone, and repeat the config it left.
         self.held: dict[str, Any] = {}
@@ -329,7 +383,15 @@ class IncumbentMoves(_Wrapper):
             if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
                 study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)
             self._plans = {trial.number: plan}
+            self._floor = _finished(study)
         return self._plans[trial.number]
+
+    def _viable(self, name: str, distribution: BaseDistribution, value: Any) -> Any:
+        """Every proposal's memory fraction at least the smallest the server's messages said starts."""
+        if name != MEM_FRACTION or not isinstance(value, float) or not self.floor:
+            return value
+        floor = fraction_floor(self._floor, distribution)
+        return value if floor is None or value >= floor else floor
 
     def _new_plan(self, study: Study) -> _Planned | None:
         """The next trial's config and why, or None to leave the trial to `base`."""
@@ -340,13 +402,14 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        if self._rng.random() >= self.share:
-            return None
         feasible = [t for t in finished if t.params and _feasible(t)]
         if not feasible:
             return None
         sign = 1 if study.direction is optuna.study.StudyDirection.MAXIMIZE else -1
         best = max(feasible, key=lambda t: sign * cast(float, t.value))
+        branch = self._branch(best, finished, with_params, tried, sign)
+        if branch is not None or self._rng.random() >= self.share:
+            return branch
         for _ in range(20):  # a move that repeats a tried config is drawn again
             move = self._move(best)
             if _asked(move, best.params, with_params) not in tried:
@@ -371,6 +434,51 @@ class IncumbentMoves(_Wrapper):
                 if config_key(repaired) not in tried:
                     kind = failed.user_attrs["failure_kind"]
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
+        return None
+
+    def _branch(
+        self,
+        best: FrozenTrial,
+        finished: list[FrozenTrial],
+        with_params: list[FrozenTrial],
+        tried: set[ConfigKey],
+        sign: int,
+    ) -> _Planned | None:
+        """A trial of a speculative algorithm that has run fewer than `branch_trials` times, as the group
+        method's speculative stage gives it: the best trial with the algorithm switched, and the tree of that
+        algorithm's best trial with one knob changed, or before it ran, SGLang's documented tree. Without
+        this, a start that keeps the algorithm unset can reach trial 40 without a fair EAGLE-3 trial."""
+        name = SpeculativeRules.ALGORITHM
+        distribution = best.distributions.get(name)
+        if (
+            self.branch_trials == 0
+            or name in self.held
+            or not isinstance(distribution, CategoricalDistribution)
+        ):
+            return None
+        for choice in distribution.choices:
+            ran = [t for t in finished if name in t.params and _same(t.params[name], choice)]
+            ran_well = [t for t in ran if _feasible(t)]
+            if len(ran_well) >= self.branch_trials or len(ran) >= 2 * self.branch_trials:
+                continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
+            plan = {n: v for n, v in best.params.items() if not SpeculativeRules.is_speculative_flag(n)}
+            plan[name] = choice
+            if choice is None:  # speculation off has no tree: the best trial without it, once
+                if _asked(plan, best.params, with_params) not in tried:
+                    return plan, f"exploring {name} off: trial {best.number} without it"
+                continue
+            if ran_well:
+                top = max(ran_well, key=lambda t: sign * cast(float, t.value))
+                tree = {n: v for n, v in top.params.items() if SpeculativeRules.is_speculative_flag(n)}
+                for _ in range(20):
+                    knob = self._rng.choice(sorted(n for n in tree if n != name) or [name])
+                    moved = {**plan, **tree, knob: self._changed(top.distributions[knob], tree[knob])}
+                    if _asked(moved, top.params, with_params) not in tried:
+                        return moved, f"exploring {name} {choice}: trial {top.number}, {knob} changed"
+                continue
+            plan.update(DOCUMENTED_TREE)  # knobs the branch does not have are not asked
+            if _asked(plan, best.params, with_params) not in tried:
+                return plan, f"exploring {name} {choice}: trial {best.number}, SGLang's documented tree"
         return None
 
     def _move(self, best: FrozenTrial) -> dict[str, Any]:
@@ -400,18 +508,22 @@ class IncumbentMoves(_Wrapper):
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        planned = self._plan(study, trial) is not None
-        return {} if planned else self.base.sample_relative(study, trial, search_space)
+        if self._plan(study, trial) is not None:
+            return {}
+        sampled = self.base.sample_relative(study, trial, search_space)
+        return {n: self._viable(n, search_space[n], v) for n, v in sampled.items()}
 
     def sample_independent(
         self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
         plan = self._plan(study, trial)
         if plan is None:
-            return self.base.sample_independent(study, trial, param_name, param_distribution)
-        if param_name in plan and _contains(param_distribution, plan[param_name]):
-            return plan[param_name]
-        return self._random.sample_independent(study, trial, param_name, param_distribution)
+            value = self.base.sample_independent(study, trial, param_name, param_distribution)
+        elif param_name in plan and _contains(param_distribution, plan[param_name]):
+            value = plan[param_name]
+        else:
+            value = self._random.sample_independent(study, trial, param_name, param_distribution)
+        return self._viable(param_name, param_distribution, value)
 
     def reseed_rng(self) -> None:
         super().reseed_rng()
@@ -460,6 +572,9 @@ def tpe(
     keep_default: float = 0.8,
     feasibility_weight: float = 1.0,
     moves: float = 0.8,
+    branch_trials: int = BRANCH_TRIALS,
+    floor: bool = True,
+    start_values: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
@@ -472,6 +587,17 @@ def tpe(
         seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
     )
     start = DefaultsStartSampler(
-        base, n_startup_trials=n_startup_trials, keep_default=keep_default, seed=seed
+        base,
+        n_startup_trials=n_startup_trials,
+        keep_default=keep_default,
+        start_values=start_values,
+        seed=seed,
     )
-    return IncumbentMoves(start, n_startup_trials=n_startup_trials, share=moves, seed=seed)
+    return IncumbentMoves(
+        start,
+        n_startup_trials=n_startup_trials,
+        share=moves,
+        branch_trials=branch_trials,
+        floor=floor,
+        seed=seed,
+    )

@@ -17,17 +17,19 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import optuna
 import yaml
 from optuna.trial import TrialState
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.benchmark import Workload
 from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
 from autotune.driver import StudyDriver
+from autotune.errors import ConfigError
 from autotune.launch import TrialConfig
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import LocalNodePool, NodePool
@@ -45,13 +47,15 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 BENCHMARKS = Path(__file__).resolve().parent
 REPO = BENCHMARKS.parent
 SEARCH_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
+EP_SIZE = "--ep-size"
 NODE = "node"
 Params = dict[str, Any]  # a value per parameter name, as Optuna stores a trial's
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A simulated node (hardware and model profiles) and the objective its studies maximize."""
+    """A simulated node (hardware and model profiles, each a shipped name or a YAML path), the objective its
+    studies maximize, and the server's layout: `dp_size` replicas of `tp_size` GPUs (0: all the GPUs)."""
 
     key: str
     title: str
@@ -60,6 +64,13 @@ class Profile:
     objective: Path
     model_path: str
     draft_model_path: str
+    tp_size: int = 0
+    dp_size: int = 1
+
+    @property
+    def tp(self) -> int:
+        """The study's --tp-size: the profile's, else every GPU of the node over the replicas."""
+        return self.tp_size or load_hardware_profile(self.hardware).num_gpus // self.dp_size
 
 
 PROFILES: Mapping[str, Profile] = {
@@ -84,17 +95,99 @@ PROFILES: Mapping[str, Profile] = {
 }
 
 
+class ProfileFile(BaseModel):
+    """A benchmark profile written as YAML (benchmarks/profiles/): paths are relative to the file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str
+    hardware: str = Field(description="a shipped hardware profile's name, or a YAML path")
+    model: str = Field(description="a shipped model profile's name, or a YAML path")
+    objective: str = Field(description="an objective YAML path")
+    model_path: str
+    draft_model_path: str
+    tp_size: int = Field(default=0, ge=0, description="0: the node's GPUs over dp_size")
+    dp_size: int = Field(default=1, ge=1, description="server replicas (--dp-size), each of tp_size GPUs")
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped benchmark profile (seed, h200) by name, or a profile YAML file by path."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        raise ConfigError(
+            path,
+            "",
+            name_or_path,
+            "neither a shipped profile nor a profile YAML file",
+            f"Use one of {list(PROFILES)} or a path to a YAML file such as benchmarks/profiles/*.yaml.",
+        )
+    try:
+        data = ProfileFile.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(path, field, err.get("input"), err["msg"], "Fix the profile field.") from exc
+
+    def beside(value: str) -> str:  # a YAML path relative to the profile file; a shipped name as it is
+        return str((path.parent / value).resolve()) if value.endswith((".yaml", ".yml")) else value
+
+    profile = Profile(
+        path.stem,
+        data.title,
+        beside(data.hardware),
+        beside(data.model),
+        Path(beside(data.objective)),
+        data.model_path,
+        data.draft_model_path,
+        data.tp_size,
+        data.dp_size,
+    )
+    gpus = load_hardware_profile(profile.hardware).num_gpus
+    if profile.tp < 1 or profile.tp * profile.dp_size > gpus:
+        raise ConfigError(
+            path,
+            "tp_size",
+            data.tp_size,
+            f"tp_size x dp_size ({profile.tp} x {profile.dp_size}) must fit the node's {gpus} GPUs",
+            "Set tp_size and dp_size so that their product is at most num_gpus of the hardware profile.",
+        )
+    return profile
+
+
+def search_space_for(profile: Profile) -> dict[str, Any]:
+    """The shipped search space, its --ep-size choices made from the profile's --tp-size: expert parallelism
+    splits the experts over the tensor-parallel ranks (SGLang asserts tp_size % ep_size == 0), so a
+    single-GPU server has no --ep-size to search."""
+    data = yaml.safe_load(SEARCH_SPACE.read_text())
+    parameters = data["parameters"]
+    if EP_SIZE in parameters:
+        if profile.tp > 1:
+            parameters[EP_SIZE] = {**parameters[EP_SIZE], "choices": [None, profile.tp]}
+        else:
+            del parameters[EP_SIZE]
+    return cast(dict[str, Any], data)
+
+
+def server_flags(profile: Profile) -> dict[str, int]:
+    """The layout flags of every launch: --tp-size, and --dp-size when the server has replicas."""
+    return {"--tp-size": profile.tp, **({"--dp-size": profile.dp_size} if profile.dp_size > 1 else {})}
+
+
 def write_study(folder: Path, profile: Profile, n_trials: int, sampler: str = "tpe", seed: int = 0) -> Study:
     """Write and load a study of the shipped search space on `profile`'s node, as a user would write it."""
+    space = folder / "search_space.yaml"
+    space.write_text(yaml.safe_dump(search_space_for(profile), sort_keys=False))
     data = {
         "study": f"bench-{profile.key}",
-        "search_space": str(SEARCH_SPACE),
+        "search_space": str(space),
         "objective": str(profile.objective),
         "server": {
             "command": ["python", "-m", "sglang.launch_server"],
             "model_path": profile.model_path,
             "draft_model_path": profile.draft_model_path,
-            "flags": {"--tp-size": 8},
+            "flags": server_flags(profile),
         },
         "budget": {"n_trials": n_trials},
         "sampler": {"name": sampler, "seed": seed},

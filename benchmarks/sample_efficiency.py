@@ -10,7 +10,13 @@ proposal refused as known-incompatible costs neither budget nor node time. The m
 - random search (Optuna's RandomSampler), also with twice the budget;
 - a grid over two flags with every other knob at its default, as vLLM's auto_tune does;
 - one group of knobs at a time: NCCL, then SGLang's flags, then speculation, each with a third of the
-  budget, random within the group, the groups tuned before it fixed at the best trial's values.
+  budget, random within the group, the groups tuned before it fixed at the best trial's values;
+- with `--samplers tpe/nccl-first`: the default after an NCCL all-reduce study (nccl_prestudy.py), whose
+  node time is counted with the server study's.
+
+A profile is a shipped one (seed, h200) or a YAML file (benchmarks/profiles/): hardware and model
+profiles, the objective, and the layout (--tp-size: the node's GPUs unless it says; --dp-size replicas);
+the search space's --ep-size choices follow the --tp-size.
 
 A sequential study's first k trials do not depend on its budget, so the budget-free methods run once per
 seed to the largest budget and are read at each budget; the grid and the group plan depend on the budget
@@ -22,6 +28,7 @@ The best known config of each profile is the best of a large random sample of th
 this script and searched again when the model's answer for it changes, or with --recompute-best.
 
     python benchmarks/sample_efficiency.py            # both profiles, budgets 10 20 40 80, 10 seeds
+    python benchmarks/sample_efficiency.py --profiles seed,h200,benchmarks/profiles/h100x4-llama70b.yaml
     python benchmarks/sample_efficiency.py --samplers tpe-plain,tpe/no-moves   # more to compare
     python benchmarks/sample_efficiency.py --quick    # smoke run: seed profile, budgets 4 8, 2 seeds
 """
@@ -44,22 +51,26 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from model_studies import (
     BENCHMARKS,
     PROFILES,
-    SEARCH_SPACE,
     Landscape,
     Params,
     Profile,
     StudyRun,
+    load_profile,
     parameter_values,
     run_study,
+    search_space_for,
 )
+from nccl_prestudy import nccl_prestudy
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
 from autotune import samplers
-from autotune.config import SearchSpace, Study, load_search_space
+from autotune.config import SearchSpace, Study, parse_search_space
 from autotune.config.study import SAMPLERS, SamplerSpec
+from autotune.errors import ConfigError
 from autotune.preflight import predicted_oom
 from autotune.sim.model_node import node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
@@ -70,8 +81,9 @@ BEST_SAMPLES, BEST_ASCENTS = 2000, 6
 QUICK_SAMPLES, QUICK_ASCENTS = 150, 0
 MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
 GROUP_ORDER = ("nccl", "sglang", "speculative")
-MUST_BUDGET, MUST_WITHIN = 40, 0.95
+MUST_BUDGET, MUST_WITHIN, MAX_FAILED = 40, 0.95, 0.05
 DEFAULT_SAMPLER = SamplerSpec().name
+NCCL_FIRST = "tpe/nccl-first"  # the default after an NCCL all-reduce study (nccl_prestudy.py)
 
 
 def _tpe_variant(**settings: Any) -> Callable[[int | None], optuna.samplers.BaseSampler]:
@@ -91,6 +103,9 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/no-feasibility": _tpe_variant(feasibility_weight=0.0, moves=0.0),  # the default before c-TPE's term
     "tpe/no-moves": _tpe_variant(moves=0.0),  # the default before moves from the best trial and repairs
     "tpe/moves0.5": _tpe_variant(moves=0.5),
+    "tpe/no-branches": _tpe_variant(branch_trials=0),  # the default before speculation's own trials
+    "tpe/no-floor": _tpe_variant(floor=False),  # ... and before the floor on the memory fraction
+    "tpe/before-issue-21": _tpe_variant(branch_trials=0, floor=False),
     # Oracles, not methods: the default told the seed's best known speculative mode, and its NCCL transport.
     "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
         {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
@@ -163,7 +178,7 @@ class Job:
     """One study: a method on a profile with a seed, run for `n_trials` (the largest budget it is read at,
     or, for a method planned for its budget, that budget)."""
 
-    profile: str
+    profile: Profile
     method: str
     seed: int
     n_trials: int
@@ -178,7 +193,7 @@ def grid_plan(space: SearchSpace, budget: int, profile: Profile) -> list[dict[st
     facts = node_report("node", hardware, model)
 
     def launches(fraction: float) -> bool:
-        argv = ("--tp-size", "8", MEM_FRACTION, str(fraction))  # the study's --tp-size
+        argv = ("--tp-size", str(profile.tp), MEM_FRACTION, str(fraction))  # the study's --tp-size
         return predicted_oom(argv, facts.gpu_memory_gb, model.weight_gb) is None
 
     graph_sizes = [v for v in parameter_values(space, GRAPH_BS) if v is not None]
@@ -195,9 +210,10 @@ def run_job(job: Job) -> tuple[Job, StudyRun]:
 
 
 def _run_job(job: Job) -> tuple[Job, StudyRun]:
-    profile, defaults = PROFILES[job.profile], {MEM_FRACTION: job.auto_mem_fraction}
+    profile, defaults = job.profile, {MEM_FRACTION: job.auto_mem_fraction}
     if job.method == "grid":
-        points = grid_plan(load_search_space(SEARCH_SPACE), job.n_trials, profile)
+        space = parse_search_space(search_space_for(profile), f"the search space for {profile.key}")
+        points = grid_plan(space, job.n_trials, profile)
         # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused.
         return job, run_study(profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults))
     if job.method == "groups":
@@ -208,6 +224,12 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
             return OneGroupAtATime(kinds, GROUP_ORDER, sizes, defaults, seed=job.seed)
 
         return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed)
+    if job.method == NCCL_FIRST:
+        concurrency = int(yaml.safe_load(profile.objective.read_text())["workload"]["concurrency"])
+        best_nccl, seconds = nccl_prestudy(profile, concurrency)
+        sampler = samplers.tpe(job.seed, start_values=best_nccl)
+        run = run_study(profile, job.n_trials, sampler=lambda _s: sampler, seed=job.seed)
+        return job, replace(run, node_s=[run.node_s[0] + seconds, *run.node_s[1:]])  # on the baseline's
     if job.method in VARIANTS:
         variant = VARIANTS[job.method]
         return job, run_study(profile, job.n_trials, sampler=lambda _study: variant(job.seed), seed=job.seed)
@@ -215,28 +237,31 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
 
 
 def plan_jobs(
-    profiles: Sequence[str],
+    profiles: Sequence[Profile],
     budgets: Sequence[int],
     seeds: int,
     extra: Sequence[str],
     best: dict[str, BestKnown],
 ) -> list[Job]:
     top, jobs = max(budgets), []
-    for key in profiles:
-        auto = best[key].auto_mem_fraction
+    for profile in profiles:
+        auto = best[profile.key].auto_mem_fraction
         for seed in range(seeds):
-            jobs.append(Job(key, "random", seed, 2 * top, auto))
+            jobs.append(Job(profile, "random", seed, 2 * top, auto))
             for name in dict.fromkeys([DEFAULT_SAMPLER, *extra]):
-                jobs.append(Job(key, name, seed, top, auto))
-            jobs += [Job(key, "groups", seed, budget, auto) for budget in budgets]
-        jobs += [Job(key, "grid", 0, budget, auto) for budget in budgets]  # no randomness: one run
+                jobs.append(Job(profile, name, seed, top, auto))
+            jobs += [Job(profile, "groups", seed, budget, auto) for budget in budgets]
+        jobs += [Job(profile, "grid", 0, budget, auto) for budget in budgets]  # no randomness: one run
     return jobs
 
 
 def best_trial_of(runs: list[tuple[Job, StudyRun]], key: str) -> tuple[float, Params]:
     """The best value any study of a profile found, and its trial's parameters."""
     found = [
-        (v, p) for job, run in runs if job.profile == key for v, p in zip(run.values, run.params, strict=True)
+        (v, p)
+        for job, run in runs
+        if job.profile.key == key
+        for v, p in zip(run.values, run.params, strict=True)
     ]
     return max(((v, p) for v, p in found if v is not None), key=lambda pair: pair[0], default=(0.0, {}))
 
@@ -276,7 +301,7 @@ def cells(
             max(min(k, len(run.values)) for run, k in pairs),
         )
 
-    mine = [(job, run) for job, run in runs if job.profile == key]
+    mine = [(job, run) for job, run in runs if job.profile.key == key]
 
     def of(method: str) -> list[StudyRun]:
         return [run for job, run in mine if job.method == method]
@@ -319,26 +344,55 @@ def print_profile(
         print(f"{label:<{width}}" + "".join(f"{row[b].hours_text():>22}" for b in budgets))
     grid = rows[f"grid {MEM_FRACTION} x {GRAPH_BS}"]
     print("(the grid uses " + ", ".join(f"{grid[b].trials} of {b}" for b in budgets) + " trials)")
-    if profile.key != "seed" or MUST_BUDGET not in budgets:
-        return []
-    ours = statistics.median(rows[f"autotune default ({DEFAULT_SAMPLER})"][MUST_BUDGET].ratios)
-    random2 = statistics.median(rows["random search, 2x the budget"][MUST_BUDGET].ratios)
-    return [
-        f"seed profile, budget {MUST_BUDGET}: autotune's median best is {ours:.3f} of the best known "
-        f"(must be >= {MUST_WITHIN}): {'HOLDS' if ours >= MUST_WITHIN else 'DOES NOT HOLD'}",
-        f"seed profile, budget {MUST_BUDGET}: autotune {ours:.3f} vs random search with "
-        f"{2 * MUST_BUDGET} trials {random2:.3f}: {'HOLDS' if ours >= random2 else 'DOES NOT HOLD'}",
-    ]
+    return must_show(profile.key, rows, budgets)
+
+
+def must_show(key: str, rows: dict[str, dict[int, Cell]], budgets: Sequence[int]) -> list[str]:
+    """The issue's targets for one profile, at the budgets that were run: the default's median at 40
+    trials >= 0.95 of the best known, >= random search with twice the budget (at each budget up to 40),
+    and under 5% of its node time on failed trials at 40."""
+
+    def verdict(ok: bool) -> str:
+        return "HOLDS" if ok else "DOES NOT HOLD"
+
+    ours, random2 = rows[f"autotune default ({DEFAULT_SAMPLER})"], rows["random search, 2x the budget"]
+    lines = []
+    if MUST_BUDGET in budgets:
+        median = statistics.median(ours[MUST_BUDGET].ratios)
+        lines.append(
+            f"{key}, budget {MUST_BUDGET}: autotune's median best is {median:.3f} of the best known "
+            f"(must be >= {MUST_WITHIN}): {verdict(median >= MUST_WITHIN)}"
+        )
+    for budget in (b for b in budgets if b <= MUST_BUDGET):
+        a, b = statistics.median(ours[budget].ratios), statistics.median(random2[budget].ratios)
+        lines.append(
+            f"{key}, budget {budget}: autotune {a:.3f} vs random search with {2 * budget} trials "
+            f"{b:.3f}: {verdict(a >= b)}"
+        )
+    if MUST_BUDGET in budgets:
+        cell = ours[MUST_BUDGET]
+        failed = statistics.median(cell.failed_hours) / max(statistics.median(cell.hours), 1e-9)
+        lines.append(
+            f"{key}, budget {MUST_BUDGET}: node time on failed trials {failed:.1%} "
+            f"(target < {MAX_FAILED:.0%}): {verdict(failed < MAX_FAILED)}"
+        )
+    return lines
 
 
 # -- main -----------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profiles", default="seed,h200", help=f"comma-separated: {', '.join(PROFILES)}")
+    parser.add_argument(
+        "--profiles",
+        default="seed,h200",
+        help=f"comma-separated: {', '.join(PROFILES)}, or profile YAML paths (benchmarks/profiles/*.yaml)",
+    )
     parser.add_argument("--budgets", default="10,20,40,80", help="comma-separated trial budgets")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument(
-        "--samplers", default="", help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS])}"
+        "--samplers",
+        default="",
+        help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS, NCCL_FIRST])}",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
     parser.add_argument("--recompute-best", action="store_true", help="search the best known configs again")
@@ -349,15 +403,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.profiles, args.budgets, args.seeds = "seed", "4,8", 2
-    profiles = [p for p in args.profiles.split(",") if p]
     budgets = sorted(int(b) for b in args.budgets.split(","))
     extra = [s for s in args.samplers.split(",") if s]
-    for name in [*profiles, *extra]:
-        if name not in PROFILES and name not in SAMPLERS and name not in VARIANTS:
-            parser.error(
-                f"unknown profile or sampler {name!r}: profiles {list(PROFILES)}, "
-                f"samplers {[*SAMPLERS, *VARIANTS]}"
-            )
+    for name in extra:
+        if name not in SAMPLERS and name not in VARIANTS and name != NCCL_FIRST:
+            parser.error(f"unknown sampler {name!r}: samplers {[*SAMPLERS, *VARIANTS, NCCL_FIRST]}")
+    try:
+        nodes = [load_profile(p) for p in args.profiles.split(",") if p]
+    except ConfigError as exc:
+        parser.error(str(exc))
+    profiles = [node.key for node in nodes]
+    if len(set(profiles)) < len(profiles):
+        parser.error(f"two profiles share a name: {profiles} (a YAML profile is named by its file's stem)")
+    by_key = dict(zip(profiles, nodes, strict=True))
     if min(budgets) < 2:
         parser.error(f"a budget must leave a trial after the baseline, but got {min(budgets)}")
 
@@ -367,10 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with context.Pool(args.jobs) as pool:
         found = pool.starmap(
             find_best_known,
-            [(PROFILES[k], cache["profiles"].get(k), args.recompute_best, args.quick) for k in profiles],
+            [(by_key[k], cache["profiles"].get(k), args.recompute_best, args.quick) for k in profiles],
         )
         best = dict(zip(profiles, found, strict=True))
-        jobs = plan_jobs(profiles, budgets, args.seeds, extra, best)
+        jobs = plan_jobs(nodes, budgets, args.seeds, extra, best)
         jobs.sort(key=lambda job: -job.n_trials)  # the longest first, so the pool ends together
         runs = []
         for done in pool.imap_unordered(run_job, jobs):
@@ -386,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             improved = pool.starmap(
                 improve_best_known,
-                [(PROFILES[k], best[k], params) for k, (_, params) in beaten.items()],
+                [(by_key[k], best[k], params) for k, (_, params) in beaten.items()],
             )
             best.update(zip(beaten, improved, strict=True))
     if any(b.cache_entry for b in best.values()):
@@ -398,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     must: list[str] = []
     for key in profiles:
         rows = cells(runs, key, budgets, best[key].tok_s, extra)
-        must += print_profile(PROFILES[key], best[key], rows, budgets)
+        must += print_profile(by_key[key], best[key], rows, budgets)
     if must:
         print("\nMust show:\n" + "\n".join(must))
     trials = sum(len(run.values) for _, run in runs)

@@ -16,10 +16,12 @@ BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from failures import sample_rejections  # noqa: E402
-from model_studies import PROFILES, run_study  # noqa: E402
+from model_studies import PROFILES, load_profile, run_study, search_space_for, write_study  # noqa: E402
+from sample_efficiency import grid_plan  # noqa: E402
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes  # noqa: E402
 
-from autotune.config import Study  # noqa: E402
+from autotune.config import Study, parse_search_space  # noqa: E402
+from autotune.errors import ConfigError  # noqa: E402
 
 MEM, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
 
@@ -133,3 +135,42 @@ def test_the_grid_keeps_every_other_knob_at_its_default() -> None:
     for params, point in zip(run.params[1:], points, strict=True):
         assert {name: params[name] for name in point} == point
         assert all(value is None or value is False for name, value in params.items() if name not in point)
+
+
+H100X4 = BENCHMARKS / "profiles" / "h100x4-llama70b.yaml"
+
+
+def test_a_profile_yaml_of_four_gpus_gives_studies_of_four(tmp_path: Path) -> None:
+    profile = load_profile(str(H100X4))
+    study = write_study(tmp_path, profile, n_trials=2)
+    assert study.file.server.flags["--tp-size"] == "4" and "--dp-size" not in study.file.server.flags
+    space = parse_search_space(search_space_for(profile))
+    assert space.possible_values("--ep-size") == [None, 4]
+    # The grid's pre-flight check asks about 4 GPUs: Llama-70B's 141 GB on 4x 80 GB needs at least 0.45.
+    fractions = {point[MEM] for point in grid_plan(space, 40, profile)}
+    assert fractions and min(fractions) >= 0.45
+
+
+def test_a_profile_yaml_with_replicas_and_one_that_does_not_fit(tmp_path: Path) -> None:
+    text = H100X4.read_text().replace("hardware/", str(H100X4.parent / "hardware") + "/")
+    text = text.replace("../objectives/", str(BENCHMARKS / "objectives") + "/")
+    (tmp_path / "two.yaml").write_text(text + "dp_size: 2\n")
+    profile = load_profile(str(tmp_path / "two.yaml"))
+    assert (profile.tp, profile.dp_size) == (2, 2)
+    assert write_study(tmp_path, profile, 2).file.server.flags == {"--tp-size": "2", "--dp-size": "2"}
+    (tmp_path / "big.yaml").write_text(text + "tp_size: 4\ndp_size: 2\n")
+    with pytest.raises(ConfigError, match=r"big.yaml: tp_size: tp_size x dp_size \(4 x 2\)"):
+        load_profile(str(tmp_path / "big.yaml"))
+    (tmp_path / "typo.yaml").write_text(text + "tp: 4\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml: tp: Extra inputs"):
+        load_profile(str(tmp_path / "typo.yaml"))
+
+
+def test_the_nccl_study_finds_p2p_across_the_seeds_host_bridges() -> None:
+    from nccl_prestudy import TRIAL_S, nccl_prestudy
+
+    # The seed's GPUs sit behind four host bridges: NCCL's default level (PXB) sends its all-reduces
+    # through host memory; P2P needs NCCL_P2P_LEVEL=SYS (autotune/sim/profiles/hardware/rtx-pro-6000-pcie-x8).
+    best, seconds = nccl_prestudy(PROFILES["seed"], concurrency=4)
+    assert best["NCCL_P2P_LEVEL"] == "SYS"
+    assert 20 * TRIAL_S <= seconds <= 40 * TRIAL_S  # a pass over every NCCL knob's values

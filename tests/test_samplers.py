@@ -22,6 +22,7 @@ from autotune.samplers import (
     FeasibleTPESampler,
     IncumbentMoves,
     WithoutBaseline,
+    fraction_floor,
     nearest,
     tpe,
 )
@@ -382,3 +383,102 @@ def test_a_sampler_of_the_trials_common_parameters_does_not_see_the_baseline() -
     assert space(plain) == set()
     wrapped = WithoutBaseline(optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=1))
     assert space(wrapped) == {"x", "y"}
+
+
+# SGLang 0.5.17, srt/mem_cache/kv_cache_configurator.py:1646-1655, as printed on an H200
+# (shared/device-kit/README.md, "Real failure lines").
+KV_POOL_LINE = (
+    "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.01. "
+    "Raise --mem-fraction-static above 0.016 (minimum viable = 1 - available/pre = 0.0154). "
+    "If using speculative decoding, draft weights are now counted."
+)
+
+
+def kv_pool_failure(fraction: float, line: str) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        params={MEM: fraction},
+        distributions={MEM: FloatDistribution(0.0, 0.95, step=0.01)},
+        state=optuna.trial.TrialState.PRUNED,
+        user_attrs={"failure_kind": "kv_pool_too_small", "failure": line},
+    )
+
+
+def test_the_memory_fraction_floor_is_the_minimum_the_servers_message_names_on_the_next_step() -> None:
+    steps = FloatDistribution(0.0, 0.95, step=0.01)
+    assert fraction_floor([kv_pool_failure(0.01, KV_POOL_LINE)], steps) == 0.02  # above 0.016
+    # The residual line names no minimum (0.5.17 srt/model_executor/pool_configurator.py:62-67): a step above.
+    older = (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.8"
+    )
+    assert fraction_floor([kv_pool_failure(0.80, older)], steps) == 0.81
+    assert fraction_floor([kv_pool_failure(0.80, older), kv_pool_failure(0.01, KV_POOL_LINE)], steps) == 0.81
+    assert fraction_floor([], steps) is None
+
+
+def test_no_proposal_goes_below_the_fraction_the_server_said_it_needs() -> None:
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=1000, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    line = KV_POOL_LINE.replace("0.01.", "0.84.").replace("0.016", "0.873").replace("0.0154", "0.8726")
+    study.add_trial(kv_pool_failure(0.84, line))
+    proposed = []
+    for _ in range(30):
+        trial = study.ask()
+        proposed.append(trial.suggest_float(MEM, 0.0, 0.95, step=0.01))
+        study.tell(trial, 1.0)
+    assert min(proposed) == pytest.approx(0.88) and len(set(proposed)) > 3
+
+
+SPEC_STEPS, SPEC_TOPK = "--speculative-num-steps", "--speculative-eagle-topk"
+
+
+def ask_branch(study: optuna.Study) -> optuna.Trial:
+    trial = study.ask()
+    trial.suggest_categorical("NCCL_ALGO", [None, "Ring", "Tree"])
+    if trial.suggest_categorical(ALGO, [None, "EAGLE3"]) == "EAGLE3":
+        trial.suggest_int(SPEC_STEPS, 1, 6)
+        trial.suggest_categorical(SPEC_TOPK, [1, 2, 4, 8])
+    return trial
+
+
+def test_speculation_gets_its_trials_on_purpose_right_after_the_start() -> None:
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=3, share=0.0, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for algo in ("Ring", "Tree", None):  # a start that never switched speculation on
+        study.enqueue_trial({"NCCL_ALGO": algo, ALGO: None})
+    for value in (0.5, 0.9, 0.7):
+        study.tell(ask_branch(study), value)
+    first = ask_branch(study)
+    # The best trial's other knobs, EAGLE-3 on, SGLang's documented tree (steps 5, top-k 4).
+    assert first.params == {"NCCL_ALGO": "Tree", ALGO: "EAGLE3", SPEC_STEPS: 5, SPEC_TOPK: 4}
+    assert "SGLang's documented tree" in study.trials[3].system_attrs[PROPOSED_ATTR]
+    study.tell(first, 0.8)
+    later = []
+    for value in (0.85, 0.6, 0.1, 0.1, 0.1):
+        trial = ask_branch(study)
+        later.append(trial.params)
+        study.tell(trial, value)
+    # Two more EAGLE-3 trials, each the branch's best with one tree knob changed; then the base decides.
+    assert [p[ALGO] for p in later[:2]] == ["EAGLE3", "EAGLE3"]
+    assert sum(p[SPEC_STEPS] != 5 or p[SPEC_TOPK] != 4 for p in later[:1]) == 1
+    assert all(PROPOSED_ATTR not in t.system_attrs for t in study.trials[6:])
+
+
+def test_no_branch_trials_leaves_the_moves_as_they_were() -> None:
+    sampler = IncumbentMoves(
+        optuna.samplers.RandomSampler(seed=0), n_startup_trials=3, share=0.0, branch_trials=0, seed=0
+    )
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(3):
+        study.enqueue_trial({"NCCL_ALGO": None, ALGO: None})
+    for value in (0.5, 0.9, 0.7, 0.1, 0.1, 0.1):
+        study.tell(ask_branch(study), value)
+    assert all(PROPOSED_ATTR not in t.system_attrs for t in study.trials)
+
+
+def test_the_start_keeps_a_knob_at_the_value_a_cheaper_study_found() -> None:
+    base = optuna.samplers.RandomSampler(seed=1)
+    sampler = DefaultsStartSampler(base, keep_default=1.0, start_values={"NCCL_ALGO": "Ring"}, seed=3)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
+    assert {algo for _, algo in run(study, 10)} == {"Ring"}
