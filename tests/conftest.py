@@ -66,8 +66,14 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    from autotune.config import load_study
+    from autotune.study_storage import open_study
+
     tmp_path = tmp_path_factory.mktemp("study")
     path = write_study(tmp_path)
+    # A trial that fails on the simulated SM120 node every time (FlashInfer's all-reduce fusion needs SM90
+    # or SM10X), so the finished study has a failure to explain whatever the sampler proposes.
+    open_study(load_study(path)).enqueue_trial({"--enable-flashinfer-allreduce-fusion": True})
     return path, run_cli("run", str(path), cwd=tmp_path)
 
 

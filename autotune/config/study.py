@@ -62,10 +62,11 @@ DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-s
 JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.nccl_bench")}
 
 SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
-    "tpe": samplers.tpe,  # TPE started near SGLang's defaults, with moves and repairs: see autotune.samplers
+    # Looked up when a sampler is built: autotune.samplers imports this package (the speculative rules).
+    "tpe": lambda seed: samplers.tpe(seed),  # TPE near SGLang's defaults, with moves and repairs
     "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "gp": samplers.gp,  # needs PyTorch
+    "gp": lambda seed: samplers.gp(seed),  # needs PyTorch
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
 }
 
