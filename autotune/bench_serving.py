@@ -62,7 +62,7 @@ _SERVER_INFO = (
     "import json, os, sys, urllib.request\n"
     f"key = os.environ.get({API_KEY_ENV!r})\n"
     "auth = {'Authorization': f'Bearer {key}'} if key else {}\n"
-    "for path in ('/get_server_info', '/server_info'):\n"
+    "for path in ('/server_info', '/get_server_info'):\n"
     "    try:\n"
     "        request = urllib.request.Request(sys.argv[1] + path, headers=auth)\n"
     "        print(json.dumps(json.load(urllib.request.urlopen(request, timeout=10))))\n"
@@ -274,7 +274,7 @@ class BenchServingRun:
         self._checked = True
 
     def time_scale(self) -> float:
-        """The server's `time_scale` from /get_server_info, asked on the node (1.0 when absent, as on
+        """The server's `time_scale` from /server_info, asked on the node (1.0 when absent, as on
         SGLang)."""
         done = self.runner.run([self.python, "-c", _SERVER_INFO, self.base_url], self.key_env, 30)
         line = _tail(done.stdout) or ""

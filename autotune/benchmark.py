@@ -127,7 +127,7 @@ class Workload:
 class BenchmarkResult:
     """One benchmark's measurements, in server time (see `time_scale`); latencies in milliseconds.
 
-    `time_scale` is what the server reported at the top level of /get_server_info (1.0 when absent, as
+    `time_scale` is what the server reported at the top level of /server_info (1.0 when absent, as
     on real SGLang): real seconds per server second. Every measured duration was divided by it and every
     throughput multiplied by it. `accept_length` is the server's `avg_spec_accept_length` of DP rank 0,
     None without speculative decoding.
@@ -403,8 +403,9 @@ async def _generate(
 
 
 async def _server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
-    """GET /get_server_info (or 0.5.8+'s /server_info); {} when neither answers with a JSON object."""
-    for path in ("/get_server_info", "/server_info"):
+    """GET /server_info (0.5.8+), else the older /get_server_info, which 0.5.17+ log as deprecated on every
+    call; {} when neither answers with a JSON object."""
+    for path in ("/server_info", "/get_server_info"):
         try:
             async with session.get(base_url + path) as resp:
                 if resp.status == 200:

@@ -18,6 +18,7 @@ __all__ = [
     "FailureKind",
     "FailurePattern",
     "Phase",
+    "before_shutdown",
     "classify",
     "is_fatal_line",
 ]
@@ -430,6 +431,7 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
     """
     if phase not in _PHASES:
         raise ValueError(f"`phase` must be one of {_PHASES}, but got {phase!r}.")
+    log_text = before_shutdown(log_text)
     for pattern in PATTERNS:
         match = pattern.regex.search(log_text)
         if match is None:
@@ -440,6 +442,18 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         line = _line_at(log_text, match.end() - 1)
         return Failure.of(kind, line, pattern.description, pattern.culprits_in(match))
     return None
+
+
+# What SGLang logs when it is told to stop (0.5.17 managers/tokenizer_manager.py:3747-3751): what follows
+# is the shutdown autotune (or a person) asked for. Real 0.5.17 then logs "Subprocess scheduler_0 ...
+# crashed with exit code -15" and "SIGQUIT received", which are no failure of the trial's settings.
+_SHUTDOWN = re.compile(r"SIGTERM received\. signum=")
+
+
+def before_shutdown(log_text: str) -> str:
+    """The log up to the line where SGLang says it was told to stop (all of it when it never was)."""
+    match = _SHUTDOWN.search(log_text)
+    return log_text if match is None else log_text[: log_text.rfind("\n", 0, match.start()) + 1]
 
 
 def is_fatal_line(line: str) -> bool:

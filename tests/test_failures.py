@@ -607,3 +607,27 @@ def test_a_real_healthy_start_has_no_failure() -> None:
     log = (REAL_H200_LOGS / "start-ready.log").read_text()
     assert classify(log, "starting") is None and classify(log, "benchmarking") is None
     assert not any(is_fatal_line(line) for line in log.splitlines())
+
+
+def test_a_real_clean_shutdown_is_no_failure() -> None:
+    # Real H200, 0.5.17: the end of a trial that completed. autotune's SIGTERM makes SGLang report its own
+    # scheduler as crashed (exit code -15) and a SIGQUIT; both follow "SIGTERM received" and are ignored.
+    log = (REAL_H200_LOGS / "clean-shutdown.log").read_text()
+    assert "SIGQUIT received. signum=None, frame=None. It usually means one child failed." in log
+    assert classify(log, "benchmarking") is None
+    # The same lines without the SIGTERM before them are a failure: the cut is what makes them benign.
+    crashed = "\n".join(line for line in log.splitlines() if "SIGTERM received" not in line)
+    failure = classify(crashed, "benchmarking")
+    assert failure is not None and failure.kind is FailureKind.UNKNOWN_CRASH
+
+
+def test_a_failure_before_the_shutdown_is_still_read() -> None:
+    log = (
+        "[2026-12-01 15:06:22] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity"
+        " of 139.80 GiB of which 34.31 MiB is free.\n"
+        "[2026-12-01 15:06:23] SIGTERM received. signum=None frame=None. Draining requests and shutting"
+        " down...\n"
+    )
+    failure = classify(log, "benchmarking")
+    assert failure is not None and failure.kind is FailureKind.OOM_UNDER_LOAD

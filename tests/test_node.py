@@ -68,6 +68,8 @@ def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> 
     assert result.benchmark.time_scale == pytest.approx(0.001)
     assert {"load_weight_begin", "load_weight_end", "ready"} <= set(result.phase_times)
     assert "The server is fired up and ready to roll!" in result.log
+    # The client asks /server_info first: 0.5.17+ log the old /get_server_info as deprecated on every call.
+    assert "Endpoint '/get_server_info' is deprecated" not in result.log
     # What SGLang chose for the memory flags left unset, from its server_args line.
     assert set(result.server_choices) == {
         "--mem-fraction-static",
