@@ -631,3 +631,13 @@ def test_a_failure_before_the_shutdown_is_still_read() -> None:
     )
     failure = classify(log, "benchmarking")
     assert failure is not None and failure.kind is FailureKind.OOM_UNDER_LOAD
+
+
+def test_the_real_kv_pool_message_is_kv_pool_too_small_and_names_the_fraction_to_raise_to() -> None:
+    # Real H200, 0.5.17 (mem_cache/kv_cache_configurator.py): a start at 0.91 while another server held
+    # most of the GPU, so SGLang asked for more than the GPU could give (above 0.983).
+    log = (REAL_H200_LOGS / "kv-pool-too-small.log").read_text()
+    failure = classify(log, "starting")
+    assert failure is not None and failure.kind is FailureKind.KV_POOL_TOO_SMALL and failure.kind.is_oom
+    assert failure.line.startswith("ValueError: Loaded weights leave no GPU memory for the KV cache under")
+    assert "Raise --mem-fraction-static above 0.983" in failure.line
