@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,17 @@ from autotune.runner import LocalCommandRunner
 from tests.test_node import request
 
 
-def unique_node() -> str:
-    return f"test-{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+def node() -> Iterator[str]:
+    """A node name no other test or process uses; its lock file is removed afterwards."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    yield name
+    lock_path(name).unlink(missing_ok=True)
 
 
-def test_a_second_holder_waits_and_is_told_who_holds_the_node() -> None:
-    node, told, order = unique_node(), [], []
+def test_a_second_holder_waits_and_is_told_who_holds_the_node(node: str) -> None:
+    told: list[str] = []
+    order: list[str] = []
     with node_held(node, "trial 3 of pid 1 on host-a"):
         second = threading.Thread(
             target=lambda: node_held_then(node, told.append, order.append, "second")
@@ -40,8 +46,8 @@ def node_held_then(node: str, on_wait: object, done: object, label: str) -> None
         done(label)  # type: ignore[operator]
 
 
-def test_waiting_ends_when_the_trial_is_stopped() -> None:
-    node, stop = unique_node(), threading.Event()
+def test_waiting_ends_when_the_trial_is_stopped(node: str) -> None:
+    stop = threading.Event()
     with node_held(node, "first"):
         threading.Timer(0.6, stop.set).start()
         started = time.monotonic()
@@ -50,10 +56,9 @@ def test_waiting_ends_when_the_trial_is_stopped() -> None:
         assert time.monotonic() - started < 3
 
 
-def test_two_executors_on_one_node_never_run_servers_at_once(tmp_path: Path) -> None:
+def test_two_executors_on_one_node_never_run_servers_at_once(tmp_path: Path, node: str) -> None:
     """Two drivers' executors of the same node, each with a real simulated server: the second server is
     launched only after the first trial's teardown."""
-    node = unique_node()
     first = TrialExecutor(node, LocalCommandRunner(), tmp_path / "a", port_wait_s=1.0)
     second = TrialExecutor(node, LocalCommandRunner(), tmp_path / "b", port_wait_s=1.0)
     ended: dict[str, float] = {}
