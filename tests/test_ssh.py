@@ -26,6 +26,7 @@ from autotune.failures import FailureKind
 from autotune.launch import ServerLaunch
 from autotune.node import TrialExecutor, TrialRequest, TrialResult
 from autotune.nodecheck import GPU, check_node, gpu_problems, parse_gpus
+from autotune.redaction import Secrets
 from autotune.runner import LaunchError, NodeUnreachableError, free_port, port_is_free
 from autotune.ssh import AddressError, SSHAddress, parse_ssh_address
 from tests.conftest import run_cli, write_study
@@ -179,6 +180,26 @@ def test_env_values_arrive_intact_on_the_node(sshd: SSHServer, tmp_path: Path) -
     assert seen_args == args[1:]
     assert (tmp_path / "trial-0001" / "server.log").read_text() == process.read_log()
     assert process.remote_log == runner.remote_root / "trial-0001" / "server.log"  # type: ignore[attr-defined]
+
+
+@needs_sshd
+def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path: Path) -> None:
+    """SGLang prints its server_args, api_key included: the copy the driver keeps is redacted by value."""
+    key = "sk-remote-secret-4242"
+    code = f"print(\"server_args=ServerArgs(api_key='{key}', port=30000)\", flush=True); print('ready')"
+    runner = sshd.runner(local_root=tmp_path)
+    log_path = tmp_path / "trial-0001" / "server.log"
+    process = runner.start(
+        [sys.executable, "-c", code, "--api-key", key],
+        {},
+        log_path,
+        secrets=Secrets.of(argv=["--api-key", key]),
+    )
+    _wait_for(lambda: process.poll() is not None)
+    process.fetch_log()
+    copy = log_path.read_text()
+    assert "api_key='***'" in copy and "ready" in copy  # the lines arrived, the value did not
+    assert key not in copy and key not in process.read_log()
 
 
 @needs_sshd
