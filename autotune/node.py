@@ -308,7 +308,9 @@ class TrialExecutor:
             try:
                 result = future.result()
                 if result.max_load is not None and process.poll() is not None:
-                    return self._searched_until_death(result, log_path, process), None
+                    if result.max_load:  # as above: a load passed before the death, else the death is all
+                        return self._searched_until_death(result, log_path, process), None
+                    return None, self._died(log_path, process)
                 return result, None
             except BenchmarkError as exc:
                 if process.poll() is not None:

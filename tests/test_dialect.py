@@ -428,3 +428,12 @@ def test_a_space_that_could_set_steps_without_topk_is_refused() -> None:
     with pytest.raises(ConfigError, match="can be left unset while --speculative-num-steps is set"):
         parse_search_space(narrower)
     parse_search_space(spec_space({"type": "categorical", "choices": [1, 2]}, draft))  # the same `when`: fine
+
+
+def test_a_help_that_never_ends_leaves_the_flags_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server command whose --help outlasts the limit gives no flag table; the node check goes on."""
+    from autotune import nodecheck
+
+    monkeypatch.setattr(nodecheck, "HELP_TIMEOUT_S", 0.5)
+    slow = [sys.executable, "-c", "import time; time.sleep(30)", "sglang.launch_server"]
+    assert nodecheck.server_flags(LocalCommandRunner(), slow, {}, None) is None
