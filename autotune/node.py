@@ -512,6 +512,28 @@ def _log_dir(runner: CommandRunner, workdir: Path) -> str:
     return str(remote_path(workdir / "x").parent) if remote_path is not None else str(workdir)
 
 
+def check_executor_node(node: NodeSpec, executor: TrialExecutor, server: ServerSpec) -> NodeReport:
+    """The pre-flight check of the node an executor runs trials on, for `server` (`autotune.nodecheck`):
+    the same whether the executor lives in a Ray actor or in the driver's process (--no-ray)."""
+    runner = executor.runner
+    try:
+        log_dir = _log_dir(runner, executor.workdir)
+    except NodeUnreachableError:
+        log_dir = str(executor.workdir)  # check_node reports why the node cannot be reached
+    return check_node(
+        node.name,
+        runner,
+        command=server.command,
+        env=server.env,
+        host=server.host,
+        port=None if server.port == "auto" else server.port,  # an auto port is found at launch
+        log_dir=log_dir,
+        benchmark_on_node=executor.benchmark_on_node,
+        nvidia_smi=node.nvidia_smi,
+        model_path=server.model_path,
+    )
+
+
 class NodeActor:
     """A Ray actor that owns one GPU node (its `gpu_node` resource) and runs one trial there at a time.
 
@@ -531,23 +553,7 @@ class NodeActor:
 
     def check(self, server: ServerSpec) -> NodeReport:
         """The pre-flight check of this node for `server` (see `autotune.nodecheck`)."""
-        runner = self._executor.runner
-        try:
-            log_dir = _log_dir(runner, self._workdir)
-        except NodeUnreachableError:
-            log_dir = str(self._workdir)  # check_node reports why the node cannot be reached
-        return check_node(
-            self._node.name,
-            runner,
-            command=server.command,
-            env=server.env,
-            host=server.host,
-            port=None if server.port == "auto" else server.port,  # an auto port is found at launch
-            log_dir=log_dir,
-            benchmark_on_node=self._executor.benchmark_on_node,
-            nvidia_smi=self._node.nvidia_smi,
-            model_path=server.model_path,
-        )
+        return check_executor_node(self._node, self._executor, server)
 
     def run_trial(self, request: TrialRequest) -> TrialResult:
         return self._executor.run(request)

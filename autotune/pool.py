@@ -20,8 +20,15 @@ from typing import Any, Protocol
 from autotune.config import NodeSpec, Study
 from autotune.errors import AutotuneError
 from autotune.failures import Failure, FailureKind
-from autotune.node import NodeActor, TrialExecutor, TrialRequest, TrialResult, runner_for
-from autotune.nodecheck import NodeReport, check_nodes
+from autotune.node import (
+    NodeActor,
+    TrialExecutor,
+    TrialRequest,
+    TrialResult,
+    check_executor_node,
+    runner_for,
+)
+from autotune.nodecheck import NodeCheckError, NodeReport, check_nodes
 
 GPU_NODE_RESOURCE = "gpu_node"
 DISCOVERY_S = 5.0  # how often a discovering pool looks for nodes that joined the cluster
@@ -126,14 +133,21 @@ def in_process_pool(study: Study) -> LocalNodePool:
     reaches its node as a Ray actor would (`runner_for`: a local process or SSH), with the same logs."""
     if study.file.ray.discover_nodes:
         raise AutotuneError("ray.discover_nodes finds nodes through Ray: list the nodes, or run with Ray")
-    executors: dict[str, Executor] = {}
+    executors: dict[str, TrialExecutor] = {}
     for spec in study.file.nodes:
         workdir = study.workdir / "nodes" / spec.name
         runner = runner_for(spec, workdir)
         executors[spec.name] = TrialExecutor(
             spec.name, runner, workdir, benchmark_on_node=spec.benchmark_from == "node"
         )
-    return LocalNodePool(executors)
+    # The same check as the Ray pool's before any trial: problems with their fixes, and what each node is
+    # (its hardware fingerprint and the SGLang version and flags its launches are spelled for).
+    server = study.file.server
+    reports = [check_executor_node(spec, executors[spec.name], server) for spec in study.file.nodes]
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        raise NodeCheckError(failed)
+    return LocalNodePool(executors, {r.node: r for r in reports})
 
 
 def connect_ray(study: Study) -> None:
