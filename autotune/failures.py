@@ -297,8 +297,13 @@ PATTERNS: tuple[FailurePattern, ...] = (
     FailurePattern(
         # torch's OOM message lists the other processes on the GPU ("Process 4306 has 129.77 GiB memory
         # in use"; real H200, 0.5.17, two servers on one GPU): one holding gigabytes makes the OOM the
-        # node's problem, not the config's, in either phase and inside a capture's message too.
-        re.compile(r"out of memory[^\n]* Process \d+ has (?:\d{2,}|[2-9])(?:\.\d+)? GiB memory in use"),
+        # node's problem, not the config's, in either phase and inside a capture's message too. Only when
+        # torch also names "this process": in a container with its own pid namespace it knows no pid as
+        # its own and lists the server itself as "Process N".
+        re.compile(
+            r"out of memory(?=[^\n]*this process has)[^\n]* Process \d+ has (?:\d{2,}|[2-9])(?:\.\d+)? GiB "
+            r"memory in use"
+        ),
         FailureKind.LAUNCH_ERROR,
         "another process holds GPU memory",
     ),

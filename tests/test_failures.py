@@ -601,6 +601,16 @@ def test_an_oom_with_another_process_holding_the_gpu_is_the_nodes_problem() -> N
     )
     failure = classify(alone, "starting")
     assert failure is not None and failure.kind is FailureKind.CUDA_GRAPH_OOM
+    # In a container with its own pid namespace torch lists the server itself as "Process N" and writes
+    # no "this process has": the server's own OOM, not another process's.
+    contained = P + (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 139.80 GiB of which 1.10 GiB is free. Process 88412 has 138.74 GiB memory in use. Of the "
+        "allocated memory 137.90 GiB is allocated by PyTorch."
+    )
+    started, served = classify(contained, "starting"), classify(contained, "benchmarking")
+    assert started is not None and started.kind is FailureKind.CUDA_GRAPH_OOM
+    assert served is not None and served.kind is FailureKind.OOM_UNDER_LOAD
 
 
 def test_a_real_healthy_start_has_no_failure() -> None:
