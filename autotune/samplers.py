@@ -186,12 +186,14 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
     for trial in trials:
         if trial.user_attrs.get("failure_kind") != FailureKind.KV_POOL_TOO_SMALL.value:
             continue
-        named = _MINIMUM_VIABLE.search(str(trial.user_attrs.get("failure", "")))
+        line = str(trial.user_attrs.get("failure", ""))
+        named = _MINIMUM_VIABLE.search(line)
         failed = trial.params.get(MEM_FRACTION)
+        above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
         if named is not None:
-            floors.append(float(named.group(1)))
-        elif isinstance(failed, float):
-            floors.append(failed + (getattr(distribution, "step", None) or 0.01))
+            floors.append(max(float(named.group(1)), above or 0.0))
+        elif above is not None and "Not enough memory" in line:  # not a prompt longer than the pool
+            floors.append(above)
     if not floors or not isinstance(distribution, FloatDistribution):
         return None
     floor, step = max(floors), distribution.step

@@ -414,6 +414,13 @@ def test_the_memory_fraction_floor_is_the_minimum_the_servers_message_names_on_t
     assert fraction_floor([kv_pool_failure(0.80, older)], steps) == 0.81
     assert fraction_floor([kv_pool_failure(0.80, older), kv_pool_failure(0.01, KV_POOL_LINE)], steps) == 0.81
     assert fraction_floor([], steps) is None
+    # A prompt longer than the pool is kv_pool_too_small too, while serving; it says nothing of the
+    # fraction (0.5.17 managers/utils.py).
+    too_long = (
+        "Input length (9000 tokens) exceeds the maximum allowed length (8191 tokens). Use a shorter input "
+        "or enable --allow-auto-truncate."
+    )
+    assert fraction_floor([kv_pool_failure(0.80, too_long)], steps) is None
 
 
 def test_no_proposal_goes_below_the_fraction_the_server_said_it_needs() -> None:
