@@ -765,7 +765,8 @@ class SSHServerProcess(ServerProcess):
                 if not data:
                     return
                 full = len(data) == _FETCH_CHUNK
-                if self.secrets and b"\n" in data:
+                ended = self._stopped or self._returncode is not None  # nothing more will be written
+                if self.secrets and b"\n" in data and (full or not ended):
                     data = data[: data.rfind(b"\n") + 1]  # whole lines only, so no secret is cut in two
                 with open(self._log_path, "ab") as local:
                     local.write(self.secrets.redact_bytes(data))

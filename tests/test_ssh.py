@@ -187,6 +187,7 @@ def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path:
     """SGLang prints its server_args, api_key included: the copy the driver keeps is redacted by value."""
     key = "sk-remote-secret-4242"
     code = f"print(\"server_args=ServerArgs(api_key='{key}', port=30000)\", flush=True); print('ready')"
+    code += "; import sys; sys.stdout.write('a last line without its newline')"
     runner = sshd.runner(local_root=tmp_path)
     log_path = tmp_path / "trial-0001" / "server.log"
     process = runner.start(
@@ -199,6 +200,7 @@ def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path:
     process.fetch_log()
     copy = log_path.read_text()
     assert "api_key='***'" in copy and "ready" in copy  # the lines arrived, the value did not
+    assert copy.endswith("a last line without its newline")  # the server has ended: nothing more comes
     assert key not in copy and key not in process.read_log()
 
 
