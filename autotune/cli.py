@@ -20,6 +20,7 @@ from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
 from autotune.launch import describe_launch, is_set, launch_script, to_arg
 from autotune.redaction import Secrets, redacted_output
+from autotune.study_rules import is_feasible
 
 if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
     from autotune.driver import StudyDriver
@@ -372,7 +373,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "state": trial.state.name,
         "value": values[0] if values else None,
         "values": list(values) if values else None,
-        "feasible": all(v <= 0 for v in trial.constraints.values()),
+        "feasible": is_feasible(trial),
         "over_limits": trial.user_attrs.get("over_limits"),
         "pruned_by": trial.user_attrs.get("pruned_by"),
         "short_value": trial.user_attrs.get("short_value"),

@@ -40,6 +40,7 @@ from autotune.remeasure import (
     remeasured_answer,
 )
 from autotune.samplers import SERVER_CHOICES_ATTR
+from autotune.study_rules import is_feasible
 from autotune.study_storage import (
     BASELINE_ATTR,
     HEARTBEAT_S,
@@ -684,7 +685,7 @@ def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
     complete = [
         t
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.values is not None and all(v <= 0 for v in t.constraints.values())
+        if t.values is not None and is_feasible(t)
     ]
 
     def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
@@ -704,7 +705,7 @@ def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
     if answer is not None:
         return next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.best.of)
     complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    feasible = [t for t in complete if all(v <= 0 for v in t.constraints.values())] if complete else []
+    feasible = [t for t in complete if is_feasible(t)] if complete else []
     if not feasible:
         return None
     maximize = ostudy.direction == optuna.study.StudyDirection.MAXIMIZE

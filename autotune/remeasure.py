@@ -23,6 +23,7 @@ from autotune.config import Study
 from autotune.config.objective import Remeasure
 from autotune.samplers import ConfigKey, config_key
 from autotune.stats import mean_ci, t_quantile
+from autotune.study_rules import is_feasible
 from autotune.study_storage import BASELINE_ATTR, SKIPPED_ATTR, budget_used
 
 REMEASURE_OF_ATTR = "remeasure_of"
@@ -136,10 +137,6 @@ def _config_key(trial: FrozenTrial) -> ConfigKey | str:
     return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
 
 
-def _feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())
-
-
 def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
     """Every config the study measured, with all its measurements; the first trial of each names it."""
     if confidence is None:
@@ -152,7 +149,9 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
         groups.setdefault(_config_key(trial), []).append(trial)
     out = []
     for members in groups.values():
-        good = [t for t in members if t.state == TrialState.COMPLETE and t.value is not None and _feasible(t)]
+        good = [
+            t for t in members if t.state == TrialState.COMPLETE and t.value is not None and is_feasible(t)
+        ]
         # A first trial that failed says the config failed; only failures among measurements that count.
         counted = [t for t in members if t.state == TrialState.COMPLETE or REMEASURE_OF_ATTR in t.user_attrs]
         bad = [t.number for t in counted if t not in good]

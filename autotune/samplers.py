@@ -46,6 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
+from autotune.study_rules import is_feasible
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
@@ -202,7 +203,7 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
 
 def _infeasible(trial: FrozenTrial) -> bool:
     """A finished trial that broke a constraint: an out-of-memory launch, or an objective's limit."""
-    return trial.state is not TrialState.RUNNING and any(v > 0 for v in trial.constraints.values())
+    return trial.state is not TrialState.RUNNING and not is_feasible(trial)
 
 
 class FeasibleTPESampler(optuna.samplers.TPESampler):

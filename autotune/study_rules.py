@@ -1,0 +1,26 @@
+"""Rules about a study's trials that every layer shares: which trial is feasible, which way is better.
+
+This module sits below the sampler, the driver, re-measurement and the CLI (it imports only Optuna's
+public types), so each of them imports the rule from here instead of spelling it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+
+def within_limits(constraints: Mapping[str, float]) -> bool:
+    """Every constraint value is <= 0 (Optuna's convention: > 0 says by how much a limit was broken).
+
+    No constraints at all (a study without limits, or a trial told before any was set) is within limits,
+    as in Optuna's own rule (`optuna.study._constrained_optimization._get_feasible_trials`)."""
+    return all(v <= 0 for v in constraints.values())
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """The trial met every constraint set on it (`within_limits`); its state is not looked at."""
+    return within_limits(trial.constraints)

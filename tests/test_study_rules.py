@@ -1,0 +1,30 @@
+"""The shared study rules agree with Optuna's own."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.study._constrained_optimization import _get_feasible_trials
+from optuna.trial import TrialState, create_trial
+
+from autotune.study_rules import is_feasible, within_limits
+
+
+def _trial(constraints: dict[str, float] | None) -> optuna.trial.FrozenTrial:
+    return create_trial(state=TrialState.COMPLETE, value=1.0, constraints=constraints)
+
+
+def test_feasible_is_every_constraint_at_most_zero_as_in_optuna() -> None:
+    trials = [
+        _trial(None),
+        _trial({}),
+        _trial({"ttft": 0.0}),
+        _trial({"ttft": -1.0, "oom": 0.5}),
+        _trial({"a": 2.0}),
+    ]
+    assert [is_feasible(t) for t in trials] == [True, True, True, False, False]
+    assert [t in _get_feasible_trials(trials) for t in trials] == [is_feasible(t) for t in trials]
+
+
+def test_no_constraints_are_within_limits() -> None:
+    assert within_limits({})
+    assert not within_limits({"ttft": 1e-9})
