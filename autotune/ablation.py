@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import optuna
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
 from autotune.samplers import default_of
+from autotune.study_rules import direction_sign
 from autotune.study_storage import RETRY_OF_ATTR
 
 ABLATION_OF_ATTR = "ablation_of"
@@ -177,7 +177,7 @@ def ablation_results(ostudy: optuna.Study) -> Ablation | None:
         return None
     base = baseline_trial(ostudy)
     base_value = base.value if base is not None else None
-    sign = 1.0 if ostudy.direction == StudyDirection.MAXIMIZE else -1.0
+    sign = direction_sign(ostudy.direction)
     gain = sign * (target.value - base_value) if base_value is not None else None
     latest: dict[str, FrozenTrial] = {}
     pending = []

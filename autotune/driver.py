@@ -40,7 +40,7 @@ from autotune.remeasure import (
     remeasured_answer,
 )
 from autotune.samplers import SERVER_CHOICES_ATTR
-from autotune.study_rules import is_feasible
+from autotune.study_rules import direction_sign, is_feasible, maximizes
 from autotune.study_storage import (
     BASELINE_ATTR,
     HEARTBEAT_S,
@@ -681,7 +681,7 @@ def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
     as good in every objective and better in one), by number; [] for a single-objective study."""
     if len(ostudy.directions) < 2:
         return []
-    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in ostudy.directions]
+    signs = [direction_sign(d) for d in ostudy.directions]
     complete = [
         t
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -708,7 +708,7 @@ def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
     feasible = [t for t in complete if is_feasible(t)] if complete else []
     if not feasible:
         return None
-    maximize = ostudy.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = maximizes(ostudy.direction)
     return (max if maximize else min)(feasible, key=lambda t: t.value if t.value is not None else 0.0)
 
 
@@ -739,7 +739,7 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
     best_value = best.value if best else None
     gain = None
     if base_value and best_value is not None:
-        sign = 1 if ostudy.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        sign = direction_sign(ostudy.direction)
         gain = sign * (best_value - base_value) / abs(base_value) * 100
     answer = remeasured_answer(ostudy)
     remeasured = None

@@ -22,6 +22,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.failures import FailureKind
+from autotune.study_rules import direction_sign, maximizes
 
 MEMORY_FRACTION = "--mem-fraction-static"
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
@@ -51,7 +52,7 @@ class PlotData:
 
     @property
     def maximize(self) -> bool:
-        return self.directions[0] == StudyDirection.MAXIMIZE
+        return maximizes(self.directions[0])
 
     @property
     def label(self) -> str:
@@ -347,7 +348,7 @@ def _value(trial: FrozenTrial) -> float:
 
 
 def _pareto(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> list[FrozenTrial]:
-    signs = [1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions]
+    signs = [direction_sign(d) for d in directions]
 
     def score(t: FrozenTrial) -> list[float]:
         return [s * v for s, v in zip(signs, t.values, strict=False)]

@@ -16,14 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
 from autotune.samplers import ConfigKey, config_key
 from autotune.stats import mean_ci, t_quantile
-from autotune.study_rules import is_feasible
+from autotune.study_rules import is_feasible, maximizes
 from autotune.study_storage import BASELINE_ATTR, SKIPPED_ATTR, budget_used
 
 REMEASURE_OF_ATTR = "remeasure_of"
@@ -106,7 +105,7 @@ def gain_over(best: ConfigMeasurements, base: ConfigMeasurements, maximize: bool
     """The gain of `best` over `base` with Welch's interval for the difference of means."""
     if not best.n or not base.n or base.mean == 0:
         return None
-    sign = 1.0 if maximize else -1.0
+    sign = 1.0 if maximize else -1.0  # `maximize` already came from study_rules.maximizes
     scale = 100 / abs(base.mean)
     diff = sign * (best.mean - base.mean)
     if best.n < 2 or base.n < 2:
@@ -170,7 +169,7 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
 
 
 def _maximize(ostudy: optuna.Study) -> bool:
-    return ostudy.direction == StudyDirection.MAXIMIZE
+    return maximizes(ostudy.direction)
 
 
 def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int]:

@@ -46,7 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
-from autotune.study_rules import is_feasible
+from autotune.study_rules import direction_sign, is_feasible
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
@@ -406,7 +406,7 @@ class IncumbentMoves(_Wrapper):
         feasible = [t for t in finished if t.params and _feasible(t)]
         if not feasible:
             return None
-        sign = 1 if study.direction is optuna.study.StudyDirection.MAXIMIZE else -1
+        sign = direction_sign(study.direction)
         best = max(feasible, key=lambda t: sign * cast(float, t.value))
         branch = self._branch(best, finished, with_params, tried, sign)
         if branch is not None or self._rng.random() >= self.share:
@@ -443,7 +443,7 @@ class IncumbentMoves(_Wrapper):
         finished: list[FrozenTrial],
         with_params: list[FrozenTrial],
         tried: set[ConfigKey],
-        sign: int,
+        sign: float,
     ) -> _Planned | None:
         """A trial of a speculative algorithm that has run fewer than `branch_trials` times, as the group
         method's speculative stage gives it: the best trial with the algorithm switched, and the tree of that

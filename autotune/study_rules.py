@@ -1,7 +1,7 @@
 """Rules about a study's trials that every layer shares: which trial is feasible, which way is better.
 
-This module sits below the sampler, the driver, re-measurement and the CLI (it imports only Optuna's
-public types), so each of them imports the rule from here instead of spelling it out.
+This module sits below the sampler, the driver, re-measurement and the CLI (it imports Optuna's types
+only for type checking), so each of them imports the rule from here instead of spelling it out.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from optuna.study import StudyDirection
     from optuna.trial import FrozenTrial
 
 
@@ -24,3 +25,14 @@ def within_limits(constraints: Mapping[str, float]) -> bool:
 def is_feasible(trial: FrozenTrial) -> bool:
     """The trial met every constraint set on it (`within_limits`); its state is not looked at."""
     return within_limits(trial.constraints)
+
+
+def maximizes(direction: StudyDirection | str) -> bool:
+    """Higher is better: Optuna's `StudyDirection.MAXIMIZE`, or "maximize" as a study file writes it."""
+    # By name, so the node side (which reads a study file's goal) need not load Optuna for this rule.
+    return (direction if isinstance(direction, str) else direction.name).lower() == "maximize"
+
+
+def direction_sign(direction: StudyDirection | str) -> float:
+    """+1.0 to maximize, -1.0 to minimize: `sign * value` grows as the value gets better."""
+    return 1.0 if maximizes(direction) else -1.0

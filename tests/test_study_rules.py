@@ -28,3 +28,13 @@ def test_feasible_is_every_constraint_at_most_zero_as_in_optuna() -> None:
 def test_no_constraints_are_within_limits() -> None:
     assert within_limits({})
     assert not within_limits({"ttft": 1e-9})
+
+
+def test_the_direction_sign_reads_optuna_and_study_file_spellings() -> None:
+    from optuna.study import StudyDirection
+
+    from autotune.study_rules import direction_sign, maximizes
+
+    assert maximizes(StudyDirection.MAXIMIZE) and maximizes("maximize")
+    assert not maximizes(StudyDirection.MINIMIZE) and not maximizes("minimize")
+    assert [direction_sign(d) for d in (StudyDirection.MAXIMIZE, "minimize")] == [1.0, -1.0]
