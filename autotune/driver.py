@@ -40,7 +40,7 @@ from autotune.remeasure import (
     remeasured_answer,
 )
 from autotune.samplers import SERVER_CHOICES_ATTR
-from autotune.study_rules import direction_sign, is_feasible, maximizes
+from autotune.study_rules import best_measured, direction_sign, is_feasible
 from autotune.study_storage import (
     BASELINE_ATTR,
     HEARTBEAT_S,
@@ -704,12 +704,7 @@ def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
     answer = remeasured_answer(ostudy)
     if answer is not None:
         return next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.best.of)
-    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    feasible = [t for t in complete if is_feasible(t)] if complete else []
-    if not feasible:
-        return None
-    maximize = maximizes(ostudy.direction)
-    return (max if maximize else min)(feasible, key=lambda t: t.value if t.value is not None else 0.0)
+    return best_measured(ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), ostudy.direction)
 
 
 def study_summary(ostudy: optuna.Study) -> dict[str, Any]:

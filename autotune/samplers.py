@@ -46,7 +46,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
-from autotune.study_rules import direction_sign, is_feasible
+from autotune.study_rules import best_measured, direction_sign, is_feasible
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
@@ -403,11 +403,11 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        feasible = [t for t in finished if t.params and _feasible(t)]
-        if not feasible:
+        # The incumbent by measured value: the sampler cannot see re-measured means (remeasure imports it).
+        best = best_measured((t for t in finished if t.params), study.direction)
+        if best is None:
             return None
         sign = direction_sign(study.direction)
-        best = max(feasible, key=lambda t: sign * cast(float, t.value))
         branch = self._branch(best, finished, with_params, tried, sign)
         if branch is not None or self._rng.random() >= self.share:
             return branch

@@ -6,8 +6,8 @@ only for type checking), so each of them imports the rule from here instead of s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from optuna.study import StudyDirection
@@ -36,3 +36,14 @@ def maximizes(direction: StudyDirection | str) -> bool:
 def direction_sign(direction: StudyDirection | str) -> float:
     """+1.0 to maximize, -1.0 to minimize: `sign * value` grows as the value gets better."""
     return 1.0 if maximizes(direction) else -1.0
+
+
+def best_measured(trials: Iterable[FrozenTrial], direction: StudyDirection | str) -> FrozenTrial | None:
+    """The best of single-objective trials by their one measured value: the feasible COMPLETE ones only,
+    the lowest-numbered among equals; None when none is. Once configs were re-measured the study's answer
+    is the config with the best mean instead (`autotune.driver.best_trial`, which falls back to this)."""
+    sign = direction_sign(direction)
+    candidates = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and is_feasible(t)]
+    return max(
+        sorted(candidates, key=lambda t: t.number), key=lambda t: sign * cast(float, t.value), default=None
+    )

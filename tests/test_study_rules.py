@@ -38,3 +38,16 @@ def test_the_direction_sign_reads_optuna_and_study_file_spellings() -> None:
     assert maximizes(StudyDirection.MAXIMIZE) and maximizes("maximize")
     assert not maximizes(StudyDirection.MINIMIZE) and not maximizes("minimize")
     assert [direction_sign(d) for d in (StudyDirection.MAXIMIZE, "minimize")] == [1.0, -1.0]
+
+
+def test_the_best_measured_trial_is_feasible_complete_and_first_among_equals() -> None:
+    from autotune.study_rules import best_measured
+
+    values = [(3.0, {}), (9.0, {"ttft": 1.0}), (5.0, {}), (5.0, {}), (1.0, {})]
+    trials = [create_trial(state=TrialState.COMPLETE, value=v, constraints=c) for v, c in values]
+    trials += [create_trial(state=TrialState.FAIL)]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    best, least = best_measured(trials, "maximize"), best_measured(trials, "minimize")
+    assert (best and best.number, least and least.number) == (2, 4)  # 9.0 broke a limit
+    assert best_measured(trials[-1:], "maximize") is None
