@@ -21,6 +21,17 @@ from autotune.errors import AutotuneError, ConfigError
 from autotune.launch import describe_launch, is_set, launch_script, to_arg
 from autotune.redaction import Secrets, redacted_output
 from autotune.study_rules import is_feasible
+from autotune.trial_attrs import (
+    BASELINE_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    MLFLOW_RUN_ATTR,
+    OVER_LIMITS_ATTR,
+    PROPOSED_ATTR,
+    PRUNED_BY_ATTR,
+    REMEASURE_OF_ATTR,
+    SHORT_VALUE_ATTR,
+)
 
 if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
     from autotune.driver import StudyDriver
@@ -365,8 +376,6 @@ def _existing_study(study: Study) -> Any:
 
 
 def _trial_record(trial: Any) -> dict[str, Any]:
-    from autotune.samplers import PROPOSED_ATTR
-
     values = trial.values
     return {
         "number": trial.number,
@@ -374,16 +383,16 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "value": values[0] if values else None,
         "values": list(values) if values else None,
         "feasible": is_feasible(trial),
-        "over_limits": trial.user_attrs.get("over_limits"),
-        "pruned_by": trial.user_attrs.get("pruned_by"),
-        "short_value": trial.user_attrs.get("short_value"),
-        "remeasure_of": trial.user_attrs.get("remeasure_of"),
+        "over_limits": trial.user_attrs.get(OVER_LIMITS_ATTR),
+        "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
+        "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
+        "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "params": dict(trial.params),
-        "baseline": bool(trial.user_attrs.get("baseline")),
-        "failure_kind": trial.user_attrs.get("failure_kind"),
-        "failure": trial.user_attrs.get("failure"),
-        "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
+        "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
+        "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
+        "failure": trial.user_attrs.get(FAILURE_ATTR),
+        "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
     }
 
 
@@ -485,7 +494,7 @@ def cmd_best(args: argparse.Namespace) -> int:
                 f"of the objective (`autotune status {study.path}` says by how much)"
             )
         raise AutotuneError(f"study {study.name!r} has no completed trial yet")
-    is_baseline = bool(best.user_attrs.get("baseline"))
+    is_baseline = bool(best.user_attrs.get(BASELINE_ATTR))
     config = (
         study.search_space.baseline() if is_baseline else study.search_space.suggest(FixedTrial(best.params))
     )

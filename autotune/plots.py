@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.failures import FailureKind
 from autotune.study_rules import direction_sign, maximizes
+from autotune.trial_attrs import FAILURE_KIND_ATTR
 
 MEMORY_FRACTION = "--mem-fraction-static"
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
@@ -68,7 +69,7 @@ class PlotData:
 def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
     """Read a study's trials once for all plots; proposals that never ran (skipped) are left out."""
     from autotune.driver import baseline_trial
-    from autotune.study_storage import SKIPPED_ATTR
+    from autotune.trial_attrs import SKIPPED_ATTR
 
     trials = tuple(
         t
@@ -90,7 +91,7 @@ def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = 
 def is_oom(trial: FrozenTrial) -> bool:
     """True when the trial ran out of GPU memory (by its recorded failure kind)."""
     try:
-        return FailureKind(trial.user_attrs.get("failure_kind", "")).is_oom
+        return FailureKind(trial.user_attrs.get(FAILURE_KIND_ATTR, "")).is_oom
     except ValueError:  # no failure, or one of the driver's own kinds (forbidden, known_incompatible)
         return False
 

@@ -23,10 +23,9 @@ from autotune.config.objective import Remeasure
 from autotune.samplers import ConfigKey, config_key
 from autotune.stats import mean_ci, t_quantile
 from autotune.study_rules import is_feasible, maximizes
-from autotune.study_storage import BASELINE_ATTR, SKIPPED_ATTR, budget_used
+from autotune.study_storage import budget_used
+from autotune.trial_attrs import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
 
-REMEASURE_OF_ATTR = "remeasure_of"
-SETTINGS_ATTR = "remeasure"  # the study's user attr: the settings its re-measurement ran with
 DEFAULT_CONFIDENCE = 0.95
 
 __all__ = [
@@ -139,7 +138,7 @@ def _config_key(trial: FrozenTrial) -> ConfigKey | str:
 def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
     """Every config the study measured, with all its measurements; the first trial of each names it."""
     if confidence is None:
-        settings = ostudy.user_attrs.get(SETTINGS_ATTR) or {}
+        settings = ostudy.user_attrs.get(REMEASURE_SETTINGS_ATTR) or {}
         confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
     groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
     for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
@@ -175,7 +174,7 @@ def _maximize(ostudy: optuna.Study) -> bool:
 def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int]:
     """Queue the measurements the top configs and the baseline still need; returns the configs' first trial
     numbers. Configs are ranked by their best single value, as a single-measurement study would rank them."""
-    ostudy.set_user_attr(SETTINGS_ATTR, settings.model_dump())
+    ostudy.set_user_attr(REMEASURE_SETTINGS_ATTR, settings.model_dump())
     maximize = _maximize(ostudy)
     groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n]
     candidates = sorted(

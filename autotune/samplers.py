@@ -47,11 +47,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
 from autotune.study_rules import best_measured, direction_sign, is_feasible
+from autotune.trial_attrs import FAILURE_ATTR, FAILURE_KIND_ATTR, PROPOSED_ATTR, SERVER_CHOICES_ATTR
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
-SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
-PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 MEM_FRACTION = "--mem-fraction-static"
 # SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
 # (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
@@ -185,9 +184,9 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
     such trial. Draft weights raise the minimum, so the largest over the trials is kept."""
     floors = []
     for trial in trials:
-        if trial.user_attrs.get("failure_kind") != FailureKind.KV_POOL_TOO_SMALL.value:
+        if trial.user_attrs.get(FAILURE_KIND_ATTR) != FailureKind.KV_POOL_TOO_SMALL.value:
             continue
-        named = _MINIMUM_VIABLE.search(str(trial.user_attrs.get("failure", "")))
+        named = _MINIMUM_VIABLE.search(str(trial.user_attrs.get(FAILURE_ATTR, "")))
         failed = trial.params.get(MEM_FRACTION)
         if named is not None:
             floors.append(float(named.group(1)))
@@ -422,7 +421,7 @@ class IncumbentMoves(_Wrapper):
         self, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> tuple[dict[str, Any], str] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
-            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
+            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
             if flag is None or flag not in failed.params or flag in self.held:
                 continue
             # Unset means SGLang's own value, which the server logged before it failed.
@@ -433,7 +432,7 @@ class IncumbentMoves(_Wrapper):
             if smaller:
                 repaired = {**failed.params, flag: min(smaller)}
                 if config_key(repaired) not in tried:
-                    kind = failed.user_attrs["failure_kind"]
+                    kind = failed.user_attrs[FAILURE_KIND_ATTR]
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
         return None
 

@@ -19,7 +19,6 @@ from autotune.driver import StudyDriver, best_trial, study_summary
 from autotune.node import TrialExecutor
 from autotune.pool import LocalNodePool
 from autotune.remeasure import (
-    REMEASURE_OF_ATTR,
     ConfigMeasurements,
     enqueue_remeasurement,
     gain_over,
@@ -30,6 +29,7 @@ from autotune.remeasure import (
 )
 from autotune.runner import LocalCommandRunner, free_port
 from autotune.study_storage import open_study
+from autotune.trial_attrs import REMEASURE_OF_ATTR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli, write_study
