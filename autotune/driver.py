@@ -321,7 +321,7 @@ class StudyDriver:
                 self._skip(ostudy, trial, reason, oom=True)
                 return None
         except ForbiddenLaunchError as exc:
-            trial.set_user_attr(FAILURE_KIND_ATTR, "forbidden")
+            trial.set_user_attr(FAILURE_KIND_ATTR, FailureKind.FORBIDDEN.value)
             trial.set_user_attr(FAILURE_ATTR, study.secrets.redact(str(exc)))
             ostudy.tell(trial, state=TrialState.FAIL)
             progress.done = finished_count(ostudy)
@@ -438,7 +438,9 @@ class StudyDriver:
                 "remove the failing values from the search space"
             )
         trial.set_user_attr(SKIPPED_ATTR, True)
-        trial.set_user_attr(FAILURE_KIND_ATTR, "predicted_oom" if oom else "known_incompatible")
+        trial.set_user_attr(
+            FAILURE_KIND_ATTR, (FailureKind.PREDICTED_OOM if oom else FailureKind.KNOWN_INCOMPATIBLE).value
+        )
         trial.set_user_attr(FAILURE_ATTR, why)
         if not oom:
             ostudy.tell(trial, state=TrialState.FAIL)

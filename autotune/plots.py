@@ -92,7 +92,7 @@ def is_oom(trial: FrozenTrial) -> bool:
     """True when the trial ran out of GPU memory (by its recorded failure kind)."""
     try:
         return FailureKind(trial.user_attrs.get(FAILURE_KIND_ATTR, "")).is_oom
-    except ValueError:  # no failure, or one of the driver's own kinds (forbidden, known_incompatible)
+    except ValueError:  # no failure
         return False
 
 

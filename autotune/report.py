@@ -27,15 +27,6 @@ from autotune.trial_attrs import ADVICE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
 
 REPORT_FILE = "report.html"
 
-# Failure kinds the driver records itself, for trials that never reached a node.
-_DRIVER_ADVICE = {
-    "forbidden": "The launch would use a value that never_launch in the study file forbids: not started.",
-    "known_incompatible": (
-        "Not launched: a setting in it failed deterministically on this hardware before, so the proposal "
-        "was recorded without running (it costs no node time)."
-    ),
-}
-
 
 @dataclass(frozen=True)
 class FailureGroup:
@@ -128,8 +119,8 @@ def _advice(kind: str, trial: FrozenTrial) -> str:
         return str(trial.user_attrs[ADVICE_ATTR])
     try:
         return FailureKind(kind).advice
-    except ValueError:
-        return _DRIVER_ADVICE.get(kind, "")
+    except ValueError:  # a kind no longer known
+        return ""
 
 
 def changed_settings(config: TrialConfig) -> list[tuple[str, str]]:
