@@ -580,7 +580,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 # -- ui / report / ablate -------------------------------------------------------------------------------
 def cmd_ui(args: argparse.Namespace) -> int:
-    from autotune.ui import REMOTE_WARNING, is_loopback, serve
+    from autotune.hosts import is_loopback
+    from autotune.ui import REMOTE_WARNING, serve
 
     study = load_study(args.study_file)
     if args.port is not None and not 1 <= args.port <= 65535:

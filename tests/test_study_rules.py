@@ -51,3 +51,16 @@ def test_the_best_measured_trial_is_feasible_complete_and_first_among_equals() -
     best, least = best_measured(trials, "maximize"), best_measured(trials, "minimize")
     assert (best and best.number, least and least.number) == (2, 4)  # 9.0 broke a limit
     assert best_measured(trials[-1:], "maximize") is None
+
+
+def test_addresses_and_env_names_have_one_rule_each() -> None:
+    from autotune.hosts import is_any_address, is_loopback, reachable_here
+    from autotune.launch import is_env_name
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.5", "::", "example.org"))
+    assert [reachable_here(h) for h in ("0.0.0.0", "::", "", "10.0.0.5")] == ["127.0.0.1"] * 3 + ["10.0.0.5"]
+    assert is_any_address("0.0.0.0") and not is_any_address("127.0.0.1")
+    assert [is_env_name(n) for n in ("NCCL_ALGO", "_X1", "1X", "A-B", "A\n", "")] == [True, True] + [
+        False
+    ] * 4
