@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
-from autotune.launch import describe_launch, is_set, launch_script, to_arg
-from autotune.redaction import Secrets, redacted_output
+from autotune.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
+from autotune.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 from autotune.study_rules import is_feasible
 from autotune.trial_attrs import (
     BASELINE_ATTR,
@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     best.add_argument("--export", type=Path, metavar="FILE", help="write the best config's launch script")
     best.add_argument(
         "--trial", type=int, metavar="N", help="show trial N instead (e.g. one of a Pareto front)"
+    )
+    best.add_argument(
+        "--json", action="store_true", help="print the config, its value, gain, interval and launch as JSON"
     )
 
     remeasure = add("remeasure", "measure the top configs and the baseline again (objective.remeasure)")
@@ -481,6 +484,9 @@ def cmd_best(args: argparse.Namespace) -> int:
         if best is None:
             raise AutotuneError(f"study {study.name!r} has no trial {args.trial}")
     elif summary["pareto"] is not None:
+        if args.json:
+            print(json.dumps({"study": study.name, "pareto": summary["pareto"]}, indent=2))
+            return 0
         print(_summary_text(summary, study))
         print("a multi-objective study has no single best: pick a trial of the front with --trial N")
         return 0
@@ -498,7 +504,11 @@ def cmd_best(args: argparse.Namespace) -> int:
     config = (
         study.search_space.baseline() if is_baseline else study.search_space.suggest(FixedTrial(best.params))
     )
-    script = launch_script(study.server_launch(config))
+    launch = study.server_launch(config)
+    if args.json:
+        print(json.dumps(_best_record(study, summary, best, config, launch), indent=2))
+        return 0
+    script = launch_script(launch)
     print(_summary_text(summary, study))
     if (
         summary["remeasured"] is None
@@ -524,6 +534,45 @@ def cmd_best(args: argparse.Namespace) -> int:
     else:
         print("\n" + script)
     return 0
+
+
+def _best_record(
+    study: Study, summary: dict[str, Any], best: Any, config: TrialConfig, launch: ServerLaunch
+) -> dict[str, Any]:
+    """`autotune best --json`: the config, its value (the re-measured mean once there is one), the gain
+    over the baseline and its interval, and the launch with every secret redacted."""
+    answer = summary["remeasured"]
+    chosen = answer is not None and answer["best"]["trial"] == best.number
+    measured = answer["best"] if chosen else None
+    return {
+        "study": study.name,
+        "metric": study.objective.metric,
+        "trial": best.number,
+        "baseline": bool(best.user_attrs.get(BASELINE_ATTR)),
+        "value": measured["mean"] if measured else best.value,
+        "interval": [measured["ci_low"], measured["ci_high"]]
+        if measured and measured["ci_low"] is not None
+        else None,
+        "confidence": answer["confidence"] if chosen else None,
+        "gain_pct": answer["gain_pct"]
+        if chosen
+        else summary["gain_pct"]
+        if best.number == summary["best_trial"]
+        else None,
+        "gain_interval_pct": (
+            [answer["gain_ci_low_pct"], answer["gain_ci_high_pct"]]
+            if chosen and answer["gain_ci_low_pct"] is not None
+            else None
+        ),
+        "params": {name: value for name, value in config.params.items() if is_set(value)},
+        "derived": dict(config.derived),
+        "launch": {
+            "argv": [REDACTED if flag else token for token, flag in argv_secrets(launch.argv)],
+            "env": {
+                k: REDACTED if is_secret_name(k) else study.secrets.redact(v) for k, v in launch.env.items()
+            },
+        },
+    }
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
