@@ -20,15 +20,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import optuna
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
 from autotune.samplers import default_of
-from autotune.study_storage import RETRY_OF_ATTR
+from autotune.study_rules import direction_sign
+from autotune.trial_attrs import (
+    ABLATION_OF_ATTR,
+    ABLATION_PARAM_ATTR,
+    FAILURE_KIND_ATTR,
+    MLFLOW_RUN_ATTR,
+    RETRY_OF_ATTR,
+)
 
-ABLATION_OF_ATTR = "ablation_of"
-ABLATION_PARAM_ATTR = "ablation_param"
 ABLATION_TAGS = ("autotune.ablation_of", "autotune.ablation_param")
 
 
@@ -86,7 +90,7 @@ def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
 def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
     from autotune.driver import best_trial
-    from autotune.study_storage import BASELINE_ATTR
+    from autotune.trial_attrs import BASELINE_ATTR
 
     best = best_trial(ostudy)
     if best is None:
@@ -157,7 +161,7 @@ def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[
 
 
 def _interrupted(trial: FrozenTrial) -> bool:
-    return trial.state == TrialState.FAIL and trial.user_attrs.get("failure_kind") == "interrupted"
+    return trial.state == TrialState.FAIL and trial.user_attrs.get(FAILURE_KIND_ATTR) == "interrupted"
 
 
 def ablation_results(ostudy: optuna.Study) -> Ablation | None:
@@ -177,7 +181,7 @@ def ablation_results(ostudy: optuna.Study) -> Ablation | None:
         return None
     base = baseline_trial(ostudy)
     base_value = base.value if base is not None else None
-    sign = 1.0 if ostudy.direction == StudyDirection.MAXIMIZE else -1.0
+    sign = direction_sign(ostudy.direction)
     gain = sign * (target.value - base_value) if base_value is not None else None
     latest: dict[str, FrozenTrial] = {}
     pending = []
@@ -200,7 +204,7 @@ def ablation_results(ostudy: optuna.Study) -> Ablation | None:
                 trial=trial.number,
                 state=trial.state.name,
                 value=value,
-                failure_kind=trial.user_attrs.get("failure_kind"),
+                failure_kind=trial.user_attrs.get(FAILURE_KIND_ATTR),
                 loss=loss,
                 loss_pct=loss / abs(target.value) * 100 if loss is not None and target.value else None,
                 share_of_gain=loss / gain if loss is not None and gain else None,
@@ -233,7 +237,7 @@ def mark_ablation_runs(tracking_uri: str, ostudy: optuna.Study) -> int:
     client = MlflowClient(tracking_uri=tracking_uri)
     marked = 0
     for trial, (of, param) in ablation_trials(ostudy.get_trials(deepcopy=False)):
-        run_id = trial.user_attrs.get("mlflow_run_id")
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
         if not run_id:
             continue
         name = client.get_run(run_id).data.tags.get(RUN_NAME_TAG, f"#{trial.number:03d}")

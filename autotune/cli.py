@@ -18,8 +18,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
-from autotune.launch import describe_launch, is_set, launch_script, to_arg
-from autotune.redaction import Secrets, redacted_output
+from autotune.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
+from autotune.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
+from autotune.study_rules import is_feasible
+from autotune.trial_attrs import (
+    BASELINE_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    MLFLOW_RUN_ATTR,
+    OVER_LIMITS_ATTR,
+    PROPOSED_ATTR,
+    PRUNED_BY_ATTR,
+    REMEASURE_OF_ATTR,
+    SHORT_VALUE_ATTR,
+)
 
 if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
     from autotune.driver import StudyDriver
@@ -73,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     best.add_argument("--export", type=Path, metavar="FILE", help="write the best config's launch script")
     best.add_argument(
         "--trial", type=int, metavar="N", help="show trial N instead (e.g. one of a Pareto front)"
+    )
+    best.add_argument(
+        "--json", action="store_true", help="print the config, its value, gain, interval and launch as JSON"
     )
 
     remeasure = add("remeasure", "measure the top configs and the baseline again (objective.remeasure)")
@@ -364,25 +379,23 @@ def _existing_study(study: Study) -> Any:
 
 
 def _trial_record(trial: Any) -> dict[str, Any]:
-    from autotune.samplers import PROPOSED_ATTR
-
     values = trial.values
     return {
         "number": trial.number,
         "state": trial.state.name,
         "value": values[0] if values else None,
         "values": list(values) if values else None,
-        "feasible": all(v <= 0 for v in trial.constraints.values()),
-        "over_limits": trial.user_attrs.get("over_limits"),
-        "pruned_by": trial.user_attrs.get("pruned_by"),
-        "short_value": trial.user_attrs.get("short_value"),
-        "remeasure_of": trial.user_attrs.get("remeasure_of"),
+        "feasible": is_feasible(trial),
+        "over_limits": trial.user_attrs.get(OVER_LIMITS_ATTR),
+        "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
+        "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
+        "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "params": dict(trial.params),
-        "baseline": bool(trial.user_attrs.get("baseline")),
-        "failure_kind": trial.user_attrs.get("failure_kind"),
-        "failure": trial.user_attrs.get("failure"),
-        "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
+        "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
+        "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
+        "failure": trial.user_attrs.get(FAILURE_ATTR),
+        "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
     }
 
 
@@ -471,6 +484,9 @@ def cmd_best(args: argparse.Namespace) -> int:
         if best is None:
             raise AutotuneError(f"study {study.name!r} has no trial {args.trial}")
     elif summary["pareto"] is not None:
+        if args.json:
+            print(json.dumps({"study": study.name, "pareto": summary["pareto"]}, indent=2))
+            return 0
         print(_summary_text(summary, study))
         print("a multi-objective study has no single best: pick a trial of the front with --trial N")
         return 0
@@ -484,11 +500,15 @@ def cmd_best(args: argparse.Namespace) -> int:
                 f"of the objective (`autotune status {study.path}` says by how much)"
             )
         raise AutotuneError(f"study {study.name!r} has no completed trial yet")
-    is_baseline = bool(best.user_attrs.get("baseline"))
+    is_baseline = bool(best.user_attrs.get(BASELINE_ATTR))
     config = (
         study.search_space.baseline() if is_baseline else study.search_space.suggest(FixedTrial(best.params))
     )
-    script = launch_script(study.server_launch(config))
+    launch = study.server_launch(config)
+    if args.json:
+        print(json.dumps(_best_record(study, summary, best, config, launch), indent=2))
+        return 0
+    script = launch_script(launch)
     print(_summary_text(summary, study))
     if (
         summary["remeasured"] is None
@@ -514,6 +534,45 @@ def cmd_best(args: argparse.Namespace) -> int:
     else:
         print("\n" + script)
     return 0
+
+
+def _best_record(
+    study: Study, summary: dict[str, Any], best: Any, config: TrialConfig, launch: ServerLaunch
+) -> dict[str, Any]:
+    """`autotune best --json`: the config, its value (the re-measured mean once there is one), the gain
+    over the baseline and its interval, and the launch with every secret redacted."""
+    answer = summary["remeasured"]
+    chosen = answer is not None and answer["best"]["trial"] == best.number
+    measured = answer["best"] if chosen else None
+    return {
+        "study": study.name,
+        "metric": study.objective.metric,
+        "trial": best.number,
+        "baseline": bool(best.user_attrs.get(BASELINE_ATTR)),
+        "value": measured["mean"] if measured else best.value,
+        "interval": [measured["ci_low"], measured["ci_high"]]
+        if measured and measured["ci_low"] is not None
+        else None,
+        "confidence": answer["confidence"] if chosen else None,
+        "gain_pct": answer["gain_pct"]
+        if chosen
+        else summary["gain_pct"]
+        if best.number == summary["best_trial"]
+        else None,
+        "gain_interval_pct": (
+            [answer["gain_ci_low_pct"], answer["gain_ci_high_pct"]]
+            if chosen and answer["gain_ci_low_pct"] is not None
+            else None
+        ),
+        "params": {name: value for name, value in config.params.items() if is_set(value)},
+        "derived": dict(config.derived),
+        "launch": {
+            "argv": [REDACTED if flag else token for token, flag in argv_secrets(launch.argv)],
+            "env": {
+                k: REDACTED if is_secret_name(k) else study.secrets.redact(v) for k, v in launch.env.items()
+            },
+        },
+    }
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -570,7 +629,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 # -- ui / report / ablate -------------------------------------------------------------------------------
 def cmd_ui(args: argparse.Namespace) -> int:
-    from autotune.ui import REMOTE_WARNING, is_loopback, serve
+    from autotune.hosts import is_loopback
+    from autotune.ui import REMOTE_WARNING, serve
 
     study = load_study(args.study_file)
     if args.port is not None and not 1 <= args.port <= 65535:

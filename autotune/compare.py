@@ -210,7 +210,7 @@ def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
 
 
 def _config_of(study: Study, trial: FrozenTrial) -> TrialConfig:
-    from autotune.study_storage import BASELINE_ATTR
+    from autotune.trial_attrs import BASELINE_ATTR
 
     if trial.user_attrs.get(BASELINE_ATTR):
         return study.search_space.baseline()

@@ -33,17 +33,10 @@ from autotune.node import TrialRequest, TrialResult
 from autotune.pool import NodePool, RayNodePool, Submitted
 from autotune.preflight import predicted_oom
 from autotune.pruning import SHORT_STEP, short_cutoff, short_pruner
-from autotune.remeasure import (
-    REMEASURE_OF_ATTR,
-    ConfigMeasurements,
-    RemeasuredAnswer,
-    remeasured_answer,
-)
-from autotune.samplers import SERVER_CHOICES_ATTR
+from autotune.remeasure import ConfigMeasurements, RemeasuredAnswer, remeasured_answer
+from autotune.study_rules import best_measured, direction_sign, is_feasible
 from autotune.study_storage import (
-    BASELINE_ATTR,
     HEARTBEAT_S,
-    SKIPPED_ATTR,
     abandoned_trials,
     budget_used,
     claim,
@@ -54,16 +47,34 @@ from autotune.study_storage import (
     study_lock,
 )
 from autotune.tracking import NullTracker, StudyTracker
+from autotune.trial_attrs import (
+    ADVICE_ATTR,
+    BASELINE_ATTR,
+    CULPRITS_ATTR,
+    DERIVED_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    HARDWARE_ATTR,
+    LOAD_STOPPED_BY_ATTR,
+    METRICS_ATTR,
+    MLFLOW_RUN_ATTR,
+    NODE_ATTR,
+    OVER_LIMITS_ATTR,
+    PRUNED_BY_ATTR,
+    REMEASURE_OF_ATTR,
+    SERVER_CHOICES_ATTR,
+    SERVER_MEMORY_ATTR,
+    SERVER_PGID_ATTR,
+    SHORT_CUTOFF_ATTR,
+    SHORT_VALUE_ATTR,
+    SKIPPED_ATTR,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
-OVER_LIMITS_ATTR = "over_limits"  # metric -> {limit, measured, excess, concurrency} of each broken limit
-SHORT_CUTOFF_ATTR = "short_cutoff"  # the short value below which the node was told to stop
-SHORT_VALUE_ATTR = "short_value"
-PRUNED_BY_ATTR = "pruned_by"
 POLL_S = 0.5
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 BENCHMARK_METRICS = (
@@ -126,9 +137,9 @@ def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int
     """Trials a dead driver left RUNNING: FAIL them as interrupted, close their runs, enqueue them again."""
     recovered = []
     for trial in abandoned_trials(ostudy):
-        ostudy._storage.set_trial_user_attr(trial._trial_id, "failure_kind", FailureKind.INTERRUPTED.value)
+        ostudy._storage.set_trial_user_attr(trial._trial_id, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-        run_id = trial.user_attrs.get("mlflow_run_id")
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
         if run_id:
             tracker.close_interrupted(run_id)
         enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=False)
@@ -297,7 +308,7 @@ class StudyDriver:
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
         hardware = self._hardware(pool, node)
         if hardware is not None:
-            trial.set_user_attr("hardware", hardware)
+            trial.set_user_attr(HARDWARE_ATTR, hardware)
         blocked = self.known.blocking(trial.params, hardware)
         if blocked is not None:
             where = f" ({hardware})" if hardware else ""
@@ -310,8 +321,8 @@ class StudyDriver:
                 self._skip(ostudy, trial, reason, oom=True)
                 return None
         except ForbiddenLaunchError as exc:
-            trial.set_user_attr("failure_kind", "forbidden")
-            trial.set_user_attr("failure", study.secrets.redact(str(exc)))
+            trial.set_user_attr(FAILURE_KIND_ATTR, FailureKind.FORBIDDEN.value)
+            trial.set_user_attr(FAILURE_ATTR, study.secrets.redact(str(exc)))
             ostudy.tell(trial, state=TrialState.FAIL)
             progress.done = finished_count(ostudy)
             self.reporter(
@@ -322,10 +333,10 @@ class StudyDriver:
             return None
         self.skips = 0  # a launch: the run of proposals that cannot run is broken
         run_id = tracker.start_trial(trial.number, config, self.kinds, launch, baseline, node)
-        trial.set_user_attr("mlflow_run_id", run_id)
-        trial.set_user_attr("node", node)
+        trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)
+        trial.set_user_attr(NODE_ATTR, node)
         if config.derived:
-            trial.set_user_attr("derived", {k: v for k, v in config.derived.items()})
+            trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})
         request = TrialRequest(
             number=trial.number,
             launch=launch,
@@ -378,7 +389,7 @@ class StudyDriver:
             trial.set_user_attr(OVER_LIMITS_ATTR, over)
             tags["autotune.over_limits"] = "; ".join(str(v["text"]) for v in over.values())[:500]
         if measured.load_stopped_by is not None:
-            trial.set_user_attr("load_stopped_by", measured.load_stopped_by)
+            trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
             tags["autotune.load_stopped_by"] = measured.load_stopped_by[:500]
         short = measured if measured.stopped_early else measured.short
         if short is not None and not objective.is_multi_objective:
@@ -409,7 +420,7 @@ class StudyDriver:
         """Tell Optuna a job trial's metrics (kept as the `metrics` attribute, intervals included), its
         limits as constraints; COMPLETE."""
         objective = self.study.objective
-        trial.set_user_attr("metrics", measured)
+        trial.set_user_attr(METRICS_ATTR, measured)
         trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
         for key, amount in objective.constraints(measured).items():
             trial.set_constraint(key, amount)
@@ -427,8 +438,10 @@ class StudyDriver:
                 "remove the failing values from the search space"
             )
         trial.set_user_attr(SKIPPED_ATTR, True)
-        trial.set_user_attr("failure_kind", "predicted_oom" if oom else "known_incompatible")
-        trial.set_user_attr("failure", why)
+        trial.set_user_attr(
+            FAILURE_KIND_ATTR, (FailureKind.PREDICTED_OOM if oom else FailureKind.KNOWN_INCOMPATIBLE).value
+        )
+        trial.set_user_attr(FAILURE_ATTR, why)
         if not oom:
             ostudy.tell(trial, state=TrialState.FAIL)
             return
@@ -498,9 +511,9 @@ class StudyDriver:
             metrics["benchmark_s"] = result.benchmark_s
         tags = {"autotune.node": result.node}
         if result.server_pgid is not None:
-            trial.set_user_attr("server_pgid", result.server_pgid)
+            trial.set_user_attr(SERVER_PGID_ATTR, result.server_pgid)
         if result.server_memory:
-            trial.set_user_attr("server_memory", result.server_memory)
+            trial.set_user_attr(SERVER_MEMORY_ATTR, result.server_memory)
         if result.server_choices:
             trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
             if entry.baseline:  # SGLang's own values: where the sampler starts the knobs with no "unset"
@@ -515,11 +528,11 @@ class StudyDriver:
         else:
             assert result.failure is not None  # a result that is not ok carries its failure
             failure = result.failure
-            trial.set_user_attr("failure_kind", failure.kind.value)
-            trial.set_user_attr("failure", self.study.secrets.redact(failure.line)[:500])
-            trial.set_user_attr("advice", failure.advice)
+            trial.set_user_attr(FAILURE_KIND_ATTR, failure.kind.value)
+            trial.set_user_attr(FAILURE_ATTR, self.study.secrets.redact(failure.line)[:500])
+            trial.set_user_attr(ADVICE_ATTR, failure.advice)
             if failure.culprits:
-                trial.set_user_attr("culprits", list(failure.culprits))
+                trial.set_user_attr(CULPRITS_ATTR, list(failure.culprits))
             tags.update(
                 {
                     "autotune.failure_kind": failure.kind.value,
@@ -603,7 +616,7 @@ class StudyDriver:
             for submitted, result in pool.wait(POLL_S):
                 logs[submitted.request.number] = result.log
         for number, entry in running.items():
-            entry.trial.set_user_attr("failure_kind", FailureKind.INTERRUPTED.value)
+            entry.trial.set_user_attr(FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
             ostudy.tell(entry.trial, state=TrialState.FAIL)
             enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
             log = logs.get(number, "")
@@ -660,7 +673,7 @@ class StudyDriver:
         tagged: set[int] = getattr(self, "_pareto_tagged", set())
         if not isinstance(tracker, NullTracker):
             for trial in ostudy.get_trials(deepcopy=False):
-                run_id = trial.user_attrs.get("mlflow_run_id")
+                run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
                 if run_id and (trial.number in members) != (trial.number in tagged):
                     tracker.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())
         self._pareto_tagged = members
@@ -680,11 +693,11 @@ def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
     as good in every objective and better in one), by number; [] for a single-objective study."""
     if len(ostudy.directions) < 2:
         return []
-    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in ostudy.directions]
+    signs = [direction_sign(d) for d in ostudy.directions]
     complete = [
         t
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.values is not None and all(v <= 0 for v in t.constraints.values())
+        if t.values is not None and is_feasible(t)
     ]
 
     def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
@@ -703,12 +716,7 @@ def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
     answer = remeasured_answer(ostudy)
     if answer is not None:
         return next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.best.of)
-    complete = ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    feasible = [t for t in complete if all(v <= 0 for v in t.constraints.values())] if complete else []
-    if not feasible:
-        return None
-    maximize = ostudy.direction == optuna.study.StudyDirection.MAXIMIZE
-    return (max if maximize else min)(feasible, key=lambda t: t.value if t.value is not None else 0.0)
+    return best_measured(ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), ostudy.direction)
 
 
 def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
@@ -718,7 +726,7 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
     kinds: dict[str, int] = {}
     for trial in trials:
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
-        kind = trial.user_attrs.get("failure_kind")
+        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
     if len(ostudy.directions) > 1:
@@ -738,7 +746,7 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
     best_value = best.value if best else None
     gain = None
     if base_value and best_value is not None:
-        sign = 1 if ostudy.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        sign = direction_sign(ostudy.direction)
         gain = sign * (best_value - base_value) / abs(base_value) * 100
     answer = remeasured_answer(ostudy)
     remeasured = None

@@ -46,6 +46,10 @@ class FailureKind(StrEnum):
     INTERRUPTED = "interrupted"
     NODE_UNREACHABLE = "node_unreachable"
     NODE_LOST = "node_lost"
+    # Kinds the driver records itself, for proposals that never reached a node.
+    FORBIDDEN = "forbidden"
+    PREDICTED_OOM = "predicted_oom"
+    KNOWN_INCOMPATIBLE = "known_incompatible"
 
     @property
     def advice(self) -> str:
@@ -60,6 +64,7 @@ class FailureKind(StrEnum):
             FailureKind.CUDA_GRAPH_OOM,
             FailureKind.PREFILL_GRAPH_OOM,
             FailureKind.OOM_UNDER_LOAD,
+            FailureKind.PREDICTED_OOM,  # the same failure, foreseen before a launch
         )
 
     @property
@@ -151,6 +156,18 @@ _ADVICE: dict[FailureKind, str] = {
     ),
     FailureKind.NODE_LOST: (
         "The node's actor died or the node left the Ray cluster: the trial runs again on another node."
+    ),
+    FailureKind.FORBIDDEN: (
+        "The launch would use a value that never_launch in the study file forbids: not started."
+    ),
+    FailureKind.PREDICTED_OOM: (
+        "Not launched: the weights per GPU would not fit inside --mem-fraction-static of the node's GPU "
+        "memory (autotune.preflight), so SGLang would fail with kv_pool_too_small: raise "
+        "--mem-fraction-static, or shard the weights over more GPUs (--tp-size)."
+    ),
+    FailureKind.KNOWN_INCOMPATIBLE: (
+        "Not launched: a setting in it failed deterministically on this hardware before, so the proposal "
+        "was recorded without running (it costs no node time)."
     ),
 }
 

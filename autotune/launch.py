@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -13,6 +14,13 @@ from autotune.errors import ForbiddenLaunchError
 from autotune.redaction import REDACTED as REDACTED
 from autotune.redaction import Secrets, argv_secrets
 from autotune.redaction import is_secret_name as is_secret_name
+
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # an environment variable name a POSIX shell can export
+
+
+def is_env_name(name: str) -> bool:
+    """True for a name a shell can export (`ENV_NAME`): letters, digits and _, not starting with a digit."""
+    return re.fullmatch(ENV_NAME, name) is not None
 
 
 def to_env_value(value: object) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from autotune.benchmark import BenchmarkResult, Workload
 from autotune.load_search import LoadSearchPlan, search_load
+from autotune.study_rules import maximizes
 
 if TYPE_CHECKING:
     from autotune.config.objective import Objective
@@ -133,7 +134,7 @@ def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None =
         combine=ladder.combine if ladder is not None else "target",
         short_levels=short_levels,
         metric=objective.metric,
-        maximize=objective.goal == "maximize",
+        maximize=maximizes(objective.goal),
         cutoff=cutoff if short_levels else None,
         client=objective.client,
         bench_serving=options,

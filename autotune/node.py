@@ -36,6 +36,7 @@ from autotune.benchmark import (
 from autotune.config import NodeSpec, ServerSpec
 from autotune.config.study import WORKDIR_NAME
 from autotune.failures import Failure, FailureKind, classify
+from autotune.hosts import reachable_here
 from autotune.job import wait_for_job
 from autotune.launch import AUTO_PORT, ServerLaunch
 from autotune.logwatch import StartupStatus, follow_log, wait_until_ready
@@ -454,8 +455,7 @@ async def _settle() -> None:
 
 def _node_local_url(launch: ServerLaunch) -> str:
     """The server's URL from the node itself (a server listening on every address, via loopback)."""
-    host = "127.0.0.1" if launch.host in ("0.0.0.0", "::", "") else launch.host
-    return ServerLaunch(launch.argv, launch.env, host, launch.port).base_url
+    return ServerLaunch(launch.argv, launch.env, reachable_here(launch.host), launch.port).base_url
 
 
 def _health_ok(base_url: str, api_key: str | None = None) -> bool:

@@ -22,6 +22,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.failures import FailureKind
+from autotune.study_rules import direction_sign, maximizes
+from autotune.trial_attrs import FAILURE_KIND_ATTR
 
 MEMORY_FRACTION = "--mem-fraction-static"
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
@@ -51,7 +53,7 @@ class PlotData:
 
     @property
     def maximize(self) -> bool:
-        return self.directions[0] == StudyDirection.MAXIMIZE
+        return maximizes(self.directions[0])
 
     @property
     def label(self) -> str:
@@ -67,7 +69,7 @@ class PlotData:
 def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
     """Read a study's trials once for all plots; proposals that never ran (skipped) are left out."""
     from autotune.driver import baseline_trial
-    from autotune.study_storage import SKIPPED_ATTR
+    from autotune.trial_attrs import SKIPPED_ATTR
 
     trials = tuple(
         t
@@ -89,8 +91,8 @@ def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = 
 def is_oom(trial: FrozenTrial) -> bool:
     """True when the trial ran out of GPU memory (by its recorded failure kind)."""
     try:
-        return FailureKind(trial.user_attrs.get("failure_kind", "")).is_oom
-    except ValueError:  # no failure, or one of the driver's own kinds (forbidden, known_incompatible)
+        return FailureKind(trial.user_attrs.get(FAILURE_KIND_ATTR, "")).is_oom
+    except ValueError:  # no failure
         return False
 
 
@@ -347,7 +349,7 @@ def _value(trial: FrozenTrial) -> float:
 
 
 def _pareto(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> list[FrozenTrial]:
-    signs = [1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions]
+    signs = [direction_sign(d) for d in directions]
 
     def score(t: FrozenTrial) -> list[float]:
         return [s * v for s, v in zip(signs, t.values, strict=False)]

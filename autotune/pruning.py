@@ -14,10 +14,10 @@ import math
 
 import optuna
 from optuna.pruners import BasePruner, PercentilePruner
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.objective import ShortFirst
+from autotune.study_rules import maximizes
 
 SHORT_STEP = 0  # the intermediate value's step: the short measurement
 _BISECTIONS = 60
@@ -53,7 +53,7 @@ def short_cutoff(study: optuna.Study, pruner: BasePruner) -> float | None:
     Asked of the pruner itself, by bisection between the short values seen so far, so any pruner whose
     decision is a threshold on the step's value works (Median, Percentile, Threshold).
     """
-    maximize = study.direction == StudyDirection.MAXIMIZE
+    maximize = maximizes(study.direction)
     seen = [
         v
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))

@@ -16,17 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import optuna
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
 from autotune.samplers import ConfigKey, config_key
 from autotune.stats import mean_ci, t_quantile
-from autotune.study_storage import BASELINE_ATTR, SKIPPED_ATTR, budget_used
+from autotune.study_rules import is_feasible, maximizes
+from autotune.study_storage import budget_used
+from autotune.trial_attrs import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
 
-REMEASURE_OF_ATTR = "remeasure_of"
-SETTINGS_ATTR = "remeasure"  # the study's user attr: the settings its re-measurement ran with
 DEFAULT_CONFIDENCE = 0.95
 
 __all__ = [
@@ -105,7 +104,7 @@ def gain_over(best: ConfigMeasurements, base: ConfigMeasurements, maximize: bool
     """The gain of `best` over `base` with Welch's interval for the difference of means."""
     if not best.n or not base.n or base.mean == 0:
         return None
-    sign = 1.0 if maximize else -1.0
+    sign = 1.0 if maximize else -1.0  # `maximize` already came from study_rules.maximizes
     scale = 100 / abs(base.mean)
     diff = sign * (best.mean - base.mean)
     if best.n < 2 or base.n < 2:
@@ -136,14 +135,10 @@ def _config_key(trial: FrozenTrial) -> ConfigKey | str:
     return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
 
 
-def _feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())
-
-
 def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
     """Every config the study measured, with all its measurements; the first trial of each names it."""
     if confidence is None:
-        settings = ostudy.user_attrs.get(SETTINGS_ATTR) or {}
+        settings = ostudy.user_attrs.get(REMEASURE_SETTINGS_ATTR) or {}
         confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
     groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
     for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
@@ -152,7 +147,9 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
         groups.setdefault(_config_key(trial), []).append(trial)
     out = []
     for members in groups.values():
-        good = [t for t in members if t.state == TrialState.COMPLETE and t.value is not None and _feasible(t)]
+        good = [
+            t for t in members if t.state == TrialState.COMPLETE and t.value is not None and is_feasible(t)
+        ]
         # A first trial that failed says the config failed; only failures among measurements that count.
         counted = [t for t in members if t.state == TrialState.COMPLETE or REMEASURE_OF_ATTR in t.user_attrs]
         bad = [t.number for t in counted if t not in good]
@@ -171,13 +168,13 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
 
 
 def _maximize(ostudy: optuna.Study) -> bool:
-    return ostudy.direction == StudyDirection.MAXIMIZE
+    return maximizes(ostudy.direction)
 
 
 def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int]:
     """Queue the measurements the top configs and the baseline still need; returns the configs' first trial
     numbers. Configs are ranked by their best single value, as a single-measurement study would rank them."""
-    ostudy.set_user_attr(SETTINGS_ATTR, settings.model_dump())
+    ostudy.set_user_attr(REMEASURE_SETTINGS_ATTR, settings.model_dump())
     maximize = _maximize(ostudy)
     groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n]
     candidates = sorted(

@@ -23,17 +23,9 @@ from autotune.config import Study
 from autotune.failures import FailureKind
 from autotune.launch import TrialConfig, is_set, launch_script, to_arg
 from autotune.tracking import metric_unit
+from autotune.trial_attrs import ADVICE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
 
 REPORT_FILE = "report.html"
-
-# Failure kinds the driver records itself, for trials that never reached a node.
-_DRIVER_ADVICE = {
-    "forbidden": "The launch would use a value that never_launch in the study file forbids: not started.",
-    "known_incompatible": (
-        "Not launched: a setting in it failed deterministically on this hardware before, so the proposal "
-        "was recorded without running (it costs no node time)."
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -69,7 +61,7 @@ class StudyFindings:
 
 def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
     """The settings a finished trial ran with, rebuilt from its parameters through the search space."""
-    from autotune.study_storage import BASELINE_ATTR
+    from autotune.trial_attrs import BASELINE_ATTR
 
     if trial.user_attrs.get(BASELINE_ATTR):
         return study.search_space.baseline()
@@ -105,7 +97,7 @@ def failure_groups(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
     """Failed and pruned trials grouped by failure kind, most frequent first, each with its advice."""
     groups: dict[str, list[FrozenTrial]] = {}
     for trial in trials:
-        kind = trial.user_attrs.get("failure_kind")
+        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
         if kind and trial.state in (TrialState.FAIL, TrialState.PRUNED):
             groups.setdefault(str(kind), []).append(trial)
     out = []
@@ -116,19 +108,19 @@ def failure_groups(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
                 trials=tuple(t.number for t in members),
                 states=tuple(sorted({t.state.name for t in members})),
                 advice=_advice(kind, members[0]),
-                example=str(members[0].user_attrs.get("failure", "")),
+                example=str(members[0].user_attrs.get(FAILURE_ATTR, "")),
             )
         )
     return tuple(out)
 
 
 def _advice(kind: str, trial: FrozenTrial) -> str:
-    if trial.user_attrs.get("advice"):
-        return str(trial.user_attrs["advice"])
+    if trial.user_attrs.get(ADVICE_ATTR):
+        return str(trial.user_attrs[ADVICE_ATTR])
     try:
         return FailureKind(kind).advice
-    except ValueError:
-        return _DRIVER_ADVICE.get(kind, "")
+    except ValueError:  # a kind no longer known
+        return ""
 
 
 def changed_settings(config: TrialConfig) -> list[tuple[str, str]]:
@@ -346,7 +338,7 @@ def _ablation_html(f: StudyFindings) -> str:
 
 
 def _trials_html(f: StudyFindings) -> str:
-    from autotune.study_storage import BASELINE_ATTR
+    from autotune.trial_attrs import BASELINE_ATTR
 
     rows = []
     for t in f.trials:

@@ -46,11 +46,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
 from autotune.failures import FailureKind
+from autotune.study_rules import best_measured, direction_sign, is_feasible
+from autotune.trial_attrs import FAILURE_ATTR, FAILURE_KIND_ATTR, PROPOSED_ATTR, SERVER_CHOICES_ATTR
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
-SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
-PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 MEM_FRACTION = "--mem-fraction-static"
 # SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
 # (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
@@ -184,9 +184,9 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
     such trial. Draft weights raise the minimum, so the largest over the trials is kept."""
     floors = []
     for trial in trials:
-        if trial.user_attrs.get("failure_kind") != FailureKind.KV_POOL_TOO_SMALL.value:
+        if trial.user_attrs.get(FAILURE_KIND_ATTR) != FailureKind.KV_POOL_TOO_SMALL.value:
             continue
-        line = str(trial.user_attrs.get("failure", ""))
+        line = str(trial.user_attrs.get(FAILURE_ATTR, ""))
         named = _MINIMUM_VIABLE.search(line)
         failed = trial.params.get(MEM_FRACTION)
         above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
@@ -204,7 +204,7 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
 
 def _infeasible(trial: FrozenTrial) -> bool:
     """A finished trial that broke a constraint: an out-of-memory launch, or an objective's limit."""
-    return trial.state is not TrialState.RUNNING and any(v > 0 for v in trial.constraints.values())
+    return trial.state is not TrialState.RUNNING and not is_feasible(trial)
 
 
 class FeasibleTPESampler(optuna.samplers.TPESampler):
@@ -404,11 +404,11 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        feasible = [t for t in finished if t.params and _feasible(t)]
-        if not feasible:
+        # The incumbent by measured value: the sampler cannot see re-measured means (remeasure imports it).
+        best = best_measured((t for t in finished if t.params), study.direction)
+        if best is None:
             return None
-        sign = 1 if study.direction is optuna.study.StudyDirection.MAXIMIZE else -1
-        best = max(feasible, key=lambda t: sign * cast(float, t.value))
+        sign = direction_sign(study.direction)
         branch = self._branch(best, finished, with_params, tried, sign)
         if branch is not None or self._rng.random() >= self.share:
             return branch
@@ -423,7 +423,7 @@ class IncumbentMoves(_Wrapper):
         self, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> tuple[dict[str, Any], str] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
-            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get("failure_kind")))
+            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
             if flag is None or flag not in failed.params or flag in self.held:
                 continue
             # Unset means SGLang's own value, which the server logged before it failed.
@@ -434,7 +434,7 @@ class IncumbentMoves(_Wrapper):
             if smaller:
                 repaired = {**failed.params, flag: min(smaller)}
                 if config_key(repaired) not in tried:
-                    kind = failed.user_attrs["failure_kind"]
+                    kind = failed.user_attrs[FAILURE_KIND_ATTR]
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
         return None
 
@@ -444,7 +444,7 @@ class IncumbentMoves(_Wrapper):
         finished: list[FrozenTrial],
         with_params: list[FrozenTrial],
         tried: set[ConfigKey],
-        sign: int,
+        sign: float,
     ) -> _Planned | None:
         """A trial of a speculative algorithm that has run fewer than `branch_trials` times, as the group
         method's speculative stage gives it: the best trial with the algorithm switched, and the tree of that

@@ -33,7 +33,8 @@ from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 from paramiko.config import SSHConfig
 
-from autotune.launch import ServerLaunch
+from autotune.hosts import is_any_address, is_loopback
+from autotune.launch import ServerLaunch, is_env_name
 from autotune.redaction import Secrets
 from autotune.runner import (
     LEFT_BEHIND_GRACE_S,
@@ -63,9 +64,6 @@ KEEPALIVE_S = 10  # a keepalive notices a dead peer where no packet would otherw
 MAX_PATIENCE_S = 60.0  # the longest a connection waits for a node that did not answer last time
 COMMAND_TIMEOUT_S = 30.0  # poll, start, port checks: a node that needs longer is not answering
 _FETCH_CHUNK = 4 << 20
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_ANY = ("0.0.0.0", "::", "")
-_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 # What a broken or closed connection raises somewhere in paramiko, Fabric or invoke.
 _CONNECTION_ERRORS = (OSError, EOFError, paramiko.SSHException, ThreadException)
 
@@ -98,7 +96,7 @@ class SSHAddress:
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in _LOOPBACK
+        return is_loopback(self.host)
 
 
 def parse_ssh_address(address: str) -> SSHAddress:
@@ -465,7 +463,7 @@ class SSHCommandRunner(CommandRunner):
     def _start(
         self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
     ) -> SSHServerProcess:
-        bad = [name for name in env if name[0].isdigit() or not set(name) <= _ENV_NAME_CHARS]
+        bad = [name for name in env if not is_env_name(name)]
         if bad:
             raise LaunchError(argv, f"environment variable names a shell cannot export: {bad!r}")
         if any("\0" in value for value in env.values()) or any("\0" in arg for arg in argv):
@@ -531,7 +529,7 @@ class SSHCommandRunner(CommandRunner):
 
     def url_for(self, launch: ServerLaunch) -> str:
         """The server's URL from this machine: the node's address where it listens on all or loopback."""
-        if launch.host in _ANY or launch.host in _LOOPBACK:
+        if is_any_address(launch.host) or is_loopback(launch.host):
             return ServerLaunch(launch.argv, launch.env, self.address.host, launch.port).base_url
         return launch.base_url
 

@@ -25,12 +25,15 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.failures import FailureKind
+from autotune.trial_attrs import (
+    BASELINE_ATTR,
+    CONFIG_ATTR,
+    DRIVER_ATTR,
+    FAILURE_KIND_ATTR,
+    RETRY_OF_ATTR,
+    SKIPPED_ATTR,
+)
 
-BASELINE_ATTR = "baseline"
-RETRY_OF_ATTR = "retry_of"
-SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): costs no node time or budget
-DRIVER_ATTR = "driver"
-CONFIG_ATTR = "config"
 HEARTBEAT_S = 10
 # Optuna warns that heartbeats are meant for Study.optimize; this ask/tell loop records its own.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -166,7 +169,7 @@ def counts(trial: FrozenTrial) -> bool:
     proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
     if trial.user_attrs.get(SKIPPED_ATTR):
         return False
-    kind = str(trial.user_attrs.get("failure_kind"))
+    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
     return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
 
 

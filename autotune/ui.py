@@ -7,7 +7,6 @@ otherwise; listening beyond loopback needs `allow_remote`, because the MLflow UI
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -22,9 +21,9 @@ from typing import TextIO
 
 from autotune.config import Study
 from autotune.errors import AutotuneError
+from autotune.hosts import LOOPBACK, reachable_here
 from autotune.runner import free_port
 
-LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
 REMOTE_WARNING = (
@@ -35,16 +34,6 @@ REMOTE_WARNING = (
 
 class UIError(AutotuneError):
     """The MLflow UI could not be started."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
@@ -100,7 +89,7 @@ class UIServer:
 
     @property
     def url(self) -> str:
-        host = LOOPBACK if self.host in ("0.0.0.0", "::") else self.host
+        host = reachable_here(self.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}/"
 

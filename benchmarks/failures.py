@@ -58,6 +58,7 @@ from autotune.preflight import predicted_oom
 from autotune.runner import LocalCommandRunner, free_port
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.trial_attrs import FAILURE_KIND_ATTR
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 TOLD_TARGET_S, SHARE_TARGET = 2.0, 0.10
@@ -191,7 +192,7 @@ def measure_latency(case: Case, pool_kind: str, n_trials: int) -> Latency:
                 import ray
 
                 ray.shutdown()
-        kinds = {t.number: t.user_attrs.get("failure_kind", t.state.name) for t in ostudy.trials}
+        kinds = {t.number: t.user_attrs.get(FAILURE_KIND_ATTR, t.state.name) for t in ostudy.trials}
     missing = sorted(set(told) - set(watch.seen))
     if missing:
         raise RuntimeError(f"{case.label}: trials {missing} were told with no fatal line in their logs")

@@ -36,9 +36,10 @@ from autotune.config import Study, load_study
 from autotune.driver import StudyDriver, best_trial
 from autotune.node import TrialRequest, TrialResult
 from autotune.pool import LocalNodePool
-from autotune.remeasure import REMEASURE_OF_ATTR, measurement_groups, remeasure, remeasured_answer
+from autotune.remeasure import measurement_groups, remeasure, remeasured_answer
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.trial_attrs import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
 
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
 
@@ -125,7 +126,7 @@ def short_first(profile: Profile, seed: int, n_trials: int, short: bool, ladder:
     best = best_trial(ostudy)
     return ShortFirstRow(
         node_h=sum(node.seconds.values()) / 3600,
-        pruned_by_short=sum(1 for t in ostudy.trials if t.user_attrs.get("pruned_by")),
+        pruned_by_short=sum(1 for t in ostudy.trials if t.user_attrs.get(PRUNED_BY_ATTR)),
         best=best.value if best is not None and best.value is not None else 0.0,
     )
 
@@ -168,11 +169,11 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
         return None
     by_number = {t.number: t for t in ostudy.trials}
     base_true = true_value(study, profile, None)
-    base_single = next(t for t in ostudy.trials if t.user_attrs.get("baseline")).value or 0.0
+    base_single = next(t for t in ostudy.trials if t.user_attrs.get(BASELINE_ATTR)).value or 0.0
 
     def true_gain(number: int) -> float:
         trial = by_number[number]
-        params = None if trial.user_attrs.get("baseline") else dict(trial.params)
+        params = None if trial.user_attrs.get(BASELINE_ATTR) else dict(trial.params)
         return (true_value(study, profile, params) / base_true - 1) * 100
 
     groups = {g.of: g for g in measurement_groups(ostudy)}

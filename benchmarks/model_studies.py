@@ -37,6 +37,7 @@ from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.study_rules import is_feasible, within_limits
 from autotune.study_storage import counts
 
 # Thousands of studies: Optuna's per-trial notes (GP falling back to random sampling for the conditional
@@ -277,7 +278,7 @@ def run_study(
 def _feasible_value(trial: optuna.trial.FrozenTrial) -> float | None:
     if trial.state is not TrialState.COMPLETE or trial.value is None:
         return None
-    return trial.value if all(v <= 0 for v in trial.constraints.values()) else None
+    return trial.value if is_feasible(trial) else None
 
 
 # -- the landscape --------------------------------------------------------------------------------------
@@ -335,7 +336,7 @@ class Landscape:
             request = TrialRequest(0, launch, self._workload, 1.0, 1.0)
             result = self._executor.run(request).benchmark
             objective = self.study.objective
-            ok = result is not None and all(v <= 0 for v in objective.constraints(result).values())
+            ok = result is not None and within_limits(objective.constraints(result))
             self._cache[key] = objective.value(result) if ok else 0.0
         return self._cache[key]
 

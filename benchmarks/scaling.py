@@ -35,6 +35,7 @@ from autotune.config import Study, load_study
 from autotune.driver import Progress, StudyDriver
 from autotune.errors import ConfigError
 from autotune.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
+from autotune.trial_attrs import BASELINE_ATTR, NODE_ATTR
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 OBJECTIVE = BENCHMARKS / "objectives" / "overhead.yaml"
@@ -124,12 +125,12 @@ def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
             # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
             runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
             nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))
-        launched = [t for t in ostudy.trials if t.state.is_finished() and t.user_attrs.get("node")]
+        launched = [t for t in ostudy.trials if t.state.is_finished() and t.user_attrs.get(NODE_ATTR)]
         seen: set[tuple[tuple[str, str], ...]] = set()
         repeated = 0
         for trial in launched:
             key = tuple(sorted((k, repr(v)) for k, v in trial.params.items()))
-            repeated += key in seen and not trial.user_attrs.get("baseline")
+            repeated += key in seen and not trial.user_attrs.get(BASELINE_ATTR)
             seen.add(key)
         states = Counter(t.state.name for t in ostudy.trials if t.state is not TrialState.WAITING)
         spans = [

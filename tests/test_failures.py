@@ -405,6 +405,7 @@ def test_kind_properties() -> None:
         FailureKind.CUDA_GRAPH_OOM,
         FailureKind.PREFILL_GRAPH_OOM,
         FailureKind.OOM_UNDER_LOAD,
+        FailureKind.PREDICTED_OOM,
     }
     assert {k for k in FailureKind if k.deterministic} == {
         FailureKind.UNSUPPORTED,
@@ -419,6 +420,12 @@ def test_kind_properties() -> None:
     assert "raise --mem-fraction-static" in FailureKind.KV_POOL_TOO_SMALL.advice
     assert "lower --mem-fraction-static" in FailureKind.CUDA_GRAPH_OOM.advice
     assert FailureKind("kv_pool_too_small") is FailureKind.KV_POOL_TOO_SMALL
+    # The kinds the driver records for proposals never launched keep the strings existing studies hold.
+    assert [FailureKind(s) for s in ("forbidden", "predicted_oom", "known_incompatible")] == [
+        FailureKind.FORBIDDEN,
+        FailureKind.PREDICTED_OOM,
+        FailureKind.KNOWN_INCOMPATIBLE,
+    ]
 
 
 def test_a_capture_failure_is_an_oom_only_when_it_wraps_one() -> None:

@@ -4,7 +4,9 @@ and its model (ModelExecutor's noise)."""
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,6 @@ from autotune.driver import StudyDriver, best_trial, study_summary
 from autotune.node import TrialExecutor
 from autotune.pool import LocalNodePool
 from autotune.remeasure import (
-    REMEASURE_OF_ATTR,
     ConfigMeasurements,
     enqueue_remeasurement,
     gain_over,
@@ -30,6 +31,7 @@ from autotune.remeasure import (
 )
 from autotune.runner import LocalCommandRunner, free_port
 from autotune.study_storage import open_study
+from autotune.trial_attrs import REMEASURE_OF_ATTR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli, write_study
@@ -145,6 +147,34 @@ def test_best_reports_the_gain_with_its_interval(
         f"gain over the baseline: {answer['gain_pct']:+.1f}% (95% CI {answer['gain_ci_low_pct']:+.1f}%" in out
     )
     assert ("within noise" in out) == answer["within_noise"]
+
+
+def test_best_json_gives_the_config_its_mean_gain_interval_and_launch(
+    remeasured: tuple[Path, optuna.Study, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, study, _ = remeasured
+    record = json.loads(cli(capsys, "best", str(path), "--json"))
+    answer = study_summary(study)["remeasured"]
+    best = answer["best"]
+    assert (record["trial"], record["value"], record["confidence"]) == (best["trial"], best["mean"], 0.95)
+    assert record["interval"] == [best["ci_low"], best["ci_high"]] and best["ci_low"] < best["ci_high"]
+    assert record["gain_pct"] == answer["gain_pct"]
+    assert record["gain_interval_pct"] == [answer["gain_ci_low_pct"], answer["gain_ci_high_pct"]]
+    # The same launch the plain command prints as a script, as argv and env.
+    script = cli(capsys, "best", str(path))
+    exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
+    assert record["launch"]["argv"] == shlex.split(exec_line)[1:]
+    exports = dict(
+        line[len("export ") :].split("=", 1)
+        for line in script.splitlines()
+        if line.startswith("export ") and "=" in line
+    )
+    assert {k: shlex.split(v)[0] for k, v in exports.items()} == record["launch"]["env"]
+    assert record["params"] and all(
+        str(v) in " ".join(record["launch"]["argv"]) + str(record["launch"]["env"])
+        for v in record["params"].values()
+        if not isinstance(v, bool)
+    )
 
 
 def test_best_says_when_a_gain_is_within_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

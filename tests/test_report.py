@@ -18,9 +18,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.ablation import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from autotune.runner import free_port
 from autotune.tracking import failure_note, metric_unit, run_name
+from autotune.trial_attrs import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration

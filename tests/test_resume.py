@@ -13,7 +13,8 @@ from optuna.trial import TrialState
 from autotune.config import load_study
 from autotune.driver import StudyDriver
 from autotune.errors import ConfigError
-from autotune.study_storage import DRIVER_ATTR, finished_count, open_study
+from autotune.study_storage import finished_count, open_study
+from autotune.trial_attrs import DRIVER_ATTR
 from tests.test_driver import REPO, make_study, model_pool
 
 

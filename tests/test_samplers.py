@@ -16,8 +16,6 @@ from autotune.cli import _status_notes, _trial_record
 from autotune.failures import Failure, FailureKind
 from autotune.samplers import (
     NEAR_STEPS,
-    PROPOSED_ATTR,
-    SERVER_CHOICES_ATTR,
     DefaultsStartSampler,
     FeasibleTPESampler,
     IncumbentMoves,
@@ -26,6 +24,7 @@ from autotune.samplers import (
     nearest,
     tpe,
 )
+from autotune.trial_attrs import PROPOSED_ATTR, SERVER_CHOICES_ATTR
 
 MEM = "--mem-fraction-static"
 

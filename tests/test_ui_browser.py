@@ -218,7 +218,8 @@ def test_ui_on_a_study_that_never_ran_says_how_to_start_it(tmp_path: Path) -> No
 
 def test_ui_serves_the_study_store_and_its_artifact_folder(tmp_path: Path) -> None:
     from autotune.config import load_study
-    from autotune.ui import is_loopback, server_command
+    from autotune.hosts import is_loopback
+    from autotune.ui import server_command
     from tests.conftest import write_study
 
     study = load_study(write_study(tmp_path))

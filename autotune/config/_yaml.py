@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from autotune.errors import ConfigError, did_you_mean
+from autotune.launch import ENV_NAME
 
 # The error type of the rules autotune's own validators raise (see `rule_error`).
 RULE_ERROR = "autotune_rule"
@@ -100,7 +101,7 @@ def load_yaml(path: Path | str) -> dict[str, Any]:
 
 
 # `${NAME}` in a string value of a study file: the value of env var NAME where the study is loaded.
-ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_REFERENCE = re.compile(rf"\$\{{({ENV_NAME})\}}")
 
 
 def expand_env_references(

@@ -40,19 +40,20 @@ from autotune.config.search_space import (
 )
 from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
+from autotune.hosts import is_loopback
 from autotune.launch import (
     AUTO_PORT,
     ServerLaunch,
     TrialConfig,
     build_server_launch,
     check_never_launch,
+    is_env_name,
     to_arg,
     to_env_value,
 )
 from autotune.redaction import Secrets
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 WORKDIR_NAME = ".autotune"
 
 # Both switch NVLink multicast (NVLS) on, which must stay off where the fabric cannot take it.
@@ -418,7 +419,7 @@ def _scalar(value: object) -> bool:
 
 def _check_env_names(env: Mapping[str, object]) -> None:
     for name in env:
-        if not ENV_NAME.match(name):
+        if not is_env_name(name):
             raise rule_error(
                 "not a valid environment variable name",
                 loc=(name,),
@@ -625,8 +626,7 @@ def _resolve_node_files(path: Path, file: StudyFile, study_dir: Path) -> StudyFi
                 "compare the fingerprint with the node's), or set accept_unknown_host_key: true.",
             )
         address = parse_ssh_address(node.address)
-        loopback = ("127.0.0.1", "localhost", "::1")
-        if node.benchmark_from == "driver" and file.server.host in loopback and not address.is_loopback:
+        if node.benchmark_from == "driver" and is_loopback(file.server.host) and not address.is_loopback:
             raise ConfigError(
                 path,
                 "server.host",

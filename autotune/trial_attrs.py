@@ -1,0 +1,38 @@
+"""The names of the attributes autotune stores on Optuna trials and studies, in one place.
+
+The stored strings never change (existing studies must still read); code uses these names instead of
+the literals.
+"""
+
+from __future__ import annotations
+
+# A trial's user attributes.
+FAILURE_KIND_ATTR = "failure_kind"  # a FailureKind value, or why a trial never launched
+FAILURE_ATTR = "failure"  # the (redacted) line that says what went wrong
+ADVICE_ATTR = "advice"  # what to change, for the failure kind met
+CULPRITS_ATTR = "culprits"  # the flags a failure names
+MLFLOW_RUN_ATTR = "mlflow_run_id"
+NODE_ATTR = "node"  # the node that ran the trial
+HARDWARE_ATTR = "hardware"
+DERIVED_ATTR = "derived"  # settings derived from the proposed ones
+METRICS_ATTR = "metrics"  # the benchmark's measured metrics
+LOAD_STOPPED_BY_ATTR = "load_stopped_by"
+SERVER_PGID_ATTR = "server_pgid"
+SERVER_MEMORY_ATTR = "server_memory"
+
+# Defined beside the code that writes them until now; those modules import them from here.
+OVER_LIMITS_ATTR = "over_limits"  # metric -> {limit, measured, excess, concurrency} of each broken limit
+SHORT_CUTOFF_ATTR = "short_cutoff"  # the short value below which the node was told to stop
+SHORT_VALUE_ATTR = "short_value"
+PRUNED_BY_ATTR = "pruned_by"
+REMEASURE_OF_ATTR = "remeasure_of"
+REMEASURE_SETTINGS_ATTR = "remeasure"  # the study's user attr: the settings its re-measurement ran with
+BASELINE_ATTR = "baseline"
+RETRY_OF_ATTR = "retry_of"
+SKIPPED_ATTR = "skipped"  # proposed but never launched (known incompatible): costs no node time or budget
+DRIVER_ATTR = "driver"
+CONFIG_ATTR = "config"
+ABLATION_OF_ATTR = "ablation_of"
+ABLATION_PARAM_ATTR = "ablation_param"
+SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
+PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
