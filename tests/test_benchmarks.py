@@ -4,7 +4,6 @@ do what their names say."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +25,6 @@ from autotune.errors import ConfigError  # noqa: E402
 MEM, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
 
 
-SLOW_SCRIPTS = pytest.mark.skipif(
-    os.environ.get("AUTOTUNE_BENCHMARK_SMOKE") != "1",
-    reason="runs a benchmark script for minutes; set AUTOTUNE_BENCHMARK_SMOKE=1 to run it (issue 10)",
-)
-
-
 def run_script(name: str, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / name), *args],
@@ -45,7 +38,6 @@ def run_script(name: str, *args: str) -> str:
 
 
 @pytest.mark.integration
-@SLOW_SCRIPTS
 def test_sample_efficiency_prints_its_tables() -> None:
     out = run_script("sample_efficiency.py", "--quick")
     assert "Best tok/s found / best known" in out and "Node hours spent" in out
@@ -59,7 +51,6 @@ def test_sample_efficiency_prints_its_tables() -> None:
 
 
 @pytest.mark.integration
-@SLOW_SCRIPTS
 def test_overhead_prints_where_the_time_goes() -> None:
     out = run_script("overhead.py", "--quick")
     assert "median overhead per trial" in out and "MLflow: create the trial's run" in out
@@ -67,7 +58,6 @@ def test_overhead_prints_where_the_time_goes() -> None:
 
 
 @pytest.mark.integration
-@SLOW_SCRIPTS
 def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice() -> None:
     out = run_script("scaling.py", "--quick")
     assert "trials/hour" in out
@@ -75,7 +65,6 @@ def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice() -> None:
 
 
 @pytest.mark.integration
-@SLOW_SCRIPTS
 def test_failures_prints_its_three_measurements() -> None:
     out = run_script("failures.py", "--quick")
     assert "1. Fatal line to trial told" in out and "server lingers" in out
