@@ -52,15 +52,18 @@ def write_study(tmp_path: Path, n_trials: int = N_TRIALS) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`python -m autotune ARGS` in `cwd`, with this environment plus `env`."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout_s,
     )
 
 

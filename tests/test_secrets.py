@@ -8,7 +8,6 @@ every byte the study wrote and everything the commands printed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from autotune.errors import ConfigError
 from autotune.measurement import BenchServingOptions
 from autotune.redaction import REDACTED, Secrets, redacted_output, server_api_key
 from autotune.runner import LocalCommandRunner, free_port
-from tests.conftest import write_study
+from tests.conftest import run_cli, write_study
 from tests.test_objectives import BENCH_SERVING_LINE
 
 API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
@@ -52,22 +51,8 @@ def _write_study(root: Path) -> Path:
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="disabled",
-        SIM_API_KEY=API_KEY,
-        HF_TOKEN=HF_TOKEN,
-        WANDB_API_KEY=WANDB_API_KEY,
-        SERVED_NAME=SERVED_NAME,
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    secrets = {"SIM_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "WANDB_API_KEY": WANDB_API_KEY}
+    return run_cli(*args, cwd=root, env={**secrets, "SERVED_NAME": SERVED_NAME}, timeout_s=300)
 
 
 def _leaks(data: bytes) -> list[str]:
