@@ -133,10 +133,12 @@ class _Running:
     phase_started: float = field(default_factory=time.monotonic)
 
 
-def recover_interrupted(ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
+def recover_interrupted(study: Study, ostudy: optuna.Study, tracker: StudyTracker) -> list[int]:
     """Trials a dead driver left RUNNING: FAIL them as interrupted, close their runs, enqueue them again."""
     recovered = []
-    for trial in abandoned_trials(ostudy):
+    with study_lock(study) as locked:
+        abandoned = abandoned_trials(ostudy, locked=locked)
+    for trial in abandoned:
         ostudy._storage.set_trial_user_attr(trial._trial_id, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
@@ -227,7 +229,7 @@ class StudyDriver:
                 "objective.yaml": study.objective_text,
             }
         )
-        recovered = recover_interrupted(ostudy, tracker)
+        recovered = recover_interrupted(self.study, ostudy, tracker)
         if recovered:
             self.reporter("recovered", Progress(total=budget or 0), {"trials": recovered})
         pool = self.make_pool(study)
@@ -255,7 +257,7 @@ class StudyDriver:
                     self._poll_phases(tracker, pool, running, progress)
                     if time.monotonic() - last_beat > HEARTBEAT_S:
                         heartbeat(ostudy, [entry.trial for entry in running.values()])
-                        recover_interrupted(ostudy, tracker)  # trials of other drivers that died meanwhile
+                        recover_interrupted(self.study, ostudy, tracker)  # other drivers that died meanwhile
                         last_beat = time.monotonic()
         except KeyboardInterrupt:
             self._interrupt(ostudy, tracker, pool, running, progress)

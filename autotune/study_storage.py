@@ -185,8 +185,11 @@ def finished_count(ostudy: optuna.Study) -> int:
     return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if counts(t))
 
 
-def abandoned_trials(ostudy: optuna.Study) -> list[FrozenTrial]:
-    """RUNNING trials whose driver is gone: dead on this host, or silent past the grace period."""
+def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[FrozenTrial]:
+    """RUNNING trials whose driver is gone: dead on this host, or silent past the grace period.
+
+    `locked`: the caller holds the study lock, which a driver holds from asking for a trial until it
+    has claimed it, so a trial nobody claimed was asked for by a driver that died in between."""
     storage = ostudy._storage
     stale_ids = set()
     rdb = getattr(storage, "_backend", storage)  # the cached storage wraps the RDB one
@@ -204,7 +207,7 @@ def abandoned_trials(ostudy: optuna.Study) -> list[FrozenTrial]:
             and trial.datetime_start is not None
             and now - trial.datetime_start > timedelta(seconds=GRACE_S)
         )
-        if alive is False or (alive is None and silent):
+        if alive is False or (alive is None and silent) or (owner is None and locked):
             abandoned.append(trial)
     return abandoned
 
@@ -244,10 +247,11 @@ def enqueue_retry(
 
 
 @contextlib.contextmanager
-def study_lock(study: Study) -> Iterator[None]:
-    """Serialize "is budget left? ask for a trial" between drivers of one study.
+def study_lock(study: Study) -> Iterator[bool]:
+    """Serialize "is budget left? ask for a trial" between drivers of one study; yields whether it did.
 
     PostgreSQL: an advisory lock keyed by the study name. SQLite: a lock file beside the database.
+    Both end with the process that holds them, so a killed driver never keeps the study locked.
     """
     url = study.storage
     if url.startswith("postgresql"):
@@ -260,7 +264,7 @@ def study_lock(study: Study) -> Iterator[None]:
         with engine.connect() as connection:
             connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
             try:
-                yield
+                yield True
             finally:
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                 connection.commit()
@@ -270,11 +274,11 @@ def study_lock(study: Study) -> Iterator[None]:
         with lock_path.open("a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                yield
+                yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    yield
+    yield False
 
 
 _lock_engines: dict[str, Any] = {}

@@ -28,9 +28,7 @@ def test_a_second_holder_waits_and_is_told_who_holds_the_node(node: str) -> None
     told: list[str] = []
     order: list[str] = []
     with node_held(node, "trial 3 of pid 1 on host-a"):
-        second = threading.Thread(
-            target=lambda: node_held_then(node, told.append, order.append, "second")
-        )
+        second = threading.Thread(target=lambda: node_held_then(node, told.append, order.append, "second"))
         second.start()
         time.sleep(1.2)
         assert not order, "the second holder got the node while the first held it"

@@ -38,6 +38,20 @@ def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(tmp_path:
     assert finished_count(ostudy) == 4  # the interrupted trial does not count against the budget
 
 
+def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(tmp_path: Path) -> None:
+    # A driver killed between Optuna's ask and its claim leaves a RUNNING trial with no owner and no
+    # heartbeat; it held the study lock until then, so the next driver knows at once that it is dead.
+    study = load_study(make_study(tmp_path, 3))
+    StudyDriver(study, pool=model_pool()).run(n_trials=1)
+    unclaimed = open_study(study).ask()
+
+    ostudy = StudyDriver(study, pool=model_pool()).run()
+
+    assert ostudy.trials[unclaimed.number].user_attrs["failure_kind"] == "interrupted"
+    assert not [t for t in ostudy.trials if t.state is TrialState.RUNNING]
+    assert finished_count(ostudy) == 3
+
+
 def test_a_trial_of_a_live_driver_is_left_alone(tmp_path: Path) -> None:
     study = load_study(make_study(tmp_path, 3))
     ostudy = open_study(study)
