@@ -18,10 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
-from autotune.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
-from autotune.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
-from autotune.study_rules import is_feasible
-from autotune.trial_attrs import (
+from autotune.study.records import (
     BASELINE_ATTR,
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
@@ -32,9 +29,12 @@ from autotune.trial_attrs import (
     REMEASURE_OF_ATTR,
     SHORT_VALUE_ATTR,
 )
+from autotune.study.rules import is_feasible
+from autotune.trial.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
+from autotune.trial.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 
 if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
-    from autotune.driver import StudyDriver
+    from autotune.study.loop import StudyDriver
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 traceback.print_exc()
                 return EXIT_FAILED
             print(f"autotune: {exc}", file=sys.stderr)
-            from autotune.driver import StudyInterrupted
+            from autotune.study.loop import StudyInterrupted
 
             return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
         except Exception:
@@ -206,7 +206,7 @@ class ConsoleReporter:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune.driver import study_summary
+    from autotune.study.loop import study_summary
 
     study = load_study(args.study_file)
     if args.n_trials is not None and args.n_trials < 1:
@@ -228,11 +228,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
     """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
-    from autotune.driver import StudyDriver
+    from autotune.study.loop import StudyDriver
 
     driver = StudyDriver(study, ConsoleReporter(), tracking=not args.no_tracking)
     if args.no_ray:
-        from autotune.pool import in_process_pool
+        from autotune.node.pool import in_process_pool
 
         driver.make_pool = in_process_pool
     return driver
@@ -240,7 +240,7 @@ def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
 
 def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
     """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
-    from autotune.remeasure import remeasure
+    from autotune.study.remeasure import remeasure
 
     settings = study.objective.remeasure
     if settings is None:
@@ -258,7 +258,7 @@ def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_remeasure(args: argparse.Namespace) -> int:
-    from autotune.driver import study_summary
+    from autotune.study.loop import study_summary
 
     study = load_study(args.study_file)
     if study.objective.remeasure is None:
@@ -400,7 +400,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autotune.driver import study_summary
+    from autotune.study.loop import study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -474,7 +474,7 @@ _SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 def cmd_best(args: argparse.Namespace) -> int:
     from optuna.trial import FixedTrial
 
-    from autotune.driver import best_trial, study_summary
+    from autotune.study.loop import best_trial, study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -592,8 +592,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from autotune.failures import Phase, classify
-    from autotune.logwatch import READY_LINE
+    from autotune.node.logwatch import READY_LINE
+    from autotune.trial.failures import Phase, classify
 
     try:
         text = args.log_file.read_text(errors="replace")
@@ -629,8 +629,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 # -- ui / report / ablate -------------------------------------------------------------------------------
 def cmd_ui(args: argparse.Namespace) -> int:
-    from autotune.hosts import is_loopback
-    from autotune.ui import REMOTE_WARNING, serve
+    from autotune.config.hosts import is_loopback
+    from autotune.views.ui import REMOTE_WARNING, serve
 
     study = load_study(args.study_file)
     if args.port is not None and not 1 <= args.port <= 65535:
@@ -651,7 +651,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotune.report import write_report
+    from autotune.views.report import write_report
 
     study = load_study(args.study_file)
     path = write_report(study, _existing_study(study), args.out)
@@ -662,8 +662,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
-    from autotune.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
-    from autotune.study_storage import budget_used
+    from autotune.study.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
+    from autotune.study.storage import budget_used
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -700,7 +700,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from autotune.compare import compare, describe_run, write
+    from autotune.views.compare import compare, describe_run, write
 
     study = load_study(args.study_file)
     if args.rounds < 2:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.benchmark import BenchmarkResult, Workload, benchmark
+from autotune.measure.client import BenchmarkResult, Workload, benchmark
 from tests.test_sim_server import SimServer
 
 SHIPPED = Path(__file__).resolve().parent.parent / "prompts" / "autotune-prompts.jsonl"

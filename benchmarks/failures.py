@@ -6,14 +6,14 @@ the pre-flight check ever rejects a config that would have started.
    up so a ten-minute weight load takes 0.6 s) that fail the way the seed's did: "Not enough memory" at
    start, a CUDA error under load, each with the server exiting and with the server lingering after the
    line (`SGLANG_SIM_FAULT=linger`, the seed's case). A thread here polls the server logs every 10 ms and
-   notes when a fatal line (autotune.failures.is_fatal_line) first appears; `Study.tell` is timed as it
+   notes when a fatal line (autotune.trial.failures.is_fatal_line) first appears; `Study.tell` is timed as it
    returns. The difference includes stopping the server's process group and waiting for its port, which
    the node does before the driver tells. Through the local pool (a TrialExecutor in
    this process) and the Ray pool (the node actor), as `autotune run` does.
 2. Node time on failed configs. 50-trial studies on the seed profile's model node (the simulated node's
    model answers each trial at once, with the node time it would take), the default sampler, over seeds,
    with both mechanisms, each alone, and neither, and with both but without the sampler's feasibility
-   term (autotune.samplers.FeasibleTPESampler). Node time is start-up until ready or dead, plus the
+   term (autotune.study.samplers.FeasibleTPESampler). Node time is start-up until ready or dead, plus the
    benchmark; a proposal refused without a launch costs none.
 3. False rejections. Random configs of the shipped search space on every simulated hardware x model pair,
    over TP sizes and a wide range of --mem-fraction-static: each the pre-flight check rejects is launched
@@ -46,19 +46,20 @@ import optuna
 import yaml
 from model_studies import BENCHMARKS, PROFILES, Landscape, run_study
 
-from autotune import samplers
-from autotune.benchmark import Workload
 from autotune.config import Study, load_study
-from autotune.driver import StudyDriver
-from autotune.failures import is_fatal_line
-from autotune.launch import ServerLaunch
-from autotune.node import TrialExecutor, TrialRequest
-from autotune.pool import LocalNodePool, NodePool, RayNodePool
-from autotune.preflight import predicted_oom
-from autotune.runner import LocalCommandRunner, free_port
+from autotune.measure.client import Workload
+from autotune.node.executor import TrialExecutor
+from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
+from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.trial_attrs import FAILURE_KIND_ATTR
+from autotune.study import samplers
+from autotune.study.loop import StudyDriver
+from autotune.study.preflight import predicted_oom
+from autotune.study.records import FAILURE_KIND_ATTR
+from autotune.trial.failures import is_fatal_line
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 TOLD_TARGET_S, SHARE_TARGET = 2.0, 0.10

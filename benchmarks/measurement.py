@@ -31,15 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile
 
-from autotune.benchmark import Workload
 from autotune.config import Study, load_study
-from autotune.driver import StudyDriver, best_trial
-from autotune.node import TrialRequest, TrialResult
-from autotune.pool import LocalNodePool
-from autotune.remeasure import measurement_groups, remeasure, remeasured_answer
+from autotune.measure.client import Workload
+from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.trial_attrs import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
+from autotune.study.loop import StudyDriver, best_trial
+from autotune.study.records import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
+from autotune.study.remeasure import measurement_groups, remeasure, remeasured_answer
+from autotune.trial.wire import TrialRequest, TrialResult
 
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
 

@@ -25,20 +25,20 @@ import yaml
 from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autotune.benchmark import Workload
 from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
-from autotune.driver import StudyDriver
 from autotune.errors import ConfigError
-from autotune.launch import TrialConfig
-from autotune.node import TrialRequest, TrialResult
-from autotune.pool import LocalNodePool, NodePool
+from autotune.measure.client import Workload
+from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
-from autotune.study_rules import is_feasible, within_limits
-from autotune.study_storage import counts
+from autotune.study.loop import StudyDriver
+from autotune.study.rules import is_feasible, within_limits
+from autotune.study.storage import counts
+from autotune.trial.launch import TrialConfig
+from autotune.trial.wire import TrialRequest, TrialResult
 
 # Thousands of studies: Optuna's per-trial notes (GP falling back to random sampling for the conditional
 # parameters, heartbeats outside Study.optimize) would bury the tables.

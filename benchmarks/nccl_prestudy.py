@@ -1,5 +1,5 @@
 """A staged study's first stage on the simulated node: the NCCL all-reduce objective (`kind:
-nccl_allreduce`, autotune.nccl_bench on a real node) over the NCCL knobs of the search space, on the
+nccl_allreduce`, autotune.measure.nccl on a real node) over the NCCL knobs of the search space, on the
 model's own message sizes, its best settings then carried into the server study's start (a careful
 engineer's order: seconds per trial before minutes per trial).
 

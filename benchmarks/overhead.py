@@ -36,15 +36,15 @@ import optuna
 import yaml
 from model_studies import BENCHMARKS, SEARCH_SPACE
 
-import autotune.driver
+import autotune.study.loop
 from autotune.config import Study, load_study
 from autotune.config.search_space import SearchSpace
-from autotune.driver import Progress, StudyDriver
-from autotune.node import TrialExecutor
-from autotune.pool import LocalNodePool, NodePool, RayNodePool
-from autotune.redaction import Secrets
-from autotune.runner import LocalCommandRunner, ServerProcess, free_port
-from autotune.tracking import StudyTracker
+from autotune.node.executor import TrialExecutor
+from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
+from autotune.node.runner import LocalCommandRunner, ServerProcess, free_port
+from autotune.study.loop import Progress, StudyDriver
+from autotune.tracking.tracker import StudyTracker
+from autotune.trial.redaction import Secrets
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 TARGET_S = 0.5
@@ -64,7 +64,7 @@ DRIVER_CALLS: Sequence[tuple[Any, str, str]] = (
     (optuna.trial.Trial, "set_user_attr", "Optuna: trial attributes and constraints"),
     (optuna.trial.Trial, "set_constraint", "Optuna: trial attributes and constraints"),
     (optuna.trial.Trial, "report", "Optuna: trial attributes and constraints"),
-    (autotune.driver, "study_summary", "study summary (reads every trial)"),
+    (autotune.study.loop, "study_summary", "study summary (reads every trial)"),
     (StudyTracker, "start_trial", "MLflow: create the trial's run"),
     (StudyTracker, "finish_trial", "MLflow: finish the trial's run, log and artifacts"),
     (StudyTracker, "update_summary", "MLflow: study summary metrics"),

@@ -67,13 +67,13 @@ from model_studies import (
 from nccl_prestudy import nccl_prestudy
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
-from autotune import samplers
 from autotune.config import SearchSpace, Study, parse_search_space
 from autotune.config.study import SAMPLERS, SamplerSpec
 from autotune.errors import ConfigError
-from autotune.preflight import predicted_oom
 from autotune.sim.model_node import node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study import samplers
+from autotune.study.preflight import predicted_oom
 
 BEST_KNOWN = BENCHMARKS / "best_known.json"
 RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
@@ -87,7 +87,7 @@ NCCL_FIRST = "tpe/nccl-first"  # the default after an NCCL all-reduce study (ncc
 
 
 def _tpe_variant(**settings: Any) -> Callable[[int | None], optuna.samplers.BaseSampler]:
-    """autotune's default sampler with other settings (see autotune.samplers.tpe)."""
+    """autotune's default sampler with other settings (see autotune.study.samplers.tpe)."""
     return lambda seed: samplers.tpe(seed, **settings)
 
 

@@ -32,10 +32,10 @@ from model_studies import BENCHMARKS, SEARCH_SPACE
 from optuna.trial import TrialState
 
 from autotune.config import Study, load_study
-from autotune.driver import Progress, StudyDriver
 from autotune.errors import ConfigError
-from autotune.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
-from autotune.trial_attrs import BASELINE_ATTR, NODE_ATTR
+from autotune.node.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
+from autotune.study.loop import Progress, StudyDriver
+from autotune.study.records import BASELINE_ATTR, NODE_ATTR
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 OBJECTIVE = BENCHMARKS / "objectives" / "overhead.yaml"

@@ -22,9 +22,9 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
-from autotune.driver import best_trial
-from autotune.samplers import default_of
-from autotune.study_storage import finished_count
+from autotune.study.loop import best_trial
+from autotune.study.samplers import default_of
+from autotune.study.storage import finished_count
 
 
 class _PositionSampler(BaseSampler):

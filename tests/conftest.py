@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.runner import free_port
+from autotune.node.runner import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 N_TRIALS = 6
@@ -70,7 +70,7 @@ def run_cli(
 @pytest.fixture(scope="session")
 def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     from autotune.config import load_study
-    from autotune.study_storage import open_study
+    from autotune.study.storage import open_study
 
     tmp_path = tmp_path_factory.mktemp("study")
     path = write_study(tmp_path)

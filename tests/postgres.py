@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotune.runner import free_port
+from autotune.node.runner import free_port
 
 
 def _binary(name: str) -> str:

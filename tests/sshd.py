@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.runner import free_port
-from autotune.ssh import SSHAddress, SSHCommandRunner
+from autotune.node.runner import free_port
+from autotune.node.ssh import SSHAddress, SSHCommandRunner
 
 SSHD = Path("/usr/sbin/sshd")
 PRIVSEP_DIR = Path("/run/sshd")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from autotune.benchmark import (
+from autotune.measure.client import (
     SSE_DONE,
     BenchmarkError,
     BenchmarkResult,
@@ -25,7 +25,7 @@ from autotune.benchmark import (
     run_benchmark,
     summarize,
 )
-from autotune.runner import free_port
+from autotune.node.runner import free_port
 
 # ---------------------------------------------------------------------------------------------------
 # SSE parsing

@@ -15,10 +15,10 @@ from optuna.trial import TrialState
 from ray.cluster_utils import Cluster
 
 from autotune.config import load_study
-from autotune.driver import StudyDriver
-from autotune.pool import ACTOR_NAMESPACE, GPU_NODE_RESOURCE
-from autotune.runner import _group_members
-from autotune.study_storage import finished_count
+from autotune.node.pool import ACTOR_NAMESPACE, GPU_NODE_RESOURCE
+from autotune.node.runner import _group_members
+from autotune.study.loop import StudyDriver
+from autotune.study.storage import finished_count
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from autotune.config import (
 )
 from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
 from autotune.errors import ConfigError, ForbiddenLaunchError
-from autotune.launch import TrialConfig
+from autotune.trial.launch import TrialConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"

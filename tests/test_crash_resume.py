@@ -21,7 +21,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from autotune.study_storage import finished_count
+from autotune.study.storage import finished_count
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.runner import free_port
+from autotune.node.runner import free_port
 
 
 def sim_log(tmp_path: Path, *flags: str) -> Path:

@@ -24,9 +24,9 @@ from autotune.dialect import (
     table_from_help,
 )
 from autotune.errors import ConfigError, ForbiddenLaunchError
-from autotune.launch import TrialConfig, build_server_launch
-from autotune.nodecheck import GPU, NodeReport, check_node
-from autotune.runner import LocalCommandRunner
+from autotune.node.check import GPU, NodeReport, check_node
+from autotune.node.runner import LocalCommandRunner
+from autotune.trial.launch import TrialConfig, build_server_launch
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -358,7 +358,7 @@ def test_a_broken_table_names_the_file_and_the_fix(tmp_path: Path) -> None:
 
 
 def test_dialect_stays_free_of_optuna_and_ray() -> None:
-    code = "import sys, autotune.dialect, autotune.nodecheck; print({'optuna', 'ray'} & set(sys.modules))"
+    code = "import sys, autotune.dialect, autotune.node.check; print({'optuna', 'ray'} & set(sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
@@ -432,7 +432,7 @@ def test_a_space_that_could_set_steps_without_topk_is_refused() -> None:
 
 def test_a_help_that_never_ends_leaves_the_flags_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server command whose --help outlasts the limit gives no flag table; the node check goes on."""
-    from autotune import nodecheck
+    from autotune.node import check as nodecheck
 
     monkeypatch.setattr(nodecheck, "HELP_TIMEOUT_S", 0.5)
     slow = [sys.executable, "-c", "import time; time.sleep(30)", "sglang.launch_server"]

@@ -13,14 +13,14 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune.config import load_study
-from autotune.driver import StudyDriver, ctrl_c_remembered, finished_count, study_summary
 from autotune.errors import AutotuneError
-from autotune.pool import LocalNodePool
-from autotune.samplers import NEAR_STEPS, nearest
+from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
-from autotune.study_storage import open_study
+from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count, study_summary
+from autotune.study.samplers import NEAR_STEPS, nearest
+from autotune.study.storage import open_study
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_HARDWARE = (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.failures import PATTERNS, Failure, FailureKind, classify, is_fatal_line
+from autotune.trial.failures import PATTERNS, Failure, FailureKind, classify, is_fatal_line
 
 P = "[2026-02-27 11:50:37 TP3] "
 

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from autotune.errors import ForbiddenLaunchError
-from autotune.launch import (
+from autotune.trial.launch import (
     ServerLaunch,
     TrialConfig,
     build_server_launch,

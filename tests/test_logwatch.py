@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.failures import FailureKind
-from autotune.logwatch import LogFollower, StartupStatus, server_choices, wait_until_ready
-from autotune.runner import LocalCommandRunner, ServerProcess
+from autotune.node.logwatch import LogFollower, StartupStatus, server_choices, wait_until_ready
+from autotune.node.runner import LocalCommandRunner, ServerProcess
+from autotune.trial.failures import FailureKind
 
 # SGLang 0.5.4's start-up lines, in order, with its log prefix; `{t}` marks where a script sleeps.
 STARTUP = [
@@ -258,7 +258,7 @@ def test_a_hang_in_the_second_graphs_capture_names_that_capture(
     ],
 )
 def test_every_capture_marker_starts_the_capturing_phase(line: str) -> None:
-    from autotune.logwatch import _MARKERS
+    from autotune.node.logwatch import _MARKERS
 
     names = [name for regex, name in _MARKERS if regex.search("[2026-12-01 10:00:12 TP0] " + line)]
     assert names == ["capture_cuda_graph_begin"]
@@ -266,7 +266,7 @@ def test_every_capture_marker_starts_the_capturing_phase(line: str) -> None:
 
 
 def test_the_memory_report_of_an_mla_model() -> None:
-    from autotune.logwatch import server_memory
+    from autotune.node.logwatch import server_memory
 
     line = "[TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 403264, KV size: 24.62 GB"
     assert server_memory(line) == {"kv_cache_tokens": 403264.0, "kv_cache_gb": 24.62}

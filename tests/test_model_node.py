@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.benchmark import Workload
-from autotune.failures import FailureKind
-from autotune.launch import ServerLaunch
-from autotune.node import TrialExecutor, TrialRequest
-from autotune.runner import LocalCommandRunner, free_port
+from autotune.measure.client import Workload
+from autotune.node.executor import TrialExecutor
+from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.model import LaunchSettings, NodeModel
 from autotune.sim.model_node import ModelExecutor, startup_seconds
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.trial.failures import FailureKind
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest
 
 SEED_HW, SEED_MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"
 LONG = Workload(num_prompts=2, input_len=28000, output_len=8, concurrency=2)  # the seed's prompt length

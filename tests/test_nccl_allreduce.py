@@ -20,14 +20,10 @@ import optuna
 import pytest
 import yaml
 
-from autotune.compare import Comparison, Run, compare, order_of_round
 from autotune.config import load_objective, load_study, parse_objective
 from autotune.config.allreduce import ALLREDUCE_METRICS
 from autotune.errors import AutotuneError, ConfigError, ForbiddenLaunchError
-from autotune.failures import FailureKind
-from autotune.job import RESULT_PREFIX, JobOutputError, parse_result, result_line, wait_for_job
-from autotune.launch import AUTO_PORT, ServerLaunch, TrialConfig
-from autotune.nccl_bench import (
+from autotune.measure.nccl import (
     PHASES,
     BenchSettings,
     CaptureFailed,
@@ -40,9 +36,14 @@ from autotune.nccl_bench import (
     parse_size,
     summarize,
 )
-from autotune.node import TrialExecutor, TrialRequest
-from autotune.runner import LocalCommandRunner
-from autotune.stats import mean_ci, paired_gain, t_quantile
+from autotune.measure.stats import mean_ci, paired_gain, t_quantile
+from autotune.node.executor import TrialExecutor
+from autotune.node.job import RESULT_PREFIX, JobOutputError, parse_result, result_line, wait_for_job
+from autotune.node.runner import LocalCommandRunner
+from autotune.trial.failures import FailureKind
+from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
+from autotune.trial.wire import TrialRequest
+from autotune.views.compare import Comparison, Run, compare, order_of_round
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "nccl-h200x2.yaml"
@@ -53,7 +54,7 @@ SPACE = REPO / "search_spaces" / "nccl-allreduce.yaml"
 STAND_IN = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from autotune.job import result_line
+from autotune.node.job import result_line
 us = {{"LL": 6.0, "LL128": 12.0, "Simple": 16.0}}.get(os.environ.get("NCCL_PROTO"), 18.0)
 print("warming up", flush=True)
 print(result_line({{"metrics": {{"allreduce_us": us, "nccl_memory_mib": 900.0, "gpu_used_mib": 1400.0,
@@ -257,7 +258,7 @@ def test_the_shipped_files_load_and_launch_the_benchmark_with_nvls_off() -> None
     study = load_study(EXAMPLE)
     assert {p.kind for p in study.search_space.parameters.values()} == {"nccl"}
     launch = study.server_launch(TrialConfig(env={"NCCL_PROTO": "LL"}))
-    assert launch.argv[:3] == ("python3", "-m", "autotune.nccl_bench")
+    assert launch.argv[:3] == ("python3", "-m", "autotune.measure.nccl")
     assert BenchSettings.from_argv(launch.argv[3:]) == objective.allreduce.settings()
     assert launch.env["NCCL_NVLS_ENABLE"] == "0" and launch.env["NCCL_PROTO"] == "LL"
     assert launch.port == AUTO_PORT and "--model-path" not in launch.argv
@@ -424,7 +425,7 @@ def test_a_hanging_job_is_stopped_at_the_benchmark_timeout(tmp_path: Path, execu
 
 
 def _group_alive(pgid: int) -> bool:
-    from autotune.runner import _group_members
+    from autotune.node.runner import _group_members
 
     return bool(_group_members(pgid))
 
@@ -507,7 +508,7 @@ def test_the_benchmark_measures_on_two_gpus() -> None:
     argv = ["--messages", "42K:1,14K:0", "--repeats", "3", "--replays", "3", "--capture-timeout", "30"]
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "autotune.nccl_bench", *argv],
+        [sys.executable, "-m", "autotune.measure.nccl", *argv],
         capture_output=True,
         text=True,
         timeout=180,

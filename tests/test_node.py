@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.benchmark import Workload
-from autotune.failures import FailureKind
-from autotune.launch import ServerLaunch
-from autotune.node import TrialExecutor, TrialRequest, TrialResult
-from autotune.runner import LocalCommandRunner, _group_members, free_port, port_is_free
+from autotune.measure.client import Workload
+from autotune.node.executor import TrialExecutor
+from autotune.node.runner import LocalCommandRunner, _group_members, free_port, port_is_free
+from autotune.trial.failures import FailureKind
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest, TrialResult
 
 SERVER = (
     sys.executable,
@@ -216,8 +217,8 @@ def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(tmp_path: Pat
     import yaml
 
     from autotune.config import load_study
-    from autotune.nodecheck import NodeCheckError
-    from autotune.pool import in_process_pool
+    from autotune.node.check import NodeCheckError
+    from autotune.node.pool import in_process_pool
     from tests.conftest import write_study
 
     path = write_study(tmp_path)

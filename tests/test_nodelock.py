@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.node import TrialExecutor
-from autotune.nodelock import NodeBusy, lock_path, node_held
-from autotune.runner import LocalCommandRunner
+from autotune.node.executor import TrialExecutor
+from autotune.node.lock import NodeBusy, lock_path, node_held
+from autotune.node.runner import LocalCommandRunner
 from tests.test_node import request
 
 

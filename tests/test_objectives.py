@@ -19,21 +19,22 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune.bench_serving import FIELDS, BenchServingRun, command, parse_output
-from autotune.benchmark import BenchmarkError, BenchmarkResult, Workload
 from autotune.cli import main
 from autotune.config import load_study
 from autotune.config.objective import Objective, parse_objective
-from autotune.driver import StudyDriver, best_trial, pareto_front, study_summary
 from autotune.errors import ConfigError
-from autotune.launch import ServerLaunch
-from autotune.measurement import BenchServingOptions, MeasurementPlan, combine, plan_for, run_plan_sync
-from autotune.node import TrialExecutor, TrialRequest
-from autotune.pool import LocalNodePool
-from autotune.pruning import SHORT_STEP, _probe, short_cutoff, short_pruner
-from autotune.runner import LocalCommandRunner, free_port
+from autotune.measure.bench_serving import FIELDS, BenchServingRun, command, parse_output
+from autotune.measure.client import BenchmarkError, BenchmarkResult, Workload
+from autotune.measure.plan import BenchServingOptions, MeasurementPlan, combine, plan_for, run_plan_sync
+from autotune.node.executor import TrialExecutor
+from autotune.node.pool import LocalNodePool
+from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study.loop import StudyDriver, best_trial, pareto_front, study_summary
+from autotune.study.pruning import SHORT_STEP, _probe, short_cutoff, short_pruner
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -669,7 +670,7 @@ def run_sim_study(
     path: Path, *, tracking: bool = False, enqueue: tuple[dict[str, Any], ...] = ()
 ) -> optuna.Study:
     """Run the study on the local simulated node, the trials in `enqueue` first after the baseline."""
-    from autotune.study_storage import open_study
+    from autotune.study.storage import open_study
 
     study = load_study(path)
     ostudy = open_study(study)

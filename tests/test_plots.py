@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.plots import (
+from autotune.views.plots import (
     CUDA_GRAPH_MAX_BS,
     MEMORY_FRACTION,
     OLD_CUDA_GRAPH_MAX_BS,

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from autotune.preflight import predicted_oom, tensor_parallel_size
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study.preflight import predicted_oom, tensor_parallel_size
 
 
 def test_the_seeds_055_is_predicted_and_a_roomy_pool_is_not() -> None:

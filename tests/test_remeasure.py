@@ -17,10 +17,12 @@ import yaml
 from optuna.trial import TrialState
 
 from autotune.config import load_study
-from autotune.driver import StudyDriver, best_trial, study_summary
-from autotune.node import TrialExecutor
-from autotune.pool import LocalNodePool
-from autotune.remeasure import (
+from autotune.node.executor import TrialExecutor
+from autotune.node.pool import LocalNodePool
+from autotune.node.runner import LocalCommandRunner, free_port
+from autotune.study.loop import StudyDriver, best_trial, study_summary
+from autotune.study.records import REMEASURE_OF_ATTR
+from autotune.study.remeasure import (
     ConfigMeasurements,
     enqueue_remeasurement,
     gain_over,
@@ -29,9 +31,7 @@ from autotune.remeasure import (
     remeasure,
     remeasured_answer,
 )
-from autotune.runner import LocalCommandRunner, free_port
-from autotune.study_storage import open_study
-from autotune.trial_attrs import REMEASURE_OF_ATTR
+from autotune.study.storage import open_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli, write_study
@@ -320,7 +320,7 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["run", "resume", "remeasure", "ablate"])
 def test_every_command_that_runs_trials_takes_the_driver_options(command: str) -> None:
     from autotune.cli import _driver, _parser
-    from autotune.pool import in_process_pool
+    from autotune.node.pool import in_process_pool
 
     study = load_study(REPO / "examples" / "quickstart.yaml")
     args = _parser().parse_args([command, "study.yaml", "--no-ray", "--no-tracking"])

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.runner import free_port
-from autotune.tracking import failure_note, metric_unit, run_name
-from autotune.trial_attrs import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
+from autotune.node.runner import free_port
+from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
+from autotune.tracking.tracker import failure_note, metric_unit, run_name
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ def write_ablation_study(folder: Path) -> Path:
 def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The study run (baseline, the good config, an OOM config), ablated, and reported on."""
     from autotune.config import load_study
-    from autotune.study_storage import open_study
+    from autotune.study.storage import open_study
 
     folder = tmp_path_factory.mktemp("ablation")
     path = write_ablation_study(folder)
@@ -146,7 +146,7 @@ def test_report_is_one_self_contained_page_with_every_section(ablated_study) -> 
 def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated_study) -> None:
     path, _ = ablated_study
     html = (path.parent / "report" / "report.html").read_text()
-    from autotune.driver import best_trial
+    from autotune.study.loop import best_trial
 
     ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
     winner = best_trial(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
@@ -216,13 +216,13 @@ def test_run_names_read_at_a_glance() -> None:
 # -- what MLflow shows while a study runs ------------------------------------------------------------------
 @pytest.fixture
 def tracker(tmp_path: Path):
-    from autotune.tracking import StudyTracker
+    from autotune.tracking.tracker import StudyTracker
 
     return StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "live", tmp_path / "artifacts")
 
 
 def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -> None:
-    from autotune.launch import ServerLaunch, TrialConfig
+    from autotune.trial.launch import ServerLaunch, TrialConfig
 
     launch = ServerLaunch(("python", "-m", "sglang.launch_server"), {"NCCL_PROTO": "LL"}, "127.0.0.1", 30000)
     config = TrialConfig(env={"NCCL_PROTO": "LL"}, params={"NCCL_PROTO": "LL"})
@@ -301,7 +301,7 @@ def _plan_study() -> optuna.Study:
 
 
 def test_ablation_plan_reverts_what_the_search_space_can_unset() -> None:
-    from autotune.ablation import enqueue_ablation, plan_ablation
+    from autotune.study.ablation import enqueue_ablation, plan_ablation
 
     ostudy = _plan_study()
     plan = plan_ablation(ostudy)
@@ -322,7 +322,7 @@ def test_ablation_plan_reverts_what_the_search_space_can_unset() -> None:
 
 
 def test_ablation_results_follow_retries_and_split_the_gain() -> None:
-    from autotune.ablation import ablation_results, enqueue_ablation, plan_ablation
+    from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
 
     ostudy = _plan_study()
     enqueue_ablation(ostudy, plan_ablation(ostudy))
@@ -351,8 +351,8 @@ def test_ablation_results_follow_retries_and_split_the_gain() -> None:
 def test_nothing_to_ablate_when_the_baseline_is_best() -> None:
     from optuna.trial import create_trial
 
-    from autotune.ablation import plan_ablation
     from autotune.errors import AutotuneError
+    from autotune.study.ablation import plan_ablation
 
     ostudy = optuna.create_study(direction="maximize", study_name="flat")
     ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))

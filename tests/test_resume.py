@@ -11,10 +11,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import load_study
-from autotune.driver import StudyDriver
 from autotune.errors import ConfigError
-from autotune.study_storage import finished_count, open_study
-from autotune.trial_attrs import DRIVER_ATTR
+from autotune.study.loop import StudyDriver
+from autotune.study.records import DRIVER_ATTR
+from autotune.study.storage import finished_count, open_study
 from tests.test_driver import REPO, make_study, model_pool
 
 
@@ -57,7 +57,7 @@ def test_a_trial_of_a_live_driver_is_left_alone(tmp_path: Path) -> None:
     ostudy = open_study(study)
     other = ostudy.ask()
     other.set_user_attr(DRIVER_ATTR, "another-host:4242:99")  # alive as far as anyone here can tell
-    from autotune.study_storage import claim
+    from autotune.study.storage import claim
 
     claim(ostudy, other)  # a fresh heartbeat
     ostudy = StudyDriver(study, pool=model_pool()).run()

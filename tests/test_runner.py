@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.runner import (
+from autotune.node.runner import (
     LaunchError,
     LocalCommandRunner,
     ServerProcess,

@@ -13,8 +13,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune.cli import _status_notes, _trial_record
-from autotune.failures import Failure, FailureKind
-from autotune.samplers import (
+from autotune.study.records import PROPOSED_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.samplers import (
     NEAR_STEPS,
     DefaultsStartSampler,
     FeasibleTPESampler,
@@ -24,7 +24,7 @@ from autotune.samplers import (
     nearest,
     tpe,
 )
-from autotune.trial_attrs import PROPOSED_ATTR, SERVER_CHOICES_ATTR
+from autotune.trial.failures import Failure, FailureKind
 
 MEM = "--mem-fraction-static"
 
@@ -273,8 +273,8 @@ def test_a_move_that_switches_a_branch_off_does_not_repeat_the_config_it_came_fr
 
 
 def test_a_move_leaves_a_knob_the_study_holds_alone() -> None:
-    # autotune.incompatible holds a flag with one value left that the hardware runs; a move that changed it
-    # would be undone by the holding, and the trial would repeat the config the move started from.
+    # autotune.study.incompatible holds a flag with one value left that the hardware runs; a move that
+    # changed it would be undone by the holding, and the trial would repeat the config the move started from.
     sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=1.0, seed=0)
     sampler.held = {"k0": None}
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -290,7 +290,7 @@ def test_a_move_leaves_a_knob_the_study_holds_alone() -> None:
 
 def test_the_incompatibility_memory_tells_the_default_sampler_what_it_holds(tmp_path: Path) -> None:
     from autotune.config import load_search_space
-    from autotune.incompatible import KnownIncompatibilities
+    from autotune.study.incompatible import KnownIncompatibilities
 
     space = tmp_path / "space.yaml"
     space.write_text(
@@ -313,8 +313,8 @@ def test_the_incompatibility_memory_tells_the_default_sampler_what_it_holds(tmp_
 
 def test_a_rejected_argument_is_remembered_by_the_flag_sglang_names(tmp_path: Path) -> None:
     from autotune.config import load_search_space
-    from autotune.failures import classify
-    from autotune.incompatible import KnownIncompatibilities
+    from autotune.study.incompatible import KnownIncompatibilities
+    from autotune.trial.failures import classify
 
     space = tmp_path / "space.yaml"
     space.write_text(

@@ -19,7 +19,7 @@ from autotune.config.search_space import (
     parse_search_space,
 )
 from autotune.errors import ConfigError
-from autotune.launch import TrialConfig
+from autotune.trial.launch import TrialConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"

@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune import remote_benchmark
-from autotune.bench_serving import BenchServingRun
-from autotune.benchmark import API_KEY_ENV, BenchmarkError, Workload, benchmark
 from autotune.config._yaml import expand_env_references
 from autotune.config.study import load_study
 from autotune.errors import ConfigError
-from autotune.measurement import BenchServingOptions
-from autotune.redaction import REDACTED, Secrets, redacted_output, server_api_key
-from autotune.runner import LocalCommandRunner, free_port
+from autotune.measure import remote as remote_benchmark
+from autotune.measure.bench_serving import BenchServingRun
+from autotune.measure.client import API_KEY_ENV, BenchmarkError, Workload, benchmark
+from autotune.measure.plan import BenchServingOptions
+from autotune.node.runner import LocalCommandRunner, free_port
+from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
 from tests.conftest import run_cli, write_study
 from tests.test_objectives import BENCH_SERVING_LINE
 

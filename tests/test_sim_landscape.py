@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from autotune.config.search_space import IntParameter, SearchSpace, load_search_space, parse_search_space
-from autotune.launch import TrialConfig
 from autotune.sim.model import NodeModel
 from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.trial.launch import TrialConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"

@@ -19,16 +19,17 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.benchmark import Workload
 from autotune.config import load_study
 from autotune.errors import ConfigError
-from autotune.failures import FailureKind
-from autotune.launch import ServerLaunch
-from autotune.node import TrialExecutor, TrialRequest, TrialResult
-from autotune.nodecheck import GPU, check_node, gpu_problems, parse_gpus
-from autotune.redaction import Secrets
-from autotune.runner import LaunchError, NodeUnreachableError, free_port, port_is_free
-from autotune.ssh import AddressError, SSHAddress, parse_ssh_address
+from autotune.measure.client import Workload
+from autotune.node.check import GPU, check_node, gpu_problems, parse_gpus
+from autotune.node.executor import TrialExecutor
+from autotune.node.runner import LaunchError, NodeUnreachableError, free_port, port_is_free
+from autotune.node.ssh import AddressError, SSHAddress, parse_ssh_address
+from autotune.trial.failures import FailureKind
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.redaction import Secrets
+from autotune.trial.wire import TrialRequest, TrialResult
 from tests.conftest import run_cli, write_study
 from tests.sshd import SSHServer, sshd_unavailable
 
@@ -379,7 +380,7 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(sshd: SSHServer, tmp_path: 
 def test_node_check_reads_the_sglang_version_into_the_hardware_fingerprint(tmp_path: Path) -> None:
     # A deterministic "unsupported" failure is remembered against this fingerprint: a new SGLang may
     # support the feature, so the version is part of it.
-    from autotune.runner import LocalCommandRunner
+    from autotune.node.runner import LocalCommandRunner
     from autotune.sim.nvidia_smi import __file__ as nvidia_smi_sim
 
     report = check_node(

@@ -85,7 +85,7 @@ def test_secrets_never_reach_mlflow_or_launch_scripts(finished_study) -> None:
 def test_no_server_outlives_the_study(finished_study) -> None:
     path, _ = finished_study
     study = yaml.safe_load(path.read_text())
-    from autotune.runner import port_is_free
+    from autotune.node.runner import port_is_free
 
     assert port_is_free("127.0.0.1", study["server"]["port"])
     ours = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

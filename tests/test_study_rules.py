@@ -6,7 +6,7 @@ import optuna
 from optuna.study._constrained_optimization import _get_feasible_trials
 from optuna.trial import TrialState, create_trial
 
-from autotune.study_rules import is_feasible, within_limits
+from autotune.study.rules import is_feasible, within_limits
 
 
 def _trial(constraints: dict[str, float] | None) -> optuna.trial.FrozenTrial:
@@ -33,7 +33,7 @@ def test_no_constraints_are_within_limits() -> None:
 def test_the_direction_sign_reads_optuna_and_study_file_spellings() -> None:
     from optuna.study import StudyDirection
 
-    from autotune.study_rules import direction_sign, maximizes
+    from autotune.study.rules import direction_sign, maximizes
 
     assert maximizes(StudyDirection.MAXIMIZE) and maximizes("maximize")
     assert not maximizes(StudyDirection.MINIMIZE) and not maximizes("minimize")
@@ -41,7 +41,7 @@ def test_the_direction_sign_reads_optuna_and_study_file_spellings() -> None:
 
 
 def test_the_best_measured_trial_is_feasible_complete_and_first_among_equals() -> None:
-    from autotune.study_rules import best_measured
+    from autotune.study.rules import best_measured
 
     values = [(3.0, {}), (9.0, {"ttft": 1.0}), (5.0, {}), (5.0, {}), (1.0, {})]
     trials = [create_trial(state=TrialState.COMPLETE, value=v, constraints=c) for v, c in values]
@@ -54,8 +54,8 @@ def test_the_best_measured_trial_is_feasible_complete_and_first_among_equals() -
 
 
 def test_addresses_and_env_names_have_one_rule_each() -> None:
-    from autotune.hosts import is_any_address, is_loopback, reachable_here
-    from autotune.launch import is_env_name
+    from autotune.config.hosts import is_any_address, is_loopback, reachable_here
+    from autotune.trial.launch import is_env_name
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.5", "::", "example.org"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.runner import port_is_free
+from autotune.node.runner import port_is_free
 from tests.conftest import run_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -218,8 +218,8 @@ def test_ui_on_a_study_that_never_ran_says_how_to_start_it(tmp_path: Path) -> No
 
 def test_ui_serves_the_study_store_and_its_artifact_folder(tmp_path: Path) -> None:
     from autotune.config import load_study
-    from autotune.hosts import is_loopback
-    from autotune.ui import server_command
+    from autotune.config.hosts import is_loopback
+    from autotune.views.ui import server_command
     from tests.conftest import write_study
 
     study = load_study(write_study(tmp_path))

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.bench_serving import command, parse_output
-from autotune.benchmark import (
+from autotune.config.objective import parse_objective
+from autotune.errors import ConfigError
+from autotune.measure.bench_serving import command, parse_output
+from autotune.measure.client import (
     BenchmarkError,
     BenchmarkResult,
     RequestOutcome,
@@ -31,15 +33,13 @@ from autotune.benchmark import (
     run_benchmark,
     summarize,
 )
-from autotune.config.objective import parse_objective
-from autotune.driver import measurement_metrics
-from autotune.errors import ConfigError
-from autotune.load_search import LoadSearchPlan
-from autotune.measurement import MeasurementPlan, run_plan, run_seed
-from autotune.node import TrialExecutor
-from autotune.runner import LocalCommandRunner, free_port
+from autotune.measure.load_search import LoadSearchPlan
+from autotune.measure.plan import MeasurementPlan, run_plan, run_seed
+from autotune.measure.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
+from autotune.node.executor import TrialExecutor
+from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability
-from autotune.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
+from autotune.study.loop import measurement_metrics
 from tests.test_node import request as node_request
 from tests.test_objectives import BENCH_SERVING_LINE
 from tests.test_sim_server import SimServer

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from autotune.errors import ConfigError, did_you_mean
-from autotune.launch import ENV_NAME
+from autotune.trial.launch import ENV_NAME
 
 # The error type of the rules autotune's own validators raise (see `rule_error`).
 RULE_ERROR = "autotune_rule"

@@ -1,7 +1,8 @@
 """The NCCL all-reduce objective (`kind: nccl_allreduce`): which messages a trial all-reduces, and how.
 
-Such an objective's trials run `autotune.nccl_bench` as a job (see `autotune.job`) with the trial's NCCL
-environment, instead of launching a server and benchmarking it; `allreduce` says what the job measures.
+Such an objective's trials run `autotune.measure.nccl` as a job (see `autotune.node.job`) with the
+trial's NCCL environment, instead of launching a server and benchmarking it; `allreduce` says what
+the job measures.
 `check_kind` holds the rules that keep serving and all-reduce objectives apart.
 """
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from autotune.config._yaml import rule_error
-from autotune.nccl_bench import DTYPE_BYTES, BenchSettings, Message, parse_size
+from autotune.measure.nccl import DTYPE_BYTES, BenchSettings, Message, parse_size
 
 if TYPE_CHECKING:
     from autotune.config.objective import Objective
@@ -24,7 +25,7 @@ __all__ = ["ALLREDUCE_METRICS", "OBJECTIVE_KINDS", "AllReduce", "check_kind"]
 ObjectiveKind = Literal["serving", "nccl_allreduce"]
 OBJECTIVE_KINDS: tuple[str, ...] = ("serving", "nccl_allreduce")
 
-# What an all-reduce trial reports (autotune.nccl_bench), each with the direction that means "better".
+# What an all-reduce trial reports (autotune.measure.nccl), each with the direction that means "better".
 ALLREDUCE_METRICS: Mapping[str, Literal["minimize"]] = MappingProxyType(
     {
         "allreduce_us": "minimize",  # us per all-reduce, the messages' weighted mean

@@ -27,7 +27,7 @@ from pydantic import (
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
 from autotune.config.allreduce import ALLREDUCE_METRICS, AllReduce, ObjectiveKind, check_kind
 from autotune.errors import ConfigError, did_you_mean
-from autotune.workloads import load_prompts
+from autotune.measure.workloads import load_prompts
 
 Direction = Literal["maximize", "minimize"]
 
@@ -84,7 +84,7 @@ class Slo(BaseModel):
 
 class Workload(BaseModel):
     """The benchmark each trial runs: random prompts of fixed lengths at a fixed concurrency, or a prompts
-    file, length distributions and an arrival rate (see autotune.workloads), with an SLO for goodput."""
+    file, length distributions and an arrival rate (autotune.measure.workloads), with an SLO for goodput."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -423,7 +423,7 @@ class Objective(BaseModel):
 
     @property
     def is_job(self) -> bool:
-        """True when a trial runs a job that measures itself (autotune.job) instead of a server."""
+        """True when a trial runs a job that measures itself (autotune.node.job) instead of a server."""
         return self.kind != "serving"
 
     def value(self, result: Any) -> float:

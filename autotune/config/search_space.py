@@ -28,7 +28,7 @@ from pydantic import (
 
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
 from autotune.errors import did_you_mean
-from autotune.launch import TrialConfig, to_arg, to_env_value
+from autotune.trial.launch import TrialConfig, to_arg, to_env_value
 
 NCCL_NAME = re.compile(r"^NCCL_[A-Z0-9_]+$")
 FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$")

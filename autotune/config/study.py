@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from autotune import samplers
 from autotune.config._yaml import config_error_from_validation, expand_env_references, load_yaml, rule_error
+from autotune.config.hosts import is_loopback
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
     FLAG_NAME,
@@ -40,8 +40,8 @@ from autotune.config.search_space import (
 )
 from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
-from autotune.hosts import is_loopback
-from autotune.launch import (
+from autotune.study import samplers
+from autotune.trial.launch import (
     AUTO_PORT,
     ServerLaunch,
     TrialConfig,
@@ -51,7 +51,7 @@ from autotune.launch import (
     to_arg,
     to_env_value,
 )
-from autotune.redaction import Secrets
+from autotune.trial.redaction import Secrets
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 WORKDIR_NAME = ".autotune"
@@ -60,10 +60,10 @@ WORKDIR_NAME = ".autotune"
 DEFAULT_NEVER_LAUNCH_ENV: Mapping[str, tuple[str, ...]] = {"NCCL_NVLS_ENABLE": ("1", "2")}
 DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-symm-mem")
 # The command a job objective's trial runs when `server.command` is not set (python3: the node's Python).
-JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.nccl_bench")}
+JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.measure.nccl")}
 
 SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
-    # Looked up when a sampler is built: autotune.samplers imports this package (the speculative rules).
+    # Looked up when a sampler is built: autotune.study.samplers imports this package (the speculative rules).
     "tpe": lambda seed: samplers.tpe(seed),  # TPE near SGLang's defaults, with moves and repairs
     "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
@@ -105,7 +105,7 @@ class NodeSpec(BaseModel):
         if address == "local":
             return address
         if address.startswith("ssh:"):
-            from autotune.ssh import AddressError, parse_ssh_address
+            from autotune.node.ssh import AddressError, parse_ssh_address
 
             try:
                 parse_ssh_address(address)
@@ -600,7 +600,7 @@ def _resolve_node_files(path: Path, file: StudyFile, study_dir: Path) -> StudyFi
         if not node.is_ssh:
             nodes.append(node)
             continue
-        from autotune.ssh import parse_ssh_address
+        from autotune.node.ssh import parse_ssh_address
 
         where = f"nodes[{index}]"
         update: dict[str, str] = {}

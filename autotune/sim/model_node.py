@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from autotune.benchmark import BenchmarkResult, Workload
-from autotune.failures import Failure, FailureKind, classify
-from autotune.measurement import MeasurementPlan, run_plan_sync
-from autotune.node import TrialRequest, TrialResult
-from autotune.nodecheck import NodeReport
+from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.plan import MeasurementPlan, run_plan_sync
+from autotune.node.check import NodeReport
 from autotune.sim.engine import input_too_long
 from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
+from autotune.trial.failures import Failure, FailureKind, classify
+from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
 
@@ -50,7 +50,7 @@ def startup_seconds(node: NodeModel) -> float:
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
     """What the node check would find on a simulated node: its GPUs (as autotune.sim.nvidia_smi lists
     them) and the model's weights."""
-    from autotune.nodecheck import GPU
+    from autotune.node.check import GPU
     from autotune.sim.nvidia_smi import DRIVER_VERSION
     from autotune.sim.versions import sglang_version
 

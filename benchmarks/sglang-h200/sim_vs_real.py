@@ -20,9 +20,9 @@ import optuna
 from scipy.stats import spearmanr
 
 from autotune.config import load_study
-from autotune.report import trial_config
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
+from autotune.views.report import trial_config
 
 REPO = Path(__file__).resolve().parents[2]
 

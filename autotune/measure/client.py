@@ -1,0 +1,524 @@
+"""The built-in benchmark client: SGLang's streaming `POST /generate`, measured like `sglang.bench_serving`.
+
+Prompts are random token ids (like bench_serving's `random-ids` dataset with `--random-range-ratio 1.0`),
+so no tokenizer is needed and every request has exactly `input_len` prompt tokens and, with
+`ignore_eos`, exactly `output_len` output tokens; or the workload's prompts file, lengths and arrival
+rate (see `autotune.measure.workloads`). With an SLO, requests that met it count as goodput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from autotune.errors import AutotuneError
+from autotune.measure.workloads import Lengths, PromptsFormat, Request, arrival_offsets, requests_for
+
+__all__ = [
+    "SSE_DONE",
+    "BenchmarkError",
+    "BenchmarkResult",
+    "RequestOutcome",
+    "SSEParser",
+    "Slo",
+    "Workload",
+    "benchmark",
+    "percentile",
+    "run_benchmark",
+    "summarize",
+]
+
+SSE_DONE = "[DONE]"
+
+# Warm-up only needs to touch the prefill and decode paths once, not to decode the full length.
+_WARMUP_MAX_NEW_TOKENS = 16
+_ERROR_TEXT_MAX = 500
+
+
+class BenchmarkError(AutotuneError):
+    """The benchmark produced no usable result: every request failed, warm-up failed, or it timed out.
+
+    Carries the partial counts (`completed`, `failed`, `unfinished`) and the first error's text.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        completed: int = 0,
+        failed: int = 0,
+        unfinished: int = 0,
+        first_error: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.completed = completed
+        self.failed = failed
+        self.unfinished = unfinished
+        self.first_error = first_error
+        super().__init__(
+            f"benchmark {reason} ({completed} completed, {failed} failed, {unfinished} unfinished); "
+            f"first error: {first_error or 'none'}"
+        )
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Per-request latency limits in server milliseconds; a request that meets every one set is good.
+
+    SGLang 0.5.23's `bench_serving --goodput ttft:MS tpot:MS e2el:MS` (sglang/benchmark/goodput.py): TPOT is
+    a request's (latency - TTFT) / (output tokens - 1), its mean inter-token latency.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def met(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> bool:
+        return all(
+            limit is None or observed <= limit
+            for limit, observed in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2el_ms, e2el_ms))
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and
+    `output_len` output tokens, `concurrency` in flight at once, after `warmup_requests` uncounted ones.
+
+    Or the prompts of the file `prompts`, lengths `fixed`, `uniform` (in [length * range_ratio, length]) or
+    from the file, sent at `request_rate` per server second (gamma gaps of shape `burstiness`; None: all at
+    once). With `slo`, the result's goodput counts the requests that met it (`autotune.measure.workloads`).
+    """
+
+    num_prompts: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    warmup_requests: int = 1
+    prompts: str | None = None
+    prompts_format: PromptsFormat = "auto"
+    lengths: Lengths = "fixed"
+    range_ratio: float = 0.5
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    slo: Slo | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slo, dict):  # from JSON or the objective's model_dump
+            object.__setattr__(self, "slo", Slo(**self.slo))
+        for name in ("num_prompts", "input_len", "output_len", "concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got ({name}={value!r}).")
+        if not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
+            raise ValueError(
+                f"`warmup_requests >= 0` must hold, but got (warmup_requests={self.warmup_requests!r})."
+            )
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """One benchmark's measurements, in server time (see `time_scale`); latencies in milliseconds.
+
+    `time_scale` is what the server reported at the top level of /server_info (1.0 when absent, as
+    on real SGLang): real seconds per server second. Every measured duration was divided by it and every
+    throughput multiplied by it. `accept_length` is the server's `avg_spec_accept_length` of DP rank 0,
+    None without speculative decoding.
+
+    A trial's whole measurement (see `autotune.measure.plan`) is one result too: the figures at the top
+    level combine its `levels` (one result per concurrency level of a ladder, all on one launch);
+    `short` is the short measurement taken first, and `stopped_early` says the trial stopped after it
+    (then the top level is the short measurement's). `client` names what measured: `builtin` or
+    `bench_serving`.
+    """
+
+    workload: Workload
+    duration_s: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    input_throughput: float
+    output_throughput: float
+    mean_ttft_ms: float
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    mean_itl_ms: float
+    p50_itl_ms: float
+    p99_itl_ms: float
+    mean_e2e_latency_ms: float
+    p50_e2e_latency_ms: float
+    p99_e2e_latency_ms: float
+    accept_length: float | None
+    time_scale: float
+    first_error: str | None = None
+    levels: tuple[BenchmarkResult, ...] = ()
+    short: BenchmarkResult | None = None
+    stopped_early: bool = False
+    client: str = "builtin"
+    # With the workload's SLO: good requests per server second, and the share of requests sent that were good.
+    request_goodput: float | None = None
+    slo_attainment: float | None = None
+    # A load search (autotune.measure.load_search): the highest load that met the SLO, and why it ended.
+    max_load: float | None = None
+    load_stopped_by: str | None = None
+
+    def to_json(self) -> str:
+        """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchmarkResult:
+        """Parse what `to_json` wrote."""
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchmarkResult:
+        """Build a result from `dataclasses.asdict` of one (what `to_json` writes, parsed)."""
+        data = dict(data)
+        data["workload"] = Workload(**data["workload"])
+        data["levels"] = tuple(cls.from_dict(level) for level in data.get("levels") or ())
+        if data.get("short") is not None:
+            data["short"] = cls.from_dict(data["short"])
+        return cls(**data)
+
+
+@dataclass
+class RequestOutcome:
+    """One request as the client saw it, in real (wall-clock) seconds."""
+
+    success: bool = False
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+class SSEParser:
+    """Incremental parser of a server-sent-events byte stream; returns each event's data payload.
+
+    Bytes may arrive split anywhere (inside a line, inside a UTF-8 character); `feed` returns the
+    events completed so far. Multi-line data fields are joined with newlines, comments and other
+    fields are ignored, as the SSE specification says. SGLang's final payload is `SSE_DONE`.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Add bytes; return the payloads of the events they complete."""
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
+        events: list[str] = []
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8")
+            if not line:
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith("data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(" ") else value)
+        return events
+
+    def close(self) -> list[str]:
+        """End of stream: return a last event that lacked its closing blank line, if any."""
+        events = self.feed(b"\n\n") if self._buf or self._data else []
+        self._buf = b""
+        return events
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default, which bench_serving uses); 0.0
+    for no values, as bench_serving's `np.percentile(x or 0, q)`."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"`0 <= q <= 100` must hold, but got ({q=}).")
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(
+    outcomes: Sequence[RequestOutcome],
+    duration_s: float,
+    workload: Workload,
+    *,
+    time_scale: float = 1.0,
+    accept_length: float | None = None,
+) -> BenchmarkResult:
+    """Turn per-request outcomes and the real wall-clock `duration_s` into a result in server time.
+
+    Durations are divided by `time_scale` and throughputs thereby multiplied by it.
+    """
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"`time_scale > 0` must hold, but got ({time_scale=}).")
+    ok = [o for o in outcomes if o.success]
+    ms = 1000.0 / time_scale  # real seconds -> server milliseconds
+    ttfts = [o.ttft_s * ms for o in ok if o.ttft_s is not None]
+    itls = [gap * ms for o in ok for gap in o.itl_s]
+    e2es = [o.latency_s * ms for o in ok]
+    server_duration = duration_s / time_scale
+    total_in = sum(o.prompt_tokens for o in ok)
+    total_out = sum(o.output_tokens for o in ok)
+    good = sum(_good(o, workload.slo, ms) for o in ok) if workload.slo is not None else 0
+
+    def rate(amount: float) -> float:
+        return amount / server_duration if server_duration > 0 else 0.0
+
+    return BenchmarkResult(
+        workload=workload,
+        duration_s=server_duration,
+        completed=len(ok),
+        failed=len(outcomes) - len(ok),
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=rate(len(ok)),
+        input_throughput=rate(total_in),
+        output_throughput=rate(total_out),
+        mean_ttft_ms=_mean(ttfts),
+        p50_ttft_ms=percentile(ttfts, 50),
+        p99_ttft_ms=percentile(ttfts, 99),
+        mean_itl_ms=_mean(itls),
+        p50_itl_ms=percentile(itls, 50),
+        p99_itl_ms=percentile(itls, 99),
+        mean_e2e_latency_ms=_mean(e2es),
+        p50_e2e_latency_ms=percentile(e2es, 50),
+        p99_e2e_latency_ms=percentile(e2es, 99),
+        accept_length=accept_length,
+        time_scale=time_scale,
+        first_error=next((o.error for o in outcomes if o.error), None),
+        request_goodput=rate(good) if workload.slo is not None else None,
+        slo_attainment=good / len(outcomes) if workload.slo is not None and outcomes else None,
+    )
+
+
+def _good(outcome: RequestOutcome, slo: Slo, ms: float) -> bool:
+    """Whether a successful request met the SLO, as SGLang 0.5.23's calculate_goodput decides (a single-token
+    answer has no inter-token gap: its TPOT counts as 0)."""
+    ttft = (outcome.ttft_s or 0.0) * ms
+    latency = outcome.latency_s * ms
+    tpot = (latency - ttft) / (outcome.output_tokens - 1) if outcome.output_tokens > 1 else 0.0
+    return slo.met(ttft, tpot, latency)
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:_ERROR_TEXT_MAX]
+
+
+async def _generate(
+    session: aiohttp.ClientSession, url: str, prompt: Request, max_new_tokens: int
+) -> RequestOutcome:
+    """Send one streaming /generate request and time it; never raises for server or network errors."""
+    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens)
+    payload = {
+        **({"text": prompt.text} if prompt.input_ids is None else {"input_ids": prompt.input_ids}),
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    parser = SSEParser()
+    done = False
+    last_tokens = 0
+    most_recent = 0.0
+    st = time.perf_counter()
+    try:
+        async with session.post(url, json=payload) as resp:
+            if resp.status != 200:
+                body = await resp.text(errors="replace")
+                out.error = f"HTTP {resp.status} {resp.reason or ''}: {body}"[:_ERROR_TEXT_MAX]
+                return out
+            async for data in resp.content.iter_any():
+                for event in parser.feed(data):
+                    if event == SSE_DONE:
+                        done = True
+                        break
+                    chunk = json.loads(event)
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"stream chunk is not a JSON object: {event[:100]!r}")
+                    if "error" in chunk:
+                        out.error = f"server error: {json.dumps(chunk['error'])}"[:_ERROR_TEXT_MAX]
+                        return out
+                    now = time.perf_counter()
+                    meta = chunk.get("meta_info") or {}
+                    reason = meta.get("finish_reason")
+                    if isinstance(reason, dict) and reason.get("type") == "abort":
+                        out.error = f"request aborted: {reason.get('message', '')}"[:_ERROR_TEXT_MAX]
+                        return out
+                    out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
+                    # completion_tokens is cumulative; output_ids carries only this chunk's new tokens.
+                    tokens = meta.get("completion_tokens")
+                    tokens = (
+                        int(tokens)
+                        if tokens is not None
+                        else last_tokens + len(chunk.get("output_ids") or [])
+                    )
+                    new = tokens - last_tokens
+                    if new <= 0:
+                        continue
+                    if out.ttft_s is None:
+                        out.ttft_s = now - st
+                    else:
+                        # A chunk with k new tokens (speculative decoding accepts several per step, and
+                        # the server may batch stream output) counts as k gaps of chunk_gap / k, as
+                        # sglang.bench_serving does: ITL stays per token, comparable with and without
+                        # speculation and with bench_serving's own numbers.
+                        out.itl_s.extend([(now - most_recent) / new] * new)
+                    most_recent = now
+                    last_tokens = tokens
+                if done:
+                    break
+            if not done:
+                for event in parser.close():
+                    done = done or event == SSE_DONE
+            out.latency_s = time.perf_counter() - st
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
+        # ValueError covers malformed JSON and UTF-8 in the stream; the rest are network and server deaths.
+        out.error = _error_text(e)
+        return out
+    out.output_tokens = last_tokens
+    if not done:
+        out.error = f"stream ended before {SSE_DONE} after {last_tokens} tokens"
+    elif last_tokens == 0:
+        out.error = "stream finished without generating a token"
+    else:
+        out.success = True
+    return out
+
+
+async def _server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any]:
+    """GET /server_info (0.5.8+), else the older /get_server_info, which 0.5.17+ log as deprecated on every
+    call; {} when neither answers with a JSON object."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            async with session.get(base_url + path) as resp:
+                if resp.status == 200:
+                    info = await resp.json(content_type=None)
+                    if isinstance(info, dict):
+                        return info
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            continue
+    return {}
+
+
+def _time_scale(info: dict[str, Any]) -> float | None:
+    value = info.get("time_scale")
+    if value is None:
+        return None
+    scale = float(value)
+    if not (math.isfinite(scale) and scale > 0):
+        raise BenchmarkError(f"cannot convert units: the server reported time_scale={value!r}, not > 0")
+    return scale
+
+
+def _accept_length(info: dict[str, Any]) -> float | None:
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("avg_spec_accept_length")
+        if value is not None:
+            return float(value)
+    return None
+
+
+# The env var that carries the server's --api-key to a client on the node: sglang.bench_serving reads it
+# (SGLang 0.5.17/0.5.23 benchmark/serving.py get_auth_headers), and so does autotune.measure.remote.
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header every request to a server started with `--api-key` carries (SGLang 0.5.17
+    srt/utils/auth.py decide_request_auth: `Authorization: Bearer <key>`, else 401)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def run_benchmark(
+    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0, api_key: str | None = None
+) -> BenchmarkResult:
+    """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`; every
+    request carries `api_key` (the server's `--api-key`).
+
+    Warm-up requests run first and are not counted. Failed requests are counted in the result; raises
+    `BenchmarkError` when a warm-up request or every request fails, or when the whole benchmark takes
+    longer than `timeout_s` real seconds.
+    """
+    base_url = base_url.rstrip("/")
+    url = base_url + "/generate"
+    outcomes: list[RequestOutcome] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # the overall deadline bounds the rest
+    connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds what is in flight
+    headers = auth_headers(api_key)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
+        try:
+            async with asyncio.timeout(timeout_s):
+                info = await _server_info(session, base_url)
+                warmups = await asyncio.gather(
+                    *(
+                        _generate(session, url, prompt, min(prompt.output_len, _WARMUP_MAX_NEW_TOKENS))
+                        for prompt in requests_for(workload, "warmup", seed, workload.warmup_requests)
+                    )
+                )
+                bad = [w for w in warmups if not w.success]
+                if bad:
+                    raise BenchmarkError(
+                        f"warm-up failed: {len(bad)} of {len(warmups)} warm-up requests failed",
+                        first_error=bad[0].error,
+                    )
+
+                semaphore = asyncio.Semaphore(workload.concurrency)
+                prompts = requests_for(workload, "bench", seed, workload.num_prompts)
+                offsets = arrival_offsets(
+                    workload.num_prompts, workload.request_rate, workload.burstiness, _time_scale(info) or 1.0
+                )
+
+                async def one(prompt: Request, offset: float) -> None:
+                    # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
+                    await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                    async with semaphore:
+                        outcomes.append(await _generate(session, url, prompt, prompt.output_len))
+
+                start = time.perf_counter()
+                await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
+                duration = time.perf_counter() - start
+                after = await _server_info(session, base_url)
+        except TimeoutError:
+            completed = sum(o.success for o in outcomes)
+            raise BenchmarkError(
+                f"did not finish within {timeout_s:g} s",
+                completed=completed,
+                failed=len(outcomes) - completed,
+                unfinished=workload.num_prompts - len(outcomes),
+                first_error=next((o.error for o in outcomes if o.error), None),
+            ) from None
+
+    time_scale = _time_scale(info) or _time_scale(after) or 1.0
+    result = summarize(
+        outcomes, duration, workload, time_scale=time_scale, accept_length=_accept_length(after)
+    )
+    if result.completed == 0:
+        raise BenchmarkError(
+            "failed: every request failed", failed=result.failed, first_error=result.first_error
+        )
+    return result
+
+
+def benchmark(
+    base_url: str, workload: Workload, timeout_s: float, seed: int = 0, api_key: str | None = None
+) -> BenchmarkResult:
+    """Synchronous `run_benchmark` for callers without an event loop (a Ray actor method, the CLI)."""
+    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed, api_key=api_key))

@@ -1,0 +1,125 @@
+"""The highest load at which an SLO holds, searched on one launch.
+
+Like the request-rate sweeps users run with `sglang.bench_serving --request-rate` and AIPerf's and
+inference-perf's "maximum load under an SLA": starting at `start`, the load (requests per second, or
+requests in flight) doubles while a step meets the SLO and halves while it misses, which brackets the
+answer; then the bracket is bisected until it is narrower than `tolerance` of the highest pass (one request
+in flight for concurrency) or `steps` benchmarks ran. A step passes when at least `attainment` of its
+requests met the workload's SLO and none failed. The result is the highest passing step's, with
+`max_load` its load and every step kept in `levels`; a step whose benchmark fails (the server died, or
+timed out) counts as a miss, and the search stops at the second failure in a row. Only when no step
+measured anything does the trial fail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from autotune.measure.client import BenchmarkError, BenchmarkResult, Workload
+
+__all__ = ["LoadSearchPlan", "search_load"]
+
+
+@dataclass(frozen=True)
+class LoadSearchPlan:
+    """The search's settings, from the objective's `load_search` (see autotune.config.objective)."""
+
+    vary: Literal["request_rate", "concurrency"]
+    start: float
+    max: float
+    steps: int = 8
+    attainment: float = 0.9
+    tolerance: float = 0.1
+    min: float | None = None  # the lowest load tried; None: start / 8 (a step's time grows as 1 / rate)
+
+    @property
+    def floor(self) -> float:
+        if self.min is not None:
+            return self.min
+        return max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
+
+    def load_of(self, workload: Workload) -> float:
+        if self.vary == "concurrency":
+            return float(workload.concurrency)
+        return float(workload.request_rate or 0.0)
+
+    def at(self, base: Workload, load: float) -> Workload:
+        """`base` at `load`; a concurrency step sends at least two requests per slot."""
+        if self.vary == "concurrency":
+            concurrency = int(load)
+            return replace(base, concurrency=concurrency, num_prompts=max(base.num_prompts, 2 * concurrency))
+        return replace(base, request_rate=load)
+
+    def passed(self, result: BenchmarkResult) -> bool:
+        return result.failed == 0 and (result.slo_attainment or 0.0) >= self.attainment
+
+    def next_load(self, highest_pass: float | None, lowest_miss: float | None) -> float | None:
+        """The next load to measure, or None when the answer is found."""
+        whole = self.vary == "concurrency"
+        if lowest_miss is None:
+            assert highest_pass is not None
+            return None if highest_pass >= self.max else min(highest_pass * 2, self.max)
+        if highest_pass is None:
+            lower = math.floor(lowest_miss / 2) if whole else lowest_miss / 2
+            return lower if lower >= self.floor else None
+        if lowest_miss - highest_pass <= (1 if whole else self.tolerance * highest_pass):
+            return None
+        middle = (highest_pass + lowest_miss) / 2
+        return float(math.floor(middle)) if whole else middle
+
+
+async def search_load(
+    plan: LoadSearchPlan, base: Workload, measure: Callable[[Workload, int], Awaitable[BenchmarkResult]]
+) -> BenchmarkResult:
+    """Run the search with `measure(workload, step_index)` on the launched server (see module doc)."""
+    load: float | None = float(int(plan.start)) if plan.vary == "concurrency" else plan.start
+    highest_pass: float | None = None
+    lowest_miss: float | None = None
+    steps: list[BenchmarkResult] = []
+    best: BenchmarkResult | None = None
+    stopped_by = ""
+    last_error: BenchmarkError | None = None
+    failed_in_a_row = 0
+    for index in range(plan.steps):
+        assert load is not None
+        workload = plan.at(base, load)
+        if index:
+            workload = replace(workload, warmup_requests=0)  # the launch's first step warmed the server up
+        try:
+            result = await measure(workload, index)
+        except BenchmarkError as exc:
+            last_error, failed_in_a_row = exc, failed_in_a_row + 1
+            lowest_miss = load if lowest_miss is None else min(lowest_miss, load)
+            stopped_by = f"the benchmark failed at {load:g}: {exc.first_error or exc}"
+            if failed_in_a_row >= 2:
+                break
+        else:
+            failed_in_a_row = 0
+            steps.append(result)
+            if plan.passed(result):
+                highest_pass = load if highest_pass is None else max(highest_pass, load)
+                best = result if best is None or load >= plan.load_of(best.workload) else best
+            else:
+                lowest_miss = load if lowest_miss is None else min(lowest_miss, load)
+                stopped_by = f"the SLO missed at {load:g} ({(result.slo_attainment or 0) * 100:.0f}% good)"
+        load = plan.next_load(highest_pass, lowest_miss)
+        if load is None:
+            if lowest_miss is None:
+                stopped_by = f"max reached ({plan.max:g})"
+            elif highest_pass is not None:
+                stopped_by = f"bracketed: {highest_pass:g} met the SLO, {lowest_miss:g} did not"
+            else:
+                stopped_by = f"the SLO missed down to the lowest load tried ({plan.floor:g}): {stopped_by}"
+            break
+    else:
+        passed = "none" if highest_pass is None else f"{highest_pass:g}"
+        missed = "none" if lowest_miss is None else f"{lowest_miss:g}"
+        stopped_by = f"the steps ran out ({plan.steps}): highest pass {passed}, lowest miss {missed}"
+    if not steps:
+        assert last_error is not None
+        raise last_error
+    head = best or steps[-1]
+    return replace(head, levels=tuple(steps), max_load=highest_pass or 0.0, load_stopped_by=stopped_by)

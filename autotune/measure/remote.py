@@ -1,0 +1,89 @@
+"""`python -m autotune.measure.remote`: the benchmark client as a command, for `benchmark_from: node`.
+
+It runs on the GPU node itself (where the server's port is reachable when the driver cannot reach it),
+prints one JSON object on stdout, `{"result": ...}` or `{"error": ...}`, and exits 0 or 1.
+`result_from_output` turns that output back into a `BenchmarkResult` or a `BenchmarkError` on the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from autotune.measure.client import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload, benchmark
+
+__all__ = ["command", "main", "result_from_output"]
+
+
+def command(python: str, base_url: str, workload: Workload, timeout_s: float, seed: int) -> list[str]:
+    """The argv that benchmarks `base_url` with `python` on the node (the server's key, if any, goes in
+    its env as `API_KEY_ENV`, never on its command line)."""
+    return [
+        python,
+        "-m",
+        "autotune.measure.remote",
+        "--base-url",
+        base_url,
+        "--workload",
+        json.dumps(asdict(workload)),
+        "--timeout-s",
+        repr(float(timeout_s)),
+        "--seed",
+        str(seed),
+    ]
+
+
+def result_from_output(returncode: int, stdout: str, stderr: str) -> BenchmarkResult:
+    """The result the command printed; raises `BenchmarkError` for its error, or when it printed none."""
+    last = next((line for line in reversed(stdout.splitlines()) if line.startswith("{")), "")
+    try:
+        data = json.loads(last) if last else {}
+    except ValueError:
+        data = {}
+    if "result" in data:
+        return BenchmarkResult.from_json(json.dumps(data["result"]))
+    if "error" in data:
+        error = data["error"]
+        raise BenchmarkError(
+            str(error.get("reason", "failed on the node")),
+            completed=int(error.get("completed", 0)),
+            failed=int(error.get("failed", 0)),
+            unfinished=int(error.get("unfinished", 0)),
+            first_error=error.get("first_error"),
+        )
+    tail = next((line for line in reversed(stderr.splitlines()) if line.strip()), "").strip()
+    raise BenchmarkError(f"could not run on the node (status {returncode})", first_error=tail[:500] or None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.measure.remote", description=__doc__)
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--workload", required=True, help="the Workload as a JSON object")
+    parser.add_argument("--timeout-s", type=float, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    workload = Workload(**json.loads(args.workload))
+    try:
+        result = benchmark(
+            args.base_url, workload, args.timeout_s, args.seed, api_key=os.environ.get(API_KEY_ENV) or None
+        )
+    except BenchmarkError as exc:
+        error = {
+            "reason": exc.reason,
+            "completed": exc.completed,
+            "failed": exc.failed,
+            "unfinished": exc.unfinished,
+            "first_error": exc.first_error,
+        }
+        print(json.dumps({"error": error}))
+        return 1
+    print(json.dumps({"result": json.loads(result.to_json())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

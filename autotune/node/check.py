@@ -1,0 +1,426 @@
+"""The pre-flight node check: can this node run the study's server at all, before any trial is spent?
+
+`check_node` asks the node, through its command runner (so the same check serves local and SSH nodes):
+is the node reachable and does it have the tools the runner needs, can the server command be found and
+its module imported with the server's env, is the server's port free, which GPUs are there and is their
+free memory balanced (SGLang refuses to start otherwise), is there disk for the logs, and, when the
+benchmark runs on the node, can autotune's benchmark run there. Every problem comes with its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.dialect import FlagTable, committed_table, table_from_help
+from autotune.errors import AutotuneError
+from autotune.node.runner import CommandRunner, NodeUnreachableError
+
+__all__ = [
+    "GPU",
+    "MIN_FREE_LOG_BYTES",
+    "NodeCheckError",
+    "NodeProblem",
+    "NodeReport",
+    "benchmark_python",
+    "check_node",
+    "check_nodes",
+    "gpu_problems",
+    "parse_gpus",
+    "server_flags",
+]
+
+MIN_FREE_LOG_BYTES = 256 << 20  # a server log is megabytes; a trial's worth of NCCL_DEBUG output, more
+# SGLang (model_runner.py) raises "The memory capacity is unbalanced" when, with tp > 1, the smallest free
+# memory of any rank is below 0.9 times a rank's own.
+UNBALANCED_RATIO = 0.9
+# Below this share of its memory free, a GPU is held by something else: trials would measure its leftovers.
+BUSY_FREE_SHARE = 0.9
+CHECK_TIMEOUT_S = 30.0
+IMPORT_TIMEOUT_S = 180.0  # importing sglang pulls in torch: tens of seconds on a cold node
+HELP_TIMEOUT_S = 240.0  # real SGLang's `--help` imports everything first: ~25 s warm, minutes cold
+ACTORS_TIMEOUT_S = 900.0
+BENCHMARK_MODULE = "autotune.measure.remote"
+
+# Exit 3 when the server module cannot be found; else print the SGLang version it runs: the installed
+# sglang distribution's, or the `__version__` that a stand-in for SGLang's launcher declares.
+_SERVER_VERSION = """
+import importlib, importlib.metadata, importlib.util, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+except ImportError:
+    found = False
+if not found:
+    sys.exit(3)
+try:
+    print(importlib.metadata.version("sglang"))
+except importlib.metadata.PackageNotFoundError:
+    print(getattr(importlib.import_module(sys.argv[1]), "__version__", ""))
+"""
+_MISSING_TOOLS = 'for t in "$@"; do command -v "$t" >/dev/null 2>&1 || echo "$t"; done'
+_GPUS = (
+    'command -v "$1" >/dev/null 2>&1 || exit 3; '
+    'exec "$@" --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits'
+)
+# Bytes of safetensors weights under the model path (0 where it is not a local folder).
+_WEIGHT_BYTES = (
+    'find "$1" -maxdepth 2 -name "*.safetensors" -printf "%s\\n" 2>/dev/null '
+    '| awk "{s+=\\$1} END {print s+0}"'
+)
+
+_FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
+
+
+@dataclass(frozen=True)
+class NodeProblem:
+    """Something that keeps a node from running trials, and what to do about it."""
+
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what}. {self.fix}"
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU as nvidia-smi lists it (memory in MiB)."""
+
+    index: int
+    name: str
+    total_mib: float
+    free_mib: float
+    driver: str = ""
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What the check found on one node: its problems, GPUs (None without nvidia-smi) and free log disk."""
+
+    node: str
+    problems: tuple[NodeProblem, ...] = ()
+    gpus: tuple[GPU, ...] | None = None
+    free_log_bytes: int | None = None
+    weight_bytes: int | None = None  # the model's safetensors under model_path, when found there
+    server_version: str | None = None  # the SGLang version the server command runs, when it says
+    # The flags the server command accepts: the committed table of its version, else read from its --help.
+    server_flags: FlagTable | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def hardware(self) -> str | None:
+        """The node's hardware fingerprint with the server's version and flag set, what decides whether a
+        feature is supported: e.g. '8x NVIDIA H200 (140 GiB, driver 580.159.04), SGLang 0.5.17, flags
+        381d4305'."""
+        if not self.gpus:
+            return None
+        first = self.gpus[0]
+        driver = f", driver {first.driver}" if first.driver else ""
+        version = f", SGLang {self.server_version}" if self.server_version else ""
+        flags = f", flags {self.server_flags.digest}" if self.server_flags is not None else ""
+        return f"{len(self.gpus)}x {first.name} ({first.total_mib / 1024:.0f} GiB{driver}){version}{flags}"
+
+    @property
+    def gpu_memory_gb(self) -> float | None:
+        """Memory of the node's smallest GPU, in GB (1e9 bytes)."""
+        return min(g.total_mib for g in self.gpus) * 1.048576 / 1000 if self.gpus else None
+
+
+class NodeCheckError(AutotuneError):
+    """A node cannot run the study: every problem found, each with its fix."""
+
+    def __init__(self, reports: Sequence[NodeReport]) -> None:
+        self.reports = list(reports)
+        lines = ["node check failed before any trial ran:"]
+        lines += [f"  {r.node}: {problem}" for r in self.reports for problem in r.problems]
+        super().__init__("\n".join(lines))
+
+
+def benchmark_python(argv: Sequence[str]) -> str:
+    """The node's Python for the benchmark: the server command's interpreter when it is `PY -m ...`."""
+    return argv[0] if len(argv) >= 2 and argv[1] == "-m" else "python3"
+
+
+def check_node(
+    node: str,
+    runner: CommandRunner,
+    *,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    host: str,
+    port: int | None,
+    log_dir: str,
+    benchmark_on_node: bool = False,
+    nvidia_smi: Sequence[str] = ("nvidia-smi",),
+    model_path: str | None = None,
+) -> NodeReport:
+    """Check that `node` can start `command` with `env` on (host, port), logging to `log_dir` there.
+
+    `nvidia_smi` is the command that answers nvidia-smi's GPU query there; the report also carries the
+    size of the safetensors weights under `model_path`, for the pre-flight memory check."""
+    problems: list[NodeProblem] = []
+    gpus: tuple[GPU, ...] | None = None
+    free: int | None = None
+    weights: int | None = None
+    version: str | None = None
+    flags: FlagTable | None = None
+    try:
+        # The first command also connects: an unreachable node ends the check here.
+        tools: Sequence[str] = getattr(runner, "required_tools", ())
+        missing = _sh(runner, _MISSING_TOOLS, tools).stdout.split()
+        if missing:
+            problems.append(
+                NodeProblem(
+                    f"{', '.join(missing)} not found on the node",
+                    "Install them (setsid is in util-linux): autotune starts and stops servers with them.",
+                )
+            )
+        command_trouble, version = _command_problems(runner, command, env)
+        problems += command_trouble
+        if not command_trouble:
+            flags = server_flags(runner, command, env, version)
+        if port is not None and not runner.wait_port_free(host, port, 0):
+            problems.append(
+                NodeProblem(
+                    f"port {port} is already in use on the node",
+                    f"Stop what listens there (ss -ltnp 'sport = :{port}' shows it; a server left from an "
+                    "earlier run?) or set server.port to a free port.",
+                )
+            )
+        gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
+        problems += gpu_trouble
+        if model_path:
+            found = _sh(runner, _WEIGHT_BYTES, [model_path]).stdout.strip()
+            weights = int(found) if found.isdigit() and int(found) > 0 else None
+        free, disk_trouble = _free_log_bytes(runner, log_dir)
+        problems += disk_trouble
+        if benchmark_on_node:
+            problems += _benchmark_problems(runner, command, env)
+    except NodeUnreachableError as exc:
+        problems.append(NodeProblem(f"cannot reach the node: {exc.reason}", exc.fix))
+    except TimeoutError as exc:
+        problems.append(
+            NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
+        )
+    return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
+
+
+def _sh(
+    runner: CommandRunner,
+    script: str,
+    args: Sequence[str] = (),
+    timeout_s: float = CHECK_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    return runner.run(["sh", "-c", script, "sh", *args], env, timeout_s=timeout_s)
+
+
+def _last_line(text: str) -> str:
+    return next((line for line in reversed(text.splitlines()) if line.strip()), "").strip()[:300]
+
+
+def _command_problems(
+    runner: CommandRunner, command: Sequence[str], env: Mapping[str, str]
+) -> tuple[list[NodeProblem], str | None]:
+    """What keeps the server command from starting, and the SGLang version it runs (when `PY -m ...`)."""
+    if len(command) >= 3 and command[1] == "-m":
+        python, module = command[0], command[2]
+        done = runner.run([python, "-c", _SERVER_VERSION, module], env, IMPORT_TIMEOUT_S)
+        if done.returncode in (126, 127):
+            return [
+                NodeProblem(
+                    f"the server command's Python {python!r} is not found on the node",
+                    "Install it there or set server.command to the node's interpreter, "
+                    f"e.g. [/opt/venv/bin/python, -m, {module}].",
+                )
+            ], None
+        if done.returncode == 3:
+            return [
+                NodeProblem(
+                    f"server command module {module!r} cannot be imported by {python} on the node",
+                    f"Install it into that environment (pip install {module.split('.')[0]}) or set "
+                    "server.command to the Python that has it.",
+                )
+            ], None
+        if done.returncode != 0:
+            return [
+                NodeProblem(
+                    f"{python} failed looking up {module!r} on the node: {_last_line(done.stderr)}",
+                    f"Run `{python} -c 'import {module}'` on the node to see why.",
+                )
+            ], None
+        return [], done.stdout.strip() or None
+    done = _sh(runner, 'command -v "$1"', [command[0]])
+    if done.returncode != 0:
+        return [
+            NodeProblem(
+                f"server command {command[0]!r} is not found on the node",
+                "Install it there or give its full path in server.command.",
+            )
+        ], None
+    return [], None
+
+
+def server_flags(
+    runner: CommandRunner, command: Sequence[str], env: Mapping[str, str], version: str | None
+) -> FlagTable | None:
+    """The flags `command` accepts: the committed table of exactly `version`, else its `--help` (None
+    when that fails, or for a command that is no SGLang: launches then pass the flags unchanged)."""
+    table = committed_table(version) if version else None
+    if table is not None:
+        return table
+    if not version and not any("sglang" in word for word in command):
+        return None  # a job's command (autotune.measure.nccl): its --help could run it
+    try:
+        done = runner.run([*command, "--help"], env, HELP_TIMEOUT_S)
+    except TimeoutError:
+        return None  # flags pass unchanged: a slow --help must not fail the node check
+    if done.returncode != 0:
+        return None
+    learned = table_from_help(done.stdout, version, f"{' '.join(command)} --help")
+    return learned if learned.flags else None
+
+
+def _gpus(
+    runner: CommandRunner, env: Mapping[str, str], nvidia_smi: Sequence[str]
+) -> tuple[tuple[GPU, ...] | None, list[NodeProblem]]:
+    done = _sh(runner, _GPUS, nvidia_smi, env=env)
+    if done.returncode == 3:
+        return None, []  # no NVIDIA driver tools: a simulated node, or GPUs nvidia-smi does not manage
+    if done.returncode != 0:
+        return None, [
+            NodeProblem(
+                f"nvidia-smi failed on the node: {_last_line(done.stderr or done.stdout)}",
+                "Check the NVIDIA driver there (run nvidia-smi by hand).",
+            )
+        ]
+    gpus = parse_gpus(done.stdout)
+    return gpus, gpu_problems(gpus, env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def parse_gpus(text: str) -> tuple[GPU, ...]:
+    """GPUs from nvidia-smi's `--query-gpu=index,name,memory.total,memory.free,driver_version` as
+    csv,noheader,nounits (the driver column may be missing)."""
+    gpus = []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 4:
+            continue
+        driver = fields.pop() if len(fields) >= 5 else ""  # the last column asked for
+        try:
+            gpus.append(
+                GPU(int(fields[0]), ", ".join(fields[1:-2]), float(fields[-2]), float(fields[-1]), driver)
+            )
+        except ValueError:
+            continue  # "[N/A]" or "[Not Supported]" fields
+    return tuple(gpus)
+
+
+def gpu_problems(gpus: Sequence[GPU], visible: str | None = None) -> list[NodeProblem]:
+    """What keeps these GPUs (those in CUDA_VISIBLE_DEVICES `visible`, when it lists indices) from a trial."""
+    if visible and all(part.strip().isdigit() for part in visible.split(",")):
+        wanted = {int(part) for part in visible.split(",")}
+        gpus = [g for g in gpus if g.index in wanted]
+    if not gpus:
+        return [
+            NodeProblem(
+                "nvidia-smi lists no usable GPU on the node",
+                "Check the driver, and CUDA_VISIBLE_DEVICES in server.env.",
+            )
+        ]
+    problems = []
+    busy = [g for g in gpus if g.free_mib < BUSY_FREE_SHARE * g.total_mib]
+    if busy:
+        held = ", ".join(f"GPU {g.index}: {(g.total_mib - g.free_mib) / 1024:.1f} GiB in use" for g in busy)
+        problems.append(
+            NodeProblem(
+                f"another process holds GPU memory ({held})",
+                "Stop it before tuning (nvidia-smi lists the processes): trials would run out of memory or "
+                "measure a smaller KV cache.",
+            )
+        )
+    low, high = min(gpus, key=lambda g: g.free_mib), max(gpus, key=lambda g: g.free_mib)
+    if len(gpus) > 1 and low.free_mib < UNBALANCED_RATIO * high.free_mib:
+        problems.append(
+            NodeProblem(
+                f"free GPU memory is unbalanced (GPU {low.index}: {low.free_mib / 1024:.1f} GiB free, "
+                f"GPU {high.index}: {high.free_mib / 1024:.1f} GiB); SGLang refuses to start with "
+                "'The memory capacity is unbalanced'",
+                "Stop the processes holding memory on the fuller GPUs, or leave those GPUs out with "
+                "CUDA_VISIBLE_DEVICES in server.env.",
+            )
+        )
+    return problems
+
+
+def _free_log_bytes(runner: CommandRunner, log_dir: str) -> tuple[int | None, list[NodeProblem]]:
+    done = _sh(runner, _FREE_KB, [log_dir])
+    text = done.stdout.strip()
+    if done.returncode != 0 or not text.isdigit():
+        return None, [
+            NodeProblem(
+                f"cannot use the log folder {log_dir} on the node: "
+                f"{_last_line(done.stderr) or 'no df output'}",
+                "Make it writable, or for an ssh:// node set remote_dir to a folder the login can write.",
+            )
+        ]
+    free = int(text) * 1024
+    if free < MIN_FREE_LOG_BYTES:
+        return free, [
+            NodeProblem(
+                f"only {free >> 20} MiB free for logs in {log_dir} on the node",
+                f"Free at least {MIN_FREE_LOG_BYTES >> 20} MiB there, or for an ssh:// node set remote_dir "
+                "to a folder on a larger disk.",
+            )
+        ]
+    return free, []
+
+
+def _benchmark_problems(
+    runner: CommandRunner, command: Sequence[str], env: Mapping[str, str]
+) -> list[NodeProblem]:
+    python = benchmark_python(command)
+    done = runner.run([python, "-c", f"import {BENCHMARK_MODULE}"], env, IMPORT_TIMEOUT_S)
+    if done.returncode == 0:
+        return []
+    return [
+        NodeProblem(
+            f"benchmark_from: node, but {python} on the node cannot import {BENCHMARK_MODULE} "
+            f"({_last_line(done.stderr) or f'status {done.returncode}'})",
+            f"Install autotune into that environment ({python} -m pip install autotune), or set "
+            "benchmark_from: driver.",
+        )
+    ]
+
+
+def check_nodes(
+    server: Any, actors: Mapping[str, Any], timeout_s: float = ACTORS_TIMEOUT_S
+) -> list[NodeReport]:
+    """Run every node actor's check (`NodeActor.check(server)`) at once; raises `NodeCheckError` when any
+    node has a problem or does not answer within `timeout_s`."""
+    import ray
+
+    refs = {name: actor.check.remote(server) for name, actor in actors.items()}
+    reports: list[NodeReport] = []
+    for name, ref in refs.items():
+        try:
+            reports.append(ray.get(ref, timeout=timeout_s))
+        except ray.exceptions.GetTimeoutError:
+            problem = NodeProblem(
+                f"its actor did not answer within {timeout_s:g} s",
+                "Check that the Ray cluster has a free node with the gpu_node resource for it.",
+            )
+            reports.append(NodeReport(name, (problem,)))
+        except ray.exceptions.RayActorError as exc:
+            problem = NodeProblem(f"its actor died: {str(exc)[:300]}", "Read the Ray logs of that node.")
+            reports.append(NodeReport(name, (problem,)))
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        for actor in actors.values():
+            ray.kill(actor, no_restart=True)
+        raise NodeCheckError(failed)
+    return reports

@@ -1,0 +1,255 @@
+"""The best config's gain over the baseline, split by parameter: revert one changed parameter at a time.
+
+`autotune ablate` plans one trial per parameter the best config changed, each the best config with that
+parameter reverted to the baseline's value (unset, or off), enqueues them in the study with the user attrs
+`ablation_of` (the best trial's number) and `ablation_param`, and runs them through the normal study loop:
+they are ordinary trials to Optuna and MLflow. What a reverted parameter was worth is the best trial's
+value minus the ablation trial's.
+
+A parameter can be reverted this way only when its search space has a "leave it to SGLang/NCCL" value
+(`null` among its choices, or a bool's false): the baseline's value of a range such as
+`--mem-fraction-static` is whatever SGLang computes, which Optuna cannot be told to use. Those are listed
+as not ablated. Driver support would lift this: for a trial whose user attrs carry `ablation_unset`
+(parameter names), build the launch from the enqueued parameters without those names instead of letting the
+sampler fill them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import AutotuneError
+from autotune.study.records import (
+    ABLATION_OF_ATTR,
+    ABLATION_PARAM_ATTR,
+    FAILURE_KIND_ATTR,
+    MLFLOW_RUN_ATTR,
+    RETRY_OF_ATTR,
+)
+from autotune.study.rules import direction_sign
+from autotune.study.samplers import default_of
+
+ABLATION_TAGS = ("autotune.ablation_of", "autotune.ablation_param")
+
+
+@dataclass(frozen=True)
+class AblationPlan:
+    """The ablation trials of one best trial: what each reverts, and what cannot be reverted alone."""
+
+    of: int
+    reverts: dict[str, object]  # parameter -> the baseline's value it goes back to
+    not_ablated: dict[str, str]  # parameter -> why it is not reverted alone
+    done: tuple[str, ...]  # reverts that already ran or are queued
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    """One reverted parameter and what the best config lost without it."""
+
+    param: str
+    best_setting: object
+    reverted_to: object
+    trial: int
+    state: str
+    value: float | None
+    failure_kind: str | None
+    loss: float | None  # better-is-positive: how much worse the config is without this setting
+    loss_pct: float | None  # of the best trial's value
+    share_of_gain: float | None  # of the best trial's gain over the baseline
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """The finished ablation of one best trial."""
+
+    of: int
+    best_value: float
+    baseline_value: float | None
+    rows: tuple[AblationRow, ...]
+    not_ablated: dict[str, str]
+    pending: tuple[str, ...]  # reverts queued or running, without a result yet
+
+
+def changed_params(trial: FrozenTrial) -> dict[str, object]:
+    """The trial's parameters that set something: the baseline leaves every one of them unset or off."""
+    return {name: value for name, value in trial.params.items() if value is not None and value is not False}
+
+
+def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
+    """(True, the baseline's value) when `name`'s search space can express it, else (False, None)."""
+    value = default_of(trial.distributions[name])
+    if value is None or value is False:
+        return True, value
+    return False, None
+
+
+def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
+    """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
+    from autotune.study.loop import best_trial
+    from autotune.study.records import BASELINE_ATTR
+
+    best = best_trial(ostudy)
+    if best is None:
+        raise AutotuneError(f"study {ostudy.study_name!r} has no completed trial yet: nothing to ablate")
+    if best.user_attrs.get(BASELINE_ATTR) or not changed_params(best):
+        raise AutotuneError(
+            f"the best trial of study {ostudy.study_name!r} is the baseline (SGLang's defaults): "
+            "no setting to revert"
+        )
+    done = {
+        param
+        for trial, (of, param) in ablation_trials(ostudy.get_trials(deepcopy=False))
+        if of == best.number and not _interrupted(trial)
+    }
+    reverts: dict[str, object] = {}
+    not_ablated: dict[str, str] = {}
+    for name in changed_params(best):
+        possible, value = revert_value(best, name)
+        if possible:
+            reverts[name] = value
+        else:
+            not_ablated[name] = (
+                "its search space has no 'leave it to SGLang' value (a range or a list without null), so "
+                "the baseline's value cannot be enqueued"
+            )
+    return AblationPlan(
+        of=best.number,
+        reverts=reverts,
+        not_ablated=not_ablated,
+        done=tuple(name for name in reverts if name in done),
+    )
+
+
+def enqueue_ablation(ostudy: optuna.Study, plan: AblationPlan) -> list[str]:
+    """Queue the plan's trials that have not run yet; returns the parameters they revert."""
+    best = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == plan.of)
+    queued = []
+    for name, value in plan.reverts.items():
+        if name in plan.done:
+            continue
+        # A parameter whose `when` no longer holds is simply not suggested: its fixed value goes unused.
+        ostudy.enqueue_trial(
+            {**best.params, name: value},
+            user_attrs={ABLATION_OF_ATTR: plan.of, ABLATION_PARAM_ATTR: name},
+        )
+        queued.append(name)
+    return queued
+
+
+def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[int, str]]]:
+    """The ablation trials among `trials`, each with (the ablated trial, the reverted parameter).
+
+    A retry of an interrupted ablation trial (user attr `retry_of`, queued by the driver with the same
+    parameters) counts as that ablation trial."""
+    by_number = {t.number: t for t in trials}
+    found = []
+    for trial in trials:
+        source: FrozenTrial | None = trial
+        for _ in range(len(trials)):  # follow retry_of back to the enqueued ablation trial
+            if source is None or ABLATION_OF_ATTR in source.user_attrs:
+                break
+            retry_of = source.user_attrs.get(RETRY_OF_ATTR)
+            source = by_number.get(retry_of) if isinstance(retry_of, int) else None
+        if source is not None and ABLATION_OF_ATTR in source.user_attrs:
+            attrs = source.user_attrs
+            found.append((trial, (int(attrs[ABLATION_OF_ATTR]), str(attrs.get(ABLATION_PARAM_ATTR)))))
+    return found
+
+
+def _interrupted(trial: FrozenTrial) -> bool:
+    return trial.state == TrialState.FAIL and trial.user_attrs.get(FAILURE_KIND_ATTR) == "interrupted"
+
+
+def ablation_results(ostudy: optuna.Study) -> Ablation | None:
+    """The ablation of the current best trial when it has one, else of the latest ablated trial; None
+    when the study has no ablation trials."""
+    from autotune.study.loop import baseline_trial, best_trial
+
+    trials = ostudy.get_trials(deepcopy=False)
+    ablated = ablation_trials(trials)
+    if not ablated:
+        return None
+    best = best_trial(ostudy)
+    numbers = {of for _, (of, _) in ablated}
+    of = best.number if best is not None and best.number in numbers else max(numbers)
+    target = next(t for t in trials if t.number == of)
+    if target.value is None:
+        return None
+    base = baseline_trial(ostudy)
+    base_value = base.value if base is not None else None
+    sign = direction_sign(ostudy.direction)
+    gain = sign * (target.value - base_value) if base_value is not None else None
+    latest: dict[str, FrozenTrial] = {}
+    pending = []
+    for trial, (trial_of, name) in ablated:
+        if trial_of != of:
+            continue
+        if not trial.state.is_finished():
+            pending.append(name)
+        elif not _interrupted(trial):
+            latest[name] = trial  # a later run of the same revert replaces an earlier one
+    rows = []
+    for name, trial in latest.items():
+        value = trial.value if trial.state == TrialState.COMPLETE else None
+        loss = sign * (target.value - value) if value is not None else None
+        rows.append(
+            AblationRow(
+                param=name,
+                best_setting=target.params.get(name),
+                reverted_to=trial.params.get(name),
+                trial=trial.number,
+                state=trial.state.name,
+                value=value,
+                failure_kind=trial.user_attrs.get(FAILURE_KIND_ATTR),
+                loss=loss,
+                loss_pct=loss / abs(target.value) * 100 if loss is not None and target.value else None,
+                share_of_gain=loss / gain if loss is not None and gain else None,
+            )
+        )
+    # Failed reverts first (the config needs that setting to run at all), then by what was lost.
+    rows.sort(key=lambda r: (r.loss is not None, -(r.loss or 0.0)))
+    not_ablated = {
+        name: "no 'leave it to SGLang' value in its search space"
+        for name in changed_params(target)
+        if not revert_value(target, name)[0]
+    }
+    return Ablation(
+        of=of,
+        best_value=float(target.value),
+        baseline_value=base_value,
+        rows=tuple(rows),
+        not_ablated=not_ablated,
+        pending=tuple(p for p in pending if p not in latest),
+    )
+
+
+def mark_ablation_runs(tracking_uri: str, ostudy: optuna.Study) -> int:
+    """Tag the ablation trials' MLflow runs (`autotune.ablation_of`, `autotune.ablation_param`) and put
+    the reverted parameter in their names; returns how many runs were marked."""
+    from mlflow.tracking import MlflowClient
+
+    from autotune.tracking.tracker import RUN_NAME_TAG
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    marked = 0
+    for trial, (of, param) in ablation_trials(ostudy.get_trials(deepcopy=False)):
+        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+        if not run_id:
+            continue
+        name = client.get_run(run_id).data.tags.get(RUN_NAME_TAG, f"#{trial.number:03d}")
+        label = f"without {param}"
+        if label not in name:
+            name = f"{name} · {label} (ablation of #{of:03d})"
+        tags: Mapping[str, str] = {
+            ABLATION_TAGS[0]: str(of),
+            ABLATION_TAGS[1]: str(param),
+            RUN_NAME_TAG: name,
+        }
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+        marked += 1
+    return marked

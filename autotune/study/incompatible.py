@@ -1,0 +1,81 @@
+"""Settings that failed deterministically on a node's hardware, remembered so they are never retried there.
+
+A deterministic failure (UNSUPPORTED: a feature this GPU lacks; INVALID_ARGUMENTS: a flag SGLang
+rejects) names the flags it implicates (`Failure.culprits`, the flags SGLang's message names). The
+trial's values of those flags are recorded with the study against the node's hardware fingerprint (in
+Optuna storage, so a resumed study remembers them); a later trial that proposes one of them on that
+hardware is not launched, and a parameter left with one safe value is fixed for the sampler when every
+node is of that hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import optuna
+
+from autotune.config import SearchSpace
+from autotune.study.samplers import IncumbentMoves
+from autotune.trial.failures import Failure
+from autotune.trial.launch import is_set
+
+STUDY_ATTR = "incompatible"
+
+
+Incompatibility = tuple[str, object, str | None]  # parameter, value, hardware fingerprint
+
+
+class KnownIncompatibilities:
+    """The (parameter, value) pairs each kind of node's hardware cannot run."""
+
+    def __init__(self, ostudy: optuna.Study, space: SearchSpace) -> None:
+        self._study = ostudy
+        self._space = space
+        self.pairs: list[Incompatibility] = [
+            (entry[0], entry[1], entry[2] if len(entry) > 2 else None)
+            for entry in ostudy.user_attrs.get(STUDY_ATTR, [])
+        ]
+
+    def learn(
+        self, params: Mapping[str, object], failure: Failure, hardware: str | None
+    ) -> list[Incompatibility]:
+        """Record the trial's values of the flags the failure names; returns what was new."""
+        new = [
+            (flag, params[flag], hardware)
+            for flag in failure.culprits
+            if flag in params and is_set(params[flag]) and (flag, params[flag], hardware) not in self.pairs
+        ]
+        if new:
+            self.pairs.extend(new)
+            self._study.set_user_attr(STUDY_ATTR, [list(pair) for pair in self.pairs])
+        return new
+
+    def blocking(self, params: Mapping[str, object], hardware: str | None) -> Incompatibility | None:
+        """The first value among `params` known to fail on `hardware`, or None when the trial may launch."""
+        for name, value, where in self.pairs:
+            if where == hardware and name in params and params[name] == value:
+                return name, value, where
+        return None
+
+    def fixed_params(self, hardware: str | None) -> dict[str, object]:
+        """Parameters left with exactly one value that has not failed on `hardware`."""
+        bad = {(name, value) for name, value, where in self.pairs if where == hardware}
+        fixed = {}
+        for name in {name for name, _ in bad}:
+            values = self._space.possible_values(name)
+            if values is None:
+                continue
+            safe = [v for v in values if (name, v) not in bad]
+            if len(safe) == 1:
+                fixed[name] = safe[0]
+        return fixed
+
+    def sampler(
+        self, base: optuna.samplers.BaseSampler, hardware: set[str | None]
+    ) -> optuna.samplers.BaseSampler:
+        """`base`, with the parameters that have one safe value left fixed to it when all nodes share one
+        hardware (with several kinds, proposals for the wrong kind are refused at launch instead)."""
+        fixed = self.fixed_params(next(iter(hardware))) if len(hardware) == 1 else {}
+        if isinstance(base, IncumbentMoves):
+            base.held = dict(fixed)  # its moves leave these alone, or the fixing would undo them
+        return optuna.samplers.PartialFixedSampler(fixed, base) if fixed else base

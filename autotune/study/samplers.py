@@ -1,0 +1,605 @@
+"""Samplers: Optuna's, plus a start near SGLang's defaults for the sampler autotune uses by default.
+
+Random configurations of a joint NCCL / SGLang / speculative space are mostly worse than the defaults
+(forced protocols, odd channel counts, unsupported flags), so TPE's random start teaches it little.
+`DefaultsStartSampler` keeps each parameter at its default ("unset", or off) with some probability
+during the start and samples the rest at random: the first trials explore the baseline's neighbourhood,
+where the gains of one or two changes show, and TPE models from there. A parameter that cannot be left
+unset (a --mem-fraction-static range) stays within two steps of the value the server chose for itself
+in the baseline, as the driver records it in the study's `server_choices` attribute: a random memory
+fraction is the most common way to start a server that runs out of memory.
+
+After the start, `FeasibleTPESampler` also learns where the feasible region ends: the best configs sit
+next to the memory limit, and plain TPE, which only sees out-of-memory trials as bad values, keeps
+proposing their neighbours that do not start.
+
+`IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
+and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
+message advises. Right after the start each speculative algorithm gets a few trials on purpose (the best
+trial with it switched on, SGLang's documented tree first), and no proposal's memory fraction is below the
+minimum that a KV-pool-too-small message of the server named. benchmarks/RESULTS.md has the measurements
+behind each of these choices.
+
+`WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
+parameters every trial shares, such as Optuna's GPSampler (`gp`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config.search_space import SpeculativeRules
+from autotune.study.records import FAILURE_ATTR, FAILURE_KIND_ATTR, PROPOSED_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.rules import best_measured, direction_sign, is_feasible
+from autotune.trial.failures import FailureKind
+
+_NO_DEFAULT = object()
+NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
+MEM_FRACTION = "--mem-fraction-static"
+# SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
+# (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
+# the KV cache under --mem-fraction-static=0.55. Raise --mem-fraction-static above 0.016 (minimum viable =
+# 1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted."
+_MINIMUM_VIABLE = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
+BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
+# SGLang's documented defaults for an EAGLE tree, "the same for EAGLE-2 and EAGLE-3": num_steps 5,
+# eagle_topk 4, num_draft_tokens 8 (docs.sglang.io/advanced_features/speculative_decoding.html), where
+# a branch's first trial starts; the docs send the user on to bench_speculative.py, as the moves do.
+DOCUMENTED_TREE = {
+    SpeculativeRules.STEPS: 5,
+    SpeculativeRules.TOPK: 4,
+    SpeculativeRules.DRAFT_TOKENS: 8,
+}
+
+
+def default_of(distribution: BaseDistribution) -> Any:
+    """A parameter's "leave it as SGLang/NCCL has it" value: None among the choices, else False."""
+    if isinstance(distribution, CategoricalDistribution):
+        for candidate in (None, False):
+            if any(choice is candidate for choice in distribution.choices):
+                return candidate
+    return _NO_DEFAULT
+
+
+def nearest(distribution: BaseDistribution, value: float) -> Any:
+    """The value of a numeric distribution nearest to `value` (on its step), or _NO_DEFAULT."""
+    if isinstance(distribution, FloatDistribution | IntDistribution):
+        low, high, step = distribution.low, distribution.high, distribution.step
+        clipped = min(max(value, low), high)
+        if step is not None:
+            clipped = low + round((clipped - low) / step) * step
+        return int(clipped) if isinstance(distribution, IntDistribution) else round(clipped, 10)
+    if isinstance(distribution, CategoricalDistribution):
+        numbers = [c for c in distribution.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+        return min(numbers, key=lambda c: abs(c - value)) if numbers else _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+class _Wrapper(BaseSampler):
+    """A sampler around `base` that hands it the trial's start and end as they come."""
+
+    base: BaseSampler
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+
+class DefaultsStartSampler(_Wrapper):
+    """`base` after `n_startup_trials`; before, each parameter keeps its default with `keep_default`."""
+
+    def __init__(
+        self,
+        base: BaseSampler,
+        *,
+        n_startup_trials: int = 10,
+        keep_default: float = 0.8,
+        start_values: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if not 0.0 <= keep_default <= 1.0:
+            raise ValueError(f"`0 <= keep_default <= 1` must hold, but got ({keep_default=}).")
+        self.base = base
+        # Values a cheaper study found for some knobs (an NCCL all-reduce study's best): kept in their place.
+        self.start_values = dict(start_values or {})
+        self.n_startup_trials = n_startup_trials
+        self.keep_default = keep_default
+        self._rng = random.Random(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._decided: dict[int, bool] = {}
+        self._server_choices: dict[str, float] = {}
+
+    def _starting(self, study: Study, trial: FrozenTrial) -> bool:
+        # Asked once per parameter: decided once per trial (reading every trial from storage is slow).
+        if trial.number not in self._decided:
+            self._decided = {trial.number: len(_finished(study)) < self.n_startup_trials}
+            if self._decided[trial.number]:
+                self._server_choices = dict(study.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+        return self._decided[trial.number]
+
+    def _default(self, name: str, distribution: BaseDistribution) -> Any:
+        """The value that leaves the server's own behaviour, or near it; _NO_DEFAULT when unknown."""
+        if name in self.start_values and _contains(distribution, self.start_values[name]):
+            return self.start_values[name]
+        default = default_of(distribution)
+        chosen = self._server_choices.get(name)
+        if default is _NO_DEFAULT and chosen is not None:
+            # Near, not at, the server's value: a start trial that changes nothing else is then not a
+            # repeat of the baseline (or of another such trial), and it measures the knob's slope there.
+            if isinstance(distribution, FloatDistribution) and distribution.step is not None:
+                chosen += distribution.step * self._rng.randint(-NEAR_STEPS, NEAR_STEPS)
+            return nearest(distribution, chosen)  # clipped to the range, on its step
+        return default
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {} if self._starting(study, trial) else self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {} if self._starting(study, trial) else self.base.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        if not self._starting(study, trial):
+            return self.base.sample_independent(study, trial, param_name, param_distribution)
+        default = self._default(param_name, param_distribution)
+        if default is not _NO_DEFAULT and self._rng.random() < self.keep_default:
+            return default
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def reseed_rng(self) -> None:
+        super().reseed_rng()
+        self._random.reseed_rng()
+
+
+def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution) -> float | None:
+    """The smallest --mem-fraction-static on the distribution's steps that the server's own messages allow:
+    above the minimum viable fraction a KV_POOL_TOO_SMALL trial's message names, or a step above the
+    fraction of one whose message names none (SGLang's older "Not enough memory" line). None before any
+    such trial. Draft weights raise the minimum, so the largest over the trials is kept."""
+    floors = []
+    for trial in trials:
+        if trial.user_attrs.get(FAILURE_KIND_ATTR) != FailureKind.KV_POOL_TOO_SMALL.value:
+            continue
+        line = str(trial.user_attrs.get(FAILURE_ATTR, ""))
+        named = _MINIMUM_VIABLE.search(line)
+        failed = trial.params.get(MEM_FRACTION)
+        above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
+        if named is not None:
+            floors.append(max(float(named.group(1)), above or 0.0))
+        elif above is not None and "Not enough memory" in line:  # not a prompt longer than the pool
+            floors.append(above)
+    if not floors or not isinstance(distribution, FloatDistribution):
+        return None
+    floor, step = max(floors), distribution.step
+    if step:  # the first step at or above the floor
+        floor = distribution.low + math.ceil((floor - distribution.low) / step - 1e-9) * step
+    return round(min(max(floor, distribution.low), distribution.high), 10)
+
+
+def _infeasible(trial: FrozenTrial) -> bool:
+    """A finished trial that broke a constraint: an out-of-memory launch, or an objective's limit."""
+    return trial.state is not TrialState.RUNNING and not is_feasible(trial)
+
+
+class FeasibleTPESampler(optuna.samplers.TPESampler):
+    """TPE whose choice among its candidates also weighs how likely each is to be feasible.
+
+    c-TPE's rule (Watanabe and Hutter, 2023) for one pass/fail constraint: a candidate's score, log l(x) -
+    log g(x), gains log f(x) - log i(x), the Parzen densities of the feasible trials (completed, every
+    constraint met) and of the infeasible ones (`trial.set_constraint` > 0: the driver sets it on each
+    out-of-memory trial). Candidates still come from TPE's good density, so the search stays where the
+    good trials are, but moves away from the configs next to them that did not start. Without both kinds
+    of trial it is plain TPE. It hooks two of TPESampler's private methods (Optuna 5's, pinned in
+    pyproject.toml; tests/test_samplers.py fails if they change).
+    """
+
+    def __init__(self, *args: Any, feasibility_weight: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feasibility_weight = feasibility_weight
+        self._fitting: tuple[Study, dict[str, BaseDistribution], list[FrozenTrial]] | None = None
+
+    def _build_parzen_estimator(
+        self,
+        study: Study,
+        search_space: dict[str, BaseDistribution],
+        trials: list[FrozenTrial],
+        handle_below: bool,
+    ) -> Any:
+        # TPESampler._sample builds the good density, then the bad one: together, every trial it uses.
+        if handle_below:
+            self._fitting = (study, search_space, list(trials))
+        elif self._fitting is not None:
+            self._fitting = (study, search_space, self._fitting[2] + list(trials))
+        return super()._build_parzen_estimator(study, search_space, trials, handle_below)
+
+    def _compute_acquisition_func(
+        self, samples: dict[str, np.ndarray], mpe_below: Any, mpe_above: Any
+    ) -> np.ndarray:
+        score = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        if self._fitting is None or self.feasibility_weight == 0:
+            return score
+        study, space, trials = self._fitting
+        self._fitting = None
+        infeasible = [t for t in trials if _infeasible(t)]
+        feasible = [t for t in trials if _feasible(t)]
+        if not infeasible or not feasible:
+            return score
+        build = super()._build_parzen_estimator
+        feasible_pdf = build(study, space, feasible, False)
+        infeasible_pdf = build(study, space, infeasible, False)
+        odds = feasible_pdf.log_pdf(samples) - infeasible_pdf.log_pdf(samples)
+        return score + self.feasibility_weight * odds
+
+
+class _WithParams:
+    """A study as a sampler sees it, without the trials that set no parameter (the baseline)."""
+
+    def __init__(self, study: Study) -> None:
+        self._study = study
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study.get_trials(*args, **kwargs) if t.params]
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study._get_trials(*args, **kwargs) if t.params]
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+def _with_params(study: Study) -> Study:
+    return cast(Study, _WithParams(study))  # a Study in every way a sampler uses one
+
+
+class WithoutBaseline(_Wrapper):
+    """`base`, blind to the trials that set no parameter. A sampler that searches the intersection of every
+    trial's parameters (Optuna's GPSampler) finds it empty once the baseline (SGLang's defaults, no
+    parameters) is in the study, and then samples every parameter at random."""
+
+    def __init__(self, base: BaseSampler) -> None:
+        self.base = base
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.base.infer_relative_search_space(_with_params(study), trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self.base.sample_relative(_with_params(study), trial, search_space)
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self.base.sample_independent(_with_params(study), trial, param_name, param_distribution)
+
+
+_FLAG_TO_LOWER = {kind.value: kind.flag_to_lower for kind in FailureKind if kind.flag_to_lower}
+
+
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def _finished(study: Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=_FINISHED)
+
+
+ConfigKey = tuple[tuple[str, str], ...]
+_Planned = tuple[dict[str, Any], str]  # a trial's config, and why a move or a repair planned it
+
+
+def config_key(params: Mapping[str, Any]) -> ConfigKey:
+    """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
+    return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def _contains(distribution: BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, CategoricalDistribution):
+        return any(_same(value, choice) for choice in distribution.choices)
+    if isinstance(distribution, FloatDistribution | IntDistribution):
+        return isinstance(value, int | float) and distribution.low <= value <= distribution.high
+    return False
+
+
+class IncumbentMoves(_Wrapper):
+    """`base`, with two kinds of trial a person tuning by hand would run, planned from the trials so far.
+
+    - A repair: a trial that failed in a way SGLang says a smaller value of one flag cures
+      (`FailureKind.flag_to_lower`: a decode CUDA graph capture out of memory, a smaller
+      --cuda-graph-max-bs-decode; a prefill graph's, a smaller --cuda-graph-max-bs-prefill) runs again at
+      once with the smallest value of that flag the search space has below the one that failed (below
+      the value the server logged choosing, when the flag was unset), the rest unchanged. The config it
+      could not start is then measured after all: EAGLE-3 with SGLang's own graph batch never starts on
+      the seed's node, so without repairs a sampler learns that speculation fails rather than what it is
+      worth.
+    - A move: after the start, with probability `share`, a trial changes one knob of the best feasible
+      trial so far (two with probability `second`); knobs that only exist under the new value (a switched-on
+      speculative algorithm's tree) are drawn at random. The landscape is mostly a product of each knob's
+      own factor, which moves climb directly; TPE's trials in between keep the search global.
+
+    A config that already ran is not planned again. Multi-objective studies get `base` alone: they have
+    no single best trial to move from.
+    """
+
+    def __init__(
+        self,
+        base: BaseSampler,
+        *,
+        n_startup_trials: int = 10,
+        share: float = 0.8,
+        second: float = 0.3,
+        branch_trials: int = BRANCH_TRIALS,
+        floor: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        for name, value in (("share", share), ("second", second)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"`0 <= {name} <= 1` must hold, but got ({name}={value}).")
+        self.base = base
+        self.n_startup_trials = n_startup_trials
+        self.share = share
+        self.second = second
+        self.branch_trials = branch_trials
+        self.floor = floor
+        self._rng = random.Random(seed)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._plans: dict[int, dict[str, Any] | None] = {}
+        self._floor: list[FrozenTrial] = []  # the finished trials, for the memory fraction's floor
+        # Knobs the study holds at one value (a flag with one value left that this hardware runs, fixed by
+        # autotune.study.incompatible): a move that changed one would be undone and repeat the config it left.
+        self.held: dict[str, Any] = {}
+
+    def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        # Asked once per parameter: planned once per trial.
+        if trial.number not in self._plans:
+            plan, why = self._new_plan(study) or (None, "")
+            if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
+                study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)
+            self._plans = {trial.number: plan}
+            self._floor = _finished(study)
+        return self._plans[trial.number]
+
+    def _viable(self, name: str, distribution: BaseDistribution, value: Any) -> Any:
+        """Every proposal's memory fraction at least the smallest the server's messages said starts."""
+        if name != MEM_FRACTION or not isinstance(value, float) or not self.floor:
+            return value
+        floor = fraction_floor(self._floor, distribution)
+        return value if floor is None or value >= floor else floor
+
+    def _new_plan(self, study: Study) -> _Planned | None:
+        """The next trial's config and why, or None to leave the trial to `base`."""
+        trials = study.get_trials(deepcopy=False)  # one read of storage per planned trial
+        finished = [t for t in trials if t.state in _FINISHED]
+        with_params = [t for t in trials if t.params]
+        tried = {config_key(t.params) for t in with_params}
+        repair = self._repair(finished, tried)
+        if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
+            return repair
+        # The incumbent by measured value: the sampler cannot see re-measured means (remeasure imports it).
+        best = best_measured((t for t in finished if t.params), study.direction)
+        if best is None:
+            return None
+        sign = direction_sign(study.direction)
+        branch = self._branch(best, finished, with_params, tried, sign)
+        if branch is not None or self._rng.random() >= self.share:
+            return branch
+        for _ in range(20):  # a move that repeats a tried config is drawn again
+            move = self._move(best)
+            if _asked(move, best.params, with_params) not in tried:
+                changed = ", ".join(n for n in move if not _same(move[n], best.params.get(n)))
+                return move, f"a move from trial {best.number}, the best so far: {changed} changed"
+        return None
+
+    def _repair(
+        self, finished: list[FrozenTrial], tried: set[ConfigKey]
+    ) -> tuple[dict[str, Any], str] | None:
+        for failed in sorted(finished, key=lambda t: -t.number):
+            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
+            if flag is None or flag not in failed.params or flag in self.held:
+                continue
+            # Unset means SGLang's own value, which the server logged before it failed.
+            current = failed.params[flag]
+            if current is None:
+                current = (failed.user_attrs.get(SERVER_CHOICES_ATTR) or {}).get(flag)
+            smaller = [c for c in _numbers(failed.distributions[flag]) if current is None or c < current]
+            if smaller:
+                repaired = {**failed.params, flag: min(smaller)}
+                if config_key(repaired) not in tried:
+                    kind = failed.user_attrs[FAILURE_KIND_ATTR]
+                    return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
+        return None
+
+    def _branch(
+        self,
+        best: FrozenTrial,
+        finished: list[FrozenTrial],
+        with_params: list[FrozenTrial],
+        tried: set[ConfigKey],
+        sign: float,
+    ) -> _Planned | None:
+        """A trial of a speculative algorithm that has run fewer than `branch_trials` times, as the group
+        method's speculative stage gives it: the best trial with the algorithm switched, and the tree of that
+        algorithm's best trial with one knob changed, or before it ran, SGLang's documented tree. Without
+        this, a start that keeps the algorithm unset can reach trial 40 without a fair EAGLE-3 trial."""
+        name = SpeculativeRules.ALGORITHM
+        distribution = best.distributions.get(name)
+        if (
+            self.branch_trials == 0
+            or name in self.held
+            or not isinstance(distribution, CategoricalDistribution)
+        ):
+            return None
+        for choice in distribution.choices:
+            ran = [t for t in finished if name in t.params and _same(t.params[name], choice)]
+            ran_well = [t for t in ran if _feasible(t)]
+            if len(ran_well) >= self.branch_trials or len(ran) >= 2 * self.branch_trials:
+                continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
+            plan = {n: v for n, v in best.params.items() if not SpeculativeRules.is_speculative_flag(n)}
+            plan[name] = choice
+            if choice is None:  # speculation off has no tree: the best trial without it, once
+                if _asked(plan, best.params, with_params) not in tried:
+                    return plan, f"exploring {name} off: trial {best.number} without it"
+                continue
+            if ran_well:
+                top = max(ran_well, key=lambda t: sign * cast(float, t.value))
+                tree = {n: v for n, v in top.params.items() if SpeculativeRules.is_speculative_flag(n)}
+                for _ in range(20):
+                    knob = self._rng.choice(sorted(n for n in tree if n != name) or [name])
+                    moved = {**plan, **tree, knob: self._changed(top.distributions[knob], tree[knob])}
+                    if _asked(moved, top.params, with_params) not in tried:
+                        return moved, f"exploring {name} {choice}: trial {top.number}, {knob} changed"
+                continue
+            plan.update(DOCUMENTED_TREE)  # knobs the branch does not have are not asked
+            if _asked(plan, best.params, with_params) not in tried:
+                return plan, f"exploring {name} {choice}: trial {best.number}, SGLang's documented tree"
+        return None
+
+    def _move(self, best: FrozenTrial) -> dict[str, Any]:
+        params = {**best.params, **{n: v for n, v in self.held.items() if n in best.params}}
+        free = sorted(n for n in params if n not in self.held)
+        count = min(2 if self._rng.random() < self.second else 1, len(free))
+        for name in self._rng.sample(free, count):
+            params[name] = self._changed(best.distributions[name], params[name])
+        return params
+
+    def _changed(self, distribution: BaseDistribution, value: Any) -> Any:
+        """Another value: any other choice, or a few steps away on a range."""
+        if isinstance(distribution, CategoricalDistribution):
+            others = [c for c in distribution.choices if not _same(c, value)]
+            return self._rng.choice(others) if others else value
+        if isinstance(distribution, FloatDistribution):
+            step = distribution.step or (distribution.high - distribution.low) / 25
+            return nearest(distribution, value + step * self._rng.choice([-3, -2, -1, 1, 2, 3]))
+        if isinstance(distribution, IntDistribution):
+            return self._rng.randint(distribution.low, distribution.high)
+        return value
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        planned = self._plan(study, trial) is not None
+        return {} if planned else self.base.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if self._plan(study, trial) is not None:
+            return {}
+        sampled = self.base.sample_relative(study, trial, search_space)
+        return {n: self._viable(n, search_space[n], v) for n, v in sampled.items()}
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        plan = self._plan(study, trial)
+        if plan is None:
+            value = self.base.sample_independent(study, trial, param_name, param_distribution)
+        elif param_name in plan and _contains(param_distribution, plan[param_name]):
+            value = plan[param_name]
+        else:
+            value = self._random.sample_independent(study, trial, param_name, param_distribution)
+        return self._viable(param_name, param_distribution, value)
+
+    def reseed_rng(self) -> None:
+        super().reseed_rng()
+        self._random.reseed_rng()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a == b) and type(a) is type(b)  # True == 1 in Python, but not as a knob's value
+
+
+def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial]) -> ConfigKey | None:
+    """The key of the config a move will give once the search space asks for its knobs: a knob that only
+    exists under some values of another (a speculative tree under an algorithm) is not asked when the move
+    switches that other knob to a value without it. What each changed value brings is read from the trials
+    that had it; None when a changed value is in no trial yet (the config cannot have been tried)."""
+    names = set(move)
+    for name in (n for n in move if not _same(move[n], start.get(n))):
+        seen = [t for t in trials if name in t.params and _same(t.params[name], move[name])]
+        if not seen:
+            return None
+        names &= set().union(*(t.params for t in seen))
+    return config_key({n: move[n] for n in names})
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    return trial.state is TrialState.COMPLETE and trial.value is not None and not _infeasible(trial)
+
+
+def _numbers(distribution: BaseDistribution) -> list[float]:
+    if isinstance(distribution, CategoricalDistribution):
+        return [c for c in distribution.choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    if isinstance(distribution, IntDistribution):
+        return list(range(distribution.low, distribution.high + 1, distribution.step))
+    return []
+
+
+def gp(seed: int | None) -> BaseSampler:
+    """Optuna's GPSampler (it needs PyTorch), searching the trials that set parameters."""
+    return WithoutBaseline(optuna.samplers.GPSampler(seed=seed))
+
+
+def tpe(
+    seed: int | None,
+    *,
+    n_startup_trials: int = 10,
+    keep_default: float = 0.8,
+    feasibility_weight: float = 1.0,
+    moves: float = 0.8,
+    branch_trials: int = BRANCH_TRIALS,
+    floor: bool = True,
+    start_values: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> BaseSampler:
+    """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
+    the defaults, steering clear of the configs that run out of memory, with a share `moves` of the trials
+    after the start moving from the best trial, and repairs of CUDA-graph OOMs. The keyword arguments change
+    its settings (`options` go to TPESampler; `feasibility_weight=0` and `moves=0` leave plain TPE after
+    the start, repairs aside), for measuring other settings against it (benchmarks/sample_efficiency.py)."""
+    settings = {"multivariate": True, "group": True, **options}
+    base = FeasibleTPESampler(
+        seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
+    )
+    start = DefaultsStartSampler(
+        base,
+        n_startup_trials=n_startup_trials,
+        keep_default=keep_default,
+        start_values=start_values,
+        seed=seed,
+    )
+    return IncumbentMoves(
+        start,
+        n_startup_trials=n_startup_trials,
+        share=moves,
+        branch_trials=branch_trials,
+        floor=floor,
+        seed=seed,
+    )

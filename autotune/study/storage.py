@@ -1,0 +1,284 @@
+"""The study's Optuna side: open or resume it, lock it between drivers, find what a dead driver left.
+
+Several drivers may share one study (PostgreSQL): each takes the study lock around "is budget left? ask",
+records a heartbeat for its running trials, and marks its trials with its identity, so a driver that
+starts later fails only the trials of drivers that are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import warnings
+import zlib
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import Study
+from autotune.errors import ConfigError
+from autotune.study.records import (
+    BASELINE_ATTR,
+    CONFIG_ATTR,
+    DRIVER_ATTR,
+    FAILURE_KIND_ATTR,
+    RETRY_OF_ATTR,
+    SKIPPED_ATTR,
+)
+from autotune.trial.failures import FailureKind
+
+HEARTBEAT_S = 10
+# Optuna warns that heartbeats are meant for Study.optimize; this ask/tell loop records its own.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+GRACE_S = 60  # a trial whose driver is silent this long is interrupted
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a process from a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+DRIVER_ID = f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def driver_alive(driver_id: str) -> bool | None:
+    """True/False for a driver on this host; None for one elsewhere (only its heartbeat can tell)."""
+    host, _, rest = driver_id.partition(":")
+    if host != socket.gethostname():
+        return None
+    pid, _, started = rest.partition(":")
+    return pid.isdigit() and _process_start(int(pid)) == started
+
+
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage with heartbeats; a SQLite file in WAL mode, which survives a crash of the
+    process without an fsync per write (each costs milliseconds, and a trial makes dozens)."""
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    if url.startswith("sqlite"):
+        from sqlalchemy import event
+
+        def pragmas(connection: Any, _record: Any) -> None:
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        event.listen(storage.engine, "connect", pragmas)
+        storage.engine.dispose()  # connections made before the listener reconnect with it
+    return storage
+
+
+def _study_record(study: Study) -> dict[str, Any]:
+    return {
+        "study_file": str(study.path.resolve()),
+        "search_space": study.search_space_text,
+        "objective": study.objective_text,
+    }
+
+
+def config_changes(recorded: dict[str, Any], study: Study) -> list[str]:
+    """What differs between the search space and objective a study was created with and the current ones."""
+    changes = []
+    old_space = (yaml.safe_load(recorded.get("search_space") or "") or {}).get("parameters") or {}
+    new_space = (yaml.safe_load(study.search_space_text) or {}).get("parameters") or {}
+    changes += [f"search space: added {name}" for name in new_space if name not in old_space]
+    changes += [f"search space: removed {name}" for name in old_space if name not in new_space]
+    changes += [
+        f"search space: changed {name} ({old_space[name]} -> {new_space[name]})"
+        for name in new_space
+        if name in old_space and old_space[name] != new_space[name]
+    ]
+    old_objective = yaml.safe_load(recorded.get("objective") or "") or {}
+    new_objective = yaml.safe_load(study.objective_text) or {}
+    changes += [
+        f"objective: {key} {old_objective.get(key)!r} -> {new_objective.get(key)!r}"
+        for key in sorted(set(old_objective) | set(new_objective))
+        if old_objective.get(key) != new_objective.get(key)
+    ]
+    return changes
+
+
+def open_study(
+    study: Study,
+    *,
+    accept_changes: bool = False,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> optuna.Study:
+    """Create the Optuna study (trial 0: the baseline) or load it to continue with the same settings.
+
+    Resuming with a changed search space or objective raises ConfigError saying what changed, unless
+    `accept_changes`, which records the new files with the study. `sampler` and `storage` replace the
+    study file's (e.g. Optuna's InMemoryStorage, where nothing needs to outlive the process).
+    """
+    study.ensure_workdir()  # the default SQLite file lives there
+    storage = storage if storage is not None else rdb_storage(study.storage)
+    sampler = sampler if sampler is not None else study.file.sampler.build()
+    try:
+        ostudy = optuna.create_study(
+            storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        ostudy = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
+        _check_unchanged(ostudy, study, accept_changes)
+        return ostudy
+    ostudy.set_user_attr(CONFIG_ATTR, _study_record(study))
+    # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
+    ostudy.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    return ostudy
+
+
+def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -> None:
+    created = [d.name.lower() for d in ostudy.directions]
+    if created != study.objective.directions:
+        raise ConfigError(
+            study.objective_path,
+            "direction",
+            study.objective.directions,
+            f"the study was created to {' and '.join(created)}, its directions cannot change",
+            "Use a new study name for other directions or another number of objectives.",
+        )
+    recorded = ostudy.user_attrs.get(CONFIG_ATTR) or {}
+    changes = config_changes(recorded, study)
+    if not changes:
+        return
+    if not accept_changes:
+        raise ConfigError(
+            study.search_space_path if changes[0].startswith("search space") else study.objective_path,
+            "",
+            "; ".join(changes),
+            f"study {study.name!r} was created with other settings, so its trials would not compare",
+            "Pass --accept-changes to continue with the new files anyway, or use a new study name.",
+        )
+    history = [*recorded.get("history", []), {k: v for k, v in recorded.items() if k != "history"}]
+    ostudy.set_user_attr(CONFIG_ATTR, {**_study_record(study), "history": history})
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """Whether a trial counts against the budget: not when it was never launched (a known incompatible
+    proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
+    if trial.user_attrs.get(SKIPPED_ATTR):
+        return False
+    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
+    return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
+
+
+def budget_used(ostudy: optuna.Study) -> int:
+    """Trials counted against the budget: finished or running on a node, by any driver."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if counts(t))
+
+
+def finished_count(ostudy: optuna.Study) -> int:
+    """Finished trials counted against the budget."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if counts(t))
+
+
+def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[FrozenTrial]:
+    """RUNNING trials whose driver is gone: dead on this host, or silent past the grace period.
+
+    `locked`: the caller holds the study lock, which a driver holds from asking for a trial until it
+    has claimed it, so a trial nobody claimed was asked for by a driver that died in between."""
+    storage = ostudy._storage
+    stale_ids = set()
+    rdb = getattr(storage, "_backend", storage)  # the cached storage wraps the RDB one
+    if isinstance(rdb, optuna.storages.RDBStorage):
+        stale_ids = set(rdb._get_stale_trial_ids(ostudy._study_id))
+    now = datetime.now()
+    abandoned = []
+    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(DRIVER_ATTR)
+        if owner == DRIVER_ID:
+            continue
+        alive = driver_alive(owner) if owner else None
+        silent = trial._trial_id in stale_ids or (
+            owner is None
+            and trial.datetime_start is not None
+            and now - trial.datetime_start > timedelta(seconds=GRACE_S)
+        )
+        if alive is False or (alive is None and silent) or (owner is None and locked):
+            abandoned.append(trial)
+    return abandoned
+
+
+def claim(ostudy: optuna.Study, trial: optuna.Trial) -> None:
+    """Mark a trial as this driver's and record its first heartbeat."""
+    trial.set_user_attr(DRIVER_ATTR, DRIVER_ID)
+    heartbeat(ostudy, [trial])
+
+
+def heartbeat(ostudy: optuna.Study, trials: list[optuna.Trial]) -> None:
+    """Tell other drivers these trials are alive."""
+    storage = getattr(ostudy._storage, "_backend", ostudy._storage)
+    if isinstance(storage, optuna.storages.RDBStorage):
+        for trial in trials:
+            storage.record_heartbeat(trial._trial_id)
+
+
+def enqueue_retry(
+    ostudy: optuna.Study,
+    number: int,
+    params: dict[str, Any],
+    user_attrs: dict[str, Any],
+    *,
+    once: bool = True,
+) -> bool:
+    """Queue a trial's parameters again. With `once` (a node lost or unreachable), not when it already
+    was a retry: a config that keeps killing nodes is not retried forever. A trial interrupted by its
+    driver (a crash, Ctrl-C) is always run again: that said nothing about its settings."""
+    if once and RETRY_OF_ATTR in user_attrs:
+        return False
+    attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
+    if user_attrs.get(BASELINE_ATTR):
+        attrs[BASELINE_ATTR] = True
+    ostudy.enqueue_trial(dict(params), user_attrs=attrs)
+    return True
+
+
+@contextlib.contextmanager
+def study_lock(study: Study) -> Iterator[bool]:
+    """Serialize "is budget left? ask for a trial" between drivers of one study; yields whether it did.
+
+    PostgreSQL: an advisory lock keyed by the study name. SQLite: a lock file beside the database.
+    Both end with the process that holds them, so a killed driver never keeps the study locked.
+    """
+    url = study.storage
+    if url.startswith("postgresql"):
+        import sqlalchemy
+
+        engine = _lock_engines.setdefault(
+            url, sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        )
+        key = zlib.crc32(f"autotune:{study.name}".encode())
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            try:
+                yield True
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                connection.commit()
+        return
+    if url.startswith("sqlite:///"):
+        lock_path = Path(url[len("sqlite:///") :] + ".lock")
+        with lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    yield False
+
+
+_lock_engines: dict[str, Any] = {}

@@ -1,0 +1,1 @@
+"""MLflow records of a study: one parent run, one child run per trial."""

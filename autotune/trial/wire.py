@@ -1,0 +1,70 @@
+"""What a node is asked to run and what it answers: the driver builds a request, a node returns a result.
+
+Both cross a process boundary (a Ray actor, or the in-process pool's thread), so they hold plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.plan import MeasurementPlan
+from autotune.trial.failures import Failure
+from autotune.trial.launch import ServerLaunch
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """Everything a node needs to run one trial; built by the driver, run by the node."""
+
+    number: int
+    launch: ServerLaunch
+    workload: Workload | None  # None for a job (see `job`), which sends no requests
+    startup_timeout_s: float
+    benchmark_timeout_s: float
+    seed: int = 0
+    # What to measure on the launch (a ladder, a short run first); None: one benchmark of `workload`.
+    plan: MeasurementPlan | None = None
+    # True: the launch is a job that measures itself and exits within benchmark_timeout_s (autotune.node.job).
+    job: bool = False
+
+    @property
+    def serving_workload(self) -> Workload:
+        """The workload of a server trial."""
+        if self.workload is None:
+            raise ValueError(f"`workload` must be set for a server trial, but trial {self.number} has none.")
+        return self.workload
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What happened to one trial on the node: a benchmark result or a classified failure."""
+
+    number: int
+    node: str
+    benchmark: BenchmarkResult | None
+    failure: Failure | None
+    startup_s: float | None
+    benchmark_s: float | None
+    phase_times: dict[str, float] = field(default_factory=dict)
+    log: str = ""
+    returncode: int | None = None
+    server_pgid: int | None = None  # the process group the trial's server ran in (gone when this returns)
+    port: int | None = None  # the port the server listened on (the node picks it for `port: auto`)
+    metrics: dict[str, float] = field(default_factory=dict)  # a job trial's measurement
+    details: dict[str, Any] = field(default_factory=dict)  # a job trial's whole result line
+    # What the server chose for flags left unset (--mem-fraction-static, ...), from its log.
+    server_choices: dict[str, float] = field(default_factory=dict)
+    # The server's memory report (KV cache tokens and GB, max_total_num_tokens, available_gpu_mem_gb, ...).
+    server_memory: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and (self.benchmark is not None or bool(self.metrics))
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-ready record of the result (the log left out)."""
+        data = asdict(self)
+        data.pop("log")
+        return data

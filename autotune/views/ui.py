@@ -1,0 +1,218 @@
+"""`autotune ui`: the MLflow UI on a study's tracking store, started and stopped as one process group.
+
+The server reads the study's MLflow database and serves the artifacts from where autotune writes them
+(`<workdir>/artifacts`, the experiment's artifact location). It listens on 127.0.0.1 unless told
+otherwise; listening beyond loopback needs `allow_remote`, because the MLflow UI has no login.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from autotune.config import Study
+from autotune.config.hosts import LOOPBACK, reachable_here
+from autotune.errors import AutotuneError
+from autotune.node.runner import free_port
+
+READY_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+REMOTE_WARNING = (
+    "autotune: warning: the MLflow UI has no login: anyone who can reach {host}:{port} can read this "
+    "study's runs, logs and launch scripts, and edit or delete them. Prefer `ssh -L {port}:127.0.0.1:{port}`."
+)
+
+
+class UIError(AutotuneError):
+    """The MLflow UI could not be started."""
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, None for any other store."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
+
+
+def server_command(study: Study, host: str, port: int) -> list[str]:
+    """The `mlflow server` command line for the study's tracking store and artifact folder."""
+    artifacts = (study.workdir / "artifacts").resolve()
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        study.tracking_uri,
+        # Runs keep the artifact location autotune gave the experiment; these cover anything new.
+        "--default-artifact-root",
+        artifacts.as_uri(),
+        "--artifacts-destination",
+        str(artifacts),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+
+
+def server_env() -> dict[str, str]:
+    """The server's environment: no usage telemetry, no background job workers (the UI does not need them,
+    and they triple the start-up time)."""
+    return {
+        **os.environ,
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+
+
+@dataclass
+class UIServer:
+    """A running MLflow UI server: its own process group, so stopping it stops every worker."""
+
+    process: subprocess.Popen[bytes]
+    host: str
+    port: int
+    experiment_id: str | None
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        host = reachable_here(self.host)
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def experiment_url(self) -> str:
+        """The study's run list (the "Model training" view, where runs, params and metrics are)."""
+        if self.experiment_id is None:
+            return self.url
+        return f"{self.url}#/experiments/{self.experiment_id}/runs?workflowType=machine_learning"
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until the server answers /health; raises UIError when it exits or does not answer."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise UIError(
+                    f"mlflow server exited with status {self.process.returncode}: {self._log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise UIError(f"mlflow server did not answer within {timeout_s:g} s: {self._log_tail()}")
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM the server's process group, SIGKILL it after `grace_s`; returns the exit status."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        # Workers left behind by a dead leader go too.
+        _signal_group(self.process.pid, signal.SIGKILL)
+        return self.process.returncode
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(lines[-5:]) or "(empty log)"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def experiment_id(study: Study) -> str | None:
+    """The study's MLflow experiment id, None when the study has not tracked anything yet."""
+    from mlflow.tracking import MlflowClient
+
+    from autotune.tracking.tracker import _quiet_mlflow
+
+    _quiet_mlflow()
+    experiment = MlflowClient(tracking_uri=study.tracking_uri).get_experiment_by_name(study.name)
+    return None if experiment is None else str(experiment.experiment_id)
+
+
+def start_ui(study: Study, host: str = LOOPBACK, port: int | None = None) -> UIServer:
+    """Start `mlflow server` on the study's store in its own process group; returns once it answers.
+
+    Checking that a non-loopback `host` is wanted is the caller's job (the CLI's `--allow-remote`)."""
+    if study.tracking_uri.startswith(("http://", "https://", "databricks")):
+        raise UIError(
+            f"study {study.name!r} tracks to the MLflow server at {study.tracking_uri}: open its UI there"
+        )
+    database = sqlite_path(study.tracking_uri)
+    if database is not None and not database.exists():
+        raise UIError(
+            f"no MLflow store yet at {database}: start the study with `autotune run {study.path}` first"
+        )
+    found = experiment_id(study)
+    port = port or free_port(host)
+    log_path = study.ensure_workdir() / "mlflow-ui.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            server_command(study, host, port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(),
+            start_new_session=True,  # its own process group: Ctrl-C reaches us, and we stop all of it
+        )
+    server = UIServer(process, host, port, found, log_path)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def serve(study: Study, host: str = LOOPBACK, port: int | None = None, out: TextIO = sys.stdout) -> int:
+    """Start the UI, print its URL, and keep it up until Ctrl-C or SIGTERM; then stop it. Returns 0, or
+    the server's status when it exits by itself."""
+    server = start_ui(study, host, port)
+
+    def stop_on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM both stop the server, even where the shell started us with SIGINT ignored.
+    previous = {sig: signal.signal(sig, stop_on_term) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"MLflow UI for study {study.name!r}: {server.experiment_url}", file=out, flush=True)
+        if server.experiment_id is None:
+            print(f"(no experiment {study.name!r} yet: it appears once the study starts)", file=out)
+        print(f"log: {server.log_path} · Ctrl-C to stop", file=out, flush=True)
+        status = server.process.wait()
+        print(f"autotune: mlflow server exited with status {status}: {server._log_tail()}", file=sys.stderr)
+        return status or 1
+    except KeyboardInterrupt:
+        print("stopping the MLflow UI", file=out, flush=True)
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
