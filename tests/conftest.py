@@ -1,4 +1,5 @@
-"""Shared fixtures: one small study run through the real CLI, reused by the tests that read it."""
+"""Shared fixtures: the study-file builder, and one small study run through the real CLI, reused by the
+tests that read it."""
 
 from __future__ import annotations
 
@@ -8,48 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from autotune.node.runner import free_port
+from tests.builders import StudyFiles, e2e_study
 
-REPO = Path(__file__).resolve().parents[1]
 N_TRIALS = 6
-
-
-def write_study(tmp_path: Path, n_trials: int = N_TRIALS) -> Path:
-    objective = {
-        "name": "small-throughput",
-        "metric": "output_throughput",
-        "workload": {"num_prompts": 6, "input_len": 2000, "output_len": 64, "concurrency": 3},
-    }
-    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(objective))
-    study = {
-        "study": "e2e",
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": "objective.yaml",
-        "nodes": [
-            {
-                "name": "local",
-                "address": "local",
-                "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
-            }
-        ],
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "model_weight_gb": 547,
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.001", "HF_TOKEN": "hf_secret_value_123"},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "tpe", "seed": 3},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
 
 
 def run_cli(
@@ -67,13 +30,19 @@ def run_cli(
     )
 
 
+@pytest.fixture
+def study_file(tmp_path: Path) -> StudyFiles:
+    """Writes study files into the test's tmp_path (tests/builders.py says how)."""
+    return StudyFiles(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     from autotune.config import load_study
     from autotune.study.storage import open_study
 
     tmp_path = tmp_path_factory.mktemp("study")
-    path = write_study(tmp_path)
+    path = StudyFiles(tmp_path)(e2e_study(N_TRIALS))
     # A trial that fails on the simulated SM120 node every time (FlashInfer's all-reduce fusion needs SM90
     # or SM10X), so the finished study has a failure to explain whatever the sampler proposes.
     open_study(load_study(path)).enqueue_trial({"--enable-flashinfer-allreduce-fusion": True})

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
-import yaml
 from optuna.trial import TrialState
 from ray.cluster_utils import Cluster
 
@@ -19,7 +17,7 @@ from autotune.node.pool import ACTOR_NAMESPACE, GPU_NODE_RESOURCE
 from autotune.node.runner import _group_members
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import finished_count
-from tests.conftest import REPO
+from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, small_objective, study_data
 
 pytestmark = pytest.mark.integration
 NODES = 3
@@ -37,41 +35,25 @@ def cluster():
     cluster.shutdown()
 
 
-def write_study(tmp_path: Path, address: str, name: str, startup_scale: str = "0.002") -> Path:
-    (tmp_path / "objective.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "small",
-                "metric": "output_throughput",
-                "workload": {"num_prompts": 4, "input_len": 2000, "output_len": 64, "concurrency": 2},
-            }
-        )
+def cluster_study(address: str, name: str, startup_scale: str = "0.002") -> dict[str, Any]:
+    return study_data(
+        study=name,
+        objective=small_objective(),
+        nodes=[{"name": "gpu", "address": "local"}],
+        ray={"address": address, "discover_nodes": True},
+        server=simulated_server(
+            draft_model_path="/models/eagle3",
+            port="auto",
+            env={"SGLANG_SIM_STARTUP_TIME_SCALE": startup_scale},
+        ),
+        n_trials=BUDGET,
+        sampler={"name": "random", "seed": 5},
+        timeouts=SIM_TIMEOUTS,
     )
-    study = {
-        "study": name,
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": "objective.yaml",
-        "nodes": [{"name": "gpu", "address": "local"}],
-        "ray": {"address": address, "discover_nodes": True},
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/eagle3",
-            "port": "auto",
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.001", "SGLANG_SIM_STARTUP_TIME_SCALE": startup_scale},
-        },
-        "budget": {"n_trials": BUDGET},
-        "sampler": {"name": "random", "seed": 5},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
 
 
-def test_trials_run_in_parallel_on_every_node_and_none_twice(cluster, tmp_path: Path) -> None:
-    study = load_study(write_study(tmp_path, cluster.address, "parallel"))
+def test_trials_run_in_parallel_on_every_node_and_none_twice(cluster, study_file: StudyFiles) -> None:
+    study = load_study(study_file(cluster_study(cluster.address, "parallel")))
     ostudy = StudyDriver(study).run()
 
     trials = [t for t in ostudy.trials if not t.user_attrs.get("skipped")]
@@ -87,9 +69,9 @@ def test_trials_run_in_parallel_on_every_node_and_none_twice(cluster, tmp_path: 
     assert sorted(int(p.parent.name.split("-")[1]) for p in logs) == sorted(t.number for t in trials)
 
 
-def test_a_node_lost_mid_trial_fails_that_trial_and_runs_it_again(cluster, tmp_path: Path) -> None:
+def test_a_node_lost_mid_trial_fails_that_trial_and_runs_it_again(cluster, study_file: StudyFiles) -> None:
     # A slower start-up (a 3 s weight load) leaves time to kill a node's actor while its server loads.
-    study = load_study(write_study(tmp_path, cluster.address, "lost", startup_scale="0.005"))
+    study = load_study(study_file(cluster_study(cluster.address, "lost", startup_scale="0.005")))
     killed: list[str] = []
 
     def kill_one_actor() -> None:

@@ -22,6 +22,7 @@ from autotune.config import (
 from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
 from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.trial.launch import TrialConfig
+from tests.builders import StudyFiles, study_data
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -225,14 +226,11 @@ def _study_data(**changes: Any) -> dict[str, Any]:
             "flags": {"--tp-size": 8, "--trust-remote-code": None},
         },
     }
-    data.update(changes)
-    return data
+    return study_data(**{**data, "sampler": None, **changes})  # the sampler left to its default
 
 
 def _write(project: Path, data: dict[str, Any], name: str = "study.yaml") -> Path:
-    path = project / "studies" / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return StudyFiles(project / "studies")(data, file=name)
 
 
 def _study_error(project: Path, data: dict[str, Any]) -> ConfigError:
@@ -528,9 +526,7 @@ def test_every_shipped_yaml_loads() -> None:
 
 
 def test_loading_shipped_files_leaves_the_repo_untouched(tmp_path: Path) -> None:
-    study = tmp_path / "s.yaml"
     data = _study_data(search_space=os.fspath(SHIPPED_SPACE), objective=os.fspath(SHIPPED_OBJECTIVE))
-    study.write_text(yaml.safe_dump(data))
-    load_study(study)
+    load_study(StudyFiles(tmp_path)(data, file="s.yaml"))
     assert not (REPO / "search_spaces" / ".autotune").exists()
     assert _tree(tmp_path) == ["s.yaml"]

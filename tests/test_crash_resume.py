@@ -14,53 +14,38 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from autotune.study.storage import finished_count
-from tests.conftest import REPO
+from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, small_objective, study_data
 
 pytestmark = pytest.mark.integration
 BUDGET = 10
 SIGKILL, SIGINT = signal.SIGKILL, signal.SIGINT
 
 
-def write_study(tmp_path: Path, storage: str | None, model_path: str) -> Path:
-    (tmp_path / "objective.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "small",
-                "metric": "output_throughput",
-                "workload": {"num_prompts": 4, "input_len": 2000, "output_len": 64, "concurrency": 2},
-            }
-        )
+def crash_study(storage: str | None, model_path: str, name: str = "crash") -> dict[str, Any]:
+    server = simulated_server(
+        model_path=model_path,
+        draft_model_path="/models/eagle3",
+        port="auto",
+        # A 2.4 s weight load and a short benchmark: time to kill the driver inside either.
+        env={"SGLANG_SIM_TIME_SCALE": "0.002", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.004"},
     )
-    study = {
-        "study": "crash",
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": "objective.yaml",
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": model_path,
-            "draft_model_path": "/models/eagle3",
-            "port": "auto",
-            "flags": {"--tp-size": 8},
-            # A 2.4 s weight load and a short benchmark: time to kill the driver inside either.
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.002", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.004"},
-        },
-        "budget": {"n_trials": BUDGET},
-        "sampler": {"name": "random", "seed": 11},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    if storage:
-        study["storage"] = storage
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
+    return study_data(
+        study=name,
+        objective=small_objective(),
+        server=server,
+        n_trials=BUDGET,
+        sampler={"name": "random", "seed": 11},
+        timeouts=SIM_TIMEOUTS,
+        storage=storage,
+    )
 
 
 def start_driver(path: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -207,29 +192,28 @@ KILLS = [
 ]
 
 
-def test_sigkill_and_sigint_at_varied_points_then_resume_on_sqlite(tmp_path: Path) -> None:
+def test_sigkill_and_sigint_at_varied_points_then_resume_on_sqlite(study_file: StudyFiles) -> None:
     model_path = f"/models/crash-{uuid.uuid4().hex[:8]}"
-    path = write_study(tmp_path, None, model_path)
+    path = study_file(crash_study(None, model_path))
     hit = crash_and_resume(path, KILLS)
     assert len(hit) >= 8, hit  # most kill points were reached before the budget ran out
     check_study(path, None, model_path)
 
 
-def test_the_same_against_postgresql(tmp_path: Path, postgres_url: str) -> None:
+def test_the_same_against_postgresql(study_file: StudyFiles, postgres_url: str) -> None:
     model_path = f"/models/crash-{uuid.uuid4().hex[:8]}"
     storage = postgres_url.replace("/autotune", "/autotune")
-    path = write_study(tmp_path, storage, model_path)
+    path = study_file(crash_study(storage, model_path))
     hit = crash_and_resume(path, KILLS[:6])
     assert len(hit) >= 5, hit
     check_study(path, storage, model_path)
 
 
-def test_two_drivers_on_one_postgresql_study_share_the_budget(tmp_path: Path, postgres_url: str) -> None:
+def test_two_drivers_on_one_postgresql_study_share_the_budget(
+    tmp_path: Path, study_file: StudyFiles, postgres_url: str
+) -> None:
     model_path = f"/models/two-{uuid.uuid4().hex[:8]}"
-    path = write_study(tmp_path, postgres_url, model_path)
-    data = yaml.safe_load(path.read_text())
-    data["study"] = "two-drivers"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path = study_file(crash_study(postgres_url, model_path, name="two-drivers"))
     first = start_driver(path, tmp_path / "first.log")
     time.sleep(3)  # the first creates the study and its baseline; the second joins it
     second = start_driver(path, tmp_path / "second.log")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from autotune.config import load_study
@@ -21,31 +20,11 @@ from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_
 from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count, study_summary
 from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
+from tests.builders import StudyFiles
 
-REPO = Path(__file__).resolve().parents[1]
 SEED_HARDWARE = (
     "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim), SGLang 0.5.17"
 )
-
-
-def make_study(tmp_path: Path, n_trials: int, **extra: object) -> Path:
-    study = {
-        "study": "driver",
-        "search_space": str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"),
-        "objective": str(REPO / "objectives" / "quickstart.yaml"),
-        "server": {
-            "command": ["python", "-m", "sglang.launch_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "flags": {"--tp-size": 8},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "tpe", "seed": 7},
-        **extra,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
 
 
 def model_pool(nodes: int = 1, checked: bool = True):
@@ -58,7 +37,7 @@ def model_pool(nodes: int = 1, checked: bool = True):
 
 @pytest.fixture(scope="module")
 def study_of_30_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_study(tmp_path_factory.mktemp("driver"), 30, failures={"oom_penalty": -1.0})
+    return StudyFiles(tmp_path_factory.mktemp("driver"))(n_trials=30, failures={"oom_penalty": -1.0})
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +50,9 @@ def memory_study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
     """Three trials on the seed node: one runs out of memory under the quickstart's long prompts (the
     static pool leaves too little for activations), one has a static pool the weights overflow (68 GB a
     GPU in 0.70 of 89 GiB), which the pre-flight check refuses without a launch."""
-    study = load_study(make_study(tmp_path_factory.mktemp("memory"), 3, failures={"oom_penalty": -1.0}))
+    study = load_study(
+        StudyFiles(tmp_path_factory.mktemp("memory"))(n_trials=3, failures={"oom_penalty": -1.0})
+    )
     ostudy = open_study(study)
     ostudy.enqueue_trial({"--mem-fraction-static": 0.95, "--chunked-prefill-size": 16384})
     ostudy.enqueue_trial({"--mem-fraction-static": 0.70})
@@ -155,8 +136,8 @@ def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_3
             assert trial.constraints["memory"] == 0
 
 
-def test_a_second_run_continues_to_a_larger_budget(tmp_path: Path) -> None:
-    path = make_study(tmp_path, 5)
+def test_a_second_run_continues_to_a_larger_budget(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=5)
     study = load_study(path)
     StudyDriver(study, pool=model_pool()).run()
     ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=8)
@@ -178,18 +159,15 @@ def test_predicted_ooms_are_pruned_without_a_launch_and_every_trial_knows_its_ha
     assert hardware == {SEED_HARDWARE}
 
 
-def one_value_space(tmp_path: Path, name: str, value: object) -> str:
+def one_value_space(name: str, value: object) -> dict[str, object]:
     """A search space whose one parameter always takes `value`: every trial after the baseline proposes it."""
-    path = tmp_path / "space.yaml"
-    parameter = {"kind": "sglang", "type": "categorical", "choices": [value]}
-    path.write_text(yaml.safe_dump({"parameters": {name: parameter}}))
-    return str(path)
+    return {"parameters": {name: {"kind": "sglang", "type": "categorical", "choices": [value]}}}
 
 
-def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(tmp_path: Path) -> None:
+def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(study_file: StudyFiles) -> None:
     # What the failures benchmark compares against: 0.6 x 96 GB cannot hold 547 GB / 8 of weights.
-    space = one_value_space(tmp_path, "--mem-fraction-static", 0.6)
-    study = load_study(make_study(tmp_path, 3, search_space=space))
+    space = one_value_space("--mem-fraction-static", 0.6)
+    study = load_study(study_file(n_trials=3, search_space=space))
     ostudy = StudyDriver(study, pool=model_pool(), preflight=False).run()
     tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
     assert len(tried) == 2
@@ -198,19 +176,21 @@ def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(tmp
         assert trial.state is TrialState.PRUNED and trial.user_attrs["failure_kind"] == "kv_pool_too_small"
 
 
-def test_without_the_memory_an_unsupported_flag_is_launched_every_time(tmp_path: Path) -> None:
-    space = one_value_space(tmp_path, "--enable-flashinfer-allreduce-fusion", True)
-    study = load_study(make_study(tmp_path, 4, search_space=space))
+def test_without_the_memory_an_unsupported_flag_is_launched_every_time(study_file: StudyFiles) -> None:
+    space = one_value_space("--enable-flashinfer-allreduce-fusion", True)
+    study = load_study(study_file(n_trials=4, search_space=space))
     ostudy = StudyDriver(study, pool=model_pool(), remember_incompatible=False).run()
     tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
     assert [t.user_attrs["failure_kind"] for t in tried] == ["unsupported"] * 3
     assert all("node" in t.user_attrs for t in tried) and "incompatible" not in ostudy.user_attrs
 
 
-def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fix(tmp_path: Path) -> None:
+def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fix(
+    study_file: StudyFiles,
+) -> None:
     # Each proposal is refused at no cost; without a limit the study would never end.
-    space = one_value_space(tmp_path, "--mem-fraction-static", 0.6)
-    study = load_study(make_study(tmp_path, 3, search_space=space))
+    space = one_value_space("--mem-fraction-static", 0.6)
+    study = load_study(study_file(n_trials=3, search_space=space))
     with pytest.raises(AutotuneError, match=r"in a row that cannot run .*predicted OOM.*remove the failing"):
         StudyDriver(study, pool=model_pool()).run()
 

@@ -44,6 +44,7 @@ from autotune.trial.failures import FailureKind
 from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
 from autotune.trial.wire import TrialRequest
 from autotune.views.compare import Comparison, Run, compare, order_of_round
+from tests.builders import SHIPPED_SPACE, StudyFiles, study_data
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "nccl-h200x2.yaml"
@@ -315,13 +316,8 @@ def test_a_serving_objective_needs_a_workload_and_serving_metrics() -> None:
         parse_objective({**serving, "metric": "allreduce_us"})
 
 
-def _study(
-    tmp_path: Path, *, server: dict[str, Any], space: Path = SPACE, objective: Path = OBJECTIVE
-) -> Path:
-    path = tmp_path / "study.yaml"
-    data = {"study": "t", "search_space": str(space), "objective": str(objective), "server": server}
-    path.write_text(yaml.safe_dump(data))
-    return path
+def _job_study(*, server: dict[str, Any], space: Path = SPACE, objective: Path = OBJECTIVE) -> dict[str, Any]:
+    return study_data(search_space=space, objective=objective, server=server, sampler=None)
 
 
 @pytest.mark.parametrize(
@@ -333,27 +329,27 @@ def _study(
     ],
 )
 def test_a_job_study_refuses_a_model_server_flags_and_nvls(
-    tmp_path: Path, server: dict[str, Any], field: str
+    study_file: StudyFiles, server: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        load_study(_study(tmp_path, server=server))
+        load_study(study_file(_job_study(server=server)))
     assert info.value.field == field, str(info.value)
 
 
-def test_a_job_study_refuses_server_parameters(tmp_path: Path) -> None:
+def test_a_job_study_refuses_server_parameters(study_file: StudyFiles) -> None:
     with pytest.raises(ConfigError, match="runs no server"):
-        load_study(_study(tmp_path, server={}, space=REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"))
+        load_study(study_file(_job_study(server={}, space=SHIPPED_SPACE)))
 
 
-def test_a_serving_study_still_needs_its_model(tmp_path: Path) -> None:
+def test_a_serving_study_still_needs_its_model(study_file: StudyFiles) -> None:
     with pytest.raises(ConfigError) as info:
-        load_study(_study(tmp_path, server={}, objective=REPO / "objectives" / "throughput.yaml",
-                          space=REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"))  # fmt: skip
+        load_study(study_file(_job_study(server={}, objective=REPO / "objectives" / "throughput.yaml",
+                                         space=SHIPPED_SPACE)))  # fmt: skip
     assert info.value.field == "server.model_path"
 
 
-def test_a_trial_env_with_nvls_on_is_never_launched(tmp_path: Path) -> None:
-    study = load_study(_study(tmp_path, server={}))
+def test_a_trial_env_with_nvls_on_is_never_launched(study_file: StudyFiles) -> None:
+    study = load_study(study_file(_job_study(server={})))
     with pytest.raises(ForbiddenLaunchError, match="NCCL_NVLS_ENABLE=2"):
         study.server_launch(TrialConfig(env={"NCCL_NVLS_ENABLE": "2"}))
 
@@ -442,7 +438,7 @@ def test_wait_for_job_returns_when_told_to_stop(tmp_path: Path) -> None:
 
 # ---- a study and a comparison through the CLI, without Ray ---------------------------------------------
 @pytest.fixture
-def stand_in_study(tmp_path: Path) -> Path:
+def stand_in_study(tmp_path: Path, study_file: StudyFiles) -> Path:
     (tmp_path / "bench.py").write_text(STAND_IN.format(repo=str(REPO)))
     study = yaml.safe_load(EXAMPLE.read_text())
     study.update(
@@ -452,9 +448,7 @@ def stand_in_study(tmp_path: Path) -> Path:
         budget={"n_trials": 5},
         timeouts={"benchmark_s": 30},
     )
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
+    return study_file(study)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

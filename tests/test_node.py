@@ -17,6 +17,7 @@ from autotune.node.runner import LocalCommandRunner, _group_members, free_port, 
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
+from tests.builders import StudyFiles, e2e_study
 
 SERVER = (
     sys.executable,
@@ -211,22 +212,18 @@ def test_an_unrelated_process_group_is_never_stopped(tmp_path: Path) -> None:
         stranger.wait()
 
 
-def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(tmp_path: Path) -> None:
+def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(study_file: StudyFiles) -> None:
     """--no-ray: the node check runs before any trial, so launches are spelled for the node's SGLang and
     trials carry its fingerprint; a node with a problem stops the study with the fix."""
-    import yaml
-
     from autotune.config import load_study
     from autotune.node.check import NodeCheckError
     from autotune.node.pool import in_process_pool
-    from tests.conftest import write_study
 
-    path = write_study(tmp_path)
-    facts = in_process_pool(load_study(path)).facts("local")
+    data = e2e_study()
+    facts = in_process_pool(load_study(study_file(data))).facts("local")
     assert facts is not None and facts.server_version == "0.5.17" and facts.server_flags is not None
     assert facts.hardware is not None and facts.hardware.startswith("8x NVIDIA RTX PRO 6000")
-    data = yaml.safe_load(path.read_text())
     data["server"]["command"] = [sys.executable, "-m", "autotune.sim.no_such_server"]
-    path.write_text(yaml.safe_dump(data))
+    path = study_file(data)
     with pytest.raises(NodeCheckError, match="no_such_server"):
         in_process_pool(load_study(path))

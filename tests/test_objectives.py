@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from autotune.cli import main
@@ -35,9 +34,9 @@ from autotune.study.loop import StudyDriver, best_trial, pareto_front, study_sum
 from autotune.study.pruning import SHORT_STEP, _probe, short_cutoff, short_pruner
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
+from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 
 REPO = Path(__file__).resolve().parents[1]
-SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 SEED_WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
 
 # One JSON line as sglang.bench_serving 0.5.x appends it to --output-file (the fields of reference/sglang.md).
@@ -86,27 +85,6 @@ def rule_error(**fields: Any) -> ConfigError:
     with pytest.raises(ConfigError) as info:
         objective(**fields)
     return info.value
-
-
-def write_study(folder: Path, objective_data: dict[str, Any], n_trials: int, **extra: Any) -> Path:
-    (folder / "objective.yaml").write_text(yaml.safe_dump(objective_data, sort_keys=False))
-    study = {
-        "study": "objectives",
-        "search_space": str(SPACE),
-        "objective": "objective.yaml",
-        "server": {
-            "command": ["python", "-m", "sglang.launch_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "flags": {"--tp-size": 8},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "tpe", "seed": 7},
-        **extra,
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
 
 
 class ClockedModelNode(ModelExecutor):
@@ -494,7 +472,7 @@ def short_first_studies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Clock
         obj: dict[str, Any] = {"name": "t", "metric": "output_throughput", "workload": workload}
         if short:
             obj["short_first"] = {"fraction": 0.25, "min_trials": 5}
-        path = write_study(tmp_path_factory.mktemp("short"), obj, 40)
+        path = StudyFiles(tmp_path_factory.mktemp("short"))(objective=obj, n_trials=40)
         runs.append(run_model_study(path, storage=optuna.storages.InMemoryStorage()))
     return runs[0], runs[1]
 
@@ -542,7 +520,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Stud
         "ladder": {"concurrency": [1, 4], "prompts_per_concurrency": 2},
         "limits": {"p99_itl_ms": 120},
     }
-    path = write_study(tmp_path_factory.mktemp("limits"), obj, 25)
+    path = StudyFiles(tmp_path_factory.mktemp("limits"))(objective=obj, n_trials=25)
     return path, run_model_study(path)[0]
 
 
@@ -585,7 +563,9 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Study]
         "also_optimize": ["p99_itl_ms"],
         "workload": dict(SEED_WORKLOAD),
     }
-    path = write_study(tmp_path_factory.mktemp("multi"), obj, 20, sampler={"name": "nsga2", "seed": 3})
+    path = StudyFiles(tmp_path_factory.mktemp("multi"))(
+        objective=obj, n_trials=20, sampler={"name": "nsga2", "seed": 3}
+    )
     return path, run_model_study(path)[0]
 
 
@@ -635,28 +615,19 @@ TRADE_OFF_SPACE = {
 }
 
 
-def sim_study(folder: Path, objective_data: dict[str, Any], n_trials: int) -> Path:
+def trade_off_study(objective_data: dict[str, Any], n_trials: int) -> dict[str, Any]:
     """A study of the simulated server whose one knob trades throughput for latency."""
-    (folder / "space.yaml").write_text(yaml.safe_dump(TRADE_OFF_SPACE))
-    (folder / "objective.yaml").write_text(yaml.safe_dump(objective_data, sort_keys=False))
-    study = {
-        "study": "sim-objectives",
-        "search_space": "space.yaml",
-        "objective": "objective.yaml",
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "random", "seed": 0},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
+    return study_data(
+        study="sim-objectives",
+        search_space=TRADE_OFF_SPACE,
+        objective=objective_data,
+        server=simulated_server(
+            env={"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
+        ),
+        n_trials=n_trials,
+        sampler={"name": "random", "seed": 0},
+        timeouts=SIM_TIMEOUTS,
+    )
 
 
 class _QuietPool(LocalNodePool):
@@ -689,7 +660,7 @@ SIM_WORKLOAD = {"num_prompts": 8, "input_len": 1000, "output_len": 32, "concurre
 
 @pytest.mark.integration
 def test_on_the_simulated_node_a_latency_limit_makes_trials_infeasible(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
 ) -> None:
     obj = {
         "name": "itl-limit",
@@ -698,7 +669,7 @@ def test_on_the_simulated_node_a_latency_limit_makes_trials_infeasible(
         "ladder": {"concurrency": [1, 4], "prompts_per_concurrency": 2},
         "limits": {"p99_itl_ms": 0.5},  # no config decodes a token in half a millisecond
     }
-    path = sim_study(tmp_path, obj, 2)
+    path = study_file(trade_off_study(obj, 2))
     study = run_sim_study(path)
     trials = [t for t in study.trials if t.state is TrialState.COMPLETE]
     assert len(trials) == 2 and all(t.constraints["p99_itl_ms"] > 0 for t in trials)
@@ -716,7 +687,7 @@ def test_on_the_simulated_node_a_latency_limit_makes_trials_infeasible(
 
 @pytest.mark.integration
 def test_on_the_simulated_node_status_and_mlflow_show_the_pareto_front(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
 ) -> None:
     obj = {
         "name": "throughput-vs-itl",
@@ -725,7 +696,7 @@ def test_on_the_simulated_node_status_and_mlflow_show_the_pareto_front(
         "also_optimize": ["mean_itl_ms"],
         "workload": SIM_WORKLOAD,
     }
-    path = sim_study(tmp_path, obj, 3)
+    path = study_file(trade_off_study(obj, 3))
     study = run_sim_study(
         path, tracking=True, enqueue=({"--max-running-requests": 1}, {"--max-running-requests": 2})
     )

@@ -13,13 +13,12 @@ from typing import Any
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from autotune.config import load_study
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
-from autotune.node.runner import LocalCommandRunner, free_port
+from autotune.node.runner import LocalCommandRunner
 from autotune.study.loop import StudyDriver, best_trial, study_summary
 from autotune.study.records import REMEASURE_OF_ATTR
 from autotune.study.remeasure import (
@@ -34,7 +33,9 @@ from autotune.study.remeasure import (
 from autotune.study.storage import open_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli, write_study
+from test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli
+
+from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 
 REPO = Path(__file__).resolve().parents[1]
 REMEASURE = {"top": 2, "repeats": 3, "confidence": 0.95}
@@ -69,7 +70,7 @@ def test_a_gain_whose_interval_reaches_zero_is_within_noise() -> None:
 @pytest.fixture(scope="module")
 def remeasured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Study, dict[str, Any]]:
     obj = {"name": "t", "metric": "output_throughput", "workload": SEED_WORKLOAD, "remeasure": REMEASURE}
-    path = write_study(tmp_path_factory.mktemp("remeasure"), obj, 12)
+    path = StudyFiles(tmp_path_factory.mktemp("remeasure"))(objective=obj, n_trials=12)
     study = load_study(path)
     node = ClockedModelNode(noise=0.05)
 
@@ -177,9 +178,11 @@ def test_best_json_gives_the_config_its_mean_gain_interval_and_launch(
     )
 
 
-def test_best_says_when_a_gain_is_within_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_best_says_when_a_gain_is_within_noise(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
     obj = {"name": "t", "metric": "output_throughput", "workload": SEED_WORKLOAD, "remeasure": REMEASURE}
-    path = write_study(tmp_path, obj, 3)
+    path = study_file(objective=obj, n_trials=3)
     study = load_study(path)
     ostudy = open_study(study)
     ostudy.enqueue_trial({"--max-running-requests": 8})
@@ -224,50 +227,40 @@ FRESH_NOISE = [
 
 
 def simulated_study(
-    tmp_path: Path, name: str, command: list[str], workload: dict[str, int], repeats: int, env: dict[str, str]
-) -> Path:
+    name: str, command: list[str], workload: dict[str, int], repeats: int, env: dict[str, str]
+) -> dict[str, Any]:
     """A two-trial study of `--max-running-requests` on the simulated node, re-measuring the best."""
     space = {
         "parameters": {
             "--max-running-requests": {"kind": "sglang", "type": "categorical", "choices": [None, 2]}
         }
     }
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     obj = {
         "name": name,
         "metric": "output_throughput",
         "workload": workload,
         "remeasure": {"top": 1, "repeats": repeats},
     }
-    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(obj))
-    data = {
-        "study": name,
-        "search_space": "space.yaml",
-        "objective": "objective.yaml",
-        "server": {
-            "command": command,
-            "model_path": "/models/Kimi-K2.5",
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            "env": {"SGLANG_SIM_STARTUP_TIME_SCALE": "0.001", **env},
-        },
-        "budget": {"n_trials": 2},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return study_data(
+        study=name,
+        search_space=space,
+        objective=obj,
+        server=simulated_server(command=command, env={"SGLANG_SIM_STARTUP_TIME_SCALE": "0.001", **env}),
+        n_trials=2,
+        sampler=None,
+        timeouts=SIM_TIMEOUTS,
+    )
 
 
 @pytest.mark.integration
 def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
 ) -> None:
     workload = {"num_prompts": 8, "input_len": 1000, "output_len": 256, "concurrency": 4}
     # About a second of wall time per benchmark: a 0.1 s stall of a busy machine moves it by 10%, not 5x
     # as it did at 0.02 s (once, 8.8 against 75 tok/s in a full test run).
     env = {"SGLANG_SIM_TIME_SCALE": "0.2", "SGLANG_SIM_NOISE": "0.05"}
-    path = simulated_study(tmp_path, "noisy", FRESH_NOISE, workload, 3, env)
+    path = study_file(simulated_study("noisy", FRESH_NOISE, workload, 3, env))
     study = load_study(path)
     open_study(study).enqueue_trial({"--max-running-requests": 2})
 
@@ -292,7 +285,7 @@ def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
 
 
 @pytest.mark.integration
-def test_run_options_hold_for_remeasurement(tmp_path: Path) -> None:
+def test_run_options_hold_for_remeasurement(tmp_path: Path, study_file: StudyFiles) -> None:
     """`--no-ray --no-tracking` hold for every phase: the re-measurement that follows the study's trials
     starts no Ray runtime (RAY_ADDRESS is no address: any ray.init() fails) and writes no MLflow store."""
     import os
@@ -300,7 +293,7 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path) -> None:
 
     workload = {"num_prompts": 4, "input_len": 500, "output_len": 32, "concurrency": 2}
     command = [sys.executable, "-m", "autotune.sim.sglang_server"]
-    path = simulated_study(tmp_path, "options", command, workload, 2, {"SGLANG_SIM_TIME_SCALE": "0.01"})
+    path = study_file(simulated_study("options", command, workload, 2, {"SGLANG_SIM_TIME_SCALE": "0.01"}))
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(path), "--no-ray", "--no-tracking"],
         capture_output=True,

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import base64
 import re
-import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.node.runner import free_port
 from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from autotune.tracking.tracker import failure_note, metric_unit, run_name
+from tests.builders import SIM_TIMEOUTS, StudyFiles, e2e_study, simulated_server, study_data
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -44,33 +43,24 @@ BEST = {
 OOM = {**BEST, "--mem-fraction-static": 0.55}
 
 
-def write_ablation_study(folder: Path) -> Path:
-    (folder / "space.yaml").write_text(yaml.safe_dump(SPACE))
+def ablation_study() -> dict[str, Any]:
     objective = {
         "name": "many-short",
         "metric": "output_throughput",
         "workload": {"num_prompts": 8, "input_len": 500, "output_len": 128, "concurrency": 8},
     }
-    (folder / "objective.yaml").write_text(yaml.safe_dump(objective))
-    study = {
-        "study": "ablated",
-        "search_space": "space.yaml",
-        "objective": "objective.yaml",
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "port": free_port(),
-            "flags": {"--tp-size": 8},
-            # Serving slow enough that the server's own time dominates HTTP overhead; start-up fast.
-            "env": {"SGLANG_SIM_TIME_SCALE": "0.05", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
-        },
-        "budget": {"n_trials": 3},
-        "sampler": {"name": "random", "seed": 1},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
+    return study_data(
+        study="ablated",
+        search_space=SPACE,
+        objective=objective,
+        # Serving slow enough that the server's own time dominates HTTP overhead; start-up fast.
+        server=simulated_server(
+            env={"SGLANG_SIM_TIME_SCALE": "0.05", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
+        ),
+        n_trials=3,
+        sampler={"name": "random", "seed": 1},
+        timeouts=SIM_TIMEOUTS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +70,7 @@ def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     from autotune.study.storage import open_study
 
     folder = tmp_path_factory.mktemp("ablation")
-    path = write_ablation_study(folder)
+    path = StudyFiles(folder)(ablation_study())
     study = load_study(path)
     study.ensure_workdir()
     ostudy = open_study(study)  # trial 0: the baseline
@@ -190,10 +180,8 @@ def test_parent_run_description_is_the_study_summary(finished_study) -> None:
     assert script in note
 
 
-def test_report_and_ablate_need_a_study_that_ran(tmp_path: Path) -> None:
-    from tests.conftest import write_study
-
-    path = write_study(tmp_path)
+def test_report_and_ablate_need_a_study_that_ran(tmp_path: Path, study_file: StudyFiles) -> None:
+    path = study_file(e2e_study())
     for command in (("report", str(path), "--out", str(tmp_path / "r")), ("ablate", str(path))):
         proc = run_cli(*command, cwd=tmp_path)
         assert proc.returncode == 1 and "autotune run" in proc.stderr, proc.stderr
@@ -257,13 +245,14 @@ def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -
     assert run.info.run_name == "#005 · FAIL · interrupted" and run.info.status == "KILLED"
 
 
-def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(tracker, tmp_path: Path) -> None:
+def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(
+    tracker, study_file: StudyFiles
+) -> None:
     from optuna.trial import TrialState, create_trial
 
     from autotune.config import load_study
-    from tests.conftest import write_study
 
-    study = load_study(write_study(tmp_path))
+    study = load_study(study_file(e2e_study()))
     ostudy = optuna.create_study(direction="maximize", study_name="live")
     ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=80.0, user_attrs={"baseline": True}))
     tracker.refresh_study_view(ostudy, study)

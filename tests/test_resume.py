@@ -15,11 +15,12 @@ from autotune.errors import ConfigError
 from autotune.study.loop import StudyDriver
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.storage import finished_count, open_study
-from tests.test_driver import REPO, make_study, model_pool
+from tests.builders import SHIPPED_SPACE, StudyFiles
+from tests.test_driver import model_pool
 
 
-def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(tmp_path: Path) -> None:
-    study = load_study(make_study(tmp_path, 4))
+def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(study_file: StudyFiles) -> None:
+    study = load_study(study_file(n_trials=4))
     StudyDriver(study, pool=model_pool()).run(n_trials=2)
     ostudy = open_study(study)
     orphan = ostudy.ask({"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])})
@@ -38,10 +39,10 @@ def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(tmp_path:
     assert finished_count(ostudy) == 4  # the interrupted trial does not count against the budget
 
 
-def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(tmp_path: Path) -> None:
+def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(study_file: StudyFiles) -> None:
     # A driver killed between Optuna's ask and its claim leaves a RUNNING trial with no owner and no
     # heartbeat; it held the study lock until then, so the next driver knows at once that it is dead.
-    study = load_study(make_study(tmp_path, 3))
+    study = load_study(study_file(n_trials=3))
     StudyDriver(study, pool=model_pool()).run(n_trials=1)
     unclaimed = open_study(study).ask()
 
@@ -52,8 +53,8 @@ def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(tm
     assert finished_count(ostudy) == 3
 
 
-def test_a_trial_of_a_live_driver_is_left_alone(tmp_path: Path) -> None:
-    study = load_study(make_study(tmp_path, 3))
+def test_a_trial_of_a_live_driver_is_left_alone(study_file: StudyFiles) -> None:
+    study = load_study(study_file(n_trials=3))
     ostudy = open_study(study)
     other = ostudy.ask()
     other.set_user_attr(DRIVER_ATTR, "another-host:4242:99")  # alive as far as anyone here can tell
@@ -65,13 +66,12 @@ def test_a_trial_of_a_live_driver_is_left_alone(tmp_path: Path) -> None:
     assert finished_count(ostudy) == 2  # the other driver's running trial holds one unit of the budget
 
 
-def test_resuming_with_a_changed_search_space_is_refused_then_accepted(tmp_path: Path) -> None:
+def test_resuming_with_a_changed_search_space_is_refused_then_accepted(
+    tmp_path: Path, study_file: StudyFiles
+) -> None:
     space = tmp_path / "space.yaml"
-    shutil.copy(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml", space)
-    path = make_study(tmp_path, 2)
-    path.write_text(
-        path.read_text().replace(str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"), str(space))
-    )
+    shutil.copy(SHIPPED_SPACE, space)
+    path = study_file(n_trials=2, search_space=space)
     StudyDriver(load_study(path), pool=model_pool()).run()
 
     space.write_text(

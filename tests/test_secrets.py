@@ -15,9 +15,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
 from autotune.config._yaml import expand_env_references
 from autotune.config.study import load_study
@@ -28,7 +28,8 @@ from autotune.measure.client import API_KEY_ENV, BenchmarkError, Workload, bench
 from autotune.measure.plan import BenchServingOptions
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
-from tests.conftest import run_cli, write_study
+from tests.builders import StudyFiles, e2e_study
+from tests.conftest import run_cli
 from tests.test_objectives import BENCH_SERVING_LINE
 
 API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
@@ -40,14 +41,12 @@ SECRET_VALUES = (API_KEY, HF_TOKEN, WANDB_API_KEY, PASSWORD, SERVED_NAME)
 N_TRIALS = 3
 
 
-def _write_study(root: Path) -> Path:
+def _secret_study() -> dict[str, Any]:
     """The shared small study, with its server's key and HF_TOKEN read from the environment."""
-    path = write_study(root, N_TRIALS)
-    study = yaml.safe_load(path.read_text())
+    study = e2e_study(N_TRIALS)
     study["server"]["flags"].update({"--api-key": "${SIM_API_KEY}", "--served-model-name": "${SERVED_NAME}"})
     study["server"]["env"].update({"HF_TOKEN": "${HF_TOKEN}", "DB_PASSWORD": PASSWORD})
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
+    return study
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -59,8 +58,10 @@ def _leaks(data: bytes) -> list[str]:
     return [value for value in SECRET_VALUES if value.encode() in data]
 
 
-def test_a_study_with_an_api_key_completes_and_writes_no_secret(tmp_path: Path) -> None:
-    study = _write_study(tmp_path)
+def test_a_study_with_an_api_key_completes_and_writes_no_secret(
+    tmp_path: Path, study_file: StudyFiles
+) -> None:
+    study = study_file(_secret_study())
     # --no-ray: the node actor runs in the CLI's own process, so its stdout and stderr are checked too.
     outputs = {"run": _cli(tmp_path, "run", str(study), "--no-ray")}
     assert outputs["run"].returncode == 0, outputs["run"].stderr[-3000:]
@@ -205,12 +206,11 @@ def test_env_references_expand_and_an_unset_one_names_file_field_and_variable(tm
 
 
 def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    study = _write_study(tmp_path)
-    text = study.read_text().replace("SGLANG_SIM_TIME_SCALE: '0.001'", "SGLANG_SIM_TIME_SCALE: ${SCALE_TEXT}")
-    assert "${SCALE_TEXT}" in text
-    study.write_text(text)
+    data = _secret_study()
+    data["server"]["env"]["SGLANG_SIM_TIME_SCALE"] = "${SCALE_TEXT}"
+    study = study_file(data)
     values = {"SIM_API_KEY": API_KEY, "SERVED_NAME": SERVED_NAME, "HF_TOKEN": HF_TOKEN}
     for name, value in {**values, "SCALE_TEXT": "0.001000"}.items():
         monkeypatch.setenv(name, value)

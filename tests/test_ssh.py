@@ -30,7 +30,8 @@ from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.redaction import Secrets
 from autotune.trial.wire import TrialRequest, TrialResult
-from tests.conftest import run_cli, write_study
+from tests.builders import StudyFiles, e2e_study
+from tests.conftest import run_cli
 from tests.sshd import SSHServer, sshd_unavailable
 
 SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
@@ -85,39 +86,38 @@ def test_bad_ssh_addresses_say_what_is_wrong(address: str, problem: str) -> None
     assert info.value.fix
 
 
-def _study_with_node(tmp_path: Path, node: dict[str, Any], **server: Any) -> Path:
-    path = write_study(tmp_path, n_trials=5)
-    data = yaml.safe_load(path.read_text())
-    data["nodes"] = [node]
+def _study_on_node(node: dict[str, Any], **server: Any) -> dict[str, Any]:
+    data = e2e_study(5, nodes=[node])
     data["server"].update(server)
     data["server"]["env"]["SGLANG_SIM_STARTUP_TIME_SCALE"] = "0.0002"  # start-up is not what is tested
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return data
 
 
-def test_ssh_settings_on_a_local_node_are_refused(tmp_path: Path) -> None:
-    path = _study_with_node(tmp_path, {"name": "a", "address": "local", "key_file": "id"})
+def test_ssh_settings_on_a_local_node_are_refused(study_file: StudyFiles) -> None:
+    path = study_file(_study_on_node({"name": "a", "address": "local", "key_file": "id"}))
     with pytest.raises(ConfigError) as info:
         load_study(path)
     assert info.value.field == "nodes[0].key_file" and "ssh://" in info.value.fix
     assert "\n" not in str(info.value)
 
 
-def test_missing_known_hosts_is_a_config_error_naming_ssh_keyscan(tmp_path: Path) -> None:
+def test_missing_known_hosts_is_a_config_error_naming_ssh_keyscan(study_file: StudyFiles) -> None:
     node = {"name": "g", "address": "ssh://me@gpu-1:2222", "known_hosts": "nowhere/known_hosts"}
     with pytest.raises(ConfigError) as info:
-        load_study(_study_with_node(tmp_path, node))
+        load_study(study_file(_study_on_node(node)))
     assert info.value.field == "nodes[0].known_hosts"
     assert "ssh-keyscan -p 2222 gpu-1" in info.value.fix and "accept_unknown_host_key" in info.value.fix
 
 
-def test_a_loopback_server_on_a_remote_node_needs_benchmark_from_node(tmp_path: Path) -> None:
+def test_a_loopback_server_on_a_remote_node_needs_benchmark_from_node(
+    tmp_path: Path, study_file: StudyFiles
+) -> None:
     (tmp_path / "kh").write_text("")
     node = {"name": "g", "address": "ssh://me@gpu-1", "known_hosts": "kh"}
     with pytest.raises(ConfigError) as info:
-        load_study(_study_with_node(tmp_path, node, host="127.0.0.1"))
+        load_study(study_file(_study_on_node(node, host="127.0.0.1")))
     assert info.value.field == "server.host" and "benchmark_from: node" in info.value.fix
-    study = load_study(_study_with_node(tmp_path, {**node, "benchmark_from": "node"}, host="127.0.0.1"))
+    study = load_study(study_file(_study_on_node({**node, "benchmark_from": "node"}, host="127.0.0.1")))
     assert study.file.nodes[0].known_hosts == str(tmp_path / "kh")  # relative to the study's folder
 
 
@@ -330,18 +330,21 @@ def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tm
 # -- a whole study through ssh:// ------------------------------------------------------------------
 @needs_sshd
 @pytest.mark.integration
-def test_a_study_runs_on_an_ssh_node_and_is_recorded(sshd: SSHServer, tmp_path: Path) -> None:
+def test_a_study_runs_on_an_ssh_node_and_is_recorded(
+    sshd: SSHServer, tmp_path: Path, study_file: StudyFiles
+) -> None:
     node_home = tmp_path / "node-home"
-    path = _study_with_node(
-        tmp_path,
-        {
-            "name": "ssh-sim",
-            "address": sshd.address,
-            "key_file": str(sshd.user_key),
-            "known_hosts": str(sshd.known_hosts),
-            "remote_dir": str(node_home),
-            "benchmark_from": "node",  # the driver-side benchmark is what the other tests use
-        },
+    path = study_file(
+        _study_on_node(
+            {
+                "name": "ssh-sim",
+                "address": sshd.address,
+                "key_file": str(sshd.user_key),
+                "known_hosts": str(sshd.known_hosts),
+                "remote_dir": str(node_home),
+                "benchmark_from": "node",  # the driver-side benchmark is what the other tests use
+            },
+        )
     )
     proc = run_cli("run", str(path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -20,6 +20,7 @@ import optuna
 import pytest
 
 from autotune.node.runner import port_is_free
+from tests.builders import StudyFiles, e2e_study
 from tests.conftest import run_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -207,22 +208,19 @@ def test_ui_refuses_to_listen_beyond_loopback_without_allow_remote(finished_stud
     assert "--allow-remote" in proc.stderr and "no login" in proc.stderr
 
 
-def test_ui_on_a_study_that_never_ran_says_how_to_start_it(tmp_path: Path) -> None:
-    from tests.conftest import write_study
-
-    path = write_study(tmp_path)
+def test_ui_on_a_study_that_never_ran_says_how_to_start_it(tmp_path: Path, study_file: StudyFiles) -> None:
+    path = study_file(e2e_study())
     proc = run_cli("ui", str(path), cwd=tmp_path)
     assert proc.returncode == 1
     assert "autotune run" in proc.stderr
 
 
-def test_ui_serves_the_study_store_and_its_artifact_folder(tmp_path: Path) -> None:
+def test_ui_serves_the_study_store_and_its_artifact_folder(study_file: StudyFiles) -> None:
     from autotune.config import load_study
     from autotune.config.hosts import is_loopback
     from autotune.views.ui import server_command
-    from tests.conftest import write_study
 
-    study = load_study(write_study(tmp_path))
+    study = load_study(study_file(e2e_study()))
     command = server_command(study, "127.0.0.1", 5123)
     artifacts = (study.workdir / "artifacts").resolve()
     assert command[command.index("--backend-store-uri") + 1] == study.tracking_uri

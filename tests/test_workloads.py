@@ -40,6 +40,7 @@ from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability
 from autotune.study.loop import measurement_metrics
+from tests.builders import StudyFiles
 from tests.test_node import request as node_request
 from tests.test_objectives import BENCH_SERVING_LINE
 from tests.test_sim_server import SimServer
@@ -359,13 +360,13 @@ def test_the_shipped_examples_validate(tmp_path: Path, example: str) -> None:
     assert done.stdout.startswith(f"study quickstart-{example}: OK")
 
 
-def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path) -> None:
+def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, study_file: StudyFiles) -> None:
     study = yaml.safe_load((REPO / "examples" / "max-load-slo.yaml").read_text())
     study["search_space"] = str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml")
     study["objective"] = str(REPO / "objectives" / "max-load-slo.yaml")
     study["budget"] = {"n_trials": 1}  # the baseline: one launch, one search
     study["server"]["port"] = free_port()
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    study_file(study)
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "run", "study.yaml"],
         cwd=tmp_path,

@@ -1,0 +1,132 @@
+"""Study files for tests, from one builder: a test names only what its study changes.
+
+`study_data(**keys)` is a study file's contents: a study of Kimi-K2.5 on eight GPUs whose node the model
+answers (`model_server()`: never launched), with the shipped search space, the quickstart objective and
+autotune's TPE seeded 7; each keyword replaces or adds a top-level key, None leaves one out, `n_trials`
+sets the budget. `simulated_server()` is a server section that launches the bundled simulated SGLang
+server on this machine, and `e2e_study()` the small study of it that the end-to-end tests run.
+`StudyFiles(folder)` (the `study_file` fixture, on the test's tmp_path) writes them; a search space or an
+objective given as a mapping is written beside the study file and named relatively, as in a user's project.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.node.runner import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
+QUICKSTART_OBJECTIVE = REPO / "objectives" / "quickstart.yaml"
+SIM_SERVER = [sys.executable, "-m", "autotune.sim.sglang_server"]
+# The simulated server starts and serves in seconds: a trial stuck for a minute is a bug, not a slow node.
+SIM_TIMEOUTS = {"startup_s": 60, "benchmark_s": 60}
+# Where a mapping given for these keys is written, beside the study file.
+_SIDE_FILES = {"search_space": "space.yaml", "objective": "objective.yaml"}
+
+
+def model_server(**fields: Any) -> dict[str, Any]:
+    """A server section for nodes the model answers: SGLang's own command, never launched here."""
+    server = {
+        "command": ["python", "-m", "sglang.launch_server"],
+        "model_path": "/models/Kimi-K2.5",
+        "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+        "flags": {"--tp-size": 8},
+    }
+    return _changed(server, fields)
+
+
+def simulated_server(*, env: Mapping[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+    """A server section that launches the simulated SGLang server on a free port, at a thousandth of real
+    time; `env` adds to (or replaces) its environment, `fields` replace its keys (None leaves one out)."""
+    server = {
+        "command": list(SIM_SERVER),
+        "model_path": "/models/Kimi-K2.5",
+        "port": free_port(),
+        "flags": {"--tp-size": 8},
+        "env": {"SGLANG_SIM_TIME_SCALE": "0.001", **(env or {})},
+    }
+    return _changed(server, fields)
+
+
+def small_objective(name: str = "small", *, num_prompts: int = 4, concurrency: int = 2) -> dict[str, Any]:
+    """Output throughput on a few 2000-token prompts: a benchmark of the simulated server in a second."""
+    workload = {"num_prompts": num_prompts, "input_len": 2000, "output_len": 64, "concurrency": concurrency}
+    return {"name": name, "metric": "output_throughput", "workload": workload}
+
+
+def study_data(*, n_trials: int | None = None, **keys: Any) -> dict[str, Any]:
+    """A study file's contents: the model-answered study, with `keys` replacing or adding top-level keys
+    (None leaves a key out) and `n_trials` as its budget."""
+    data: dict[str, Any] = {
+        "study": "t",
+        "search_space": SHIPPED_SPACE,
+        "objective": QUICKSTART_OBJECTIVE,
+        "server": model_server(),
+        "sampler": {"name": "tpe", "seed": 7},
+    }
+    if n_trials is not None:
+        if "budget" in keys:
+            raise ValueError(
+                f"give `n_trials` or `budget`, not both (got {n_trials=}, budget={keys['budget']})"
+            )
+        keys["budget"] = {"n_trials": n_trials}
+    return _changed(data, keys)
+
+
+def e2e_study(n_trials: int = 6, **keys: Any) -> dict[str, Any]:
+    """The small study run end to end on the simulated node (tests/conftest.py's `finished_study`): the
+    shipped search space, the simulated nvidia-smi, a secret in the server's environment, TPE seeded 3."""
+    nvidia_smi = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+    server = simulated_server(
+        draft_model_path="/models/Kimi-K2.5-EAGLE3",
+        model_weight_gb=547,
+        env={"HF_TOKEN": "hf_secret_value_123"},
+    )
+    return study_data(
+        **{
+            "study": "e2e",
+            "objective": small_objective("small-throughput", num_prompts=6, concurrency=3),
+            "nodes": [{"name": "local", "address": "local", "nvidia_smi": nvidia_smi}],
+            "server": server,
+            "n_trials": n_trials,
+            "sampler": {"name": "tpe", "seed": 3},
+            "timeouts": SIM_TIMEOUTS,
+            **keys,
+        }
+    )
+
+
+class StudyFiles:
+    """Writes study files into one folder: `study_files(**keys)` writes `study_data(**keys)`,
+    `study_files(data)` a study's contents as they are (a test that breaks a file on purpose)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __call__(
+        self, data: Mapping[str, Any] | None = None, /, *, file: str = "study.yaml", **keys: Any
+    ) -> Path:
+        if data is not None and keys:
+            raise TypeError(f"give a study's contents or its keys, not both (got keys {sorted(keys)})")
+        contents = dict(data if data is not None else study_data(**keys))
+        path = self.folder / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for key, name in _SIDE_FILES.items():
+            if isinstance(contents.get(key), Mapping):
+                (path.parent / name).write_text(yaml.safe_dump(dict(contents[key]), sort_keys=False))
+                contents[key] = name
+            elif isinstance(contents.get(key), Path):
+                contents[key] = str(contents[key])
+        path.write_text(yaml.safe_dump(contents, sort_keys=False))
+        return path
+
+
+def _changed(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `changes` applied, keys changed to None left out."""
+    return {k: v for k, v in {**base, **changes}.items() if v is not None}
