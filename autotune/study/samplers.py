@@ -500,7 +500,8 @@ class IncumbentMoves(_Wrapper):
             step = distribution.step or (distribution.high - distribution.low) / 25
             return nearest(distribution, value + step * self._rng.choice([-3, -2, -1, 1, 2, 3]))
         if isinstance(distribution, IntDistribution):
-            return self._rng.randint(distribution.low, distribution.high)
+            # On its step (a step of 1 draws as randint(low, high) did, so seeded studies repeat).
+            return self._rng.choice(_numbers(distribution))
         return value
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
