@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trial.launch import ServerLaunch
+from autotune.trial.launch import ServerLaunch, is_env_name
 from autotune.trial.redaction import Secrets
 
 __all__ = [
@@ -161,7 +161,7 @@ class CommandRunner(ABC):
         bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
         if bad:
             raise LaunchError(argv, f"environment keys and values must be str, but got {bad!r}.")
-        bad_names = [k for k in env if not k or "=" in k or "\0" in k]
+        bad_names = [k for k in env if not is_env_name(k)]  # what a shell cannot export, on every runner
         if bad_names:
             raise LaunchError(argv, f"invalid environment variable names {bad_names!r}.")
         secrets = Secrets.of_launch(argv, env) | (secrets or Secrets())
