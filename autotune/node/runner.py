@@ -161,9 +161,9 @@ class CommandRunner(ABC):
         bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
         if bad:
             raise LaunchError(argv, f"environment keys and values must be str, but got {bad!r}.")
-        bad_names = [k for k in env if not is_env_name(k)]  # what a shell cannot export, on every runner
+        bad_names = [k for k in env if not is_env_name(k)]  # on every runner, local or over SSH
         if bad_names:
-            raise LaunchError(argv, f"invalid environment variable names {bad_names!r}.")
+            raise LaunchError(argv, f"environment variable names a shell cannot export: {bad_names!r}")
         secrets = Secrets.of_launch(argv, env) | (secrets or Secrets())
         return self._start(argv, dict(env), Path(log_path), secrets)
 

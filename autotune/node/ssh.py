@@ -44,7 +44,7 @@ from autotune.node.runner import (
     NodeUnreachableError,
     ServerProcess,
 )
-from autotune.trial.launch import ServerLaunch, is_env_name
+from autotune.trial.launch import ServerLaunch
 from autotune.trial.redaction import Secrets
 
 __all__ = [
@@ -463,9 +463,6 @@ class SSHCommandRunner(CommandRunner):
     def _start(
         self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets
     ) -> SSHServerProcess:
-        bad = [name for name in env if not is_env_name(name)]
-        if bad:
-            raise LaunchError(argv, f"environment variable names a shell cannot export: {bad!r}")
         if any("\0" in value for value in env.values()) or any("\0" in arg for arg in argv):
             raise LaunchError(argv, "a NUL byte cannot travel in a command line or an env value")
         self.connect()
