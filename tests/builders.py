@@ -103,8 +103,8 @@ def e2e_study(n_trials: int = 6, **keys: Any) -> dict[str, Any]:
 
 
 class StudyFiles:
-    """Writes study files into one folder: `study_files(**keys)` writes `study_data(**keys)`,
-    `study_files(data)` a study's contents as they are (a test that breaks a file on purpose)."""
+    """Writes study files into one folder: `study_file(**keys)` writes `study_data(**keys)`,
+    `study_file(data)` a study's contents as they are (a test that breaks a file on purpose)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

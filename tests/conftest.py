@@ -1,12 +1,16 @@
 """Shared fixtures: the study-file builder, and one small study run through the real CLI, reused by the
-tests that read it."""
+tests that read it; and the rule that only a test marked `integration` starts a process."""
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
+import platform
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +32,78 @@ def run_cli(
         text=True,
         timeout=timeout_s,
     )
+
+
+class _ProcessStarts:
+    """Counts every process this Python process starts (subprocess, multiprocessing, os.fork), and keeps
+    the commands started while `watching`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.watching = False
+        self.started: list[str] = []
+        execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+        def popen(popen_self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> Any:
+            self._note(args if isinstance(args, str) else " ".join(map(str, args)))
+            return execute_child(popen_self, args, *rest, **kw)
+
+        subprocess.Popen._execute_child = popen  # type: ignore[attr-defined]
+        _posixsubprocess.fork_exec = self._noting("a multiprocessing child", _posixsubprocess.fork_exec)
+        os.fork = self._noting("os.fork()", os.fork)
+
+    def _noting(self, what: str, start: Callable[..., Any]) -> Callable[..., Any]:
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            self._note(what)
+            return start(*args, **kwargs)
+
+        return noted
+
+    def _note(self, what: str) -> None:
+        self.count += 1
+        if self.watching:
+            self.started.append(what[:200])
+
+
+# platform runs `uname -p` once and caches it; MLflow asks on import. Asked here, it is no test's process.
+platform.processor()
+_PROCESS_STARTS = _ProcessStarts()
+_FIXTURES_THAT_START_PROCESSES: set[str] = set()  # a server shared by the tests that use it, say
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any]) -> Iterator[None]:
+    before = _PROCESS_STARTS.count
+    yield
+    if _PROCESS_STARTS.count > before:
+        _FIXTURES_THAT_START_PROCESSES.add(fixturedef.argname)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    # From the start of setup: a module fixture that a test is first to use starts its processes here.
+    _PROCESS_STARTS.watching = item.get_closest_marker("integration") is None
+    _PROCESS_STARTS.started = []
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _no_process_unless_integration(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that starts a process, or uses a fixture that did, must say so (`pytest.mark.integration`):
+    `scripts/test --fast` runs the others, which must stay fast and need nothing but Python."""
+    yield
+    started, watching = _PROCESS_STARTS.started, _PROCESS_STARTS.watching
+    _PROCESS_STARTS.watching, _PROCESS_STARTS.started = False, []
+    if not watching:
+        return
+    uses = sorted(set(request.fixturenames) & _FIXTURES_THAT_START_PROCESSES)
+    if started or uses:
+        what = f"started {len(started)} process(es) ({started[0]!r} first)" if started else f"uses {uses}"
+        pytest.fail(
+            f"this test {what}, which start processes, but is not marked integration: add "
+            "@pytest.mark.integration (or the module's pytestmark)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

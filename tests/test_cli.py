@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.integration  # each test runs the CLI as a user does: a process
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"

@@ -67,6 +67,7 @@ def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
     ],
     ids=["kv-pool", "fusion", "graph-oom", "argparse"],
 )
+@pytest.mark.integration
 def test_diagnose_names_the_kind_the_line_and_the_advice(
     tmp_path: Path, flags: tuple[str, ...], kind: str, evidence: str
 ) -> None:
@@ -78,6 +79,7 @@ def test_diagnose_names_the_kind_the_line_and_the_advice(
     assert data["failure"]["kind"] == kind and evidence in data["failure"]["line"]
 
 
+@pytest.mark.integration
 def test_an_argparse_rejection_is_reported_with_sglangs_message_and_culprit(tmp_path: Path) -> None:
     # Real SGLang 0.5.23 on a flag it no longer has (argparse; exit status 2, nothing else logged).
     log = tmp_path / "server.log"
@@ -96,6 +98,7 @@ def test_an_argparse_rejection_is_reported_with_sglangs_message_and_culprit(tmp_
     assert data["failure"]["culprits"] == ["--cuda-graph-max-bs"]
 
 
+@pytest.mark.integration
 def test_a_healthy_log_has_no_failure(tmp_path: Path) -> None:
     log = tmp_path / "ok.log"
     log.write_text(
@@ -106,6 +109,7 @@ def test_a_healthy_log_has_no_failure(tmp_path: Path) -> None:
     assert result.returncode == 0 and "no known failure pattern" in result.stdout
 
 
+@pytest.mark.integration
 def test_a_missing_log_is_a_usage_error(tmp_path: Path) -> None:
     result = diagnose(str(tmp_path / "nope.log"))
     assert result.returncode == 2 and "nope.log" in result.stderr and "Traceback" not in result.stderr

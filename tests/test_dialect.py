@@ -230,6 +230,7 @@ def test_a_never_launch_flag_is_refused_under_its_translation_too() -> None:
 # ---- the node learns its server's flags ----
 
 
+@pytest.mark.integration
 def test_help_output_becomes_a_table() -> None:
     done = subprocess.run([*SIM, "--help"], capture_output=True, text=True, timeout=120, check=True)
     learned = table_from_help(done.stdout, "0.5.4", "sim --help")
@@ -268,6 +269,7 @@ def test_real_sglang_help_gives_the_committed_table() -> None:
         assert (mine.takes_value, mine.choices) == (real.takes_value, real.choices), option
 
 
+@pytest.mark.integration
 def test_node_check_learns_the_flags_from_help_and_keeps_them_in_the_fingerprint(tmp_path: Path) -> None:
     from autotune.sim.nvidia_smi import __file__ as nvidia_smi_sim
 
@@ -303,6 +305,7 @@ def test_node_check_learns_the_flags_from_help_and_keeps_them_in_the_fingerprint
     )
 
 
+@pytest.mark.integration
 def test_node_check_takes_the_committed_table_of_its_version(tmp_path: Path) -> None:
     # A server module that declares SGLang 0.5.23 and answers nothing: its --help is never run.
     (tmp_path / "fake_sglang.py").write_text(
@@ -322,6 +325,7 @@ def test_node_check_takes_the_committed_table_of_its_version(tmp_path: Path) -> 
     assert report.server_flags == table("0.5.23")
 
 
+@pytest.mark.integration
 def test_a_command_that_is_no_sglang_is_not_run_with_help(tmp_path: Path) -> None:
     # A job's command declares no version: asking its --help could start the job itself.
     marker = tmp_path / "ran"
@@ -357,6 +361,7 @@ def test_a_broken_table_names_the_file_and_the_fix(tmp_path: Path) -> None:
         load_table(broken)
 
 
+@pytest.mark.integration
 def test_dialect_stays_free_of_optuna_and_ray() -> None:
     code = "import sys, autotune.dialect, autotune.node.check; print({'optuna', 'ray'} & set(sys.modules))"
     done = subprocess.run(
@@ -430,6 +435,7 @@ def test_a_space_that_could_set_steps_without_topk_is_refused() -> None:
     parse_search_space(spec_space({"type": "categorical", "choices": [1, 2]}, draft))  # the same `when`: fine
 
 
+@pytest.mark.integration
 def test_a_help_that_never_ends_leaves_the_flags_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server command whose --help outlasts the limit gives no flag table; the node check goes on."""
     from autotune.node import check as nodecheck

@@ -103,6 +103,7 @@ def _start(procs: list[ServerProcess], tmp_path: Path, argv: list[str]) -> Serve
     return proc
 
 
+@pytest.mark.integration
 def test_ready_line_with_phase_timings(tmp_path: Path, started: list[ServerProcess]) -> None:
     proc = _start(started, tmp_path, _script(STARTUP, 0.2, "time.sleep(30)"))
     phases: list[str] = []
@@ -126,6 +127,7 @@ def test_ready_line_with_phase_timings(tmp_path: Path, started: list[ServerProce
     assert proc.poll() is None  # ready and still serving
 
 
+@pytest.mark.integration
 def test_ready_check_alone_suffices(tmp_path: Path, started: list[ServerProcess]) -> None:
     flag = tmp_path / "healthy"
     proc = _start(
@@ -148,6 +150,7 @@ def test_ready_check_alone_suffices(tmp_path: Path, started: list[ServerProcess]
     assert "load_weight_begin" in out.phase_times and "ready" not in out.phase_times
 
 
+@pytest.mark.integration
 def test_fatal_line_fails_fast_while_process_lingers(tmp_path: Path, started: list[ServerProcess]) -> None:
     # SGLang's parent can take a while to notice and kill its tree: FAILED must not wait for the exit.
     proc = _start(started, tmp_path, _script([*STARTUP[:5], "{t}", *OOM_TRACEBACK], 0.3, "time.sleep(30)"))
@@ -162,6 +165,7 @@ def test_fatal_line_fails_fast_while_process_lingers(tmp_path: Path, started: li
     assert took < 0.3 + 2.0 + 0.5
 
 
+@pytest.mark.integration
 def test_exit_after_fatal_line_classifies_root_cause(tmp_path: Path, started: list[ServerProcess]) -> None:
     lines = [
         *STARTUP[:9],
@@ -183,6 +187,7 @@ def test_exit_after_fatal_line_classifies_root_cause(tmp_path: Path, started: li
     assert phases == ["loading", "capturing"]
 
 
+@pytest.mark.integration
 def test_exit_without_pattern_is_unknown_crash_with_status(
     tmp_path: Path, started: list[ServerProcess]
 ) -> None:
@@ -197,6 +202,7 @@ def test_exit_without_pattern_is_unknown_crash_with_status(
     assert out.failure.line == "KeyError: model_type"
 
 
+@pytest.mark.integration
 def test_propagation_marker_alone_fails_as_unknown_crash(
     tmp_path: Path, started: list[ServerProcess]
 ) -> None:
@@ -211,6 +217,7 @@ def test_propagation_marker_alone_fails_as_unknown_crash(
     assert "Rank 0 scheduler is dead" in out.failure.line
 
 
+@pytest.mark.integration
 def test_0517_phase_markers_and_memory_report(tmp_path: Path, started: list[ServerProcess]) -> None:
     proc = _start(started, tmp_path, _script(STARTUP_0517, 0.1, "time.sleep(30)"))
     phases: list[str] = []
@@ -236,6 +243,7 @@ def test_0517_phase_markers_and_memory_report(tmp_path: Path, started: list[Serv
     }
 
 
+@pytest.mark.integration
 def test_a_hang_in_the_second_graphs_capture_names_that_capture(
     tmp_path: Path, started: list[ServerProcess]
 ) -> None:
@@ -273,6 +281,7 @@ def test_the_memory_report_of_an_mla_model() -> None:
     assert server_memory("KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 9") == {}
 
 
+@pytest.mark.integration
 def test_hang_times_out(tmp_path: Path, started: list[ServerProcess]) -> None:
     proc = _start(started, tmp_path, _script(STARTUP[:5], 0, "time.sleep(30)"))
     t0 = time.monotonic()
@@ -372,6 +381,7 @@ def test_a_flat_graph_batch_is_read_when_the_phase_has_none() -> None:
     }
 
 
+@pytest.mark.integration
 def test_startup_outcome_carries_the_servers_choices(tmp_path: Path, started: list[ServerProcess]) -> None:
     first = STARTUP[0].replace("tp_size=2", "tp_size=2, mem_fraction_static=0.88, cuda_graph_max_bs=160")
     proc = _start(started, tmp_path, _script([first, *STARTUP[1:]], 0, "time.sleep(30)"))

@@ -176,6 +176,7 @@ def _ranks(target: Any, *extra: Any) -> tuple[list[Any], Any, Any]:
     return processes, messages, progress
 
 
+@pytest.mark.integration
 def test_a_capture_that_hangs_is_stopped_at_its_timeout() -> None:
     processes, messages, progress = _ranks(_rank_stuck_in_capture)
     settings = BenchSettings(messages=parse_messages("42K"), capture_timeout_s=1.0)
@@ -187,6 +188,7 @@ def test_a_capture_that_hangs_is_stopped_at_its_timeout() -> None:
 
 
 @pytest.mark.parametrize(("phase", "error"), [("capture 42K", CaptureFailed), ("warming up", RankFailed)])
+@pytest.mark.integration
 def test_a_rank_error_in_capture_falls_back_and_elsewhere_fails(phase: str, error: type[Exception]) -> None:
     processes, messages, progress = _ranks(_rank_failing_in, phase)
     with pytest.raises(error, match="boom"):
@@ -194,6 +196,7 @@ def test_a_rank_error_in_capture_falls_back_and_elsewhere_fails(phase: str, erro
     assert not any(process.is_alive() for process in processes)
 
 
+@pytest.mark.integration
 def test_a_rank_that_dies_without_a_word_fails_the_run() -> None:
     processes, messages, progress = _ranks(_rank_dying_silently)
     with pytest.raises(RankFailed, match="exited with status 7"):
@@ -369,6 +372,7 @@ def executor(tmp_path: Path) -> TrialExecutor:
     return TrialExecutor("n0", LocalCommandRunner(tmp_path / "state"), tmp_path / "node")
 
 
+@pytest.mark.integration
 def test_a_job_trial_reports_its_metrics_and_result(tmp_path: Path, executor: TrialExecutor) -> None:
     result = executor.run(_job(tmp_path, STAND_IN.format(repo=str(REPO)), {"NCCL_PROTO": "LL"}))
     assert result.ok and result.failure is None and result.benchmark is None
@@ -399,6 +403,7 @@ def test_a_job_trial_reports_its_metrics_and_result(tmp_path: Path, executor: Tr
         (f"print({RESULT_PREFIX!r} + '{{oops')", FailureKind.BENCHMARK_ERROR, "not JSON"),
     ],
 )
+@pytest.mark.integration
 def test_a_failed_job_is_classified_like_a_server(
     tmp_path: Path, executor: TrialExecutor, code: str, kind: FailureKind, words: str
 ) -> None:
@@ -408,6 +413,7 @@ def test_a_failed_job_is_classified_like_a_server(
     assert words in result.failure.line
 
 
+@pytest.mark.integration
 def test_a_hanging_job_is_stopped_at_the_benchmark_timeout(tmp_path: Path, executor: TrialExecutor) -> None:
     started = time.monotonic()
     code = "import subprocess, sys, time\n"  # a rank left behind must go with the job
@@ -426,6 +432,7 @@ def _group_alive(pgid: int) -> bool:
     return bool(_group_members(pgid))
 
 
+@pytest.mark.integration
 def test_wait_for_job_returns_when_told_to_stop(tmp_path: Path) -> None:
     runner = LocalCommandRunner()
     process = runner.start([sys.executable, "-c", "import time; time.sleep(30)"], {}, tmp_path / "log")
@@ -458,6 +465,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.integration
 def test_a_study_runs_without_ray_and_its_best_is_compared(stand_in_study: Path) -> None:
     done = _cli("run", str(stand_in_study), "--no-ray", "--no-tracking", cwd=stand_in_study.parent)
     assert done.returncode == 0, done.stderr
@@ -477,6 +485,7 @@ def test_a_study_runs_without_ray_and_its_best_is_compared(stand_in_study: Path)
     assert "best vs default" in done.stdout and (study.workdir / "compare.json").is_file()
 
 
+@pytest.mark.integration
 def test_compare_refuses_serving_objectives_and_one_round(stand_in_study: Path, tmp_path: Path) -> None:
     done = _cli("compare", str(stand_in_study), "--rounds", "1", cwd=tmp_path)
     assert done.returncode == 2 and "two rounds" in done.stderr

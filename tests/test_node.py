@@ -61,6 +61,7 @@ def assert_server_gone(result: TrialResult, port: int) -> None:
     assert port_is_free("127.0.0.1", port)
 
 
+@pytest.mark.integration
 def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> None:
     req = request()
     result = executor.run(req)
@@ -84,6 +85,7 @@ def test_a_good_launch_is_benchmarked_and_torn_down(executor: TrialExecutor) -> 
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_not_enough_memory_fails_in_seconds_with_its_kind(executor: TrialExecutor) -> None:
     req = request("--mem-fraction-static", "0.55", "--cuda-graph-max-bs-decode", "128")
     started = time.monotonic()
@@ -96,6 +98,7 @@ def test_not_enough_memory_fails_in_seconds_with_its_kind(executor: TrialExecuto
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_unsupported_feature_names_its_flag(executor: TrialExecutor) -> None:
     result = executor.run(request("--enable-flashinfer-allreduce-fusion"))
     assert result.failure is not None and result.failure.kind is FailureKind.UNSUPPORTED
@@ -105,6 +108,7 @@ def test_unsupported_feature_names_its_flag(executor: TrialExecutor) -> None:
     )
 
 
+@pytest.mark.integration
 def test_a_hang_during_loading_times_out_and_is_killed(executor: TrialExecutor) -> None:
     req = request(env={"SGLANG_SIM_FAULT": "hang_load"}, startup_s=3)
     result = executor.run(req)
@@ -113,6 +117,7 @@ def test_a_hang_during_loading_times_out_and_is_killed(executor: TrialExecutor) 
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_a_server_dying_mid_benchmark_is_caught(executor: TrialExecutor) -> None:
     req = request(env={"SGLANG_SIM_FAULT": "crash_benchmark:20"})
     result = executor.run(req)
@@ -122,6 +127,7 @@ def test_a_server_dying_mid_benchmark_is_caught(executor: TrialExecutor) -> None
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_a_fatal_line_ends_the_trial_in_seconds_while_the_server_lingers(executor: TrialExecutor) -> None:
     # The seed's server logged "Not enough memory" and stayed up: the trial must not wait for its exit.
     req = request("--mem-fraction-static", "0.55", env={"SGLANG_SIM_FAULT": "linger"}, startup_s=60)
@@ -133,6 +139,7 @@ def test_a_fatal_line_ends_the_trial_in_seconds_while_the_server_lingers(executo
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_a_crash_under_load_ends_the_trial_while_the_server_lingers(executor: TrialExecutor) -> None:
     req = request(env={"SGLANG_SIM_FAULT": "crash_benchmark:20,linger"})
     started = time.monotonic()
@@ -144,6 +151,7 @@ def test_a_crash_under_load_ends_the_trial_while_the_server_lingers(executor: Tr
     assert_server_gone(result, req.launch.port)
 
 
+@pytest.mark.integration
 def test_a_missing_command_is_a_launch_error(executor: TrialExecutor) -> None:
     result = executor.run(request(argv=("/nonexistent/sglang-launcher",)))
     assert result.failure is not None and result.failure.kind is FailureKind.LAUNCH_ERROR
@@ -160,6 +168,7 @@ def test_a_taken_port_is_a_launch_error(executor: TrialExecutor) -> None:
     assert str(port) in result.failure.line
 
 
+@pytest.mark.integration
 def test_abort_stops_the_server_and_reports_interrupted(executor: TrialExecutor) -> None:
     req = request(env={"SGLANG_SIM_STARTUP_TIME_SCALE": "0.01"})  # a 6 s load: time to abort it
     box: list[TrialResult] = []
@@ -176,6 +185,7 @@ def test_abort_stops_the_server_and_reports_interrupted(executor: TrialExecutor)
     assert_server_gone(box[0], req.launch.port)
 
 
+@pytest.mark.integration
 def test_a_server_left_by_a_dead_runner_is_stopped_by_the_next_one(tmp_path: Path) -> None:
     port = free_port()
     first = LocalCommandRunner(tmp_path)
@@ -195,6 +205,7 @@ def test_a_server_left_by_a_dead_runner_is_stopped_by_the_next_one(tmp_path: Pat
     process.stop(grace_s=1)
 
 
+@pytest.mark.integration
 def test_an_unrelated_process_group_is_never_stopped(tmp_path: Path) -> None:
     import json
     import subprocess
@@ -212,6 +223,7 @@ def test_an_unrelated_process_group_is_never_stopped(tmp_path: Path) -> None:
         stranger.wait()
 
 
+@pytest.mark.integration
 def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(study_file: StudyFiles) -> None:
     """--no-ray: the node check runs before any trial, so launches are spelled for the node's SGLang and
     trials carry its fingerprint; a node with a problem stops the study with the fix."""

@@ -54,6 +54,7 @@ def test_waiting_ends_when_the_trial_is_stopped(node: str) -> None:
         assert time.monotonic() - started < 3
 
 
+@pytest.mark.integration
 def test_two_executors_on_one_node_never_run_servers_at_once(tmp_path: Path, node: str) -> None:
     """Two drivers' executors of the same node, each with a real simulated server: the second server is
     launched only after the first trial's teardown."""

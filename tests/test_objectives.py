@@ -357,6 +357,7 @@ def tokenizer_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.integration
 def test_bench_serving_needs_a_local_tokenizer(tmp_path: Path) -> None:
     runner = LocalCommandRunner()
     argv = ("python", "-m", "sglang.launch_server", "--model-path", str(tmp_path / "no-such-model"))
@@ -373,6 +374,7 @@ def test_bench_serving_needs_a_local_tokenizer(tmp_path: Path) -> None:
         client.check_tokenizer()
 
 
+@pytest.mark.integration
 def test_a_bench_serving_that_cannot_run_says_how_to_install_it(tmp_path: Path) -> None:
     options = BenchServingOptions(
         str(tokenizer_folder(tmp_path)), (sys.executable, str(stand_in(tmp_path))), ("--fail",)

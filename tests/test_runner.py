@@ -68,6 +68,7 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("mode", ["obey", "ignore"])
+@pytest.mark.integration
 def test_stop_kills_whole_group(tmp_path: Path, mode: str) -> None:
     log = tmp_path / "server.log"
     proc = LocalCommandRunner().start([*_python(_TREE), mode], {}, log)
@@ -93,6 +94,7 @@ def test_stop_kills_whole_group(tmp_path: Path, mode: str) -> None:
     assert proc.poll() == rc
 
 
+@pytest.mark.integration
 def test_stop_after_leader_exited_kills_lingering_grandchild(tmp_path: Path) -> None:
     code = """
     import subprocess, sys
@@ -111,6 +113,7 @@ def test_stop_after_leader_exited_kills_lingering_grandchild(tmp_path: Path) -> 
     assert not _alive(grandchild)
 
 
+@pytest.mark.integration
 def test_env_values_arrive_intact_and_environ_is_inherited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -131,6 +134,7 @@ def test_env_values_arrive_intact_and_environ_is_inherited(
     assert got == {**env, "AUTOTUNE_TEST_INHERITED": "from parent"}
 
 
+@pytest.mark.integration
 def test_log_gets_both_streams_appended(tmp_path: Path) -> None:
     log = tmp_path / "sub" / "server.log"
     log.parent.mkdir()
@@ -151,6 +155,7 @@ def test_log_gets_both_streams_appended(tmp_path: Path) -> None:
     assert proc.stop() == 0
 
 
+@pytest.mark.integration
 def test_missing_command_raises_launch_error(tmp_path: Path) -> None:
     with pytest.raises(LaunchError) as info:
         LocalCommandRunner().start(["autotune-no-such-command-xyz", "--flag"], {}, tmp_path / "log")
@@ -158,6 +163,7 @@ def test_missing_command_raises_launch_error(tmp_path: Path) -> None:
     assert "not found" in info.value.reason
 
 
+@pytest.mark.integration
 def test_not_executable_raises_launch_error(tmp_path: Path) -> None:
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho hi\n")

@@ -58,6 +58,7 @@ def _leaks(data: bytes) -> list[str]:
     return [value for value in SECRET_VALUES if value.encode() in data]
 
 
+@pytest.mark.integration
 def test_a_study_with_an_api_key_completes_and_writes_no_secret(
     tmp_path: Path, study_file: StudyFiles
 ) -> None:
@@ -134,6 +135,7 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+@pytest.mark.integration
 def test_the_simulated_server_enforces_the_key_as_sglang_does(keyed_server: str) -> None:
     # SGLang 0.5.17 srt/utils/auth.py: 401 {"error": "Unauthorized"} without the Bearer key; /health* free.
     assert _get(keyed_server + "/get_server_info") == (401, b'{"error": "Unauthorized"}')
@@ -147,6 +149,7 @@ def test_the_simulated_server_enforces_the_key_as_sglang_does(keyed_server: str)
     assert benchmark(keyed_server, workload, timeout_s=30, api_key=API_KEY).completed == 2
 
 
+@pytest.mark.integration
 def test_the_benchmark_on_the_node_reads_the_key_from_its_env(keyed_server: str) -> None:
     workload = Workload(num_prompts=2, input_len=100, output_len=8, concurrency=2)
     argv = remote_benchmark.command(sys.executable, keyed_server, workload, 30, 0)
@@ -175,6 +178,7 @@ with open(args[args.index("--output-file") + 1], "a") as f:
 """
 
 
+@pytest.mark.integration
 def test_bench_serving_gets_the_key_as_sglang_reads_it(keyed_server: str, tmp_path: Path) -> None:
     script = tmp_path / "bench_serving_stand_in.py"
     script.write_text(KEYED_STAND_IN)
@@ -255,6 +259,7 @@ def test_redacted_output_covers_prints_and_tracebacks(capsys: pytest.CaptureFixt
     assert "RuntimeError: could not launch ['--api-key', '***']" in err and "sk-123456" not in err
 
 
+@pytest.mark.integration
 def test_a_server_log_with_a_secret_is_written_redacted_and_whole_at_exit(tmp_path: Path) -> None:
     code = (
         "import sys; print(f\"server_args=ServerArgs(api_key='{sys.argv[2]}')\"); "

@@ -160,6 +160,7 @@ def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_env_values_arrive_intact_on_the_node(sshd: SSHServer, tmp_path: Path) -> None:
     env = {
         "SPACES": "two  words ",
@@ -184,6 +185,7 @@ def test_env_values_arrive_intact_on_the_node(sshd: SSHServer, tmp_path: Path) -
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path: Path) -> None:
     """SGLang prints its server_args, api_key included: the copy the driver keeps is redacted by value."""
     key = "sk-remote-secret-4242"
@@ -206,6 +208,7 @@ def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path:
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_what_cannot_be_launched_on_the_node_is_a_launch_error(sshd: SSHServer, tmp_path: Path) -> None:
     runner = sshd.runner(local_root=tmp_path)
     with pytest.raises(LaunchError, match="command not found on the node: /opt/nowhere/sglang"):
@@ -215,6 +218,7 @@ def test_what_cannot_be_launched_on_the_node_is_a_launch_error(sshd: SSHServer, 
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_an_unknown_host_key_is_refused_unless_accepted(sshd: SSHServer, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -238,6 +242,7 @@ def test_an_unknown_host_key_is_refused_unless_accepted(sshd: SSHServer, tmp_pat
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_node_check_reports_a_missing_server_command_with_its_fix(sshd: SSHServer, tmp_path: Path) -> None:
     runner = sshd.runner(local_root=tmp_path)
     common: dict[str, Any] = {"env": {}, "host": "127.0.0.1", "port": free_port(), "log_dir": str(tmp_path)}
@@ -284,6 +289,7 @@ def _run_and_cut(executor: TrialExecutor, request: TrialRequest, cut: Any) -> Tr
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_a_connection_cut_mid_benchmark_is_node_unreachable_and_the_server_is_stopped(
     sshd: SSHServer, tmp_path: Path
 ) -> None:
@@ -303,6 +309,7 @@ def test_a_connection_cut_mid_benchmark_is_node_unreachable_and_the_server_is_st
 
 
 @needs_sshd
+@pytest.mark.integration
 def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tmp_path: Path) -> None:
     sshd = SSHServer(tmp_path / "sshd").start()
     try:
@@ -380,6 +387,7 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(
     assert not (workdir / "nodes" / "ssh-sim" / "servers.json").exists()  # every server was stopped
 
 
+@pytest.mark.integration
 def test_node_check_reads_the_sglang_version_into_the_hardware_fingerprint(tmp_path: Path) -> None:
     # A deterministic "unsupported" failure is remembered against this fingerprint: a new SGLang may
     # support the feature, so the version is part of it.

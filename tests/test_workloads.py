@@ -216,6 +216,7 @@ def sim() -> Iterator[SimServer]:
         server.close()
 
 
+@pytest.mark.integration
 def test_goodput_at_a_poisson_rate_on_the_simulated_server(sim: SimServer) -> None:
     workload = Workload(
         num_prompts=16,
@@ -246,6 +247,7 @@ async def _timed(url: str, workload: Workload) -> tuple[BenchmarkResult, float]:
     return result, loop.time() - start
 
 
+@pytest.mark.integration
 def test_the_load_search_brackets_the_highest_rate_within_the_slo(sim: SimServer) -> None:
     base = Workload(num_prompts=12, input_len=200, output_len=48, concurrency=64, slo=Slo(tpot_ms=30))
     search = LoadSearchPlan("request_rate", start=0.5, max=64, steps=7, attainment=0.9, tolerance=0.2)
@@ -269,6 +271,7 @@ def test_the_load_search_brackets_the_highest_rate_within_the_slo(sim: SimServer
     assert all(f"step{i}.slo_attainment" in metrics for i in range(len(rates)))
 
 
+@pytest.mark.integration
 def test_a_config_that_never_meets_the_slo_scores_zero_down_to_min(sim: SimServer) -> None:
     base = Workload(num_prompts=4, input_len=200, output_len=16, concurrency=8, slo=Slo(ttft_ms=0.001))
     search = LoadSearchPlan("request_rate", start=1.0, max=8, steps=8, min=0.25)
@@ -283,6 +286,7 @@ def test_a_config_that_never_meets_the_slo_scores_zero_down_to_min(sim: SimServe
     assert (result.load_stopped_by or "").startswith("the SLO missed down to the lowest load tried (0.25)")
 
 
+@pytest.mark.integration
 def test_a_server_dying_under_load_keeps_the_highest_load_that_passed(tmp_path: Path) -> None:
     executor = TrialExecutor("local", LocalCommandRunner(), tmp_path, port_wait_s=1.0)
     # 16-token answers, a loose SLO: concurrency 1 and 2 pass (1 warm-up + 4 + 4 requests = 144 tokens);
@@ -298,6 +302,7 @@ def test_a_server_dying_under_load_keeps_the_highest_load_that_passed(tmp_path: 
     assert "CUDA error: an illegal memory access" in result.benchmark.load_stopped_by  # type: ignore[operator]
 
 
+@pytest.mark.integration
 def test_text_prompts_accept_more_draft_tokens_than_random_ids() -> None:
     def accept_length(prompts: str | None) -> float:
         server = SimServer(*EAGLE3, "--skip-server-warmup", env=FAST)
@@ -348,6 +353,7 @@ def test_bench_serving_sends_the_workload_in_real_time_and_reads_its_goodput(tmp
 
 # -- the shipped examples, through the CLI ---------------------------------------------------------------
 @pytest.mark.parametrize("example", ["goodput", "max-load-slo"])
+@pytest.mark.integration
 def test_the_shipped_examples_validate(tmp_path: Path, example: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "validate", str(REPO / "examples" / f"{example}.yaml")],
@@ -360,6 +366,7 @@ def test_the_shipped_examples_validate(tmp_path: Path, example: str) -> None:
     assert done.stdout.startswith(f"study quickstart-{example}: OK")
 
 
+@pytest.mark.integration
 def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, study_file: StudyFiles) -> None:
     study = yaml.safe_load((REPO / "examples" / "max-load-slo.yaml").read_text())
     study["search_space"] = str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml")
