@@ -6,6 +6,7 @@ from __future__ import annotations
 import _posixsubprocess
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -104,6 +105,34 @@ def _no_process_unless_integration(request: pytest.FixtureRequest) -> Iterator[N
             "@pytest.mark.integration (or the module's pytestmark)",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _new_mlflow_stores_from_a_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MLflow spends seconds building a new SQLite store's tables, and most studies in these tests start
+    one: a tracker in this process starts from a copy of an empty store built once, which MLflow opens
+    as its own (a CLI run in a subprocess still builds its store)."""
+    from autotune.tracking.tracker import StudyTracker
+
+    init = StudyTracker.__init__
+    empty: list[Path] = []
+
+    def from_a_copy(self: StudyTracker, tracking_uri: str, *args: Any, **kwargs: Any) -> None:
+        db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+        if db is not None and not db.exists():
+            if not empty:
+                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+                folder = tmp_path_factory.mktemp("empty-mlflow-store")
+                SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri())
+                empty.append(folder / "mlflow.db")
+            db.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(empty[0], db)
+        init(self, tracking_uri, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StudyTracker, "__init__", from_a_copy)
+        yield
 
 
 @pytest.fixture
