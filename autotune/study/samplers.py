@@ -175,6 +175,7 @@ class DefaultsStartSampler(_Wrapper):
     def reseed_rng(self) -> None:
         super().reseed_rng()
         self._random.reseed_rng()
+        self._rng.seed()  # a fresh seed from the OS, as Optuna reseeds its own samplers
 
 
 def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution) -> float | None:
@@ -531,6 +532,7 @@ class IncumbentMoves(_Wrapper):
     def reseed_rng(self) -> None:
         super().reseed_rng()
         self._random.reseed_rng()
+        self._rng.seed()  # a fresh seed from the OS, as Optuna reseeds its own samplers
 
 
 def _same(a: Any, b: Any) -> bool:
