@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +31,10 @@ HF_TOKEN = "hf_contract_token_5c1e9a"  # in the launch's env: a secret by its na
 API_KEY = "sk-contract-key-77d0b2"  # after --api-key: a secret by its flag
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty MLflow store, made once: MLflow takes seconds to create its tables."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    folder = tmp_path_factory.mktemp("mlflow-template")
-    SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri())
-    return folder / "mlflow.db"
-
-
-def store(root: Path, empty: Path) -> Path:
-    """A folder for a tracker's files, holding a copy of the empty MLflow store."""
+def store(root: Path) -> Path:
+    """A folder for a tracker's files (its MLflow store starts as a copy of an empty one: conftest.py)."""
     folder = root / "store"
     folder.mkdir()
-    shutil.copy(empty, folder / "mlflow.db")
     return folder
 
 
@@ -115,9 +103,7 @@ class Recorded:
 
 
 @pytest.fixture(scope="module", params=list(TRACKERS))
-def recorded(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, empty_store: Path
-) -> Recorded:
+def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     """One study told to each tracker, from an empty working directory (MLflow's default store is
     ./mlruns of wherever it runs)."""
     root = tmp_path_factory.mktemp(request.param)
@@ -125,7 +111,7 @@ def recorded(
     before = os.getcwd()
     os.chdir(root / "cwd")
     try:
-        tracker = TRACKERS[request.param](store(root, empty_store))
+        tracker = TRACKERS[request.param](store(root))
         run_ids = record_a_study(tracker, StudyFiles(root))
     finally:
         os.chdir(before)
@@ -147,10 +133,8 @@ def test_nothing_is_written_outside_the_store(recorded: Recorded) -> None:
 
 
 @parametrize_tracker
-def test_a_study_view_that_cannot_be_drawn_never_stops_the_study(
-    name: str, tmp_path: Path, empty_store: Path
-) -> None:
-    tracker = TRACKERS[name](store(tmp_path, empty_store))
+def test_a_study_view_that_cannot_be_drawn_never_stops_the_study(name: str, tmp_path: Path) -> None:
+    tracker = TRACKERS[name](store(tmp_path))
     broken: Any = SimpleNamespace(name="broken")  # a study config missing all a summary needs
     tracker.refresh_study_view(optuna.create_study(), broken, force=True)
     tracker.close()
@@ -165,10 +149,8 @@ def _public(cls: type) -> dict[str, inspect.Signature]:
 
 
 @parametrize_tracker
-def test_every_call_of_the_loop_is_answered_with_the_loops_arguments(
-    name: str, tmp_path: Path, empty_store: Path
-) -> None:
-    kind = type(TRACKERS[name](store(tmp_path, empty_store)))
+def test_every_call_of_the_loop_is_answered_with_the_loops_arguments(name: str, tmp_path: Path) -> None:
+    kind = type(TRACKERS[name](store(tmp_path)))
     reference = _public(StudyTracker)
     answered = _public(kind)
     assert {n: answered.get(n) for n in reference} == reference
