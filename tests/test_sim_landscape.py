@@ -183,6 +183,7 @@ def landscape(hardware: HardwareProfile, model: ModelProfile, space: SearchSpace
     return Landscape(hardware, model, space)
 
 
+@pytest.mark.slow  # about a minute of the model's predictions
 def test_joint_best_beats_every_single_group_by_ten_percent(landscape: Landscape) -> None:
     groups = {kind: landscape.best_in_group(kind, {}, seed) for seed, kind in enumerate(GROUPS)}
     joint, joint_config = landscape.best_joint([config for _, config in groups.values()], seed=len(GROUPS))
