@@ -97,8 +97,9 @@ def auto_cuda_graph_max_bs(hw: HardwareProfile, tp: int) -> int:
 
 
 def _prefill_graph_max_tokens(node: NodeModel, chunked: int) -> int:
-    # server_args.py:4723-4731: the chunk size, or 2048 for MLA backends.
-    return 2048 if node.uses_mla else chunked
+    # The flag as given (real 0.5.17 logged max_bs=4096 for 4096), else server_args.py:4723-4731: the chunk
+    # size, or 2048 for MLA backends.
+    return node.settings.prefill_cuda_graph_max_tokens or (2048 if node.uses_mla else chunked)
 
 
 def auto_mem_fraction(node: NodeModel, chunked: int, max_bs: int) -> float:
@@ -155,10 +156,16 @@ def plan_memory(node: NodeModel) -> MemoryPlan:
     graph_gb = (m.graph_mb_per_bs * max(sizes, default=0) * tokens_per_bs + 12 * len(sizes)) / 1000
     prefill_max_tokens = _prefill_graph_max_tokens(node, chunked)
     prefill_sizes = prefill_graph_token_sizes(prefill_max_tokens) if s.prefill_cuda_graph else []
-    # Only the prefill graphs' non-torch memory stays (server_args.py:4905-4910); MLA's is far larger.
-    prefill_graph_gb = (1.5 * 1024 * MIB / GB if node.uses_mla else len(prefill_sizes) * 8 * MIB / GB) * bool(
-        prefill_sizes
-    )
+    if not prefill_sizes:
+        prefill_graph_gb = 0.0
+    elif node.uses_mla:
+        prefill_graph_gb = 1.5 * 1024 * MIB / GB  # tc_piecewise, as Kimi-K2.5 took it (B12)
+    else:
+        # Breakable graphs keep their largest graph's activations in the pool: real 0.5.17 took 1.38 GiB
+        # for graphs up to 8192 tokens of the 8B Llama and 2.51 GiB up to 16384 (RESULTS-sglang-h200.md).
+        prefill_graph_gb = (
+            len(prefill_sizes) * 8 * MIB / GB + prefill_max_tokens * m.prefill_graph_mb_per_token / 1000
+        )
     return MemoryPlan(
         total_gb=total,
         init_used_gb=init_used,

@@ -69,6 +69,7 @@ class LaunchSettings:
     disable_cuda_graph: bool = False  # no decode graph
     prefill_cuda_graph: bool = True  # breakable prefill graphs are on by default on CUDA since 0.5.15
     prefill_cuda_graph_backend: str | None = None  # None: SGLang's default for the model
+    prefill_cuda_graph_max_tokens: int | None = None  # `--cuda-graph-max-bs-prefill`; None: SGLang's default
     page_size: int = 1
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None
@@ -105,6 +106,7 @@ class LaunchSettings:
             prefill_cuda_graph=not arg("disable_cuda_graph", False)
             and getattr(ns, "cuda_graph_backend_prefill", None) != "disabled",
             prefill_cuda_graph_backend=getattr(ns, "cuda_graph_backend_prefill", None),
+            prefill_cuda_graph_max_tokens=getattr(ns, "cuda_graph_max_bs_prefill", None),
             page_size=int(arg("page_size", 1)),  # type: ignore[call-overload]
             chunked_prefill_size=getattr(ns, "chunked_prefill_size", None),
             max_running_requests=getattr(ns, "max_running_requests", None),

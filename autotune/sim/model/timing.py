@@ -33,8 +33,11 @@ def capture_seconds(node: NodeModel) -> float:
 
 # -- performance ------------------------------------------------------------------------------------
 def _attention_factor(node: NodeModel) -> float:
+    """Attention's time over reading the context's KV once at the profile's bandwidth: the hardware
+    profile's measured factor for the backend, else an estimate."""
     backend = node.settings.attention_backend or node.model.default_attention_backend
-    return {"triton": 1.18, "fa3": 0.9, "flashinfer": 1.0}.get(backend, 1.05)
+    measured = node.hw.attention_factors.get(backend)
+    return measured or {"triton": 1.18, "fa3": 0.9, "flashinfer": 1.0}.get(backend, 1.05)
 
 
 def forward_s(
@@ -59,8 +62,16 @@ def forward_s(
     comm_s = count * allreduce_us(node, tokens * m.hidden_size * 2, in_graph) * 1e-6
     if node.settings.ep_size > 1:
         comm_s *= 1.1  # all-to-all dispatch of tokens to experts on top of the attention all-reduces
-    launch_s = 0.0 if in_graph else m.num_layers * m.kernels_per_layer * hw.kernel_launch_us * 1e-6
-    return max(weights_s, compute_s) + attention_s + comm_s + launch_s + m.step_overhead_ms * 1e-3
+    device_s = max(weights_s, compute_s) + attention_s + comm_s
+    if not in_graph:
+        ops = m.num_layers * m.kernels_per_layer
+        if hw.eager_op_us:
+            # Eager, the host dispatches every op through Python and PyTorch while the GPU runs the ones
+            # before it (queued kernels start back to back): the forward takes the longer of the two.
+            device_s = max(device_s, ops * hw.eager_op_us * 1e-6)
+        else:
+            device_s += ops * hw.kernel_launch_us * 1e-6  # no measured host: a launch per kernel on top
+    return device_s + m.step_overhead_ms * 1e-3
 
 
 def _in_graph(node: NodeModel, batch: int) -> bool:
@@ -97,8 +108,10 @@ def verify_allreduce_s(node: NodeModel, batch: int) -> float:
 
 
 def prefill_step_s(node: NodeModel, tokens: int, context_tokens: int) -> float:
-    """One prefill (extend) batch of `tokens` new tokens; prefill is not graph-captured."""
-    return forward_s(node, tokens, context_tokens, in_graph=False)
+    """One prefill (extend) batch of `tokens` new tokens: replayed from the prefill CUDA graphs when one
+    was captured for that many tokens (SGLang logs `cuda graph: True` on such a batch), else eager."""
+    in_graph = tokens <= max(node.plan.prefill_graph_sizes, default=0)
+    return forward_s(node, tokens, context_tokens, in_graph)
 
 
 def allreduce_us(node: NodeModel, nbytes: float, in_graph: bool) -> float:
