@@ -41,8 +41,6 @@ class StudyStarted:
     """The driver opened the study and is about to start trials; `recovered` were left by a dead driver."""
 
     study: Study
-    ostudy: optuna.Study
-    progress: Progress
     recovered: tuple[int, ...]
 
 

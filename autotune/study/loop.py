@@ -180,7 +180,7 @@ class StudyDriver:
         recovered = self._recover(ostudy)
         self.total, self.done = budget or 0, finished_count(ostudy)
         self._refresh_standing(ostudy)
-        self.observers.study_started(StudyStarted(study, ostudy, self._progress(), tuple(recovered)))
+        self.observers.study_started(StudyStarted(study, tuple(recovered)))
         pool = self.make_pool(study)
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
         ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
