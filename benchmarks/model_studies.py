@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
 from autotune.errors import ConfigError
-from autotune.measure.client import Workload
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.model_node import ModelExecutor, node_report
@@ -316,7 +315,7 @@ class Landscape:
             raise ValueError(
                 f"a landscape needs a serving objective with a workload, but {profile.objective} has none"
             )
-        self._workload = Workload(**workload.model_dump())
+        self._workload = workload
         self._cache: dict[tuple[object, ...], float] = {}
 
     @property

@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Study
 from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
-from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.client import BenchmarkResult
+from autotune.measure.metrics import BENCHMARK_FIGURES
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
 from autotune.study.incompatible import KnownIncompatibilities
@@ -77,27 +78,6 @@ MAX_CONSECUTIVE_SKIPS = 200
 MEMORY_CONSTRAINT = "memory"
 POLL_S = 0.5
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
-BENCHMARK_METRICS = (
-    "output_throughput",
-    "request_throughput",
-    "input_throughput",
-    "mean_ttft_ms",
-    "p50_ttft_ms",
-    "p99_ttft_ms",
-    "mean_itl_ms",
-    "p50_itl_ms",
-    "p99_itl_ms",
-    "mean_e2e_latency_ms",
-    "p50_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-    "duration_s",
-    "completed",
-    "failed",
-    "time_scale",
-    "request_goodput",
-    "slo_attainment",
-    "max_load",
-)
 
 
 class StudyInterrupted(AutotuneError):
@@ -342,7 +322,7 @@ class StudyDriver:
         request = TrialRequest(
             number=trial.number,
             launch=launch,
-            workload=Workload(**study.objective.workload.model_dump()) if study.objective.workload else None,
+            workload=study.objective.workload,
             startup_timeout_s=study.file.timeouts.startup_s,
             benchmark_timeout_s=study.file.timeouts.benchmark_s,
             seed=trial.number,
@@ -808,7 +788,7 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
 
     def figures(result: BenchmarkResult, prefix: str = "") -> dict[str, float]:
         bench = asdict(result)
-        out = {prefix + k: float(bench[k]) for k in BENCHMARK_METRICS if bench.get(k) is not None}
+        out = {prefix + k: float(bench[k]) for k in BENCHMARK_FIGURES if bench.get(k) is not None}
         if result.accept_length is not None:
             out[prefix + "accept_length"] = result.accept_length
         return out
