@@ -26,7 +26,7 @@ from pydantic import (
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
 from autotune.config.allreduce import AllReduce, ObjectiveKind, check_kind
 from autotune.errors import ConfigError, did_you_mean
-from autotune.measure.metrics import OBJECTIVE_METRICS, Direction
+from autotune.measure.metrics import CATALOGUE, OBJECTIVE_METRICS, Direction
 from autotune.measure.workloads import Workload, load_prompts
 
 # The metrics an objective can use, each with the direction that means "better" (the one catalogue).
@@ -275,7 +275,7 @@ class Objective(BaseModel):
     def _workload_rules(self) -> None:
         """The SLO, goodput and load-search rules: one place for what each needs."""
         workload, search = self.workload, self.load_search
-        slo_metrics = [m for m in self.metrics if m in ("request_goodput", "slo_attainment", "max_load")]
+        slo_metrics = [m for m in self.metrics if CATALOGUE[m].needs_slo]
         if workload is not None and workload.slo is None and (slo_metrics or search is not None):
             raise rule_error(
                 f"{(slo_metrics or ['load_search'])[0]} counts the requests that met an SLO, and none is set",

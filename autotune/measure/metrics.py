@@ -29,11 +29,12 @@ Direction = Literal["maximize", "minimize"]
 class Metric:
     """One figure: `better` is the direction that means better (None: a record of the run, such as its
     duration); `objective`: a study may optimize it or put a limit on it; `job`: the all-reduce job reports
-    it, otherwise the serving benchmark does."""
+    it, otherwise the serving benchmark does; `needs_slo`: it counts requests that met workload.slo."""
 
     better: Direction | None
     objective: bool = True
     job: bool = False
+    needs_slo: bool = False
 
 
 _RECORD = Metric(None, objective=False)
@@ -57,10 +58,10 @@ CATALOGUE: Mapping[str, Metric] = MappingProxyType(
         "failed": _RECORD,
         "time_scale": _RECORD,
         # With workload.slo: good requests per second, and the share of requests that were good.
-        "request_goodput": Metric("maximize"),
-        "slo_attainment": Metric("maximize"),
+        "request_goodput": Metric("maximize", needs_slo=True),
+        "slo_attainment": Metric("maximize", needs_slo=True),
         # With load_search: the highest request rate (or concurrency) at which the SLO held.
-        "max_load": Metric("maximize"),
+        "max_load": Metric("maximize", needs_slo=True),
         # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce).
         "allreduce_us": Metric("minimize", job=True),  # us per all-reduce, the messages' weighted mean
         "nccl_memory_mib": Metric("minimize", job=True),  # GPU memory NCCL took on the hungriest rank
