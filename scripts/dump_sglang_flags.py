@@ -11,8 +11,11 @@ with `--sglang-path`). Where SGLang's heavy dependencies (torch, transformers, .
 `--stub-missing` stands in empty modules for them: building the parser does not use them.
 
     python scripts/dump_sglang_flags.py                      # the installed sglang
-    pip download sglang==0.5.23 --no-deps -d /tmp/w && unzip -q /tmp/w/*.whl 'sglang/*' -d /tmp/w/src
-    python scripts/dump_sglang_flags.py --sglang-path /tmp/w/src --stub-missing
+    pip download sglang==0.5.23 --no-deps -d w && unzip -q w/*.whl 'sglang/*' -d w/src
+    python scripts/dump_sglang_flags.py --sglang-path w/src --stub-missing
+
+The table records how it was made, with the unpacked wheel's folder written `SGLANG_SRC`: where the dump
+ran is no part of a committed table.
 """
 
 from __future__ import annotations
@@ -269,12 +272,21 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--output", help="file to write (default: autotune/dialect/tables/sglang-VERSION.json)"
     )
     args = cli.parse_args(argv)
+    # How the table was made, without where: the options that shape it, the wheel's folder as SGLANG_SRC.
+    made_with = ["--sglang-path", "SGLANG_SRC"] if args.sglang_path else []
+    made_with += ["--stub-missing"] if args.stub_missing else []
     if args.sglang_path:
         sys.path.insert(0, args.sglang_path)
     finder = _StubFinder()
     if args.stub_missing:
         sys.meta_path.append(finder)
     from sglang.srt.server_args import ServerArgs  # SGLang's own parser code
+
+    source = Path(sys.modules["sglang"].__file__ or "sglang").resolve().parent
+    if args.sglang_path and source.is_relative_to(Path(args.sglang_path).resolve()):
+        sglang_from = f"SGLANG_SRC/{source.relative_to(Path(args.sglang_path).resolve())}"
+    else:
+        sglang_from = f"site-packages/{source.name}"  # an installed sglang
 
     version = _version(args.sglang_path)
     parser = argparse.ArgumentParser(prog="sglang serve")
@@ -283,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_version": version,
         "produced": {
             "by": "scripts/dump_sglang_flags.py (ServerArgs.add_cli_args of sglang.srt.server_args)",
-            "command": " ".join(["python", "scripts/dump_sglang_flags.py", *(argv or sys.argv[1:])]),
+            "command": " ".join(["python", "scripts/dump_sglang_flags.py", *made_with]),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "sglang_from": str(Path(sys.modules["sglang"].__file__ or "sglang").parent),
+            "sglang_from": sglang_from,
             "stubbed_modules": sorted(finder.stubbed),  # empty with a full install
         },
         "flags": flag_table(parser),
