@@ -1,4 +1,7 @@
-"""All of autotune's errors derive from `AutotuneError`."""
+"""autotune's exceptions. Every exception class autotune defines derives from `AutotuneError` (the CLI
+prints one as a one-line message), except private ones (a leading underscore) that never leave their
+module. A function given arguments that break its documented contract raises ValueError or TypeError, as
+Python's own functions do: that is a bug of the caller, not an error of the study."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 
 
 class AutotuneError(Exception):
-    """Root of every error autotune raises on purpose."""
+    """Root of every exception class autotune defines."""
 
 
 class ConfigError(AutotuneError):

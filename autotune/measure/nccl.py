@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from autotune.errors import AutotuneError
 from autotune.measure.stats import MeanCI, mean_ci, t_quantile
 from autotune.node.job import result_line
 
@@ -280,11 +281,11 @@ def _weighted(parts: Sequence[tuple[float, MeanCI]]) -> MeanCI:
 
 
 # -- the processes ------------------------------------------------------------------------------------------
-class CaptureFailed(Exception):
+class CaptureFailed(AutotuneError):
     """CUDA-graph capture hung past its timeout or failed on a rank: the run is made again eagerly."""
 
 
-class RankFailed(Exception):
+class RankFailed(AutotuneError):
     """A GPU process failed outside capture (its traceback is already in the output)."""
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.node.runner import ServerProcess
 from autotune.trial.failures import Failure, FailureKind, classify
 
@@ -38,7 +39,7 @@ POLL_S = 0.2
 STOP_GRACE_S = 10.0  # a job holds no server state; NCCL's teardown takes a second or two
 
 
-class ResultLineError(ValueError):
+class ResultLineError(AutotuneError, ValueError):
     """A result line that is not a JSON object (for a job: not one with a `metrics` object of numbers)."""
 
 

@@ -34,6 +34,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from paramiko.config import SSHConfig
 
 from autotune.config.hosts import is_any_address, is_loopback
+from autotune.errors import AutotuneError
 from autotune.node.runner import (
     LEFT_BEHIND_GRACE_S,
     SERVER_ID_VAR,
@@ -68,7 +69,7 @@ _FETCH_CHUNK = 4 << 20
 _CONNECTION_ERRORS = (OSError, EOFError, paramiko.SSHException, ThreadException)
 
 
-class AddressError(ValueError):
+class AddressError(AutotuneError, ValueError):
     """An ssh:// address that cannot be used: `problem` and `fix` fit a one-line config error."""
 
     def __init__(self, problem: str, fix: str) -> None:
