@@ -34,7 +34,6 @@ import tempfile
 from contextlib import closing
 from pathlib import Path, PurePosixPath
 
-STORES = ("mlflow.db", "optuna.db")
 SQLITE_SIDE_FILES = ("-wal", "-shm")
 
 

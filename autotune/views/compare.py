@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,8 +254,3 @@ def describe_run(run: Run, metric: str) -> str:
     memory = run.metrics.get("nccl_memory_mib")
     mem = f", NCCL {memory:.0f} MiB" if memory is not None else ""
     return f"round {run.round} {run.config:<7} {shown}{mem}{timing}  [{run.elapsed_s:.1f} s]"
-
-
-def runs_from_json(text: str) -> Sequence[Run]:
-    """The runs of a written comparison (to summarize it again)."""
-    return [Run(**run) for run in json.loads(text)["runs"]]
