@@ -32,7 +32,6 @@ import multiprocessing
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -45,9 +44,9 @@ from typing import Any
 
 import optuna
 import yaml
-from model_studies import BENCHMARKS, PROFILES, Landscape, run_study
+from model_studies import BENCHMARKS, PROFILES, Landscape, run_study, write_sim_study
 
-from autotune.config import Study, load_study
+from autotune.config import Study
 from autotune.measure.client import Workload
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
@@ -97,24 +96,21 @@ def write_case_study(folder: Path, case: Case, n_trials: int) -> Study:
         )
     )
     env = {**SIM_ENV, **({"SGLANG_SIM_FAULT": case.fault} if case.fault else {})}
-    data = {
-        "study": "failures",
-        "search_space": str(space),
-        "objective": str(OBJECTIVE),
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
+    return write_sim_study(
+        folder,
+        "failures",
+        search_space=space,
+        objective=OBJECTIVE,
+        n_trials=n_trials,
+        server={
+            "draft_model_path": None,
             "port": free_port(),
             "flags": {"--tp-size": 8, **case.flags},
             "env": env,
         },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "random", "seed": 0},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(path)
+        sampler={"name": "random", "seed": 0},
+        timeouts={"startup_s": 60, "benchmark_s": 60},
+    )
 
 
 class FatalLineWatch(threading.Thread):

@@ -29,9 +29,9 @@ from optuna.trial import FixedTrial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile
+from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile, save_study
 
-from autotune.config import Study, load_study
+from autotune.config import Study
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
@@ -78,8 +78,7 @@ def write_study(folder: Path, profile: Profile, n_trials: int, seed: int, object
         "budget": {"n_trials": n_trials},
         "sampler": {"name": "tpe", "seed": seed},
     }
-    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(folder / "study.yaml")
+    return save_study(folder, data)
 
 
 def base_objective(profile: Profile) -> dict[str, Any]:

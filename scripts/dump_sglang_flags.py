@@ -38,7 +38,20 @@ DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "autotune" / "dialect
 _DEPRECATED_HELP = re.compile(r"^[(\[]?deprecated\b[^-]*(--[a-z0-9-]+(?:=[A-Za-z0-9_.-]+)?)?", re.IGNORECASE)
 
 
-class _StubMeta(abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module) with ABC
+class _Zero:
+    """A stand-in read as a number is 0."""
+
+    def __int__(self) -> int:
+        return 0
+
+    def __index__(self) -> int:
+        return 0
+
+    def __float__(self) -> float:
+        return 0.0
+
+
+class _StubMeta(_Zero, abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module) with ABC
     """A stand-in for anything a missing module exports: a class, a callable, a decorator, a value."""
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
@@ -98,20 +111,11 @@ class _StubMeta(abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module
 
     __gt__ = __le__ = __ge__ = __lt__
 
-    def __int__(cls) -> int:
-        return 0
-
-    def __index__(cls) -> int:
-        return 0
-
-    def __float__(cls) -> float:
-        return 0.0
-
     def __mro_entries__(cls, bases: Any) -> tuple[type, ...]:
         return (cls,)
 
 
-class _StubValue(str):
+class _StubValue(_Zero, str):
     """What calling a stand-in returns: an empty, false string (`torch.cuda.is_available()` is false,
     `getattr(torch, device)` works) whose attributes, calls and items are stand-ins again."""
 
@@ -128,15 +132,6 @@ class _StubValue(str):
 
     def __getitem__(self, item: Any) -> Any:  # type: ignore[override]
         return _StubValue()
-
-    def __int__(self) -> int:
-        return 0
-
-    def __index__(self) -> int:
-        return 0
-
-    def __float__(self) -> float:
-        return 0.0
 
 
 def _any_schema(cls: Any, source: Any, handler: Any) -> Any:

@@ -79,6 +79,19 @@ class CommandResult:
     stderr: str
 
 
+def bytes_from(path: Path, offset: int) -> tuple[int, bytes]:
+    """A file's size and its bytes from `offset` on; (0, b"") before it exists."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size <= offset:
+                return size, b""
+            f.seek(offset)
+            return size, f.read()
+    except FileNotFoundError:
+        return 0, b""
+
+
 class ServerProcess(ABC):
     """A started server: its process group, its state, its log; `stop()` ends the whole group."""
 
@@ -127,15 +140,7 @@ class ServerProcess(ABC):
     def read_log_bytes(self, offset: int) -> tuple[int, bytes]:
         """Fetch the log, then return its size and its bytes from `offset` on ((0, b"") before it exists)."""
         self.fetch_log()
-        try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, 2)
-                if size <= offset:
-                    return size, b""
-                f.seek(offset)
-                return size, f.read()
-        except FileNotFoundError:
-            return 0, b""
+        return bytes_from(self.log_path, offset)
 
     def log_size(self) -> int:
         """Fetch the log, then return its size in bytes (0 before it exists)."""
