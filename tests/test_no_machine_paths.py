@@ -165,6 +165,50 @@ def test_the_committed_nccl_store_opens_from_anywhere(tmp_path: Path) -> None:
     assert launch.startswith("#!/usr/bin/env bash") and "--graph-iters" in launch
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_portable_store_makes_a_moved_store_open_from_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store written where a study ran, then moved: scripts/portable_store.py rewrites its paths, and
+    MLflow and Optuna read it from its new folder."""
+    import sys
+
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    ran, moved = tmp_path / "ran" / ".autotune" / "s", tmp_path / "elsewhere"
+    ran.mkdir(parents=True)
+    client = MlflowClient(f"sqlite:///{ran / 'mlflow.db'}")
+    experiment = client.create_experiment("s", artifact_location=(ran / "artifacts").as_uri())
+    run = client.create_run(experiment).info.run_id
+    (tmp_path / "launch.sh").write_text("#!/usr/bin/env bash\n")
+    client.log_artifact(run, str(tmp_path / "launch.sh"))
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{ran / 'optuna.db'}")
+    study.set_user_attr("config", {"study_file": str(tmp_path / "ran" / "s.yaml"), "objective": "o"})
+    del client, study
+    shutil.move(ran, moved)
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "portable_store.py"), str(moved)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "mlflow.db: 3 locations" in done.stdout and "optuna.db: 1 study files" in done.stdout
+    found = [
+        f for name in ("mlflow.db", "optuna.db") for f in machine_paths(name, (moved / name).read_bytes())
+    ]
+    assert found == [] and str(tmp_path).encode() not in (moved / "mlflow.db").read_bytes()
+    monkeypatch.chdir(moved)
+    client = MlflowClient("sqlite:///mlflow.db")
+    assert client.get_run(run).info.artifact_uri == f"artifacts/{run}/artifacts"
+    assert [a.path for a in client.list_artifacts(run)] == ["launch.sh"]
+    attrs = optuna.load_study(study_name="s", storage="sqlite:///optuna.db").user_attrs["config"]
+    assert attrs == {"study_file": "../../s.yaml", "objective": "o"}
+
+
 def test_results_say_how_to_open_the_stores() -> None:
     for results in ("RESULTS-gpu.md", "RESULTS-sglang-h200.md"):
         text = (REPO / "benchmarks" / results).read_text()
