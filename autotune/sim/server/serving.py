@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from autotune.errors import AutotuneError
 from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import SimLog
 from autotune.sim.model import NodeModel
@@ -68,7 +69,7 @@ class _Chunk:
     finished: bool
 
 
-class BadRequest(Exception):
+class BadRequest(AutotuneError):
     """A request SGLang answers with 400 and this message."""
 
 
