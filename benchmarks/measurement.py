@@ -36,9 +36,10 @@ from autotune.measure.client import Workload
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.loop import StudyDriver, best_trial
+from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
-from autotune.study.remeasure import measurement_groups, remeasure, remeasured_answer
+from autotune.study.remeasure import remeasure, remeasured_answer
+from autotune.study.rules import best_trial, measurement_groups
 from autotune.trial.wire import TrialRequest, TrialResult
 
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
