@@ -36,6 +36,7 @@ from autotune.measure.client import Workload
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study import optuna_internals
 from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import remeasure, remeasured_answer
@@ -195,7 +196,10 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
 def _run_to(study: Study, node: ClockedNode, ostudy: optuna.Study, total: int) -> optuna.Study:
     """Continue the same in-memory study to `total` trials (the re-measurements queued in it)."""
     driver = StudyDriver(
-        study, pool=lambda _: LocalNodePool({NODE: node}), storage=ostudy._storage, tracking=False
+        study,
+        pool=lambda _: LocalNodePool({NODE: node}),
+        storage=optuna_internals.storage_of(ostudy),
+        tracking=False,
     )
     return driver.run(total)
 
