@@ -42,7 +42,8 @@ from autotune.config.search_space import SearchSpace
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
 from autotune.node.runner import LocalCommandRunner, ServerProcess, free_port
-from autotune.study.loop import Progress, StudyDriver
+from autotune.study.callbacks import StudyCallback, TrialFinished
+from autotune.study.loop import StudyDriver
 from autotune.tracking.tracker import StudyTracker
 from autotune.trial.redaction import Secrets
 
@@ -225,10 +226,10 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
     marks: list[float] = []
     finished: list[int] = []
 
-    def reporter(event: str, _progress: Progress, info: dict[str, Any]) -> None:
-        if event == "finished":
+    class Marks(StudyCallback):
+        def trial_finished(self, event: TrialFinished) -> None:
             marks.append(time.perf_counter())
-            finished.append(info["number"])
+            finished.append(event.number)
 
     with tempfile.TemporaryDirectory(prefix="autotune-overhead-") as folder:
         study = write_study(Path(folder), n_trials, free_port())
@@ -246,7 +247,7 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
 
         started = time.perf_counter()
         with watched(stopwatch, measured):
-            StudyDriver(study, reporter, pool=pool).run()
+            StudyDriver(study, [Marks()], pool=pool).run()
         if pool_kind == "ray":
             import ray
 

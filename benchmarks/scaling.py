@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from model_studies import BENCHMARKS, SEARCH_SPACE
@@ -34,7 +33,8 @@ from optuna.trial import TrialState
 from autotune.config import Study, load_study
 from autotune.errors import ConfigError
 from autotune.node.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
-from autotune.study.loop import Progress, StudyDriver
+from autotune.study.callbacks import StudyCallback, TrialFinished
+from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, NODE_ATTR
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -115,13 +115,13 @@ def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
             marks.append(time.perf_counter())
             return made
 
-        def reporter(event: str, _progress: Progress, _info: dict[str, Any]) -> None:
-            if event == "finished":
+        class Marks(StudyCallback):
+            def trial_finished(self, event: TrialFinished) -> None:
                 marks.append(time.perf_counter())
 
         with tempfile.TemporaryDirectory(prefix="autotune-scaling-") as folder:
             study = write_study(Path(folder), n_trials, cluster.address, startup_scale)
-            ostudy = StudyDriver(study, reporter, pool=pool).run()
+            ostudy = StudyDriver(study, [Marks()], pool=pool).run()
             # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
             runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
             nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
@@ -12,12 +13,22 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from autotune.cli import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
+from autotune.study.callbacks import (
+    IncompatibilityLearned,
+    StudyCallback,
+    StudyEnded,
+    StudyStarted,
+    SummaryUpdated,
+    TrialFinished,
+    TrialStarted,
+)
 from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count, study_summary
 from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
@@ -226,3 +237,71 @@ def test_a_ctrl_c_that_something_swallows_is_still_remembered() -> None:
             pass  # swallowed, as that call did
         assert ctrl_c.is_set()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+class Recorder(StudyCallback):
+    """An observer that keeps what the loop told it, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def study_started(self, event: StudyStarted) -> None:
+        self.events.append(("study_started", event.recovered))
+
+    def trial_started(self, event: TrialStarted) -> None:
+        self.events.append(("trial_started", event.trial.number, dict(event.progress.running)))
+
+    def trial_finished(self, event: TrialFinished) -> None:
+        outcome = event.outcome
+        kind = outcome.failure_kind.value if outcome.failure_kind else None
+        self.events.append(("trial_finished", event.number, outcome.state.name, kind, event.progress.done))
+
+    def incompatibility_learned(self, event: IncompatibilityLearned) -> None:
+        self.events.append(("incompatibility_learned", event.new))
+
+    def summary_updated(self, event: SummaryUpdated) -> None:
+        self.events.append(("summary_updated", event.summary["best_trial"]))
+
+    def study_ended(self, event: StudyEnded) -> None:
+        self.events.append(("study_ended", event.interrupted, event.summary and event.summary["best_value"]))
+
+
+def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_prints_them(
+    tmp_path: Path,
+) -> None:
+    study = load_study(make_study(tmp_path, 4))
+    # Unsupported on the seed node's SM120 GPUs; the static pool set so that the weights fit.
+    open_study(study).enqueue_trial(
+        {"--enable-flashinfer-allreduce-fusion": True, "--mem-fraction-static": 0.85}
+    )
+    recorder, stream = Recorder(), io.StringIO()
+    ostudy = StudyDriver(study, [recorder, ConsoleReporter(stream)], pool=model_pool(), tracking=False).run()
+
+    events = recorder.events
+    assert events[0] == ("study_started", ())
+    finished = [e for e in events if e[0] == "trial_finished"]
+    assert [(e[1], e[2], e[3]) for e in finished[:2]] == [(0, "COMPLETE", None), (1, "FAIL", "unsupported")]
+    assert [e[4] for e in finished] == [1, 2, 3, 4], "each finished trial counted as it is told"
+    for number in (e[1] for e in finished):
+        started = events.index(next(e for e in events if e[:2] == ("trial_started", number)))
+        assert events[started][2] == {number: "launching"}, "one node: the trial is the only one running"
+        done = events.index(next(e for e in finished if e[1] == number))
+        assert started < done and events[done + 1][0] == "summary_updated"
+    learned = events.index(
+        ("incompatibility_learned", (("--enable-flashinfer-allreduce-fusion", True, SEED_HARDWARE),))
+    )
+    assert learned < events.index(finished[1]), "learned before the failed trial is shown"
+    best = study_summary(ostudy)
+    assert events[-1] == ("study_ended", False, best["best_value"])
+
+    lines = stream.getvalue().splitlines()  # not a terminal: one line per finished trial, no status line
+    baseline = ostudy.trials[0].value
+    assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f}")
+    assert lines[0].endswith(f"best {baseline:.1f} · baseline {baseline:.1f}")
+    assert (
+        lines[1]
+        == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True"
+    )
+    assert lines[2].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
+    assert len(lines) == 5 and lines[-1].startswith("[  4/4] trial ")
+    assert not (study.workdir / "mlflow.db").exists(), "no tracker registered: no MLflow store"

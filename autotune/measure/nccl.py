@@ -390,7 +390,8 @@ def _rank_main(
         nonlocal phase
         phase = name
         progress[rank] = PHASES.index("capture" if name.startswith("capture") else name)
-        print(f"autotune.measure.nccl: rank {rank} +{time.monotonic() - started:.1f}s {name}", file=sys.stderr)
+        elapsed = time.monotonic() - started
+        print(f"autotune.measure.nccl: rank {rank} +{elapsed:.1f}s {name}", file=sys.stderr)
 
     try:
         report = _measure_rank(rank, settings, timing, rendezvous, enter)
