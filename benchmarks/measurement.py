@@ -29,10 +29,9 @@ from optuna.trial import FixedTrial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile
+from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile, save_study
 
-from autotune.config import Study, load_study
-from autotune.measure.client import Workload
+from autotune.config import Study
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
@@ -81,8 +80,7 @@ def write_study(folder: Path, profile: Profile, n_trials: int, seed: int, object
         "budget": {"n_trials": n_trials},
         "sampler": {"name": "tpe", "seed": seed},
     }
-    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(folder / "study.yaml")
+    return save_study(folder, data)
 
 
 def base_objective(profile: Profile) -> dict[str, Any]:
@@ -151,7 +149,7 @@ def true_value(study: Study, profile: Profile, params: dict[str, Any] | None) ->
     config = space.baseline() if params is None else space.suggest(FixedTrial(params))
     w = study.objective.workload
     assert w is not None, f"{profile.objective} is a serving objective with a workload"
-    request = TrialRequest(0, study.server_launch(config), Workload(**w.model_dump()), 1.0, 1.0)
+    request = TrialRequest(0, study.server_launch(config), w, 1.0, 1.0)
     result = ModelExecutor(
         NODE, load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     ).run(request)

@@ -14,7 +14,8 @@ proposal refused as known-incompatible costs neither budget nor node time. The m
 - with `--samplers tpe/nccl-first`: the default after an NCCL all-reduce study (nccl_prestudy.py), whose
   node time is counted with the server study's.
 
-A profile is a shipped one (seed, h200) or a YAML file (benchmarks/profiles/): hardware and model
+A profile is a shipped one (seed: the node and model of the session the simulator is calibrated on, see
+the README; h200) or a YAML file (benchmarks/profiles/): hardware and model
 profiles, the objective, and the layout (--tp-size: the node's GPUs unless it says; --dp-size replicas);
 the search space's --ep-size choices follow the --tp-size.
 

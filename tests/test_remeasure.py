@@ -54,6 +54,9 @@ def test_a_gain_whose_interval_reaches_zero_is_within_noise() -> None:
     assert lower_is_better is not None and lower_is_better.pct == pytest.approx(20.0)
     once = gain_over(group([120.0]), base, maximize=True)
     assert once is not None and once.low_pct is None and not once.within_noise
+    # One Gain type for paired and unpaired gains: the same verdict as `compare` gives.
+    assert (close.verdict, far.verdict, once.verdict) == ("no gain", "gain", "no gain")
+    assert not far.paired and "Welch" in far.describe()
 
 
 # -- on model nodes -------------------------------------------------------------------------------------

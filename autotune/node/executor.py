@@ -181,7 +181,8 @@ class TrialExecutor:
         )
         startup_s = time.monotonic() - started
         if outcome.status is StartupStatus.FAILED:
-            process.stop(grace_s=FAILED_GRACE_S)  # it may linger after its fatal line, as the seed's did
+            # It may linger after its fatal line, as the seed's server did (the calibration session, README).
+            process.stop(grace_s=FAILED_GRACE_S)
         if not outcome.ready:
             return self._result(
                 request,

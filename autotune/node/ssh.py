@@ -251,11 +251,6 @@ class SSHCommandRunner(CommandRunner):
         self._failed_connects = 0
         self._stop_left_behind()
 
-    @property
-    def connected(self) -> bool:
-        with self._lock:
-            return self._conn is not None and self._conn.is_connected
-
     def close(self) -> None:
         """Close the connection (servers keep running; stop them first)."""
         with self._lock:
@@ -635,36 +630,13 @@ class SSHServerProcess(ServerProcess):
         self.server_id = server_id
         self.remote_log = remote_log
         self.status_path = status_path
-        self._pid = pid
-        self._log_path = log_path
-        self._log_offset = log_offset
+        super().__init__(pid, log_path, log_offset)  # setsid: the group's leader
         self._remote_pos = remote_offset
         self._returncode: int | None = None
         self._stopped = False
         self._left_behind = False
         self._stop_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def pgid(self) -> int:
-        return self._pid  # setsid made the leader a session and group leader
-
-    @property
-    def log_path(self) -> Path:
-        return self._log_path
-
-    @property
-    def log_offset(self) -> int:
-        return self._log_offset
-
-    @property
-    def left_behind(self) -> bool:
-        """True when the node stopped answering before this server could be stopped."""
-        return self._left_behind
 
     def poll(self) -> int | None:
         if self._returncode is not None or self._left_behind:

@@ -24,7 +24,6 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Study
 from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
-from autotune.measure.client import Workload
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
 from autotune.study import optuna_internals, outcome
@@ -291,7 +290,7 @@ class StudyDriver:
         request = TrialRequest(
             number=trial.number,
             launch=launch,
-            workload=Workload(**study.objective.workload.model_dump()) if study.objective.workload else None,
+            workload=study.objective.workload,
             startup_timeout_s=study.file.timeouts.startup_s,
             benchmark_timeout_s=study.file.timeouts.benchmark_s,
             seed=trial.number,

@@ -11,8 +11,7 @@ baseline's mean with Welch's interval: a gain whose interval reaches zero is wit
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -20,14 +19,13 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
-from autotune.measure.stats import t_quantile
+from autotune.measure.stats import Gain, welch_gain
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR
 from autotune.study.rules import ConfigMeasurements, maximizes, measurement_groups, remeasured_ranking
 from autotune.study.storage import budget_used
 
 __all__ = [
     "REMEASURE_OF_ATTR",
-    "Gain",
     "RemeasuredAnswer",
     "enqueue_remeasurement",
     "remeasure",
@@ -35,44 +33,12 @@ __all__ = [
 ]
 
 
-def _variance(values: Sequence[float]) -> float:
-    mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-
-
-@dataclass(frozen=True)
-class Gain:
-    """The gain of a config's mean over the baseline's mean, in % of the baseline's (better is positive).
-    Unpaired (Welch): the measurements are separate launches, not rounds taken side by side."""
-
-    pct: float
-    low_pct: float | None
-    high_pct: float | None
-    confidence: float
-
-    @property
-    def within_noise(self) -> bool:
-        """Whether the interval reaches zero: the measurements cannot tell the config from the baseline."""
-        return self.low_pct is not None and self.high_pct is not None and self.low_pct <= 0 <= self.high_pct
-
-
 def gain_over(best: ConfigMeasurements, base: ConfigMeasurements, maximize: bool) -> Gain | None:
-    """The gain of `best` over `base` with Welch's interval for the difference of means."""
+    """The gain of `best` over `base` with Welch's interval (separate launches, not rounds side by side);
+    None when either has no measurement or the baseline's mean is 0."""
     if not best.n or not base.n or base.mean == 0:
         return None
-    sign = 1.0 if maximize else -1.0  # `maximize` already came from study_rules.maximizes
-    scale = 100 / abs(base.mean)
-    diff = sign * (best.mean - base.mean)
-    if best.n < 2 or base.n < 2:
-        return Gain(diff * scale, None, None, best.confidence)
-    v1, v2 = _variance(best.values) / best.n, _variance(base.values) / base.n
-    se = math.sqrt(v1 + v2)
-    if se == 0:
-        return Gain(diff * scale, diff * scale, diff * scale, best.confidence)
-    df = (v1 + v2) ** 2 / ((v1**2 / (best.n - 1) if v1 else 0) + (v2**2 / (base.n - 1) if v2 else 0))
-    # Welch's degrees of freedom, rounded down: a slightly wider, never narrower, interval.
-    half = t_quantile(best.confidence, max(1, math.floor(df))) * se
-    return Gain(diff * scale, (diff - half) * scale, (diff + half) * scale, best.confidence)
+    return welch_gain(base.values, best.values, minimize=not maximize, confidence=best.confidence)
 
 
 @dataclass(frozen=True)

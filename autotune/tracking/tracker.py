@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.measure.metrics import BENCHMARK_FIGURES
 from autotune.study.callbacks import (
     PhaseChanged,
     StudyCallback,
@@ -58,27 +59,6 @@ PLOTS_DIR = "plots"
 BEST_LAUNCH_SCRIPT = "best/launch.sh"
 ABLATION_OF_TAG = "autotune.ablation_of"
 ABLATION_PARAM_TAG = "autotune.ablation_param"
-BENCHMARK_METRICS = (
-    "output_throughput",
-    "request_throughput",
-    "input_throughput",
-    "mean_ttft_ms",
-    "p50_ttft_ms",
-    "p99_ttft_ms",
-    "mean_itl_ms",
-    "p50_itl_ms",
-    "p99_itl_ms",
-    "mean_e2e_latency_ms",
-    "p50_e2e_latency_ms",
-    "p99_e2e_latency_ms",
-    "duration_s",
-    "completed",
-    "failed",
-    "time_scale",
-    "request_goodput",
-    "slo_attainment",
-    "max_load",
-)
 
 
 def _quiet_mlflow() -> None:
@@ -561,7 +541,7 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
 
     def figures(result: BenchmarkResult, prefix: str = "") -> dict[str, float]:
         bench = asdict(result)
-        out = {prefix + k: float(bench[k]) for k in BENCHMARK_METRICS if bench.get(k) is not None}
+        out = {prefix + k: float(bench[k]) for k in BENCHMARK_FIGURES if bench.get(k) is not None}
         if result.accept_length is not None:
             out[prefix + "accept_length"] = result.accept_length
         return out
