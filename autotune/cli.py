@@ -40,7 +40,7 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SHORT_VALUE_ATTR,
 )
-from autotune.study.rules import is_feasible
+from autotune.study.rules import best_trial, is_feasible
 from autotune.trial.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 
@@ -503,7 +503,7 @@ _SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 def cmd_best(args: argparse.Namespace) -> int:
     from optuna.trial import FixedTrial
 
-    from autotune.study.loop import best_trial, study_summary
+    from autotune.study.loop import study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)

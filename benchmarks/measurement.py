@@ -35,9 +35,11 @@ from autotune.config import Study
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.loop import StudyDriver, best_trial
+from autotune.study import optuna_internals
+from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
-from autotune.study.remeasure import measurement_groups, remeasure, remeasured_answer
+from autotune.study.remeasure import remeasure, remeasured_answer
+from autotune.study.rules import best_trial, measurement_groups
 from autotune.trial.wire import TrialRequest, TrialResult
 
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
@@ -192,7 +194,10 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
 def _run_to(study: Study, node: ClockedNode, ostudy: optuna.Study, total: int) -> optuna.Study:
     """Continue the same in-memory study to `total` trials (the re-measurements queued in it)."""
     driver = StudyDriver(
-        study, pool=lambda _: LocalNodePool({NODE: node}), storage=ostudy._storage, tracking=False
+        study,
+        pool=lambda _: LocalNodePool({NODE: node}),
+        storage=optuna_internals.storage_of(ostudy),
+        tracking=False,
     )
     return driver.run(total)
 

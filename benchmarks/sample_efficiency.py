@@ -69,12 +69,13 @@ from nccl_prestudy import nccl_prestudy
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
 from autotune.config import SearchSpace, Study, parse_search_space
-from autotune.config.study import SAMPLERS, SamplerSpec
+from autotune.config.study import SamplerSpec
 from autotune.errors import ConfigError
 from autotune.sim.model_node import node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import samplers
 from autotune.study.preflight import predicted_oom
+from autotune.study.samplers import SAMPLERS
 
 BEST_KNOWN = BENCHMARKS / "best_known.json"
 RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
@@ -93,7 +94,7 @@ def _tpe_variant(**settings: Any) -> Callable[[int | None], optuna.samplers.Base
 
 
 # Settings of the default sampler tried against it (--samplers tpe/start5,...); the product's registry
-# (autotune.config.study.SAMPLERS) names the others.
+# (autotune.study.samplers.SAMPLERS) names the others.
 VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/start5": _tpe_variant(n_startup_trials=5),
     "tpe/start20": _tpe_variant(n_startup_trials=20),

@@ -20,17 +20,10 @@ from autotune.config import load_study
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.study.loop import StudyDriver, best_trial, study_summary
+from autotune.study.loop import StudyDriver, study_summary
 from autotune.study.records import REMEASURE_OF_ATTR
-from autotune.study.remeasure import (
-    ConfigMeasurements,
-    enqueue_remeasurement,
-    gain_over,
-    mean_interval,
-    measurement_groups,
-    remeasure,
-    remeasured_answer,
-)
+from autotune.study.remeasure import enqueue_remeasurement, gain_over, remeasure, remeasured_answer
+from autotune.study.rules import ConfigMeasurements, best_trial, mean_interval, measurement_groups
 from autotune.study.storage import open_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,15 +11,20 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import create_trial
 
 from autotune.cli import _status_notes, _trial_record
-from autotune.study.records import PROPOSED_ATTR, SERVER_CHOICES_ATTR
+from autotune.config.study import SAMPLER_NAMES, SamplerSpec
+from autotune.study.records import PROPOSED_ATTR, REMEASURE_OF_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.rules import best_trial
 from autotune.study.samplers import (
     NEAR_STEPS,
+    SAMPLERS,
     DefaultsStartSampler,
     FeasibleTPESampler,
     IncumbentMoves,
     WithoutBaseline,
+    build,
     fraction_floor,
     nearest,
     tpe,
@@ -488,3 +493,44 @@ def test_the_start_keeps_a_knob_at_the_value_a_cheaper_study_found() -> None:
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
     assert {algo for _, algo in run(study, 10)} == {"Ring"}
+
+
+def test_moves_start_from_the_studys_answer_the_best_mean_once_configs_were_measured_again() -> None:
+    sampler = IncumbentMoves(
+        optuna.samplers.RandomSampler(seed=0), n_startup_trials=3, share=1.0, branch_trials=0, seed=0
+    )
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    names = [f"k{i}" for i in range(4)]
+    choices = [None, 1, 2, 4]
+
+    def add(value: float, choice: int, **attrs: object) -> None:
+        params = dict.fromkeys(names, choice)
+        distributions = {n: CategoricalDistribution(choices) for n in names}
+        study.add_trial(
+            create_trial(params=params, distributions=distributions, value=value, user_attrs=attrs)
+        )
+
+    def why_asked() -> str:
+        trial = study.ask()
+        for name in names:
+            trial.suggest_categorical(name, choices)
+        study.tell(trial, 0.1)
+        return str(study.trials[trial.number].system_attrs[PROPOSED_ATTR])
+
+    add(10.0, 1)  # trial 0: the best single measurement
+    add(9.0, 2)  # trial 1
+    add(5.0, 4)
+    assert why_asked().startswith("a move from trial 0, the best so far")
+    add(8.5, 2, **{REMEASURE_OF_ATTR: 1})  # trial 1's config measured again: its mean is the answer now
+    add(8.8, 2, **{REMEASURE_OF_ATTR: 1})
+    best = best_trial(study)
+    assert best is not None and best.number == 1
+    assert why_asked().startswith("a move from trial 1, the best so far")
+
+
+def test_the_sampler_table_builds_every_sampler_a_study_file_may_name() -> None:
+    assert tuple(SAMPLERS) == SAMPLER_NAMES
+    for name in SAMPLER_NAMES:
+        assert isinstance(SAMPLERS[name](7), optuna.samplers.BaseSampler), name
+    default = build(SamplerSpec())
+    assert isinstance(default, IncumbentMoves)

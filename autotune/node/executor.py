@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import NodeSpec, ServerSpec
-from autotune.config.hosts import reachable_here
+from autotune.config.hosts import parse_ssh_address, reachable_here
 from autotune.config.study import WORKDIR_NAME
 from autotune.measure import remote as remote_benchmark
 from autotune.measure.bench_serving import BenchServingRun
@@ -433,7 +433,8 @@ def runner_for(node: NodeSpec, workdir: Path | None = None) -> CommandRunner:
     """
     if node.address == "local":
         return LocalCommandRunner(Path(workdir) if workdir is not None else None)
-    from autotune.node.ssh import SSHCommandRunner, parse_ssh_address
+    # Fabric only for a node reached over SSH: an actor on the GPU node itself never loads it.
+    from autotune.node.ssh import SSHCommandRunner
 
     remote_dir = node.remote_dir
     if workdir is not None:

@@ -31,7 +31,7 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     RETRY_OF_ATTR,
 )
-from autotune.study.rules import direction_sign
+from autotune.study.rules import best_trial, direction_sign
 from autotune.study.samplers import default_of
 
 
@@ -88,7 +88,6 @@ def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
 
 def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
-    from autotune.study.loop import best_trial
     from autotune.study.records import BASELINE_ATTR
 
     best = best_trial(ostudy)
@@ -179,7 +178,7 @@ def _interrupted(trial: FrozenTrial) -> bool:
 def ablation_results(ostudy: optuna.Study) -> Ablation | None:
     """The ablation of the current best trial when it has one, else of the latest ablated trial; None
     when the study has no ablation trials."""
-    from autotune.study.loop import baseline_trial, best_trial
+    from autotune.study.loop import baseline_trial
 
     trials = ostudy.get_trials(deepcopy=False)
     ablated = ablation_trials(trials)

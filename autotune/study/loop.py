@@ -26,7 +26,7 @@ from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import outcome
+from autotune.study import optuna_internals, outcome
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -58,8 +58,8 @@ from autotune.study.records import (
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
 )
-from autotune.study.remeasure import ConfigMeasurements, RemeasuredAnswer, remeasured_answer
-from autotune.study.rules import best_measured, direction_sign, is_feasible
+from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
+from autotune.study.rules import ConfigMeasurements, best_trial, direction_sign, is_feasible
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
@@ -104,7 +104,7 @@ def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]
     with study_lock(study) as locked:
         abandoned = abandoned_trials(ostudy, locked=locked)
     for trial in abandoned:
-        ostudy._storage.set_trial_user_attr(trial._trial_id, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
+        optuna_internals.set_user_attr(ostudy, trial, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=False)
         recovered.append(trial)
@@ -455,17 +455,6 @@ def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
         return all(x >= y for x, y in zip(better, worse, strict=True)) and better != worse
 
     return sorted((t for t in complete if not any(dominates(o, t) for o in complete)), key=lambda t: t.number)
-
-
-def best_trial(ostudy: optuna.Study) -> FrozenTrial | None:
-    """The best feasible COMPLETE trial, or None before any (and in a multi-objective study, whose answer is
-    its `pareto_front`). Once configs were re-measured, the first trial of the config with the best mean."""
-    if len(ostudy.directions) > 1:
-        return None
-    answer = remeasured_answer(ostudy)
-    if answer is not None:
-        return next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.best.of)
-    return best_measured(ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), ostudy.direction)
 
 
 def study_summary(ostudy: optuna.Study) -> dict[str, Any]:

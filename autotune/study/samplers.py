@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -45,8 +45,10 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
+from autotune.config.study import SamplerSpec
+from autotune.study import optuna_internals
 from autotune.study.records import FAILURE_ATTR, FAILURE_KIND_ATTR, PROPOSED_ATTR, SERVER_CHOICES_ATTR
-from autotune.study.rules import best_measured, direction_sign, is_feasible
+from autotune.study.rules import ConfigKey, best_trial, config_key, direction_sign, is_feasible
 from autotune.trial.failures import FailureKind
 
 _NO_DEFAULT = object()
@@ -207,7 +209,7 @@ def _infeasible(trial: FrozenTrial) -> bool:
     return trial.state is not TrialState.RUNNING and not is_feasible(trial)
 
 
-class FeasibleTPESampler(optuna.samplers.TPESampler):
+class FeasibleTPESampler(optuna_internals.HookedTPESampler):
     """TPE whose choice among its candidates also weighs how likely each is to be feasible.
 
     c-TPE's rule (Watanabe and Hutter, 2023) for one pass/fail constraint: a candidate's score, log l(x) -
@@ -215,8 +217,8 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
     constraint met) and of the infeasible ones (`trial.set_constraint` > 0: the driver sets it on each
     out-of-memory trial). Candidates still come from TPE's good density, so the search stays where the
     good trials are, but moves away from the configs next to them that did not start. Without both kinds
-    of trial it is plain TPE. It hooks two of TPESampler's private methods (Optuna 5's, pinned in
-    pyproject.toml; tests/test_samplers.py fails if they change).
+    of trial it is plain TPE. It overrides two steps of TPESampler's proposal, which are private in Optuna
+    (autotune.study.optuna_internals keeps them; tests/test_optuna_internals.py fails if they change).
     """
 
     def __init__(self, *args: Any, feasibility_weight: float = 1.0, **kwargs: Any) -> None:
@@ -224,7 +226,7 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         self.feasibility_weight = feasibility_weight
         self._fitting: tuple[Study, dict[str, BaseDistribution], list[FrozenTrial]] | None = None
 
-    def _build_parzen_estimator(
+    def build_parzen_estimator(
         self,
         study: Study,
         search_space: dict[str, BaseDistribution],
@@ -236,12 +238,12 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
             self._fitting = (study, search_space, list(trials))
         elif self._fitting is not None:
             self._fitting = (study, search_space, self._fitting[2] + list(trials))
-        return super()._build_parzen_estimator(study, search_space, trials, handle_below)
+        return super().build_parzen_estimator(study, search_space, trials, handle_below)
 
-    def _compute_acquisition_func(
+    def compute_acquisition_func(
         self, samples: dict[str, np.ndarray], mpe_below: Any, mpe_above: Any
     ) -> np.ndarray:
-        score = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        score = super().compute_acquisition_func(samples, mpe_below, mpe_above)
         if self._fitting is None or self.feasibility_weight == 0:
             return score
         study, space, trials = self._fitting
@@ -250,35 +252,15 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         feasible = [t for t in trials if _feasible(t)]
         if not infeasible or not feasible:
             return score
-        build = super()._build_parzen_estimator
+        build = super().build_parzen_estimator
         feasible_pdf = build(study, space, feasible, False)
         infeasible_pdf = build(study, space, infeasible, False)
         odds = feasible_pdf.log_pdf(samples) - infeasible_pdf.log_pdf(samples)
         return score + self.feasibility_weight * odds
 
 
-class _WithParams:
-    """A study as a sampler sees it, without the trials that set no parameter (the baseline)."""
-
-    def __init__(self, study: Study) -> None:
-        self._study = study
-
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
-        return [t for t in self._study.get_trials(*args, **kwargs) if t.params]
-
-    def _get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
-        return [t for t in self._study._get_trials(*args, **kwargs) if t.params]
-
-    @property
-    def trials(self) -> list[FrozenTrial]:
-        return self.get_trials()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-
 def _with_params(study: Study) -> Study:
-    return cast(Study, _WithParams(study))  # a Study in every way a sampler uses one
+    return optuna_internals.study_with_trials(study, lambda t: bool(t.params))
 
 
 class WithoutBaseline(_Wrapper):
@@ -313,13 +295,7 @@ def _finished(study: Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=_FINISHED)
 
 
-ConfigKey = tuple[tuple[str, str], ...]
 _Planned = tuple[dict[str, Any], str]  # a trial's config, and why a move or a repair planned it
-
-
-def config_key(params: Mapping[str, Any]) -> ConfigKey:
-    """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
-    return tuple(sorted((name, repr(value)) for name, value in params.items()))
 
 
 def _contains(distribution: BaseDistribution, value: Any) -> bool:
@@ -383,7 +359,7 @@ class IncumbentMoves(_Wrapper):
         if trial.number not in self._plans:
             plan, why = self._new_plan(study) or (None, "")
             if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
-                study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)
+                optuna_internals.set_system_attr(study, trial, PROPOSED_ATTR, why)
             self._plans = {trial.number: plan}
             self._floor = _finished(study)
         return self._plans[trial.number]
@@ -404,8 +380,7 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        # The incumbent by measured value: the sampler cannot see re-measured means (remeasure imports it).
-        best = best_measured((t for t in finished if t.params), study.direction)
+        best = best_trial(study, [t for t in finished if t.params])  # the study's answer, moved from
         if best is None:
             return None
         sign = direction_sign(study.direction)
@@ -603,3 +578,18 @@ def tpe(
         floor=floor,
         seed=seed,
     )
+
+
+# A study file's `sampler.name` -> its sampler for a seed; the names are the ones autotune.config accepts.
+SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
+    "tpe": tpe,  # TPE near SGLang's defaults, with moves and repairs
+    "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "gp": gp,  # needs PyTorch
+    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+}
+
+
+def build(spec: SamplerSpec) -> BaseSampler:
+    """A new sampler of the study file's kind and seed."""
+    return SAMPLERS[spec.name](spec.seed)

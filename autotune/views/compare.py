@@ -28,6 +28,7 @@ from autotune.errors import AutotuneError
 from autotune.measure.metrics import ALLREDUCE_METRICS
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
 from autotune.node.executor import TrialExecutor, runner_for
+from autotune.study.rules import best_trial
 from autotune.trial.launch import TrialConfig
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -197,8 +198,6 @@ def compare(
 
 
 def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
-    from autotune.study.loop import best_trial
-
     if number is None:
         best = best_trial(ostudy)
         if best is None:
