@@ -77,3 +77,10 @@ def test_the_configuration_layer_is_pure_pydantic(modules: tuple[str, ...]) -> N
 def test_the_study_side_does_load_optuna() -> None:
     # The watch list is spelled right: the study loop's modules do bring Optuna in.
     assert _loaded_after(("autotune.study.samplers",), ("optuna",)) == ["optuna"]
+
+
+def test_scipy_loads_on_first_use_of_the_statistics() -> None:
+    # A GPU node's NCCL job and every CLI start would pay half a second for it otherwise.
+    assert _loaded_after(NODE_SIDE, ("scipy",)) == []
+    code = ("autotune.measure.stats",)
+    assert _loaded_after(code, ("scipy",)) == []

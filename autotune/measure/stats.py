@@ -13,9 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scipy.stats import t as student_t
-from scipy.stats import ttest_ind
-
 __all__ = ["Gain", "MeanCI", "Verdict", "mean_ci", "paired_gain", "t_quantile", "welch_gain"]
 
 
@@ -25,6 +22,8 @@ def t_quantile(confidence: float, df: float) -> float:
         raise ValueError(f"`0 < confidence < 1` must hold, but got ({confidence=}).")
     if not df > 0:
         raise ValueError(f"`df > 0` must hold, but got ({df=}).")
+    from scipy.stats import t as student_t  # on first use: scipy costs a GPU node's job half a second
+
     return float(student_t.ppf((1 + confidence) / 2, df))
 
 
@@ -165,6 +164,8 @@ def welch_gain(
         spread = se * math.sqrt(cand.n)
         half = 0.0
         if se > 0:  # identical values on both sides: no spread, and nothing for a t-test to divide by
+            from scipy.stats import ttest_ind
+
             test = ttest_ind(candidate, reference, equal_var=False)
             low, high = test.confidence_interval(confidence)
             half = (float(high) - float(low)) / 2
