@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from model_studies import (
     BENCHMARKS,
     PROFILES,
@@ -225,9 +224,8 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
 
         return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed)
     if job.method == NCCL_FIRST:
-        concurrency = int(yaml.safe_load(profile.objective.read_text())["workload"]["concurrency"])
-        best_nccl, seconds = nccl_prestudy(profile, concurrency)
-        sampler = samplers.tpe(job.seed, start_values=best_nccl)
+        best_nccl, seconds = nccl_prestudy(profile)
+        sampler = samplers.tpe(job.seed, staged=best_nccl)
         run = run_study(profile, job.n_trials, sampler=lambda _s: sampler, seed=job.seed)
         return job, replace(run, node_s=[run.node_s[0] + seconds, *run.node_s[1:]])  # on the baseline's
     if job.method in VARIANTS:

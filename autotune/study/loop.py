@@ -31,6 +31,7 @@ from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.preflight import predicted_oom
 from autotune.study.pruning import SHORT_STEP, short_cutoff, short_pruner
 from autotune.study.records import (
+    ACCEPT_LENGTH_ATTR,
     ADVICE_ATTR,
     BASELINE_ATTR,
     CULPRITS_ATTR,
@@ -390,6 +391,8 @@ class StudyDriver:
         if over:
             trial.set_user_attr(OVER_LIMITS_ATTR, over)
             tags["autotune.over_limits"] = "; ".join(str(v["text"]) for v in over.values())[:500]
+        if measured.accept_length is not None:  # the default sampler steers the speculative tree by it
+            trial.set_user_attr(ACCEPT_LENGTH_ATTR, measured.accept_length)
         if measured.load_stopped_by is not None:
             trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
             tags["autotune.load_stopped_by"] = measured.load_stopped_by[:500]
