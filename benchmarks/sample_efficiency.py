@@ -472,7 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         records = [{**asdict(job), **asdict(run)} for job, run in runs]
         args.json.write_text(
-            json.dumps({"best_known": {k: asdict(b) for k, b in best.items()}, "studies": records})
+            json.dumps(
+                {"best_known": {k: asdict(b) for k, b in best.items()}, "studies": records}, default=str
+            )
         )
     return 0
 
