@@ -55,7 +55,7 @@ from autotune.study.records import (
     PROPOSED_ATTR,
     SERVER_CHOICES_ATTR,
 )
-from autotune.study.rules import best_measured, direction_sign, is_feasible
+from autotune.study.rules import best_measured, is_feasible
 from autotune.trial.failures import FailureKind
 
 _NO_DEFAULT = object()
@@ -439,8 +439,7 @@ class IncumbentMoves(_Wrapper):
         best = best_measured((t for t in finished if t.params), study.direction)
         if best is None:
             return None
-        sign = direction_sign(study.direction)
-        branch = self._branch(best, finished, with_params, tried, sign)
+        branch = self._branch(best, finished, with_params, tried)
         if branch is not None or self._rng.random() >= self.share:
             return branch
         for _ in range(20):  # a move that repeats a tried config is drawn again
@@ -475,7 +474,6 @@ class IncumbentMoves(_Wrapper):
         finished: list[FrozenTrial],
         with_params: list[FrozenTrial],
         tried: set[ConfigKey],
-        sign: float,
     ) -> _Planned | None:
         """A trial of a speculative algorithm explored on purpose, as the group method's speculative stage
         gives it, on the best trial's other knobs: speculation off (once, unless `branch_trials` trials ran
