@@ -158,6 +158,14 @@ def test_the_baselines_own_memory_fraction_is_where_the_start_samples_it(study_o
     assert sum(abs(v - on_step) <= NEAR_STEPS * 0.01 + 1e-9 for v in start) >= 5, (chosen, start)
 
 
+def test_a_speculative_trial_keeps_the_servers_accept_length(study_of_30: optuna.Study) -> None:
+    # The default sampler steers the speculative tree by it (autotune.study.samplers.adaptive_steps).
+    done = [t for t in study_of_30.trials if t.state is TrialState.COMPLETE]
+    speculative = [t for t in done if t.params.get("--speculative-algorithm") == "EAGLE3"]
+    assert speculative and all(t.user_attrs["accept_length"] > 1.0 for t in speculative)
+    assert all("accept_length" not in t.user_attrs for t in done if t not in speculative)
+
+
 def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:
     summary = study_summary(study_of_30)
     assert summary["best_value"] > summary["baseline_value"]

@@ -16,6 +16,7 @@ from autotune.config import Study
 from autotune.measure.client import BenchmarkResult
 from autotune.study.pruning import SHORT_STEP
 from autotune.study.records import (
+    ACCEPT_LENGTH_ATTR,
     ADVICE_ATTR,
     CULPRITS_ATTR,
     FAILURE_ATTR,
@@ -90,6 +91,8 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
             }
     if over:
         trial.set_user_attr(OVER_LIMITS_ATTR, over)
+    if measured.accept_length is not None:  # the default sampler steers the speculative tree by it
+        trial.set_user_attr(ACCEPT_LENGTH_ATTR, measured.accept_length)
     if measured.load_stopped_by is not None:
         trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
     broken = tuple(str(v["text"]) for v in over.values())
