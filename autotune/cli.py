@@ -18,6 +18,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
+from autotune.study.callbacks import (
+    IncompatibilityLearned,
+    KnobHeld,
+    PhaseChanged,
+    Progress,
+    StudyCallback,
+    StudyInterrupting,
+    StudyStarted,
+    TrialFinished,
+    TrialStarted,
+)
 from autotune.study.records import (
     BASELINE_ATTR,
     FAILURE_ATTR,
@@ -29,7 +40,7 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SHORT_VALUE_ATTR,
 )
-from autotune.study.rules import is_feasible
+from autotune.study.rules import best_trial, is_feasible
 from autotune.trial.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 
@@ -164,37 +175,55 @@ def _secrets(args: argparse.Namespace) -> Secrets:
 
 
 # -- run ----------------------------------------------------------------------------------------------
-class ConsoleReporter:
+class ConsoleReporter(StudyCallback):
     """Live progress on a terminal: a status line that rewrites itself, and one line per finished trial."""
 
     def __init__(self, stream: TextIO = sys.stderr) -> None:
         self.stream = stream
         self.live = stream.isatty()
 
-    def __call__(self, event: str, progress: Any, info: dict[str, Any]) -> None:
+    def study_started(self, event: StudyStarted) -> None:
+        if event.recovered:
+            self._line(f"recovered interrupted trials {list(event.recovered)}: marked FAIL and queued again")
+
+    def trial_started(self, event: TrialStarted) -> None:
+        self._running(event.progress)
+
+    def trial_phase_changed(self, event: PhaseChanged) -> None:
+        self._running(event.progress)
+
+    def trial_finished(self, event: TrialFinished) -> None:
+        progress, outcome = event.progress, event.outcome
+        value = f"{outcome.value:.1f}" if outcome.value is not None else "-"
+        label = "baseline" if event.baseline else f"trial {event.number}"
+        # A launched trial's failure kind; a refused one's reason, which names the setting refused.
+        reason = outcome.refusal or (outcome.failure_kind.value if outcome.failure_kind else None)
+        why = f" ({reason})" if reason else ""
+        self._line(
+            f"[{progress.done:>3}/{progress.total}] {label:<9} {outcome.state.name:<8} "
+            f"{value:>8}{why:<22} {self._tail(progress)}"
+        )
+
+    def incompatibility_learned(self, event: IncompatibilityLearned) -> None:
+        pairs = ", ".join(f"{name}={value}" for name, value, _hardware in event.known)
+        self._line(f"known incompatible on this hardware, not tried again: {pairs}")
+
+    def knob_held(self, event: KnobHeld) -> None:
+        self._line(event.text)
+
+    def study_interrupting(self, event: StudyInterrupting) -> None:
+        self._line(f"stopping trials {list(event.trials)} (Ctrl-C again to stop at once)")
+
+    def _running(self, progress: Progress) -> None:
+        if self.live:
+            running = ", ".join(f"trial {n} {phase}" for n, phase in sorted(progress.running.items()))
+            self._status(f"[{progress.done + 1:>3}/{progress.total}] {running} · {self._tail(progress)}")
+
+    @staticmethod
+    def _tail(progress: Progress) -> str:
         best = f"{progress.best:.1f}" if progress.best is not None else "-"
         base = f"{progress.baseline:.1f}" if progress.baseline is not None else "-"
-        tail = f"best {best} · baseline {base}"
-        if event == "finished":
-            value = f"{info['value']:.1f}" if info.get("value") is not None else "-"
-            label = "baseline" if info.get("baseline") else f"trial {info['number']}"
-            why = f" ({info['failure']})" if info.get("failure") else ""
-            self._line(
-                f"[{progress.done:>3}/{progress.total}] {label:<9} {info['state']:<8} "
-                f"{value:>8}{why:<22} {tail}"
-            )
-        elif event in ("phase", "started") and self.live:
-            running = ", ".join(f"trial {n} {phase}" for n, phase in sorted(progress.running.items()))
-            self._status(f"[{progress.done + 1:>3}/{progress.total}] {running} · {tail}")
-        elif event == "recovered":
-            self._line(f"recovered interrupted trials {info['trials']}: marked FAIL and queued again")
-        elif event == "learned":
-            pairs = ", ".join(f"{name}={value}" for name, value, _hardware in info["incompatible"])
-            self._line(f"known incompatible on this hardware, not tried again: {pairs}")
-        elif event == "interrupting":
-            self._line(f"stopping trials {info['trials']} (Ctrl-C again to stop at once)")
-        elif event == "held":
-            self._line(info["text"])
+        return f"best {best} · baseline {base}"
 
     def _status(self, text: str) -> None:
         self.stream.write("\r\033[K" + text)
@@ -230,7 +259,7 @@ def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
     """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
     from autotune.study.loop import StudyDriver
 
-    driver = StudyDriver(study, ConsoleReporter(), tracking=not args.no_tracking)
+    driver = StudyDriver(study, [ConsoleReporter()], tracking=not args.no_tracking)
     if args.no_ray:
         from autotune.node.pool import in_process_pool
 
@@ -474,7 +503,7 @@ _SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 def cmd_best(args: argparse.Namespace) -> int:
     from optuna.trial import FixedTrial
 
-    from autotune.study.loop import best_trial, study_summary
+    from autotune.study.loop import study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -662,7 +691,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
-    from autotune.study.ablation import ablation_results, enqueue_ablation, mark_ablation_runs, plan_ablation
+    from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
     from autotune.study.storage import budget_used
 
     study = load_study(args.study_file)
@@ -683,9 +712,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
             file=sys.stderr,
         )
-        ostudy = _driver(study, args).run(budget_used(ostudy) + waiting)
-    if not args.no_tracking:
-        mark_ablation_runs(study.tracking_uri, ostudy)
+        ostudy = _driver(study, args).run(budget_used(ostudy) + waiting)  # its tracker marks ablation runs
     result = ablation_results(ostudy)
     if result is not None:
         metric = study.objective.metric

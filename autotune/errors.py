@@ -1,4 +1,7 @@
-"""All of autotune's errors derive from `AutotuneError`."""
+"""autotune's exceptions. Every exception class autotune defines derives from `AutotuneError` (the CLI
+prints one as a one-line message), except private ones (a leading underscore) that never leave their
+module. A function given arguments that break its documented contract raises ValueError or TypeError, as
+Python's own functions do: that is a bug of the caller, not an error of the study."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 
 
 class AutotuneError(Exception):
-    """Root of every error autotune raises on purpose."""
+    """Root of every exception class autotune defines."""
 
 
 class ConfigError(AutotuneError):
@@ -33,3 +36,24 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+# The error type of the rules autotune's own validators raise (see `rule_error`).
+RULE_ERROR = "autotune_rule"
+
+
+_NO_VALUE: Any = object()
+
+
+def rule_error(
+    problem: str, *, loc: tuple[str | int, ...] = (), value: Any = _NO_VALUE, fix: str
+) -> Exception:
+    """An error for a pydantic validator to raise, which `autotune.config` turns into a `ConfigError`:
+    `loc` is relative to the raising model, `value` the value received (left out: none is shown)."""
+    # Imported here: a job (autotune.node.job) imports this module and must not load pydantic.
+    from pydantic_core import PydanticCustomError
+
+    context: dict[str, Any] = {"loc": loc, "fix": fix}
+    if value is not _NO_VALUE:
+        context["value"] = value
+    return PydanticCustomError(RULE_ERROR, problem, context)

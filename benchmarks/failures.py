@@ -3,7 +3,8 @@ that fail (with and without the pre-flight memory check and the memory of incomp
 the pre-flight check ever rejects a config that would have started.
 
 1. Fatal line to told. Real studies launch simulated SGLang servers as real processes (start-up clock sped
-   up so a ten-minute weight load takes 0.6 s) that fail the way the seed's did: "Not enough memory" at
+   up so a ten-minute weight load takes 0.6 s) that fail the way the seed's did (the seed: the session the
+   simulator is calibrated on, see the README): "Not enough memory" at
    start, a CUDA error under load, each with the server exiting and with the server lingering after the
    line (`SGLANG_SIM_FAULT=linger`, the seed's case). A thread here polls the server logs every 10 ms and
    notes when a fatal line (autotune.trial.failures.is_fatal_line) first appears; `Study.tell` is timed as it
@@ -31,7 +32,6 @@ import multiprocessing
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -44,9 +44,9 @@ from typing import Any
 
 import optuna
 import yaml
-from model_studies import BENCHMARKS, PROFILES, Landscape, run_study
+from model_studies import BENCHMARKS, PROFILES, Landscape, run_study, write_sim_study
 
-from autotune.config import Study, load_study
+from autotune.config import Study
 from autotune.measure.client import Workload
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
@@ -96,24 +96,21 @@ def write_case_study(folder: Path, case: Case, n_trials: int) -> Study:
         )
     )
     env = {**SIM_ENV, **({"SGLANG_SIM_FAULT": case.fault} if case.fault else {})}
-    data = {
-        "study": "failures",
-        "search_space": str(space),
-        "objective": str(OBJECTIVE),
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
+    return write_sim_study(
+        folder,
+        "failures",
+        search_space=space,
+        objective=OBJECTIVE,
+        n_trials=n_trials,
+        server={
+            "draft_model_path": None,
             "port": free_port(),
             "flags": {"--tp-size": 8, **case.flags},
             "env": env,
         },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"name": "random", "seed": 0},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(path)
+        sampler={"name": "random", "seed": 0},
+        timeouts={"startup_s": 60, "benchmark_s": 60},
+    )
 
 
 class FatalLineWatch(threading.Thread):

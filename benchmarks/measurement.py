@@ -29,16 +29,17 @@ from optuna.trial import FixedTrial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile
+from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile, save_study
 
-from autotune.config import Study, load_study
-from autotune.measure.client import Workload
+from autotune.config import Study
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.loop import StudyDriver, best_trial
+from autotune.study import optuna_internals
+from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, PRUNED_BY_ATTR, REMEASURE_OF_ATTR
-from autotune.study.remeasure import measurement_groups, remeasure, remeasured_answer
+from autotune.study.remeasure import remeasure, remeasured_answer
+from autotune.study.rules import best_trial, measurement_groups
 from autotune.trial.wire import TrialRequest, TrialResult
 
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
@@ -79,8 +80,7 @@ def write_study(folder: Path, profile: Profile, n_trials: int, seed: int, object
         "budget": {"n_trials": n_trials},
         "sampler": {"name": "tpe", "seed": seed},
     }
-    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(folder / "study.yaml")
+    return save_study(folder, data)
 
 
 def base_objective(profile: Profile) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def true_value(study: Study, profile: Profile, params: dict[str, Any] | None) ->
     config = space.baseline() if params is None else space.suggest(FixedTrial(params))
     w = study.objective.workload
     assert w is not None, f"{profile.objective} is a serving objective with a workload"
-    request = TrialRequest(0, study.server_launch(config), Workload(**w.model_dump()), 1.0, 1.0)
+    request = TrialRequest(0, study.server_launch(config), w, 1.0, 1.0)
     result = ModelExecutor(
         NODE, load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     ).run(request)
@@ -194,7 +194,10 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
 def _run_to(study: Study, node: ClockedNode, ostudy: optuna.Study, total: int) -> optuna.Study:
     """Continue the same in-memory study to `total` trials (the re-measurements queued in it)."""
     driver = StudyDriver(
-        study, pool=lambda _: LocalNodePool({NODE: node}), storage=ostudy._storage, tracking=False
+        study,
+        pool=lambda _: LocalNodePool({NODE: node}),
+        storage=optuna_internals.storage_of(ostudy),
+        tracking=False,
     )
     return driver.run(total)
 

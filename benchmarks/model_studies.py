@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
 from autotune.errors import ConfigError
-from autotune.measure.client import Workload
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.model_node import ModelExecutor, node_report
@@ -112,7 +112,8 @@ class ProfileFile(BaseModel):
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A shipped benchmark profile (seed, h200) by name, or a profile YAML file by path."""
+    """A shipped benchmark profile by name (seed: the calibration session's node and model, see the README;
+    h200), or a profile YAML file by path."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
@@ -193,8 +194,43 @@ def write_study(folder: Path, profile: Profile, n_trials: int, sampler: str = "t
         "budget": {"n_trials": n_trials},
         "sampler": {"name": sampler, "seed": seed},
     }
+    return save_study(folder, data)
+
+
+def write_sim_study(
+    folder: Path,
+    name: str,
+    *,
+    search_space: Path,
+    objective: Path,
+    n_trials: int,
+    server: Mapping[str, Any],
+    **sections: Any,
+) -> Study:
+    """Write and load a study whose trials launch the simulated SGLang server as real processes, serving
+    the seed's model (Kimi-K2.5 INT4 with its EAGLE-3 draft, TP 8); `server` adds to the server section
+    (port, env, flags) and `sections` are the file's other sections (sampler, timeouts, ray, nodes)."""
+    data = {
+        "study": name,
+        "search_space": str(search_space),
+        "objective": str(objective),
+        "server": {
+            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
+            "model_path": "/models/Kimi-K2.5",
+            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+            "flags": {"--tp-size": 8},
+            **server,
+        },
+        "budget": {"n_trials": n_trials},
+        **sections,
+    }
+    return save_study(folder, data)
+
+
+def save_study(folder: Path, data: Mapping[str, Any]) -> Study:
+    """Write a study file's `data` to `folder`/study.yaml and load it as autotune does."""
     path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
     return load_study(path)
 
 
@@ -316,7 +352,7 @@ class Landscape:
             raise ValueError(
                 f"a landscape needs a serving objective with a workload, but {profile.objective} has none"
             )
-        self._workload = Workload(**workload.model_dump())
+        self._workload = workload
         self._cache: dict[tuple[object, ...], float] = {}
 
     @property

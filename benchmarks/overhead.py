@@ -20,7 +20,6 @@ import functools
 import itertools
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -33,16 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
-from model_studies import BENCHMARKS, SEARCH_SPACE
+from model_studies import BENCHMARKS, SEARCH_SPACE, write_sim_study
 
 import autotune.study.loop
-from autotune.config import Study, load_study
+from autotune.config import Study
 from autotune.config.search_space import SearchSpace
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
 from autotune.node.runner import LocalCommandRunner, ServerProcess, free_port
-from autotune.study.loop import Progress, StudyDriver
+from autotune.study.callbacks import StudyCallback, TrialFinished
+from autotune.study.loop import StudyDriver
 from autotune.tracking.tracker import StudyTracker
 from autotune.trial.redaction import Secrets
 
@@ -180,25 +179,16 @@ class Measured:
 
 
 def write_study(folder: Path, n_trials: int, port: int) -> Study:
-    data = {
-        "study": "overhead",
-        "search_space": str(SEARCH_SPACE),
-        "objective": str(OBJECTIVE),
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "port": port,
-            "flags": {"--tp-size": 8},
-            "env": SIM_ENV,
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"seed": 0},
-        "timeouts": {"startup_s": 60, "benchmark_s": 60},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(path)
+    return write_sim_study(
+        folder,
+        "overhead",
+        search_space=SEARCH_SPACE,
+        objective=OBJECTIVE,
+        n_trials=n_trials,
+        server={"port": port, "env": SIM_ENV},
+        sampler={"seed": 0},
+        timeouts={"startup_s": 60, "benchmark_s": 60},
+    )
 
 
 @contextmanager
@@ -225,10 +215,10 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
     marks: list[float] = []
     finished: list[int] = []
 
-    def reporter(event: str, _progress: Progress, info: dict[str, Any]) -> None:
-        if event == "finished":
+    class Marks(StudyCallback):
+        def trial_finished(self, event: TrialFinished) -> None:
             marks.append(time.perf_counter())
-            finished.append(info["number"])
+            finished.append(event.number)
 
     with tempfile.TemporaryDirectory(prefix="autotune-overhead-") as folder:
         study = write_study(Path(folder), n_trials, free_port())
@@ -246,7 +236,7 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
 
         started = time.perf_counter()
         with watched(stopwatch, measured):
-            StudyDriver(study, reporter, pool=pool).run()
+            StudyDriver(study, [Marks()], pool=pool).run()
         if pool_kind == "ray":
             import ray
 

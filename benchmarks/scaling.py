@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -25,16 +24,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-from model_studies import BENCHMARKS, SEARCH_SPACE
+from model_studies import BENCHMARKS, SEARCH_SPACE, write_sim_study
 from optuna.trial import TrialState
 
-from autotune.config import Study, load_study
+from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.node.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
-from autotune.study.loop import Progress, StudyDriver
+from autotune.study.callbacks import StudyCallback, TrialFinished
+from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, NODE_ATTR
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -76,27 +74,18 @@ class Scaled:
 
 
 def write_study(folder: Path, n_trials: int, address: str, startup_scale: float = STARTUP_SCALE) -> Study:
-    data = {
-        "study": "scaling",
-        "search_space": str(SEARCH_SPACE),
-        "objective": str(OBJECTIVE),
-        "nodes": [{"name": "sim", "address": "local"}],  # the template every discovered node shares
-        "server": {
-            "command": [sys.executable, "-m", "autotune.sim.sglang_server"],
-            "model_path": "/models/Kimi-K2.5",
-            "draft_model_path": "/models/Kimi-K2.5-EAGLE3",
-            "port": "auto",
-            "flags": {"--tp-size": 8},
-            "env": {**SIM_ENV, "SGLANG_SIM_STARTUP_TIME_SCALE": str(startup_scale)},
-        },
-        "budget": {"n_trials": n_trials},
-        "sampler": {"seed": 0},
-        "timeouts": {"startup_s": 120, "benchmark_s": 120},
-        "ray": {"address": address, "discover_nodes": True},
-    }
-    path = folder / "study.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return load_study(path)
+    return write_sim_study(
+        folder,
+        "scaling",
+        search_space=SEARCH_SPACE,
+        objective=OBJECTIVE,
+        n_trials=n_trials,
+        server={"port": "auto", "env": {**SIM_ENV, "SGLANG_SIM_STARTUP_TIME_SCALE": str(startup_scale)}},
+        nodes=[{"name": "sim", "address": "local"}],  # the template every discovered node shares
+        sampler={"seed": 0},
+        timeouts={"startup_s": 120, "benchmark_s": 120},
+        ray={"address": address, "discover_nodes": True},
+    )
 
 
 def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
@@ -115,13 +104,13 @@ def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
             marks.append(time.perf_counter())
             return made
 
-        def reporter(event: str, _progress: Progress, _info: dict[str, Any]) -> None:
-            if event == "finished":
+        class Marks(StudyCallback):
+            def trial_finished(self, event: TrialFinished) -> None:
                 marks.append(time.perf_counter())
 
         with tempfile.TemporaryDirectory(prefix="autotune-scaling-") as folder:
             study = write_study(Path(folder), n_trials, cluster.address, startup_scale)
-            ostudy = StudyDriver(study, reporter, pool=pool).run()
+            ostudy = StudyDriver(study, [Marks()], pool=pool).run()
             # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
             runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
             nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))

@@ -22,7 +22,7 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 
-from autotune.study.loop import best_trial
+from autotune.study.rules import best_trial
 from autotune.study.samplers import default_of
 from autotune.study.storage import finished_count
 

@@ -11,8 +11,11 @@ with `--sglang-path`). Where SGLang's heavy dependencies (torch, transformers, .
 `--stub-missing` stands in empty modules for them: building the parser does not use them.
 
     python scripts/dump_sglang_flags.py                      # the installed sglang
-    pip download sglang==0.5.23 --no-deps -d /tmp/w && unzip -q /tmp/w/*.whl 'sglang/*' -d /tmp/w/src
-    python scripts/dump_sglang_flags.py --sglang-path /tmp/w/src --stub-missing
+    pip download sglang==0.5.23 --no-deps -d w && unzip -q w/*.whl 'sglang/*' -d w/src
+    python scripts/dump_sglang_flags.py --sglang-path w/src --stub-missing
+
+The table records how it was made, with the unpacked wheel's folder written `SGLANG_SRC`: where the dump
+ran is no part of a committed table.
 """
 
 from __future__ import annotations
@@ -35,7 +38,20 @@ DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "autotune" / "dialect
 _DEPRECATED_HELP = re.compile(r"^[(\[]?deprecated\b[^-]*(--[a-z0-9-]+(?:=[A-Za-z0-9_.-]+)?)?", re.IGNORECASE)
 
 
-class _StubMeta(abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module) with ABC
+class _Zero:
+    """A stand-in read as a number is 0."""
+
+    def __int__(self) -> int:
+        return 0
+
+    def __index__(self) -> int:
+        return 0
+
+    def __float__(self) -> float:
+        return 0.0
+
+
+class _StubMeta(_Zero, abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module) with ABC
     """A stand-in for anything a missing module exports: a class, a callable, a decorator, a value."""
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
@@ -95,20 +111,11 @@ class _StubMeta(abc.ABCMeta):  # ABCMeta: SGLang mixes stand-in bases (nn.Module
 
     __gt__ = __le__ = __ge__ = __lt__
 
-    def __int__(cls) -> int:
-        return 0
-
-    def __index__(cls) -> int:
-        return 0
-
-    def __float__(cls) -> float:
-        return 0.0
-
     def __mro_entries__(cls, bases: Any) -> tuple[type, ...]:
         return (cls,)
 
 
-class _StubValue(str):
+class _StubValue(_Zero, str):
     """What calling a stand-in returns: an empty, false string (`torch.cuda.is_available()` is false,
     `getattr(torch, device)` works) whose attributes, calls and items are stand-ins again."""
 
@@ -125,15 +132,6 @@ class _StubValue(str):
 
     def __getitem__(self, item: Any) -> Any:  # type: ignore[override]
         return _StubValue()
-
-    def __int__(self) -> int:
-        return 0
-
-    def __index__(self) -> int:
-        return 0
-
-    def __float__(self) -> float:
-        return 0.0
 
 
 def _any_schema(cls: Any, source: Any, handler: Any) -> Any:
@@ -269,12 +267,21 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--output", help="file to write (default: autotune/dialect/tables/sglang-VERSION.json)"
     )
     args = cli.parse_args(argv)
+    # How the table was made, without where: the options that shape it, the wheel's folder as SGLANG_SRC.
+    made_with = ["--sglang-path", "SGLANG_SRC"] if args.sglang_path else []
+    made_with += ["--stub-missing"] if args.stub_missing else []
     if args.sglang_path:
         sys.path.insert(0, args.sglang_path)
     finder = _StubFinder()
     if args.stub_missing:
         sys.meta_path.append(finder)
     from sglang.srt.server_args import ServerArgs  # SGLang's own parser code
+
+    source = Path(sys.modules["sglang"].__file__ or "sglang").resolve().parent
+    if args.sglang_path and source.is_relative_to(Path(args.sglang_path).resolve()):
+        sglang_from = f"SGLANG_SRC/{source.relative_to(Path(args.sglang_path).resolve())}"
+    else:
+        sglang_from = f"site-packages/{source.name}"  # an installed sglang
 
     version = _version(args.sglang_path)
     parser = argparse.ArgumentParser(prog="sglang serve")
@@ -283,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_version": version,
         "produced": {
             "by": "scripts/dump_sglang_flags.py (ServerArgs.add_cli_args of sglang.srt.server_args)",
-            "command": " ".join(["python", "scripts/dump_sglang_flags.py", *(argv or sys.argv[1:])]),
+            "command": " ".join(["python", "scripts/dump_sglang_flags.py", *made_with]),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "sglang_from": str(Path(sys.modules["sglang"].__file__ or "sglang").parent),
+            "sglang_from": sglang_from,
             "stubbed_modules": sorted(finder.stubbed),  # empty with a full install
         },
         "flags": flag_table(parser),

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from autotune.config import parse_objective
 from autotune.measure.client import (
     SSE_DONE,
     BenchmarkError,
@@ -25,6 +27,8 @@ from autotune.measure.client import (
     run_benchmark,
     summarize,
 )
+from autotune.measure.metrics import ALLREDUCE_METRICS, BENCHMARK_FIGURES, CATALOGUE, OBJECTIVE_METRICS
+from autotune.measure.plan import plan_for, run_plan_sync
 from autotune.node.runner import free_port
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,10 +148,36 @@ def test_result_json_round_trip() -> None:
 
 
 def test_workload_validates() -> None:
-    with pytest.raises(ValueError, match="concurrency >= 1"):
+    with pytest.raises(ValueError, match=r"concurrency\s+Input should be greater than 0"):
         Workload(num_prompts=1, input_len=1, output_len=1, concurrency=0)
-    with pytest.raises(ValueError, match="warmup_requests"):
+    with pytest.raises(ValueError, match=r"warmup_requests\s+Input should be greater than or equal to 0"):
         Workload(num_prompts=1, input_len=1, output_len=1, concurrency=1, warmup_requests=-1)
+
+
+def test_the_metric_catalogue_names_benchmark_fields() -> None:
+    fields = {f.name for f in dataclasses.fields(BenchmarkResult)}
+    assert set(BENCHMARK_FIGURES) <= fields and set(OBJECTIVE_METRICS) - set(ALLREDUCE_METRICS) <= fields
+    assert all(CATALOGUE[name].better == better for name, better in OBJECTIVE_METRICS.items())
+
+
+def test_one_warm_up_rule_for_study_files_and_nodes() -> None:
+    """A study file's workload is the type a node receives: 0 warm-up requests is valid in both, and
+    every benchmark after a launch's first one sends none."""
+    data = {"name": "t", "metric": "output_throughput"}
+    workload = {"num_prompts": 4, "input_len": 8, "output_len": 4, "concurrency": 2, "warmup_requests": 0}
+    objective = parse_objective({**data, "workload": workload})
+    assert type(objective.workload) is Workload and objective.workload == Workload(**workload)
+    warmed = replace(objective.workload, warmup_requests=3)
+    assert warmed.on_warm_server() == objective.workload
+    ladder = {**data, "workload": {**workload, "warmup_requests": 2}, "ladder": {"concurrency": [1, 2, 4]}}
+    sent: list[int] = []
+
+    def measure(w: Workload, _index: int) -> BenchmarkResult:
+        sent.append(w.warmup_requests)
+        return summarize([_outcome(0.01, [0.002], 0.02)], 0.05, w)
+
+    run_plan_sync(plan_for(parse_objective(ladder)), measure)
+    assert sent == [2, 0, 0]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from autotune.config import (
 )
 from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
 from autotune.errors import ConfigError, ForbiddenLaunchError
+from autotune.study import samplers
 from autotune.trial.launch import TrialConfig
 from tests.builders import StudyFiles, study_data
 
@@ -280,7 +281,7 @@ def test_explicit_storage_and_command_string(project: Path) -> None:
     study = load_study(_write(project, data))
     assert study.storage == "postgresql://db/optuna" and study.tracking_uri == "http://mlflow:5000"
     assert study.file.server.command == ["python", "-m", "sglang.launch_server"]
-    sampler = study.file.sampler.build()
+    sampler = samplers.build(study.file.sampler)
     assert isinstance(sampler, optuna.samplers.RandomSampler)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
@@ -11,12 +12,22 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.cli import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
+from autotune.study.callbacks import (
+    IncompatibilityLearned,
+    StudyCallback,
+    StudyEnded,
+    StudyStarted,
+    SummaryUpdated,
+    TrialFinished,
+    TrialStarted,
+)
 from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count, study_summary
 from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
@@ -128,6 +139,14 @@ def test_the_baselines_own_memory_fraction_is_where_the_start_samples_it(study_o
     assert sum(abs(v - on_step) <= NEAR_STEPS * 0.01 + 1e-9 for v in start) >= 5, (chosen, start)
 
 
+def test_a_speculative_trial_keeps_the_servers_accept_length(study_of_30: optuna.Study) -> None:
+    # The default sampler steers the speculative tree by it (autotune.study.samplers.adaptive_steps).
+    done = [t for t in study_of_30.trials if t.state is TrialState.COMPLETE]
+    speculative = [t for t in done if t.params.get("--speculative-algorithm") == "EAGLE3"]
+    assert speculative and all(t.user_attrs["accept_length"] > 1.0 for t in speculative)
+    assert all("accept_length" not in t.user_attrs for t in done if t not in speculative)
+
+
 def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:
     summary = study_summary(study_of_30)
     assert summary["best_value"] > summary["baseline_value"]
@@ -206,3 +225,71 @@ def test_a_ctrl_c_that_something_swallows_is_still_remembered() -> None:
             pass  # swallowed, as that call did
         assert ctrl_c.is_set()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+class Recorder(StudyCallback):
+    """An observer that keeps what the loop told it, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def study_started(self, event: StudyStarted) -> None:
+        self.events.append(("study_started", event.recovered))
+
+    def trial_started(self, event: TrialStarted) -> None:
+        self.events.append(("trial_started", event.trial.number, dict(event.progress.running)))
+
+    def trial_finished(self, event: TrialFinished) -> None:
+        outcome = event.outcome
+        kind = outcome.failure_kind.value if outcome.failure_kind else None
+        self.events.append(("trial_finished", event.number, outcome.state.name, kind, event.progress.done))
+
+    def incompatibility_learned(self, event: IncompatibilityLearned) -> None:
+        self.events.append(("incompatibility_learned", event.new))
+
+    def summary_updated(self, event: SummaryUpdated) -> None:
+        self.events.append(("summary_updated", event.summary["best_trial"]))
+
+    def study_ended(self, event: StudyEnded) -> None:
+        self.events.append(("study_ended", event.interrupted, event.summary and event.summary["best_value"]))
+
+
+def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_prints_them(
+    study_file: StudyFiles,
+) -> None:
+    study = load_study(study_file(n_trials=4))
+    # Unsupported on the seed node's SM120 GPUs; the static pool set so that the weights fit.
+    open_study(study).enqueue_trial(
+        {"--enable-flashinfer-allreduce-fusion": True, "--mem-fraction-static": 0.85}
+    )
+    recorder, stream = Recorder(), io.StringIO()
+    ostudy = StudyDriver(study, [recorder, ConsoleReporter(stream)], pool=model_pool(), tracking=False).run()
+
+    events = recorder.events
+    assert events[0] == ("study_started", ())
+    finished = [e for e in events if e[0] == "trial_finished"]
+    assert [(e[1], e[2], e[3]) for e in finished[:2]] == [(0, "COMPLETE", None), (1, "FAIL", "unsupported")]
+    assert [e[4] for e in finished] == [1, 2, 3, 4], "each finished trial counted as it is told"
+    for number in (e[1] for e in finished):
+        started = events.index(next(e for e in events if e[:2] == ("trial_started", number)))
+        assert events[started][2] == {number: "launching"}, "one node: the trial is the only one running"
+        done = events.index(next(e for e in finished if e[1] == number))
+        assert started < done and events[done + 1][0] == "summary_updated"
+    learned = events.index(
+        ("incompatibility_learned", (("--enable-flashinfer-allreduce-fusion", True, SEED_HARDWARE),))
+    )
+    assert learned < events.index(finished[1]), "learned before the failed trial is shown"
+    best = study_summary(ostudy)
+    assert events[-1] == ("study_ended", False, best["best_value"])
+
+    lines = stream.getvalue().splitlines()  # not a terminal: one line per finished trial, no status line
+    baseline = ostudy.trials[0].value
+    assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f}")
+    assert lines[0].endswith(f"best {baseline:.1f} · baseline {baseline:.1f}")
+    assert (
+        lines[1]
+        == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True"
+    )
+    assert lines[2].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
+    assert len(lines) == 5 and lines[-1].startswith("[  4/4] trial ")
+    assert not (study.workdir / "mlflow.db").exists(), "no tracker registered: no MLflow store"

@@ -38,7 +38,7 @@ from autotune.measure.nccl import (
 )
 from autotune.measure.stats import mean_ci, paired_gain, t_quantile
 from autotune.node.executor import TrialExecutor
-from autotune.node.job import RESULT_PREFIX, JobOutputError, parse_result, result_line, wait_for_job
+from autotune.node.job import RESULT_PREFIX, ResultLineError, parse_result, result_line, wait_for_job
 from autotune.node.runner import LocalCommandRunner
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
@@ -209,7 +209,7 @@ def test_the_last_result_line_counts_and_a_malformed_one_is_an_error() -> None:
     assert parse_result(f"x\n{first}\ny\n{last}\nz")["metrics"] == {"a": 2}
     assert parse_result("no result here") is None
     for bad in ("{", "[]", '{"metrics": 3}', '{"metrics": {"a": "fast"}}', '{"metrics": {"a": true}}'):
-        with pytest.raises(JobOutputError):
+        with pytest.raises(ResultLineError):
             parse_result(RESULT_PREFIX + bad)
     with pytest.raises(ValueError):
         result_line({"metrics": {"a": math.nan}})

@@ -19,17 +19,10 @@ from autotune.config import load_study
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner
-from autotune.study.loop import StudyDriver, best_trial, study_summary
+from autotune.study.loop import StudyDriver, study_summary
 from autotune.study.records import REMEASURE_OF_ATTR
-from autotune.study.remeasure import (
-    ConfigMeasurements,
-    enqueue_remeasurement,
-    gain_over,
-    mean_interval,
-    measurement_groups,
-    remeasure,
-    remeasured_answer,
-)
+from autotune.study.remeasure import enqueue_remeasurement, gain_over, remeasure, remeasured_answer
+from autotune.study.rules import ConfigMeasurements, best_trial, mean_interval, measurement_groups
 from autotune.study.storage import open_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,6 +55,9 @@ def test_a_gain_whose_interval_reaches_zero_is_within_noise() -> None:
     assert lower_is_better is not None and lower_is_better.pct == pytest.approx(20.0)
     once = gain_over(group([120.0]), base, maximize=True)
     assert once is not None and once.low_pct is None and not once.within_noise
+    # One Gain type for paired and unpaired gains: the same verdict as `compare` gives.
+    assert (close.verdict, far.verdict, once.verdict) == ("no gain", "gain", "no gain")
+    assert not far.paired and "Welch" in far.describe()
 
 
 # -- on model nodes -------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def test_report_is_one_self_contained_page_with_every_section(ablated_study) -> 
 def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated_study) -> None:
     path, _ = ablated_study
     html = (path.parent / "report" / "report.html").read_text()
-    from autotune.study.loop import best_trial
+    from autotune.study.rules import best_trial
 
     ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
     winner = best_trial(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
@@ -243,6 +243,35 @@ def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -
     tracker.close_interrupted(orphan)  # its driver died: the next driver closes the run
     run = tracker.client.get_run(orphan)
     assert run.info.run_name == "#005 · FAIL · interrupted" and run.info.status == "KILLED"
+
+
+def test_an_ablation_trials_run_says_what_it_reverts_from_start_to_close(tracker) -> None:
+    from autotune.trial.launch import ServerLaunch, TrialConfig
+
+    launch = ServerLaunch(("python", "-m", "sglang.launch_server"), {}, "127.0.0.1", 30000)
+    config = TrialConfig(env={}, params={"NCCL_PROTO": None})
+    kinds = {"NCCL_PROTO": "nccl"}
+    run_id = tracker.start_trial(6, config, kinds, launch, False, "node-a", ablation=(1, "NCCL_PROTO"))
+    run = tracker.client.get_run(run_id)
+    assert run.info.run_name == "#006 · RUNNING · launching · without NCCL_PROTO (ablation of #001)"
+    assert (
+        run.data.tags["autotune.ablation_of"] == "1"
+        and run.data.tags["autotune.ablation_param"] == "NCCL_PROTO"
+    )
+    tracker.set_phase(run_id, "benchmarking")
+    assert tracker.client.get_run(run_id).info.run_name.endswith(
+        "benchmarking · without NCCL_PROTO (ablation of #001)"
+    )
+    tracker.finish_trial(
+        run_id, number=6, state="COMPLETE", value=70.0, baseline=False, metrics={}, tags={}, artifacts={}
+    )
+    finished = tracker.client.get_run(run_id).info.run_name
+    assert finished == "#006 · 70.0 tok/s · COMPLETE · without NCCL_PROTO (ablation of #001)"
+
+    orphan = tracker.start_trial(7, config, kinds, launch, False, "node-a", ablation=(1, "NCCL_PROTO"))
+    tracker.close_interrupted(orphan)  # closed by the next driver, which reads the label from the run's tags
+    closed = tracker.client.get_run(orphan).info.run_name
+    assert closed == "#007 · FAIL · interrupted · without NCCL_PROTO (ablation of #001)"
 
 
 def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(

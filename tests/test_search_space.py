@@ -13,6 +13,7 @@ from autotune.config.search_space import (
     SKIP,
     AtMost,
     Derived,
+    IntParameter,
     SearchSpace,
     SpeculativeRules,
     load_search_space,
@@ -384,6 +385,29 @@ def test_stored_trial_rebuilds_the_same_config() -> None:
         configs.append(space.suggest(trial))
         study.tell(trial, 1.0)
     assert [space.suggest(frozen) for frozen in study.trials] == configs
+
+
+def test_a_stored_trial_from_before_a_rule_narrowed_a_range_is_rebuilt_as_it_ran() -> None:
+    space = load_search_space(SHIPPED)
+    study = optuna.create_study()
+    study.enqueue_trial({ALG: "EAGLE3", STEPS: 2, TOPK: 2})
+    trial = study.ask()
+    space.suggest(trial)
+    study.tell(trial, 1.0)
+    narrowed = trial.distributions[DRAFT]
+    full = space.parameters[DRAFT]
+    assert isinstance(narrowed, optuna.distributions.IntDistribution) and isinstance(full, IntParameter)
+    assert narrowed.high < full.high  # the draft tree holds at most this many tokens: a live trial asks so
+    stored = study.trials[0]
+    older = optuna.trial.create_trial(
+        params={**stored.params, DRAFT: full.high},
+        distributions={
+            **stored.distributions,
+            DRAFT: optuna.distributions.IntDistribution(full.low, full.high),
+        },
+        value=1.0,
+    )
+    assert space.suggest(older).params[DRAFT] == full.high
 
 
 def test_fixed_trial_with_topk_one_needs_no_draft_tokens() -> None:

@@ -210,7 +210,7 @@ def test_joint_best_beats_every_single_group_by_ten_percent(landscape: Landscape
         print(f"{label:<34} {tok_s:7.1f}  {_describe(config)}")
     print(
         f"joint / best single group = {joint / best_group:.3f}; verify all-reduces at batch 4: "
-        f"{joint_verify * 1e3:.1f} ms ({joint_node.nccl_link()[0]}) vs {default_eagle * 1e3:.1f} ms "
+        f"{joint_verify * 1e3:.1f} ms ({joint_node.nccl.link()[0]}) vs {default_eagle * 1e3:.1f} ms "
         f"with default NCCL; {landscape.evaluations} launches predicted"
     )
 

@@ -301,7 +301,7 @@ def test_prefill_graphs_capture_second_and_fail_with_their_own_text(
 def test_nccl_p2p_puts_buffers_on_the_gpu(seed_hw: HardwareProfile, kimi: ModelProfile) -> None:
     shm = node(seed_hw, kimi, TP8)
     p2p = node(seed_hw, kimi, TP8, {"NCCL_P2P_LEVEL": "SYS"})
-    assert shm.nccl_link()[0] == "shm" and p2p.nccl_link()[0] == "p2p"
+    assert shm.nccl.link()[0] == "shm" and p2p.nccl.link()[0] == "p2p"
     assert p2p.plan.nccl_gb > shm.plan.nccl_gb
     assert p2p.plan.kv_tokens < shm.plan.kv_tokens
     # nccl.md: about 9 MiB per channel per peer with LL128; PCIe has no LL128, and 16 channels of rings
@@ -332,7 +332,7 @@ def test_nccl_buffsize_and_channels_move_gpu_memory(seed_hw: HardwareProfile, ki
 
 
 def _nccl_gib(hw: HardwareProfile, model: ModelProfile, env: Mapping[str, str]) -> float:
-    return node(hw, model, ["--tp-size", "2"], env).nccl_memory_gb() * GB / GIB
+    return node(hw, model, ["--tp-size", "2"], env).nccl.memory_gb() * GB / GIB
 
 
 def test_fewer_channels_free_memory_on_the_scale_measured_on_h200(
@@ -347,7 +347,7 @@ def test_fewer_channels_free_memory_on_the_scale_measured_on_h200(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="model bug: NodeModel.nccl_memory_gb charges NCCL_BUFFSIZE on 4 connections per channel "
+    reason="model bug: NcclModel.memory_gb charges NCCL_BUFFSIZE on 4 connections per channel "
     "(ring send/recv + tree up/down): 32 channels x 64 MiB adds ~7.8 GiB where nccl.md measured +1.97 GiB "
     "(about one buffer per channel)",
 )
@@ -437,11 +437,11 @@ def test_tree_width_needs_draft_tokens_to_verify_it(
 def test_nccl_transport_on_the_seed_node(
     seed_hw: HardwareProfile, kimi: ModelProfile, env: dict[str, str], transport: str
 ) -> None:
-    assert node(seed_hw, kimi, TP8, env).nccl_link()[0] == transport
+    assert node(seed_hw, kimi, TP8, env).nccl.link()[0] == transport
 
 
 def test_nccl_uses_p2p_over_nvlink_by_default(h200: HardwareProfile, llama: ModelProfile) -> None:
-    assert node(h200, llama, TP8).nccl_link()[0] == "p2p"
+    assert node(h200, llama, TP8).nccl.link()[0] == "p2p"
 
 
 def test_slower_transports_slow_the_verify_pass(seed_hw: HardwareProfile, kimi: ModelProfile) -> None:
@@ -458,7 +458,7 @@ def test_slower_transports_slow_the_verify_pass(seed_hw: HardwareProfile, kimi: 
 def test_unknown_p2p_level_is_ignored(seed_hw: HardwareProfile, kimi: ModelProfile, level: str) -> None:
     n = node(seed_hw, kimi, TP8, {"NCCL_P2P_LEVEL": level})
     assert n.settings.nccl.p2p_level is None
-    assert n.nccl_link()[0] == "shm"
+    assert n.nccl.link()[0] == "shm"
     assert n.plan == node(seed_hw, kimi, TP8).plan
 
 
@@ -470,7 +470,7 @@ def test_non_numeric_nccl_numbers_become_zero_and_mean_unset(
     for name in ("NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_BUFFSIZE"):
         p = predict(seed_hw, kimi, TP8, {**p2p, name: "abc"})  # strtoll("abc") == 0
         assert p.failure_phase is None
-        assert p.node.nccl_channels() == seed_hw.nccl_default_channels
+        assert p.node.nccl.channels() == seed_hw.nccl_default_channels
         assert p.node.settings.nccl.buffsize == 4 * MIB
         assert p.plan == default.plan
         assert p.output_throughput == default.output_throughput
@@ -483,7 +483,7 @@ def test_out_of_range_channel_counts_are_clamped(
     seed_hw: HardwareProfile, kimi: ModelProfile, value: str, channels: int
 ) -> None:
     n = node(seed_hw, kimi, TP8, {"NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": value})
-    assert n.nccl_channels() == channels
+    assert n.nccl.channels() == channels
     assert n.startup_failure is None
 
 

@@ -64,3 +64,76 @@ def test_addresses_and_env_names_have_one_rule_each() -> None:
     assert [is_env_name(n) for n in ("NCCL_ALGO", "_X1", "1X", "A-B", "A\n", "")] == [True, True] + [
         False
     ] * 4
+
+
+def _study(direction: str = "maximize") -> optuna.Study:
+    return optuna.create_study(direction=direction)
+
+
+def _add(study: optuna.Study, x: object, value: float | None, **attrs: object) -> None:
+    """A trial of config `x` ({} for the baseline, which sets no parameter)."""
+    params = {} if x is None else {"x": x}
+    distributions = {} if x is None else {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, True])}
+    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
+    study.add_trial(
+        create_trial(state=state, value=value, params=params, distributions=distributions, user_attrs=attrs)
+    )
+
+
+def test_the_best_trial_is_the_best_single_measurement_until_a_config_is_measured_again() -> None:
+    from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
+    from autotune.study.rules import best_trial
+
+    study = _study()
+    _add(study, None, 5.0, **{BASELINE_ATTR: True})
+    _add(study, 1, 9.0)  # trial 1: the best single measurement
+    _add(study, 2, 8.0)
+    _add(study, 2, 7.6)  # proposed again by chance: one more draw, not a re-measurement
+    best = best_trial(study)
+    assert best is not None and best.number == 1
+    _add(study, 2, 7.7, **{REMEASURE_OF_ATTR: 2})  # re-measured: a mean of 7.77, the only reliable one
+    best = best_trial(study)
+    assert best is not None and best.number == 2
+    _add(study, 3, 9.5)  # better once, but not measured again
+    best = best_trial(study)
+    assert best is not None and best.number == 2
+
+
+def test_a_config_that_failed_once_is_not_the_best_however_good_its_mean() -> None:
+    from autotune.study.records import REMEASURE_OF_ATTR
+    from autotune.study.rules import best_trial
+
+    study = _study("minimize")
+    _add(study, 1, 3.0)  # trial 0
+    _add(study, 2, 2.0)  # trial 1: lower is better
+    _add(study, 2, 2.2, **{REMEASURE_OF_ATTR: 1})
+    _add(study, 2, None, **{REMEASURE_OF_ATTR: 1})  # failed when measured again: unreliable
+    _add(study, 1, 3.4, **{REMEASURE_OF_ATTR: 0})
+    best = best_trial(study)
+    assert best is not None and best.number == 0
+
+
+def test_the_best_among_chosen_trials_and_none_for_several_objectives() -> None:
+    from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
+    from autotune.study.rules import best_trial
+
+    study = _study()
+    _add(study, None, 9.0, **{BASELINE_ATTR: True})  # the baseline is the best config by its mean
+    _add(study, 1, 8.0)
+    _add(study, None, 9.2, **{BASELINE_ATTR: True, REMEASURE_OF_ATTR: 0})
+    _add(study, 1, 8.2, **{REMEASURE_OF_ATTR: 1})
+    _add(study, True, 8.9)  # True is not the config 1
+    best = best_trial(study)
+    assert best is not None and best.number == 0
+    # The sampler moves from a trial that sets parameters: it asks among those.
+    with_params = best_trial(study, [t for t in study.trials if t.params])
+    assert with_params is not None and with_params.number == 1
+    assert best_trial(optuna.create_study(directions=["maximize", "minimize"])) is None
+    assert best_trial(_study()) is None
+
+
+def test_configs_compare_with_their_types() -> None:
+    from autotune.study.rules import config_key
+
+    assert config_key({"a": 1, "b": None}) == config_key({"b": None, "a": 1})
+    assert config_key({"a": True}) != config_key({"a": 1})

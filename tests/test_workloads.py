@@ -39,7 +39,7 @@ from autotune.measure.workloads import TOKEN_IDS, arrival_offsets, load_prompts,
 from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability
-from autotune.study.loop import measurement_metrics
+from autotune.tracking.tracker import measurement_metrics
 from tests.builders import StudyFiles
 from tests.test_node import request as node_request
 from tests.test_objectives import BENCH_SERVING_LINE

@@ -14,7 +14,7 @@ from autotune.config.search_space import (
 from autotune.config.study import (
     DEFAULT_NEVER_LAUNCH_ENV,
     DEFAULT_NEVER_LAUNCH_FLAGS,
-    SAMPLERS,
+    SAMPLER_NAMES,
     Budget,
     NeverLaunch,
     NodeSpec,
@@ -30,7 +30,7 @@ __all__ = [
     "DEFAULT_NEVER_LAUNCH_ENV",
     "DEFAULT_NEVER_LAUNCH_FLAGS",
     "METRICS",
-    "SAMPLERS",
+    "SAMPLER_NAMES",
     "Budget",
     "NeverLaunch",
     "NodeSpec",

@@ -12,13 +12,15 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic.dataclasses import is_pydantic_dataclass
+from pydantic.fields import FieldInfo
 
-from autotune.errors import ConfigError, did_you_mean
+from autotune.errors import RULE_ERROR, ConfigError, did_you_mean
+from autotune.errors import rule_error as rule_error  # the config's models raise it from here
 from autotune.trial.launch import ENV_NAME
 
-# The error type of the rules autotune's own validators raise (see `rule_error`).
-RULE_ERROR = "autotune_rule"
+# What pydantic calls a key the model does not have: in a model, and in a pydantic dataclass.
+_UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
 
 
 class _Missing:
@@ -150,11 +152,6 @@ def _top_level_fix() -> str:
     return "Write 'key: value' lines at the top level."
 
 
-def rule_error(problem: str, *, loc: tuple[str | int, ...] = (), value: Any = MISSING, fix: str) -> Exception:
-    """An error for a validator to raise: `loc` is relative to the raising model."""
-    return PydanticCustomError(RULE_ERROR, problem, {"loc": loc, "value": value, "fix": fix})
-
-
 def config_error_from_validation(
     path: Path | str, error: ValidationError, model: type[BaseModel], *, prefix: tuple[str | int, ...] = ()
 ) -> ConfigError:
@@ -165,7 +162,7 @@ def config_error_from_validation(
         # A misspelled key shows up as "missing" plus "unknown key" beside it; the latter says more.
         parent = tuple(first["loc"])[:-1]
         first = next(
-            (e for e in errors if e["type"] == "extra_forbidden" and tuple(e["loc"])[:-1] == parent), first
+            (e for e in errors if e["type"] in _UNKNOWN_KEY and tuple(e["loc"])[:-1] == parent), first
         )
     loc = tuple(first["loc"])
     ctx = first.get("ctx") or {}
@@ -178,7 +175,7 @@ def config_error_from_validation(
         field_loc += list(ctx.get("loc", ()))
         value = ctx.get("value", MISSING)
         problem, fix = first["msg"], str(ctx.get("fix", ""))
-    elif kind == "extra_forbidden":
+    elif kind in _UNKNOWN_KEY:
         key = str(loc[-1])
         allowed = sorted(walked.parent_fields)
         value = key
@@ -223,6 +220,7 @@ def _plain_problem(kind: str, ctx: Mapping[str, Any], msg: str) -> tuple[str, st
         "string": ("must be a string", "Write a string (quote it if YAML reads it as something else)."),
         "dict": ("must be a mapping", "Write 'key: value' entries under it."),
         "model": ("must be a mapping", "Write 'key: value' entries under it."),
+        "dataclass": ("must be a mapping", "Write 'key: value' entries under it."),
         "list": ("must be a list", "Write a list such as [a, b]."),
     }
     for prefix, answer in table.items():
@@ -260,7 +258,7 @@ def _walk(model: type[BaseModel], loc: tuple[str | int, ...]) -> _Walk:
             continue
         out.loc.append(part)
         if len(members) == 1:
-            fields = members[0].model_fields
+            fields = _fields(members[0])
             out.parent_fields = [f.alias or name for name, f in fields.items()]
             field = fields.get(str(part)) or next((f for f in fields.values() if f.alias == part), None)
             annotation = field.annotation if field is not None else None
@@ -293,16 +291,27 @@ def _unwrap(annotation: Any) -> Any:
             return annotation
 
 
-def _model_members(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _is_model(annotation: Any) -> bool:
+    """A pydantic model, or a pydantic dataclass (the wire types of autotune.measure are)."""
+    return isinstance(annotation, type) and (
+        issubclass(annotation, BaseModel) or is_pydantic_dataclass(annotation)
+    )
+
+
+def _fields(model: Any) -> dict[str, FieldInfo]:
+    return dict(model.model_fields if issubclass(model, BaseModel) else model.__pydantic_fields__)
+
+
+def _model_members(annotation: Any) -> list[Any]:
+    if _is_model(annotation):
         return [annotation]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return [a for a in typing.get_args(annotation) if _is_model(a)]
     return []
 
 
-def _tags_of(model: type[BaseModel]) -> list[str]:
-    field = model.model_fields.get("type")
+def _tags_of(model: Any) -> list[str]:
+    field = _fields(model).get("type")
     if field is None or typing.get_origin(field.annotation) is not typing.Literal:
         return []
     return [str(a) for a in typing.get_args(field.annotation)]

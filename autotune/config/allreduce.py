@@ -8,13 +8,12 @@ the job measures.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from autotune.config._yaml import rule_error
+from autotune.measure.metrics import ALLREDUCE_METRICS
 from autotune.measure.nccl import DTYPE_BYTES, BenchSettings, Message, parse_size
 
 if TYPE_CHECKING:
@@ -24,15 +23,6 @@ __all__ = ["ALLREDUCE_METRICS", "OBJECTIVE_KINDS", "AllReduce", "check_kind"]
 
 ObjectiveKind = Literal["serving", "nccl_allreduce"]
 OBJECTIVE_KINDS: tuple[str, ...] = ("serving", "nccl_allreduce")
-
-# What an all-reduce trial reports (autotune.measure.nccl), each with the direction that means "better".
-ALLREDUCE_METRICS: Mapping[str, Literal["minimize"]] = MappingProxyType(
-    {
-        "allreduce_us": "minimize",  # us per all-reduce, the messages' weighted mean
-        "nccl_memory_mib": "minimize",  # GPU memory NCCL took on the hungriest rank
-        "gpu_used_mib": "minimize",  # all GPU memory in use after warm-up, CUDA context included
-    }
-)
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 

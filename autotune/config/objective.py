@@ -9,9 +9,8 @@ again (`remeasure`) so that its answer is a mean with a confidence interval, not
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -25,33 +24,13 @@ from pydantic import (
 )
 
 from autotune.config._yaml import config_error_from_validation, load_yaml, rule_error
-from autotune.config.allreduce import ALLREDUCE_METRICS, AllReduce, ObjectiveKind, check_kind
+from autotune.config.allreduce import AllReduce, ObjectiveKind, check_kind
 from autotune.errors import ConfigError, did_you_mean
-from autotune.measure.workloads import load_prompts
+from autotune.measure.metrics import CATALOGUE, OBJECTIVE_METRICS, Direction
+from autotune.measure.workloads import Workload, load_prompts
 
-Direction = Literal["maximize", "minimize"]
-
-# The BenchmarkResult fields an objective can use, each with the direction that means "better".
-METRICS: Mapping[str, Direction] = MappingProxyType(
-    {
-        "output_throughput": "maximize",
-        "request_throughput": "maximize",
-        "mean_ttft_ms": "minimize",
-        "p50_ttft_ms": "minimize",
-        "p99_ttft_ms": "minimize",
-        "mean_itl_ms": "minimize",
-        "p50_itl_ms": "minimize",
-        "p99_itl_ms": "minimize",
-        "p50_e2e_latency_ms": "minimize",
-        "p99_e2e_latency_ms": "minimize",
-        # With workload.slo: good requests per second, and the share of requests that were good.
-        "request_goodput": "maximize",
-        "slo_attainment": "maximize",
-        # With load_search: the highest request rate (or concurrency) at which the SLO held.
-        "max_load": "maximize",
-        **ALLREDUCE_METRICS,  # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce)
-    }
-)
+# The metrics an objective can use, each with the direction that means "better" (the one catalogue).
+METRICS = OBJECTIVE_METRICS
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
@@ -63,57 +42,6 @@ def _check_metric(metric: str, loc: tuple[str | int, ...] = ()) -> str:
             "unknown metric", loc=loc, value=metric, fix=f"{hint} Metrics: {', '.join(METRICS)}.".strip()
         )
     return metric
-
-
-class Slo(BaseModel):
-    """Per-request limits in milliseconds (SGLang 0.5.23's `bench_serving --goodput` keys): time to first
-    token, time per output token after the first (a request's mean inter-token latency), end-to-end."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ttft_ms: Annotated[float, Field(gt=0)] | None = None
-    tpot_ms: Annotated[float, Field(gt=0)] | None = None
-    e2el_ms: Annotated[float, Field(gt=0)] | None = None
-
-    @model_validator(mode="after")
-    def _one_limit(self) -> Slo:
-        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
-            raise rule_error("an SLO needs a limit", value={}, fix="Set ttft_ms, tpot_ms or e2el_ms.")
-        return self
-
-
-class Workload(BaseModel):
-    """The benchmark each trial runs: random prompts of fixed lengths at a fixed concurrency, or a prompts
-    file, length distributions and an arrival rate (autotune.measure.workloads), with an SLO for goodput."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    num_prompts: PositiveInt
-    input_len: PositiveInt
-    output_len: PositiveInt
-    concurrency: PositiveInt  # the most requests in flight (with request_rate too, as --max-concurrency)
-    warmup_requests: PositiveInt = 1
-    prompts: Annotated[str, Field(min_length=1)] | None = (
-        None  # JSONL or ShareGPT JSON; relative: to this file
-    )
-    prompts_format: Literal["auto", "jsonl", "sharegpt"] = "auto"
-    # fixed: input_len/output_len; uniform: in [len * range_ratio, len]; file: the prompts file's output_len.
-    lengths: Literal["fixed", "uniform", "file"] = "fixed"
-    range_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
-    request_rate: Annotated[float, Field(gt=0)] | None = None  # requests/s; None: all at once
-    burstiness: Annotated[float, Field(gt=0)] = 1.0  # gamma shape of the gaps; 1.0 Poisson
-    slo: Slo | None = None
-
-    @model_validator(mode="after")
-    def _lengths_from_file(self) -> Workload:
-        if self.lengths == "file" and self.prompts is None:
-            raise rule_error(
-                "lengths from the file need a prompts file",
-                loc=("lengths",),
-                value=self.lengths,
-                fix="Set workload.prompts, or use lengths: fixed | uniform.",
-            )
-        return self
 
 
 class LoadSearch(BaseModel):
@@ -347,7 +275,7 @@ class Objective(BaseModel):
     def _workload_rules(self) -> None:
         """The SLO, goodput and load-search rules: one place for what each needs."""
         workload, search = self.workload, self.load_search
-        slo_metrics = [m for m in self.metrics if m in ("request_goodput", "slo_attainment", "max_load")]
+        slo_metrics = [m for m in self.metrics if CATALOGUE[m].needs_slo]
         if workload is not None and workload.slo is None and (slo_metrics or search is not None):
             raise rule_error(
                 f"{(slo_metrics or ['load_search'])[0]} counts the requests that met an SLO, and none is set",
@@ -483,7 +411,7 @@ def parse_objective(data: Mapping[str, Any], path: Path | str = "<objective>") -
         prompts = Path(workload.prompts).expanduser()
         if not prompts.is_absolute() and str(path) != "<objective>":
             prompts = Path(path).parent / prompts
-        objective.workload = workload.model_copy(update={"prompts": str(prompts.resolve())})
+        objective.workload = replace(workload, prompts=str(prompts.resolve()))
         try:
             load_prompts(objective.workload.prompts, workload.prompts_format)
         except ConfigError as exc:

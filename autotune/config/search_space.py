@@ -1,20 +1,20 @@
 """The search space: which NCCL env vars and SGLang flags a study tunes, their ranges and conditions.
 
 A parameter's key is what it sets: an env var (`kind: nccl`) or a `--flag` (`kind: sglang` or `speculative`),
-and Optuna records it under that same name. `SearchSpace.suggest` turns an Optuna trial into a
-`TrialConfig`, applying each parameter's `when` condition and SGLang's own rules (`SpeculativeRules`).
+and Optuna records it under that same name. `SearchSpace.suggest` turns a `Proposer` (an Optuna trial)
+into a `TrialConfig`, applying each parameter's `when` condition and SGLang's own rules (`SpeculativeRules`).
+This module names no sampler: Optuna stays on the study's side, and node actors read study files without it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-import optuna
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -42,6 +42,23 @@ MANAGED_FLAGS = {
 }
 
 Kind = Literal["nccl", "sglang", "speculative"]
+
+
+class Proposer(Protocol):
+    """What proposes each parameter's value: an Optuna trial (a live `Trial`, a `FixedTrial`, or a stored
+    `FrozenTrial` to rebuild a past trial), or anything with the same methods. `params`: the values it holds
+    already (a stored trial's; a live trial's so far)."""
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
 
 def same_value(a: object, b: object) -> bool:
@@ -103,7 +120,7 @@ class _Parameter(BaseModel):
         """Its values, for messages."""
         raise NotImplementedError
 
-    def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
+    def suggest(self, name: str, trial: Proposer) -> object:
         raise NotImplementedError
 
 
@@ -173,14 +190,15 @@ class IntParameter(_Parameter):
     def describe(self) -> str:
         return f"integers {self.low}..{self.high}"
 
-    def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
+    def suggest(self, name: str, trial: Proposer) -> object:
         return trial.suggest_int(name, self.low, self.high, step=self.step or 1, log=self.log)
 
-    def suggest_at_most(self, name: str, trial: optuna.trial.BaseTrial, high: int) -> object:
-        """Suggest within low..min(high, `high`); a stored trial is rebuilt as it ran, in the full range."""
+    def suggest_at_most(self, name: str, trial: Proposer, high: int) -> object:
+        """Suggest within low..min(high, `high`); a stored trial, which holds the value already, is rebuilt
+        as it ran, in the full range (it may have run before the rule narrowed it)."""
         step = self.step or 1
         top = self.low + (min(self.high, high) - self.low) // step * step
-        if isinstance(trial, optuna.trial.FrozenTrial) or top < self.low:
+        if name in trial.params or top < self.low:
             return self.suggest(name, trial)
         return trial.suggest_int(name, self.low, top, step=step, log=self.log)
 
@@ -213,7 +231,7 @@ class FloatParameter(_Parameter):
     def describe(self) -> str:
         return f"numbers {self.low}..{self.high}"
 
-    def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
+    def suggest(self, name: str, trial: Proposer) -> object:
         value = trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
         if self.step is None:
             return value
@@ -261,7 +279,7 @@ class CategoricalParameter(_Parameter):
     def describe(self) -> str:
         return "one of " + ", ".join("null" if c is None else str(c) for c in self.choices)
 
-    def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
+    def suggest(self, name: str, trial: Proposer) -> object:
         return trial.suggest_categorical(name, tuple(self.choices))
 
 
@@ -279,7 +297,7 @@ class BoolParameter(_Parameter):
     def describe(self) -> str:
         return "true or false"
 
-    def suggest(self, name: str, trial: optuna.trial.BaseTrial) -> object:
+    def suggest(self, name: str, trial: Proposer) -> object:
         return trial.suggest_categorical(name, (False, True))
 
 
@@ -544,7 +562,7 @@ def _check_condition(
 
 
 class SearchSpace:
-    """A loaded search space: turns Optuna trials into `TrialConfig`s."""
+    """A loaded search space: turns proposals (Optuna trials) into `TrialConfig`s."""
 
     def __init__(self, spec: SearchSpaceFile, path: Path | str = "<search space>") -> None:
         self.spec = spec
@@ -561,7 +579,7 @@ class SearchSpace:
     def __contains__(self, name: object) -> bool:
         return name in self.spec.parameters
 
-    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialConfig:
+    def suggest(self, trial: Proposer) -> TrialConfig:
         """Ask `trial` for each active parameter and build the TrialConfig.
 
         Works with a live `Trial`, a `FixedTrial`, or a stored `FrozenTrial` (to rebuild a past trial).

@@ -10,12 +10,11 @@ import importlib.util
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import optuna
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,7 +26,7 @@ from pydantic import (
 )
 
 from autotune.config._yaml import config_error_from_validation, expand_env_references, load_yaml, rule_error
-from autotune.config.hosts import is_loopback
+from autotune.config.hosts import AddressError, is_loopback, parse_ssh_address
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
     FLAG_NAME,
@@ -40,7 +39,6 @@ from autotune.config.search_space import (
 )
 from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
-from autotune.study import samplers
 from autotune.trial.launch import (
     AUTO_PORT,
     ServerLaunch,
@@ -62,14 +60,8 @@ DEFAULT_NEVER_LAUNCH_FLAGS: tuple[str, ...] = ("--enable-nccl-nvls", "--enable-s
 # The command a job objective's trial runs when `server.command` is not set (python3: the node's Python).
 JOB_COMMANDS: Mapping[str, tuple[str, ...]] = {"nccl_allreduce": ("python3", "-m", "autotune.measure.nccl")}
 
-SAMPLERS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
-    # Looked up when a sampler is built: autotune.study.samplers imports this package (the speculative rules).
-    "tpe": lambda seed: samplers.tpe(seed),  # TPE near SGLang's defaults, with moves and repairs
-    "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-    "gp": lambda seed: samplers.gp(seed),  # needs PyTorch
-    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
-}
+# The samplers a study file may name; autotune.study.samplers.SAMPLERS builds each (a test checks they agree).
+SAMPLER_NAMES: tuple[str, ...] = ("tpe", "tpe-plain", "random", "gp", "nsga2")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -105,8 +97,6 @@ class NodeSpec(BaseModel):
         if address == "local":
             return address
         if address.startswith("ssh:"):
-            from autotune.node.ssh import AddressError, parse_ssh_address
-
             try:
                 parse_ssh_address(address)
             except AddressError as exc:
@@ -248,7 +238,7 @@ class Budget(BaseModel):
 
 
 class SamplerSpec(BaseModel):
-    """Which Optuna sampler proposes trials."""
+    """Which Optuna sampler proposes trials (`autotune.study.samplers.build` makes it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -258,10 +248,10 @@ class SamplerSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        if name not in SAMPLERS:
-            hint = did_you_mean(name, SAMPLERS).strip()
+        if name not in SAMPLER_NAMES:
+            hint = did_you_mean(name, SAMPLER_NAMES).strip()
             raise rule_error(
-                "unknown sampler", value=name, fix=f"{hint} Samplers: {', '.join(SAMPLERS)}.".strip()
+                "unknown sampler", value=name, fix=f"{hint} Samplers: {', '.join(SAMPLER_NAMES)}.".strip()
             )
         if name == "gp" and importlib.util.find_spec("torch") is None:
             # Optuna imports it at the first proposal after the start: fail now, not trials into a study.
@@ -271,10 +261,6 @@ class SamplerSpec(BaseModel):
                 fix="Install it (pip install torch; the CPU build is enough) or use sampler tpe.",
             )
         return name
-
-    def build(self) -> optuna.samplers.BaseSampler:
-        """A new sampler of this kind and seed."""
-        return SAMPLERS[self.name](self.seed)
 
 
 class Timeouts(BaseModel):
@@ -600,8 +586,6 @@ def _resolve_node_files(path: Path, file: StudyFile, study_dir: Path) -> StudyFi
         if not node.is_ssh:
             nodes.append(node)
             continue
-        from autotune.node.ssh import parse_ssh_address
-
         where = f"nodes[{index}]"
         update: dict[str, str] = {}
         if node.key_file is not None:

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from autotune.errors import AutotuneError
-from autotune.measure.workloads import Lengths, PromptsFormat, Request, arrival_offsets, requests_for
+from autotune.measure.workloads import Request, Slo, Workload, arrival_offsets, requests_for
 
 __all__ = [
     "SSE_DONE",
@@ -66,61 +66,6 @@ class BenchmarkError(AutotuneError):
             f"benchmark {reason} ({completed} completed, {failed} failed, {unfinished} unfinished); "
             f"first error: {first_error or 'none'}"
         )
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Per-request latency limits in server milliseconds; a request that meets every one set is good.
-
-    SGLang 0.5.23's `bench_serving --goodput ttft:MS tpot:MS e2el:MS` (sglang/benchmark/goodput.py): TPOT is
-    a request's (latency - TTFT) / (output tokens - 1), its mean inter-token latency.
-    """
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-    def met(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> bool:
-        return all(
-            limit is None or observed <= limit
-            for limit, observed in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2el_ms, e2el_ms))
-        )
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and
-    `output_len` output tokens, `concurrency` in flight at once, after `warmup_requests` uncounted ones.
-
-    Or the prompts of the file `prompts`, lengths `fixed`, `uniform` (in [length * range_ratio, length]) or
-    from the file, sent at `request_rate` per server second (gamma gaps of shape `burstiness`; None: all at
-    once). With `slo`, the result's goodput counts the requests that met it (`autotune.measure.workloads`).
-    """
-
-    num_prompts: int
-    input_len: int
-    output_len: int
-    concurrency: int
-    warmup_requests: int = 1
-    prompts: str | None = None
-    prompts_format: PromptsFormat = "auto"
-    lengths: Lengths = "fixed"
-    range_ratio: float = 0.5
-    request_rate: float | None = None
-    burstiness: float = 1.0
-    slo: Slo | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.slo, dict):  # from JSON or the objective's model_dump
-            object.__setattr__(self, "slo", Slo(**self.slo))
-        for name in ("num_prompts", "input_len", "output_len", "concurrency"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name} >= 1` must hold, but got ({name}={value!r}).")
-        if not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
-            raise ValueError(
-                f"`warmup_requests >= 0` must hold, but got (warmup_requests={self.warmup_requests!r})."
-            )
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ async def search_load(
         assert load is not None
         workload = plan.at(base, load)
         if index:
-            workload = replace(workload, warmup_requests=0)  # the launch's first step warmed the server up
+            workload = workload.on_warm_server()
         try:
             result = await measure(workload, index)
         except BenchmarkError as exc:

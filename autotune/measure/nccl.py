@@ -30,9 +30,10 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
 
+from autotune.errors import AutotuneError
 from autotune.measure.stats import MeanCI, mean_ci, t_quantile
 from autotune.node.job import result_line
 
@@ -124,17 +125,21 @@ def parse_messages(text: str) -> tuple[Message, ...]:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """What one run of the benchmark measures, and how; `to_argv` and `from_argv` are inverses."""
+    """What one run of the benchmark measures, and how; `to_argv` and `from_argv` are inverses, and each
+    setting's option, default and help are written once, here."""
 
+    # Each setting's help; its option is `--name-with-dashes` unless the metadata names another.
     messages: tuple[Message, ...]
-    gpus: int = 2
-    dtype: str = "bfloat16"
-    graph_iters: int = 100  # all-reduces captured in one CUDA graph
-    replays: int = 20  # graph replays timed together: one sample
-    repeats: int = 10  # samples per size: the interval's n
-    warmup: int = 20  # eager all-reduces per size before capture
-    capture_timeout_s: float = 60.0
-    timing: Timing = "graph"
+    gpus: int = field(default=2, metadata={"help": "processes, one per GPU"})
+    dtype: str = field(default="bfloat16", metadata={"help": "the all-reduced tensors' dtype"})
+    graph_iters: int = field(default=100, metadata={"help": "all-reduces captured in one CUDA graph"})
+    replays: int = field(default=20, metadata={"help": "graph replays timed together: one sample"})
+    repeats: int = field(default=10, metadata={"help": "samples per message size: the interval's n"})
+    warmup: int = field(default=20, metadata={"help": "eager all-reduces per size before capture"})
+    capture_timeout_s: float = field(
+        default=60.0, metadata={"help": "seconds for graph capture", "option": "--capture-timeout"}
+    )
+    timing: Timing = field(default="graph", metadata={"help": "CUDA-graph replay, or an eager launch each"})
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -156,17 +161,11 @@ class BenchSettings:
                 )
 
     def to_argv(self) -> list[str]:
-        return [
-            "--messages", ",".join(m.spec() for m in self.messages),
-            "--gpus", str(self.gpus),
-            "--dtype", self.dtype,
-            "--graph-iters", str(self.graph_iters),
-            "--replays", str(self.replays),
-            "--repeats", str(self.repeats),
-            "--warmup", str(self.warmup),
-            "--capture-timeout", f"{self.capture_timeout_s:g}",
-            "--timing", self.timing,
-        ]  # fmt: skip
+        argv = ["--messages", ",".join(m.spec() for m in self.messages)]
+        for setting in _SETTINGS:
+            value = getattr(self, setting.name)
+            argv += [_option(setting), f"{value:g}" if isinstance(value, float) else str(value)]
+        return argv
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> BenchSettings:
@@ -174,19 +173,18 @@ class BenchSettings:
         parser = _parser()
         args = parser.parse_args(argv)
         try:
-            return cls(
-                messages=parse_messages(args.messages),
-                gpus=args.gpus,
-                dtype=args.dtype,
-                graph_iters=args.graph_iters,
-                replays=args.replays,
-                repeats=args.repeats,
-                warmup=args.warmup,
-                capture_timeout_s=args.capture_timeout,
-                timing=args.timing,
-            )
+            values = {setting.name: getattr(args, setting.name) for setting in _SETTINGS}
+            return cls(messages=parse_messages(args.messages), **values)
         except ValueError as exc:
             parser.error(str(exc))
+
+
+_SETTINGS = [f for f in fields(BenchSettings) if f.name != "messages"]
+_CHOICES: Mapping[str, Sequence[str]] = {"dtype": sorted(DTYPE_BYTES), "timing": get_args(Timing)}
+
+
+def _option(setting: Field[Any]) -> str:
+    return str(setting.metadata.get("option") or "--" + setting.name.replace("_", "-"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -194,14 +192,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m autotune.measure.nccl", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--messages", required=True, help="SIZE[:WEIGHT],... e.g. 42K:122,14K:0")
-    parser.add_argument("--gpus", type=int, default=2, help="processes, one per GPU (default 2)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
-    parser.add_argument("--graph-iters", type=int, default=100, help="all-reduces per CUDA graph")
-    parser.add_argument("--replays", type=int, default=20, help="graph replays per sample")
-    parser.add_argument("--repeats", type=int, default=10, help="samples per message size")
-    parser.add_argument("--warmup", type=int, default=20, help="eager all-reduces per size first")
-    parser.add_argument("--capture-timeout", type=float, default=60.0, help="seconds for graph capture")
-    parser.add_argument("--timing", choices=("graph", "eager"), default="graph")
+    for setting in _SETTINGS:
+        parser.add_argument(
+            _option(setting),
+            dest=setting.name,
+            type=type(setting.default),
+            default=setting.default,
+            choices=_CHOICES.get(setting.name),
+            help=f"{setting.metadata['help']} (default {setting.default})",
+        )
     return parser
 
 
@@ -280,11 +279,11 @@ def _weighted(parts: Sequence[tuple[float, MeanCI]]) -> MeanCI:
 
 
 # -- the processes ------------------------------------------------------------------------------------------
-class CaptureFailed(Exception):
+class CaptureFailed(AutotuneError):
     """CUDA-graph capture hung past its timeout or failed on a rank: the run is made again eagerly."""
 
 
-class RankFailed(Exception):
+class RankFailed(AutotuneError):
     """A GPU process failed outside capture (its traceback is already in the output)."""
 
 
@@ -390,7 +389,8 @@ def _rank_main(
         nonlocal phase
         phase = name
         progress[rank] = PHASES.index("capture" if name.startswith("capture") else name)
-        print(f"autotune.measure.nccl: rank {rank} +{time.monotonic() - started:.1f}s {name}", file=sys.stderr)
+        elapsed = time.monotonic() - started
+        print(f"autotune.measure.nccl: rank {rank} +{elapsed:.1f}s {name}", file=sys.stderr)
 
     try:
         report = _measure_rank(rank, settings, timing, rendezvous, enter)

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Literal
 
-from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.client import BenchmarkResult
 from autotune.measure.load_search import LoadSearchPlan, search_load
+from autotune.measure.workloads import Workload
 from autotune.study.rules import maximizes
 
 if TYPE_CHECKING:
@@ -105,13 +106,12 @@ def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None =
     if w is None:  # a job objective (autotune.node.job): its launch measures itself
         raise ValueError(f"`workload` must be set for a plan, but objective {objective.name!r} has none.")
     ladder = objective.ladder
-    base = Workload(**w.model_dump())
     levels: list[Workload] = []
     for concurrency in ladder.concurrency if ladder is not None else [w.concurrency]:
         prompts = w.num_prompts
         if ladder is not None and ladder.prompts_per_concurrency is not None:
             prompts = ladder.prompts_per_concurrency * concurrency
-        levels.append(replace(base, num_prompts=prompts, concurrency=concurrency))
+        levels.append(replace(w, num_prompts=prompts, concurrency=concurrency))
     short_levels: tuple[Workload, ...] = ()
     if short and objective.short_first is not None:
         fraction = objective.short_first.fraction
@@ -170,7 +170,7 @@ def combine(results: Sequence[BenchmarkResult], how: Combine, target: int) -> Be
 def _runs(plan: MeasurementPlan) -> list[tuple[str, Workload]]:
     """Every benchmark of the plan in order; only the launch's first run warms the server up."""
     runs = [("short", w) for w in plan.short_levels] + [("full", w) for w in plan.levels]
-    return [(part, w if i == 0 else replace(w, warmup_requests=0)) for i, (part, w) in enumerate(runs)]
+    return [(part, w if i == 0 else w.on_warm_server()) for i, (part, w) in enumerate(runs)]
 
 
 async def run_plan(

@@ -1,8 +1,9 @@
 """`python -m autotune.measure.remote`: the benchmark client as a command, for `benchmark_from: node`.
 
 It runs on the GPU node itself (where the server's port is reachable when the driver cannot reach it),
-prints one JSON object on stdout, `{"result": ...}` or `{"error": ...}`, and exits 0 or 1.
-`result_from_output` turns that output back into a `BenchmarkResult` or a `BenchmarkError` on the driver.
+prints its result line (autotune's one result protocol, `autotune.node.job.result_line`) with
+`{"result": ...}` or `{"error": ...}`, and exits 0 or 1. `result_from_output` turns that output back
+into a `BenchmarkResult` or a `BenchmarkError` on the driver.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from autotune.measure.client import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload, benchmark
+from autotune.node.job import ResultLineError, read_result, result_line
 
 __all__ = ["command", "main", "result_from_output"]
 
@@ -39,13 +41,12 @@ def command(python: str, base_url: str, workload: Workload, timeout_s: float, se
 
 def result_from_output(returncode: int, stdout: str, stderr: str) -> BenchmarkResult:
     """The result the command printed; raises `BenchmarkError` for its error, or when it printed none."""
-    last = next((line for line in reversed(stdout.splitlines()) if line.startswith("{")), "")
     try:
-        data = json.loads(last) if last else {}
-    except ValueError:
+        data = read_result(stdout) or {}
+    except ResultLineError:
         data = {}
     if "result" in data:
-        return BenchmarkResult.from_json(json.dumps(data["result"]))
+        return BenchmarkResult.from_dict(data["result"])
     if "error" in data:
         error = data["error"]
         raise BenchmarkError(
@@ -79,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "unfinished": exc.unfinished,
             "first_error": exc.first_error,
         }
-        print(json.dumps({"error": error}))
+        print(result_line({"error": error}))
         return 1
-    print(json.dumps({"result": json.loads(result.to_json())}))
+    print(result_line({"result": json.loads(result.to_json())}))
     return 0
 
 

@@ -10,6 +10,9 @@ Arrivals are SGLang bench_serving's: every request at once (then `concurrency` b
 at `request_rate` requests per second with gamma-distributed gaps of shape `burstiness` (1.0: Poisson, the
 exponential gaps of bench_serving's `get_request`; below 1 burstier, above 1 more even), still at most
 `concurrency` in flight.
+
+`Workload` is both what a study file's `workload:` section is validated into and what a node receives: one
+type, so one rule for each field (warm-up included: only a launch's first benchmark warms the server up).
 """
 
 from __future__ import annotations
@@ -17,18 +20,21 @@ from __future__ import annotations
 import functools
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Annotated, Literal
 
-from autotune.errors import ConfigError
+from pydantic import ConfigDict, Field, StrictInt, model_validator
+from pydantic import dataclasses as pydantic_dataclasses
 
-if TYPE_CHECKING:
-    from autotune.measure.client import Workload
+from autotune.errors import ConfigError, rule_error
 
 __all__ = [
+    "Lengths",
     "PromptsFormat",
     "Request",
+    "Slo",
+    "Workload",
     "arrival_offsets",
     "load_prompts",
     "prompts_format",
@@ -38,6 +44,81 @@ __all__ = [
 
 PromptsFormat = Literal["auto", "jsonl", "sharegpt"]
 Lengths = Literal["fixed", "uniform", "file"]
+
+_Count = Annotated[StrictInt, Field(gt=0)]
+_Positive = Annotated[float, Field(gt=0)]
+# Validated when built, from a study file or from JSON; unknown keys are errors, as in every study file.
+_STRICT = ConfigDict(extra="forbid")
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
+class Slo:
+    """Per-request latency limits in server milliseconds; a request that meets every one set is good.
+
+    SGLang 0.5.23's `bench_serving --goodput ttft:MS tpot:MS e2el:MS` (sglang/benchmark/goodput.py): time to
+    first token, time per output token after the first (a request's (latency - TTFT) / (output tokens - 1),
+    its mean inter-token latency), end-to-end latency.
+    """
+
+    ttft_ms: _Positive | None = None
+    tpot_ms: _Positive | None = None
+    e2el_ms: _Positive | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> Slo:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
+            raise rule_error("an SLO needs a limit", value={}, fix="Set ttft_ms, tpot_ms or e2el_ms.")
+        return self
+
+    def met(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> bool:
+        return all(
+            limit is None or observed <= limit
+            for limit, observed in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2el_ms, e2el_ms))
+        )
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
+class Workload:
+    """What a benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and `output_len`
+    output tokens, at most `concurrency` in flight, after `warmup_requests` uncounted ones.
+
+    Or the prompts of the file `prompts` (JSONL or ShareGPT JSON; in a study file, relative to it), lengths
+    `fixed`, `uniform` (in [length * range_ratio, length]) or from the file, sent at `request_rate` per
+    server second (gamma gaps of shape `burstiness`, 1.0 Poisson; None: all at once). With `slo`, the
+    result's goodput counts the requests that met it.
+    """
+
+    num_prompts: _Count
+    input_len: _Count
+    output_len: _Count
+    concurrency: _Count  # the most requests in flight (with request_rate too, as --max-concurrency)
+    # Sent before the measured requests, on a fresh launch only (see `on_warm_server`); 0: none.
+    warmup_requests: Annotated[StrictInt, Field(ge=0)] = 1
+    prompts: Annotated[str, Field(min_length=1)] | None = None
+    prompts_format: PromptsFormat = "auto"
+    # fixed: input_len/output_len; uniform: in [len * range_ratio, len]; file: the prompts file's output_len.
+    lengths: Lengths = "fixed"
+    range_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+    request_rate: _Positive | None = None  # requests/s; None: all at once
+    burstiness: _Positive = 1.0
+    slo: Slo | None = None
+
+    @model_validator(mode="after")
+    def _lengths_from_file(self) -> Workload:
+        if self.lengths == "file" and self.prompts is None:
+            raise rule_error(
+                "lengths from the file need a prompts file",
+                loc=("lengths",),
+                value=self.lengths,
+                fix="Set workload.prompts, or use lengths: fixed | uniform.",
+            )
+        return self
+
+    def on_warm_server(self) -> Workload:
+        """This workload for a benchmark after the first on the same launch: the launch's first one warmed
+        the server up, so no warm-up requests."""
+        return replace(self, warmup_requests=0)
+
 
 # Token ids past every common tokenizer's special tokens and inside every modern LLM's vocabulary
 # (the smallest in use, Llama 2's, has 32000 ids).

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import NodeSpec, ServerSpec
-from autotune.config.hosts import reachable_here
+from autotune.config.hosts import parse_ssh_address, reachable_here
 from autotune.config.study import WORKDIR_NAME
 from autotune.measure import remote as remote_benchmark
 from autotune.measure.bench_serving import BenchServingRun
@@ -181,7 +181,8 @@ class TrialExecutor:
         )
         startup_s = time.monotonic() - started
         if outcome.status is StartupStatus.FAILED:
-            process.stop(grace_s=FAILED_GRACE_S)  # it may linger after its fatal line, as the seed's did
+            # It may linger after its fatal line, as the seed's server did (the calibration session, README).
+            process.stop(grace_s=FAILED_GRACE_S)
         if not outcome.ready:
             return self._result(
                 request,
@@ -432,7 +433,8 @@ def runner_for(node: NodeSpec, workdir: Path | None = None) -> CommandRunner:
     """
     if node.address == "local":
         return LocalCommandRunner(Path(workdir) if workdir is not None else None)
-    from autotune.node.ssh import SSHCommandRunner, parse_ssh_address
+    # Fabric only for a node reached over SSH: an actor on the GPU node itself never loads it.
+    from autotune.node.ssh import SSHCommandRunner
 
     remote_dir = node.remote_dir
     if workdir is not None:

@@ -21,12 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from autotune.errors import AutotuneError
+
 __all__ = ["NodeBusy", "lock_path", "node_held"]
 
 _POLL_S = 0.5
 
 
-class NodeBusy(Exception):
+class NodeBusy(AutotuneError):
     """Waiting for the node was given up (the trial was stopped meanwhile)."""
 
 

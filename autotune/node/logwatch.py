@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from autotune.node.runner import ServerProcess
+from autotune.node.runner import ServerProcess, bytes_from
 from autotune.trial.failures import Failure, FailureKind, classify, is_fatal_line
 
 __all__ = [
@@ -43,7 +44,6 @@ _PHASE_OF_MARKER = {"load_weight_begin": "loading", "capture_cuda_graph_begin": 
 _SETTLE_S = 0.8
 # Noticing a fatal line takes at most one poll, then the settle: together under 2 s.
 _MAX_POLL_S = 1.0
-_READ_CHUNK = 1 << 20
 
 
 class LogFollower:
@@ -65,7 +65,7 @@ class LogFollower:
         self.path = Path(path)
         self._offset = offset
         self._partial = b""
-        self._reader = reader or self._read_file
+        self._reader = reader or functools.partial(bytes_from, self.path)
 
     @property
     def offset(self) -> int:
@@ -97,20 +97,6 @@ class LogFollower:
             size, data = self._reader(0)
         self._offset += len(data)
         return data
-
-    def _read_file(self, offset: int) -> tuple[int, bytes]:
-        try:
-            with open(self.path, "rb") as f:
-                size = f.seek(0, 2)
-                if size <= offset:
-                    return size, b""
-                f.seek(offset)
-                chunks = []
-                while chunk := f.read(_READ_CHUNK):
-                    chunks.append(chunk)
-        except FileNotFoundError:
-            return 0, b""
-        return size, b"".join(chunks)
 
 
 def follow_log(process: ServerProcess, *, from_end: bool = False) -> LogFollower:

@@ -79,28 +79,47 @@ class CommandResult:
     stderr: str
 
 
+def bytes_from(path: Path, offset: int) -> tuple[int, bytes]:
+    """A file's size and its bytes from `offset` on; (0, b"") before it exists."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size <= offset:
+                return size, b""
+            f.seek(offset)
+            return size, f.read()
+    except FileNotFoundError:
+        return 0, b""
+
+
 class ServerProcess(ABC):
     """A started server: its process group, its state, its log; `stop()` ends the whole group."""
 
+    def __init__(self, pid: int, log_path: Path, log_offset: int) -> None:
+        self._pid = pid
+        self._log_path = log_path
+        self._log_offset = log_offset
+
     @property
-    @abstractmethod
     def pid(self) -> int:
         """Process id of the launched command (the group leader)."""
+        return self._pid
 
     @property
-    @abstractmethod
     def pgid(self) -> int:
-        """Process group id; every process the server spawns shares it."""
+        """Process group id; every process the server spawns shares it. Every runner starts the command in
+        a session of its own, which makes it the group's leader: the pgid is its pid."""
+        return self._pid
 
     @property
-    @abstractmethod
     def log_path(self) -> Path:
         """The file both stdout and stderr are appended to."""
+        return self._log_path
 
     @property
-    @abstractmethod
     def log_offset(self) -> int:
         """Bytes that were already in `log_path` before this process started."""
+        return self._log_offset
 
     @abstractmethod
     def poll(self) -> int | None:
@@ -121,15 +140,7 @@ class ServerProcess(ABC):
     def read_log_bytes(self, offset: int) -> tuple[int, bytes]:
         """Fetch the log, then return its size and its bytes from `offset` on ((0, b"") before it exists)."""
         self.fetch_log()
-        try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, 2)
-                if size <= offset:
-                    return size, b""
-                f.seek(offset)
-                return size, f.read()
-        except FileNotFoundError:
-            return 0, b""
+        return bytes_from(self.log_path, offset)
 
     def log_size(self) -> int:
         """Fetch the log, then return its size in bytes (0 before it exists)."""
@@ -212,28 +223,9 @@ class LocalServerProcess(ServerProcess):
     log_writer: threading.Thread | None = None  # copies a redacted log; done once the server's output ends
 
     def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, log_offset: int) -> None:
+        super().__init__(popen.pid, log_path, log_offset)  # start_new_session: the group's leader
         self._popen = popen
-        # start_new_session makes the child a session and group leader: pgid == pid.
-        self._pgid = popen.pid
-        self._log_path = log_path
-        self._log_offset = log_offset
         self._stopped = False
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    @property
-    def pgid(self) -> int:
-        return self._pgid
-
-    @property
-    def log_path(self) -> Path:
-        return self._log_path
-
-    @property
-    def log_offset(self) -> int:
-        return self._log_offset
 
     def poll(self) -> int | None:
         code = self._popen.poll()
@@ -268,18 +260,18 @@ class LocalServerProcess(ServerProcess):
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
-            os.killpg(self._pgid, sig)
+            os.killpg(self.pgid, sig)
         except ProcessLookupError:
             pass  # the whole group already exited
 
     def _group_alive(self) -> bool:
         """True while any non-zombie process remains in the group (reaps the leader as a side effect)."""
         self._popen.poll()
-        members = _group_members(self._pgid)
+        members = _group_members(self.pgid)
         if members is not None:
             return bool(members)
         try:
-            os.killpg(self._pgid, 0)
+            os.killpg(self.pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:

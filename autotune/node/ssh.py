@@ -1,4 +1,4 @@
-"""GPU nodes reached over SSH: `ssh://user@host:port` addresses and a Fabric command runner.
+"""GPU nodes reached over SSH: a Fabric command runner (the address is parsed in `autotune.config.hosts`).
 
 `SSHCommandRunner` implements `CommandRunner` for a remote node: the server starts there in its own
 session (`setsid`) with its env exported shell-quoted, writes stdout and stderr to a log on the node, and
@@ -23,17 +23,15 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
 
 import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 from paramiko.config import SSHConfig
 
-from autotune.config.hosts import is_any_address, is_loopback
+from autotune.config.hosts import AddressError, SSHAddress, is_any_address, is_loopback, parse_ssh_address
 from autotune.node.runner import (
     LEFT_BEHIND_GRACE_S,
     SERVER_ID_VAR,
@@ -56,9 +54,6 @@ __all__ = [
     "parse_ssh_address",
 ]
 
-SSH_SCHEME = "ssh"
-# Every server we start carries this env var; a group is only ever signalled after one of its
-# processes shows our id, so a stale pgid that the node reused for something else is left alone.
 RECONNECT_S = 10.0  # how long stopping a server tries to reach the node again before leaving it behind
 KEEPALIVE_S = 10  # a keepalive notices a dead peer where no packet would otherwise be sent
 MAX_PATIENCE_S = 60.0  # the longest a connection waits for a node that did not answer last time
@@ -66,60 +61,6 @@ COMMAND_TIMEOUT_S = 30.0  # poll, start, port checks: a node that needs longer i
 _FETCH_CHUNK = 4 << 20
 # What a broken or closed connection raises somewhere in paramiko, Fabric or invoke.
 _CONNECTION_ERRORS = (OSError, EOFError, paramiko.SSHException, ThreadException)
-
-
-class AddressError(ValueError):
-    """An ssh:// address that cannot be used: `problem` and `fix` fit a one-line config error."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{problem}. {fix}")
-
-
-@dataclass(frozen=True)
-class SSHAddress:
-    """Where a node's sshd listens, and whom to log in as."""
-
-    user: str
-    host: str
-    port: int = 22
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ssh://{self.user}@{host}:{self.port}"
-
-    @property
-    def known_hosts_name(self) -> str:
-        """How OpenSSH (and paramiko) name this host in a known_hosts file."""
-        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-
-    @property
-    def is_loopback(self) -> bool:
-        return is_loopback(self.host)
-
-
-def parse_ssh_address(address: str) -> SSHAddress:
-    """Parse `ssh://user@host[:port]` (port 22 by default); raises `AddressError`."""
-    fix = "Write ssh://user@host:port, e.g. ssh://root@gpu-node-1:22."
-    parts = urlsplit(address)
-    if parts.scheme != SSH_SCHEME:
-        raise AddressError("not an ssh:// address", fix)
-    if parts.password is not None:
-        raise AddressError("a password in the address", "Remove it; log in with key_file instead.")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise AddressError("an ssh:// address has no path, query or fragment", fix)
-    if not parts.hostname:
-        raise AddressError("the address names no host", fix)
-    if not parts.username:
-        raise AddressError("the address names no user to log in as", fix)
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port is not None and not 1 <= port <= 65535:
-        raise AddressError("the port must be a number from 1 to 65535", fix)
-    return SSHAddress(parts.username, parts.hostname, port or 22)
 
 
 # -- scripts run on the node (POSIX sh, awk, setsid) --------------------------------------------------
@@ -309,11 +250,6 @@ class SSHCommandRunner(CommandRunner):
                 raise
         self._failed_connects = 0
         self._stop_left_behind()
-
-    @property
-    def connected(self) -> bool:
-        with self._lock:
-            return self._conn is not None and self._conn.is_connected
 
     def close(self) -> None:
         """Close the connection (servers keep running; stop them first)."""
@@ -691,36 +627,13 @@ class SSHServerProcess(ServerProcess):
         self.server_id = server_id
         self.remote_log = remote_log
         self.status_path = status_path
-        self._pid = pid
-        self._log_path = log_path
-        self._log_offset = log_offset
+        super().__init__(pid, log_path, log_offset)  # setsid: the group's leader
         self._remote_pos = remote_offset
         self._returncode: int | None = None
         self._stopped = False
         self._left_behind = False
         self._stop_lock = threading.Lock()
         self._fetch_lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def pgid(self) -> int:
-        return self._pid  # setsid made the leader a session and group leader
-
-    @property
-    def log_path(self) -> Path:
-        return self._log_path
-
-    @property
-    def log_offset(self) -> int:
-        return self._log_offset
-
-    @property
-    def left_behind(self) -> bool:
-        """True when the node stopped answering before this server could be stopped."""
-        return self._left_behind
 
     def poll(self) -> int | None:
         if self._returncode is not None or self._left_behind:

@@ -47,7 +47,17 @@ class HardwareProfile(_Profile):
     shm: LinkProfile
     socket: LinkProfile
     nccl_default_channels: int = Field(gt=0)
-    kernel_launch_us: float = Field(gt=0, description="host cost of one eager kernel launch")
+    kernel_launch_us: float = Field(gt=0, description="the GPU's wait between two eager kernels")
+    eager_op_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="host time to dispatch one op of an eager forward (Python, PyTorch, the launch); "
+        "0 where it was never measured, so the host never holds the GPU back",
+    )
+    attention_factors: dict[str, float] = Field(
+        default_factory=dict,
+        description="measured attention time over reading the KV once at memory_bandwidth_gbps, by backend",
+    )
     custom_allreduce_us: float = Field(gt=0, description="one custom all-reduce of a small tensor")
     proxy_wait_us: float = Field(
         default=0.0, ge=0, description="an eager all-reduce over shm/socket waiting on NCCL's proxy thread"
@@ -113,6 +123,12 @@ class ModelProfile(_Profile):
     runtime_overhead_gb: float = Field(ge=0, description="workspaces allocated with the weights, per GPU")
     graph_mb_per_bs: float = Field(ge=0, description="CUDA graph pool per captured batch size unit")
     activation_mb_per_token: float = Field(gt=0, description="peak activations per prefill token")
+    prefill_graph_mb_per_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="what breakable prefill graphs keep per token of their largest graph, per GPU "
+        "(0 where never measured: only each graph's own few MiB)",
+    )
     default_attention_backend: str
     architecture: str = Field(description="the Hugging Face architecture SGLang loads (its model class)")
     draft: DraftProfile | None = None

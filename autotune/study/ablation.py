@@ -3,8 +3,9 @@
 `autotune ablate` plans one trial per parameter the best config changed, each the best config with that
 parameter reverted to the baseline's value (unset, or off), enqueues them in the study with the user attrs
 `ablation_of` (the best trial's number) and `ablation_param`, and runs them through the normal study loop:
-they are ordinary trials to Optuna and MLflow. What a reverted parameter was worth is the best trial's
-value minus the ablation trial's.
+they are ordinary trials to Optuna, and to MLflow trial runs named and tagged as ablations (`ablation_of`
+tells the study loop's observers). What a reverted parameter was worth is the best trial's value minus the
+ablation trial's.
 
 A parameter can be reverted this way only when its search space has a "leave it to SGLang/NCCL" value
 (`null` among its choices, or a bool's false): the baseline's value of a range such as
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -27,13 +29,10 @@ from autotune.study.records import (
     ABLATION_OF_ATTR,
     ABLATION_PARAM_ATTR,
     FAILURE_KIND_ATTR,
-    MLFLOW_RUN_ATTR,
     RETRY_OF_ATTR,
 )
-from autotune.study.rules import direction_sign
+from autotune.study.rules import best_trial, direction_sign
 from autotune.study.samplers import default_of
-
-ABLATION_TAGS = ("autotune.ablation_of", "autotune.ablation_param")
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,6 @@ def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
 
 def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
-    from autotune.study.loop import best_trial
     from autotune.study.records import BASELINE_ATTR
 
     best = best_trial(ostudy)
@@ -148,16 +146,29 @@ def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[
     by_number = {t.number: t for t in trials}
     found = []
     for trial in trials:
-        source: FrozenTrial | None = trial
-        for _ in range(len(trials)):  # follow retry_of back to the enqueued ablation trial
-            if source is None or ABLATION_OF_ATTR in source.user_attrs:
-                break
-            retry_of = source.user_attrs.get(RETRY_OF_ATTR)
-            source = by_number.get(retry_of) if isinstance(retry_of, int) else None
-        if source is not None and ABLATION_OF_ATTR in source.user_attrs:
-            attrs = source.user_attrs
-            found.append((trial, (int(attrs[ABLATION_OF_ATTR]), str(attrs.get(ABLATION_PARAM_ATTR)))))
+        ablated = _ablation_of(trial.user_attrs, by_number)
+        if ablated is not None:
+            found.append((trial, ablated))
     return found
+
+
+def ablation_of(trial: FrozenTrial | optuna.Trial, ostudy: optuna.Study) -> tuple[int, str] | None:
+    """(the ablated trial, the reverted parameter) when `trial` is an ablation trial or a retry of one."""
+    if ABLATION_OF_ATTR not in trial.user_attrs and RETRY_OF_ATTR not in trial.user_attrs:
+        return None  # neither: no need to read the study's trials
+    return _ablation_of(trial.user_attrs, {t.number: t for t in ostudy.get_trials(deepcopy=False)})
+
+
+def _ablation_of(attrs: Mapping[str, Any], by_number: Mapping[int, FrozenTrial]) -> tuple[int, str] | None:
+    for _ in range(len(by_number) + 1):  # follow retry_of back to the enqueued ablation trial
+        if ABLATION_OF_ATTR in attrs:
+            return int(attrs[ABLATION_OF_ATTR]), str(attrs.get(ABLATION_PARAM_ATTR))
+        retry_of = attrs.get(RETRY_OF_ATTR)
+        source = by_number.get(retry_of) if isinstance(retry_of, int) else None
+        if source is None:
+            return None
+        attrs = source.user_attrs
+    return None
 
 
 def _interrupted(trial: FrozenTrial) -> bool:
@@ -167,7 +178,7 @@ def _interrupted(trial: FrozenTrial) -> bool:
 def ablation_results(ostudy: optuna.Study) -> Ablation | None:
     """The ablation of the current best trial when it has one, else of the latest ablated trial; None
     when the study has no ablation trials."""
-    from autotune.study.loop import baseline_trial, best_trial
+    from autotune.study.loop import baseline_trial
 
     trials = ostudy.get_trials(deepcopy=False)
     ablated = ablation_trials(trials)
@@ -225,31 +236,3 @@ def ablation_results(ostudy: optuna.Study) -> Ablation | None:
         not_ablated=not_ablated,
         pending=tuple(p for p in pending if p not in latest),
     )
-
-
-def mark_ablation_runs(tracking_uri: str, ostudy: optuna.Study) -> int:
-    """Tag the ablation trials' MLflow runs (`autotune.ablation_of`, `autotune.ablation_param`) and put
-    the reverted parameter in their names; returns how many runs were marked."""
-    from mlflow.tracking import MlflowClient
-
-    from autotune.tracking.tracker import RUN_NAME_TAG
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    marked = 0
-    for trial, (of, param) in ablation_trials(ostudy.get_trials(deepcopy=False)):
-        run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
-        if not run_id:
-            continue
-        name = client.get_run(run_id).data.tags.get(RUN_NAME_TAG, f"#{trial.number:03d}")
-        label = f"without {param}"
-        if label not in name:
-            name = f"{name} · {label} (ablation of #{of:03d})"
-        tags: Mapping[str, str] = {
-            ABLATION_TAGS[0]: str(of),
-            ABLATION_TAGS[1]: str(param),
-            RUN_NAME_TAG: name,
-        }
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
-        marked += 1
-    return marked

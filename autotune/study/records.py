@@ -19,6 +19,7 @@ METRICS_ATTR = "metrics"  # the benchmark's measured metrics
 LOAD_STOPPED_BY_ATTR = "load_stopped_by"
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
+ACCEPT_LENGTH_ATTR = "accept_length"  # tokens per speculative verify pass (avg_spec_accept_length)
 
 # Defined beside the code that writes them until now; those modules import them from here.
 OVER_LIMITS_ATTR = "over_limits"  # metric -> {limit, measured, excess, concurrency} of each broken limit

@@ -11,112 +11,34 @@ baseline's mean with Welch's interval: a gain whose interval reaches zero is wit
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
-from autotune.measure.stats import mean_ci, t_quantile
-from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
-from autotune.study.rules import is_feasible, maximizes
-from autotune.study.samplers import ConfigKey, config_key
+from autotune.measure.stats import Gain, welch_gain
+from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR
+from autotune.study.rules import ConfigMeasurements, maximizes, measurement_groups, remeasured_ranking
 from autotune.study.storage import budget_used
-
-DEFAULT_CONFIDENCE = 0.95
 
 __all__ = [
     "REMEASURE_OF_ATTR",
-    "ConfigMeasurements",
-    "Gain",
     "RemeasuredAnswer",
     "enqueue_remeasurement",
-    "mean_interval",
-    "measurement_groups",
     "remeasure",
     "remeasured_answer",
 ]
 
 
-def mean_interval(values: Sequence[float], confidence: float) -> tuple[float, float] | None:
-    """The Student-t confidence interval of the mean of `values`; None for fewer than two."""
-    if len(values) < 2:
-        return None
-    ci = mean_ci(values, confidence)
-    return ci.low, ci.high
-
-
-def _variance(values: Sequence[float]) -> float:
-    mean = sum(values) / len(values)
-    return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-
-
-@dataclass(frozen=True)
-class ConfigMeasurements:
-    """Every measurement of one config: its complete, feasible trials' values, and the trials that failed."""
-
-    of: int  # the first trial of this config
-    baseline: bool
-    params: dict[str, object]
-    trials: tuple[int, ...]
-    values: tuple[float, ...]
-    failed: tuple[int, ...]  # measurements that failed, were pruned or broke a limit
-    confidence: float = DEFAULT_CONFIDENCE
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.values) / len(self.values) if self.values else math.nan
-
-    @property
-    def interval(self) -> tuple[float, float] | None:
-        return mean_interval(self.values, self.confidence)
-
-    @property
-    def reliable(self) -> bool:
-        """Measured more than once, and never failed nor broke a limit."""
-        return self.n >= 2 and not self.failed
-
-
-@dataclass(frozen=True)
-class Gain:
-    """The gain of a config's mean over the baseline's mean, in % of the baseline's (better is positive).
-    Unpaired (Welch): the measurements are separate launches, not rounds taken side by side."""
-
-    pct: float
-    low_pct: float | None
-    high_pct: float | None
-    confidence: float
-
-    @property
-    def within_noise(self) -> bool:
-        """Whether the interval reaches zero: the measurements cannot tell the config from the baseline."""
-        return self.low_pct is not None and self.high_pct is not None and self.low_pct <= 0 <= self.high_pct
-
-
 def gain_over(best: ConfigMeasurements, base: ConfigMeasurements, maximize: bool) -> Gain | None:
-    """The gain of `best` over `base` with Welch's interval for the difference of means."""
+    """The gain of `best` over `base` with Welch's interval (separate launches, not rounds side by side);
+    None when either has no measurement or the baseline's mean is 0."""
     if not best.n or not base.n or base.mean == 0:
         return None
-    sign = 1.0 if maximize else -1.0  # `maximize` already came from study_rules.maximizes
-    scale = 100 / abs(base.mean)
-    diff = sign * (best.mean - base.mean)
-    if best.n < 2 or base.n < 2:
-        return Gain(diff * scale, None, None, best.confidence)
-    v1, v2 = _variance(best.values) / best.n, _variance(base.values) / base.n
-    se = math.sqrt(v1 + v2)
-    if se == 0:
-        return Gain(diff * scale, diff * scale, diff * scale, best.confidence)
-    df = (v1 + v2) ** 2 / ((v1**2 / (best.n - 1) if v1 else 0) + (v2**2 / (base.n - 1) if v2 else 0))
-    # Welch's degrees of freedom, rounded down: a slightly wider, never narrower, interval.
-    half = t_quantile(best.confidence, max(1, math.floor(df))) * se
-    return Gain(diff * scale, (diff - half) * scale, (diff + half) * scale, best.confidence)
+    return welch_gain(base.values, best.values, minimize=not maximize, confidence=best.confidence)
 
 
 @dataclass(frozen=True)
@@ -128,43 +50,6 @@ class RemeasuredAnswer:
     gain: Gain | None
     ranking: tuple[ConfigMeasurements, ...]  # reliable configs, best mean first
     unreliable: tuple[ConfigMeasurements, ...]  # re-measured configs that failed or broke a limit once
-
-
-def _config_key(trial: FrozenTrial) -> ConfigKey | str:
-    # The sampler's key: a config it does not propose twice is not grouped here as re-measured.
-    return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
-
-
-def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
-    """Every config the study measured, with all its measurements; the first trial of each names it."""
-    if confidence is None:
-        settings = ostudy.user_attrs.get(REMEASURE_SETTINGS_ATTR) or {}
-        confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
-    groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
-    for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
-        if trial.state in (TrialState.WAITING, TrialState.RUNNING) or trial.user_attrs.get(SKIPPED_ATTR):
-            continue
-        groups.setdefault(_config_key(trial), []).append(trial)
-    out = []
-    for members in groups.values():
-        good = [
-            t for t in members if t.state == TrialState.COMPLETE and t.value is not None and is_feasible(t)
-        ]
-        # A first trial that failed says the config failed; only failures among measurements that count.
-        counted = [t for t in members if t.state == TrialState.COMPLETE or REMEASURE_OF_ATTR in t.user_attrs]
-        bad = [t.number for t in counted if t not in good]
-        out.append(
-            ConfigMeasurements(
-                of=members[0].number,
-                baseline=bool(members[0].user_attrs.get(BASELINE_ATTR)),
-                params=dict(members[0].params),
-                trials=tuple(t.number for t in good),
-                values=tuple(float(t.value) for t in good if t.value is not None),
-                failed=tuple(bad),
-                confidence=confidence,
-            )
-        )
-    return out
 
 
 def _maximize(ostudy: optuna.Study) -> bool:
@@ -206,21 +91,15 @@ def remeasured_answer(ostudy: optuna.Study) -> RemeasuredAnswer | None:
         return None
     maximize = _maximize(ostudy)
     groups = measurement_groups(ostudy)
-    repeated = [g for g in groups if g.n >= 2 or (g.failed and g.n)]
-    if not any(not g.baseline for g in repeated):
+    ranked = remeasured_ranking(groups, maximize)
+    if ranked is None:
         return None
-    reliable = sorted((g for g in repeated if g.reliable), key=lambda g: g.mean, reverse=maximize)
-    if not reliable:
-        return None
+    reliable, unreliable = ranked
     base = next((g for g in groups if g.baseline), None)
     best = reliable[0]
     gain = gain_over(best, base, maximize) if base is not None else None
     return RemeasuredAnswer(
-        best=best,
-        baseline=base,
-        gain=gain,
-        ranking=tuple(reliable),
-        unreliable=tuple(g for g in repeated if not g.reliable),
+        best=best, baseline=base, gain=gain, ranking=tuple(reliable), unreliable=tuple(unreliable)
     )
 
 

@@ -1,17 +1,35 @@
-"""Rules about a study's trials that every layer shares: which trial is feasible, which way is better.
+"""Rules about a study's trials that every layer shares: which trial is feasible, which way is better,
+which trials measured the same config, and the study's best trial (`best_trial`).
 
-This module sits below the sampler, the driver, re-measurement and the CLI (it imports Optuna's types
-only for type checking), so each of them imports the rule from here instead of spelling it out.
+This module sits below the sampler, the driver, re-measurement, the CLI and the views (it imports Optuna's
+types only for type checking: node actors import it too), so each of them imports the rule from here
+instead of spelling it out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, cast
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from autotune.measure.stats import mean_ci
+from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
 
 if TYPE_CHECKING:
+    import optuna
     from optuna.study import StudyDirection
     from optuna.trial import FrozenTrial
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+ConfigKey = tuple[tuple[str, str], ...]
+
+
+def config_key(params: Mapping[str, Any]) -> ConfigKey:
+    """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
+    return tuple(sorted((name, repr(value)) for name, value in params.items()))
 
 
 def within_limits(constraints: Mapping[str, float]) -> bool:
@@ -41,9 +59,120 @@ def direction_sign(direction: StudyDirection | str) -> float:
 def best_measured(trials: Iterable[FrozenTrial], direction: StudyDirection | str) -> FrozenTrial | None:
     """The best of single-objective trials by their one measured value: the feasible COMPLETE ones only,
     the lowest-numbered among equals; None when none is. Once configs were re-measured the study's answer
-    is the config with the best mean instead (`autotune.study.loop.best_trial`, which falls back to this)."""
+    is the config with the best mean instead (`best_trial`, which falls back to this)."""
     sign = direction_sign(direction)
     candidates = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and is_feasible(t)]
     return max(
         sorted(candidates, key=lambda t: t.number), key=lambda t: sign * cast(float, t.value), default=None
     )
+
+
+def mean_interval(values: Sequence[float], confidence: float) -> tuple[float, float] | None:
+    """The Student-t confidence interval of the mean of `values`; None for fewer than two."""
+    if len(values) < 2:
+        return None
+    ci = mean_ci(values, confidence)
+    return ci.low, ci.high
+
+
+@dataclass(frozen=True)
+class ConfigMeasurements:
+    """Every measurement of one config: its complete, feasible trials' values, and the trials that failed."""
+
+    of: int  # the first trial of this config
+    baseline: bool
+    params: dict[str, object]
+    trials: tuple[int, ...]
+    values: tuple[float, ...]
+    failed: tuple[int, ...]  # measurements that failed, were pruned or broke a limit
+    confidence: float = DEFAULT_CONFIDENCE
+    remeasured: bool = False  # measured again on purpose (`remeasure_of`), not proposed twice by chance
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return mean_interval(self.values, self.confidence)
+
+    @property
+    def reliable(self) -> bool:
+        """Measured more than once, and never failed nor broke a limit."""
+        return self.n >= 2 and not self.failed
+
+
+def _config_of(trial: FrozenTrial) -> ConfigKey | str:
+    # The sampler's key: a config it does not propose twice is not grouped here as re-measured.
+    return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
+
+
+def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
+    """Every config the study measured, with all its measurements; the first trial of each names it."""
+    if confidence is None:
+        settings = ostudy.user_attrs.get(REMEASURE_SETTINGS_ATTR) or {}
+        confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
+    return _measurements(ostudy.get_trials(deepcopy=False), confidence)
+
+
+def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[ConfigMeasurements]:
+    groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.state.name in ("WAITING", "RUNNING") or trial.user_attrs.get(SKIPPED_ATTR):
+            continue
+        groups.setdefault(_config_of(trial), []).append(trial)
+    out = []
+    for members in groups.values():
+        good = [t for t in members if t.state.name == "COMPLETE" and t.value is not None and is_feasible(t)]
+        # A first trial that failed says the config failed; only failures among measurements that count.
+        counted = [t for t in members if t.state.name == "COMPLETE" or REMEASURE_OF_ATTR in t.user_attrs]
+        bad = [t.number for t in counted if t not in good]
+        out.append(
+            ConfigMeasurements(
+                of=members[0].number,
+                baseline=bool(members[0].user_attrs.get(BASELINE_ATTR)),
+                params=dict(members[0].params),
+                trials=tuple(t.number for t in good),
+                values=tuple(float(t.value) for t in good if t.value is not None),
+                failed=tuple(bad),
+                confidence=confidence,
+                remeasured=any(REMEASURE_OF_ATTR in t.user_attrs for t in members),
+            )
+        )
+    return out
+
+
+def remeasured_ranking(
+    groups: Sequence[ConfigMeasurements], maximize: bool
+) -> tuple[list[ConfigMeasurements], list[ConfigMeasurements]] | None:
+    """The reliable configs measured more than once, best mean first, and the unreliable ones; None before
+    any config other than the baseline was measured again by re-measurement, or when none is reliable.
+    (A config a sampler happened to propose twice is not re-measured: its second value is one more draw.)"""
+    repeated = [g for g in groups if g.n >= 2 or (g.failed and g.n)]
+    if not any(g.remeasured and not g.baseline for g in repeated):
+        return None
+    reliable = sorted((g for g in repeated if g.reliable), key=lambda g: g.mean, reverse=maximize)
+    if not reliable:
+        return None
+    return reliable, [g for g in repeated if not g.reliable]
+
+
+def best_trial(ostudy: optuna.Study, trials: Sequence[FrozenTrial] | None = None) -> FrozenTrial | None:
+    """The study's best trial: the one answer of `autotune best` and `status`, the report, compare, the
+    ablation and the default sampler's moves. Once a config other than the baseline was measured again by
+    re-measurement, the first trial of the reliable config with the best mean (`remeasured_ranking`);
+    before, the best single measurement (`best_measured`). None before any feasible COMPLETE trial, and in a
+    multi-objective study (its answer is the Pareto front). `trials`: the ones to choose among, by default
+    all the study's (the sampler passes those that set parameters: it moves from one)."""
+    if len(ostudy.directions) > 1:
+        return None
+    trials = ostudy.get_trials(deepcopy=False) if trials is None else trials
+    ranked = remeasured_ranking(_measurements(trials, DEFAULT_CONFIDENCE), maximizes(ostudy.direction))
+    if ranked is not None:
+        first = ranked[0][0].of
+        return next(t for t in trials if t.number == first)
+    return best_measured(trials, ostudy.direction)

@@ -15,10 +15,13 @@ proposing their neighbours that do not start.
 
 `IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
 and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
-message advises. Right after the start each speculative algorithm gets a few trials on purpose (the best
-trial with it switched on, SGLang's documented tree first), and no proposal's memory fraction is below the
-minimum that a KV-pool-too-small message of the server named. benchmarks/RESULTS.md has the measurements
-behind each of these choices.
+message advises. Right after the start each speculative algorithm gets trials on purpose (the best
+trial with it switched on: SGLang's documented tree, the chain its adaptive mode runs at the steps it
+keeps for the accept length the server reported, the documented tree with twice the draft tokens); moves
+sweep the knobs the best has not been moved in, and move a tree to a neighbouring tree; no proposal's
+memory fraction is below the minimum that a KV-pool-too-small message of the server named; values a
+cheaper staged study measured on the node (`staged`: an NCCL all-reduce study's best) are held.
+benchmarks/RESULTS.md has the measurements behind each of these choices.
 
 `WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
 parameters every trial shares, such as Optuna's GPSampler (`gp`).
@@ -29,8 +32,8 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import optuna
@@ -45,8 +48,16 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.search_space import SpeculativeRules
-from autotune.study.records import FAILURE_ATTR, FAILURE_KIND_ATTR, PROPOSED_ATTR, SERVER_CHOICES_ATTR
-from autotune.study.rules import best_measured, direction_sign, is_feasible
+from autotune.config.study import SamplerSpec
+from autotune.study import optuna_internals
+from autotune.study.records import (
+    ACCEPT_LENGTH_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    PROPOSED_ATTR,
+    SERVER_CHOICES_ATTR,
+)
+from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
 from autotune.trial.failures import FailureKind
 
 _NO_DEFAULT = object()
@@ -66,6 +77,9 @@ DOCUMENTED_TREE = {
     SpeculativeRules.TOPK: 4,
     SpeculativeRules.DRAFT_TOKENS: 8,
 }
+# The trees a speculative branch gets on purpose, in order (see IncumbentMoves._branch).
+BRANCH_PLAN = ("SGLang's documented tree", "the chain of SGLang's adaptive mode", "twice the draft tokens")
+TREE_KNOBS = (SpeculativeRules.STEPS, SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS)
 
 
 def default_of(distribution: BaseDistribution) -> Any:
@@ -168,7 +182,10 @@ class DefaultsStartSampler(_Wrapper):
         if not self._starting(study, trial):
             return self.base.sample_independent(study, trial, param_name, param_distribution)
         default = self._default(param_name, param_distribution)
-        if default is not _NO_DEFAULT and self._rng.random() < self.keep_default:
+        # A knob with no "unset" (the memory fraction) stays near the server's choice in every start trial.
+        if default is not _NO_DEFAULT and (
+            self._rng.random() < self.keep_default or default_of(param_distribution) is _NO_DEFAULT
+        ):
             return default
         return self._random.sample_independent(study, trial, param_name, param_distribution)
 
@@ -208,7 +225,7 @@ def _infeasible(trial: FrozenTrial) -> bool:
     return trial.state is not TrialState.RUNNING and not is_feasible(trial)
 
 
-class FeasibleTPESampler(optuna.samplers.TPESampler):
+class FeasibleTPESampler(optuna_internals.HookedTPESampler):
     """TPE whose choice among its candidates also weighs how likely each is to be feasible.
 
     c-TPE's rule (Watanabe and Hutter, 2023) for one pass/fail constraint: a candidate's score, log l(x) -
@@ -216,8 +233,8 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
     constraint met) and of the infeasible ones (`trial.set_constraint` > 0: the driver sets it on each
     out-of-memory trial). Candidates still come from TPE's good density, so the search stays where the
     good trials are, but moves away from the configs next to them that did not start. Without both kinds
-    of trial it is plain TPE. It hooks two of TPESampler's private methods (Optuna 5's, pinned in
-    pyproject.toml; tests/test_samplers.py fails if they change).
+    of trial it is plain TPE. It overrides two steps of TPESampler's proposal, which are private in Optuna
+    (autotune.study.optuna_internals keeps them; tests/test_optuna_internals.py fails if they change).
     """
 
     def __init__(self, *args: Any, feasibility_weight: float = 1.0, **kwargs: Any) -> None:
@@ -225,7 +242,7 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         self.feasibility_weight = feasibility_weight
         self._fitting: tuple[Study, dict[str, BaseDistribution], list[FrozenTrial]] | None = None
 
-    def _build_parzen_estimator(
+    def build_parzen_estimator(
         self,
         study: Study,
         search_space: dict[str, BaseDistribution],
@@ -237,12 +254,12 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
             self._fitting = (study, search_space, list(trials))
         elif self._fitting is not None:
             self._fitting = (study, search_space, self._fitting[2] + list(trials))
-        return super()._build_parzen_estimator(study, search_space, trials, handle_below)
+        return super().build_parzen_estimator(study, search_space, trials, handle_below)
 
-    def _compute_acquisition_func(
+    def compute_acquisition_func(
         self, samples: dict[str, np.ndarray], mpe_below: Any, mpe_above: Any
     ) -> np.ndarray:
-        score = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        score = super().compute_acquisition_func(samples, mpe_below, mpe_above)
         if self._fitting is None or self.feasibility_weight == 0:
             return score
         study, space, trials = self._fitting
@@ -251,35 +268,15 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         feasible = [t for t in trials if _feasible(t)]
         if not infeasible or not feasible:
             return score
-        build = super()._build_parzen_estimator
+        build = super().build_parzen_estimator
         feasible_pdf = build(study, space, feasible, False)
         infeasible_pdf = build(study, space, infeasible, False)
         odds = feasible_pdf.log_pdf(samples) - infeasible_pdf.log_pdf(samples)
         return score + self.feasibility_weight * odds
 
 
-class _WithParams:
-    """A study as a sampler sees it, without the trials that set no parameter (the baseline)."""
-
-    def __init__(self, study: Study) -> None:
-        self._study = study
-
-    def get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
-        return [t for t in self._study.get_trials(*args, **kwargs) if t.params]
-
-    def _get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
-        return [t for t in self._study._get_trials(*args, **kwargs) if t.params]
-
-    @property
-    def trials(self) -> list[FrozenTrial]:
-        return self.get_trials()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-
 def _with_params(study: Study) -> Study:
-    return cast(Study, _WithParams(study))  # a Study in every way a sampler uses one
+    return optuna_internals.study_with_trials(study, lambda t: bool(t.params))
 
 
 class WithoutBaseline(_Wrapper):
@@ -314,13 +311,7 @@ def _finished(study: Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=_FINISHED)
 
 
-ConfigKey = tuple[tuple[str, str], ...]
 _Planned = tuple[dict[str, Any], str]  # a trial's config, and why a move or a repair planned it
-
-
-def config_key(params: Mapping[str, Any]) -> ConfigKey:
-    """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
-    return tuple(sorted((name, repr(value)) for name, value in params.items()))
 
 
 def _contains(distribution: BaseDistribution, value: Any) -> bool:
@@ -343,9 +334,13 @@ class IncumbentMoves(_Wrapper):
       the seed's node, so without repairs a sampler learns that speculation fails rather than what it is
       worth.
     - A move: after the start, with probability `share`, a trial changes one knob of the best feasible
-      trial so far (two with probability `second`); knobs that only exist under the new value (a switched-on
-      speculative algorithm's tree) are drawn at random. The landscape is mostly a product of each knob's
-      own factor, which moves climb directly; TPE's trials in between keep the search global.
+      trial so far (two with probability `second`), the first one a knob no trial has yet moved from that
+      best while there is one (a sweep); an EAGLE tree moves to a neighbouring tree (`_tree_step`), and
+      knobs that only exist under the new value (a switched-on speculative algorithm's tree) are drawn at
+      random. The landscape is mostly a product of each knob's own factor, which moves climb directly;
+      TPE's trials in between keep the search global.
+    - A branch trial: right after the start, speculation switched off and on, each tree of BRANCH_PLAN
+      once (`_branch`).
 
     A config that already ran is not planned again. Multi-objective studies get `base` alone: they have
     no single best trial to move from.
@@ -360,6 +355,7 @@ class IncumbentMoves(_Wrapper):
         second: float = 0.3,
         branch_trials: int = BRANCH_TRIALS,
         floor: bool = True,
+        staged: Mapping[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
         for name, value in (("share", share), ("second", second)):
@@ -377,14 +373,25 @@ class IncumbentMoves(_Wrapper):
         self._floor: list[FrozenTrial] = []  # the finished trials, for the memory fraction's floor
         # Knobs the study holds at one value (a flag with one value left that this hardware runs, fixed by
         # autotune.study.incompatible): a move that changed one would be undone and repeat the config it left.
-        self.held: dict[str, Any] = {}
+        self._held: dict[str, Any] = {}
+        # Values a cheaper stage measured on this node (an NCCL all-reduce study's best), held in every trial.
+        self.staged = dict(staged or {})
+
+    @property
+    def held(self) -> dict[str, Any]:
+        """The knobs no move changes: the staged values, and those the study fixed (set by the study loop)."""
+        return {**self.staged, **self._held}
+
+    @held.setter
+    def held(self, fixed: Mapping[str, Any]) -> None:
+        self._held = dict(fixed)
 
     def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         # Asked once per parameter: planned once per trial.
         if trial.number not in self._plans:
             plan, why = self._new_plan(study) or (None, "")
             if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
-                study._storage.set_trial_system_attr(trial._trial_id, PROPOSED_ATTR, why)
+                optuna_internals.set_system_attr(study, trial, PROPOSED_ATTR, why)
             self._plans = {trial.number: plan}
             self._floor = _finished(study)
         return self._plans[trial.number]
@@ -405,16 +412,14 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        # The incumbent by measured value: the sampler cannot see re-measured means (remeasure imports it).
-        best = best_measured((t for t in finished if t.params), study.direction)
+        best = best_trial(study, [t for t in finished if t.params])  # the study's answer, moved from
         if best is None:
             return None
-        sign = direction_sign(study.direction)
-        branch = self._branch(best, finished, with_params, tried, sign)
+        branch = self._branch(best, finished, with_params, tried)
         if branch is not None or self._rng.random() >= self.share:
             return branch
         for _ in range(20):  # a move that repeats a tried config is drawn again
-            move = self._move(best)
+            move = self._move(best, with_params)
             if _asked(move, best.params, with_params) not in tried:
                 changed = ", ".join(n for n in move if not _same(move[n], best.params.get(n)))
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
@@ -445,12 +450,15 @@ class IncumbentMoves(_Wrapper):
         finished: list[FrozenTrial],
         with_params: list[FrozenTrial],
         tried: set[ConfigKey],
-        sign: float,
     ) -> _Planned | None:
-        """A trial of a speculative algorithm that has run fewer than `branch_trials` times, as the group
-        method's speculative stage gives it: the best trial with the algorithm switched, and the tree of that
-        algorithm's best trial with one knob changed, or before it ran, SGLang's documented tree. Without
-        this, a start that keeps the algorithm unset can reach trial 40 without a fair EAGLE-3 trial."""
+        """A trial of a speculative algorithm explored on purpose, as the group method's speculative stage
+        gives it, on the best trial's other knobs: speculation off (once, unless `branch_trials` trials ran
+        without it), and for an algorithm the first `branch_trials` trees of BRANCH_PLAN that have not run:
+        SGLang's documented tree; the chain (topk 1) its adaptive mode runs, at the steps that mode picks
+        from the documented tree's accept length; the documented tree with twice the draft tokens
+        (bench_speculative.py's next value). A tree's knobs pay off together, which moves of one knob at a
+        time from a random tree rarely find; without these trials a start that keeps the algorithm unset can
+        reach trial 40 without a fair EAGLE-3 trial. A branch that keeps failing stops."""
         name = SpeculativeRules.ALGORITHM
         distribution = best.distributions.get(name)
         if (
@@ -462,35 +470,64 @@ class IncumbentMoves(_Wrapper):
         for choice in distribution.choices:
             ran = [t for t in finished if name in t.params and _same(t.params[name], choice)]
             ran_well = [t for t in ran if _feasible(t)]
-            if len(ran_well) >= self.branch_trials or len(ran) >= 2 * self.branch_trials:
-                continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
             plan = {n: v for n, v in best.params.items() if not SpeculativeRules.is_speculative_flag(n)}
             plan[name] = choice
             if choice is None:  # speculation off has no tree: the best trial without it, once
-                if _asked(plan, best.params, with_params) not in tried:
+                if len(ran_well) < self.branch_trials and _asked(plan, best.params, with_params) not in tried:
                     return plan, f"exploring {name} off: trial {best.number} without it"
                 continue
-            if ran_well:
-                top = max(ran_well, key=lambda t: sign * cast(float, t.value))
-                tree = {n: v for n, v in top.params.items() if SpeculativeRules.is_speculative_flag(n)}
-                for _ in range(20):
-                    knob = self._rng.choice(sorted(n for n in tree if n != name) or [name])
-                    moved = {**plan, **tree, knob: self._changed(top.distributions[knob], tree[knob])}
-                    if _asked(moved, top.params, with_params) not in tried:
-                        return moved, f"exploring {name} {choice}: trial {top.number}, {knob} changed"
-                continue
-            plan.update(DOCUMENTED_TREE)  # knobs the branch does not have are not asked
-            if _asked(plan, best.params, with_params) not in tried:
-                return plan, f"exploring {name} {choice}: trial {best.number}, SGLang's documented tree"
+            why = f"exploring {name} {choice}"
+            planned = [t for t in ran if str(t.system_attrs.get(PROPOSED_ATTR, "")).startswith(why)]
+            if len(planned) >= self.branch_trials or len(ran) - len(ran_well) >= 2 * self.branch_trials:
+                continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
+            # The ranges of the tree's knobs, from any trial that had them (the best may have none).
+            ranges = {n: d for t in with_params for n, d in t.distributions.items() if n in TREE_KNOBS}
+            lacking = _lacking(with_params)
+            for step in BRANCH_PLAN[len(planned) : self.branch_trials]:
+                moved = {**plan, **_planned_tree(step, ran_well, ranges, lacking)}
+                if _asked(moved, best.params, with_params) not in tried:
+                    return moved, f"{why}: trial {best.number} with {step}"
         return None
 
-    def _move(self, best: FrozenTrial) -> dict[str, Any]:
+    def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
         params = {**best.params, **{n: v for n, v in self.held.items() if n in best.params}}
         free = sorted(n for n in params if n not in self.held)
         count = min(2 if self._rng.random() < self.second else 1, len(free))
-        for name in self._rng.sample(free, count):
+        # A sweep: the first knob is one no trial has yet moved from this best, while there is one.
+        moved = set().union(*(_moved_from(best, t) for t in trials if t.number != best.number))
+        first = self._rng.choice([n for n in free if n not in moved] or free)
+        for name in [first, *self._rng.sample([n for n in free if n != first], count - 1)]:
+            if name in TREE_KNOBS and all(best.params.get(n) is not None for n in TREE_KNOBS[:2]):
+                # The tree's knobs move together, to a neighbouring tree.
+                params = {n: v for n, v in params.items() if n not in TREE_KNOBS}
+                params.update(self._tree_step(best, name, _lacking(trials)))
+                continue
             params[name] = self._changed(best.distributions[name], params[name])
         return params
+
+    def _tree_step(self, best: FrozenTrial, knob: str, lacking: set[str]) -> dict[str, Any]:
+        """The best trial's EAGLE tree with `knob` moved to a neighbouring value: a step more or fewer (for a
+        chain also the steps SGLang's adaptive mode picks from the trial's accept length), the next topk
+        down or up with the draft tokens scaled along, or twice or half the draft tokens."""
+        p = best.params
+        steps, topk = int(p[SpeculativeRules.STEPS]), int(p[SpeculativeRules.TOPK])
+        draft = int(p.get(SpeculativeRules.DRAFT_TOKENS, steps + 1))
+        if knob == SpeculativeRules.STEPS:
+            options = {steps - 1, steps + 1}
+            accept_length = best.user_attrs.get(ACCEPT_LENGTH_ATTR)
+            if topk == 1 and isinstance(accept_length, int | float):
+                options.add(adaptive_steps(accept_length))
+            steps = self._rng.choice(sorted(options - {steps}))
+        elif knob == SpeculativeRules.TOPK:
+            choices = sorted(_numbers(best.distributions[knob]))
+            at = choices.index(topk) if topk in choices else 0
+            neighbours = choices[max(at - 1, 0) : at] + choices[at + 1 : at + 2]
+            if neighbours:
+                new = int(self._rng.choice(neighbours))
+                draft, topk = max(2, draft * new // topk), new
+        else:
+            draft = self._rng.choice([2 * draft, draft // 2])
+        return _tree(best.distributions, steps, topk, draft, lacking)
 
     def _changed(self, distribution: BaseDistribution, value: Any) -> Any:
         """Another value: any other choice, or a few steps away on a range."""
@@ -506,8 +543,10 @@ class IncumbentMoves(_Wrapper):
         return value
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        planned = self._plan(study, trial) is not None
-        return {} if planned else self.base.infer_relative_search_space(study, trial)
+        if self._plan(study, trial) is not None:
+            return {}
+        space = self.base.infer_relative_search_space(study, trial)
+        return {n: d for n, d in space.items() if n not in self.staged}
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -520,11 +559,15 @@ class IncumbentMoves(_Wrapper):
     def sample_independent(
         self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
+        if param_name in self.staged and _contains(param_distribution, self.staged[param_name]):
+            return self.staged[param_name]
         plan = self._plan(study, trial)
         if plan is None:
             value = self.base.sample_independent(study, trial, param_name, param_distribution)
         elif param_name in plan and _contains(param_distribution, plan[param_name]):
             value = plan[param_name]
+        elif param_name in plan and isinstance(param_distribution, IntDistribution):
+            value = nearest(param_distribution, plan[param_name])  # a planned tree's steps or draft tokens
         else:
             value = self._random.sample_independent(study, trial, param_name, param_distribution)
         return self._viable(param_name, param_distribution, value)
@@ -565,6 +608,72 @@ def _numbers(distribution: BaseDistribution) -> list[float]:
     return []
 
 
+def _moved_from(best: FrozenTrial, trial: FrozenTrial) -> set[str]:
+    """The knobs `trial` changed from `best` when it is a move of one or two knobs (a tree counts as one),
+    else none."""
+    changed = {n for n in {*best.params, *trial.params} if not _same(trial.params.get(n), best.params.get(n))}
+    tree = changed & set(TREE_KNOBS)
+    return changed if len(changed - tree) + bool(tree) <= 2 else set()
+
+
+def adaptive_steps(accept_length: float) -> int:
+    """The --speculative-num-steps SGLang's adaptive speculative decoding keeps for an accept length: one
+    step beyond the accepted draft tokens, round(accepted) + 1 (`AdaptiveSpeculativeParams`,
+    srt/speculative/adaptive_spec_params.py, topk 1 only). The server's accept length counts the bonus
+    token too, so this is round(accept_length)."""
+    return max(1, round(accept_length))
+
+
+def _planned_tree(
+    step: str, ran: list[FrozenTrial], distributions: Mapping[str, BaseDistribution], lacking: set[str]
+) -> dict[str, Any]:
+    """The tree of one BRANCH_PLAN step; the chain's steps come from the documented tree's accept length."""
+    steps, topk, draft = (DOCUMENTED_TREE[n] for n in TREE_KNOBS)
+    if step == BRANCH_PLAN[1]:
+        lengths = [
+            t.user_attrs[ACCEPT_LENGTH_ATTR]
+            for t in ran
+            if ACCEPT_LENGTH_ATTR in t.user_attrs
+            and all(_same(t.params.get(n), v) for n, v in DOCUMENTED_TREE.items())
+        ]
+        steps, topk = (adaptive_steps(lengths[0]) if lengths else steps), 1
+    elif step == BRANCH_PLAN[2]:
+        draft *= 2
+    return _tree(distributions, steps, topk, draft, lacking)
+
+
+def _tree(
+    distributions: Mapping[str, BaseDistribution], steps: int, topk: int, draft: int, lacking: set[str]
+) -> dict[str, Any]:
+    """An EAGLE tree as SGLang takes it: steps within the search space's range, no draft tokens for a chain
+    (SGLang sets steps + 1), at most the tree's candidates (SpeculativeRules.max_draft_tokens); without
+    the knobs the search space lacks (planning one would hide a repeated config)."""
+    range_ = distributions.get(SpeculativeRules.STEPS)
+    if isinstance(range_, IntDistribution):
+        steps = int(nearest(range_, steps))
+    tree = {SpeculativeRules.STEPS: steps, SpeculativeRules.TOPK: topk}
+    if topk > 1:
+        most = SpeculativeRules.max_draft_tokens(steps, topk)
+        tree[SpeculativeRules.DRAFT_TOKENS] = max(2, min(draft, most))
+    return {n: v for n, v in tree.items() if n not in lacking}
+
+
+def _lacking(trials: Sequence[FrozenTrial]) -> set[str]:
+    """The tree knobs the search space lacks, as trials that would have been asked them show."""
+    lacking = set()
+    for params in (t.params for t in trials):
+        if params.get(SpeculativeRules.ALGORITHM) is not None and SpeculativeRules.STEPS not in params:
+            lacking.add(SpeculativeRules.STEPS)
+        if params.get(SpeculativeRules.STEPS) is not None and SpeculativeRules.TOPK not in params:
+            lacking.add(SpeculativeRules.TOPK)
+        topk = params.get(SpeculativeRules.TOPK)
+        if isinstance(topk, int) and topk > 1 and SpeculativeRules.DRAFT_TOKENS not in params:
+            lacking.add(SpeculativeRules.DRAFT_TOKENS)
+    if lacking & {SpeculativeRules.STEPS, SpeculativeRules.TOPK}:  # SGLang asks neither without them
+        lacking |= {SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS}
+    return lacking
+
+
 def gp(seed: int | None) -> BaseSampler:
     """Optuna's GPSampler (it needs PyTorch), searching the trials that set parameters."""
     return WithoutBaseline(optuna.samplers.GPSampler(seed=seed))
@@ -580,6 +689,7 @@ def tpe(
     branch_trials: int = BRANCH_TRIALS,
     floor: bool = True,
     start_values: Mapping[str, Any] | None = None,
+    staged: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
@@ -604,5 +714,21 @@ def tpe(
         share=moves,
         branch_trials=branch_trials,
         floor=floor,
+        staged=staged,
         seed=seed,
     )
+
+
+# A study file's `sampler.name` -> its sampler for a seed; the names are the ones autotune.config accepts.
+SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
+    "tpe": tpe,  # TPE near SGLang's defaults, with moves and repairs
+    "tpe-plain": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "gp": gp,  # needs PyTorch
+    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
+}
+
+
+def build(spec: SamplerSpec) -> BaseSampler:
+    """A new sampler of the study file's kind and seed."""
+    return SAMPLERS[spec.name](spec.seed)

@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.errors import ConfigError
+from autotune.study import optuna_internals, samplers
 from autotune.study.records import (
     BASELINE_ATTR,
     CONFIG_ATTR,
@@ -123,7 +124,7 @@ def open_study(
     """
     study.ensure_workdir()  # the default SQLite file lives there
     storage = storage if storage is not None else rdb_storage(study.storage)
-    sampler = sampler if sampler is not None else study.file.sampler.build()
+    sampler = sampler if sampler is not None else samplers.build(study.file.sampler)
     try:
         ostudy = optuna.create_study(
             storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
@@ -190,11 +191,7 @@ def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[Froz
 
     `locked`: the caller holds the study lock, which a driver holds from asking for a trial until it
     has claimed it, so a trial nobody claimed was asked for by a driver that died in between."""
-    storage = ostudy._storage
-    stale_ids = set()
-    rdb = getattr(storage, "_backend", storage)  # the cached storage wraps the RDB one
-    if isinstance(rdb, optuna.storages.RDBStorage):
-        stale_ids = set(rdb._get_stale_trial_ids(ostudy._study_id))
+    stale_ids = optuna_internals.stale_trial_ids(ostudy)
     now = datetime.now()
     abandoned = []
     for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -202,7 +199,7 @@ def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[Froz
         if owner == DRIVER_ID:
             continue
         alive = driver_alive(owner) if owner else None
-        silent = trial._trial_id in stale_ids or (
+        silent = optuna_internals.trial_id(trial) in stale_ids or (
             owner is None
             and trial.datetime_start is not None
             and now - trial.datetime_start > timedelta(seconds=GRACE_S)
@@ -220,10 +217,7 @@ def claim(ostudy: optuna.Study, trial: optuna.Trial) -> None:
 
 def heartbeat(ostudy: optuna.Study, trials: list[optuna.Trial]) -> None:
     """Tell other drivers these trials are alive."""
-    storage = getattr(ostudy._storage, "_backend", ostudy._storage)
-    if isinstance(storage, optuna.storages.RDBStorage):
-        for trial in trials:
-            storage.record_heartbeat(trial._trial_id)
+    optuna_internals.record_heartbeat(ostudy, trials)
 
 
 def enqueue_retry(

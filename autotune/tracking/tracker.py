@@ -1,6 +1,7 @@
 """MLflow records: one experiment and one parent run per study, one child run per trial.
 
-The driver is the only writer. Child runs are created when a trial starts (so a running trial shows in
+The tracker is a `StudyCallback` of the study loop, its only writer: no tracking is not registering it.
+Child runs are created when a trial starts (so a running trial shows in
 the UI with its phase) and finished with its state; a retried trial gets a new run, since MLflow params
 are immutable. Run names read at a glance in the run list (`#004 · PRUNED · kv_pool_too_small`);
 a run's description (MLflow's note) says why it failed and what to try; the parent run's description is
@@ -16,9 +17,24 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.measure.metrics import BENCHMARK_FIGURES
+from autotune.study.callbacks import (
+    PhaseChanged,
+    StudyCallback,
+    StudyEnded,
+    StudyStarted,
+    SummaryUpdated,
+    TrialFinished,
+    TrialInterrupted,
+    TrialsRecovered,
+    TrialStarted,
+)
+from autotune.study.records import MLFLOW_RUN_ATTR
+from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
 from autotune.trial.redaction import Secrets
 
@@ -26,6 +42,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config import Study
+    from autotune.measure.client import BenchmarkResult
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +57,8 @@ MAX_NOTE_LENGTH = 7500  # MLflow caps tag values at 8000 characters
 PLOT_INTERVAL_S = 30.0  # plots cost a second or two; a trial on a real node takes minutes
 PLOTS_DIR = "plots"
 BEST_LAUNCH_SCRIPT = "best/launch.sh"
+ABLATION_OF_TAG = "autotune.ablation_of"
+ABLATION_PARAM_TAG = "autotune.ablation_param"
 
 
 def _quiet_mlflow() -> None:
@@ -86,6 +105,11 @@ def run_name(
     return " · ".join([label, state.upper(), *([detail] if detail else [])])
 
 
+def ablation_label(of: int, param: str) -> str:
+    """What an ablation trial's run name adds: the setting it reverts, and the trial it ablates."""
+    return f"without {param} (ablation of #{of:03d})"
+
+
 def failure_note(state: str, kind: str, advice: str | None, line: str | None) -> str:
     """A failed trial's run description: what happened and what to try, in markdown."""
     parts = [f"**{state}: {kind}**"]
@@ -96,8 +120,8 @@ def failure_note(state: str, kind: str, advice: str | None, line: str | None) ->
     return "\n\n".join(parts)[:MAX_NOTE_LENGTH]
 
 
-class StudyTracker:
-    """Writes a study's runs to one MLflow tracking store."""
+class StudyTracker(StudyCallback):
+    """Writes a study's runs to one MLflow tracking store, as the study loop tells it what happened."""
 
     def __init__(
         self,
@@ -115,13 +139,26 @@ class StudyTracker:
         self.study_name = study_name
         self.metric = metric
         self.unit = metric_unit(metric)
-        self._trials: dict[str, tuple[int, bool]] = {}  # run id -> (trial number, baseline)
+        self._trials: dict[str, tuple[int, bool, str | None]] = {}  # run id -> (number, baseline, label)
+        self._runs: dict[int, str] = {}  # trial number -> run id, for this driver's trials
+        self._pareto: set[int] = set()  # trials whose run is tagged `autotune.pareto` true
         self._view: tuple[optuna.Study, Study] | None = None  # what the plots are drawn from
         self._plots_stale = False  # the study changed since the plots were last drawn
         self._plotted_at = time.monotonic()
         self._best_script: str | None = None
         self.experiment_id = self._experiment(study_name, artifact_root)
         self.parent_run_id = self._parent_run()
+
+    @classmethod
+    def of(cls, study: Study) -> StudyTracker:
+        """The tracker of `study`'s MLflow store, its artifacts beside the study."""
+        return cls(
+            study.tracking_uri,
+            study.name,
+            study.workdir / "artifacts",
+            metric=study.objective.metric,
+            secrets=study.secrets,
+        )
 
     def _experiment(self, study_name: str, artifact_root: Path) -> str:
         from mlflow.exceptions import MlflowException
@@ -184,24 +221,30 @@ class StudyTracker:
         launch: ServerLaunch,
         baseline: bool,
         node: str,
+        ablation: tuple[int, str] | None = None,
     ) -> str:
-        """Create the trial's child run (RUNNING) with its parameters and launch script."""
+        """Create the trial's child run (RUNNING) with its parameters and launch script. An ablation
+        trial's run (`ablation`: the ablated trial, the reverted parameter) says so in its tags and name."""
+        label = ablation_label(*ablation) if ablation is not None else None
+        tags = {
+            PARENT_TAG: self.parent_run_id,
+            STUDY_TAG: self.study_name,
+            TRIAL_TAG: str(number),
+            "autotune.role": "trial",
+            "autotune.baseline": str(baseline).lower(),
+            "autotune.node": node,
+            "autotune.state": "RUNNING",
+            "autotune.phase": "launching",
+        }
+        if ablation is not None:
+            tags.update({ABLATION_OF_TAG: str(ablation[0]), ABLATION_PARAM_TAG: ablation[1]})
         run = self.client.create_run(
             self.experiment_id,
-            run_name=run_name(number, "RUNNING", None, baseline, self.unit, "launching"),
-            tags={
-                PARENT_TAG: self.parent_run_id,
-                STUDY_TAG: self.study_name,
-                TRIAL_TAG: str(number),
-                "autotune.role": "trial",
-                "autotune.baseline": str(baseline).lower(),
-                "autotune.node": node,
-                "autotune.state": "RUNNING",
-                "autotune.phase": "launching",
-            },
+            run_name=_labelled(run_name(number, "RUNNING", None, baseline, self.unit, "launching"), label),
+            tags=tags,
         )
         run_id = str(run.info.run_id)
-        self._trials[run_id] = (number, baseline)
+        self._trials[run_id] = (number, baseline, label)
         params = {param_name(name, kinds[name]): _text(value) for name, value in config.params.items()}
         params.update(
             {
@@ -223,21 +266,22 @@ class StudyTracker:
         self.client.set_tag(run_id, "autotune.state", "FAIL")
         self.client.set_tag(run_id, "autotune.failure_kind", "interrupted")
         self.client.set_tag(run_id, "autotune.phase", "done")
-        trial = self.client.get_run(run_id).data.tags.get(TRIAL_TAG)
+        tags = self.client.get_run(run_id).data.tags
+        trial = tags.get(TRIAL_TAG)
         if trial is not None and trial.isdigit():
-            self.client.set_tag(
-                run_id, RUN_NAME_TAG, run_name(int(trial), "FAIL", None, False, "", "interrupted")
-            )
+            name = run_name(int(trial), "FAIL", None, False, "", "interrupted")
+            of, param = tags.get(ABLATION_OF_TAG), tags.get(ABLATION_PARAM_TAG)
+            label = ablation_label(int(of), param) if of is not None and of.isdigit() and param else None
+            self.client.set_tag(run_id, RUN_NAME_TAG, _labelled(name, label))
         self.client.set_terminated(run_id, status="KILLED")
 
     def set_phase(self, run_id: str, phase: str, seconds: float | None = None) -> None:
         """Live progress: the trial's current phase (also in its run name), and how long the last one took."""
         self.client.set_tag(run_id, "autotune.phase", phase)
         if run_id in self._trials:
-            number, baseline = self._trials[run_id]
-            self.client.set_tag(
-                run_id, RUN_NAME_TAG, run_name(number, "RUNNING", None, baseline, detail=phase)
-            )
+            number, baseline, label = self._trials[run_id]
+            name = run_name(number, "RUNNING", None, baseline, detail=phase)
+            self.client.set_tag(run_id, RUN_NAME_TAG, _labelled(name, label))
         if seconds is not None:
             self.client.log_metric(run_id, f"phase.{phase}_s", seconds)
 
@@ -262,6 +306,7 @@ class StudyTracker:
 
         now = _now_ms()
         kind = tags.get("autotune.failure_kind")
+        label = self._trials.get(run_id, (number, baseline, None))[2]
         extra = {}
         if kind:
             extra[NOTE_TAG] = failure_note(
@@ -277,7 +322,7 @@ class StudyTracker:
                     **extra,
                     "autotune.state": state,
                     "autotune.phase": "done",
-                    RUN_NAME_TAG: run_name(number, state, value, baseline, self.unit, kind),
+                    RUN_NAME_TAG: _labelled(run_name(number, state, value, baseline, self.unit, kind), label),
                 }.items()
             ],
         )
@@ -344,64 +389,179 @@ class StudyTracker:
             self._draw_plots()
         self.client.set_terminated(self.parent_run_id, status=status)
 
+    # -- the study loop's events -----------------------------------------------------------------------
+    def study_started(self, event: StudyStarted) -> None:
+        study = event.study
+        self.log_study_files(
+            {
+                "study.yaml": study.path.read_text(),
+                "search_space.yaml": study.search_space_text,
+                "objective.yaml": study.objective_text,
+            }
+        )
 
-class NullTracker(StudyTracker):
-    """Records nothing: for studies run by the thousand on model nodes, to measure the tuner itself.
+    def trials_recovered(self, event: TrialsRecovered) -> None:
+        for trial in event.trials:
+            run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            if run_id:
+                self.close_interrupted(run_id)
 
-    Each public method of StudyTracker that the driver calls is overridden here; a new one must be too.
-    """
+    def trial_started(self, event: TrialStarted) -> None:
+        trial = event.trial
+        kinds = {name: p.kind for name, p in event.study.search_space.parameters.items()}
+        run_id = self.start_trial(
+            trial.number, event.config, kinds, event.launch, event.baseline, event.node, event.ablation
+        )
+        trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)  # where a later driver finds the run to close
+        self._runs[trial.number] = run_id
 
-    def __init__(self) -> None:  # no MLflow client, store or parent run
-        self.study_name = ""
+    def trial_phase_changed(self, event: PhaseChanged) -> None:
+        run_id = self._runs.get(event.number)
+        if run_id is not None:
+            self.set_phase(run_id, event.phase, None)
+            self.phase_took(run_id, event.previous, event.previous_s)
 
-    def log_study_files(self, files: Mapping[str, str]) -> None:
-        pass
+    def trial_finished(self, event: TrialFinished) -> None:
+        run_id = self._runs.pop(event.number, None)
+        result, outcome = event.result, event.outcome
+        if run_id is None or result is None:  # refused before launch: it has no run
+            return
+        metrics = {"trial_s": event.elapsed_s}
+        if result.startup_s is not None:
+            metrics["startup_s"] = result.startup_s
+        if result.benchmark_s is not None:
+            metrics["benchmark_s"] = result.benchmark_s
+        if result.ok:  # a job's metrics are its measurement
+            metrics.update(
+                result.metrics if result.benchmark is None else measurement_metrics(result.benchmark)
+            )
+        tags = {"autotune.node": result.node}
+        if outcome.over_limits:
+            tags["autotune.over_limits"] = "; ".join(outcome.over_limits)[:500]
+        if outcome.load_stopped_by is not None:
+            tags["autotune.load_stopped_by"] = outcome.load_stopped_by[:500]
+        if outcome.pruned_by is not None:
+            tags["autotune.pruned_by"] = outcome.pruned_by
+        objective = event.study.objective
+        if outcome.values is not None and objective.is_multi_objective:
+            tags["autotune.values"] = json.dumps(dict(zip(objective.metrics, outcome.values, strict=True)))
+        if outcome.failure is not None:
+            tags["autotune.failure_kind"] = outcome.failure.kind.value
+            tags["autotune.advice"] = outcome.failure.advice
+            tags["autotune.failure"] = outcome.failure.line[:500]
+        artifacts = {
+            "server.log": result.log,
+            "result.json": json.dumps(result.summary(), indent=2, default=str),
+        }
+        if result.benchmark is not None:
+            artifacts["benchmark.json"] = result.benchmark.to_json()
+        if result.details:
+            artifacts["job_result.json"] = json.dumps(result.details, indent=2)
+        launch = event.launch
+        if launch is not None and result.port and result.port != launch.port:
+            artifacts["launch.sh"] = launch_script(
+                launch.with_port(result.port)
+            )  # `port: auto`: the one used
+        self.finish_trial(
+            run_id,
+            number=event.number,
+            state=outcome.state.name,
+            value=outcome.value,
+            baseline=event.baseline,
+            metrics=metrics,
+            tags=tags,
+            artifacts=artifacts,
+        )
 
-    def start_trial(
-        self,
-        number: int,
-        config: TrialConfig,
-        kinds: Mapping[str, str],
-        launch: ServerLaunch,
-        baseline: bool,
-        node: str,
-    ) -> str:
-        return ""
+    def trial_interrupted(self, event: TrialInterrupted) -> None:
+        run_id = self._runs.pop(event.number, None)
+        if run_id is None:
+            return
+        self.finish_trial(
+            run_id,
+            number=event.number,
+            state="INTERRUPTED",
+            value=None,
+            baseline=event.baseline,
+            metrics={},
+            tags={"autotune.failure_kind": FailureKind.INTERRUPTED.value},
+            artifacts={"server.log": event.log} if event.log else {},
+        )
 
-    def close_interrupted(self, run_id: str) -> None:
-        pass
+    def summary_updated(self, event: SummaryUpdated) -> None:
+        """The parent run's metrics and tags from the study's summary, its description and plots."""
+        summary = event.summary
+        metrics = {f"trials_{k.lower()}": float(v) for k, v in summary["states"].items()}
+        for key in ("best_value", "baseline_value", "gain_pct"):
+            if summary[key] is not None:
+                metrics[key] = summary[key]
+        tags = {"autotune.best_trial": str(summary["best_trial"])}
+        tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
+        tags.update(self._answer_tags(event, metrics))
+        self.update_summary(metrics, tags)
+        self.refresh_study_view(event.ostudy, event.study)  # description, best launch.sh, plots (throttled)
 
-    def set_phase(self, run_id: str, phase: str, seconds: float | None = None) -> None:
-        pass
+    def study_ended(self, event: StudyEnded) -> None:
+        if event.summary is None:  # interrupted
+            self.close("KILLED")
+            return
+        self.summary_updated(SummaryUpdated(event.study, event.ostudy, event.summary))
+        self.close()
 
-    def phase_took(self, run_id: str, phase: str, seconds: float) -> None:
-        pass
+    def _answer_tags(self, event: SummaryUpdated, metrics: dict[str, float]) -> dict[str, str]:
+        """The study's answer beyond one best value: the Pareto front (and each trial run tagged
+        `autotune.pareto` while it is on it), or the re-measured mean and gain."""
+        tags: dict[str, str] = {}
+        remeasured = event.summary.get("remeasured")
+        if remeasured is not None:
+            tags["autotune.remeasured"] = json.dumps(remeasured)[:5000]
+            for key in ("gain_ci_low_pct", "gain_ci_high_pct"):
+                if remeasured[key] is not None:
+                    metrics[key] = remeasured[key]
+            tags["autotune.within_noise"] = str(remeasured["within_noise"]).lower()
+        front = event.summary.get("pareto")
+        if front is None:
+            return tags
+        names = event.study.objective.metrics
+        tags["autotune.pareto_front"] = json.dumps(
+            [{"trial": p["number"], **dict(zip(names, p["values"], strict=True))} for p in front]
+        )[:5000]
+        members = {p["number"] for p in front}
+        for trial in event.ostudy.get_trials(deepcopy=False):
+            run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            if run_id and (trial.number in members) != (trial.number in self._pareto):
+                self.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())
+        self._pareto = members
+        return tags
 
-    def finish_trial(
-        self,
-        run_id: str,
-        *,
-        number: int,
-        state: str,
-        value: float | None,
-        baseline: bool,
-        metrics: Mapping[str, float],
-        tags: Mapping[str, str],
-        artifacts: Mapping[str, str],
-    ) -> None:
-        pass
 
-    def update_summary(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
-        pass
+def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
+    """A measurement's MLflow metrics: the combined figures, each ladder level's under `c{concurrency}.`,
+    and the short measurement's under `short.`."""
 
-    def log_parent_text(self, text: str, name: str) -> None:
-        pass
+    def figures(result: BenchmarkResult, prefix: str = "") -> dict[str, float]:
+        bench = asdict(result)
+        out = {prefix + k: float(bench[k]) for k in BENCHMARK_FIGURES if bench.get(k) is not None}
+        if result.accept_length is not None:
+            out[prefix + "accept_length"] = result.accept_length
+        return out
 
-    def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
-        pass
+    metrics = figures(measured)
+    for index, level in enumerate(measured.levels):
+        if measured.max_load is None:
+            metrics.update(figures(level, f"c{level.workload.concurrency}."))
+            continue
+        # A load search's steps, in the order measured: each with the load it sent.
+        metrics.update(figures(level, f"step{index}."))
+        metrics[f"step{index}.request_rate"] = level.workload.request_rate or 0.0
+        metrics[f"step{index}.concurrency"] = float(level.workload.concurrency)
+    if measured.short is not None:
+        metrics.update(figures(measured.short, "short."))
+    return metrics
 
-    def close(self, status: str = "FINISHED") -> None:
-        pass
+
+def _labelled(name: str, label: str | None) -> str:
+    return f"{name} · {label}" if label else name
 
 
 def _text(value: Any) -> str:

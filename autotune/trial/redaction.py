@@ -118,10 +118,6 @@ class Secrets:
             return data
         return self._bytes_pattern.sub(REDACTED.encode(), data)
 
-    def found_in(self, text: str) -> list[str]:
-        """The secret values `text` holds in clear (for a check that nothing leaked)."""
-        return [v for v in self.values if v in text]
-
     @property
     def _pattern(self) -> re.Pattern[str]:
         return re.compile("|".join(_alternatives(self.values)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,16 @@ from optuna.trial import FixedTrial, FrozenTrial
 
 from autotune.config import Study
 from autotune.errors import AutotuneError
+from autotune.measure.metrics import ALLREDUCE_METRICS
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
 from autotune.node.executor import TrialExecutor, runner_for
+from autotune.study.rules import best_trial
 from autotune.trial.launch import TrialConfig
 from autotune.trial.wire import TrialRequest, TrialResult
 
-__all__ = ["COMPARED_METRICS", "Comparison", "Run", "compare", "order_of_round"]
+__all__ = ["Comparison", "Run", "compare", "order_of_round"]
 
 DEFAULT, BEST = "default", "best"
-# Compared besides the objective's metric and each message size's latency (all: lower is better).
-COMPARED_METRICS = ("nccl_memory_mib", "gpu_used_mib")
 
 
 def order_of_round(index: int) -> tuple[str, str]:
@@ -75,13 +75,14 @@ class Comparison:
         return [(r[DEFAULT], r[BEST]) for _, r in sorted(by_round.items()) if DEFAULT in r and BEST in r]
 
     def metrics(self) -> list[str]:
-        """The objective's metric, each message size's latency, then memory: those every pair has."""
+        """The objective's metric, each message size's latency, then the job's other metrics (memory): those
+        every pair has (all: lower is better)."""
         pairs = self.pairs()
         if not pairs:
             return []
         common = set.intersection(*(set(d.metrics) & set(b.metrics) for d, b in pairs))
         sizes = sorted(m for m in common if m.startswith("allreduce_us.") and m != self.metric)
-        ordered = [self.metric, *sizes, *COMPARED_METRICS]
+        ordered = [self.metric, *sizes, *ALLREDUCE_METRICS]
         return [m for m in dict.fromkeys(ordered) if m in common]
 
     def summary(self) -> dict[str, dict[str, Any]]:
@@ -197,8 +198,6 @@ def compare(
 
 
 def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
-    from autotune.study.loop import best_trial
-
     if number is None:
         best = best_trial(ostudy)
         if best is None:
@@ -254,8 +253,3 @@ def describe_run(run: Run, metric: str) -> str:
     memory = run.metrics.get("nccl_memory_mib")
     mem = f", NCCL {memory:.0f} MiB" if memory is not None else ""
     return f"round {run.round} {run.config:<7} {shown}{mem}{timing}  [{run.elapsed_s:.1f} s]"
-
-
-def runs_from_json(text: str) -> Sequence[Run]:
-    """The runs of a written comparison (to summarize it again)."""
-    return [Run(**run) for run in json.loads(text)["runs"]]

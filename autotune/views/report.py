@@ -21,6 +21,7 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
 from autotune.study.records import ADVICE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
+from autotune.study.rules import best_trial
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
@@ -70,7 +71,7 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
 
 def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
     """Read a study's summary, best config, failures and ablation from its Optuna storage."""
-    from autotune.study.loop import best_trial, study_summary
+    from autotune.study.loop import study_summary
 
     best = best_trial(ostudy)
     config = script = None

@@ -43,15 +43,17 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 
 def server_command(study: Study, host: str, port: int) -> list[str]:
-    """The `mlflow server` command line for the study's tracking store and artifact folder."""
+    """The `mlflow server` command line for the study's tracking store and artifact folder (it runs in
+    the study's work folder, see `start_ui`: the store's path is made absolute)."""
     artifacts = (study.workdir / "artifacts").resolve()
+    database = sqlite_path(study.tracking_uri)
     return [
         sys.executable,
         "-m",
         "mlflow",
         "server",
         "--backend-store-uri",
-        study.tracking_uri,
+        study.tracking_uri if database is None else f"sqlite:///{database.resolve()}",
         # Runs keep the artifact location autotune gave the experiment; these cover anything new.
         "--default-artifact-root",
         artifacts.as_uri(),
@@ -180,6 +182,8 @@ def start_ui(study: Study, host: str = LOOPBACK, port: int | None = None) -> UIS
             stdout=log,
             stderr=subprocess.STDOUT,
             env=server_env(),
+            # A portable store (scripts/portable_store.py) keeps artifact locations relative to its folder.
+            cwd=study.workdir,
             start_new_session=True,  # its own process group: Ctrl-C reaches us, and we stop all of it
         )
     server = UIServer(process, host, port, found, log_path)

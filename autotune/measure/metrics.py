@@ -1,0 +1,81 @@
+"""Every figure autotune names, once: which way is better, whether a study may optimize it, what reports it.
+
+The serving benchmark's figures are fields of `autotune.measure.client.BenchmarkResult`; the NCCL all-reduce
+job's are keys of its result's `metrics` (`autotune.measure.nccl`, which also reports each message size's
+`allreduce_us.<size>`). The objective's metrics, the figures MLflow logs of a serving trial and the figures
+`compare` measures are views of this one catalogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+__all__ = [
+    "ALLREDUCE_METRICS",
+    "BENCHMARK_FIGURES",
+    "CATALOGUE",
+    "OBJECTIVE_METRICS",
+    "Direction",
+    "Metric",
+]
+
+Direction = Literal["maximize", "minimize"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure: `better` is the direction that means better (None: a record of the run, such as its
+    duration); `objective`: a study may optimize it or put a limit on it; `job`: the all-reduce job reports
+    it, otherwise the serving benchmark does; `needs_slo`: it counts requests that met workload.slo."""
+
+    better: Direction | None
+    objective: bool = True
+    job: bool = False
+    needs_slo: bool = False
+
+
+_RECORD = Metric(None, objective=False)
+
+CATALOGUE: Mapping[str, Metric] = MappingProxyType(
+    {
+        "output_throughput": Metric("maximize"),
+        "request_throughput": Metric("maximize"),
+        "input_throughput": Metric("maximize", objective=False),  # set by the workload, not by the config
+        "mean_ttft_ms": Metric("minimize"),
+        "p50_ttft_ms": Metric("minimize"),
+        "p99_ttft_ms": Metric("minimize"),
+        "mean_itl_ms": Metric("minimize"),
+        "p50_itl_ms": Metric("minimize"),
+        "p99_itl_ms": Metric("minimize"),
+        "mean_e2e_latency_ms": Metric("minimize", objective=False),
+        "p50_e2e_latency_ms": Metric("minimize"),
+        "p99_e2e_latency_ms": Metric("minimize"),
+        "duration_s": _RECORD,
+        "completed": _RECORD,
+        "failed": _RECORD,
+        "time_scale": _RECORD,
+        # With workload.slo: good requests per second, and the share of requests that were good.
+        "request_goodput": Metric("maximize", needs_slo=True),
+        "slo_attainment": Metric("maximize", needs_slo=True),
+        # With load_search: the highest request rate (or concurrency) at which the SLO held.
+        "max_load": Metric("maximize", needs_slo=True),
+        # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce).
+        "allreduce_us": Metric("minimize", job=True),  # us per all-reduce, the messages' weighted mean
+        "nccl_memory_mib": Metric("minimize", job=True),  # GPU memory NCCL took on the hungriest rank
+        "gpu_used_mib": Metric("minimize", job=True),  # GPU memory in use after warm-up, CUDA context too
+    }
+)
+
+# What an objective may name, each with the direction that means better.
+OBJECTIVE_METRICS: Mapping[str, Direction] = MappingProxyType(
+    {name: m.better for name, m in CATALOGUE.items() if m.objective and m.better is not None}
+)
+# The all-reduce job's objective metrics (all lower is better).
+ALLREDUCE_METRICS: Mapping[str, Direction] = MappingProxyType(
+    {name: better for name, better in OBJECTIVE_METRICS.items() if CATALOGUE[name].job}
+)
+# The serving benchmark's figures, as MLflow logs each measurement (BenchmarkResult fields).
+BENCHMARK_FIGURES: tuple[str, ...] = tuple(name for name, m in CATALOGUE.items() if not m.job)

@@ -1,0 +1,292 @@
+"""Serving in real time: the requests in flight, the engine stepped against the wall clock, each step's
+tokens delivered to its clients, and the scheduler's batch log lines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from autotune.errors import AutotuneError
+from autotune.sim.engine import input_too_long
+from autotune.sim.logfmt import SimLog
+from autotune.sim.model import NodeModel
+from autotune.sim.server.options import SimOptions
+from autotune.sim.server.ranks import SchedulerRanks
+
+IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
+MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
+FAKE_WORDS = (
+    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had",
+    "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if",
+    "more", "when", "will", "would", "who", "so", "no", "model", "token", "server", "batch", "graph",
+)  # fmt: skip
+
+
+# -- fake tokenizer ----------------------------------------------------------------------------------------
+def fake_token_id(position: int) -> int:
+    """The id of the `position`-th generated token of any request: deterministic, never special."""
+    return 1000 + (position * 7919) % 30000
+
+
+def fake_token_text(token_id: int) -> str:
+    return " " + FAKE_WORDS[token_id % len(FAKE_WORDS)]
+
+
+def count_text_tokens(text: str) -> int:
+    """The fake tokenizer: one token per whitespace-separated word, at least one."""
+    return max(1, len(text.split()))
+
+
+# -- requests in flight ------------------------------------------------------------------------------------
+@dataclass
+class ClientRequest:
+    """One generation the engine runs: its token deliveries arrive on `queue` (None = finished)."""
+
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    started: float
+    queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    verify_ct: int = 0
+    abort_message: str | None = None
+    finished_at: float | None = None
+
+
+@dataclass
+class _Chunk:
+    """What one streamed delivery carries: the new token ids and whether the request is done."""
+
+    new_ids: list[int]
+    finished: bool
+
+
+class BadRequest(AutotuneError):
+    """A request SGLang answers with 400 and this message."""
+
+
+class Serving:
+    """The engine of one launch played in real time, and the requests it is generating for."""
+
+    def __init__(
+        self,
+        ns: argparse.Namespace,
+        node: NodeModel,
+        options: SimOptions,
+        log: SimLog,
+        ranks: SchedulerRanks,
+    ) -> None:
+        self.ns = ns
+        self.node = node
+        self.plan = node.plan
+        self.options = options
+        self.log = log
+        self.ranks = ranks
+        self.scale = options.time_scale
+        self.engine = node.new_engine(seed=options.seed, noise=options.noise)
+        self.requests: dict[str, ClientRequest] = {}
+        self.ready = False
+        self.tokens_after_ready = 0
+        self.last_gen_throughput = 0.0
+        self._work = asyncio.Event()
+        self._decode_steps = 0
+        self._interval_tokens = 0
+        self._interval_model_s = 0.0
+
+    def submit(
+        self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None, predictability: float = 0.0
+    ) -> ClientRequest:
+        """Queue one generation on the engine and return the request its tokens will be delivered to."""
+        context_len = self.plan.context_len
+        if prompt_tokens >= context_len:
+            raise BadRequest(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({context_len} tokens)."
+            )
+        if prompt_tokens + max_new_tokens >= context_len:
+            raise BadRequest(
+                f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+                f"You requested a total of {prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens "
+                f"from the input messages and {max_new_tokens} tokens for the completion. Please reduce the "
+                "number of tokens in the input messages or the completion to fit within the limit."
+            )
+        rid = rid or uuid.uuid4().hex
+        if rid in self.requests:
+            raise BadRequest(f"Duplicate request ID: {rid}")
+        request = ClientRequest(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
+        self.requests[rid] = request
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability)
+        self._work.set()
+        return request
+
+    async def run_engine(self) -> None:
+        """Step the engine while it has work, each step ending at its absolute wall-clock deadline."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._work.wait()
+            anchor, model_clock = loop.time(), 0.0
+            last_yield = anchor
+            while self.engine.has_work:
+                step = self.engine.step()
+                if step.oom_lines:
+                    self.ranks.die(0, step.oom_lines)
+                model_clock += step.duration_s
+                delay = anchor + model_clock * self.scale - loop.time()
+                if not (step.emitted or step.finished or step.aborted) and step.duration_s == 0:
+                    delay = max(delay, IDLE_STEP_S)
+                if delay > 0 or loop.time() - last_yield > MAX_BUSY_S:
+                    # Behind schedule, steps run back to back and writers coalesce their tokens, as
+                    # SGLang's are when clients are slow; yielding now and then keeps the HTTP side alive.
+                    await asyncio.sleep(max(delay, 0.0))
+                    last_yield = loop.time()
+                self._deliver(step.kind, step.emitted, step.finished, step.aborted, step.duration_s)
+                if step.kind == "prefill" and step.emitted:
+                    await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
+                    last_yield = loop.time()
+            self._work.clear()
+
+    def _deliver(
+        self, kind: str, emitted: dict[str, int], finished: list[str], aborted: list[str], duration_s: float
+    ) -> None:
+        for rid, count in emitted.items():
+            request = self.requests.get(rid)
+            if request is None:
+                continue  # the client went away; the engine cannot abort, so its tokens are dropped
+            request.generated += count
+            if kind == "decode":
+                request.verify_ct += 1
+            request.queue.put_nowait(count)
+        for rid in aborted:
+            request = self.requests.get(rid)
+            if request is not None:
+                request.abort_message = input_too_long(request.prompt_tokens, self.plan)
+        self._log_step(kind, emitted, duration_s)  # before finished requests leave `self.requests`
+        for rid in [*finished, *aborted]:
+            request = self.requests.pop(rid, None)
+            if request is not None:
+                request.finished_at = time.monotonic()
+                request.queue.put_nowait(None)
+        if self.ready and emitted:
+            self.tokens_after_ready += sum(emitted.values())
+            if "crash_benchmark" in self.options.faults:
+                if self.tokens_after_ready >= self.options.crash_after_tokens:
+                    self._crash()
+
+    def _log_step(self, kind: str, emitted: dict[str, int], duration_s: float) -> None:
+        stats = self.engine.stats
+        if kind == "prefill" and emitted:
+            new_tokens = sum(r.prompt_tokens for rid in emitted if (r := self.requests.get(rid)) is not None)
+            self.ranks.rank0(
+                f"Prefill batch. #new-seq: {len(emitted)}, #new-token: {new_tokens}, #cached-token: 0, "
+                f"token usage: {stats['token_usage']:.2f}, #running-req: {int(stats['running'])}, "
+                f"#queue-req: {int(stats['queued'])}, "
+            )
+            return
+        if kind != "decode" or not emitted:
+            return
+        self._decode_steps += 1
+        self._interval_tokens += sum(emitted.values())
+        self._interval_model_s += duration_s
+        if self._decode_steps % self.ns.decode_log_interval:
+            return
+        self.last_gen_throughput = (
+            self._interval_tokens / self._interval_model_s if self._interval_model_s else 0.0
+        )
+        self._interval_tokens, self._interval_model_s = 0, 0.0
+        running = int(stats["running"])
+        message = (
+            f"Decode batch [{self._decode_steps}], #running-req: {running}, #token: {int(stats['tokens'])}, "
+            f"token usage: {stats['token_usage']:.2f}, "
+        )
+        if self.node.spec is not None:
+            accept = stats["avg_accept_length"]
+            drafts = self.node.spec.num_draft_tokens
+            rate = (accept - 1) / (drafts - 1) if drafts > 1 else 0.0
+            message += f"accept len: {accept:.2f}, accept rate: {rate:.2f}, "
+        in_graph = not self.ns.disable_cuda_graph and running <= self.plan.cuda_graph_max_bs
+        message += (
+            f"cuda graph: {in_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+            f"#queue-req: {int(stats['queued'])}, "
+        )
+        self.ranks.rank0(message)
+
+    def _crash(self) -> NoReturn:
+        """`crash_benchmark`: a CUDA error kills the scheduler mid-benchmark and the process with it."""
+        lines = [
+            "Traceback (most recent call last):",
+            '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 1024, '
+            "in event_loop_normal",
+            "    result = self.run_batch(batch)",
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "CUDA kernel errors might be asynchronously reported at any other API call, so the stacktrace "
+            "below might be incorrect.",
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+            "",
+        ]
+        self.log.error("Scheduler hit an exception: " + "\n".join(lines), self.ranks.first)
+        sys.stderr.flush()
+        self.ranks.linger_if_asked()
+        os._exit(1)
+
+    async def chunks(self, request: ClientRequest) -> AsyncIterator[_Chunk]:
+        """Deliveries for one streaming client, coalescing what piled up and honouring --stream-interval."""
+        sent = pending = 0
+        interval = max(1, self.ns.stream_interval)
+        while True:
+            items = [await request.queue.get()]
+            while not request.queue.empty():
+                items.append(request.queue.get_nowait())
+            finished = None in items
+            pending += sum(item for item in items if item is not None)
+            # SGLang streams the first token at once (TTFT), then every stream_interval tokens.
+            if finished or pending >= interval or (sent == 0 and pending > 0):
+                yield _Chunk([fake_token_id(i) for i in range(sent, sent + pending)], finished)
+                sent += pending
+                pending = 0
+            if finished:
+                return
+
+    async def collect(self, request: ClientRequest) -> list[int]:
+        ids: list[int] = []
+        async for chunk in self.chunks(request):
+            ids.extend(chunk.new_ids)
+        return ids
+
+    def abandon(self, request: ClientRequest) -> None:
+        self.requests.pop(request.rid, None)
+
+    def meta_info(self, request: ClientRequest, completion_tokens: int, finished: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": request.rid,
+            "finish_reason": None,
+            "prompt_tokens": request.prompt_tokens,
+            "weight_version": "default",
+            "completion_tokens": completion_tokens,
+            "cached_tokens": 0,
+        }
+        if finished:
+            if request.abort_message is not None:
+                meta["finish_reason"] = {
+                    "type": "abort",
+                    "message": request.abort_message,
+                    "status_code": 400,
+                    "err_type": "BadRequestError",
+                }
+            else:
+                meta["finish_reason"] = {"type": "length", "length": completion_tokens}
+            end = request.finished_at or time.monotonic()
+            meta["e2e_latency"] = (end - request.started) / self.scale
+        if self.node.spec is not None:
+            meta["spec_verify_ct"] = request.verify_ct
+            # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
+            meta["spec_accept_length"] = completion_tokens / request.verify_ct if request.verify_ct else 0.0
+        return meta

@@ -1,0 +1,197 @@
+"""A simulated launch's start-up, phase by phase as SGLang logs it: distributed init, weight loading, the
+KV pool, decode and prefill CUDA-graph capture, and the warm-up request; each phase lasts its modelled
+time and a start-up failure dies in its own phase with SGLang's lines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import Any, NoReturn
+
+from aiohttp import ClientError, ClientSession, ClientTimeout
+
+from autotune.sim.logfmt import SimLog, tqdm_line
+from autotune.sim.model import NodeModel
+from autotune.sim.server.options import SimOptions
+from autotune.sim.server.ranks import SchedulerRanks
+from autotune.sim.server_args import server_args_repr
+
+HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
+WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its first /get_model_info
+WARMUP_PROMPT = "The capital city of France is"
+WARMUP_MAX_NEW_TOKENS = 8
+
+
+class Startup:
+    """The start-up phases of one launch, logged on every scheduler rank."""
+
+    def __init__(
+        self,
+        ns: argparse.Namespace,
+        node: NodeModel,
+        options: SimOptions,
+        args: dict[str, Any],
+        log: SimLog,
+        ranks: SchedulerRanks,
+    ) -> None:
+        self.ns = ns
+        self.node = node
+        self.plan = node.plan
+        self.options = options
+        self.args = args
+        self.log = log
+        self.ranks = ranks
+        self.startup_scale = options.startup_time_scale
+
+    async def _sleep_model(self, seconds: float) -> None:
+        """Sleep through a start-up phase of `seconds` model time."""
+        if seconds > 0:
+            await asyncio.sleep(seconds * self.startup_scale)
+
+    async def run(self) -> None:
+        """Every phase up to the scheduler's summary line; a start-up failure dies in its phase."""
+        for note in self.node.notes:
+            self.log.info(note)
+        self.log.info(f"server_args={server_args_repr(self.args, self.options.version)}")
+        failure = self.node.startup_failure
+        phase = failure.phase if failure else None
+        await self._init_distributed(fail=phase == "init")
+        await self._load_weights(fail=phase == "load")
+        if phase == "kv" and failure:
+            self.ranks.die(failure.rank, failure.lines)
+        self._allocate_kv_cache()
+        if phase == "runner" and failure:
+            self.ranks.die(failure.rank, failure.lines)
+        await self._capture_cuda_graphs(fail=phase == "capture")
+        await self._capture_prefill_graphs(fail=phase == "prefill_capture")
+        plan, chunked = self.plan, self.args["chunked_prefill_size"]
+        self.ranks.all(
+            f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={chunked}, "
+            f"max_prefill_tokens={plan.max_prefill_tokens}, "
+            f"max_running_requests={plan.max_running_requests}, "
+            f"context_len={plan.context_len}, available_gpu_mem={plan.avail_after_graph_gb:.2f} GB"
+        )
+
+    def _fail_here(self) -> NoReturn:
+        failure = self.node.startup_failure
+        assert failure is not None  # only called for the failure's own phase
+        self.ranks.die(failure.rank, failure.lines)
+
+    async def _init_distributed(self, fail: bool) -> None:
+        plan = self.plan
+        self.ranks.all("Init torch distributed begin.")
+        for warning in self.node.warnings:
+            self.ranks.all(warning, warning=True)
+        if fail:
+            await self._sleep_model(self.node.init_seconds / 2)
+            self._fail_here()
+        await self._sleep_model(self.node.init_seconds)
+        init_usage = plan.init_used_gb - self.node.hw.cuda_context_gb
+        elapsed = self.node.init_seconds
+        self.ranks.all(f"Init torch distributed ends. elapsed={elapsed:.2f} s, mem usage={init_usage:.2f} GB")
+
+    async def _load_weights(self, fail: bool) -> None:
+        plan, model = self.plan, self.node.model
+        self.ranks.all(f"Load weight begin. avail mem={plan.total_gb - plan.init_used_gb:.2f} GB")
+        if fail:
+            self._fail_here()
+        shards = model.num_shards
+        per_shard = self.node.load_seconds / shards
+        desc = "Loading safetensors checkpoint shards"
+        self.log.raw(tqdm_line(desc, 0, shards, 0.0))
+        hang_at = int(shards * HANG_LOAD_FRACTION) if "hang_load" in self.options.faults else None
+        for done in range(1, shards + 1):
+            if done == hang_at:
+                await asyncio.Event().wait()  # no progress, no error: only a timeout catches this
+            await self._sleep_model(per_shard)
+            self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
+        quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
+        self.ranks.all(
+            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={model.architecture}, {quant}"
+            f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
+        )
+
+    def _allocate_kv_cache(self) -> None:
+        plan = self.plan
+        if self.node.model.kv_sharded_by_tp:
+            sizes = f"K size: {plan.kv_gb / 2:.2f} GB, V size: {plan.kv_gb / 2:.2f} GB"
+        else:
+            sizes = f"KV size: {plan.kv_gb:.2f} GB"  # MLA keeps one latent cache, and SGLang says so
+        dtype = (
+            "torch.float8_e4m3fn" if self.node.settings.kv_cache_dtype.startswith("fp8") else "torch.bfloat16"
+        )
+        self.ranks.all(f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.kv_tokens}, {sizes}")
+        self.ranks.all(f"Memory pool end. avail mem={plan.avail_after_kv_gb:.2f} GB")
+
+    async def _capture_cuda_graphs(self, fail: bool) -> None:
+        """The decode graphs (cuda_graph_setup.py:429-456, [23] 759-792): `bs=` at begin in 0.5.17, at end in
+        0.5.23; `target verify` with speculation."""
+        plan = self.plan
+        sizes = plan.captured_batch_sizes
+        if not sizes and not fail:
+            return
+        name = "target verify" if self.node.spec else "target decode"
+        tokens = self.node.spec.num_draft_tokens if self.node.spec else 1
+        at_end = self.options.version.capture_bs_at_end
+        self.ranks.all(
+            f"Capture {name} CUDA graph begin. backend={self.args['cuda_graph_config'].decode.backend}, "
+            f"num_tokens_per_req={tokens}, {'' if at_end else f'bs={sizes}, '}"
+            f"avail mem={plan.avail_after_kv_gb:.2f} GB"
+        )
+        if fail:
+            await self._sleep_model(self.node.capture_seconds / max(len(sizes), 1))
+            self._fail_here()
+        await self._sleep_model(self.node.capture_seconds)
+        self.ranks.all(
+            f"Capture {name} CUDA graph end. {f'bs={sizes}, ' if at_end else ''}"
+            f"elapsed={self.node.capture_seconds:.2f} s, mem usage={plan.graph_gb:.2f} GB, "
+            f"avail mem={plan.avail_after_kv_gb - plan.graph_gb:.2f} GB."
+        )
+
+    async def _capture_prefill_graphs(self, fail: bool) -> None:
+        """The prefill graphs, a second capture with its own memory (cuda_graph_setup.py:362-366)."""
+        plan = self.plan
+        if not plan.prefill_graph_sizes:
+            return
+        before = plan.avail_after_kv_gb - plan.graph_gb
+        self.ranks.all(
+            f"Capture target prefill CUDA graph begin. backend={self.node.prefill_graph_backend}, "
+            f"num_tokens={plan.prefill_graph_sizes}, avail mem={before:.2f} GB"
+        )
+        seconds = self.node.prefill_capture_seconds
+        if fail:
+            await self._sleep_model(seconds / 2)
+            self._fail_here()
+        await self._sleep_model(seconds)
+        self.ranks.all(
+            f"Capture target prefill CUDA graph end. elapsed={seconds:.2f} s, "
+            f"mem usage={plan.prefill_graph_gb:.2f} GB, avail mem={plan.avail_after_graph_gb:.2f} GB."
+        )
+
+    async def warm_up(self, base_url: str) -> None:
+        """SGLang's `_wait_and_warmup`: wait a second, ask /get_model_info, then generate a few tokens."""
+        if self.ns.skip_server_warmup:
+            return
+        await asyncio.sleep(WARMUP_WAIT_S)
+        failure = self.node.startup_failure
+        headers = {"Authorization": f"Bearer {self.ns.api_key}"} if self.ns.api_key else {}
+        body = {
+            "text": WARMUP_PROMPT,
+            "sampling_params": {"temperature": 0, "max_new_tokens": WARMUP_MAX_NEW_TOKENS},
+        }
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=600), headers=headers) as session:
+                async with session.get(base_url + "/get_model_info") as response:
+                    response.raise_for_status()
+                if failure is not None and failure.phase == "warmup":
+                    self.ranks.die(failure.rank, failure.lines)
+                async with session.post(base_url + "/generate", json=body) as response:
+                    response.raise_for_status()
+                    await response.read()
+        except (TimeoutError, ClientError) as exc:
+            self.log.error(f"Initialization failed. warmup error: {exc!r}")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)

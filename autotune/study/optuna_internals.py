@@ -1,0 +1,151 @@
+"""Every use of Optuna's private internals, in one place; the rest of autotune uses Optuna's public API.
+
+Each function says what Optuna offers no public form of. `PRIVATE_METHODS` and `PRIVATE_ATTRIBUTES` list
+what this module relies on; tests/test_optuna_internals.py checks them against the installed Optuna and
+fails naming its version and the hook, and pyproject.toml pins the Optuna versions they were checked on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.samplers import TPESampler
+from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
+from optuna.storages import BaseStorage, RDBStorage
+from optuna.storages._cached_storage import _CachedStorage
+from optuna.study import Study
+from optuna.trial import FrozenTrial, Trial
+
+ParzenEstimator = _ParzenEstimator  # what TPE's density is: `log_pdf(samples)` scores candidates
+
+# Class -> private method -> its parameters as this module calls or overrides it.
+PRIVATE_METHODS: dict[type, dict[str, tuple[str, ...]]] = {
+    TPESampler: {
+        "_build_parzen_estimator": ("self", "study", "search_space", "trials", "handle_below"),
+        "_compute_acquisition_func": ("self", "samples", "mpe_below", "mpe_above"),
+        "_sample": ("self", "study", "trial", "search_space"),  # calls the two above, in that order
+    },
+    _ParzenEstimator: {"log_pdf": ("self", "samples_dict")},
+    RDBStorage: {"_get_stale_trial_ids": ("self", "study_id")},
+    Study: {"_get_trials": ("self", "deepcopy", "states", "use_cache")},
+}
+# Instance attributes read here: a study's storage and id, a trial's storage id, the cache's RDB storage.
+PRIVATE_ATTRIBUTES: dict[type, tuple[str, ...]] = {
+    Study: ("_storage", "_study_id"),
+    Trial: ("_trial_id",),
+    FrozenTrial: ("_trial_id",),
+    _CachedStorage: ("_backend",),
+}
+
+
+def trial_id(trial: Trial | FrozenTrial) -> int:
+    """The storage's id of a trial: Optuna's API names trials by number, its storage by id."""
+    return cast(int, trial._trial_id)
+
+
+def storage_of(study: Study) -> BaseStorage:
+    """The storage a study reads and writes (a `Study` does not expose it)."""
+    return study._storage
+
+
+def rdb_storage_of(study: Study) -> RDBStorage | None:
+    """The RDB storage under a study (Optuna wraps one in a cache), or None for another kind."""
+    storage = study._storage
+    if isinstance(storage, _CachedStorage):
+        storage = storage._backend
+    return storage if isinstance(storage, RDBStorage) else None
+
+
+def set_user_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """A user attribute on a trial this process holds no `Trial` of (one a dead driver left RUNNING):
+    `Trial.set_user_attr` is the public way, for the process that asked for the trial."""
+    study._storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def set_system_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
+    """A system attribute set by a sampler, as Optuna's own samplers record theirs: no public API sets one."""
+    study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def stale_trial_ids(study: Study) -> set[int]:
+    """Storage ids of RUNNING trials whose heartbeat stopped for longer than the grace period; empty without
+    RDB heartbeats. (`optuna.storages.fail_stale_trials` would fail them at once; the driver first asks
+    whose they are.)"""
+    rdb = rdb_storage_of(study)
+    return set(rdb._get_stale_trial_ids(study._study_id)) if rdb is not None else set()
+
+
+def record_heartbeat(study: Study, trials: Iterable[Trial]) -> None:
+    """Tell other drivers these trials are alive (RDB storage only; others keep no heartbeat)."""
+    rdb = rdb_storage_of(study)
+    if rdb is not None:
+        for trial in trials:
+            rdb.record_heartbeat(trial._trial_id)
+
+
+class _FilteredStudy:
+    """A study as a sampler sees it, with only the trials `keep` accepts. Samplers read trials through
+    the public `get_trials` and the private `_get_trials`; both are filtered."""
+
+    def __init__(self, study: Study, keep: Callable[[FrozenTrial], bool]) -> None:
+        self._study = study
+        self._keep = keep
+
+    def get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study.get_trials(*args, **kwargs) if self._keep(t)]
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return [t for t in self._study._get_trials(*args, **kwargs) if self._keep(t)]
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+def study_with_trials(study: Study, keep: Callable[[FrozenTrial], bool]) -> Study:
+    """`study` as a sampler sees it, with only the trials `keep` accepts."""
+    return cast(Study, _FilteredStudy(study, keep))  # a Study in every way a sampler uses one
+
+
+class HookedTPESampler(TPESampler):
+    """TPESampler whose two private steps of a proposal a subclass overrides under public names.
+
+    `TPESampler._sample` builds the Parzen estimator of the good trials (`handle_below=True`), then the one
+    of the others, draws candidates from the first and scores them with the acquisition function.
+    """
+
+    def build_parzen_estimator(
+        self,
+        study: Study,
+        search_space: dict[str, BaseDistribution],
+        trials: list[FrozenTrial],
+        handle_below: bool,
+    ) -> ParzenEstimator:
+        """The density of `trials` (the good ones when `handle_below`); TPE's own unless overridden."""
+        return TPESampler._build_parzen_estimator(self, study, search_space, trials, handle_below)
+
+    def compute_acquisition_func(
+        self, samples: dict[str, np.ndarray], mpe_below: ParzenEstimator, mpe_above: ParzenEstimator
+    ) -> np.ndarray:
+        """Each candidate's score, higher is better; TPE's own (log l(x) - log g(x)) unless overridden."""
+        return TPESampler._compute_acquisition_func(self, samples, mpe_below, mpe_above)
+
+    def _build_parzen_estimator(
+        self,
+        study: Study,
+        search_space: dict[str, BaseDistribution],
+        trials: list[FrozenTrial],
+        handle_below: bool,
+    ) -> ParzenEstimator:
+        return self.build_parzen_estimator(study, search_space, trials, handle_below)
+
+    def _compute_acquisition_func(
+        self, samples: dict[str, np.ndarray], mpe_below: ParzenEstimator, mpe_above: ParzenEstimator
+    ) -> np.ndarray:
+        return self.compute_acquisition_func(samples, mpe_below, mpe_above)

@@ -1,0 +1,180 @@
+"""Judging a trial: what a node's result, a refusal to launch or a Ctrl-C is told to Optuna as.
+
+Each function records on the live trial what is read back later (user attributes, constraints, the short
+measurement as an intermediate value) and returns an `Outcome`: the state and values to tell Optuna, and
+what the loop's observers show of it. Telling Optuna is the loop's: it also retries and learns from failures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import Study
+from autotune.measure.client import BenchmarkResult
+from autotune.study.pruning import SHORT_STEP
+from autotune.study.records import (
+    ACCEPT_LENGTH_ATTR,
+    ADVICE_ATTR,
+    CULPRITS_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    LOAD_STOPPED_BY_ATTR,
+    METRICS_ATTR,
+    OVER_LIMITS_ATTR,
+    PRUNED_BY_ATTR,
+    SERVER_CHOICES_ATTR,
+    SERVER_MEMORY_ATTR,
+    SERVER_PGID_ATTR,
+    SHORT_CUTOFF_ATTR,
+    SHORT_VALUE_ATTR,
+    SKIPPED_ATTR,
+)
+from autotune.trial.failures import Failure, FailureKind
+from autotune.trial.wire import TrialResult
+
+MEMORY_CONSTRAINT = "memory"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished trial as Optuna is told it and as a person is shown it."""
+
+    state: TrialState
+    # What Optuna is told; None for PRUNED and FAIL (a pruned trial keeps its last reported value).
+    values: tuple[float, ...] | None
+    # The value shown: the first objective's, the short one when pruned after it, the penalty of an OOM.
+    value: float | None
+    failure_kind: FailureKind | None = None
+    failure: Failure | None = None  # the node's account of what went wrong
+    refusal: str | None = None  # why a proposal was never launched
+    over_limits: tuple[str, ...] = ()  # each broken limit, described
+    load_stopped_by: str | None = None
+    pruned_by: str | None = None
+
+
+def judge(study: Study, trial: optuna.Trial, result: TrialResult) -> Outcome:
+    """A node's result: a job's metrics or a measurement (COMPLETE, or PRUNED after the short run), or a
+    failure (FAIL, or PRUNED with the penalty for an out-of-memory, so samplers learn the region is bad)."""
+    if result.server_pgid is not None:
+        trial.set_user_attr(SERVER_PGID_ATTR, result.server_pgid)
+    if result.server_memory:
+        trial.set_user_attr(SERVER_MEMORY_ATTR, result.server_memory)
+    if result.server_choices:
+        trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
+    if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement
+        return _job(study, trial, result.metrics)
+    if result.ok:
+        assert result.benchmark is not None  # TrialResult.ok says so
+        return _measured(study, trial, result.benchmark)
+    assert result.failure is not None  # a result that is not ok carries its failure
+    return _failed(study, trial, result.failure)
+
+
+def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> Outcome:
+    """Its limits as constraints (and by how much each was broken), its short measurement as the intermediate
+    value, then PRUNED (stopped after it) or COMPLETE."""
+    objective = study.objective
+    trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+    over = {}
+    for check in objective.limit_checks(measured):
+        trial.set_constraint(check.metric, check.excess)
+        if check.violated:
+            over[check.metric] = {
+                "limit": check.limit,
+                "measured": check.measured,
+                "excess": check.excess,
+                "concurrency": check.concurrency,
+                "text": check.describe(),
+            }
+    if over:
+        trial.set_user_attr(OVER_LIMITS_ATTR, over)
+    if measured.accept_length is not None:  # the default sampler steers the speculative tree by it
+        trial.set_user_attr(ACCEPT_LENGTH_ATTR, measured.accept_length)
+    if measured.load_stopped_by is not None:
+        trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
+    broken = tuple(str(v["text"]) for v in over.values())
+    stopped_by = measured.load_stopped_by
+    short = measured if measured.stopped_early else measured.short
+    if short is not None and not objective.is_multi_objective:
+        short_value = objective.value(short)
+        trial.set_user_attr(SHORT_VALUE_ATTR, short_value)
+        trial.report(short_value, SHORT_STEP)
+        if measured.stopped_early:
+            cutoff = trial.user_attrs.get(SHORT_CUTOFF_ATTR)
+            why = (
+                f"short measurement: {objective.metric} {short_value:.4g} worse than the pruner's "
+                f"cutoff {cutoff:.4g}"
+            )
+            trial.set_user_attr(PRUNED_BY_ATTR, why)
+            # Told PRUNED without values: the stored value is the short one, reported above.
+            return Outcome(
+                TrialState.PRUNED,
+                None,
+                short_value,
+                over_limits=broken,
+                load_stopped_by=stopped_by,
+                pruned_by=why,
+            )
+    values = tuple(objective.values(measured))
+    return Outcome(TrialState.COMPLETE, values, values[0], over_limits=broken, load_stopped_by=stopped_by)
+
+
+def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outcome:
+    """A job's metrics (kept as the `metrics` attribute, intervals included), its limits as constraints."""
+    objective = study.objective
+    trial.set_user_attr(METRICS_ATTR, measured)
+    trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+    for key, amount in objective.constraints(measured).items():
+        trial.set_constraint(key, amount)
+    values = tuple(objective.values(measured))
+    return Outcome(TrialState.COMPLETE, values, values[0])
+
+
+def _failed(study: Study, trial: optuna.Trial, failure: Failure) -> Outcome:
+    trial.set_user_attr(FAILURE_KIND_ATTR, failure.kind.value)
+    trial.set_user_attr(FAILURE_ATTR, study.secrets.redact(failure.line)[:500])
+    trial.set_user_attr(ADVICE_ATTR, failure.advice)
+    if failure.culprits:
+        trial.set_user_attr(CULPRITS_ATTR, list(failure.culprits))
+    if not failure.kind.is_oom:
+        return Outcome(TrialState.FAIL, None, None, failure.kind, failure)
+    # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
+    penalty = study.file.failures.oom_penalty
+    trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+    for key in study.objective.limits:
+        trial.set_constraint(key, 1.0)
+    if study.objective.is_multi_objective:  # multi-objective trials cannot report(): pruned without a value
+        return Outcome(TrialState.PRUNED, None, None, failure.kind, failure)
+    trial.report(penalty, 0)
+    return Outcome(TrialState.PRUNED, None, penalty, failure.kind, failure)
+
+
+def refused(trial: optuna.Trial, kind: FailureKind, why: str) -> Outcome:
+    """A launch the study's `never_launch` forbids: FAIL, never run."""
+    trial.set_user_attr(FAILURE_KIND_ATTR, kind.value)
+    trial.set_user_attr(FAILURE_ATTR, why)
+    return Outcome(TrialState.FAIL, None, None, kind, refusal=why)
+
+
+def skipped(study: Study, trial: optuna.Trial, why: str, *, oom: bool) -> Outcome:
+    """A proposal never launched, costing no node time nor budget: a known incompatibility (FAIL), or a
+    predicted OOM (PRUNED with the penalty, so samplers learn from it)."""
+    kind = FailureKind.PREDICTED_OOM if oom else FailureKind.KNOWN_INCOMPATIBLE
+    trial.set_user_attr(SKIPPED_ATTR, True)
+    trial.set_user_attr(FAILURE_KIND_ATTR, kind.value)
+    trial.set_user_attr(FAILURE_ATTR, why)
+    if not oom:
+        return Outcome(TrialState.FAIL, None, None, kind, refusal=why)
+    penalty = study.file.failures.oom_penalty
+    trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+    trial.report(penalty, 0)
+    return Outcome(TrialState.PRUNED, None, penalty, kind, refusal=why)
+
+
+def interrupted(trial: optuna.Trial) -> Outcome:
+    """A trial a Ctrl-C stopped: FAIL, saying nothing about its settings (it runs again)."""
+    trial.set_user_attr(FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
+    return Outcome(TrialState.FAIL, None, None, FailureKind.INTERRUPTED)

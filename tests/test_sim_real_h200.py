@@ -1,0 +1,168 @@
+"""The simulated H200 held to real SGLang 0.5.17: run 2 of the real study (`benchmarks/sglang-h200/run2`),
+its logged step costs, memory and objective beside the model's, and the mechanisms the real logs showed.
+
+`benchmarks/sglang-h200/sim_vs_real.py` prints the same comparison; RESULTS-sglang-h200.md has its tables.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.config import load_study
+from autotune.sim.model import NodeModel
+from autotune.sim.predict import settings_for
+from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.sim.server.options import resolved_server_args
+from autotune.sim.server_args import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
+
+from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs  # noqa: E402
+
+RUN2 = REPO / "benchmarks" / "sglang-h200" / "run2" / "study.tar.gz"
+STUDY = REPO / "examples" / "sglang-h200.yaml"
+HELD = ["--load-format", "dummy", "--attention-backend", "triton"]  # the study's fixed flags
+# Lines 119-130 of run 2's trial-0000/server.log (real SGLang 0.5.17): the end of a wave's prefill, its
+# decode, and the next wave's first prefill.
+REAL_LINES = """\
+[2026-12-01 15:10:09] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0, token usage: 0.06, #running-req: 42, #queue-req: 6, #pending-token: 14336, cuda graph: True, input throughput (token/s): 42075.51
+[2026-12-01 15:10:09] Prefill batch, #new-seq: 8, #new-token: 8192, #cached-token: 0, token usage: 0.07, #running-req: 50, #queue-req: 0, #pending-token: 6144, cuda graph: True, input throughput (token/s): 42712.69
+[2026-12-01 15:10:09] Prefill batch, #new-seq: 6, #new-token: 6144, #cached-token: 0, token usage: 0.07, #running-req: 58, #queue-req: 0, #pending-token: 0, cuda graph: True, input throughput (token/s): 42226.82
+[2026-12-01 15:10:10] Decode batch, #running-req: 64, #token: 65995, token usage: 0.07, cuda graph: True, gen throughput (token/s): 133.78, #queue-req: 0
+[2026-12-01 15:10:10] Decode batch, #running-req: 64, #token: 68555, token usage: 0.07, cuda graph: True, gen throughput (token/s): 7611.82, #queue-req: 0
+[2026-12-01 15:10:10] Decode batch, #running-req: 64, #token: 71115, token usage: 0.08, cuda graph: True, gen throughput (token/s): 7529.23, #queue-req: 0
+[2026-12-01 15:10:11] Decode batch, #running-req: 64, #token: 73675, token usage: 0.08, cuda graph: True, gen throughput (token/s): 7390.22, #queue-req: 0
+[2026-12-01 15:10:11] Decode batch, #running-req: 64, #token: 76235, token usage: 0.08, cuda graph: True, gen throughput (token/s): 7306.31, #queue-req: 0
+[2026-12-01 15:10:11] Decode batch, #running-req: 64, #token: 78795, token usage: 0.09, cuda graph: True, gen throughput (token/s): 7207.01, #queue-req: 0
+[2026-12-01 15:10:12] Decode batch, #running-req: 64, #token: 80074, token usage: 0.09, cuda graph: True, gen throughput (token/s): 7079.42, #queue-req: 0
+[2026-12-01 15:10:12] Prefill batch, #new-seq: 1, #new-token: 1024, #cached-token: 0, token usage: 0.09, #running-req: 63, #queue-req: 0, #pending-token: 0, cuda graph: True, input throughput (token/s): 469.60
+"""  # noqa: E501
+# What real 0.5.17 captured with --cuda-graph-max-bs-prefill 4096 (run 1, trial 16's server_args line).
+REAL_PREFILL_GRAPHS_4096 = [
+    *range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+    *range(1280, 4097, 256),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def h200() -> HardwareProfile:
+    return load_hardware_profile("h200-x1")
+
+
+@pytest.fixture(scope="module")
+def llama8b() -> ModelProfile:
+    return load_model_profile("llama-8b-dummy")
+
+
+@pytest.fixture(scope="module")
+def rows(h200: HardwareProfile, llama8b: ModelProfile) -> list[TrialRow]:
+    return compare(RUN2, load_study(STUDY), h200, llama8b)
+
+
+def node(hw: HardwareProfile, model: ModelProfile, *argv: str) -> NodeModel:
+    return NodeModel(hw, model, settings_for([*HELD, *argv], {}))
+
+
+def test_only_intervals_where_one_batch_ran_alone_are_step_costs() -> None:
+    costs = step_costs(REAL_LINES)
+    # The first prefill line follows nothing known; the wave's first decode line and the next wave's
+    # prefill include the other kind's time; the last decode line lost requests mid-interval.
+    assert [tokens for tokens, _ in costs.prefill] == [8192, 6144]
+    assert costs.prefill[0][1] == pytest.approx(8192 / 42712.69)
+    assert len(costs.decode) == 5
+    first = costs.decode[0]
+    assert (first.batch, first.context_tokens, first.in_graph) == (64, 68555 - 64 * 20, True)
+    assert first.step_s == pytest.approx(64 / 7611.82)
+
+
+def test_the_model_steps_as_real_sglang_did(rows: list[TrialRow]) -> None:
+    checked = 0
+    for row in rows:
+        if (prefill := row.prefill_rates()) is not None:
+            assert prefill[1] == pytest.approx(prefill[0], rel=0.03), (row.number, "prefill", prefill)
+        for in_graph, tolerance in ((True, 0.03), (False, 0.05)):
+            if (decode := row.decode_steps(in_graph)) is not None:
+                assert decode[1] == pytest.approx(decode[0], rel=tolerance), (row.number, in_graph, decode)
+                checked += 1
+    assert checked == 5  # four trials decoded in graphs, one eagerly
+
+
+def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
+    for row in rows:
+        assert row.costs is not None and row.costs.kv_tokens is not None
+        plan = row.node.plan
+        assert plan.kv_tokens == pytest.approx(row.costs.kv_tokens, rel=0.03), row.number
+        assert row.costs.available_gib is not None
+        assert plan.avail_after_graph_gb * GIB_PER_GB == pytest.approx(row.costs.available_gib, abs=1.5)
+
+
+def test_the_simulated_objective_is_the_real_one(rows: list[TrialRow]) -> None:
+    completed = [r for r in rows if r.real]
+    assert len(completed) == 5
+    for row in completed:
+        assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
+    summary = agreement(rows)
+    assert summary is not None and summary[2] < 0.02
+    # The one config whose real value stands out of the noise (eager decode) is last in both.
+    assert min(completed, key=lambda r: r.real or 0.0) is min(completed, key=lambda r: r.sim)
+
+
+def test_an_eager_decode_step_waits_on_the_host_whatever_the_batch(
+    h200: HardwareProfile, llama8b: ModelProfile
+) -> None:
+    n = node(h200, llama8b, "--cuda-graph-max-bs-decode", "16")
+    host_s = llama8b.num_layers * llama8b.kernels_per_layer * h200.eager_op_us * 1e-6
+    overhead_s = llama8b.step_overhead_ms * 1e-3
+    small, large = n.decode_step_s(24, 24 * 1200), n.decode_step_s(128, 128 * 1200)
+    assert small == pytest.approx(host_s + overhead_s) and large == pytest.approx(host_s + overhead_s)
+    assert n.decode_step_s(16, 16 * 1200) < small / 3  # the same batch size replayed from a graph
+    # Where the GPU's own work is longer than the host's dispatch, the host hides behind it.
+    huge_context = 256 * 8000
+    in_graph = node(h200, llama8b).decode_step_s(256, huge_context)
+    assert in_graph > small and n.decode_step_s(256, huge_context) == pytest.approx(in_graph)
+
+
+def test_without_a_measured_host_an_eager_step_pays_a_launch_per_kernel() -> None:
+    # The seed's profile has no eager_op_us: its calibration charges each eager kernel's launch.
+    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    assert hw.eager_op_us == 0
+    n = NodeModel(hw, model, settings_for(["--tp-size", "8"], {}))
+    launches_s = model.num_layers * model.kernels_per_layer * hw.kernel_launch_us * 1e-6
+    eager, in_graph = n.forward_s(2, 56000, in_graph=False), n.forward_s(2, 56000, in_graph=True)
+    eager_ar_s = 122 * (2 * hw.kernel_launch_us + hw.proxy_wait_us) * 1e-6  # launches, NCCL's proxy over shm
+    assert eager - in_graph == pytest.approx(launches_s + eager_ar_s)
+
+
+def test_a_prefill_batch_within_the_prefill_graphs_is_replayed() -> None:
+    hw, model = load_hardware_profile("h200-nvlink-x8"), load_model_profile("llama-70b-bf16")
+    launches_s = model.num_layers * model.kernels_per_layer * hw.kernel_launch_us * 1e-6
+    with_graphs = NodeModel(hw, model, settings_for(["--tp-size", "8"], {}))
+    without = NodeModel(
+        hw, model, settings_for(["--tp-size", "8", "--cuda-graph-backend-prefill", "disabled"], {})
+    )
+    assert max(with_graphs.plan.prefill_graph_sizes) == 8192
+    eager_ar_s = 160 * 2 * hw.kernel_launch_us * 1e-6  # an eager all-reduce's two launches, 160 of them
+    gap = without.prefill_step_s(4096, 4096) - with_graphs.prefill_step_s(4096, 4096)
+    assert gap == pytest.approx(launches_s + eager_ar_s)
+    smaller = NodeModel(
+        hw, model, settings_for(["--tp-size", "8", "--cuda-graph-max-bs-prefill", "2048"], {})
+    )
+    assert smaller.prefill_step_s(4096, 4096) == pytest.approx(without.prefill_step_s(4096, 4096))
+
+
+def test_cuda_graph_max_bs_prefill_sets_the_largest_prefill_graph(
+    h200: HardwareProfile, llama8b: ModelProfile
+) -> None:
+    argv = [*HELD, "--model-path", "/tmp/model-8b", "--cuda-graph-max-bs-prefill", "4096"]
+    n = NodeModel(h200, llama8b, settings_for(argv, {}))
+    assert n.plan.prefill_graph_sizes == REAL_PREFILL_GRAPHS_4096
+    args = resolved_server_args(build_parser().parse_args(argv), n, seed=0)
+    assert args["cuda_graph_config"].prefill.max_bs == 4096
+    # Breakable prefill graphs hold their largest graph's activations: half the tokens, less memory.
+    default = node(h200, llama8b)
+    assert n.plan.prefill_graph_gb < default.plan.prefill_graph_gb
+    assert default.plan.prefill_graph_gb * GIB_PER_GB == pytest.approx(1.38, abs=0.1)  # real: 1.38 GiB
