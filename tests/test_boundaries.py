@@ -15,6 +15,7 @@ import pytest
 
 import autotune
 
+pytestmark = pytest.mark.integration  # each test imports in a fresh interpreter: a process
 # Everything a node actor imports to run a trial (the Ray actor is autotune.node.executor.NodeActor).
 NODE_SIDE = (
     "autotune.node.executor",

@@ -124,6 +124,7 @@ def test_a_store_inside_an_archive_is_read(tmp_path: Path) -> None:
     assert any(f.startswith("study.tar.gz!.autotune/s/mlflow.db:runs: \x2fwork/main/") for f in found), found
 
 
+@pytest.mark.integration  # git ls-files
 def test_no_development_machine_path_is_committed() -> None:
     found = []
     for name in _tracked():
