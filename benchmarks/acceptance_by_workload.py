@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.measure.client import BenchmarkResult, Workload, benchmark
-from tests.test_sim_server import SimServer
+from tests.sim.test_server import SimServer
 
 SHIPPED = Path(__file__).resolve().parent.parent / "prompts" / "autotune-prompts.jsonl"
 FAST = {"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}

@@ -1,7 +1,7 @@
 """Every use of Optuna's private internals, in one place; the rest of autotune uses Optuna's public API.
 
 Each function says what Optuna offers no public form of. `PRIVATE_METHODS` and `PRIVATE_ATTRIBUTES` list
-what this module relies on; tests/test_optuna_internals.py checks them against the installed Optuna and
+what this module relies on; tests/study/test_optuna_internals.py checks them against the installed Optuna and
 fails naming its version and the hook, and pyproject.toml pins the Optuna versions they were checked on.
 """
 

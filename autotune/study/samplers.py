@@ -234,7 +234,7 @@ class FeasibleTPESampler(optuna_internals.HookedTPESampler):
     out-of-memory trial). Candidates still come from TPE's good density, so the search stays where the
     good trials are, but moves away from the configs next to them that did not start. Without both kinds
     of trial it is plain TPE. It overrides two steps of TPESampler's proposal, which are private in Optuna
-    (autotune.study.optuna_internals keeps them; tests/test_optuna_internals.py fails if they change).
+    (autotune.study.optuna_internals keeps them; tests/study/test_optuna_internals.py fails if they change).
     """
 
     def __init__(self, *args: Any, feasibility_weight: float = 1.0, **kwargs: Any) -> None:

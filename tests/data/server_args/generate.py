@@ -1,6 +1,6 @@
 """Build SGLang's `server_args=` log lines (the *.log files here) from the real sglang wheels' field lists.
 
-The test lines of tests/test_logwatch.py are not typed by hand: this takes ServerArgs' fields, in their
+The test lines of tests/node/test_logwatch.py are not typed by hand: this takes ServerArgs' fields, in their
 order, from each version's source (0.5.11, 0.5.17: a dataclass, logged as its repr; 0.5.19, 0.5.23:
 `resolved_dict()`, logged as a dict, 0.5.23's fields spread over arg_groups/fields/), and the real
 CudaGraphConfig/PhaseConfig (imported from 0.5.17's stdlib-only module; 0.5.19/0.5.23's fields read from

@@ -46,7 +46,7 @@ from autotune.trial.wire import TrialRequest
 from autotune.views.compare import Comparison, Run, compare, order_of_round
 from tests.builders import SHIPPED_SPACE, StudyFiles, study_data
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "nccl-h200x2.yaml"
 OBJECTIVE = REPO / "objectives" / "nccl-allreduce.yaml"
 SPACE = REPO / "search_spaces" / "nccl-allreduce.yaml"

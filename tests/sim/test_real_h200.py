@@ -18,7 +18,7 @@ from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_p
 from autotune.sim.server.options import resolved_server_args
 from autotune.sim.server_args import build_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
 
 from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs  # noqa: E402

@@ -27,7 +27,7 @@ from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import TrialConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 BASE_ARGV = ["--tp-size", "8"]
 GROUPS = {"nccl": "NCCL only", "sglang": "SGLang flags only", "speculative": "speculation only"}

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from autotune.study import optuna_internals
 from autotune.study.optuna_internals import PRIVATE_ATTRIBUTES, PRIVATE_METHODS, HookedTPESampler
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _changed(hook: str, what: str) -> str:

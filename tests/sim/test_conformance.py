@@ -17,7 +17,7 @@ from autotune.dialect import FlagTable, committed_table
 from autotune.sim.server_args import build_parser
 from autotune.sim.versions import VERSIONS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def shipped_flags() -> set[str]:

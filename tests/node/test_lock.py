@@ -13,7 +13,7 @@ import pytest
 from autotune.node.executor import TrialExecutor
 from autotune.node.lock import NodeBusy, lock_path, node_held
 from autotune.node.runner import LocalCommandRunner
-from tests.test_node import request
+from tests.node.test_executor import request
 
 
 @pytest.fixture

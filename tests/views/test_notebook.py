@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analyze_study.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "analyze_study.ipynb"
 
 pytestmark = pytest.mark.integration
 

@@ -590,7 +590,7 @@ def test_the_new_kv_message_beats_the_markers_of_its_death() -> None:
     assert failure.line.startswith("ValueError: Loaded weights leave no GPU memory")
 
 
-REAL_H200_LOGS = Path(__file__).parent / "data" / "sglang-0.5.17-h200"
+REAL_H200_LOGS = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200"
 
 
 def test_an_oom_with_another_process_holding_the_gpu_is_the_nodes_problem() -> None:

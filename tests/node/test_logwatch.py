@@ -338,7 +338,7 @@ def test_the_servers_own_choices_are_read_from_its_server_args_line() -> None:
     assert server_choices(STARTUP[0]) == {}  # a line without the fields
 
 
-SERVER_ARGS_LINES = Path(__file__).parent / "data" / "server_args"
+SERVER_ARGS_LINES = Path(__file__).parents[1] / "data" / "server_args"
 
 
 @pytest.mark.parametrize(

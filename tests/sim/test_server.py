@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_PATH = "moonshotai/Kimi-K2.5"
 TIME_SCALE = "0.001"  # the ten-minute weight load takes 0.6 s
 DATE = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"

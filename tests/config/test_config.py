@@ -25,7 +25,7 @@ from autotune.study import samplers
 from autotune.trial.launch import TrialConfig
 from tests.builders import StudyFiles, study_data
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 SHIPPED_OBJECTIVE = REPO / "objectives" / "throughput.yaml"
 ALG = "--speculative-algorithm"
