@@ -59,7 +59,7 @@ from autotune.study.records import (
     SHORT_CUTOFF_ATTR,
 )
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
-from autotune.study.rules import ConfigMeasurements, best_trial, direction_sign, is_feasible
+from autotune.study.rules import ConfigMeasurements, best_trial, direction_sign, is_feasible, non_dominated
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
@@ -442,19 +442,12 @@ def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
     as good in every objective and better in one), by number; [] for a single-objective study."""
     if len(ostudy.directions) < 2:
         return []
-    signs = [direction_sign(d) for d in ostudy.directions]
     complete = [
         t
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.values is not None and is_feasible(t)
     ]
-
-    def dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
-        better = [s * x for s, x in zip(signs, a.values, strict=True)]
-        worse = [s * y for s, y in zip(signs, b.values, strict=True)]
-        return all(x >= y for x, y in zip(better, worse, strict=True)) and better != worse
-
-    return sorted((t for t in complete if not any(dominates(o, t) for o in complete)), key=lambda t: t.number)
+    return sorted(non_dominated(complete, ostudy.directions), key=lambda t: t.number)
 
 
 def study_summary(ostudy: optuna.Study) -> dict[str, Any]:

@@ -56,6 +56,18 @@ def direction_sign(direction: StudyDirection | str) -> float:
     return 1.0 if maximizes(direction) else -1.0
 
 
+def non_dominated(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> list[FrozenTrial]:
+    """The trials no other one dominates (at least as good in every objective of `directions`, better in
+    one), in their order: the Pareto front of the study's answer and of its plot."""
+    signs = [direction_sign(d) for d in directions]
+    scores = {t.number: [s * v for s, v in zip(signs, t.values, strict=False)] for t in trials}
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
+
+    return [t for t in trials if not any(dominates(scores[o.number], scores[t.number]) for o in trials)]
+
+
 def best_measured(trials: Iterable[FrozenTrial], direction: StudyDirection | str) -> FrozenTrial | None:
     """The best of single-objective trials by their one measured value: the feasible COMPLETE ones only,
     the lowest-numbered among equals; None when none is. Once configs were re-measured the study's answer

@@ -22,7 +22,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.records import FAILURE_KIND_ATTR
-from autotune.study.rules import direction_sign, maximizes
+from autotune.study.rules import maximizes, non_dominated
 from autotune.trial.failures import FailureKind
 
 MEMORY_FRACTION = "--mem-fraction-static"
@@ -318,7 +318,7 @@ def pareto_front(data: PlotData) -> Figure | None:
     if len(data.directions) < 2:
         return None
     complete = [t for t in data.complete() if len(t.values) >= 2]
-    front = _pareto(complete, data.directions[:2])
+    front = non_dominated(complete, data.directions[:2])
     figure = Figure(figsize=(6.5, 4.6), layout="constrained")
     ax = figure.subplots()
     ax.scatter(
@@ -346,21 +346,6 @@ def pareto_front(data: PlotData) -> Figure | None:
 def _value(trial: FrozenTrial) -> float:
     """A completed trial's (first) objective value; complete() guarantees there is one."""
     return float(trial.values[0]) if trial.values else math.nan
-
-
-def _pareto(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]) -> list[FrozenTrial]:
-    signs = [direction_sign(d) for d in directions]
-
-    def score(t: FrozenTrial) -> list[float]:
-        return [s * v for s, v in zip(signs, t.values, strict=False)]
-
-    def dominated(a: list[float], b: list[float]) -> bool:  # b dominates a
-        return all(y >= x for x, y in zip(a, b, strict=True)) and any(
-            y > x for x, y in zip(a, b, strict=True)
-        )
-
-    scores = {t.number: score(t) for t in trials}
-    return [t for t in trials if not any(dominated(scores[t.number], scores[o.number]) for o in trials)]
 
 
 @dataclass(frozen=True)

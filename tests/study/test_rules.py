@@ -6,7 +6,7 @@ import optuna
 from optuna.study._constrained_optimization import _get_feasible_trials
 from optuna.trial import TrialState, create_trial
 
-from autotune.study.rules import is_feasible, within_limits
+from autotune.study.rules import is_feasible, non_dominated, within_limits
 
 
 def _trial(constraints: dict[str, float] | None) -> optuna.trial.FrozenTrial:
@@ -137,3 +137,14 @@ def test_configs_compare_with_their_types() -> None:
 
     assert config_key({"a": 1, "b": None}) == config_key({"b": None, "a": 1})
     assert config_key({"a": True}) != config_key({"a": 1})
+
+
+def test_the_pareto_front_is_the_one_optuna_finds() -> None:
+    directions = [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
+    points = [(10, 5), (12, 6), (8, 4), (9, 6), (12, 6), (11, 9), (7, 3), (12, 7)]
+    study = optuna.create_study(directions=directions)
+    for tok_s, ttft in points:
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=[tok_s, ttft]))
+    front = non_dominated(study.trials, directions)
+    assert [t.number for t in front] == sorted(t.number for t in study.best_trials)
+    assert [t.number for t in front] == [0, 1, 2, 4, 6]  # equal points both stay; (9, 6) and (12, 7) do not
