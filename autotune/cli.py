@@ -40,7 +40,7 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SHORT_VALUE_ATTR,
 )
-from autotune.study.rules import best_trial, is_feasible
+from autotune.study.rules import best_trial, is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 
@@ -501,7 +501,6 @@ _SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from optuna.trial import FixedTrial
 
     from autotune.study.loop import study_summary
 
@@ -529,10 +528,7 @@ def cmd_best(args: argparse.Namespace) -> int:
                 f"of the objective (`autotune status {study.path}` says by how much)"
             )
         raise AutotuneError(f"study {study.name!r} has no completed trial yet")
-    is_baseline = bool(best.user_attrs.get(BASELINE_ATTR))
-    config = (
-        study.search_space.baseline() if is_baseline else study.search_space.suggest(FixedTrial(best.params))
-    )
+    config = trial_config(study, best)
     launch = study.server_launch(config)
     if args.json:
         print(json.dumps(_best_record(study, summary, best, config, launch), indent=2))

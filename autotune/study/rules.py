@@ -21,10 +21,22 @@ if TYPE_CHECKING:
     from optuna.study import StudyDirection
     from optuna.trial import FrozenTrial
 
+    from autotune.config import Study
+    from autotune.trial.launch import TrialConfig
+
 DEFAULT_CONFIDENCE = 0.95
 
 
 ConfigKey = tuple[tuple[str, str], ...]
+
+
+def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
+    """The settings a finished trial ran with, rebuilt from its parameters through the search space."""
+    from optuna.trial import FixedTrial
+
+    if trial.user_attrs.get(BASELINE_ATTR):
+        return study.search_space.baseline()
+    return study.search_space.suggest(FixedTrial(dict(trial.params), trial.number))
 
 
 def config_key(params: Mapping[str, Any]) -> ConfigKey:

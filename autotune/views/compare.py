@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FixedTrial, FrozenTrial
+from optuna.trial import FrozenTrial
 
 from autotune.config import Study
 from autotune.errors import AutotuneError
 from autotune.measure.metrics import ALLREDUCE_METRICS
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
 from autotune.node.executor import TrialExecutor, runner_for
-from autotune.study.rules import best_trial
-from autotune.trial.launch import TrialConfig
+from autotune.study.rules import best_trial, trial_config
 from autotune.trial.wire import TrialRequest, TrialResult
 
 __all__ = ["Comparison", "Run", "compare", "order_of_round"]
@@ -172,7 +171,7 @@ def compare(
     if rounds < 2:
         raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
     chosen = _chosen_trial(ostudy, trial)
-    configs = {DEFAULT: study.search_space.baseline(), BEST: _config_of(study, chosen)}
+    configs = {DEFAULT: study.search_space.baseline(), BEST: trial_config(study, chosen)}
     launches = {name: study.server_launch(config) for name, config in configs.items()}
     if executor is None:
         node = study.file.nodes[0]
@@ -207,14 +206,6 @@ def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
     if not trials or trials[0].value is None:
         raise AutotuneError(f"trial {number} of study {ostudy.study_name!r} has no value to compare")
     return trials[0]
-
-
-def _config_of(study: Study, trial: FrozenTrial) -> TrialConfig:
-    from autotune.study.records import BASELINE_ATTR
-
-    if trial.user_attrs.get(BASELINE_ATTR):
-        return study.search_space.baseline()
-    return study.search_space.suggest(FixedTrial(trial.params))
 
 
 def _run_of(index: int, name: str, position: int, result: TrialResult) -> Run:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FixedTrial, FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
 from autotune.study.records import ADVICE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
-from autotune.study.rules import best_trial
+from autotune.study.rules import best_trial, trial_config
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
@@ -58,15 +58,6 @@ class StudyFindings:
 
     def value_text(self, value: float | None) -> str:
         return "-" if value is None else f"{value:.2f} {self.unit}".strip()
-
-
-def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
-    """The settings a finished trial ran with, rebuilt from its parameters through the search space."""
-    from autotune.study.records import BASELINE_ATTR
-
-    if trial.user_attrs.get(BASELINE_ATTR):
-        return study.search_space.baseline()
-    return study.search_space.suggest(FixedTrial(dict(trial.params), trial.number))
 
 
 def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:

@@ -33,7 +33,7 @@ from autotune.sim.profiles import (
     load_hardware_profile,
     load_model_profile,
 )
-from autotune.views.report import trial_config
+from autotune.study.rules import trial_config
 
 REPO = Path(__file__).resolve().parents[2]
 PREFILL = re.compile(r"Prefill batch, .*#new-token: (\d+), .*input throughput \(token/s\): ([\d.]+)")
