@@ -109,7 +109,7 @@ class SimulatedServer:
         args = resolved_server_args(ns, node, options.seed)
         ranks = SchedulerRanks(ns, log, options.faults)
         self.startup = Startup(ns, node, options, args, log, ranks)
-        self.serving = Serving(ns, node, options, log, ranks)
+        self.serving = Serving(ns, node, options, args, log, ranks)
         self.api = HttpApi(ns, node, options, args, log, ranks, self.serving)
 
     async def run(self) -> int:

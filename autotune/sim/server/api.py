@@ -22,6 +22,7 @@ from aiohttp.abc import AbstractAccessLogger
 from autotune.sim.logfmt import ERROR, SimLog
 from autotune.sim.model import NodeModel
 from autotune.sim.predictability import predictability
+from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server.options import SimOptions
 from autotune.sim.server.ranks import SchedulerRanks
 from autotune.sim.server.serving import (
@@ -59,7 +60,7 @@ class _UvicornAccessLogger(AbstractAccessLogger):
         server.log.uvicorn(f'{client} - "{line}" {response.status} {phrase}')
 
 
-class HttpApi:
+class HttpApi(LaunchPart):
     """The HTTP server of one launch: its routes answer from the launch's settings and `serving`."""
 
     def __init__(
@@ -72,13 +73,7 @@ class HttpApi:
         ranks: SchedulerRanks,
         serving: Serving,
     ) -> None:
-        self.ns = ns
-        self.node = node
-        self.plan = node.plan
-        self.options = options
-        self.args = args
-        self.log = log
-        self.ranks = ranks
+        super().__init__(ns, node, options, args, log, ranks)
         self.serving = serving
         self.scale = options.time_scale
         self._runner: web.AppRunner | None = None

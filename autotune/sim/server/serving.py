@@ -17,6 +17,7 @@ from autotune.errors import AutotuneError
 from autotune.sim.engine import input_too_long
 from autotune.sim.logfmt import SimLog
 from autotune.sim.model import NodeModel
+from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server.options import SimOptions
 from autotune.sim.server.ranks import SchedulerRanks
 
@@ -73,7 +74,7 @@ class BadRequest(AutotuneError):
     """A request SGLang answers with 400 and this message."""
 
 
-class Serving:
+class Serving(LaunchPart):
     """The engine of one launch played in real time, and the requests it is generating for."""
 
     def __init__(
@@ -81,15 +82,11 @@ class Serving:
         ns: argparse.Namespace,
         node: NodeModel,
         options: SimOptions,
+        args: dict[str, Any],
         log: SimLog,
         ranks: SchedulerRanks,
     ) -> None:
-        self.ns = ns
-        self.node = node
-        self.plan = node.plan
-        self.options = options
-        self.log = log
-        self.ranks = ranks
+        super().__init__(ns, node, options, args, log, ranks)
         self.scale = options.time_scale
         self.engine = node.new_engine(seed=options.seed, noise=options.noise)
         self.requests: dict[str, ClientRequest] = {}
