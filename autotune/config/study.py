@@ -190,13 +190,7 @@ class ServerSpec(BaseModel):
     @classmethod
     def _flag_names(cls, flags: dict[str, str | None]) -> dict[str, str | None]:
         for flag in flags:
-            if not FLAG_NAME.match(flag):
-                raise rule_error(
-                    "a server flag must start with '--'",
-                    loc=(flag,),
-                    value=flag,
-                    fix=f"Write '--{flag.lstrip('-')}'; env vars go under server.env.",
-                )
+            _check_flag_name(flag, (flag,), "a server flag", "; env vars go under server.env")
             if flag in MANAGED_FLAGS:
                 raise rule_error(
                     f"{flag} is set by autotune",
@@ -303,13 +297,7 @@ class NeverLaunch(BaseModel):
     @classmethod
     def _flag_names(cls, flags: list[str]) -> list[str]:
         for index, flag in enumerate(flags):
-            if not FLAG_NAME.match(flag):
-                raise rule_error(
-                    "a flag must start with '--'",
-                    loc=(index,),
-                    value=flag,
-                    fix=f"Write '--{flag.lstrip('-')}'.",
-                )
+            _check_flag_name(flag, (index,), "a flag")
         return flags
 
 
@@ -401,6 +389,14 @@ class StudyFile(BaseModel):
 
 def _scalar(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
+
+
+def _check_flag_name(flag: str, loc: tuple[str | int, ...], what: str, note: str = "") -> None:
+    """Every flag the study file lists (server flags, flags never to launch) is written with its '--'."""
+    if not FLAG_NAME.match(flag):
+        raise rule_error(
+            f"{what} must start with '--'", loc=loc, value=flag, fix=f"Write '--{flag.lstrip('-')}'{note}."
+        )
 
 
 def _check_env_names(env: Mapping[str, object]) -> None:

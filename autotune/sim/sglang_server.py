@@ -63,6 +63,7 @@ from autotune.sim.logfmt import WARNING, SimLog
 from autotune.sim.model import LaunchSettings, NodeModel
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server.api import HttpApi
+from autotune.sim.server.launch import Launch
 from autotune.sim.server.options import (
     DEFAULT_CRASH_AFTER_TOKENS,
     DEFAULT_HARDWARE,
@@ -108,9 +109,10 @@ class SimulatedServer:
         self.log = log
         args = resolved_server_args(ns, node, options.seed)
         ranks = SchedulerRanks(ns, log, options.faults)
-        self.startup = Startup(ns, node, options, args, log, ranks)
-        self.serving = Serving(ns, node, options, log, ranks)
-        self.api = HttpApi(ns, node, options, args, log, ranks, self.serving)
+        launch = Launch(ns, node, options, args, log, ranks)
+        self.startup = Startup(launch)
+        self.serving = Serving(launch)
+        self.api = HttpApi(launch, self.serving)
 
     async def run(self) -> int:
         """Start, serve until SIGTERM or SIGINT, and return the exit status (a fatal error never returns)."""

@@ -460,18 +460,20 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
         kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
+    summary: dict[str, Any] = {
+        "states": states,
+        "failure_kinds": kinds,
+        "baseline_value": None,
+        "best_value": None,
+        "best_trial": None,
+        "gain_pct": None,
+        "pareto": None,
+        "remeasured": None,
+    }
     if len(ostudy.directions) > 1:
         front = pareto_front(ostudy)
-        return {
-            "states": states,
-            "failure_kinds": kinds,
-            "baseline_value": None,
-            "best_value": None,
-            "best_trial": None,
-            "gain_pct": None,
-            "pareto": [{"number": t.number, "values": list(t.values or [])} for t in front],
-            "remeasured": None,
-        }
+        summary["pareto"] = [{"number": t.number, "values": list(t.values or [])} for t in front]
+        return summary
     base, best = baseline_trial(ostudy), best_trial(ostudy)
     base_value = base.value if base else None
     best_value = best.value if best else None
@@ -488,16 +490,14 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
             base_value = answer.baseline.mean
         gain = answer.gain.pct if answer.gain is not None else None
         remeasured = remeasured_summary(answer)
-    return {
-        "states": states,
-        "failure_kinds": kinds,
-        "baseline_value": base_value,
-        "best_value": best_value,
-        "best_trial": best.number if best else None,
-        "gain_pct": gain,
-        "pareto": None,
-        "remeasured": remeasured,
-    }
+    summary.update(
+        baseline_value=base_value,
+        best_value=best_value,
+        best_trial=best.number if best else None,
+        gain_pct=gain,
+        remeasured=remeasured,
+    )
+    return summary
 
 
 def remeasured_summary(answer: RemeasuredAnswer) -> dict[str, Any]:

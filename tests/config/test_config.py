@@ -381,6 +381,19 @@ def test_autotune_managed_base_flag(project: Path) -> None:
     assert error.field == "server.flags.--port" and "server.port" in error.fix
 
 
+def test_flag_without_dashes(project: Path) -> None:
+    data = _study_data()
+    data["server"]["flags"]["tp-size"] = 2
+    error = _study_error(project, data)
+    _check(error, project / "studies" / "study.yaml", "server.flags.tp-size")
+    assert error.problem.startswith("a server flag must start with '--'")
+    assert error.fix == "Write '--tp-size'; env vars go under server.env."
+    error = _study_error(project, _study_data(never_launch={"env": {}, "flags": ["enable-nccl-nvls"]}))
+    _check(error, project / "studies" / "study.yaml", "never_launch.flags[0]")
+    assert error.problem.startswith("a flag must start with '--'")
+    assert error.fix == "Write '--enable-nccl-nvls'."
+
+
 def test_base_flag_also_tuned(project: Path) -> None:
     data = _study_data()
     data["server"]["flags"]["--mem-fraction-static"] = 0.9

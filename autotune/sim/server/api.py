@@ -4,7 +4,6 @@ access lines and `--api-key` checks."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -19,11 +18,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from autotune.sim.logfmt import ERROR, SimLog
-from autotune.sim.model import NodeModel
+from autotune.sim.logfmt import ERROR
 from autotune.sim.predictability import predictability
-from autotune.sim.server.options import SimOptions
-from autotune.sim.server.ranks import SchedulerRanks
+from autotune.sim.server.launch import Launch, LaunchPart
 from autotune.sim.server.serving import (
     BadRequest,
     ClientRequest,
@@ -59,28 +56,13 @@ class _UvicornAccessLogger(AbstractAccessLogger):
         server.log.uvicorn(f'{client} - "{line}" {response.status} {phrase}')
 
 
-class HttpApi:
+class HttpApi(LaunchPart):
     """The HTTP server of one launch: its routes answer from the launch's settings and `serving`."""
 
-    def __init__(
-        self,
-        ns: argparse.Namespace,
-        node: NodeModel,
-        options: SimOptions,
-        args: dict[str, Any],
-        log: SimLog,
-        ranks: SchedulerRanks,
-        serving: Serving,
-    ) -> None:
-        self.ns = ns
-        self.node = node
-        self.plan = node.plan
-        self.options = options
-        self.args = args
-        self.log = log
-        self.ranks = ranks
+    def __init__(self, launch: Launch, serving: Serving) -> None:
+        super().__init__(launch)
         self.serving = serving
-        self.scale = options.time_scale
+        self.scale = self.options.time_scale
         self._runner: web.AppRunner | None = None
 
     def _build_app(self) -> web.Application:

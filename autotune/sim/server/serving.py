@@ -3,7 +3,6 @@ tokens delivered to its clients, and the scheduler's batch log lines."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -15,10 +14,7 @@ from typing import Any, NoReturn
 
 from autotune.errors import AutotuneError
 from autotune.sim.engine import input_too_long
-from autotune.sim.logfmt import SimLog
-from autotune.sim.model import NodeModel
-from autotune.sim.server.options import SimOptions
-from autotune.sim.server.ranks import SchedulerRanks
+from autotune.sim.server.launch import Launch, LaunchPart
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
@@ -73,25 +69,13 @@ class BadRequest(AutotuneError):
     """A request SGLang answers with 400 and this message."""
 
 
-class Serving:
+class Serving(LaunchPart):
     """The engine of one launch played in real time, and the requests it is generating for."""
 
-    def __init__(
-        self,
-        ns: argparse.Namespace,
-        node: NodeModel,
-        options: SimOptions,
-        log: SimLog,
-        ranks: SchedulerRanks,
-    ) -> None:
-        self.ns = ns
-        self.node = node
-        self.plan = node.plan
-        self.options = options
-        self.log = log
-        self.ranks = ranks
-        self.scale = options.time_scale
-        self.engine = node.new_engine(seed=options.seed, noise=options.noise)
+    def __init__(self, launch: Launch) -> None:
+        super().__init__(launch)
+        self.scale = self.options.time_scale
+        self.engine = self.node.new_engine(seed=self.options.seed, noise=self.options.noise)
         self.requests: dict[str, ClientRequest] = {}
         self.ready = False
         self.tokens_after_ready = 0

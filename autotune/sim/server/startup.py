@@ -4,19 +4,16 @@ time and a start-up failure dies in its own phase with SGLang's lines."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from aiohttp import ClientError, ClientSession, ClientTimeout
 
-from autotune.sim.logfmt import SimLog, tqdm_line
-from autotune.sim.model import NodeModel
-from autotune.sim.server.options import SimOptions
-from autotune.sim.server.ranks import SchedulerRanks
+from autotune.sim.logfmt import tqdm_line
+from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
 
 HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
@@ -25,31 +22,13 @@ WARMUP_PROMPT = "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
 
 
-class Startup:
+class Startup(LaunchPart):
     """The start-up phases of one launch, logged on every scheduler rank."""
-
-    def __init__(
-        self,
-        ns: argparse.Namespace,
-        node: NodeModel,
-        options: SimOptions,
-        args: dict[str, Any],
-        log: SimLog,
-        ranks: SchedulerRanks,
-    ) -> None:
-        self.ns = ns
-        self.node = node
-        self.plan = node.plan
-        self.options = options
-        self.args = args
-        self.log = log
-        self.ranks = ranks
-        self.startup_scale = options.startup_time_scale
 
     async def _sleep_model(self, seconds: float) -> None:
         """Sleep through a start-up phase of `seconds` model time."""
         if seconds > 0:
-            await asyncio.sleep(seconds * self.startup_scale)
+            await asyncio.sleep(seconds * self.options.startup_time_scale)
 
     async def run(self) -> None:
         """Every phase up to the scheduler's summary line; a start-up failure dies in its phase."""
