@@ -51,7 +51,7 @@ from autotune.node.runner import (
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import AUTO_PORT, ServerLaunch
 from autotune.trial.redaction import server_api_key
-from autotune.trial.wire import TrialRequest, TrialResult
+from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
 
 # SGLang needs 10 to 15 s to stop cleanly before the process group is killed.
 STOP_GRACE_S = 15.0
@@ -94,6 +94,8 @@ class TrialExecutor:
         self._aborted = threading.Event()
 
     def _enter(self, phase: str) -> None:
+        if phase not in TRIAL_PHASES:
+            raise ValueError(f"`phase in TRIAL_PHASES` must hold, but got ({phase=}).")
         with self._phase_lock:
             self.phase = phase
 

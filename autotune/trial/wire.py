@@ -13,6 +13,12 @@ from autotune.measure.plan import MeasurementPlan
 from autotune.trial.failures import Failure
 from autotune.trial.launch import ServerLaunch
 
+# Where a trial is on its node, as a pool reports it while it runs (the console and MLflow show it).
+TRIAL_PHASES = (
+    "idle", "waiting", "launching", "starting", "loading", "capturing", "ready", "benchmarking", "measuring",
+    "stopping",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TrialRequest:

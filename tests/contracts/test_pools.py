@@ -19,10 +19,8 @@ from autotune.node.check import NodeReport
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool, Submitted, in_process_pool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.trial.wire import TrialRequest, TrialResult
+from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
 from tests.builders import StudyFiles, e2e_study
-
-PHASES = {"idle", "waiting", "launching", "loading", "ready", "benchmarking", "stopping"}
 
 
 def model_pool(study: Study) -> NodePool:
@@ -106,7 +104,7 @@ def test_a_node_is_busy_from_submit_until_its_result_is_collected(
     assert submitted.node == node and submitted.request.number == 1
     assert pool.idle_nodes() == []
     phase = pool.phase(submitted)
-    assert phase is None or phase in PHASES, phase
+    assert phase is None or phase in TRIAL_PHASES, phase
     [(back, result)] = collect(pool, 1)
     assert back == submitted
     assert (result.number, result.node) == (1, node) and result.ok, result.failure
