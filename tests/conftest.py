@@ -141,6 +141,18 @@ def study_file(tmp_path: Path) -> StudyFiles:
     return StudyFiles(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real OpenSSH server on loopback for the module's tests (tests/sshd.py); skipped without sshd."""
+    from tests.sshd import SSHServer, sshd_unavailable  # loads Fabric: only for the tests that use it
+
+    if sshd_unavailable():
+        pytest.skip(str(sshd_unavailable()))
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     from autotune.config import load_study

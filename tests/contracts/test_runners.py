@@ -22,22 +22,12 @@ import pytest
 
 from autotune.node.runner import CommandRunner, LaunchError, LocalCommandRunner, ServerProcess
 from autotune.trial.redaction import REDACTED
-from tests.sshd import SSHServer, sshd_unavailable
 
 pytestmark = pytest.mark.integration  # every runner starts processes
 RUNNERS: dict[str, Callable[[pytest.FixtureRequest, Path], CommandRunner]] = {
     "local": lambda request, folder: LocalCommandRunner(folder),
     "ssh": lambda request, folder: request.getfixturevalue("sshd").runner(local_root=folder),
 }
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
-    if sshd_unavailable():
-        pytest.skip(str(sshd_unavailable()))
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=list(RUNNERS))

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,13 +142,6 @@ def test_nvidia_smi_inventory_and_sglangs_unbalanced_memory_rule() -> None:
 
 
 # -- a real sshd -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
-    if sshd_unavailable():
-        pytest.skip(str(sshd_unavailable()))
-    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
 
 
 def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
