@@ -22,6 +22,7 @@ import pytest
 
 from autotune.node.runner import CommandRunner, LaunchError, LocalCommandRunner, ServerProcess
 from autotune.trial.redaction import REDACTED
+from tests.processes import alive
 
 pytestmark = pytest.mark.integration  # every runner starts processes
 RUNNERS: dict[str, Callable[[pytest.FixtureRequest, Path], CommandRunner]] = {
@@ -65,14 +66,6 @@ def line_of(server: ServerProcess, prefix: str) -> str:
 
     wait_for(found)
     return str(found())
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 # -- short commands ------------------------------------------------------------------------------------

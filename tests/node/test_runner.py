@@ -20,25 +20,11 @@ from autotune.node.runner import (
     port_is_free,
     wait_port_free,
 )
+from tests.processes import alive
 
 
 def _python(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (an orphan may linger unreaped in a container)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return state not in ("Z", "X")
 
 
 def _wait_for_line(proc: ServerProcess, prefix: str, timeout_s: float = 10.0) -> str:
@@ -82,8 +68,8 @@ def test_stop_kills_whole_group(tmp_path: Path, mode: str) -> None:
     rc = proc.stop(grace_s=0.5)
     took = time.monotonic() - t0
 
-    assert not _alive(proc.pid)
-    assert not _alive(grandchild)
+    assert not alive(proc.pid)
+    assert not alive(grandchild)
     if mode == "obey":
         assert rc == -15
         assert took < 0.5
@@ -108,9 +94,9 @@ def test_stop_after_leader_exited_kills_lingering_grandchild(tmp_path: Path) -> 
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() == 3
-    assert _alive(grandchild)
+    assert alive(grandchild)
     assert proc.stop(grace_s=2) == 3
-    assert not _alive(grandchild)
+    assert not alive(grandchild)
 
 
 @pytest.mark.integration

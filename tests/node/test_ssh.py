@@ -31,19 +31,11 @@ from autotune.trial.redaction import Secrets
 from autotune.trial.wire import TrialRequest, TrialResult
 from tests.builders import StudyFiles, e2e_study
 from tests.conftest import run_cli
+from tests.processes import alive
 from tests.sshd import SSHServer, sshd_unavailable
 
 SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
 needs_sshd = pytest.mark.skipif(sshd_unavailable() is not None, reason=str(sshd_unavailable()))
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie left to a PID 1 that does not reap counts as dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _group(pgid: int) -> list[int]:
@@ -294,7 +286,7 @@ def test_a_connection_cut_mid_benchmark_is_node_unreachable_and_the_server_is_st
     assert result.failure.kind.retried_once and result.benchmark is None
     assert time.monotonic() - started < 30  # the benchmark was cancelled, not waited for
     assert result.server_pgid is not None
-    assert not _alive(result.server_pgid) and _group(result.server_pgid) == []  # stopped on reconnect
+    assert not alive(result.server_pgid) and _group(result.server_pgid) == []  # stopped on reconnect
     assert runner.left_behind == []
     assert port_is_free("127.0.0.1", request.launch.port)
     assert "The server is fired up and ready to roll!" in result.log  # followed until the cut
@@ -311,7 +303,7 @@ def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tm
         result = _run_and_cut(executor, _slow_benchmark_request(8), sshd.stop)
         assert result.failure is not None and result.failure.kind is FailureKind.NODE_UNREACHABLE
         pgid = result.server_pgid
-        assert pgid is not None and _alive(pgid)  # sshd is gone: nobody could stop it
+        assert pgid is not None and alive(pgid)  # sshd is gone: nobody could stop it
         assert runner.left_behind == [pgid]
         assert json.loads((workdir / "servers.json").read_text())[0]["pgid"] == pgid
 
