@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.builders import REPO
 
 # A home or workspace folder, a pytest temporary folder, or an absolute path into a checkout of this
 # repository or a study's work folder (`<anywhere>/examples/...`, `<anywhere>/.autotune/...`); and the

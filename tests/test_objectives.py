@@ -35,9 +35,8 @@ from autotune.study.pruning import SHORT_STEP, _probe, short_cutoff, short_prune
 from autotune.study.rules import best_trial
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
-from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
+from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 
-REPO = Path(__file__).resolve().parents[1]
 SEED_WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
 
 # One JSON line as sglang.bench_serving 0.5.x appends it to --output-file (the fields of reference/sglang.md).

@@ -23,9 +23,8 @@ from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
 from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.study import samplers
 from autotune.trial.launch import TrialConfig
-from tests.builders import StudyFiles, study_data
+from tests.builders import REPO, StudyFiles, study_data
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 SHIPPED_OBJECTIVE = REPO / "objectives" / "throughput.yaml"
 ALG = "--speculative-algorithm"

@@ -21,8 +21,8 @@ from autotune.config.search_space import (
 )
 from autotune.errors import ConfigError
 from autotune.trial.launch import TrialConfig
+from tests.builders import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 ALG, STEPS, TOPK, DRAFT = (
     "--speculative-algorithm",

@@ -27,8 +27,8 @@ from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.node.check import GPU, NodeReport, check_node
 from autotune.node.runner import LocalCommandRunner
 from autotune.trial.launch import TrialConfig, build_server_launch
+from tests.builders import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
 STEPS, TOPK, DRAFT = SpeculativeRules.STEPS, SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS

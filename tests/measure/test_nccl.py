@@ -44,9 +44,8 @@ from autotune.trial.failures import FailureKind
 from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
 from autotune.trial.wire import TrialRequest
 from autotune.views.compare import Comparison, Run, compare, order_of_round
-from tests.builders import SHIPPED_SPACE, StudyFiles, study_data
+from tests.builders import REPO, SHIPPED_SPACE, StudyFiles, study_data
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "nccl-h200x2.yaml"
 OBJECTIVE = REPO / "objectives" / "nccl-allreduce.yaml"
 SPACE = REPO / "search_spaces" / "nccl-allreduce.yaml"

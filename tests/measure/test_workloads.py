@@ -40,12 +40,11 @@ from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability
 from autotune.tracking.tracker import measurement_metrics
-from tests.builders import StudyFiles
+from tests.builders import REPO, StudyFiles
 from tests.node.test_executor import request as node_request
 from tests.sim.test_server import SimServer
 from tests.test_objectives import BENCH_SERVING_LINE
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "prompts" / "autotune-prompts.jsonl"
 # Serving 50x faster than real time: latencies of tens of ms stay above the client's own overhead.
 FAST = {"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}

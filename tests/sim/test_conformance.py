@@ -8,7 +8,6 @@ so that a trial that parses (or dies in parsing) on the simulated node does the 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,8 +15,7 @@ import yaml
 from autotune.dialect import FlagTable, committed_table
 from autotune.sim.server_args import build_parser
 from autotune.sim.versions import VERSIONS
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.builders import REPO
 
 
 def shipped_flags() -> set[str]:

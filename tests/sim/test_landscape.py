@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import optuna
 import pytest
@@ -26,8 +25,8 @@ from autotune.sim.model import NodeModel
 from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import TrialConfig
+from tests.builders import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 BASE_ARGV = ["--tp-size", "8"]
 GROUPS = {"nccl": "NCCL only", "sglang": "SGLang flags only", "speculative": "speculation only"}

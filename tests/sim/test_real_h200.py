@@ -7,7 +7,6 @@ its logged step costs, memory and objective beside the model's, and the mechanis
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,11 +16,11 @@ from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.sim.server.options import resolved_server_args
 from autotune.sim.server_args import build_parser
+from tests.builders import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
 
-from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs  # noqa: E402
+from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs
 
 RUN2 = REPO / "benchmarks" / "sglang-h200" / "run2" / "study.tar.gz"
 STUDY = REPO / "examples" / "sglang-h200.yaml"

@@ -16,14 +16,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.builders import REPO
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL_PATH = "moonshotai/Kimi-K2.5"
 TIME_SCALE = "0.001"  # the ten-minute weight load takes 0.6 s
 DATE = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"

@@ -24,10 +24,9 @@ from autotune.study.records import REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_remeasurement, gain_over, remeasure, remeasured_answer
 from autotune.study.rules import ConfigMeasurements, best_trial, mean_interval, measurement_groups
 from autotune.study.storage import open_study
-from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
+from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 from tests.test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli
 
-REPO = Path(__file__).resolve().parents[2]
 REMEASURE = {"top": 2, "repeats": 3, "confidence": 0.95}
 
 
