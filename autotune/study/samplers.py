@@ -729,6 +729,17 @@ SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
 }
 
 
-def build(spec: SamplerSpec) -> BaseSampler:
-    """A new sampler of the study file's kind and seed."""
-    return SAMPLERS[spec.name](spec.seed)
+def build(spec: SamplerSpec, *, trials_so_far: int = 0) -> BaseSampler:
+    """A new sampler of the study file's kind and seed, for a study that has `trials_so_far` trials.
+
+    A continued study draws from a seed of its own, made from the file's and the trials so far: the file's
+    seed again would replay the first trials' proposals (a resumed study on the H200 re-ran trials 1 and
+    2). The same study resumed at the same point still proposes the same trials."""
+    return SAMPLERS[spec.name](continued_seed(spec.seed, trials_so_far))
+
+
+def continued_seed(seed: int | None, trials_so_far: int) -> int | None:
+    """The seed for a study continued after `trials_so_far` trials: the study file's for a new study."""
+    if seed is None or trials_so_far == 0:
+        return seed
+    return random.Random(f"{seed}/{trials_so_far}").getrandbits(32)

@@ -124,7 +124,8 @@ def open_study(
     """
     study.ensure_workdir()  # the default SQLite file lives there
     storage = storage if storage is not None else rdb_storage(study.storage)
-    sampler = sampler if sampler is not None else samplers.build(study.file.sampler)
+    if sampler is None:
+        sampler = samplers.build(study.file.sampler, trials_so_far=_trials_so_far(storage, study.name))
     try:
         ostudy = optuna.create_study(
             storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
@@ -137,6 +138,15 @@ def open_study(
     # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
     ostudy.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
     return ostudy
+
+
+def _trials_so_far(storage: optuna.storages.BaseStorage, name: str) -> int:
+    """How many trials the study named `name` has in `storage` (none when it does not exist yet)."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
 
 
 def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -> None:

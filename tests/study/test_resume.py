@@ -88,3 +88,33 @@ def test_resuming_with_a_changed_search_space_is_refused_then_accepted(
     ostudy = StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3, accept_changes=True)
     assert finished_count(ostudy) == 3
     assert ostudy.user_attrs["config"]["history"], "the earlier files are kept with the study"
+
+
+# SGLang knobs only, as on one GPU: nothing in the space steers the sampler's first draws elsewhere.
+ONE_GPU_SPACE = {
+    "parameters": {
+        "--mem-fraction-static": {"kind": "sglang", "type": "float", "low": 0.6, "high": 0.95, "step": 0.01},
+        "--chunked-prefill-size": {"kind": "sglang", "type": "categorical", "choices": [None, 4096, 16384]},
+        "--schedule-conservativeness": {"kind": "sglang", "type": "float", "low": 0.3, "high": 1.5},
+    }
+}
+
+
+def test_a_resumed_seeded_study_does_not_replay_its_first_proposals(study_file: StudyFiles) -> None:
+    # Seen on the H200: a study resumed with its file's seed proposed trials 1 and 2 again, word for word.
+    study = load_study(study_file(n_trials=3, search_space=ONE_GPU_SPACE))
+    StudyDriver(study, pool=model_pool()).run()
+    ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=5)
+
+    first, resumed = ostudy.trials[1:3], ostudy.trials[3:5]
+    assert [t.params for t in resumed] != [t.params for t in first]
+    assert not any(t.params == f.params for t in resumed for f in first)
+
+
+def test_a_study_resumed_at_the_same_point_proposes_the_same_trials(study_file: StudyFiles) -> None:
+    runs = []
+    for copy in ("a", "b"):
+        study = load_study(study_file(n_trials=3, search_space=ONE_GPU_SPACE, file=f"{copy}/study.yaml"))
+        StudyDriver(study, pool=model_pool()).run()
+        runs.append([t.params for t in StudyDriver(study, pool=model_pool()).run(n_trials=5).trials[3:5]])
+    assert runs[0] == runs[1]
