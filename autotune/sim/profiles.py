@@ -120,6 +120,12 @@ class ModelProfile(_Profile):
     active_params_b: float = Field(gt=0, description="parameters used per token, billions")
     kernels_per_layer: int = Field(gt=0)
     step_overhead_ms: float = Field(ge=0, description="scheduler and sampling work per step")
+    sampling_us_per_request: float = Field(
+        default=0.0,
+        ge=0,
+        description="what each request of a decode step adds outside the forward: its logits' sampling "
+        "(0 where never measured: step_overhead_ms holds it at the batch it was calibrated at)",
+    )
     runtime_overhead_gb: float = Field(ge=0, description="workspaces allocated with the weights, per GPU")
     graph_mb_per_bs: float = Field(ge=0, description="CUDA graph pool per captured batch size unit")
     activation_mb_per_token: float = Field(gt=0, description="peak activations per prefill token")

@@ -32,6 +32,7 @@ if [ ! -d $W ]; then
   mkdir -p $W && cp -r autotune examples search_spaces objectives $W/ && rm -rf $W/examples/.autotune
   if [ -f .h200-carry/study.tar.gz ]; then tar -xzf .h200-carry/study.tar.gz -C $W/examples && say "stores carried back unpacked"; fi
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 --version;
+    lscpu | grep -E "^(Model name|CPU\(s\)):";  # an eager decode step waits on the host: which host matters
     PYTHONPATH=/tmp/site python3 -c 'import torch, sglang; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "sglang", sglang.__version__)'; } > "$OUT/machine.txt" 2>&1
 fi
 export PYTHONPATH=$W:/tmp/at:/tmp/site

@@ -78,20 +78,29 @@ def test_only_intervals_where_one_batch_ran_alone_are_step_costs() -> None:
     assert first.step_s == pytest.approx(64 / 7611.82)
 
 
+# An eager decode step waits on the host's CPU, not the GPU: trial 7 re-ran trial 1's config on the next
+# session's lease of the machine and its eager steps took 32.9 ms where trial 1's took 21.7 (run 1's, 29).
+# The profile holds one host; which host a lease gets is not in any config.
+OTHER_HOST_EAGER = {7}
+
+
 def test_the_model_steps_as_real_sglang_did(rows: list[TrialRow]) -> None:
     checked = 0
     for row in rows:
         if (prefill := row.prefill_rates()) is not None:
             assert prefill[1] == pytest.approx(prefill[0], rel=0.03), (row.number, "prefill", prefill)
         for in_graph, tolerance in ((True, 0.03), (False, 0.05)):
-            if (decode := row.decode_steps(in_graph)) is not None:
+            decode = row.decode_steps(in_graph)
+            if decode is not None and (in_graph or row.number not in OTHER_HOST_EAGER):
                 assert decode[1] == pytest.approx(decode[0], rel=tolerance), (row.number, in_graph, decode)
                 checked += 1
-    assert checked == 5  # four trials decoded in graphs, one eagerly
+    assert checked == 19  # 18 trials decoded in graphs (one at batch 32), one eagerly
 
 
 def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
-    for row in rows:
+    started = [row for row in rows if row.state != "RUNNING"]  # the last one was cut off as it started
+    assert len(started) == 21
+    for row in started:
         assert row.costs is not None and row.costs.kv_tokens is not None
         plan = row.node.plan
         assert plan.kv_tokens == pytest.approx(row.costs.kv_tokens, rel=0.03), row.number
@@ -101,13 +110,17 @@ def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
 
 def test_the_simulated_objective_is_the_real_one(rows: list[TrialRow]) -> None:
     completed = [r for r in rows if r.real]
-    assert len(completed) == 5
+    assert len(completed) == 20
     for row in completed:
-        assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
+        if row.number not in OTHER_HOST_EAGER:
+            assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
     summary = agreement(rows)
     assert summary is not None and summary[2] < 0.02
-    # The one config whose real value stands out of the noise (eager decode) is last in both.
-    assert min(completed, key=lambda r: r.real or 0.0) is min(completed, key=lambda r: r.sim)
+    # The configs whose real values stand out of the noise (eager decode twice, 32 requests at a time)
+    # are the three lowest in both.
+    lowest_real = sorted(completed, key=lambda r: r.real or 0.0)[:3]
+    lowest_sim = sorted(completed, key=lambda r: r.sim)[:3]
+    assert {r.number for r in lowest_real} == {r.number for r in lowest_sim} == {1, 7, 18}
 
 
 def test_an_eager_decode_step_waits_on_the_host_whatever_the_batch(
@@ -116,8 +129,13 @@ def test_an_eager_decode_step_waits_on_the_host_whatever_the_batch(
     n = node(h200, llama8b, "--cuda-graph-max-bs-decode", "16")
     host_s = llama8b.num_layers * llama8b.kernels_per_layer * h200.eager_op_us * 1e-6
     overhead_s = llama8b.step_overhead_ms * 1e-3
+
+    def sampling_s(batch: int) -> float:  # after the forward, per request
+        return batch * llama8b.sampling_us_per_request * 1e-6
+
     small, large = n.decode_step_s(24, 24 * 1200), n.decode_step_s(128, 128 * 1200)
-    assert small == pytest.approx(host_s + overhead_s) and large == pytest.approx(host_s + overhead_s)
+    assert small == pytest.approx(host_s + overhead_s + sampling_s(24))
+    assert large == pytest.approx(host_s + overhead_s + sampling_s(128))
     assert n.decode_step_s(16, 16 * 1200) < small / 3  # the same batch size replayed from a graph
     # Where the GPU's own work is longer than the host's dispatch, the host hides behind it.
     huge_context = 256 * 8000
@@ -165,3 +183,16 @@ def test_cuda_graph_max_bs_prefill_sets_the_largest_prefill_graph(
     default = node(h200, llama8b)
     assert n.plan.prefill_graph_gb < default.plan.prefill_graph_gb
     assert default.plan.prefill_graph_gb * GIB_PER_GB == pytest.approx(1.38, abs=0.1)  # real: 1.38 GiB
+
+
+def test_each_request_of_a_decode_step_adds_its_sampling(
+    h200: HardwareProfile, llama8b: ModelProfile
+) -> None:
+    # Real 0.5.17 in CUDA graphs: 6.09 ms at batch 32 (trial 18), 8.41 ms at batch 64 (trial 0), each at its
+    # own context; the KV each reads explains 1.7 of the 2.3 ms between them, the rest is per request.
+    n = node(h200, llama8b)
+    assert n.decode_step_s(32, 34_562) == pytest.approx(32 / 5253.05, rel=0.03)
+    assert n.decode_step_s(64, 68_555 - 64 * 20) == pytest.approx(64 / 7611.82, rel=0.03)
+    without = llama8b.model_copy(update={"sampling_us_per_request": 0.0})
+    with_sampling = n.decode_step_s(32, 34_562)
+    assert node(h200, without).decode_step_s(32, 34_562) == pytest.approx(with_sampling - 32 * 20e-6)

@@ -80,8 +80,10 @@ def _in_graph(node: NodeModel, batch: int) -> bool:
 
 def decode_step_s(node: NodeModel, batch: int, context_tokens: int) -> float:
     """One decode step of `batch` requests; with speculation, draft + verify + draft extend."""
+    # Each request's next token is sampled after the forward (softmax, top-k/p over the vocabulary).
+    sampling_s = batch * node.model.sampling_us_per_request * 1e-6
     if not node.spec:
-        return forward_s(node, batch, context_tokens, _in_graph(node, batch))
+        return forward_s(node, batch, context_tokens, _in_graph(node, batch)) + sampling_s
     draft = node.model.draft
     assert draft is not None  # _resolve_spec returns None without a draft profile
     in_graph = _in_graph(node, batch)
@@ -93,7 +95,7 @@ def decode_step_s(node: NodeModel, batch: int, context_tokens: int) -> float:
     # Draft tokens of one sequence follow its context, so they mostly route to the same experts.
     routed = batch * (1 + (node.spec.num_draft_tokens - 1) * draft.routing_overlap)
     verify_s = forward_s(node, verify_tokens, context_tokens + verify_tokens, verify_in_graph, routed)
-    return (node.spec.num_steps + 1) * draft_step_s + verify_s
+    return (node.spec.num_steps + 1) * draft_step_s + verify_s + sampling_s
 
 
 def verify_allreduce_s(node: NodeModel, batch: int) -> float:
