@@ -76,11 +76,6 @@ def fixed_params(trial: FrozenTrial) -> dict[str, Any]:
     return dict(trial.system_attrs.get("fixed_params") or {})
 
 
-def is_enqueued(trial: FrozenTrial) -> bool:
-    """Whether the trial came from `Study.enqueue_trial`."""
-    return "fixed_params" in trial.system_attrs
-
-
 def stale_trial_ids(study: Study) -> set[int]:
     """Storage ids of RUNNING trials whose heartbeat stopped for longer than the grace period; empty without
     RDB heartbeats. (`optuna.storages.fail_stale_trials` would fail them at once; the driver first asks

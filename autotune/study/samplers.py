@@ -390,9 +390,7 @@ class IncumbentMoves(_Wrapper):
         # Asked once per parameter: planned once per trial.
         if trial.number not in self._plans:
             plan, why = self._new_plan(study) or (None, "")
-            # A system attr, as Optuna's own samplers keep theirs; not on an enqueued trial (the baseline, a
-            # retry, a config queued by hand), whose values are its own, not the plan's.
-            if plan is not None and not optuna_internals.is_enqueued(trial):
+            if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
                 optuna_internals.set_system_attr(study, trial, PROPOSED_ATTR, why)
             self._plans = {trial.number: plan}
             self._floor = _finished(study)

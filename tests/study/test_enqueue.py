@@ -296,3 +296,15 @@ def test_a_queued_trial_a_dead_driver_left_running_runs_again_once_and_the_rest_
     retry = next(t for t in ran if t.user_attrs.get("retry_of") == orphan.number)
     assert retry.user_attrs[QUEUED_ATTR] == {"set": {MEM: 0.85}, "from_trial": None}
     assert finished_count(ostudy) == 4  # the interrupted run does not count; the queued configs do
+
+
+def test_a_config_queued_past_the_start_asks_the_sampler_for_nothing(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=13)
+    run(path, n_trials=11)  # past the start: the sampler now plans moves from the best trial
+    assert enqueue(path, "--from-trial", "0", f"--set={MEM}=0.85") == 0
+    assert enqueue(path, "--from-trial", "0", f"--set={MEM}=0.86") == 0
+    ostudy = run(path)
+    queued = [t for t in ostudy.trials if QUEUED_ATTR in t.user_attrs]
+    assert [t.params[MEM] for t in queued] == [0.85, 0.86]
+    # Every knob is queued: the sampler, which plans a move for most trials now, plans none for these.
+    assert [t.system_attrs.get(PROPOSED_ATTR) for t in queued] == [None, None]
