@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from autotune.study.loop import StudyDriver
 from autotune.study.records import DRIVER_ATTR, PROPOSED_ATTR, QUEUED_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.samplers import nearest
 from autotune.study.storage import finished_count, open_study
-from tests.builders import StudyFiles
+from tests.builders import StudyFiles, e2e_study
+from tests.conftest import run_cli
 from tests.study.test_loop import model_pool
 
 MEM = "--mem-fraction-static"
@@ -308,3 +310,26 @@ def test_a_config_queued_past_the_start_asks_the_sampler_for_nothing(study_file:
     assert [t.params[MEM] for t in queued] == [0.85, 0.86]
     # Every knob is queued: the sampler, which plans a move for most trials now, plans none for these.
     assert [t.system_attrs.get(PROPOSED_ATTR) for t in queued] == [None, None]
+
+
+@pytest.mark.integration
+def test_through_the_command_line_the_simulated_server_is_launched_with_the_queued_config(
+    study_file: StudyFiles,
+) -> None:
+    path = study_file(e2e_study(n_trials=2))
+    queued = run_cli("enqueue", str(path), f"--set={MEM}=0.85", "--set", "NCCL_ALGO=Ring", cwd=path.parent)
+    assert queued.returncode == 0, queued.stderr
+    assert "queued trial 1: --mem-fraction-static=0.85 NCCL_ALGO=Ring" in queued.stdout
+
+    ran = run_cli("run", str(path), "--no-ray", "--no-tracking", cwd=path.parent)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    server_log = (
+        path.parent / ".autotune" / "e2e" / "nodes" / "local" / "trial-0001" / "server.log"
+    ).read_text()
+    assert "mem_fraction_static=0.85" in server_log  # what the server itself says it runs with
+    status = run_cli("status", str(path), "--json", cwd=path.parent)
+    trials = json.loads(status.stdout)["trials"]
+    assert trials[1]["params"] == {**BASELINE_VALUES, "NCCL_ALGO": "Ring", MEM: 0.85}
+    assert trials[1]["queued"] == {"set": {MEM: 0.85, "NCCL_ALGO": "Ring"}, "from_trial": None}
+    assert trials[1]["state"] == "COMPLETE"
