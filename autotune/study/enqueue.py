@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial
 from autotune.config import SearchSpace, Study
 from autotune.config.search_space import BoolParameter, same_value
 from autotune.errors import ConfigError, ForbiddenLaunchError, did_you_mean
+from autotune.study import optuna_internals
 from autotune.study.records import QUEUED_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.samplers import default_of, nearest
 from autotune.trial.launch import TrialConfig, to_arg
@@ -170,6 +171,8 @@ def requests_from_file(path: Path, space: SearchSpace) -> list[Request]:
             if raw == FROM_TRIAL_KEY:
                 continue
             name = knob_name(str(raw), space, path, f"{where}.{raw}")
+            if name in settings:
+                raise ConfigError(path, f"{where}.{raw}", value, f"{name} is set twice", "Set it once.")
             if not (value is None or isinstance(value, str | int | float | bool)):
                 raise ConfigError(
                     path, f"{where}.{name}", value, "not one value", "Write one value, null for unset."
@@ -292,7 +295,7 @@ def plan(
                 f"study {study.name!r} has no such trial",
                 f"Pick one of trials 0..{len(trials) - 1}." if trials else "Run the study first.",
             )
-        base = source.params
+        base = {**optuna_internals.fixed_params(source), **source.params}  # a queued one's values too
     proposer = _Proposer(request, base, server)
     config = space.suggest(proposer)
     for name in request.settings:

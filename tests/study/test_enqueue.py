@@ -333,3 +333,15 @@ def test_through_the_command_line_the_simulated_server_is_launched_with_the_queu
     assert trials[1]["params"] == {**BASELINE_VALUES, "NCCL_ALGO": "Ring", MEM: 0.85}
     assert trials[1]["queued"] == {"set": {MEM: 0.85, "NCCL_ALGO": "Ring"}, "from_trial": None}
     assert trials[1]["state"] == "COMPLETE"
+
+
+def test_from_a_trial_still_waiting_takes_its_queued_values(after_baseline: Path) -> None:
+    assert enqueue(after_baseline, f"--set={MEM}=0.85", "--set", "NCCL_ALGO=Tree") == 0
+    assert enqueue(after_baseline, "--from-trial", "1", "--set", "NCCL_PROTO=LL") == 0
+    waiting = open_study(load_study(after_baseline)).get_trials(states=(TrialState.WAITING,))
+    assert waiting[1].system_attrs["fixed_params"] == {
+        **BASELINE_VALUES,
+        MEM: 0.85,
+        "NCCL_ALGO": "Tree",
+        "NCCL_PROTO": "LL",
+    }
