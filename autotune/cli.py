@@ -37,6 +37,7 @@ from autotune.study.records import (
     OVER_LIMITS_ATTR,
     PROPOSED_ATTR,
     PRUNED_BY_ATTR,
+    QUEUED_ATTR,
     REMEASURE_OF_ATTR,
     SHORT_VALUE_ATTR,
 )
@@ -99,6 +100,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     best.add_argument(
         "--json", action="store_true", help="print the config, its value, gain, interval and launch as JSON"
+    )
+
+    enqueue = add(
+        "enqueue", "queue configs of your own: the next trials run them, then the sampler continues"
+    )
+    enqueue.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    enqueue.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="NAME=VALUE",
+        help="a knob of the search space and its value, e.g. --set mem-fraction-static=0.9 or "
+        "--set=--mem-fraction-static=0.9 (a flag's dashes may be left out; null leaves it unset); "
+        "repeat for more knobs; knobs not set take the baseline's values",
+    )
+    enqueue.add_argument(
+        "--from-trial", type=int, metavar="N", help="knobs not set take trial N's values instead"
+    )
+    enqueue.add_argument(
+        "--file",
+        type=Path,
+        metavar="CONFIGS.yaml",
+        help="queue several configs: `configs:`, a list of mappings of knobs to values (`from_trial: N` "
+        "in one takes the rest from trial N)",
+    )
+    enqueue.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="queue even though the search space or objective changed since the study began",
     )
 
     remeasure = add("remeasure", "measure the top configs and the baseline again (objective.remeasure)")
@@ -420,6 +451,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
+        "queued": trial.user_attrs.get(QUEUED_ATTR),
         "params": dict(trial.params),
         "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
         "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
@@ -491,6 +523,10 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
     if t["proposed"]:
         notes.append(t["proposed"])
+    if t["queued"]:
+        from autotune.study.enqueue import describe
+
+        notes.append(describe(t["queued"]))
     if t["failure"] and t["failure_kind"] in _SHOWN_WITH_MESSAGE:
         notes.append(f"SGLang says: {t['failure']}")
     return notes
@@ -722,6 +758,56 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from optuna.trial import TrialState
+
+    from autotune.study import enqueue
+    from autotune.study.storage import open_study
+
+    study = load_study(args.study_file)
+    space = study.search_space
+    if args.file is not None and (args.settings or args.from_trial is not None):
+        raise ConfigError(
+            args.file,
+            "",
+            str(args.file),
+            "--file holds whole configs: --set and --from-trial do not add to them",
+            "Write those knobs (and `from_trial: N`) in the file's configs, or queue them separately.",
+        )
+    if args.file is not None:
+        requests = enqueue.requests_from_file(args.file, space)
+    elif args.settings or args.from_trial is not None:
+        requests = [enqueue.request_from_cli(args.settings, args.from_trial, space, args.study_file)]
+    else:
+        raise ConfigError(
+            args.study_file,
+            "--set",
+            None,
+            "no config to queue",
+            "Pass --set NAME=VALUE (repeatable), --from-trial N, or --file CONFIGS.yaml.",
+        )
+    stored = enqueue.stored_study(study)
+    queued = enqueue.plan_all(study, requests, stored)  # every config checked before any is queued
+    # A new study is created as `autotune run` creates it: its baseline is queued first.
+    ostudy = open_study(study, accept_changes=args.accept_changes)
+    numbers = enqueue.enqueue(ostudy, queued)
+    if stored is None:
+        print(f"created study {study.name!r} in {study.storage}; its baseline runs first")
+    for number, entry in zip(numbers, queued, strict=True):
+        settings = " ".join(f"{k}={to_arg(v)}" for k, v in entry.request.settings.items()) or "nothing set"
+        rest = (
+            f"the rest from trial {entry.request.from_trial}"
+            if entry.request.from_trial is not None
+            else "the rest at the baseline's values"
+        )
+        print(f"queued trial {number}: {settings}; {rest}")
+        for name, value in entry.server_chosen.items():
+            print(f"  {name} = {to_arg(value)}  ({enqueue.BASELINE_CHOICE})")
+    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    print(f"{waiting} trial(s) waiting: `autotune run {args.study_file}` runs them before the sampler's")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from autotune.views.compare import compare, describe_run, write
 
@@ -763,4 +849,5 @@ COMMANDS = {
     "ui": cmd_ui,
     "report": cmd_report,
     "ablate": cmd_ablate,
+    "enqueue": cmd_enqueue,
 }

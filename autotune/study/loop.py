@@ -106,7 +106,10 @@ def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]
     for trial in abandoned:
         optuna_internals.set_user_attr(ostudy, trial, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-        enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=False)
+        # The queued values too: a trial enqueued (the baseline, a retry, a config queued by hand) and asked
+        # for by a driver that died before suggesting them holds no params yet.
+        params = {**optuna_internals.fixed_params(trial), **trial.params}
+        enqueue_retry(ostudy, trial.number, params, trial.user_attrs, once=False)
         recovered.append(trial)
     return recovered
 

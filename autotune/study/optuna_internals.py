@@ -70,6 +70,12 @@ def set_system_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> N
     study._storage.set_trial_system_attr(trial._trial_id, key, value)
 
 
+def fixed_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The values `Study.enqueue_trial` queued for the trial (a system attr): its params before it asked
+    for any (a driver that dies between asking and suggesting leaves no params, only these)."""
+    return dict(trial.system_attrs.get("fixed_params") or {})
+
+
 def stale_trial_ids(study: Study) -> set[int]:
     """Storage ids of RUNNING trials whose heartbeat stopped for longer than the grace period; empty without
     RDB heartbeats. (`optuna.storages.fail_stale_trials` would fail them at once; the driver first asks

@@ -36,4 +36,5 @@ CONFIG_ATTR = "config"
 ABLATION_OF_ATTR = "ablation_of"
 ABLATION_PARAM_ATTR = "ablation_param"
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
+QUEUED_ATTR = "queued"  # `autotune enqueue`: {set: the knobs a user set, from_trial: the rest from}
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it

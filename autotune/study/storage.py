@@ -30,6 +30,7 @@ from autotune.study.records import (
     CONFIG_ATTR,
     DRIVER_ATTR,
     FAILURE_KIND_ATTR,
+    QUEUED_ATTR,
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
@@ -246,6 +247,8 @@ def enqueue_retry(
     attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
     if user_attrs.get(BASELINE_ATTR):
         attrs[BASELINE_ATTR] = True
+    if user_attrs.get(QUEUED_ATTR):  # still the user's config: `autotune status` says so
+        attrs[QUEUED_ATTR] = user_attrs[QUEUED_ATTR]
     ostudy.enqueue_trial(dict(params), user_attrs=attrs)
     return True
 
