@@ -8,7 +8,7 @@
 # 10 minutes, so the next call (made within 30 s, while the machine is warm) finds the study still running.
 # If the machine went back in between, the carried stores (.h200-carry/study.tar.gz, from an earlier $OUT)
 # are unpacked and the study resumes: interrupted trials run again.
-#   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status
+#   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status; ENQUEUE: configs to try next
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache TRITON_CACHE_DIR=/tmp/triton-cache
@@ -49,6 +49,10 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
   else
     if [ "$MODE" = study ]; then
       verb=run; [ -f "$STORES/optuna.db" ] && verb=resume
+      # ENQUEUE='--set=--mem-fraction-static=0.99 ...': configs to run next (autotune enqueue's arguments)
+      if [ -n "${ENQUEUE:-}" ]; then
+        (cd $W && python3 -m autotune enqueue "$STUDY" $ENQUEUE) >> "$LOG" 2>&1 && say "queued: $ENQUEUE"
+      fi
       args=("$verb" "$STUDY" --no-ray)
     else
       args=(compare "$STUDY" --rounds "${ROUNDS:-6}" --json $W/compare.json)
