@@ -729,6 +729,11 @@ SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
 }
 
 
-def build(spec: SamplerSpec) -> BaseSampler:
-    """A new sampler of the study file's kind and seed."""
-    return SAMPLERS[spec.name](spec.seed)
+def build(spec: SamplerSpec, staged: Mapping[str, Any] | None = None) -> BaseSampler:
+    """A new sampler of the study file's kind and seed; `staged`: values a cheaper stage measured on the node
+    (autotune.study.stages), held in every trial (tpe keeps them out of its moves, others have them fixed)."""
+    if not staged:
+        return SAMPLERS[spec.name](spec.seed)
+    if spec.name == "tpe":
+        return tpe(spec.seed, staged=staged)
+    return optuna.samplers.PartialFixedSampler(dict(staged), SAMPLERS[spec.name](spec.seed))
