@@ -54,6 +54,7 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     HARDWARE_ATTR,
     NODE_ATTR,
+    NODE_S_ATTR,
     REMEASURE_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
@@ -438,6 +439,8 @@ class StudyDriver:
             ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
         if judged.failure is not None:
             self._learn(ostudy, trial, judged, result.node)
+        if result.startup_s is not None or result.benchmark_s is not None:
+            trial.set_user_attr(NODE_S_ATTR, (result.startup_s or 0.0) + (result.benchmark_s or 0.0))
         ostudy.tell(trial, judged.values, state=judged.state)
         self.done = finished_count(ostudy)
         summary = self._refresh_standing(ostudy)

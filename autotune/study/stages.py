@@ -42,6 +42,7 @@ from autotune.config.study import JOB_COMMANDS, Budget, NcclStage, ServerSpec
 from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
+from autotune.study.records import NODE_S_ATTR
 from autotune.study.rules import is_feasible
 from autotune.trial.launch import to_env_value
 from autotune.trial.wire import TrialRequest, TrialResult
@@ -269,7 +270,7 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
 @dataclass(frozen=True)
 class StageResult:
     """What the stage found: the values to hold, the defaults' and the best's all-reduce time, and the
-    node seconds its trials took (as the trials recorded them)."""
+    node seconds its trials took (as the node reported them)."""
 
     held: dict[str, Any]
     baseline_us: float | None
@@ -302,11 +303,7 @@ def stage_result(knobs: Knobs, trials: Sequence[FrozenTrial]) -> StageResult | N
         return None
     baseline = values.get(())
     best_us = values.get(point_key(best))
-    node_s = math.fsum(
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in trials
-        if t.datetime_complete is not None and t.datetime_start is not None
-    )
+    node_s = math.fsum(float(t.user_attrs.get(NODE_S_ATTR) or 0.0) for t in trials)
     if best_us is None or not math.isfinite(best_us):
         best = {}  # nothing completed: hold nothing
     return StageResult(best, baseline, best_us, len(trials), node_s)
