@@ -177,8 +177,16 @@ def server_flags(profile: Profile) -> dict[str, int]:
     return {"--tp-size": profile.tp, **({"--dp-size": profile.dp_size} if profile.dp_size > 1 else {})}
 
 
-def write_study(folder: Path, profile: Profile, n_trials: int, sampler: str = "tpe", seed: int = 0) -> Study:
-    """Write and load a study of the shipped search space on `profile`'s node, as a user would write it."""
+def write_study(
+    folder: Path,
+    profile: Profile,
+    n_trials: int,
+    sampler: str = "tpe",
+    seed: int = 0,
+    nccl_stage: bool = True,
+) -> Study:
+    """Write and load a study of the shipped search space on `profile`'s node, as a user would write it (the
+    model's hidden size for the NCCL stage, which a real node reads from the model's config.json)."""
     space = folder / "search_space.yaml"
     space.write_text(yaml.safe_dump(search_space_for(profile), sort_keys=False))
     data = {
@@ -193,6 +201,7 @@ def write_study(folder: Path, profile: Profile, n_trials: int, sampler: str = "t
         },
         "budget": {"n_trials": n_trials},
         "sampler": {"name": sampler, "seed": seed},
+        "nccl_stage": {"enabled": nccl_stage, "hidden_size": load_model_profile(profile.model).hidden_size},
     }
     return save_study(folder, data)
 
@@ -236,15 +245,21 @@ def save_study(folder: Path, data: Mapping[str, Any]) -> Study:
 
 class NodeClock(ModelExecutor):
     """A model node that also adds up, per trial, the node time the trial would take: start-up until the
-    server is ready or dies, plus the benchmark (until it ends or runs out of memory)."""
+    server is ready or dies, plus the benchmark (until it ends or runs out of memory); the NCCL stage's
+    all-reduce jobs (numbered in their own study) apart, in `stage_s`."""
 
     def __init__(self, node: str, hardware: HardwareProfile, model: ModelProfile) -> None:
         super().__init__(node, hardware, model)
         self.seconds: dict[int, float] = {}
+        self.stage_s = 0.0
 
     def run(self, request: TrialRequest) -> TrialResult:
         result = super().run(request)
-        self.seconds[request.number] = (result.startup_s or 0.0) + (result.benchmark_s or 0.0)
+        seconds = (result.startup_s or 0.0) + (result.benchmark_s or 0.0)
+        if request.job:
+            self.stage_s += seconds
+        else:
+            self.seconds[request.number] = seconds
         return result
 
 
@@ -278,10 +293,12 @@ def run_study(
     sampler: Callable[[Study], optuna.samplers.BaseSampler] | None = None,
     preflight: bool = True,
     remember_incompatible: bool = True,
+    nccl_stage: bool = True,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` and
-    `remember_incompatible` turn the product's two ways of not launching a failing config on or off."""
+    `remember_incompatible` turn the product's two ways of not launching a failing config on or off,
+    `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model)
 
@@ -290,7 +307,7 @@ def run_study(
         return LocalNodePool({NODE: clock}, {NODE: node_report(NODE, hardware, model)})
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
-        study = write_study(Path(folder), profile, n_trials, sampler_name, seed)
+        study = write_study(Path(folder), profile, n_trials, sampler_name, seed, nccl_stage)
         driver = StudyDriver(
             study,
             pool=pool,
@@ -305,7 +322,9 @@ def run_study(
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(
         values=[_feasible_value(t) for t in used],
-        node_s=[clock.seconds.get(t.number, 0.0) for t in used],
+        node_s=[
+            clock.seconds.get(t.number, 0.0) + (clock.stage_s if i == 0 else 0.0) for i, t in enumerate(used)
+        ],
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
     )

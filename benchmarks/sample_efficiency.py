@@ -6,14 +6,17 @@ the model's answer: no process, no sleep), so all of them live under the product
 is a pruned trial with the penalty, an unsupported flag is remembered and never launched again, and a
 proposal refused as known-incompatible costs neither budget nor node time. The methods:
 
-- autotune's default sampler (what a study file gets without `sampler.name`);
+- autotune's default (what a study file gets without `sampler.name`): its NCCL all-reduce stage
+  (autotune.study.stages: coordinate ascent over the NCCL knobs on the messages the server will
+  all-reduce, 30 s of node time a trial on the model node) and then the server trials, which hold the
+  stage's best; the stage's node time is counted with the first trial's;
 - random search (Optuna's RandomSampler), also with twice the budget;
 - a grid over two flags with every other knob at its default, as vLLM's auto_tune does;
 - one group of knobs at a time: NCCL, then SGLang's flags, then speculation, each with a third of the
   budget, random within the group, the groups tuned before it fixed at the best trial's values;
-- with `--samplers tpe/nccl-first`: the default after an NCCL all-reduce study (nccl_prestudy.py) whose
-  best settings every server trial keeps (`staged`), its node time counted with the server study's;
-  `tpe/nccl-start` lets moves and TPE change them after the start.
+- with `--samplers tpe/no-stage`: the default without its NCCL stage (`nccl_stage: off`).
+
+Random search, the grid and one group at a time run without the NCCL stage, as other tools run them.
 
 A profile is a shipped one (seed: the node and model of the session the simulator is calibrated on, see
 the README; h200) or a YAML file (benchmarks/profiles/): hardware and model
@@ -65,7 +68,6 @@ from model_studies import (
     run_study,
     search_space_for,
 )
-from nccl_prestudy import nccl_prestudy
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
 from autotune.config import SearchSpace, Study, parse_search_space
@@ -85,9 +87,7 @@ MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
 GROUP_ORDER = ("nccl", "sglang", "speculative")
 MUST_BUDGET, MUST_WITHIN, MAX_FAILED = 40, 0.95, 0.05
 DEFAULT_SAMPLER = SamplerSpec().name
-NCCL_FIRST = "tpe/nccl-first"  # the default after an NCCL all-reduce study (nccl_prestudy.py), its best held
-NCCL_START = "tpe/nccl-start"  # the same study's best only where the start begins (moves and TPE change it)
-STAGED = (NCCL_FIRST, NCCL_START)
+NO_STAGE = "tpe/no-stage"  # the default without its NCCL all-reduce stage (`nccl_stage: off`)
 
 
 def _tpe_variant(**settings: Any) -> Callable[[int | None], optuna.samplers.BaseSampler]:
@@ -218,7 +218,9 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
         space = parse_search_space(search_space_for(profile), f"the search space for {profile.key}")
         points = grid_plan(space, job.n_trials, profile)
         # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused.
-        return job, run_study(profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults))
+        return job, run_study(
+            profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults), nccl_stage=False
+        )
     if job.method == "groups":
 
         def groups(study: Study) -> optuna.samplers.BaseSampler:
@@ -226,19 +228,14 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
             sizes = stage_sizes(job.n_trials - 1, len(GROUP_ORDER))
             return OneGroupAtATime(kinds, GROUP_ORDER, sizes, defaults, seed=job.seed)
 
-        return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed)
-    if job.method in STAGED:
-        best_nccl, seconds = nccl_prestudy(profile)
-        if job.method == NCCL_FIRST:
-            sampler = samplers.tpe(job.seed, staged=best_nccl)
-        else:
-            sampler = samplers.tpe(job.seed, start_values=best_nccl)
-        run = run_study(profile, job.n_trials, sampler=lambda _s: sampler, seed=job.seed)
-        return job, replace(run, node_s=[run.node_s[0] + seconds, *run.node_s[1:]])  # on the baseline's
+        return job, run_study(profile, job.n_trials, sampler=groups, seed=job.seed, nccl_stage=False)
+    if job.method == NO_STAGE:
+        return job, run_study(profile, job.n_trials, seed=job.seed, nccl_stage=False)
     if job.method in VARIANTS:
         variant = VARIANTS[job.method]
         return job, run_study(profile, job.n_trials, sampler=lambda _study: variant(job.seed), seed=job.seed)
-    return job, run_study(profile, job.n_trials, sampler_name=job.method, seed=job.seed)
+    plain = job.method == "random"  # random search as a method, not the product with a random sampler
+    return job, run_study(profile, job.n_trials, sampler_name=job.method, seed=job.seed, nccl_stage=not plain)
 
 
 def plan_jobs(
@@ -355,16 +352,13 @@ def print_profile(
 def must_show(key: str, rows: dict[str, dict[int, Cell]], budgets: Sequence[int]) -> list[str]:
     """The issue's targets for one profile, at the budgets that were run: the default's median at 40
     trials >= 0.95 of the best known, >= random search with twice the budget (at each budget up to 40),
-    and under 5% of its node time on failed trials at 40; the same for the default after its NCCL stage
-    (`tpe/nccl-first`) when it ran."""
+    and under 5% of its node time on failed trials at 40."""
 
     def verdict(ok: bool) -> str:
         return "HOLDS" if ok else "DOES NOT HOLD"
 
     random2 = rows["random search, 2x the budget"]
     judged = {"autotune": rows[f"autotune default ({DEFAULT_SAMPLER})"]}
-    if f"sampler {NCCL_FIRST}" in rows:
-        judged["autotune after its NCCL stage"] = rows[f"sampler {NCCL_FIRST}"]
     lines = []
     for name, ours in judged.items():
         if MUST_BUDGET in budgets:
@@ -402,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--samplers",
         default="",
-        help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS, *STAGED])}",
+        help=f"more samplers to compare: {', '.join([*SAMPLERS, *VARIANTS, NO_STAGE])}",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
     parser.add_argument("--recompute-best", action="store_true", help="search the best known configs again")
@@ -416,8 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     budgets = sorted(int(b) for b in args.budgets.split(","))
     extra = [s for s in args.samplers.split(",") if s]
     for name in extra:
-        if name not in SAMPLERS and name not in VARIANTS and name not in STAGED:
-            parser.error(f"unknown sampler {name!r}: samplers {[*SAMPLERS, *VARIANTS, *STAGED]}")
+        if name not in SAMPLERS and name not in VARIANTS and name != NO_STAGE:
+            parser.error(f"unknown sampler {name!r}: samplers {[*SAMPLERS, *VARIANTS, NO_STAGE]}")
     try:
         nodes = [load_profile(p) for p in args.profiles.split(",") if p]
     except ConfigError as exc:

@@ -156,14 +156,12 @@ def test_a_profile_yaml_with_replicas_and_one_that_does_not_fit(tmp_path: Path) 
         load_profile(str(tmp_path / "typo.yaml"))
 
 
-def test_the_nccl_study_finds_p2p_across_the_seeds_host_bridges() -> None:
-    from nccl_prestudy import TRIAL_S, nccl_prestudy
+def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:
+    from autotune.sim.nccl_job import JOB_SECONDS
 
-    # The seed's GPUs sit behind four host bridges: NCCL's default level (PXB) sends its all-reduces
-    # through host memory; P2P needs NCCL_P2P_LEVEL=SYS (autotune/sim/profiles/hardware/rtx-pro-6000-pcie-x8).
-    best, seconds = nccl_prestudy(PROFILES["seed"])
-    assert best["NCCL_P2P_LEVEL"] == "SYS"
-    # Its 28k-token prompts are prefilled in chunks of SGLang's 16384 tokens: forcing LL (fast for a decode
-    # step's few kilobytes, slow for a chunk's 235 MB) would cost the server more than it saves.
-    assert best["NCCL_PROTO"] is None
-    assert 20 * TRIAL_S <= seconds <= 40 * TRIAL_S  # a pass over every NCCL knob's values
+    # The same study with the stage and without: the first trial carries the stage's all-reduce jobs, a pass
+    # of coordinate ascent over the shipped space's NCCL knobs (26 trials of JOB_SECONDS each).
+    staged, plain = run_study(PROFILES["seed"], 3), run_study(PROFILES["seed"], 3, nccl_stage=False)
+    assert staged.node_s[0] - plain.node_s[0] == pytest.approx(26 * JOB_SECONDS)
+    # The seed's GPUs sit behind host bridges: the stage finds P2P there, and every server trial holds it.
+    assert all(params.get("NCCL_P2P_LEVEL") == "SYS" for params in staged.params[1:])

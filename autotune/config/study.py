@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
     field_validator,
@@ -330,6 +331,35 @@ class RaySpec(BaseModel):
     )
 
 
+class NcclStage(BaseModel):
+    """The NCCL all-reduce stage a serving study runs first (autotune.study.stages): the search space's NCCL
+    knobs tuned on the all-reduces the server will do, seconds a trial, their best held in the server
+    trials. It applies when the space has NCCL knobs and --tp-size is above 1; `nccl_stage: off` skips it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: StrictBool = True
+    # The job each stage trial runs; unset: JOB_COMMANDS["nccl_allreduce"] (python3 -m autotune.measure.nccl).
+    command: Annotated[list[str], Field(min_length=1)] | None = None
+    # The model's hidden size (the all-reduced rows' width); unset: `hidden_size` of model_path/config.json.
+    hidden_size: Annotated[StrictInt, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        # `nccl_stage: off` (YAML reads off/false as False) or `on`: the switch alone.
+        if isinstance(value, bool):
+            return {"enabled": value}
+        if value is None or isinstance(value, str | int | float | list):
+            raise rule_error(
+                "not a switch nor a section",
+                value=value,
+                fix="Use `nccl_stage: off` to skip the NCCL stage, or a section: "
+                "`nccl_stage: {hidden_size: 7168}`.",
+            )
+        return value
+
+
 class StudyFile(BaseModel):
     """The schema of a study YAML file. Paths are relative to the study file's folder."""
 
@@ -348,6 +378,7 @@ class StudyFile(BaseModel):
     never_launch: NeverLaunch = Field(default_factory=NeverLaunch)
     failures: Failures = Field(default_factory=Failures)
     ray: RaySpec = Field(default_factory=RaySpec)
+    nccl_stage: NcclStage = Field(default_factory=NcclStage)
 
     @field_validator("study")
     @classmethod

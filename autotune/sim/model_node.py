@@ -14,10 +14,12 @@ import os
 from dataclasses import replace
 
 from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.node.check import NodeReport
 from autotune.sim.engine import input_too_long
 from autotune.sim.model import MemoryPlan, NodeModel
+from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.trial.failures import Failure, FailureKind, classify
@@ -84,6 +86,8 @@ class ModelExecutor:
         """Nothing runs long enough to abort."""
 
     def run(self, request: TrialRequest) -> TrialResult:
+        if request.job:
+            return self._run_job(request)
         if request.plan is not None:
             return self._run_plan(request, request.plan)
         argv = list(request.launch.argv)
@@ -105,6 +109,33 @@ class ModelExecutor:
             noise=self.noise,
         )
         return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
+
+    def _run_job(self, request: TrialRequest) -> TrialResult:
+        """An NCCL all-reduce job (`autotune.measure.nccl`'s command line and env): the payload the simulated
+        job prints (autotune.sim.nccl_job), after `JOB_SECONDS` of node time."""
+        argv = list(request.launch.argv)
+        settings = BenchSettings.from_argv(argv[argv.index("--messages") :])
+        try:
+            payload = allreduce_payload(self.hardware, self.model, settings, request.launch.env)
+        except RuntimeError as exc:
+            log = f"autotune.measure.nccl: {exc}"
+            failure = classify(log, "benchmarking") or Failure.of(
+                FailureKind.UNKNOWN_CRASH, log, "job failed"
+            )
+            return TrialResult(
+                request.number, self.node, None, failure, 0.0, JOB_SECONDS, log=log, returncode=1
+            )
+        return TrialResult(
+            request.number,
+            self.node,
+            None,
+            None,
+            0.0,
+            JOB_SECONDS,
+            returncode=0,
+            metrics=dict(payload["metrics"]),
+            details=payload,
+        )
 
     def _outcome(self, request: TrialRequest, answer: Prediction) -> TrialResult:
         w = request.serving_workload

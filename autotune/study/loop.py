@@ -26,7 +26,7 @@ from autotune.dialect import Dialect
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import optuna_internals, outcome
+from autotune.study import optuna_internals, outcome, samplers, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -54,6 +54,7 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     HARDWARE_ATTR,
     NODE_ATTR,
+    NODE_S_ATTR,
     REMEASURE_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
@@ -69,7 +70,9 @@ from autotune.study.storage import (
     finished_count,
     heartbeat,
     open_study,
+    rdb_storage,
     study_lock,
+    trials_so_far,
 )
 from autotune.tracking.tracker import StudyTracker
 from autotune.trial.failures import FailureKind
@@ -171,7 +174,9 @@ class StudyDriver:
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
-        ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=self.storage)
+        storage = self.storage if self.storage is not None else rdb_storage(study.storage)
+        self.trials_before = trials_so_far(storage, study.name)  # before a new study's baseline is queued
+        ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=storage)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
         self.skips = 0
@@ -184,6 +189,13 @@ class StudyDriver:
         self._refresh_standing(ostudy)
         self.observers.study_started(StudyStarted(study, tuple(recovered)))
         pool = self.make_pool(study)
+        try:
+            held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
+        except BaseException:
+            pool.close()
+            raise
+        if held:
+            self.base_sampler = self._holding(held)
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
         ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
         last_beat = time.monotonic()
@@ -214,6 +226,59 @@ class StudyDriver:
             pool.close()
         self.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
         return ostudy
+
+    def _nccl_stage(
+        self,
+        ostudy: optuna.Study,
+        pool: NodePool,
+        storage: optuna.storages.BaseStorage,
+        deadline: float | None,
+        accept_changes: bool,
+    ) -> dict[str, Any]:
+        """Run the study's NCCL all-reduce stage on the pool (autotune.study.stages), or reuse the finished
+        one a resumed study has; the NCCL values every server trial then holds ({} without a stage)."""
+        study = self.study
+        reason = stages.why_not(study)
+        if reason is not None:
+            if reason.startswith("skipped"):
+                self.observers.knob_held(KnobHeld(f"NCCL stage {reason}"))
+            return {}
+        result = stages.finished_stage(study, storage)
+        name = study.name + stages.STAGE_SUFFIX
+        if result is None:
+            # Its time counts against the study's: the stage gets what is left of it.
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left)
+            driver = StudyDriver(
+                stage,
+                self.callbacks,
+                pool=lambda _stage: stages.LentPool(pool),
+                sampler=stages.CoordinateAscent(stages.stage_knobs(study)),
+                storage=storage,
+                tracking=self.tracking,
+                preflight=False,  # a job loads no weights
+            )
+            try:
+                trials = driver.run(accept_changes=accept_changes).get_trials(deepcopy=False)
+            except StudyInterrupted:
+                self.observers.study_ended(StudyEnded(study, ostudy, None))
+                raise
+            result = stages.stage_result(stages.stage_knobs(study), trials)
+            if result is None:
+                self.observers.knob_held(
+                    KnobHeld(f"NCCL stage {name}: not finished in the study's time; no NCCL value is held")
+                )
+                return {}
+        for line in result.lines(name):
+            self.observers.knob_held(KnobHeld(line))
+        return result.held
+
+    def _holding(self, held: dict[str, Any]) -> optuna.samplers.BaseSampler:
+        """The study's sampler, holding the NCCL stage's values: the study file's, built with them (tpe
+        keeps them out of its moves), or the sampler given, with them fixed."""
+        if self.sampler is None:
+            return samplers.build(self.study.file.sampler, staged=held, trials_so_far=self.trials_before)
+        return optuna.samplers.PartialFixedSampler(held, self.sampler)
 
     def _recover(self, ostudy: optuna.Study) -> list[int]:
         recovered = recover_interrupted(self.study, ostudy)
@@ -384,6 +449,8 @@ class StudyDriver:
             ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
         if judged.failure is not None:
             self._learn(ostudy, trial, judged, result.node)
+        if result.startup_s is not None or result.benchmark_s is not None:
+            trial.set_user_attr(NODE_S_ATTR, (result.startup_s or 0.0) + (result.benchmark_s or 0.0))
         ostudy.tell(trial, judged.values, state=judged.state)
         self.done = finished_count(ostudy)
         summary = self._refresh_standing(ostudy)

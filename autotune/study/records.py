@@ -13,6 +13,7 @@ ADVICE_ATTR = "advice"  # what to change, for the failure kind met
 CULPRITS_ATTR = "culprits"  # the flags a failure names
 MLFLOW_RUN_ATTR = "mlflow_run_id"
 NODE_ATTR = "node"  # the node that ran the trial
+NODE_S_ATTR = "node_s"  # the node's seconds on it: start-up and benchmark, or a job's run
 HARDWARE_ATTR = "hardware"
 DERIVED_ATTR = "derived"  # settings derived from the proposed ones
 METRICS_ATTR = "metrics"  # the benchmark's measured metrics

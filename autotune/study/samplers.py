@@ -729,13 +729,22 @@ SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
 }
 
 
-def build(spec: SamplerSpec, *, trials_so_far: int = 0) -> BaseSampler:
+def build(
+    spec: SamplerSpec, staged: Mapping[str, Any] | None = None, *, trials_so_far: int = 0
+) -> BaseSampler:
     """A new sampler of the study file's kind and seed, for a study that has `trials_so_far` trials.
 
-    A continued study draws from a seed of its own, made from the file's and the trials so far: the file's
-    seed again would replay the first trials' proposals (a resumed study on the H200 re-ran trials 1 and
-    2). The same study resumed at the same point still proposes the same trials."""
-    return SAMPLERS[spec.name](continued_seed(spec.seed, trials_so_far))
+    `staged`: values a cheaper stage measured on the node (autotune.study.stages), held in every trial (tpe
+    keeps them out of its moves, others have them fixed). A continued study draws from a seed of its own,
+    made from the file's and the trials so far: the file's seed again would replay the first trials'
+    proposals (a resumed study on the H200 re-ran trials 1 and 2). The same study resumed at the same point
+    still proposes the same trials."""
+    seed = continued_seed(spec.seed, trials_so_far)
+    if not staged:
+        return SAMPLERS[spec.name](seed)
+    if spec.name == "tpe":
+        return tpe(seed, staged=staged)
+    return optuna.samplers.PartialFixedSampler(dict(staged), SAMPLERS[spec.name](seed))
 
 
 def continued_seed(seed: int | None, trials_so_far: int) -> int | None:

@@ -126,7 +126,7 @@ def open_study(
     study.ensure_workdir()  # the default SQLite file lives there
     storage = storage if storage is not None else rdb_storage(study.storage)
     if sampler is None:
-        sampler = samplers.build(study.file.sampler, trials_so_far=_trials_so_far(storage, study.name))
+        sampler = samplers.build(study.file.sampler, trials_so_far=trials_so_far(storage, study.name))
     try:
         ostudy = optuna.create_study(
             storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
@@ -141,8 +141,9 @@ def open_study(
     return ostudy
 
 
-def _trials_so_far(storage: optuna.storages.BaseStorage, name: str) -> int:
-    """How many trials the study named `name` has in `storage` (none when it does not exist yet)."""
+def trials_so_far(storage: optuna.storages.BaseStorage, name: str) -> int:
+    """How many trials the study named `name` has in `storage` (none when it does not exist yet): what
+    seeds a continued study's sampler (samplers.continued_seed)."""
     try:
         study_id = storage.get_study_id_from_name(name)
     except KeyError:

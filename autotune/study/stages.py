@@ -1,0 +1,352 @@
+"""The NCCL all-reduce stage: a serving study's NCCL knobs tuned first, on all-reduces alone.
+
+A careful engineer measures the cheap things first: an all-reduce trial (`kind: nccl_allreduce`, the job
+`autotune.measure.nccl`) takes seconds, a server trial minutes. When the search space has NCCL knobs and
+the server runs tensor-parallel (--tp-size above 1), the study loop first runs this stage on the node: a
+study of its own (`<study>.nccl-stage`, in the same Optuna storage and MLflow store) whose trials all-reduce
+the messages the server will (`allreduce_messages`), one pass of coordinate ascent over the NCCL knobs
+(`CoordinateAscent`: NCCL's defaults first, then each knob's every value with the others at the best so
+far). Its best values are then held in every server trial (`staged` in autotune.study.samplers.tpe).
+A resumed study reuses a finished stage and continues an interrupted one; `nccl_stage: off` in the study
+file skips it.
+
+The messages and their weights follow the model and the workload, per request served as SGLang serves it
+by default: a decode step's hidden states (bf16, one token for each of the `concurrency` requests in
+flight, in a CUDA graph) per output token, shared by the requests of the step; and the prompt's prefill
+chunks (the server's --chunked-prefill-size). The benchmark times every message one way (CUDA-graph
+replay), so the prefill chunks' eager launch overhead, the same for every NCCL setting, is left out.
+Speculative decoding would replace decode steps by fewer verify passes of more tokens; the stage does not
+guess how many.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study as OptunaStudy
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import Study
+from autotune.config.objective import load_objective
+from autotune.config.search_space import load_search_space
+from autotune.config.study import JOB_COMMANDS, Budget, NcclStage, ServerSpec
+from autotune.measure.client import Workload
+from autotune.node.check import NodeReport
+from autotune.node.pool import NodePool, Submitted
+from autotune.study.records import NODE_S_ATTR
+from autotune.study.rules import is_feasible
+from autotune.trial.launch import to_env_value
+from autotune.trial.wire import TrialRequest, TrialResult
+
+STAGE_SUFFIX = ".nccl-stage"
+STAGE_FOLDER = "nccl-stage"  # under the study's work dir: the stage's search space and objective files
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+CHUNK_FLAG = "--chunked-prefill-size"
+BF16_BYTES = 2
+Knobs = dict[str, list[Any]]  # an NCCL knob -> its values, in the search space's order
+PointKey = tuple[tuple[str, str], ...]  # the env a point sets (knobs at NCCL's default left out)
+
+
+def default_chunked_prefill_size(gpu_memory_gb: float) -> int:
+    """SGLang 0.5.17's --chunked-prefill-size when unset, by the GPU's memory in MiB (server_args.py:4634-
+    4690; the simulated server follows the same table)."""
+    mib = gpu_memory_gb * 1e9 / (1 << 20)
+    return 2048 if mib < 35 * 1024 else 4096 if mib < 60 * 1024 else 8192 if mib < 160 * 1024 else 16384
+
+
+def allreduce_messages(hidden_size: int, workload: Workload, chunk: int) -> dict[int, float]:
+    """Bytes -> how many all-reduces of that size one request of `workload` costs (per layer: every forward
+    pass all-reduces as often per layer, so the layers do not change the weights): a decode step's (its
+    requests' tokens) per output token, and the prompt's prefill chunks."""
+    token = hidden_size * BF16_BYTES
+    requests = max(1, workload.concurrency)
+    weights: dict[int, float] = {}
+
+    def add(size: int, weight: float) -> None:
+        if size > 0 and weight > 0:
+            weights[size] = weights.get(size, 0.0) + weight
+
+    add(token * requests, workload.output_len / requests)  # a step serves its requests together
+    full, rest = divmod(workload.input_len, chunk)
+    add(token * chunk, full)
+    add(token * rest, 1)
+    return weights
+
+
+def stage_knobs(study: Study) -> Knobs:
+    """The search space's NCCL knobs the stage can sweep: those with listed values and no `when`."""
+    space = study.search_space
+    return {
+        name: list(values)
+        for name, parameter in space.parameters.items()
+        if parameter.kind == "nccl" and not parameter.when and (values := space.possible_values(name))
+    }
+
+
+def tensor_parallel_size(study: Study) -> int:
+    """The server's --tp-size as the study file sets it (SGLang's default: 1)."""
+    flags = study.file.server.flags
+    for flag in TP_FLAGS:
+        if flags.get(flag) is not None:
+            return int(str(flags[flag]))
+    return 1
+
+
+def hidden_size(study: Study) -> int | None:
+    """The model's hidden size: the study file's `nccl_stage.hidden_size`, else model_path/config.json's
+    (a multimodal model's text_config's) when the driver can read it; None otherwise."""
+    if study.file.nccl_stage.hidden_size is not None:
+        return study.file.nccl_stage.hidden_size
+    model_path = study.file.server.model_path
+    if model_path is None:
+        return None
+    try:
+        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}, config.get("llm_config") or {}):
+        value = section.get("hidden_size") if isinstance(section, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def why_not(study: Study) -> str | None:
+    """Why the study runs no NCCL stage; None when it runs one. A reason that starts with "skipped" is
+    worth telling the user (the stage applies but cannot run)."""
+    if not study.file.nccl_stage.enabled:
+        return "off in the study file"
+    if study.objective.is_job or study.objective.workload is None:
+        return "not a serving objective"
+    if not stage_knobs(study):
+        return "no NCCL knobs with listed values in the search space"
+    if tensor_parallel_size(study) < 2:
+        return "one GPU in the tensor-parallel group"
+    if hidden_size(study) is None:
+        return (
+            f"skipped: the model's hidden size is unknown ({study.file.server.model_path}/config.json is not "
+            "readable here); set nccl_stage.hidden_size in the study file"
+        )
+    return None
+
+
+# -- coordinate ascent ----------------------------------------------------------------------------------
+def point_key(params: Mapping[str, Any]) -> PointKey:
+    """The env a point sets: a knob at NCCL's default (None) sets nothing, so the baseline is all-None."""
+    return tuple(sorted((name, to_env_value(value)) for name, value in params.items() if value is not None))
+
+
+def ascent_size(knobs: Knobs) -> int:
+    """Trials one pass takes: NCCL's defaults, then each knob's values other than its default."""
+    return 1 + sum(sum(value is not None for value in values) for values in knobs.values())
+
+
+def measured(trials: Sequence[FrozenTrial]) -> dict[PointKey, float]:
+    """Each point's all-reduce time from the stage's trials: a completed, feasible trial's value; inf for a
+    point whose trials all failed, or that is still running (a pending measurement is not the best)."""
+    values: dict[PointKey, float] = {}
+    for trial in trials:
+        key = point_key(trial.params)
+        ok = trial.state is TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
+        value = float(trial.value) if ok and trial.value is not None else math.inf
+        if trial.state is TrialState.WAITING:
+            continue  # queued again (an interrupted trial): not measured yet
+        values[key] = min(values.get(key, math.inf), value)
+    return values
+
+
+def ascent(knobs: Knobs, values: Mapping[PointKey, float]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The next point to measure (None when the pass is done) and the best values so far: knob by knob in
+    order, each knob's every value with the knobs before it at their best and those after at NCCL's
+    default; a tie keeps the earlier value (the default first)."""
+    best: dict[str, Any] = {name: None for name in knobs}
+    for name, choices in knobs.items():
+        for value in choices:
+            point = {**best, name: value}
+            if point_key(point) not in values:
+                return point, best
+        best[name] = min(choices, key=lambda value: values[point_key({**best, name: value})])
+    return None, best
+
+
+class CoordinateAscent(BaseSampler):
+    """Proposes `ascent`'s next point from the study's trials; once the pass is done, its best again."""
+
+    def __init__(self, knobs: Knobs) -> None:
+        self.knobs = knobs
+        self._points: dict[int, dict[str, Any]] = {}
+
+    def _point(self, study: OptunaStudy, trial: FrozenTrial) -> dict[str, Any]:
+        if trial.number not in self._points:
+            others = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+            point, best = ascent(self.knobs, measured(others))
+            self._points = {trial.number: point if point is not None else best}
+        return self._points[trial.number]
+
+    def infer_relative_search_space(
+        self, study: OptunaStudy, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: OptunaStudy, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(
+        self, study: OptunaStudy, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self._point(study, trial).get(param_name)
+
+
+# -- the stage's study ----------------------------------------------------------------------------------
+def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | None) -> Study:
+    """The stage as a study of its own: the NCCL knobs, the all-reduce objective of the server's messages,
+    the job on the study's nodes with the server's env, in the study's storage. Its search space and
+    objective are written to the study's work dir (MLflow logs them, and a resume compares them)."""
+    knobs, tp, size = stage_knobs(study), tensor_parallel_size(study), hidden_size(study)
+    workload = study.objective.workload
+    assert size is not None and workload is not None  # why_not(study) is None
+    server = study.file.server
+    if server.flags.get(CHUNK_FLAG) is not None:
+        chunk = int(str(server.flags[CHUNK_FLAG]))
+    else:
+        chunk = default_chunked_prefill_size(gpu_memory_gb) if gpu_memory_gb else 8192
+    if chunk < 0:  # -1: no chunking, the prompt is prefilled whole
+        chunk = workload.input_len
+    folder = study.workdir / STAGE_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    space_path, objective_path = folder / "search_space.yaml", folder / "objective.yaml"
+    written = yaml.safe_load(study.search_space_text)["parameters"]  # the knobs as the user wrote them
+    parameters = {name: written[name] for name in knobs}
+    space_path.write_text(yaml.safe_dump({"parameters": parameters}, sort_keys=False))
+    messages = allreduce_messages(size, workload, chunk)
+    objective = {
+        "name": f"{study.objective.name}-nccl-stage",
+        "kind": "nccl_allreduce",
+        "metric": "allreduce_us",
+        "allreduce": {
+            "messages": {size_: round(weight, 6) for size_, weight in messages.items()},
+            "gpus": tp,
+        },
+    }
+    objective_path.write_text(
+        f"# The all-reduces of {study.name}'s server: hidden size {size}, {workload.concurrency} requests a "
+        f"decode step, prefill chunks of {chunk} tokens\n" + yaml.safe_dump(objective, sort_keys=False)
+    )
+    command = study.file.nccl_stage.command or list(JOB_COMMANDS["nccl_allreduce"])
+    file = study.file.model_copy(  # nodes, never_launch, timeouts, ray as the study's
+        update={
+            "study": study.name + STAGE_SUFFIX,
+            "search_space": str(space_path),
+            "objective": str(objective_path),
+            "storage": study.storage,
+            "tracking_uri": study.tracking_uri,
+            "server": ServerSpec(command=command, env=dict(server.env), host=server.host),
+            "budget": Budget(n_trials=ascent_size(knobs), timeout_s=timeout_s),
+            "nccl_stage": NcclStage(enabled=False),
+        }
+    )
+    return replace(
+        study,
+        file=file,
+        search_space=load_search_space(space_path),
+        objective=load_objective(objective_path),
+        workdir=folder,
+        search_space_path=space_path,
+        objective_path=objective_path,
+    )
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What the stage found: the values to hold, the defaults' and the best's all-reduce time, and the
+    node seconds its trials took (as the node reported them)."""
+
+    held: dict[str, Any]
+    baseline_us: float | None
+    best_us: float | None
+    trials: int
+    node_s: float
+
+    def lines(self, name: str) -> list[str]:
+        """What the console says: one summary line, then the knobs it changed."""
+        gain = ""
+        if self.baseline_us and self.best_us is not None and math.isfinite(self.best_us):
+            gain = (
+                f": allreduce_us {self.baseline_us:.1f} with NCCL's defaults, {self.best_us:.1f} with its "
+                f"best ({(self.best_us - self.baseline_us) / self.baseline_us:+.0%})"
+            )
+        changed = {n: v for n, v in self.held.items() if v is not None}
+        kept = [n for n, v in self.held.items() if v is None]
+        lines = [f"NCCL stage {name}: {self.trials} all-reduce trials, {self.node_s:.0f} s on the node{gain}"]
+        lines += [f"NCCL stage: {n}={v} held in every server trial" for n, v in changed.items()]
+        if kept:
+            lines.append(f"NCCL stage: {', '.join(kept)} held at NCCL's defaults")
+        return lines
+
+
+def stage_result(knobs: Knobs, trials: Sequence[FrozenTrial]) -> StageResult | None:
+    """The finished stage's result, from its trials; None while its pass is not done."""
+    values = measured(trials)
+    point, best = ascent(knobs, values)
+    if point is not None:
+        return None
+    baseline = values.get(())
+    best_us = values.get(point_key(best))
+    node_s = math.fsum(float(t.user_attrs.get(NODE_S_ATTR) or 0.0) for t in trials)
+    if best_us is None or not math.isfinite(best_us):
+        best = {}  # nothing completed: hold nothing
+    return StageResult(best, baseline, best_us, len(trials), node_s)
+
+
+def finished_stage(study: Study, storage: optuna.storages.BaseStorage | str) -> StageResult | None:
+    """The stage's result when its Optuna study exists and its pass is done (a resume reuses it)."""
+    try:
+        ostudy = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=storage)
+    except KeyError:
+        return None
+    return stage_result(stage_knobs(study), ostudy.get_trials(deepcopy=False))
+
+
+class LentPool(NodePool):
+    """The study's node pool, lent to the stage's driver: its close leaves the pool to its owner."""
+
+    def __init__(self, pool: NodePool) -> None:
+        self.pool = pool
+
+    def idle_nodes(self) -> list[str]:
+        return self.pool.idle_nodes()
+
+    def submit(self, node: str, request: TrialRequest) -> Submitted:
+        return self.pool.submit(node, request)
+
+    def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
+        return self.pool.wait(timeout_s)
+
+    def phase(self, submitted: Submitted) -> str | None:
+        return self.pool.phase(submitted)
+
+    def abort_all(self) -> None:
+        self.pool.abort_all()
+
+    def close(self) -> None:
+        """The owner closes it."""
+
+    def facts(self, node: str) -> NodeReport | None:
+        return self.pool.facts(node)
+
+
+def smallest_gpu_gb(pool: NodePool) -> float | None:
+    """The smallest GPU memory among the pool's idle nodes, as their node checks found it."""
+    sizes = [f.gpu_memory_gb for n in pool.idle_nodes() if (f := pool.facts(n)) and f.gpu_memory_gb]
+    return min(sizes) if sizes else None

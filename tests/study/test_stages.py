@@ -1,0 +1,260 @@
+"""The NCCL all-reduce stage (autotune.study.stages): its messages, its coordinate ascent, and the study loop
+running it before the server trials on the model node, in real Optuna storage."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.config import Study, load_study
+from autotune.errors import ConfigError
+from autotune.measure.client import Workload
+from autotune.measure.nccl import BenchSettings, Message
+from autotune.node.job import parse_result
+from autotune.node.pool import LocalNodePool
+from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.nccl_job import allreduce_payload
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study import stages
+from autotune.study.callbacks import KnobHeld, StudyCallback
+from autotune.study.loop import StudyDriver
+from autotune.study.stages import STAGE_SUFFIX, allreduce_messages, ascent, ascent_size, point_key
+from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, model_server, simulated_server, small_objective
+
+HARDWARE, MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"
+NCCL_KNOBS = (
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_BUFFSIZE",
+    "NCCL_P2P_LEVEL",
+)
+
+
+class Lines(StudyCallback):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def knob_held(self, event: KnobHeld) -> None:
+        self.lines.append(event.text)
+
+
+def model_pool() -> Callable[[Study], LocalNodePool]:
+    hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
+    return lambda _study: LocalNodePool(
+        {"n": ModelExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
+    )
+
+
+def run(path: Path, n_trials: int | None = None) -> tuple[optuna.Study, list[str]]:
+    lines = Lines()
+    ostudy = StudyDriver(load_study(path), [lines], pool=model_pool(), tracking=False).run(n_trials)
+    return ostudy, lines.lines
+
+
+def stage_trials(path: Path) -> list[optuna.trial.FrozenTrial]:
+    study = load_study(path)
+    ostudy = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=study.storage)
+    return ostudy.get_trials(deepcopy=False)
+
+
+def stage_exists(path: Path) -> bool:
+    study = load_study(path)
+    return study.name + STAGE_SUFFIX in optuna.get_all_study_names(study.storage)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> StudyFiles:
+    return StudyFiles(tmp_path)
+
+
+def staged_study(files: StudyFiles, **keys: Any) -> Path:
+    """The shipped space on the seed node, the model's hidden size given (its model_path is not here)."""
+    return files(n_trials=4, nccl_stage={"hidden_size": 7168}, **keys)
+
+
+# -- the messages and the ascent -------------------------------------------------------------------------
+def test_the_messages_are_a_decode_step_per_output_token_and_the_prompts_prefill_chunks() -> None:
+    workload = Workload(num_prompts=8, input_len=20000, output_len=512, concurrency=4)
+    token = 7168 * 2
+    assert allreduce_messages(7168, workload, 8192) == {
+        token * 4: 512 / 4,  # one step decodes a token of each of the 4 requests
+        token * 8192: 2,  # two whole chunks
+        token * (20000 - 2 * 8192): 1,  # and the rest
+    }
+
+
+def test_the_ascent_sweeps_each_knob_with_the_ones_before_at_their_best() -> None:
+    knobs = {"A": [None, "x", "y"], "B": [None, 1, 2]}
+    times = {(): 10.0, (("A", "x"),): 8.0, (("A", "y"),): 9.0, (("A", "x"), ("B", "1")): 9.0}
+    times[(("A", "x"), ("B", "2"))] = 7.0
+    asked = []
+    values: dict[Any, float] = {}
+    while (point := ascent(knobs, values)[0]) is not None:
+        asked.append(point)
+        values[point_key(point)] = times[point_key(point)]
+    assert asked == [
+        {"A": None, "B": None},
+        {"A": "x", "B": None},
+        {"A": "y", "B": None},
+        {"A": "x", "B": 1},  # B's default with A at x was measured already
+        {"A": "x", "B": 2},
+    ]
+    assert len(asked) == ascent_size(knobs)
+    assert ascent(knobs, values)[1] == {"A": "x", "B": 2}
+
+
+# -- the study loop --------------------------------------------------------------------------------------
+def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: StudyFiles) -> None:
+    path = staged_study(files)
+    ostudy, lines = run(path)
+    stage = stage_trials(path)
+    knobs = stages.stage_knobs(load_study(path))
+    assert len(stage) == ascent_size(knobs)  # one pass, no point measured twice
+    assert len({point_key(t.params) for t in stage}) == len(stage)
+    result = stages.stage_result(knobs, stage)
+    assert result is not None and result.best_us is not None and result.baseline_us is not None
+    # The seed's GPUs sit behind host bridges: NCCL's default level sends all-reduces through host memory.
+    assert result.held["NCCL_P2P_LEVEL"] == "SYS" and result.best_us < result.baseline_us
+    server = ostudy.get_trials(deepcopy=False)
+    assert max(t.datetime_complete for t in stage) <= min(t.datetime_start for t in server)
+    for trial in server[1:]:  # the baseline is SGLang's and NCCL's defaults
+        assert {name: trial.params[name] for name in NCCL_KNOBS} == result.held
+    assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: {len(stage)} all-reduce trials, 780 s")
+    assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines
+
+
+def test_a_resumed_study_reuses_a_finished_stage(files: StudyFiles) -> None:
+    path = staged_study(files)
+    run(path)
+    before = [(t.number, t.datetime_start) for t in stage_trials(path)]
+    ostudy, lines = run(path, 7)
+    assert [(t.number, t.datetime_start) for t in stage_trials(path)] == before
+    held = stages.stage_result(stages.stage_knobs(load_study(path)), stage_trials(path))
+    assert held is not None
+    assert all(t.params["NCCL_P2P_LEVEL"] == held.held["NCCL_P2P_LEVEL"] for t in ostudy.trials[1:])
+    assert len(ostudy.trials) == 7 and "NCCL_P2P_LEVEL=SYS" in "\n".join(lines)
+
+
+def test_an_interrupted_stage_continues_where_it_stopped(files: StudyFiles) -> None:
+    path = staged_study(files)
+    study = load_study(path)
+    knobs = stages.stage_knobs(study)
+    stage = stages.stage_study(study, 96.0, None)
+    StudyDriver(stage, pool=model_pool(), sampler=stages.CoordinateAscent(knobs), tracking=False).run(5)
+    assert len(stage_trials(path)) == 5
+    run(path)
+    trials = stage_trials(path)
+    assert len(trials) == ascent_size(knobs)  # continued, not started again
+    assert len({point_key(t.params) for t in trials}) == len(trials)
+
+
+def test_the_switch_turns_the_stage_off(files: StudyFiles) -> None:
+    path = files(n_trials=3, nccl_stage=False)
+    assert load_study(path).file.nccl_stage.enabled is False
+    ostudy, lines = run(path)
+    assert not stage_exists(path) and not lines
+    assert len({t.params.get("NCCL_P2P_LEVEL") for t in ostudy.trials[1:]}) >= 1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("maybe", r"nccl_stage: not a switch nor a section \(got 'maybe'\)"),
+        ({"enabled": "yes"}, r"nccl_stage.enabled: must be true or false \(got 'yes'\)"),
+        ({"hidden": 7168}, r"nccl_stage.hidden: unknown key \(got 'hidden'\). Did you mean 'hidden_size'\?"),
+        ({"hidden_size": 0}, r"nccl_stage.hidden_size: must be > 0 \(got 0\)"),
+    ],
+)
+def test_a_bad_switch_is_a_one_line_error(files: StudyFiles, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_study(files(n_trials=3, nccl_stage=value))
+
+
+def test_one_gpu_or_no_nccl_knob_runs_no_stage(files: StudyFiles, tmp_path: Path) -> None:
+    one_gpu = load_study(staged_study(files, server=model_server(flags={"--tp-size": 1})))
+    assert stages.why_not(one_gpu) == "one GPU in the tensor-parallel group"
+    assert stages.why_not(load_study(staged_study(files))) is None
+    memory = {"kind": "sglang", "type": "float", "low": 0.8, "high": 0.9, "step": 0.01}
+    no_knob = StudyFiles(tmp_path / "no-knob")(
+        n_trials=3,
+        search_space={"parameters": {"--mem-fraction-static": memory}},
+        nccl_stage={"hidden_size": 7168},
+    )
+    _, lines = run(no_knob)
+    assert not stage_exists(no_knob) and not lines
+
+
+def test_the_stage_is_skipped_with_a_word_when_the_hidden_size_is_unknown(files: StudyFiles) -> None:
+    path = files(n_trials=2)  # /models/Kimi-K2.5 is not on this machine
+    _, lines = run(path)
+    assert not stage_exists(path)
+    assert lines == [
+        "NCCL stage skipped: the model's hidden size is unknown (/models/Kimi-K2.5/config.json is not "
+        "readable "
+        "here); set nccl_stage.hidden_size in the study file"
+    ]
+
+
+def test_the_hidden_size_is_read_from_the_models_config(files: StudyFiles, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["KimiK25"], "text_config": {"hidden_size": 7168}}')
+    assert (
+        stages.hidden_size(load_study(files(n_trials=2, server=model_server(model_path=str(model))))) == 7168
+    )
+
+
+# -- the simulated job ------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_the_simulated_job_prints_the_real_jobs_result_line() -> None:
+    settings = BenchSettings(messages=(Message(14336 * 4, 128.0), Message(14336 * 8192, 2.0)), gpus=8)
+    env = {"SGLANG_SIM_HARDWARE": HARDWARE, "SGLANG_SIM_MODEL": MODEL, "NCCL_P2P_LEVEL": "SYS", "PATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.sim.nccl_job", *settings.to_argv()],
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    payload = parse_result(done.stdout)
+    assert payload is not None
+    expected = allreduce_payload(load_hardware_profile(HARDWARE), load_model_profile(MODEL), settings, env)
+    assert payload["metrics"] == expected["metrics"] and payload["env"] == {"NCCL_P2P_LEVEL": "SYS"}
+
+
+@pytest.mark.integration
+def test_a_simulated_node_runs_the_stage_as_job_processes(files: StudyFiles) -> None:
+    from autotune.node.pool import in_process_pool
+
+    space = {
+        "parameters": {
+            "NCCL_P2P_LEVEL": {"kind": "nccl", "type": "categorical", "choices": [None, "SYS"]},
+            "NCCL_PROTO": {"kind": "nccl", "type": "categorical", "choices": [None, "LL"]},
+        }
+    }
+    nvidia_smi = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+    path = files(
+        n_trials=1,
+        search_space=space,
+        objective=small_objective(),
+        nodes=[{"name": "local", "address": "local", "nvidia_smi": nvidia_smi}],
+        server=simulated_server(model_weight_gb=547),
+        timeouts=SIM_TIMEOUTS,
+        nccl_stage={"hidden_size": 7168, "command": [sys.executable, "-m", "autotune.sim.nccl_job"]},
+    )
+    lines = Lines()
+    ostudy = StudyDriver(load_study(path), [lines], pool=in_process_pool, tracking=False).run()
+    trials = stage_trials(path)
+    assert len(trials) == 3 and all(t.state is optuna.trial.TrialState.COMPLETE for t in trials)
+    assert all(t.user_attrs.get("node") == "local" for t in trials)
+    assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines.lines
+    assert ostudy.trials[0].state is optuna.trial.TrialState.COMPLETE
