@@ -42,6 +42,7 @@ from autotune.config.study import JOB_COMMANDS, Budget, NcclStage, ServerSpec
 from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
+from autotune.study.preflight import TP_FLAGS
 from autotune.study.records import NODE_S_ATTR
 from autotune.study.rules import is_feasible
 from autotune.trial.launch import to_env_value
@@ -49,7 +50,6 @@ from autotune.trial.wire import TrialRequest, TrialResult
 
 STAGE_SUFFIX = ".nccl-stage"
 STAGE_FOLDER = "nccl-stage"  # under the study's work dir: the stage's search space and objective files
-TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 CHUNK_FLAG = "--chunked-prefill-size"
 BF16_BYTES = 2
 Knobs = dict[str, list[Any]]  # an NCCL knob -> its values, in the search space's order
