@@ -49,9 +49,10 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
   else
     if [ "$MODE" = study ]; then
       verb=run; [ -f "$STORES/optuna.db" ] && verb=resume
-      # ENQUEUE='--set=--mem-fraction-static=0.99 ...': configs to run next (autotune enqueue's arguments)
+      # ENQUEUE='--file F' or '--set=--flag=V ...': configs to run next (autotune enqueue's arguments), in
+      # the call that starts the study only (each call that starts it queues them again)
       if [ -n "${ENQUEUE:-}" ]; then
-        (cd $W && python3 -m autotune enqueue "$STUDY" $ENQUEUE) >> "$LOG" 2>&1 && say "queued: $ENQUEUE"
+        python3 -m autotune enqueue "$STUDY" $ENQUEUE >> "$LOG" 2>&1 && say "queued: $ENQUEUE"  # paths: the checkout's
       fi
       args=("$verb" "$STUDY" --no-ray)
     else

@@ -12,10 +12,11 @@ import pytest
 
 from autotune.config import load_study
 from autotune.sim.model import NodeModel
-from autotune.sim.predict import settings_for
+from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.sim.server.options import resolved_server_args
 from autotune.sim.server_args import build_parser
+from autotune.study.enqueue import plan_all, requests_from_file
 from tests.builders import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
@@ -196,3 +197,20 @@ def test_each_request_of_a_decode_step_adds_its_sampling(
     without = llama8b.model_copy(update={"sampling_us_per_request": 0.0})
     with_sampling = n.decode_step_s(32, 34_562)
     assert node(h200, without).decode_step_s(32, 34_562) == pytest.approx(with_sampling - 32 * 20e-6)
+
+
+def test_the_memory_edge_configs_are_valid_for_the_real_study_and_fail_in_the_model(
+    h200: HardwareProfile, llama8b: ModelProfile
+) -> None:
+    # device_run.sh queues them into the real study: a config the study would refuse wastes device time.
+    study = load_study(STUDY)
+    edge = REPO / "benchmarks" / "sglang-h200" / "memory-edge.yaml"
+    queued = plan_all(study, requests_from_file(edge, study.search_space), None)
+    fractions = [entry.params["--mem-fraction-static"] for entry in queued]
+    assert fractions == [0.99, 0.98]
+    assert all(entry.params["--cuda-graph-max-bs-decode"] is None for entry in queued)  # SGLang's graphs
+    # What the next real run will check: a start-up failure at 0.99, an out-of-memory under load at 0.98.
+    at_099 = predict(h200, llama8b, [*HELD, "--mem-fraction-static", "0.99"])
+    assert at_099.failure_phase == "prefill_capture" and "CUDA out of memory" in (at_099.failure_line or "")
+    at_098 = predict(h200, llama8b, [*HELD, "--mem-fraction-static", "0.98"])
+    assert at_098.failure_phase is None and at_098.result is not None and at_098.result.oom_lines
