@@ -830,8 +830,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),
     )
     path = write(comparison, args.json or study.workdir / "compare.json")
-    env = " ".join(f"{k}={v}" for k, v in comparison.best_env.items()) or "nothing set (the default)"
-    print(f"best: trial {comparison.best_trial}: {env}")
+    settings = [f"{k}={v}" for k, v in comparison.best_env.items()]
+    settings += [flag if v is None else f"{flag} {v}" for flag, v in comparison.best_flags.items()]
+    print(f"best: trial {comparison.best_trial}: {' '.join(settings) or 'nothing set (the default)'}")
     print(comparison.table())
     print(f"runs and summary written to {path}")
     return 0

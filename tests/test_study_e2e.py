@@ -105,3 +105,24 @@ def test_status_and_best_read_the_finished_study(finished_study) -> None:
     assert best.returncode == 0, best.stderr
     script = (path.parent / "best.sh").read_text()
     assert script.startswith("#!/usr/bin/env bash") and "autotune.sim.sglang_server" in script
+
+
+def test_the_best_config_of_a_serving_study_is_compared_with_the_default(finished_study) -> None:
+    # The simulated server through the trial path, as on the real H200: both configs launched again in
+    # interleaved rounds, the throughput's gain in its own direction (higher is better) with an interval.
+    path, _ = finished_study
+    out = path.parent / "compare-2.json"
+    done = run_cli("compare", str(path), "--rounds", "2", "--json", str(out), cwd=path.parent)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    result = json.loads(out.read_text())
+    runs = result["runs"]
+    order = [(r["round"], r["config"]) for r in runs]
+    assert order == [(0, "default"), (0, "best"), (1, "best"), (1, "default")]  # ABBA
+    assert all(r["failure"] is None and r["metrics"]["output_throughput"] > 0 for r in runs), runs
+    assert result["best_flags"] and f"best: trial {result['best_trial']}: " in done.stdout
+    by_round = {(r["round"], r["config"]): r["metrics"]["output_throughput"] for r in runs}
+    gains = [100 * (by_round[i, "best"] / by_round[i, "default"] - 1) for i in (0, 1)]  # higher is better
+    assert result["summary"]["output_throughput"]["gain_pct"] == pytest.approx(sum(gains) / 2)
+    assert "mean_ttft_ms" in result["summary"] and "output_throughput" in done.stdout

@@ -1,13 +1,13 @@
 """Is the best config really better than the default? Both measured again, interleaved, with intervals.
 
-A study's best trial won on one measurement, and small all-reduces vary by a third between launches, so
-its figure is biased upwards (the best of many noisy draws). `compare` measures the default (the
-baseline: nothing set) and the best config again, `rounds` times each, alternating which goes first
-(ABBA, so a drift of the node cancels), every run a fresh launch through the trial path on the study's
-first node. A round's two runs form a pair; the gain is the mean of the pairs' relative differences with
-its 95% interval, and a gain whose interval contains zero is reported as no gain.
-
-Only job objectives (`kind: nccl_allreduce`) are compared here; serving objectives have `remeasure`.
+A study's best trial won on one measurement, so its figure is biased upwards (the best of many noisy draws:
+small all-reduces vary by a third between launches, a server's throughput by about 0.5% on one H200).
+`compare` measures the default (the baseline: nothing set) and the best config again, `rounds` times each,
+alternating which goes first (ABBA, so a drift of the node cancels), every run a fresh launch through the
+trial path on the study's first node: a job objective's job, or a serving objective's server and
+benchmark (its whole measurement plan, no short run first). A round's two runs form a pair; the gain is the
+mean of the pairs' relative differences with its 95% interval, in each metric's own direction, and a gain
+whose interval contains zero is reported as no gain.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.config import Study
+from autotune.config import Objective, Study
 from autotune.errors import AutotuneError
-from autotune.measure.metrics import ALLREDUCE_METRICS
+from autotune.measure.client import BenchmarkResult
+from autotune.measure.metrics import OBJECTIVE_METRICS
+from autotune.measure.plan import plan_for
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
 from autotune.node.executor import TrialExecutor, runner_for
 from autotune.study.rules import best_trial, trial_config
@@ -64,6 +66,7 @@ class Comparison:
     best_trial: int
     best_env: dict[str, str]
     runs: list[Run] = field(default_factory=list)
+    best_flags: dict[str, str | None] = field(default_factory=dict)
 
     def pairs(self) -> list[tuple[Run, Run]]:
         """(default, best) of each round where both succeeded."""
@@ -74,14 +77,14 @@ class Comparison:
         return [(r[DEFAULT], r[BEST]) for _, r in sorted(by_round.items()) if DEFAULT in r and BEST in r]
 
     def metrics(self) -> list[str]:
-        """The objective's metric, each message size's latency, then the job's other metrics (memory): those
-        every pair has (all: lower is better)."""
+        """The objective's metric, each message size's latency, then the other figures with a better
+        direction (a job's memory; a server's throughputs and latencies): those every pair has."""
         pairs = self.pairs()
         if not pairs:
             return []
         common = set.intersection(*(set(d.metrics) & set(b.metrics) for d, b in pairs))
         sizes = sorted(m for m in common if m.startswith("allreduce_us.") and m != self.metric)
-        ordered = [self.metric, *sizes, *ALLREDUCE_METRICS]
+        ordered = [self.metric, *sizes, *OBJECTIVE_METRICS]
         return [m for m in dict.fromkeys(ordered) if m in common]
 
     def summary(self) -> dict[str, dict[str, Any]]:
@@ -93,7 +96,7 @@ class Comparison:
         for metric in self.metrics():
             default = [d.metrics[metric] for d, _ in pairs]
             best = [b.metrics[metric] for _, b in pairs]
-            gain = paired_gain(default, best, minimize=True)
+            gain = paired_gain(default, best, minimize=_lower_is_better(metric))
             out[metric] = {
                 "default": _ci(mean_ci(default)),
                 "best": _ci(mean_ci(best)),
@@ -112,7 +115,9 @@ class Comparison:
             return None
         name = metric or self.metric
         return paired_gain(
-            [d.metrics[name] for d, _ in pairs], [b.metrics[name] for _, b in pairs], minimize=True
+            [d.metrics[name] for d, _ in pairs],
+            [b.metrics[name] for _, b in pairs],
+            minimize=_lower_is_better(name),
         )
 
     def to_json(self) -> str:
@@ -122,6 +127,7 @@ class Comparison:
                 "metric": self.metric,
                 "best_trial": self.best_trial,
                 "best_env": self.best_env,
+                "best_flags": self.best_flags,
                 "pairs": len(self.pairs()),
                 "summary": self.summary(),
                 "runs": [asdict(run) for run in self.runs],
@@ -138,6 +144,12 @@ class Comparison:
         for metric, row in summary.items():
             lines.append(f"{metric:<26} {_text(row['default']):>22} {_text(row['best']):>22}  {row['text']}")
         return "\n".join(lines)
+
+
+def _lower_is_better(metric: str) -> bool:
+    """A metric's direction from the catalogue; a message size's latency (`allreduce_us.<size>`) is lower."""
+    better = OBJECTIVE_METRICS.get(metric)
+    return better == "minimize" if better is not None else metric.startswith("allreduce_us.")
 
 
 def _ci(ci: MeanCI) -> dict[str, float]:
@@ -163,11 +175,6 @@ def compare(
     Runs on the study's first node through a TrialExecutor of its own (logs under the study's
     `compare/` folder), or through `executor`.
     """
-    if not study.objective.is_job:
-        raise AutotuneError(
-            f"compare re-measures job objectives (kind: nccl_allreduce); {study.objective.name!r} is a "
-            "serving objective: add `remeasure` to it and run `autotune remeasure`"
-        )
     if rounds < 2:
         raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
     chosen = _chosen_trial(ostudy, trial)
@@ -177,20 +184,26 @@ def compare(
         node = study.file.nodes[0]
         workdir = study.workdir / "compare" / time.strftime("%Y%m%d-%H%M%S")
         executor = TrialExecutor(node.name, runner_for(node, workdir), workdir)
-    comparison = Comparison(study.name, study.objective.metric, chosen.number, dict(configs[BEST].env))
+    best = configs[BEST]
+    comparison = Comparison(
+        study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
+    )
+    objective, job = study.objective, study.objective.is_job
     number = 0
     for index in range(rounds):
         for position, name in enumerate(order_of_round(index)):
             request = TrialRequest(
                 number=number,
                 launch=launches[name],
-                workload=None,
+                workload=objective.workload,
                 startup_timeout_s=study.file.timeouts.startup_s,
                 benchmark_timeout_s=study.file.timeouts.benchmark_s,
-                job=True,
+                seed=index,  # both configs of a round get the same prompts
+                plan=None if job else plan_for(objective, short=False),
+                job=job,
             )
             number += 1
-            run = _run_of(index, name, position, executor.run(request))
+            run = _run_of(index, name, position, executor.run(request), objective)
             comparison.runs.append(run)
             on_run(run)
     return comparison
@@ -208,18 +221,35 @@ def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
     return trials[0]
 
 
-def _run_of(index: int, name: str, position: int, result: TrialResult) -> Run:
+def _run_of(index: int, name: str, position: int, result: TrialResult, objective: Objective) -> Run:
     details = result.details or {}
     return Run(
         round=index,
         config=name,
         position=position,
-        metrics=dict(result.metrics) if result.ok else {},
+        metrics=_measured(result, objective) if result.ok else {},
         failure=None if result.ok else _failure_text(result),
         timing=details.get("timing"),
         note=details.get("note"),
         elapsed_s=result.benchmark_s or 0.0,
     )
+
+
+def _measured(result: TrialResult, objective: Objective) -> dict[str, float]:
+    """A job's metrics, or a server's: the objective's value and every figure of its benchmark."""
+    if result.benchmark is None:
+        return dict(result.metrics)
+    return {objective.metric: objective.value(result.benchmark), **_figures(result.benchmark)}
+
+
+def _figures(benchmark: BenchmarkResult) -> dict[str, float]:
+    """The benchmark's figures a config changes, each with a better direction (throughputs, latencies)."""
+    figures = {}
+    for name in OBJECTIVE_METRICS:
+        value = getattr(benchmark, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):  # None: a figure it lacks
+            figures[name] = float(value)
+    return figures
 
 
 def _failure_text(result: TrialResult) -> str:

@@ -252,6 +252,22 @@ def test_a_comparison_pairs_rounds_where_both_ran() -> None:
     assert "allreduce_us" in comparison.table()
 
 
+def test_a_serving_comparison_takes_each_metric_in_its_own_direction() -> None:
+    flags: dict[str, str | None] = {"--cuda-graph-max-bs-prefill": "4096"}
+    comparison = Comparison("s", "output_throughput", 19, {}, best_flags=flags)
+    for index, (default, best) in enumerate([(4290.0, 4330.0), (4300.0, 4335.0), (4295.0, 4340.0)]):
+        # The best config serves more tokens per second and makes the first token wait longer.
+        ttft = 950.0 + index
+        before = {"output_throughput": default, "mean_ttft_ms": 900.0}
+        comparison.runs.append(Run(index, "default", 0, before))
+        comparison.runs.append(Run(index, "best", 1, {"output_throughput": best, "mean_ttft_ms": ttft}))
+    summary = comparison.summary()
+    assert summary["output_throughput"]["verdict"] == "gain" and summary["output_throughput"]["gain_pct"] > 0
+    assert summary["mean_ttft_ms"]["verdict"] == "loss"
+    assert comparison.metrics() == ["output_throughput", "mean_ttft_ms"]
+    assert json.loads(comparison.to_json())["best_flags"] == {"--cuda-graph-max-bs-prefill": "4096"}
+
+
 # ---- the objective and study files -----------------------------------------------------------------------
 def test_the_shipped_files_load_and_launch_the_benchmark_with_nvls_off() -> None:
     objective = load_objective(OBJECTIVE)
@@ -485,13 +501,11 @@ def test_a_study_runs_without_ray_and_its_best_is_compared(stand_in_study: Path)
 
 
 @pytest.mark.integration
-def test_compare_refuses_serving_objectives_and_one_round(stand_in_study: Path, tmp_path: Path) -> None:
+def test_compare_refuses_one_round(stand_in_study: Path, tmp_path: Path) -> None:
     done = _cli("compare", str(stand_in_study), "--rounds", "1", cwd=tmp_path)
     assert done.returncode == 2 and "two rounds" in done.stderr
-    serving = REPO / "examples" / "quickstart.yaml"
-    study = load_study(serving)
-    with pytest.raises(AutotuneError, match="serving objective"):
-        compare(study, optuna.create_study(), 2)
+    with pytest.raises(AutotuneError, match="rounds >= 2"):
+        compare(load_study(stand_in_study), optuna.create_study(), 1)
 
 
 # ---- on two GPUs ------------------------------------------------------------------------------------------
