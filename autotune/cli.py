@@ -190,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from autotune.study.loop import StudyInterrupted
 
             return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+        except KeyboardInterrupt:  # Ctrl-C outside a study's own handling (loading files, reading a study)
+            print("autotune: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         except Exception:
             traceback.print_exc()
             return EXIT_FAILED

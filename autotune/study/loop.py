@@ -188,7 +188,11 @@ class StudyDriver:
         self.total, self.done = budget or 0, finished_count(ostudy)
         self._refresh_standing(ostudy)
         self.observers.study_started(StudyStarted(study, tuple(recovered)))
-        pool = self.make_pool(study)
+        try:
+            pool = self.make_pool(study)
+        except KeyboardInterrupt:  # Ctrl-C while Ray starts: no trial has started yet
+            self.observers.study_ended(StudyEnded(study, ostudy, None))
+            raise StudyInterrupted("interrupted while the nodes started; no trial was running") from None
         try:
             held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
         except BaseException:

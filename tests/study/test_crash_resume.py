@@ -48,10 +48,10 @@ def crash_study(storage: str | None, model_path: str, name: str = "crash") -> di
     )
 
 
-def start_driver(path: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_driver(path: Path, log: Path, *, ray: bool = True) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "autotune", "run", str(path)],
+            [sys.executable, "-m", "autotune", "run", str(path), *([] if ray else ["--no-ray"])],
             cwd=path.parent,
             env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
             stdout=out,
@@ -60,8 +60,10 @@ def start_driver(path: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def reached(point: str, trials_dir: Path, since: float, log: Path, finished_before: int) -> bool:
-    """Whether the driver is at a kill point: a server loading or benchmarked, or a trial just told."""
+def reached(point: str, trials_dir: Path, before: set[Path], log: Path, finished_before: int) -> bool:
+    """Whether the driver is at a kill point: a server of one of its trials (not in `before`: a killed
+    driver's server may still be loading until the next driver stops it) loading or benchmarked, or a
+    trial just told."""
     if point == "between":
         return (
             log.read_text(errors="replace").count("] trial")
@@ -69,7 +71,7 @@ def reached(point: str, trials_dir: Path, since: float, log: Path, finished_befo
             > finished_before
         )
     for server_log in trials_dir.glob("trial-*/server.log"):
-        if server_log.stat().st_mtime < since:
+        if server_log.parent in before:
             continue
         text = server_log.read_text(errors="replace")
         if point == "loading" and "Load weight begin" in text and "Load weight end" not in text:
@@ -84,18 +86,20 @@ def crash_and_resume(path: Path, kills: list[tuple[str, signal.Signals]]) -> lis
     trials_dir = workdir / "nodes" / "local"
     log = path.parent / "driver.log"
     hit = []
-    for point, sig in kills:
+    for index, (point, sig) in enumerate(kills):
         finished_before = (
             log.read_text(errors="replace").count("] trial")
             + log.read_text(errors="replace").count("] baseline")
             if log.exists()
             else 0
         )
-        since = time.time()
-        driver = start_driver(path, log)
+        before = set(trials_dir.glob("trial-*"))
+        # Every other driver runs its trials in its own process (--no-ray, as on the lent GPU machine):
+        # both pools must leave a resumable study, and a Ray start costs seconds a kill point need not.
+        driver = start_driver(path, log, ray=index % 2 == 0)
         deadline = time.monotonic() + 90
         while driver.poll() is None and time.monotonic() < deadline:
-            if reached(point, trials_dir, since, log, finished_before):
+            if reached(point, trials_dir, before, log, finished_before):
                 break
             time.sleep(0.05)
         if driver.poll() is not None:

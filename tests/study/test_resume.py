@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 from pathlib import Path
+from typing import NoReturn
 
 import optuna
 import pytest
@@ -12,7 +13,7 @@ from optuna.trial import TrialState
 
 from autotune.config import load_study
 from autotune.errors import ConfigError
-from autotune.study.loop import StudyDriver
+from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.storage import finished_count, open_study
 from tests.builders import SHIPPED_SPACE, StudyFiles
@@ -118,3 +119,15 @@ def test_a_study_resumed_at_the_same_point_proposes_the_same_trials(study_file: 
         StudyDriver(study, pool=model_pool()).run()
         runs.append([t.params for t in StudyDriver(study, pool=model_pool()).run(n_trials=5).trials[3:5]])
     assert runs[0] == runs[1]
+
+
+def test_ctrl_c_while_the_nodes_start_ends_the_study_as_interrupted(study_file: StudyFiles) -> None:
+    # Seen with --no-ray and Ray drivers taking turns: a Ctrl-C inside ray.init() left a traceback, exit 1.
+    study = load_study(study_file(n_trials=2))
+
+    def pool_interrupted_while_starting(_study: object) -> NoReturn:
+        raise KeyboardInterrupt
+
+    with pytest.raises(StudyInterrupted, match="while the nodes started"):
+        StudyDriver(study, pool=pool_interrupted_while_starting, tracking=False).run()
+    assert [t.state for t in open_study(study).trials] == [TrialState.WAITING]  # the baseline, still to run
