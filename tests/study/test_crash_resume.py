@@ -208,8 +208,8 @@ def test_the_same_against_postgresql(study_file: StudyFiles, postgres_url: str) 
     model_path = f"/models/crash-{uuid.uuid4().hex[:8]}"
     storage = postgres_url.replace("/autotune", "/autotune")
     path = study_file(crash_study(storage, model_path))
-    hit = crash_and_resume(path, KILLS[:6])
-    assert len(hit) >= 5, hit
+    hit = crash_and_resume(path, KILLS[:4])  # each kind of point and signal once; SQLite runs them all
+    assert len(hit) >= 3, hit
     check_study(path, storage, model_path)
 
 
