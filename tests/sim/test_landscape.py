@@ -222,6 +222,7 @@ def test_joint_best_beats_every_single_group_by_ten_percent(landscape: Landscape
     assert joint > landscape.throughput(no_spec)
 
 
+@pytest.mark.slow  # ten seconds of the model's predictions: the fast tier stays under two minutes
 def test_speculation_alone_does_not_beat_the_baseline(landscape: Landscape) -> None:
     baseline = landscape.throughput({})
     eagle = [
