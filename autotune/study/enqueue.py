@@ -211,25 +211,14 @@ class _Proposer:
         value: Any
         if name in request.settings:
             value = request.settings[name]
-            if not _takes(distribution, value):
-                raise ConfigError(
-                    request.path,
-                    f"{request.field} {name}",
-                    value,
-                    f"outside the values this knob takes in this config ({_values(distribution)})",
-                    f"Set one of those, or widen {name} in the search space.",
-                )
+            self._check(
+                name, value, distribution, "", f"Set one of those, or widen {name} in the search space."
+            )
         elif name in self.base:
             value = self.base[name]
-            if not _takes(distribution, value):
-                raise ConfigError(
-                    request.path,
-                    f"{request.field} {name}",
-                    value,
-                    f"trial {request.from_trial}'s value is outside the values this knob takes in this "
-                    f"config ({_values(distribution)})",
-                    f"Set {name} too.",
-                )
+            self._check(
+                name, value, distribution, f"trial {request.from_trial}'s value is ", f"Set {name} too."
+            )
         elif (default := default_of(distribution)) is None or default is False:
             value = default
         elif name in self.server:
@@ -242,6 +231,17 @@ class _Proposer:
             value = float(value)
         self.params[name] = value
         return value
+
+    def _check(self, name: str, value: object, distribution: BaseDistribution, whose: str, fix: str) -> None:
+        """A value set, or taken from a trial (`whose` says so), must be one this knob takes here."""
+        if not _takes(distribution, value):
+            raise ConfigError(
+                self.request.path,
+                f"{self.request.field} {name}",
+                value,
+                f"{whose}outside the values this knob takes in this config ({_values(distribution)})",
+                fix,
+            )
 
 
 def _first(distribution: BaseDistribution) -> Any:
