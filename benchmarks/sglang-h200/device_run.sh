@@ -8,7 +8,9 @@
 # 10 minutes, so the next call (made within 30 s, while the machine is warm) finds the study still running.
 # If the machine went back in between, the carried stores (.h200-carry/study.tar.gz, from an earlier $OUT)
 # are unpacked and the study resumes: interrupted trials run again.
-#   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status; ENQUEUE: configs to try next
+#   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status; ENQUEUE: configs to try next;
+#   N_TRIALS: the study's budget for this run (all its trials count) instead of the study file's;
+#   ACCEPT_CHANGES=1: the search space changed since the study began (enqueue and resume accept it)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache TRITON_CACHE_DIR=/tmp/triton-cache
@@ -52,9 +54,9 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
       # ENQUEUE='--file F' or '--set=--flag=V ...': configs to run next (autotune enqueue's arguments), in
       # the call that starts the study only (each call that starts it queues them again)
       if [ -n "${ENQUEUE:-}" ]; then
-        python3 -m autotune enqueue "$STUDY" $ENQUEUE >> "$LOG" 2>&1 && say "queued: $ENQUEUE"  # paths: the checkout's
+        python3 -m autotune enqueue "$STUDY" $ENQUEUE ${ACCEPT_CHANGES:+--accept-changes} >> "$LOG" 2>&1 && say "queued: $ENQUEUE"  # paths: the checkout's
       fi
-      args=("$verb" "$STUDY" --no-ray)
+      args=("$verb" "$STUDY" --no-ray ${N_TRIALS:+--n-trials "$N_TRIALS"} ${ACCEPT_CHANGES:+--accept-changes})
     else
       args=(compare "$STUDY" --rounds "${ROUNDS:-6}" --json $W/compare.json)
     fi
