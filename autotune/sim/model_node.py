@@ -22,6 +22,7 @@ from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
+from autotune.sim.versions import sglang_version
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -33,20 +34,23 @@ def startup_seconds(node: NodeModel) -> float:
     the simulated server's timeline (init, weight load, KV pool, graph capture)."""
     failure = node.startup_failure
     phase = failure.phase if failure is not None else None
-    init, load, capture = node.init_seconds, node.load_seconds, node.capture_seconds
+    init, load, capture, prefill = (
+        node.init_seconds,
+        node.load_seconds,
+        node.capture_seconds,
+        node.prefill_capture_seconds,
+    )
     if phase == "init":
         return init / 2
     if phase == "load":  # dies as the load begins
         return init
     if phase in ("kv", "runner"):
         return init + load
-    if phase == "capture":  # dies capturing the first batch size
-        return init + load + capture / max(len(node.plan.captured_batch_sizes), 1)
-    if phase == "warmup":  # dies on the warm-up request, after start-up
-        return init + load + capture + node.prefill_capture_seconds
-    if phase == "prefill_capture":  # dies halfway through the prefill graphs, after the decode graphs
-        return init + load + capture + node.prefill_capture_seconds / 2
-    return init + load + capture + node.prefill_capture_seconds
+    if phase == "prefill_capture":  # dies halfway through the prefill graphs, which come first
+        return init + load + prefill / 2
+    if phase == "capture":  # dies capturing the first decode batch size, after the prefill graphs
+        return init + load + prefill + capture / max(len(node.plan.captured_batch_sizes), 1)
+    return init + load + prefill + capture  # ready, or dying on the warm-up request after start-up
 
 
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
@@ -54,7 +58,6 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     them) and the model's weights."""
     from autotune.node.check import GPU
     from autotune.sim.nvidia_smi import DRIVER_VERSION
-    from autotune.sim.versions import sglang_version
 
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
@@ -107,6 +110,7 @@ class ModelExecutor:
             workload,
             seed=request.seed,
             noise=self.noise,
+            version=sglang_version(os.environ),
         )
         return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
 

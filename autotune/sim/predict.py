@@ -13,6 +13,7 @@ from autotune.sim.engine import WorkloadResult, run_workload
 from autotune.sim.model import LaunchSettings, MemoryPlan, NodeModel
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.server_args import build_parser, check_server_args
+from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,10 @@ def predict(
     *,
     seed: int = 0,
     noise: float = 0.0,
+    version: SglangVersion = VERSIONS[DEFAULT_VERSION],
 ) -> Prediction:
     """The model's answer for one launch on `workload` (the model profile's standard one by default)."""
-    node = NodeModel(hardware, model, settings_for(argv, env or {}))
+    node = NodeModel(hardware, model, settings_for(argv, env or {}), version)
     failure = node.startup_failure
     if failure is not None:
         return Prediction(node, node.plan, failure.phase, failure.lines[-1], None)

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1
-    node = NodeModel(hardware, model, LaunchSettings.from_args(ns, sglang_environment(ns, os.environ)))
+    settings = LaunchSettings.from_args(ns, sglang_environment(ns, os.environ))
+    node = NodeModel(hardware, model, settings, version)
     # ServerArgs warns before logging is configured, so Python prints these bare; its errors propagate.
     for warning in check_server_args(ns, node.attention_backend):
         log.raw(warning, WARNING)

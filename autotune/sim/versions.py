@@ -34,6 +34,10 @@ class SglangVersion:
     # Speculative algorithms allowed with `--pp-size` > 1, and the assertion that rejects the others.
     pipeline_speculation: tuple[str, ...]
     pipeline_speculation_error: str
+    # 0.5.17 drops the prefill graphs it chose itself when less than this is free (GiB) after the KV pool
+    # and the eager buffers (cuda_graph_setup.py:56, 342-356); a backend set by hand skips the gate. 0.5.23
+    # has no gate: it captures, and a capture that does not fit fails at start-up.
+    prefill_graph_min_free_gb: float | None
     # Choice lists that differ from 0.5.17's, by argparse destination (the releases' parser dumps,
     # autotune/dialect/tables/sglang-<version>.json).
     choices_added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -55,6 +59,7 @@ VERSIONS: dict[str, SglangVersion] = {
         pipeline_speculation=(),
         pipeline_speculation_error="Pipeline parallelism is not compatible with overlap schedule, "
         "speculative decoding",
+        prefill_graph_min_free_gb=4.0,
     ),
     "0.5.23": SglangVersion(
         "0.5.23",
@@ -67,6 +72,7 @@ VERSIONS: dict[str, SglangVersion] = {
         pipeline_speculation=("EAGLE",),
         pipeline_speculation_error="Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
         "speculative decoding",
+        prefill_graph_min_free_gb=None,
         choices_added={
             "attention_backend": _NEW_ATTENTION_BACKENDS,
             "decode_attention_backend": _NEW_ATTENTION_BACKENDS,

@@ -145,19 +145,20 @@ def compare(
         folder = Path(tmp) / ".autotune" / study.name
         storage = f"sqlite:///{folder / 'optuna.db'}"
         for t in optuna.load_study(study_name=study.name, storage=storage).get_trials():
-            if trials is not None and t.number not in trials:
-                continue
+            if (trials is not None and t.number not in trials) or t.state == optuna.trial.TrialState.WAITING:
+                continue  # not chosen, or never launched (a queued trial has no values yet)
             launch = study.server_launch(trial_config(study, t))
             p = predict(hardware, model, launch.argv[skip:], launch.env, workload)
             logs = list(folder.glob(f"nodes/*/trial-{t.number:04d}/server.log"))
             complete = t.state == optuna.trial.TrialState.COMPLETE
+            oom = p.result is not None and bool(p.result.oom_lines)
             rows.append(
                 TrialRow(
                     number=t.number,
                     state=t.state.name,
                     real=t.value if complete else None,
                     sim=p.output_throughput,
-                    sim_failure=(p.failure_line or "")[:60],
+                    sim_failure=(p.failure_line or ("out of memory under load" if oom else ""))[:60],
                     costs=step_costs(logs[0].read_text(errors="replace")) if logs else None,
                     node=p.node,
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from optuna.trial import FixedTrial
 
 from autotune.config import load_study
 from autotune.sim.model import NodeModel
@@ -95,12 +96,13 @@ def test_the_model_steps_as_real_sglang_did(rows: list[TrialRow]) -> None:
             if decode is not None and (in_graph or row.number not in OTHER_HOST_EAGER):
                 assert decode[1] == pytest.approx(decode[0], rel=tolerance), (row.number, in_graph, decode)
                 checked += 1
-    assert checked == 19  # 18 trials decoded in graphs (one at batch 32), one eagerly
+    assert checked == 20  # 19 trials decoded in graphs (one at batch 32), one eagerly
 
 
 def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
-    started = [row for row in rows if row.state != "RUNNING"]  # the last one was cut off as it started
-    assert len(started) == 21
+    # Every trial that got as far as its KV pool: not trial 21, cut off by the end of a session as it started.
+    started = [row for row in rows if row.number != 21]
+    assert len(started) == 23
     for row in started:
         assert row.costs is not None and row.costs.kv_tokens is not None
         plan = row.node.plan
@@ -111,7 +113,7 @@ def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
 
 def test_the_simulated_objective_is_the_real_one(rows: list[TrialRow]) -> None:
     completed = [r for r in rows if r.real]
-    assert len(completed) == 20
+    assert len(completed) == 21
     for row in completed:
         if row.number not in OTHER_HOST_EAGER:
             assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
@@ -199,18 +201,37 @@ def test_each_request_of_a_decode_step_adds_its_sampling(
     assert node(h200, without).decode_step_s(32, 34_562) == pytest.approx(with_sampling - 32 * 20e-6)
 
 
-def test_the_memory_edge_configs_are_valid_for_the_real_study_and_fail_in_the_model(
-    h200: HardwareProfile, llama8b: ModelProfile
+def test_the_memory_edge_configs_are_valid_for_the_real_study_and_fail_as_they_did(
+    h200: HardwareProfile, llama8b: ModelProfile, rows: list[TrialRow]
 ) -> None:
-    # device_run.sh queues them into the real study: a config the study would refuse wastes device time.
+    # device_run.sh queued them into the real study: a config the study would refuse wastes device time.
     study = load_study(STUDY)
     edge = REPO / "benchmarks" / "sglang-h200" / "memory-edge.yaml"
     queued = plan_all(study, requests_from_file(edge, study.search_space), None)
     fractions = [entry.params["--mem-fraction-static"] for entry in queued]
     assert fractions == [0.99, 0.98]
     assert all(entry.params["--cuda-graph-max-bs-decode"] is None for entry in queued)  # SGLang's graphs
-    # What the next real run will check: a start-up failure at 0.99, an out-of-memory under load at 0.98.
+    # Real 0.5.17 (trials 22 and 23): under 4 GiB free after the KV pool it dropped its prefill graphs at
+    # both, so neither failed at start-up; 0.99 left 0.89 GiB and ran out of memory on the first 8192-token
+    # prefill, 0.98 left 2.26 GiB and served. The model without the gate had a start-up failure at 0.99.
+    by_number = {row.number: row for row in rows}
+    assert by_number[22].state == "PRUNED" and by_number[23].real
     at_099 = predict(h200, llama8b, [*HELD, "--mem-fraction-static", "0.99"])
-    assert at_099.failure_phase == "prefill_capture" and "CUDA out of memory" in (at_099.failure_line or "")
+    assert at_099.failure_phase is None and at_099.plan.prefill_graph_dropped_at_gb is not None
+    assert at_099.result is not None and at_099.result.oom_lines
     at_098 = predict(h200, llama8b, [*HELD, "--mem-fraction-static", "0.98"])
-    assert at_098.failure_phase is None and at_098.result is not None and at_098.result.oom_lines
+    assert at_098.plan.prefill_graph_dropped_at_gb is not None
+    assert at_098.result is not None and not at_098.result.oom_lines and at_098.output_throughput > 0
+
+
+def test_the_startup_oom_config_is_valid_for_its_study_and_fails_at_startup_in_the_model(
+    h200: HardwareProfile, llama8b: ModelProfile
+) -> None:
+    # The next device session queues it (device_run.sh STUDY_FILE=examples/sglang-h200-startup-oom.yaml).
+    study = load_study(REPO / "examples" / "sglang-h200-startup-oom.yaml")
+    configs = REPO / "benchmarks" / "sglang-h200" / "startup-oom.yaml"
+    (entry,) = plan_all(study, requests_from_file(configs, study.search_space), None)
+    assert entry.params["--cuda-graph-backend-prefill"] == "breakable"
+    launch = study.server_launch(study.search_space.suggest(FixedTrial(dict(entry.params), 1)))
+    p = predict(h200, llama8b, launch.argv[len(study.file.server.command) :], launch.env)
+    assert p.failure_phase == "prefill_capture" and "CUDA out of memory" in (p.failure_line or "")

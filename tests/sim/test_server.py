@@ -214,18 +214,18 @@ def test_startup_log_is_sglangs_in_order(served: tuple[SimServer, list[int | Non
         r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it",
         r"^Loading safetensors checkpoint shards: 100% Completed \| 64/64 \[",
         # SGLang 0.5.17: model_runner.py:1099-1106, memory_pool.py:1669-1681 (MLA: one KV size),
-        # kv_cache_configurator.py:257-260, cuda_graph_setup.py:429-456 and :362-366 (prefill).
+        # kv_cache_configurator.py:257-260, cuda_graph_setup.py:362-366 (prefill, first) and :429-456.
         rf"^{DATE} TP0\] Load weight end\. elapsed=\d+\.\d\d s, type=\w+, quant=compressed-tensors, "
         r"avail mem=\d+\.\d\d GB, mem usage=68\.38 GB\.$",
         rf"^{DATE} TP0\] KV Cache is allocated\. dtype: torch\.bfloat16, #tokens: \d+, "
         r"KV size: \d+\.\d\d GB$",
         rf"^{DATE} TP0\] Memory pool end\. avail mem=\d+\.\d\d GB$",
+        rf"^{DATE} TP0\] Capture target prefill CUDA graph begin\. backend=tc_piecewise, num_tokens=\[4, 8, ",
+        rf"^{DATE} TP0\] Capture target prefill CUDA graph end\. elapsed=",
         rf"^{DATE} TP0\] Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, "
         r"bs=\[1, 2, 4, 8, 12, 16, 24, .*, 512\], avail mem=\d+\.\d\d GB$",
         rf"^{DATE} TP0\] Capture target decode CUDA graph end\. elapsed=\d+\.\d\d s, mem usage=\d+\.\d\d GB, "
         r"avail mem=\d+\.\d\d GB\.$",
-        rf"^{DATE} TP0\] Capture target prefill CUDA graph begin\. backend=tc_piecewise, num_tokens=\[4, 8, ",
-        rf"^{DATE} TP0\] Capture target prefill CUDA graph end\. elapsed=",
         rf"^{DATE} TP0\] max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=\d+, "
         r"max_running_requests=\d+, context_len=\d+, available_gpu_mem=\d+\.\d\d GB$",
         rf"^{DATE}\] INFO:     Uvicorn running on http://127\.0\.0\.1:{server.port} ",
@@ -518,3 +518,30 @@ def test_crash_benchmark_dies_mid_stream_and_slow_health_is_slow(launch: Callabl
     assert delivered < 500
     assert server.wait_exit() == 1
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in server.log
+
+
+def test_0517_drops_its_prefill_graphs_with_too_little_memory_as_the_real_server_logs_it(
+    launch: Callable[..., SimServer],
+) -> None:
+    # Real H200, 0.5.17, --mem-fraction-static 0.99 (tests/data/sglang-0.5.17-h200/): the warning, then the
+    # decode graphs, and a start.
+    real_log = REPO / "tests" / "data" / "sglang-0.5.17-h200" / "oom-under-load-prefill-graphs-dropped.log"
+    real = next(line for line in real_log.read_text().splitlines() if "Disabling auto-selected" in line)
+    h200 = {"SGLANG_SIM_MODEL": "llama-8b-dummy", "SGLANG_SIM_HARDWARE": "h200-x1"}
+
+    def shape(line: str) -> str:  # the text without the time and the figures
+        return re.sub(r"\d+\.\d\d", "N", line.split("] ", 1)[1])
+
+    server = launch("--skip-server-warmup", "--mem-fraction-static", "0.99", tp=1, env=h200)
+    assert shape(server.wait_for("Disabling auto-selected prefill CUDA graph")) == shape(real)
+    server.wait_ready()
+    assert not any("Capture target prefill" in line for line in server.lines)
+    # Set by hand, the backend skips the gate (0.5.17), and 0.5.23 has none: both try, and fail.
+    for flags, env in (
+        (("--cuda-graph-backend-prefill", "breakable"), h200),
+        ((), {**h200, "SGLANG_SIM_VERSION": "0.5.23"}),
+    ):
+        failing = launch("--mem-fraction-static", "0.99", *flags, tp=1, env=env)
+        failing.wait_for("Capture target prefill CUDA graph begin")
+        failing.wait_for("torch.OutOfMemoryError: CUDA out of memory")
+        assert not any("Disabling auto-selected" in line for line in failing.lines)

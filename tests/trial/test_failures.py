@@ -658,3 +658,16 @@ def test_the_real_kv_pool_message_is_kv_pool_too_small_and_names_the_fraction_to
     assert failure is not None and failure.kind is FailureKind.KV_POOL_TOO_SMALL and failure.kind.is_oom
     assert failure.line.startswith("ValueError: Loaded weights leave no GPU memory for the KV cache under")
     assert "Raise --mem-fraction-static above 0.983" in failure.line
+
+
+def test_a_real_oom_under_load_after_sglang_dropped_its_prefill_graphs() -> None:
+    # Real H200, 0.5.17, trial 22 of the real study (--mem-fraction-static 0.99): 1.10 GiB was free after the
+    # KV pool, so SGLang dropped the prefill graphs it had chosen (a warning, not a failure), became ready,
+    # and ran out of memory on the benchmark's first 8192-token prefill, eagerly.
+    log = (REAL_H200_LOGS / "oom-under-load-prefill-graphs-dropped.log").read_text()
+    gate = next(line for line in log.splitlines() if "Disabling auto-selected prefill CUDA graph" in line)
+    assert not is_fatal_line(gate)
+    assert classify(log[: log.index("The server is fired up")], "starting") is None
+    failure = classify(log, "benchmarking")
+    assert failure is not None and failure.kind is FailureKind.OOM_UNDER_LOAD and failure.kind.is_oom
+    assert failure.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB")

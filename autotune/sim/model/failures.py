@@ -123,9 +123,13 @@ def startup_failure(node: NodeModel) -> StartupFailure | None:
                 "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
             ),
         )
-    if plan.avail_after_graph_gb + plan.prefill_graph_gb < 0.5:
+    # Both releases capture the prefill graphs first, then the decode graphs (cuda_graph_setup.py:127-148).
+    if plan.prefill_graph_sizes and plan.avail_after_kv_gb - plan.prefill_graph_gb < 0.5:
+        return StartupFailure("prefill_capture", _prefill_capture_failed(node, plan))
+    if plan.avail_after_graph_gb < 0.5:
         need = plan.graph_gb / max(len(plan.captured_batch_sizes), 1) * 4
-        return StartupFailure("capture", _capture_failed(_torch_oom(node, need, plan.avail_after_kv_gb)))
+        free = plan.avail_after_kv_gb - plan.prefill_graph_gb
+        return StartupFailure("capture", _capture_failed(_torch_oom(node, need, free)))
     if node.spec and not node.spec.tree_has_enough_candidates:
         # The draft graph capture fails, or without graphs the first draft forward (at warm-up).
         if plan.captured_batch_sizes:
@@ -133,8 +137,6 @@ def startup_failure(node: NodeModel) -> StartupFailure | None:
         return StartupFailure(
             "warmup", _traceback(_DRAFT_FORWARD, "RuntimeError: selected index k out of range")
         )
-    if plan.avail_after_graph_gb < 0.5:
-        return StartupFailure("prefill_capture", _prefill_capture_failed(node, plan))
     return None
 
 
@@ -185,7 +187,7 @@ def _prefill_capture_failed(node: NodeModel, plan: MemoryPlan) -> list[str]:
     """Prefill graphs run out of memory: only tc_piecewise wraps the error (prefill_cuda_graph_runner.py
     372-381); breakable lets torch's error through."""
     backend = node.prefill_graph_backend
-    torch_error = _torch_oom(node, plan.prefill_graph_gb, plan.avail_after_graph_gb + plan.prefill_graph_gb)
+    torch_error = _torch_oom(node, plan.prefill_graph_gb, plan.avail_after_kv_gb)
     frames = [
         *_SCHEDULER_INIT,
         (

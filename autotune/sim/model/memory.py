@@ -38,6 +38,8 @@ class MemoryPlan:
     prefill_graph_gb: float = 0.0
     prefill_graph_sizes: list[int] = field(default_factory=list)
     prefill_graph_max_tokens: int = 0  # SGLang resolves it whether or not prefill graphs are on
+    # GiB free when 0.5.17's gate dropped the prefill graphs it had chosen (versions.py); None: kept
+    prefill_graph_dropped_at_gb: float | None = None
     static_rest_gb: float = 1.0
     pre_load_avail_gb: float = 1.0
 
@@ -156,6 +158,10 @@ def plan_memory(node: NodeModel) -> MemoryPlan:
     graph_gb = (m.graph_mb_per_bs * max(sizes, default=0) * tokens_per_bs + 12 * len(sizes)) / 1000
     prefill_max_tokens = _prefill_graph_max_tokens(node, chunked)
     prefill_sizes = prefill_graph_token_sizes(prefill_max_tokens) if s.prefill_cuda_graph else []
+    gate = node.version.prefill_graph_min_free_gb
+    dropped_at = None
+    if prefill_sizes and s.prefill_cuda_graph_backend is None and gate is not None and avail_after_kv < gate:
+        prefill_sizes, dropped_at = [], avail_after_kv
     if not prefill_sizes:
         prefill_graph_gb = 0.0
     elif node.uses_mla:
@@ -180,6 +186,7 @@ def plan_memory(node: NodeModel) -> MemoryPlan:
         prefill_graph_gb=prefill_graph_gb,
         prefill_graph_sizes=prefill_sizes,
         prefill_graph_max_tokens=prefill_max_tokens,
+        prefill_graph_dropped_at_gb=dropped_at,
         static_rest_gb=static_rest_gb,
         pre_load_avail_gb=total - init_used,
         activation_gb_per_token=m.activation_mb_per_token / 1000,

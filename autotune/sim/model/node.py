@@ -10,6 +10,7 @@ from autotune.sim.model.nccl import NcclModel
 from autotune.sim.model.settings import LaunchSettings, SpecSettings, accept_length
 from autotune.sim.predictability import request_accept_rate
 from autotune.sim.profiles import HardwareProfile, ModelProfile
+from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
 
 if TYPE_CHECKING:
     from autotune.sim.engine import Engine
@@ -30,10 +31,17 @@ EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 class NodeModel:
     """The model's answer for one launch on one node: memory, failures, and step times."""
 
-    def __init__(self, hw: HardwareProfile, model: ModelProfile, settings: LaunchSettings) -> None:
+    def __init__(
+        self,
+        hw: HardwareProfile,
+        model: ModelProfile,
+        settings: LaunchSettings,
+        version: SglangVersion = VERSIONS[DEFAULT_VERSION],
+    ) -> None:
         self.hw = hw
         self.model = model
         self.settings = settings
+        self.version = version
         self.tp = settings.tp_size
         self.warnings: list[str] = []
         self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodeModel, prefill_graph_token_sizes
 from autotune.sim.server_args import CudaGraphConfig, PhaseConfig
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion, sglang_version
 
@@ -105,6 +105,7 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
     values["chunked_prefill_size"] = (
         ns.chunked_prefill_size if ns.chunked_prefill_size is not None else plan.chunked_prefill_size
     )
+    dropped = plan.prefill_graph_dropped_at_gb is not None
     graphs = CudaGraphConfig(
         decode=PhaseConfig(
             backend="disabled"
@@ -115,8 +116,10 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
         ),
         prefill=PhaseConfig(
             backend=node.prefill_graph_backend if node.settings.prefill_cuda_graph else "disabled",
-            max_bs=node.plan.prefill_graph_max_tokens,
-            bs=node.plan.prefill_graph_sizes or None,
+            max_bs=plan.prefill_graph_max_tokens,
+            # resolved before 0.5.17's memory gate can drop them, so logged either way
+            bs=node.plan.prefill_graph_sizes
+            or (prefill_graph_token_sizes(plan.prefill_graph_max_tokens) if dropped else None),
         ),
     )
     # ServerArgs declares cuda_graph_config just before the per-phase flags (server_args.py:1799).

@@ -44,8 +44,8 @@ class Startup(LaunchPart):
         self._allocate_kv_cache()
         if phase == "runner" and failure:
             self.ranks.die(failure.rank, failure.lines)
+        await self._capture_prefill_graphs(fail=phase == "prefill_capture")  # first, as SGLang does
         await self._capture_cuda_graphs(fail=phase == "capture")
-        await self._capture_prefill_graphs(fail=phase == "prefill_capture")
         plan, chunked = self.plan, self.args["chunked_prefill_size"]
         self.ranks.all(
             f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={chunked}, "
@@ -115,10 +115,11 @@ class Startup(LaunchPart):
         name = "target verify" if self.node.spec else "target decode"
         tokens = self.node.spec.num_draft_tokens if self.node.spec else 1
         at_end = self.options.version.capture_bs_at_end
+        before = plan.avail_after_kv_gb - plan.prefill_graph_gb
         self.ranks.all(
             f"Capture {name} CUDA graph begin. backend={self.args['cuda_graph_config'].decode.backend}, "
             f"num_tokens_per_req={tokens}, {'' if at_end else f'bs={sizes}, '}"
-            f"avail mem={plan.avail_after_kv_gb:.2f} GB"
+            f"avail mem={before:.2f} GB"
         )
         if fail:
             await self._sleep_model(self.node.capture_seconds / max(len(sizes), 1))
@@ -127,15 +128,24 @@ class Startup(LaunchPart):
         self.ranks.all(
             f"Capture {name} CUDA graph end. {f'bs={sizes}, ' if at_end else ''}"
             f"elapsed={self.node.capture_seconds:.2f} s, mem usage={plan.graph_gb:.2f} GB, "
-            f"avail mem={plan.avail_after_kv_gb - plan.graph_gb:.2f} GB."
+            f"avail mem={plan.avail_after_graph_gb:.2f} GB."
         )
 
     async def _capture_prefill_graphs(self, fail: bool) -> None:
-        """The prefill graphs, a second capture with its own memory (cuda_graph_setup.py:362-366)."""
+        """The prefill graphs, captured before the decode graphs with memory of their own
+        (cuda_graph_setup.py:127-133, 342-376), unless 0.5.17's gate dropped them for want of it."""
         plan = self.plan
+        if plan.prefill_graph_dropped_at_gb is not None:
+            free, needed = plan.prefill_graph_dropped_at_gb, self.node.version.prefill_graph_min_free_gb
+            self.ranks.all(
+                f"Disabling auto-selected prefill CUDA graph: only {free:.2f} GiB is free after "
+                f"model/KV/eager-buffer allocation; at least {needed:.2f} GiB is required for capture. "
+                "Set an explicit prefill CUDA graph backend to override this safety gate.",
+                warning=True,
+            )
         if not plan.prefill_graph_sizes:
             return
-        before = plan.avail_after_kv_gb - plan.graph_gb
+        before = plan.avail_after_kv_gb
         self.ranks.all(
             f"Capture target prefill CUDA graph begin. backend={self.node.prefill_graph_backend}, "
             f"num_tokens={plan.prefill_graph_sizes}, avail mem={before:.2f} GB"
@@ -147,7 +157,7 @@ class Startup(LaunchPart):
         await self._sleep_model(seconds)
         self.ranks.all(
             f"Capture target prefill CUDA graph end. elapsed={seconds:.2f} s, "
-            f"mem usage={plan.prefill_graph_gb:.2f} GB, avail mem={plan.avail_after_graph_gb:.2f} GB."
+            f"mem usage={plan.prefill_graph_gb:.2f} GB, avail mem={before - plan.prefill_graph_gb:.2f} GB."
         )
 
     async def warm_up(self, base_url: str) -> None:
