@@ -20,6 +20,12 @@ from typing import Any
 
 import optuna
 import yaml
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    IntDistribution,
+    check_distribution_compatibility,
+)
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
@@ -110,6 +116,42 @@ def config_changes(recorded: dict[str, Any], study: Study) -> list[str]:
     return changes
 
 
+def refused_knobs(ostudy: optuna.Study, study: Study) -> dict[str, str]:
+    """Knobs the study has tried whose new definition Optuna's storage would refuse (other choices, another
+    type, log scale switched), each with its old and new definition; Optuna itself decides which."""
+    tried: dict[str, BaseDistribution] = {}
+    for trial in ostudy.get_trials(deepcopy=False):
+        for name, distribution in trial.distributions.items():
+            tried.setdefault(name, distribution)  # Optuna stored none it would refuse: any trial's will do
+    refused = {}
+    for name, new in _distributions(study).items():
+        if name not in tried:
+            continue
+        try:
+            check_distribution_compatibility(tried[name], new)
+        except ValueError:
+            refused[name] = f"{_describe(tried[name])} -> {_describe(new)}"
+    return refused
+
+
+def _distributions(study: Study) -> dict[str, BaseDistribution]:
+    """Each knob's Optuna distribution, as its `suggest` builds it (on a throwaway in-memory trial)."""
+    trial = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(), sampler=optuna.samplers.RandomSampler()
+    ).ask()
+    for name, parameter in study.search_space.parameters.items():
+        parameter.suggest(name, trial)
+    return trial.distributions
+
+
+def _describe(distribution: BaseDistribution) -> str:
+    """A knob's distribution in the search space file's words."""
+    if isinstance(distribution, CategoricalDistribution):
+        return "choices " + yaml.safe_dump(list(distribution.choices), default_flow_style=True).strip()
+    kind = "int" if isinstance(distribution, IntDistribution) else "float"
+    return f"type {kind}" + (", log: true" if getattr(distribution, "log", False) else "")
+
+
 def open_study(
     study: Study,
     *,
@@ -165,13 +207,27 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
     changes = config_changes(recorded, study)
     if not changes:
         return
+    refused = refused_knobs(ostudy, study)
     if not accept_changes:
+        fix = "Pass --accept-changes to continue with the new files anyway, or use a new study name."
+        if refused:
+            fix += f" --accept-changes cannot change the choices or type of {', '.join(refused)}, though."
         raise ConfigError(
             study.search_space_path if changes[0].startswith("search space") else study.objective_path,
             "",
             "; ".join(changes),
             f"study {study.name!r} was created with other settings, so its trials would not compare",
-            "Pass --accept-changes to continue with the new files anyway, or use a new study name.",
+            fix,
+        )
+    if refused:
+        raise ConfigError(
+            study.search_space_path,
+            "",
+            "; ".join(f"{name}: {change}" for name, change in refused.items()),
+            f"study {study.name!r} cannot take other choices or another type for a knob it has tried "
+            "(Optuna keeps them for the whole study, to read its trials' values)",
+            "Keep the old choices and type, "
+            "or name a new study (`study:` in the study file) for the new ones.",
         )
     history = [*recorded.get("history", []), {k: v for k, v in recorded.items() if k != "history"}]
     ostudy.set_user_attr(CONFIG_ATTR, {**_study_record(study), "history": history})

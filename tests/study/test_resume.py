@@ -11,6 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.cli import main
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.study.loop import StudyDriver, StudyInterrupted
@@ -89,6 +90,84 @@ def test_resuming_with_a_changed_search_space_is_refused_then_accepted(
     ostudy = StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3, accept_changes=True)
     assert finished_count(ostudy) == 3
     assert ostudy.user_attrs["config"]["history"], "the earlier files are kept with the study"
+
+
+def tried_study(tmp_path: Path, study_file: StudyFiles) -> tuple[Path, Path]:
+    """A study (its file and its own copy of the shipped search space) whose second trial tried every knob."""
+    space = tmp_path / "space.yaml"
+    shutil.copy(SHIPPED_SPACE, space)
+    path = study_file(n_trials=2, search_space=space)
+    ostudy = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run()
+    assert "NCCL_ALGO" in ostudy.trials[1].params
+    return path, space
+
+
+def stored(path: Path) -> tuple[object, int]:
+    """What the study recorded of its files, and its number of trials."""
+    study = load_study(path)
+    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)  # no check of the files
+    return ostudy.user_attrs["config"], len(ostudy.trials)
+
+
+def test_other_choices_for_a_tried_knob_are_refused_even_with_accept_changes(
+    tmp_path: Path, study_file: StudyFiles
+) -> None:
+    # Seen on the H200: Optuna refused every trial's NCCL_ALGO ("CategoricalDistribution does not support
+    # dynamic value space"), so the study ran nothing but failing trials.
+    path, space = tried_study(tmp_path, study_file)
+    before = stored(path)
+    space.write_text(
+        space.read_text().replace("choices: [null, Ring, Tree]}", "choices: [null, Ring, Tree, NVLS]}")
+    )
+
+    with pytest.raises(ConfigError) as refused:
+        open_study(load_study(path))
+    assert "--accept-changes cannot change the choices or type of NCCL_ALGO" in str(refused.value)
+
+    with pytest.raises(ConfigError) as refused:
+        open_study(load_study(path), accept_changes=True)
+    message = str(refused.value)
+    assert message.startswith(f"{space}: study 't' cannot take other choices or another type"), message
+    assert "NCCL_ALGO: choices [null, Ring, Tree] -> choices [null, Ring, Tree, NVLS]" in message
+    assert "or name a new study (`study:` in the study file)" in message
+    assert stored(path) == before
+
+
+def test_enqueue_with_accept_changes_says_so_in_one_line_and_queues_nothing(
+    tmp_path: Path, study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, space = tried_study(tmp_path, study_file)
+    before = stored(path)
+    space.write_text(space.read_text().replace("choices: [null, Ring, Tree]}", "choices: [null, Ring]}"))
+    capsys.readouterr()
+
+    assert main(["enqueue", str(path), "--set=--mem-fraction-static=0.85", "--accept-changes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autotune: error: ") and err.count("\n") == 1, err
+    assert "NCCL_ALGO: choices [null, Ring, Tree] -> choices [null, Ring]" in err
+    assert stored(path) == before
+
+
+def test_a_widened_range_and_a_new_knob_are_accepted_and_the_next_trial_runs(
+    tmp_path: Path, study_file: StudyFiles
+) -> None:
+    # What Optuna accepts within a study stays acceptable: a range's bounds, a knob added or removed.
+    path, space = tried_study(tmp_path, study_file)
+    space.write_text(
+        space.read_text()
+        .replace("low: 0.70, high: 0.95", "low: 0.60, high: 0.95")
+        .replace(
+            "  NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring, Tree]}\n",
+            "  NCCL_NTHREADS: {kind: nccl, type: categorical, choices: [null, 256, 512]}\n",
+        )
+    )
+    ostudy = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run(
+        n_trials=3, accept_changes=True
+    )
+    resumed = ostudy.trials[2]
+    assert resumed.state.is_finished() and "failure_kind" not in resumed.user_attrs, resumed.user_attrs
+    assert {"--mem-fraction-static", "NCCL_NTHREADS"} <= set(resumed.params)
+    assert ostudy.user_attrs["config"]["history"]
 
 
 # SGLang knobs only, as on one GPU: nothing in the space steers the sampler's first draws elsewhere.
