@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--accept-changes",
             action="store_true",
-            help="continue even though the search space or objective changed since the study began",
+            help="continue even though the search space or objective changed since the study began (not "
+            "other choices or another type for a knob the study has tried: Optuna keeps those per study)",
         )
         _add_driver_options(command)
 
