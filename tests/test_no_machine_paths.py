@@ -210,6 +210,41 @@ def test_portable_store_makes_a_moved_store_open_from_its_folder(
     assert attrs == {"study_file": "../../s.yaml", "objective": "o"}
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_study_resumed_from_a_portable_store_keeps_its_new_artifacts_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A portable store carried elsewhere and resumed from another directory: new runs' artifacts land in
+    the store. (The real H200 study's second and third sessions, resumed from carried stores, wrote theirs
+    into the directory autotune ran in, outside the store that came back.)"""
+    import sys
+
+    from autotune.config import load_study
+    from autotune.tracking.tracker import StudyTracker
+    from tests.builders import StudyFiles, study_data
+
+    study = load_study(StudyFiles(tmp_path / "ran")(study_data()))
+    first = StudyTracker.of(study)
+    old = first.client.create_run(first.experiment_id).info.run_id
+    (tmp_path / "launch.sh").write_text("#!/usr/bin/env bash\n")
+    first.client.log_artifact(old, str(tmp_path / "launch.sh"))
+    del first
+    shutil.move(tmp_path / "ran", tmp_path / "carried")
+    portable = [sys.executable, str(REPO / "scripts" / "portable_store.py"), str(tmp_path / "carried")]
+    assert subprocess.run(portable, capture_output=True, check=False).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    study = load_study(tmp_path / "carried" / "study.yaml")
+    tracker = StudyTracker.of(study)
+    new = tracker.client.create_run(tracker.experiment_id).info.run_id
+    tracker.client.log_artifact(new, str(tmp_path / "launch.sh"))
+    assert (study.workdir / "artifacts" / new / "artifacts" / "launch.sh").is_file()
+    assert list(elsewhere.iterdir()) == []
+    assert [a.path for a in tracker.client.list_artifacts(old)] == ["launch.sh"]
+
+
 def test_results_say_how_to_open_the_stores() -> None:
     for results in ("RESULTS-gpu.md", "RESULTS-sglang-h200.md"):
         text = (REPO / "benchmarks" / results).read_text()

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import tempfile
 import time
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,6 +122,33 @@ def failure_note(state: str, kind: str, advice: str | None, line: str | None) ->
     return "\n\n".join(parts)[:MAX_NOTE_LENGTH]
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, None for any other store."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
+
+
+def anchor_artifacts(tracking_uri: str, folder: Path) -> int:
+    """Anchor a portable store's relative artifact locations at `folder`, the store's own; returns how many.
+
+    scripts/portable_store.py writes them relative so that a store opens wherever it is unpacked, but MLflow
+    resolves them against the current directory: a study resumed from such a store (a study carried to
+    another machine) would write its new runs' artifacts wherever autotune was started, outside the store.
+    Only a SQLite store can be portable; any other tracking URI is left alone."""
+    db = sqlite_path(tracking_uri)
+    if db is None or not db.is_file():
+        return 0
+    changed = 0
+    with closing(sqlite3.connect(db)) as con, con:
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            for rowid, location in con.execute(f"SELECT rowid, {column} FROM {table}").fetchall():
+                if location and ":" not in location and not location.startswith("/"):
+                    anchored = (folder / location).resolve().as_uri()
+                    con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (anchored, rowid))
+                    changed += 1
+    return changed
+
+
 class StudyTracker(StudyCallback):
     """Writes a study's runs to one MLflow tracking store, as the study loop tells it what happened."""
 
@@ -152,6 +181,7 @@ class StudyTracker(StudyCallback):
     @classmethod
     def of(cls, study: Study) -> StudyTracker:
         """The tracker of `study`'s MLflow store, its artifacts beside the study."""
+        anchor_artifacts(study.tracking_uri, study.workdir)
         return cls(
             study.tracking_uri,
             study.name,

@@ -23,6 +23,7 @@ from autotune.config import Study
 from autotune.config.hosts import LOOPBACK, reachable_here
 from autotune.errors import AutotuneError
 from autotune.node.runner import free_port
+from autotune.tracking.tracker import sqlite_path
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
@@ -34,12 +35,6 @@ REMOTE_WARNING = (
 
 class UIError(AutotuneError):
     """The MLflow UI could not be started."""
-
-
-def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a `sqlite:///` tracking URI, None for any other store."""
-    prefix = "sqlite:///"
-    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
 
 
 def server_command(study: Study, host: str, port: int) -> list[str]:
