@@ -214,12 +214,14 @@ def print_latencies(results: list[Latency]) -> None:
 
 # -- 2. node time on failed configs ---------------------------------------------------------------------
 # (pre-flight check, incompatibility memory, the sampler's feasibility weight): autotune's default first.
+# (pre-flight check, its memory edge, incompatibility memory, the sampler's feasibility weight)
 VARIANTS = {
-    "pre-flight check and incompatibility memory (autotune)": (True, True, 1.0),
-    "both, sampler without its feasibility term": (True, True, 0.0),
-    "incompatibility memory only": (False, True, 1.0),
-    "pre-flight check only": (True, False, 1.0),
-    "neither": (False, False, 1.0),
+    "pre-flight check and incompatibility memory (autotune)": (True, True, True, 1.0),
+    "both, pre-flight without the memory edge a study met": (True, False, True, 1.0),
+    "both, sampler without its feasibility term": (True, True, True, 0.0),
+    "incompatibility memory only": (False, False, True, 1.0),
+    "pre-flight check only": (True, True, False, 1.0),
+    "neither": (False, False, False, 1.0),
 }
 
 
@@ -233,13 +235,14 @@ class Share:
 
 
 def study_share(variant: str, seed: int, n_trials: int) -> Share:
-    preflight, remember, feasibility = VARIANTS[variant]
+    preflight, memory_edge, remember, feasibility = VARIANTS[variant]
     run = run_study(
         PROFILES["seed"],
         n_trials,
         seed=seed,
         sampler=lambda _study: samplers.tpe(seed, feasibility_weight=feasibility),
         preflight=preflight,
+        memory_edge=memory_edge,
         remember_incompatible=remember,
     )
     failed = [s for s, v in zip(run.node_s, run.values, strict=True) if v is None]

@@ -294,11 +294,12 @@ def run_study(
     preflight: bool = True,
     remember_incompatible: bool = True,
     nccl_stage: bool = True,
+    memory_edge: bool = True,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
-    registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` and
-    `remember_incompatible` turn the product's two ways of not launching a failing config on or off,
-    `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's."""
+    registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
+    `memory_edge`) and `remember_incompatible` turn the product's ways of not launching a failing config
+    on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model)
 
@@ -316,6 +317,7 @@ def run_study(
             tracking=False,
             preflight=preflight,
             remember_incompatible=remember_incompatible,
+            memory_edge=memory_edge,
         )
         ostudy = driver.run()
     trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)

@@ -46,7 +46,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.outcome import Outcome
-from autotune.study.preflight import predicted_oom
+from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
 from autotune.study.records import (
     BASELINE_ATTR,
@@ -55,6 +55,7 @@ from autotune.study.records import (
     HARDWARE_ATTR,
     NODE_ATTR,
     NODE_S_ATTR,
+    QUEUED_ATTR,
     REMEASURE_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
@@ -153,10 +154,12 @@ class StudyDriver:
         tracking: bool = True,
         preflight: bool = True,
         remember_incompatible: bool = True,
+        memory_edge: bool = True,
     ) -> None:
         """`sampler` and `storage` replace the study file's; `tracking=False` writes no MLflow runs;
-        `preflight=False` launches predicted OOMs and `remember_incompatible=False` launches known
-        incompatibilities again. They are for measuring the tuner itself (benchmarks/)."""
+        `preflight=False` launches predicted OOMs, `memory_edge=False` only those past the memory edge the
+        study met, and `remember_incompatible=False` launches known incompatibilities again. They are for
+        measuring the tuner itself (benchmarks/)."""
         self.study = study
         self.callbacks = tuple(callbacks)
         self.make_pool = pool
@@ -165,6 +168,7 @@ class StudyDriver:
         self.tracking = tracking
         self.preflight = preflight
         self.remember_incompatible = remember_incompatible
+        self.memory_edge = memory_edge
         self._hardware_by_node: dict[str, str | None] = {}
         self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
 
@@ -332,6 +336,13 @@ class StudyDriver:
             where = f" ({hardware})" if hardware else ""
             self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return False
+        # A config queued by hand runs as asked, even past the edge (a user may want to see it again).
+        if self.preflight and self.memory_edge and not trial.user_attrs.get(QUEUED_ATTR):
+            pruned = ostudy.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+            edge = beyond_memory_edge(trial.params, hardware, pruned)
+            if edge is not None:
+                self._skip(ostudy, trial, edge, oom=True)
+                return False
         try:
             launch = study.server_launch(config, dialect=self._dialect(pool, node))
             reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None

@@ -1,15 +1,31 @@
 """The pre-flight memory check: configs certain to run out of memory are recorded, never launched.
 
-It is conservative by construction: it predicts only SGLang's own check that the KV cache fits
-(KV_POOL_TOO_SMALL), in its weakest form. SGLang sizes the KV pool as what the static pool
-(`--mem-fraction-static` of the GPU) holds beyond the weights and everything allocated before them; when
-the weights alone exceed the pool, that is negative whatever else is true, so the launch would certainly
-fail. Anything less certain is left to the launch.
+It is conservative by construction, and predicts two things only:
+- SGLang's own check that the KV cache fits (KV_POOL_TOO_SMALL), in its weakest form. SGLang sizes the
+  KV pool as what the static pool (`--mem-fraction-static` of the GPU) holds beyond the weights and
+  everything allocated before them; when the weights alone exceed the pool, that is negative whatever
+  else is true, so the launch would certainly fail.
+- The memory edge a study met: a config that ran out of memory (at start-up or under the objective's
+  load) fails again with every other setting the same and a `--mem-fraction-static` at least as high, on
+  the same hardware: the KV pool only grows with the fraction, and everything else gets what it leaves.
+Anything less certain is left to the launch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.study.records import FAILURE_KIND_ATTR, HARDWARE_ATTR, SKIPPED_ATTR
+from autotune.trial.failures import FailureKind
+
+MEM_FRACTION = "--mem-fraction-static"
+# The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
+LAUNCH_OOM_KINDS = frozenset(
+    kind.value
+    for kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM, FailureKind.OOM_UNDER_LOAD)
+)
 
 
 def _flag(argv: Sequence[str], *names: str) -> str | None:
@@ -56,3 +72,32 @@ def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: f
         f"than the static pool of --mem-fraction-static {mfs:g} x {gpu_memory_gb:.1f} GB = {pool:.1f} GB; "
         "SGLang would load them and find no memory left for the KV cache (kv_pool_too_small)"
     )
+
+
+def beyond_memory_edge(
+    params: Mapping[str, object], hardware: str | None, trials: Iterable[FrozenTrial]
+) -> str | None:
+    """Why a config with search-space values `params` on `hardware` certainly runs out of memory, as
+    `trials` show (one of them ran out with the same other values at a fraction no higher), or None."""
+    fraction = params.get(MEM_FRACTION)
+    if not isinstance(fraction, int | float):
+        return None  # SGLang's own choice: not comparable
+    others = {name: value for name, value in params.items() if name != MEM_FRACTION}
+    for trial in trials:
+        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+        met = trial.params.get(MEM_FRACTION)
+        if (
+            trial.state != TrialState.PRUNED
+            or trial.user_attrs.get(SKIPPED_ATTR)  # a prediction, not a launch that met the edge
+            or kind not in LAUNCH_OOM_KINDS
+            or trial.user_attrs.get(HARDWARE_ATTR) != hardware
+            or not isinstance(met, int | float)
+            or met > fraction
+            or {name: value for name, value in trial.params.items() if name != MEM_FRACTION} != others
+        ):
+            continue
+        return (
+            f"predicted OOM: trial {trial.number} ran out of memory ({kind}) with the same settings at "
+            f"--mem-fraction-static {met:g}; {fraction:g} leaves no more memory outside the KV pool"
+        )
+    return None

@@ -50,6 +50,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.search_space import SpeculativeRules
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
+from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import (
     ACCEPT_LENGTH_ATTR,
     FAILURE_ATTR,
@@ -62,7 +63,6 @@ from autotune.trial.failures import FailureKind
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
-MEM_FRACTION = "--mem-fraction-static"
 # SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
 # (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
 # the KV cache under --mem-fraction-static=0.55. Raise --mem-fraction-static above 0.016 (minimum viable =

@@ -21,11 +21,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import FAILURE_KIND_ATTR
 from autotune.study.rules import maximizes, non_dominated
 from autotune.trial.failures import FailureKind
 
-MEMORY_FRACTION = "--mem-fraction-static"
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
 OLD_CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs"  # SGLang's name before 0.5.15: a study that tuned it
 MIN_IMPORTANCE_TRIALS = 4  # completed trials with sampled parameters; fewer say nothing about importance
@@ -262,16 +262,16 @@ def memory_region(data: PlotData) -> Figure | None:
     (SGLang picks it from the GPU and the other flags)."""
     names = {name for t in data.trials for name in t.params}
     graph = next((n for n in (CUDA_GRAPH_MAX_BS, OLD_CUDA_GRAPH_MAX_BS) if n in names), None)
-    if MEMORY_FRACTION not in names or graph is None:
+    if MEM_FRACTION not in names or graph is None:
         return None
     figure = Figure(figsize=(8, 4.6), layout="constrained")
     ax = figure.subplots()
     y_axis = _ParamAxis.of(graph, data.trials)
-    placed = [t for t in data.trials if t.params.get(MEMORY_FRACTION) is not None and graph in t.params]
+    placed = [t for t in data.trials if t.params.get(MEM_FRACTION) is not None and graph in t.params]
 
     def xy(trials: list[FrozenTrial]) -> tuple[list[float], list[float]]:
         return (
-            [float(t.params[MEMORY_FRACTION]) for t in trials],
+            [float(t.params[MEM_FRACTION]) for t in trials],
             [y_axis.position(t.params[graph]) for t in trials],
         )
 
@@ -300,7 +300,7 @@ def memory_region(data: PlotData) -> Figure | None:
         x, y = xy(other)
         ax.scatter(x, y, zorder=4, label="failed otherwise", **FAILED_STYLE)
     y_axis.label(ax, axis="y")
-    ax.set_xlabel(MEMORY_FRACTION)
+    ax.set_xlabel(MEM_FRACTION)
     ax.set_ylabel(graph)
     ax.set_title(f"{data.title}: memory, where the server starts")
     ax.grid(alpha=0.3)

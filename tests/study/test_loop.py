@@ -293,3 +293,31 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     assert lines[2].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
     assert len(lines) == 5 and lines[-1].startswith("[  4/4] trial ")
     assert not (study.workdir / "mlflow.db").exists(), "no tracker registered: no MLflow store"
+
+
+def test_a_config_past_the_memory_edge_the_study_met_is_not_launched(study_file: StudyFiles) -> None:
+    # The seed's server runs out of memory under load from 0.93 (the model node); proposals in order:
+    fraction_knob = {"kind": "sglang", "type": "float", "low": 0.85, "high": 0.95, "step": 0.01}
+    space = {"parameters": {"--mem-fraction-static": fraction_knob}}
+    study = load_study(study_file(n_trials=4, search_space=space))
+    ostudy = open_study(study)
+    for fraction in (0.93, 0.95, 0.90):
+        ostudy.enqueue_trial({"--mem-fraction-static": fraction})
+    ostudy.enqueue_trial({"--mem-fraction-static": 0.95}, user_attrs={"queued": {"set": {}}})  # by hand
+    ostudy = StudyDriver(study, pool=model_pool(), tracking=False).run()
+    met, past, below, asked = ostudy.trials[1:5]
+    assert met.state is TrialState.PRUNED and met.user_attrs["failure_kind"] == "oom_under_load"
+    assert "node" in met.user_attrs
+    # Never launched, costing neither node time nor budget; pruned with the penalty, so samplers learn.
+    assert past.state is TrialState.PRUNED and past.user_attrs["failure_kind"] == "predicted_oom"
+    assert past.user_attrs["skipped"] and "node" not in past.user_attrs
+    assert f"trial {met.number} ran out of memory (oom_under_load)" in past.user_attrs["failure"]
+    assert below.state is TrialState.COMPLETE
+    # A config queued by hand runs as asked.
+    assert asked.user_attrs["failure_kind"] == "oom_under_load" and "node" in asked.user_attrs
+    without = load_study(study_file(file="again.yaml", study="again", n_trials=3, search_space=space))
+    again = open_study(without)
+    for fraction in (0.93, 0.95):
+        again.enqueue_trial({"--mem-fraction-static": fraction})
+    again = StudyDriver(without, pool=model_pool(), preflight=False, tracking=False).run()
+    assert again.trials[2].user_attrs["failure_kind"] == "oom_under_load"  # launched, and failed

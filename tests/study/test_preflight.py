@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.preflight import predicted_oom, tensor_parallel_size
+from autotune.study.preflight import beyond_memory_edge, predicted_oom, tensor_parallel_size
 
 
 def test_the_seeds_055_is_predicted_and_a_roomy_pool_is_not() -> None:
@@ -69,3 +71,37 @@ def test_it_never_rejects_a_launch_that_would_start() -> None:
             started_though_rejected += 1
     assert rejected > 50
     assert started_though_rejected == 0
+
+
+def _oom_trial(number: int, fraction: float, kind: str = "oom_under_load", **attrs: object) -> FrozenTrial:
+    """A trial as the study records one that ran out of memory on 'h200'."""
+    params = {"--mem-fraction-static": fraction, "--cuda-graph-max-bs-decode": 256}
+    distributions = {
+        "--mem-fraction-static": FloatDistribution(0.6, 0.99, step=0.01),
+        "--cuda-graph-max-bs-decode": CategoricalDistribution([None, 64, 256]),
+    }
+    trial = create_trial(
+        state=TrialState.PRUNED,
+        params=params,
+        distributions=distributions,
+        user_attrs={"failure_kind": kind, "hardware": "h200", **attrs},
+    )
+    trial.number = number
+    return trial
+
+
+def test_a_config_past_the_memory_edge_a_study_met_is_predicted_to_run_out_again() -> None:
+    met = [_oom_trial(22, 0.97)]
+    same = {"--mem-fraction-static": 0.97, "--cuda-graph-max-bs-decode": 256}
+    reason = beyond_memory_edge(same, "h200", met)
+    assert reason is not None and "trial 22 ran out of memory (oom_under_load)" in reason and "0.97" in reason
+    assert beyond_memory_edge({**same, "--mem-fraction-static": 0.99}, "h200", met) is not None
+    # Anything that might fit is left to the launch: less of the pool, other settings, other hardware.
+    assert beyond_memory_edge({**same, "--mem-fraction-static": 0.96}, "h200", met) is None
+    assert beyond_memory_edge({**same, "--cuda-graph-max-bs-decode": 64}, "h200", met) is None
+    assert beyond_memory_edge(same, "l40s", met) is None
+    assert beyond_memory_edge({**same, "--mem-fraction-static": None}, "h200", met) is None
+    # Only a launch that met the edge marks it: not a prediction, nor the pool too small for the weights.
+    assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, skipped=True)]) is None
+    assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, kind="kv_pool_too_small")]) is None
+    assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, kind="cuda_graph_oom")]) is not None

@@ -11,9 +11,9 @@ from mlflow.tracking import MlflowClient
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from autotune.study.preflight import MEM_FRACTION
 from autotune.views.plots import (
     CUDA_GRAPH_MAX_BS,
-    MEMORY_FRACTION,
     OLD_CUDA_GRAPH_MAX_BS,
     draw_plots,
     is_oom,
@@ -26,14 +26,14 @@ from autotune.views.plots import (
 
 PNG = b"\x89PNG\r\n\x1a\n"
 DISTRIBUTIONS = {
-    MEMORY_FRACTION: FloatDistribution(0.5, 0.95, step=0.01),
+    MEM_FRACTION: FloatDistribution(0.5, 0.95, step=0.01),
     CUDA_GRAPH_MAX_BS: CategoricalDistribution([None, 32, 128, 512]),
     "NCCL_PROTO": CategoricalDistribution([None, "LL", "LL128"]),
 }
 
 
 def _trial(number: int, mem: float, bs: int | None, proto: str | None, value: float | None, kind: str = ""):
-    params = {MEMORY_FRACTION: mem, CUDA_GRAPH_MAX_BS: bs, "NCCL_PROTO": proto}
+    params = {MEM_FRACTION: mem, CUDA_GRAPH_MAX_BS: bs, "NCCL_PROTO": proto}
     attrs = {"failure_kind": kind} if kind else {}
     if kind in ("kv_pool_too_small", "cuda_graph_oom"):
         state, values = TrialState.PRUNED, [0.0]
@@ -68,7 +68,7 @@ def study() -> optuna.Study:
     ostudy.add_trial(
         create_trial(
             state=TrialState.FAIL,
-            params={MEMORY_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: None, "NCCL_PROTO": None},
+            params={MEM_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: None, "NCCL_PROTO": None},
             distributions=DISTRIBUTIONS,
             user_attrs={"skipped": True, "failure_kind": "known_incompatible"},
         )
@@ -128,11 +128,11 @@ def test_memory_region_of_a_study_that_tuned_the_knob_under_its_old_name() -> No
     # SGLang's spelling before 0.5.15: a study made then still gets its plot.
     old = optuna.create_study(direction="maximize")
     distributions = {
-        MEMORY_FRACTION: DISTRIBUTIONS[MEMORY_FRACTION],
+        MEM_FRACTION: DISTRIBUTIONS[MEM_FRACTION],
         OLD_CUDA_GRAPH_MAX_BS: DISTRIBUTIONS[CUDA_GRAPH_MAX_BS],
     }
     for value, bs in ((1.0, 32), (2.0, 128)):
-        params = {MEMORY_FRACTION: 0.8, OLD_CUDA_GRAPH_MAX_BS: bs}
+        params = {MEM_FRACTION: 0.8, OLD_CUDA_GRAPH_MAX_BS: bs}
         old.add_trial(create_trial(value=value, params=params, distributions=distributions))
     figure = draw_plots(plot_data(old, "output_throughput", "tok/s"))["memory_region.png"]
     assert figure.axes[0].get_ylabel() == OLD_CUDA_GRAPH_MAX_BS
@@ -147,7 +147,7 @@ def test_multi_objective_study_gets_a_pareto_front(tmp_path: Path) -> None:
         ostudy.add_trial(
             create_trial(
                 values=[throughput, ttft],
-                params={MEMORY_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: 128, "NCCL_PROTO": None},
+                params={MEM_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: 128, "NCCL_PROTO": None},
                 distributions=DISTRIBUTIONS,
             )
         )
