@@ -364,6 +364,7 @@ class SSHCommandRunner(CommandRunner):
         """Run one command line on the node over the open connection. Raises `NodeUnreachableError`
         when the connection breaks, `TimeoutError` after `timeout_s` (the command may still run)."""
         conn = self._live_connection()
+        started = time.monotonic()
         try:
             result = conn.run(command, hide=True, warn=True, in_stream=False, timeout=timeout_s)
         except CommandTimedOut:
@@ -372,8 +373,13 @@ class SSHCommandRunner(CommandRunner):
             with self._lock:
                 self._drop()
             raise NodeUnreachableError(self.name, f"the SSH connection was lost ({exc})") from None
+        # invoke's timer closes the channel and only then counts as fired: a channel closed by it can come
+        # back as a result without an exit status, the connection still up.
+        no_status = result.exited is None or result.exited < 0
+        if no_status and conn.is_connected and time.monotonic() - started >= timeout_s:
+            raise TimeoutError(f"no answer from {self.name} within {timeout_s:g} s")
         # sshd always reports an exit status; none (-1) means the channel died with the connection.
-        if result.exited is None or result.exited < 0 or not conn.is_connected:
+        if no_status or not conn.is_connected:
             with self._lock:
                 self._drop()
             raise NodeUnreachableError(self.name, "the SSH connection was lost during a command")
