@@ -59,7 +59,7 @@ def forward_s(
     attention_s = context_tokens * kv_bytes_per_token(node) / (hw.memory_bandwidth_gbps * GB)
     attention_s *= _attention_factor(node)
     count = m.num_layers * m.allreduces_per_layer
-    comm_s = count * allreduce_us(node, tokens * m.hidden_size * 2, in_graph) * 1e-6
+    comm_s = count * node.allreduce_us(tokens * m.hidden_size * 2, in_graph) * 1e-6
     if node.settings.ep_size > 1:
         comm_s *= 1.1  # all-to-all dispatch of tokens to experts on top of the attention all-reduces
     device_s = max(weights_s, compute_s) + attention_s + comm_s
@@ -90,7 +90,7 @@ def decode_step_s(node: NodeModel, batch: int, context_tokens: int) -> float:
     verify_in_graph = in_graph and draft.verify_in_cuda_graph
     ar_bytes = batch * node.spec.topk * node.model.hidden_size * 2
     draft_step_s = draft.step_ms * 1e-3 * (1 + 0.03 * batch * node.spec.topk)
-    draft_step_s += draft.allreduces_per_step * allreduce_us(node, ar_bytes, in_graph) * 1e-6
+    draft_step_s += draft.allreduces_per_step * node.allreduce_us(ar_bytes, in_graph) * 1e-6
     verify_tokens = batch * node.spec.num_draft_tokens
     # Draft tokens of one sequence follow its context, so they mostly route to the same experts.
     routed = batch * (1 + (node.spec.num_draft_tokens - 1) * draft.routing_overlap)
@@ -106,7 +106,7 @@ def verify_allreduce_s(node: NodeModel, batch: int) -> float:
     in_graph = _in_graph(node, batch) and node.model.draft.verify_in_cuda_graph
     tokens = batch * node.spec.num_draft_tokens
     count = node.model.num_layers * node.model.allreduces_per_layer
-    return count * allreduce_us(node, tokens * node.model.hidden_size * 2, in_graph) * 1e-6
+    return count * node.allreduce_us(tokens * node.model.hidden_size * 2, in_graph) * 1e-6
 
 
 def prefill_step_s(node: NodeModel, tokens: int, context_tokens: int) -> float:
