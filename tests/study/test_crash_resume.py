@@ -1,8 +1,8 @@
 """Kill a real driver at varied points, resume after each: nothing lost or duplicated, nothing left running.
 
-The driver runs as `autotune run` in its own process group, on the simulated node with a local Ray
-runtime; it is killed with SIGKILL (or interrupted with SIGINT) while a server loads its weights, while
-it is benchmarked, or just after a trial finished, and started again each time.
+The driver runs as `autotune run` in its own process group, on the simulated node, with a local Ray
+runtime or without (`--no-ray`); it is killed with SIGKILL (or interrupted with SIGINT) while a server
+loads its weights, while it is benchmarked, or just after a trial finished, and started again each time.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def crash_and_resume(path: Path, kills: list[tuple[str, signal.Signals]]) -> lis
             os.killpg(driver.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    final = start_driver(path, log)
+    final = start_driver(path, log, ray=False)  # finishing the study: which pool does not matter
     assert final.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
     os.killpg(final.pid, signal.SIGKILL) if _group_alive(final.pid) else None
     return hit
@@ -220,7 +220,7 @@ def test_two_drivers_on_one_postgresql_study_share_the_budget(
     path = study_file(crash_study(postgres_url, model_path, name="two-drivers"))
     first = start_driver(path, tmp_path / "first.log")
     time.sleep(3)  # the first creates the study and its baseline; the second joins it
-    second = start_driver(path, tmp_path / "second.log")
+    second = start_driver(path, tmp_path / "second.log", ray=False)  # one with each pool
     for driver in (first, second):
         assert driver.wait(timeout=300) == 0
         if _group_alive(driver.pid):

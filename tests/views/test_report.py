@@ -76,9 +76,10 @@ def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     ostudy = open_study(study)  # trial 0: the baseline
     ostudy.enqueue_trial(BEST)
     ostudy.enqueue_trial(OOM)
-    run = run_cli("run", str(path), cwd=folder)
+    # Without Ray (its pool has tests of its own): what is tested here is the ablation and the report.
+    run = run_cli("run", str(path), "--no-ray", cwd=folder)
     assert run.returncode == 0, run.stderr[-3000:]
-    ablate = run_cli("ablate", str(path), cwd=folder)
+    ablate = run_cli("ablate", str(path), "--no-ray", cwd=folder)
     assert ablate.returncode == 0, ablate.stdout + ablate.stderr[-3000:]
     report = run_cli("report", str(path), "--out", str(folder / "report"), cwd=folder)
     assert report.returncode == 0, report.stderr[-3000:]
