@@ -118,7 +118,7 @@ def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> 
             backend=node.prefill_graph_backend if node.settings.prefill_cuda_graph else "disabled",
             max_bs=plan.prefill_graph_max_tokens,
             # resolved before 0.5.17's memory gate can drop them, so logged either way
-            bs=node.plan.prefill_graph_sizes
+            bs=plan.prefill_graph_sizes
             or (prefill_graph_token_sizes(plan.prefill_graph_max_tokens) if dropped else None),
         ),
     )
