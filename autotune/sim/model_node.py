@@ -146,7 +146,7 @@ class ModelExecutor:
         startup_s = startup_seconds(answer.node)
         failure = answer.node.startup_failure
         if failure is not None:
-            log = "\n".join(failure.lines)  # the real node classifies the whole traceback in its log
+            log = failure.log  # the real node classifies the whole log, not the traceback's last line
             return self._failed(request, classify(log, "starting"), log, startup_s, None)
         result = answer.result
         assert result is not None  # predict returns a result whenever start-up succeeds

@@ -38,6 +38,9 @@ class SglangVersion:
     # and the eager buffers (cuda_graph_setup.py:56, 342-356); a backend set by hand skips the gate. 0.5.23
     # has no gate: it captures, and a capture that does not fit fails at start-up.
     prefill_graph_min_free_gb: float | None
+    # The breakable prefill backend's failure hint suggests tc_piecewise first in 0.5.17 only
+    # (runner_backend_utils/breakable_cuda_graph/context.py BCG_FAILURE_HINT).
+    breakable_hint_names_tc_piecewise: bool
     # Choice lists that differ from 0.5.17's, by argparse destination (the releases' parser dumps,
     # autotune/dialect/tables/sglang-<version>.json).
     choices_added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -60,6 +63,7 @@ VERSIONS: dict[str, SglangVersion] = {
         pipeline_speculation_error="Pipeline parallelism is not compatible with overlap schedule, "
         "speculative decoding",
         prefill_graph_min_free_gb=4.0,
+        breakable_hint_names_tc_piecewise=True,
     ),
     "0.5.23": SglangVersion(
         "0.5.23",
@@ -73,6 +77,7 @@ VERSIONS: dict[str, SglangVersion] = {
         pipeline_speculation_error="Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
         "speculative decoding",
         prefill_graph_min_free_gb=None,
+        breakable_hint_names_tc_piecewise=False,
         choices_added={
             "attention_backend": _NEW_ATTENTION_BACKENDS,
             "decode_attention_backend": _NEW_ATTENTION_BACKENDS,

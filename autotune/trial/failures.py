@@ -331,6 +331,14 @@ PATTERNS: tuple[FailurePattern, ...] = (
         "prefill CUDA graph capture ran out of GPU memory",
     ),
     FailurePattern(
+        # 0.5.17+: the breakable and tc_piecewise backends log the error their capture (or replay) raised
+        # with "Fail when using backend: breakable for prefill runner." and re-raise torch's own error
+        # (runner_backend_utils/breakable_cuda_graph/context.py:36-49; real H200, 0.5.17, at 0.99).
+        re.compile(_OOM_TEXT + r"(?=[^\n]*\nFail when using backend: \w+ for prefill runner\.)"),
+        FailureKind.PREFILL_GRAPH_OOM,  # OOM_UNDER_LOAD while benchmarking: a replay's
+        "prefill CUDA graph capture ran out of GPU memory",
+    ),
+    FailurePattern(
         # Decode and EAGLE draft graph runners wrap the error: an OOM only when the wrapped error is one.
         re.compile(r"Capture cuda graph failed: " + _OOM_TEXT),
         FailureKind.CUDA_GRAPH_OOM,
@@ -448,7 +456,8 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
 
     `phase` is "starting" or "benchmarking": a CUDA out-of-memory error at start is a capture or
     start-up OOM (CUDA_GRAPH_OOM), the same error while benchmarking is OOM_UNDER_LOAD. A failed graph
-    capture is an OOM only when the error it wraps is one; a prefill graph's is PREFILL_GRAPH_OOM.
+    capture is an OOM only when the error it wraps is one; a prefill graph's is PREFILL_GRAPH_OOM (and
+    OOM_UNDER_LOAD while benchmarking, where the breakable backend replays with the same message).
     A rejected command line is INVALID_ARGUMENTS with the flags SGLang's message names as culprits.
     """
     if phase not in _PHASES:
@@ -459,7 +468,7 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         if match is None:
             continue
         kind = pattern.kind
-        if phase == "benchmarking" and kind is FailureKind.CUDA_GRAPH_OOM:
+        if phase == "benchmarking" and kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM):
             kind = FailureKind.OOM_UNDER_LOAD  # a CUDA OOM; a prompt the KV pool cannot hold stays KV
         line = _line_at(log_text, match.end() - 1)
         return Failure.of(kind, line, pattern.description, pattern.culprits_in(match))

@@ -19,6 +19,7 @@ from autotune.sim.engine import run_workload
 from autotune.sim.model import GB, MIB, NodeModel
 from autotune.sim.predict import Prediction, predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.trial.failures import FailureKind, classify
 
 TP8 = ["--tp-size", "8"]
 EAGLE3 = ["--speculative-algorithm", "EAGLE3"]
@@ -293,9 +294,17 @@ def test_prefill_graphs_capture_first_and_fail_with_their_own_text(
     text = failure_text(p)
     # SGLang 0.5.17 model_executor/runner/prefill_cuda_graph_runner.py:378-381 and the tc_piecewise hint
     # (runner_backend_utils/tc_piecewise_cuda_graph/context_manager.py:125-131).
-    wrapped = "RuntimeError: Capture prefill CUDA graph failed: torch.OutOfMemoryError: CUDA out of memory."
+    wrapped = "RuntimeError: Capture prefill CUDA graph failed: CUDA out of memory."
     assert wrapped in text
     assert "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled" in text
+    # Whatever the backend, the log says the prefill graphs failed (the backend's own hint, logged first).
+    for backend in ("tc_piecewise", "breakable"):
+        failure = predict(
+            seed_hw, kimi, [*argv, "--cuda-graph-backend-prefill", backend]
+        ).node.startup_failure
+        assert failure is not None and failure.logged[0].startswith("OutOfMemoryError: CUDA out of memory.")
+        found = classify(failure.log, "starting")
+        assert found is not None and found.kind is FailureKind.PREFILL_GRAPH_OOM
     assert predict(seed_hw, kimi, [*argv, "--cuda-graph-backend-prefill", "disabled"]).failure_phase is None
     # Left to itself 0.5.17 does not try: under 4 GiB free it drops the prefill graphs it chose.
     auto = predict(seed_hw, kimi, argv)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from autotune.trial.failures import FailureKind, classify
 from tests.builders import REPO
 
 pytestmark = pytest.mark.integration
@@ -536,7 +537,16 @@ def test_0517_drops_its_prefill_graphs_with_too_little_memory_as_the_real_server
     assert shape(server.wait_for("Disabling auto-selected prefill CUDA graph")) == shape(real)
     server.wait_ready()
     assert not any("Capture target prefill" in line for line in server.lines)
-    # Set by hand, the backend skips the gate (0.5.17), and 0.5.23 has none: both try, and fail.
+    # Set by hand, the backend skips the gate (0.5.17), and 0.5.23 has none: both try, and fail. 0.5.17's
+    # breakable backend writes the real server's hint after torch's error, word for word.
+    real = (REPO / "tests" / "data" / "sglang-0.5.17-h200" / "prefill-capture-oom-breakable.log").read_text()
+
+    def hint(log: str) -> list[str]:
+        lines = log.splitlines()
+        start = next(i for i, line in enumerate(lines) if "OutOfMemoryError: CUDA out of memory" in line)
+        end = next(i for i, line in enumerate(lines) if line.startswith("Open an issue on GitHub"))
+        return [shape(lines[start]).split(" Tried")[0], *lines[start + 1 : end + 1]]
+
     for flags, env in (
         (("--cuda-graph-backend-prefill", "breakable"), h200),
         ((), {**h200, "SGLANG_SIM_VERSION": "0.5.23"}),
@@ -545,3 +555,6 @@ def test_0517_drops_its_prefill_graphs_with_too_little_memory_as_the_real_server
         failing.wait_for("Capture target prefill CUDA graph begin")
         failing.wait_for("torch.OutOfMemoryError: CUDA out of memory")
         assert not any("Disabling auto-selected" in line for line in failing.lines)
+        failure = classify(failing.log, "starting")
+        assert failure is not None and failure.kind is FailureKind.PREFILL_GRAPH_OOM, failing.log
+        assert (hint(failing.log) == hint(real)) is (env is h200)

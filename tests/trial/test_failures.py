@@ -314,7 +314,9 @@ def test_benign_line_matches_no_pattern(line: str) -> None:
 
 
 def test_every_pattern_is_covered_by_a_real_message() -> None:
-    texts = [m for m, _ in REAL_MESSAGES] + [FLASHINFER_A2A_TRACEBACK]
+    # Two are more than one line: a traceback's last frame, and a prefill backend's hint after the error.
+    breakable = (REAL_H200_LOGS / "prefill-capture-oom-breakable.log").read_text()
+    texts = [m for m, _ in REAL_MESSAGES] + [FLASHINFER_A2A_TRACEBACK, breakable]
     for pattern in PATTERNS:
         assert any(pattern.regex.search(t) for t in texts), pattern.description
 
@@ -671,3 +673,23 @@ def test_a_real_oom_under_load_after_sglang_dropped_its_prefill_graphs() -> None
     failure = classify(log, "benchmarking")
     assert failure is not None and failure.kind is FailureKind.OOM_UNDER_LOAD and failure.kind.is_oom
     assert failure.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB")
+
+
+def test_a_real_prefill_graph_capture_oom_is_a_prefill_graph_oom() -> None:
+    # Real H200, 0.5.17, trial 1 of sglang-h200-startup-oom (--mem-fraction-static 0.99 with
+    # --cuda-graph-backend-prefill breakable set by hand, which skips the 4 GiB gate): the first prefill
+    # shape (8192 tokens) met the 1.10 GiB left. The breakable backend logs torch's error with its own hint
+    # and re-raises it unwrapped, so only the hint says the prefill graphs failed.
+    log = (REAL_H200_LOGS / "prefill-capture-oom-breakable.log").read_text()
+    assert "Capture prefill CUDA graph failed" not in log  # no wrapper to read, unlike tc_piecewise's
+    failure = classify(log, "starting")
+    assert failure is not None and failure.kind is FailureKind.PREFILL_GRAPH_OOM and failure.kind.is_oom
+    assert failure.line.startswith("[2026-12-02 02:45:47] OutOfMemoryError: CUDA out of memory.")
+    assert failure.kind.flag_to_lower == "--cuda-graph-max-bs-prefill"
+    # The backend logs the same lines around a replay's error: while serving it is an OOM under load.
+    served = classify(log, "benchmarking")
+    assert served is not None and served.kind is FailureKind.OOM_UNDER_LOAD
+    # Without the hint, torch's error alone at start-up is the decode capture's kind.
+    bare = "\n".join(line for line in log.splitlines() if "for prefill runner" not in line)
+    failure = classify(bare, "starting")
+    assert failure is not None and failure.kind is FailureKind.CUDA_GRAPH_OOM

@@ -19,6 +19,13 @@ class StartupFailure:
     phase: str  # init | load | kv | runner | capture | prefill_capture | warmup
     lines: list[str]
     rank: int = 0
+    # What SGLang's own logger says before the traceback, one record (a prefill backend's hint).
+    logged: tuple[str, ...] = ()
+
+    @property
+    def log(self) -> str:
+        """Every line the failure writes, in order."""
+        return "\n".join([*self.logged, *self.lines])
 
 
 def _traceback(frames: list[tuple[str, int, str, str]], error: str) -> list[str]:
@@ -125,7 +132,7 @@ def startup_failure(node: NodeModel) -> StartupFailure | None:
         )
     # Both releases capture the prefill graphs first, then the decode graphs (cuda_graph_setup.py:127-148).
     if plan.prefill_graph_sizes and plan.avail_after_kv_gb - plan.prefill_graph_gb < 0.5:
-        return StartupFailure("prefill_capture", _prefill_capture_failed(node, plan))
+        return _prefill_capture_failed(node, plan)
     if plan.avail_after_graph_gb < 0.5:
         need = plan.graph_gb / max(len(plan.captured_batch_sizes), 1) * 4
         free = plan.avail_after_kv_gb - plan.prefill_graph_gb
@@ -183,32 +190,59 @@ def _kv_pool_failure(plan: MemoryPlan) -> list[str]:
     )
 
 
-def _prefill_capture_failed(node: NodeModel, plan: MemoryPlan) -> list[str]:
-    """Prefill graphs run out of memory: only tc_piecewise wraps the error (prefill_cuda_graph_runner.py
-    372-381); breakable lets torch's error through."""
+def _prefill_capture_failed(node: NodeModel, plan: MemoryPlan) -> StartupFailure:
+    """Prefill graphs run out of memory. The backend's capture context logs the error with its hint and
+    re-raises it (breakable_cuda_graph/context.py:36-49, tc_piecewise_cuda_graph/context_manager.py:48-62);
+    only tc_piecewise's construction wraps it again (prefill_cuda_graph_runner.py:372-381). Real H200,
+    0.5.17, breakable: tests/data/sglang-0.5.17-h200/prefill-capture-oom-breakable.log."""
     backend = node.prefill_graph_backend
     torch_error = _torch_oom(node, plan.prefill_graph_gb, plan.avail_after_kv_gb)
+    message = torch_error.removeprefix("torch.OutOfMemoryError: ")  # str() of torch's error
+    if backend == "tc_piecewise":
+        alternative = ["change to breakable by --cuda-graph-backend-prefill=breakable"]
+    elif node.version.breakable_hint_names_tc_piecewise:
+        alternative = ["change to tc_piecewise by --cuda-graph-backend-prefill=tc_piecewise"]
+    else:
+        alternative = []
+    suggestions = [
+        *alternative,
+        "disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
+        "if it is an OOM problem, set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) "
+        "or set --cuda-graph-max-bs-prefill to a smaller value (e.g., 2048)",
+    ]
+    hint = [
+        f"Fail when using backend: {backend} for prefill runner.",
+        "Possible suggestions:",
+        *(f"{number}. {text}" for number, text in enumerate(suggestions, 1)),
+        "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose ",
+    ]
+    logged = (f"OutOfMemoryError: {message}", *hint, "")
+    if backend == "tc_piecewise":
+        frames = [
+            *_SCHEDULER_INIT,
+            (
+                "srt/model_executor/runner/prefill_cuda_graph_runner.py",
+                378,
+                "__init__",
+                "raise RuntimeError(",
+            ),
+        ]
+        lines = [
+            *_traceback(frames, f"RuntimeError: Capture prefill CUDA graph failed: {message}"),
+            *hint,
+        ]
+        return StartupFailure("prefill_capture", lines, logged=logged)
     frames = [
         *_SCHEDULER_INIT,
         (
             "srt/model_executor/runner/prefill_cuda_graph_runner.py",
-            378,
-            "__init__",
-            "raise RuntimeError(",
+            1399,
+            "capture_one_shape",
+            "self.backend.capture_one(",
         ),
+        ("srt/layers/quantization/unquant.py", 255, "apply", "return F.linear(x, layer.weight, bias)"),
     ]
-    if backend != "tc_piecewise":
-        return _traceback(frames, torch_error)
-    return [
-        *_traceback(frames, f"RuntimeError: Capture prefill CUDA graph failed: {torch_error}"),
-        "Fail when using backend: tc_piecewise for prefill runner.",
-        "Possible suggestions:",
-        "1. change to breakable by --cuda-graph-backend-prefill=breakable",
-        "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled",
-        "3. if it is an OOM problem, set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) "
-        "or set --cuda-graph-max-bs-prefill to a smaller value (e.g., 2048)",
-        "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose ",
-    ]
+    return StartupFailure("prefill_capture", _traceback(frames, torch_error), logged=logged)
 
 
 def _capture_failed(torch_error: str, draft: bool = False) -> list[str]:

@@ -49,6 +49,10 @@ class SchedulerRanks:
                 return prefix
         return self.first
 
+    def error(self, tp_rank: int, message: str) -> None:
+        """One error record of one rank (its first line carries the date and rank)."""
+        self.log.error(message, self.prefix_of(tp_rank))
+
     def die(self, tp_rank: int, lines: list[str]) -> NoReturn:
         """A scheduler raised: log its traceback, the launcher's reaction, and kill this process tree."""
         traceback = (

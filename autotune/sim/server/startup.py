@@ -57,6 +57,8 @@ class Startup(LaunchPart):
     def _fail_here(self) -> NoReturn:
         failure = self.node.startup_failure
         assert failure is not None  # only called for the failure's own phase
+        if failure.logged:
+            self.ranks.error(failure.rank, "\n".join(failure.logged))
         self.ranks.die(failure.rank, failure.lines)
 
     async def _init_distributed(self, fail: bool) -> None:
