@@ -8,6 +8,7 @@ It is conservative by construction, and predicts two things only:
 - The memory edge a study met: a config that ran out of memory (at start-up or under the objective's
   load) fails again with every other setting the same and a `--mem-fraction-static` at least as high, on
   the same hardware: the KV pool only grows with the fraction, and everything else gets what it leaves.
+  A start-up failure holds whatever the flags that act only once the server serves (SERVING_ONLY_FLAGS).
 Anything less certain is left to the launch.
 """
 
@@ -22,10 +23,13 @@ from autotune.trial.failures import FailureKind
 
 MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
-LAUNCH_OOM_KINDS = frozenset(
-    kind.value
-    for kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM, FailureKind.OOM_UNDER_LOAD)
+STARTUP_OOM_KINDS = frozenset(
+    kind.value for kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM)
 )
+LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
+# Flags SGLang reads only once it serves (the scheduler's order and admission, how often it streams): it
+# allocates nothing for them at start-up, so they cannot move a start-up out-of-memory.
+SERVING_ONLY_FLAGS = frozenset({"--schedule-policy", "--schedule-conservativeness", "--stream-interval"})
 
 
 def _flag(argv: Sequence[str], *names: str) -> str | None:
@@ -78,14 +82,20 @@ def beyond_memory_edge(
     params: Mapping[str, object], hardware: str | None, trials: Iterable[FrozenTrial]
 ) -> str | None:
     """Why a config with search-space values `params` on `hardware` certainly runs out of memory, as
-    `trials` show (one of them ran out with the same other values at a fraction no higher), or None."""
+    `trials` show (one of them ran out with the same other values at a fraction no higher; at start-up,
+    whatever the serving-only flags), or None."""
     fraction = params.get(MEM_FRACTION)
     if not isinstance(fraction, int | float):
         return None  # SGLang's own choice: not comparable
-    others = {name: value for name, value in params.items() if name != MEM_FRACTION}
+
+    def others(values: Mapping[str, object], ignored: frozenset[str]) -> dict[str, object]:
+        return {name: value for name, value in values.items() if name != MEM_FRACTION and name not in ignored}
+
     for trial in trials:
         kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
         met = trial.params.get(MEM_FRACTION)
+        at_startup = kind in STARTUP_OOM_KINDS
+        ignored = SERVING_ONLY_FLAGS if at_startup else frozenset()
         if (
             trial.state != TrialState.PRUNED
             or trial.user_attrs.get(SKIPPED_ATTR)  # a prediction, not a launch that met the edge
@@ -93,11 +103,12 @@ def beyond_memory_edge(
             or trial.user_attrs.get(HARDWARE_ATTR) != hardware
             or not isinstance(met, int | float)
             or met > fraction
-            or {name: value for name, value in trial.params.items() if name != MEM_FRACTION} != others
+            or others(trial.params, ignored) != others(params, ignored)
         ):
             continue
+        same = "the same start-up settings" if at_startup else "the same settings"
         return (
-            f"predicted OOM: trial {trial.number} ran out of memory ({kind}) with the same settings at "
+            f"predicted OOM: trial {trial.number} ran out of memory ({kind}) with {same} at "
             f"--mem-fraction-static {met:g}; {fraction:g} leaves no more memory outside the KV pool"
         )
     return None

@@ -5,9 +5,12 @@ from the study file, and asks the simulated node's model (`autotune.sim.predict`
 the objective's workload. Two tables: the step costs SGLang logged in each trial's server.log (a prefill
 batch's tokens per second; the mean decode step, in or out of a CUDA graph) beside the model's step for the
 same batch and context; then the objective, real and simulated, with the Spearman rank correlation and the
-median relative error over the trials that completed on the real server.
+median relative error over the trials that completed on the real server. With several --study, each
+study's tables, then the agreement over all their completed trials.
 
-    python benchmarks/sglang-h200/sim_vs_real.py benchmarks/sglang-h200/run2/study.tar.gz
+    python benchmarks/sglang-h200/sim_vs_real.py benchmarks/sglang-h200/run3/study.tar.gz
+    python benchmarks/sglang-h200/sim_vs_real.py benchmarks/sglang-h200/run3/study.tar.gz \
+        --study examples/sglang-h200.yaml --study examples/sglang-h200-startup-oom.yaml
 """
 
 from __future__ import annotations
@@ -166,14 +169,23 @@ def compare(
     return rows
 
 
-def agreement(rows: list[TrialRow]) -> tuple[int, float, float] | None:
-    """(completed trials, Spearman rank correlation, median relative error) of the objective."""
+def agreement(rows: list[TrialRow]) -> tuple[int, float | None, float] | None:
+    """(completed trials, Spearman rank correlation, median relative error) of the objective; the
+    correlation is None when the model gives every trial one value (nothing to rank)."""
     pairs = [(r.real, r.sim) for r in rows if r.real]
     if len(pairs) < 3:
         return None
     real, sim = zip(*pairs, strict=True)
-    rho = float(spearmanr(real, sim).statistic)
+    rho = float(spearmanr(real, sim).statistic) if len(set(sim)) > 1 else None
     return len(pairs), rho, statistics.median(abs(s - r) / r for r, s in pairs)
+
+
+def _summary(rows: list[TrialRow], what: str) -> str:
+    if (found := agreement(rows)) is None:
+        return f"{what}: fewer than 3 completed trials"
+    n, rho, error = found
+    ranks = f"Spearman {rho:.3f}" if rho is not None else "Spearman undefined (one model value for all)"
+    return f"{n} completed trials{what}: {ranks}, median relative error {error:.1%}"
 
 
 def _pair(values: tuple[float, float] | None, scale: float = 1.0) -> str:
@@ -185,17 +197,32 @@ def _pair(values: tuple[float, float] | None, scale: float = 1.0) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stores", type=Path, help="study.tar.gz: the study's .autotune/ folder, as brought back")
-    ap.add_argument("--study", type=Path, default=REPO / "examples" / "sglang-h200.yaml")
+    ap.add_argument(
+        "--study",
+        type=Path,
+        action="append",
+        help="a study file whose stores are in the archive (repeatable; default examples/sglang-h200.yaml)",
+    )
     ap.add_argument("--hardware", default="h200-x1")
     ap.add_argument("--model", default="llama-8b-dummy")
     ap.add_argument("--trials", help="comma-separated trial numbers to compare (default: all)")
     args = ap.parse_args()
 
-    study = load_study(args.study)
     hardware, model = load_hardware_profile(args.hardware), load_model_profile(args.model)
     chosen = {int(n) for n in args.trials.split(",")} if args.trials else None
-    rows = compare(args.stores, study, hardware, model, chosen)
+    every: list[TrialRow] = []
+    for path in args.study or [REPO / "examples" / "sglang-h200.yaml"]:
+        study = load_study(path)
+        print(f"== {study.name}")
+        rows = compare(args.stores, study, hardware, model, chosen)
+        _print_tables(rows)
+        print(_summary(rows, ""))
+        every += rows
+    if len(args.study or []) > 1:
+        print(_summary(every, " of all the studies"))
 
+
+def _print_tables(rows: list[TrialRow]) -> None:
     print("Step costs from each server.log (real) beside the model's step for the same batch and context:")
     print(f"{'#':>3}  {'prefill ktok/s':>15}  {'decode ms, graph':>16}  {'decode ms, eager':>16}")
     print(f"{'':>3}  {'real':>7} {'model':>7}  {'real':>7} {'model':>8}  {'real':>7} {'model':>8}")
@@ -223,9 +250,6 @@ def main() -> None:
         ratio = f"{r.sim / r.real:8.2f}" if r.real else f"{'-':>8}"
         shown = f"{r.real:10.1f}" if r.real is not None else f"{'-':>10}"
         print(f"{r.number:3d}  {r.state:10} {shown} {r.sim:10.1f} {ratio}  {r.sim_failure}")
-    if (summary := agreement(rows)) is not None:
-        n, rho, error = summary
-        print(f"{n} completed trials: Spearman {rho:.3f}, median relative error {error:.1%}")
 
 
 if __name__ == "__main__":

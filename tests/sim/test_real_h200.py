@@ -1,5 +1,6 @@
-"""The simulated H200 held to real SGLang 0.5.17: run 2 of the real study (`benchmarks/sglang-h200/run2`),
-its logged step costs, memory and objective beside the model's, and the mechanisms the real logs showed.
+"""The simulated H200 held to real SGLang 0.5.17: the real studies' stores after their third session
+(`benchmarks/sglang-h200/run3`), their logged step costs, memory and objective beside the model's, and the
+mechanisms the real logs showed.
 
 `benchmarks/sglang-h200/sim_vs_real.py` prints the same comparison; RESULTS-sglang-h200.md has its tables.
 """
@@ -7,9 +8,12 @@ its logged step costs, memory and objective beside the model's, and the mechanis
 from __future__ import annotations
 
 import sys
+import tarfile
+import tempfile
 
+import optuna
 import pytest
-from optuna.trial import FixedTrial
+from optuna.trial import FixedTrial, TrialState
 
 from autotune.config import load_study
 from autotune.sim.model import NodeModel
@@ -18,13 +22,15 @@ from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_p
 from autotune.sim.server.options import resolved_server_args
 from autotune.sim.server_args import build_parser
 from autotune.study.enqueue import plan_all, requests_from_file
+from autotune.study.preflight import beyond_memory_edge
+from autotune.study.records import HARDWARE_ATTR
 from tests.builders import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
 
 from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs
 
-RUN2 = REPO / "benchmarks" / "sglang-h200" / "run2" / "study.tar.gz"
+STORES = REPO / "benchmarks" / "sglang-h200" / "run3" / "study.tar.gz"  # both studies
 STUDY = REPO / "examples" / "sglang-h200.yaml"
 HELD = ["--load-format", "dummy", "--attention-backend", "triton"]  # the study's fixed flags
 # Lines 119-130 of run 2's trial-0000/server.log (real SGLang 0.5.17): the end of a wave's prefill, its
@@ -61,7 +67,7 @@ def llama8b() -> ModelProfile:
 
 @pytest.fixture(scope="module")
 def rows(h200: HardwareProfile, llama8b: ModelProfile) -> list[TrialRow]:
-    return compare(RUN2, load_study(STUDY), h200, llama8b)
+    return compare(STORES, load_study(STUDY), h200, llama8b)
 
 
 def node(hw: HardwareProfile, model: ModelProfile, *argv: str) -> NodeModel:
@@ -96,13 +102,13 @@ def test_the_model_steps_as_real_sglang_did(rows: list[TrialRow]) -> None:
             if decode is not None and (in_graph or row.number not in OTHER_HOST_EAGER):
                 assert decode[1] == pytest.approx(decode[0], rel=tolerance), (row.number, in_graph, decode)
                 checked += 1
-    assert checked == 20  # 19 trials decoded in graphs (one at batch 32), one eagerly
+    assert checked == 25  # 24 trials decoded in graphs (two at batch 32), one eagerly
 
 
 def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
     # Every trial that got as far as its KV pool: not trial 21, cut off by the end of a session as it started.
     started = [row for row in rows if row.number != 21]
-    assert len(started) == 23
+    assert len(started) == 28
     for row in started:
         assert row.costs is not None and row.costs.kv_tokens is not None
         plan = row.node.plan
@@ -113,17 +119,17 @@ def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
 
 def test_the_simulated_objective_is_the_real_one(rows: list[TrialRow]) -> None:
     completed = [r for r in rows if r.real]
-    assert len(completed) == 21
+    assert len(completed) == 26
     for row in completed:
         if row.number not in OTHER_HOST_EAGER:
             assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
     summary = agreement(rows)
     assert summary is not None and summary[2] < 0.02
-    # The configs whose real values stand out of the noise (eager decode twice, 32 requests at a time)
-    # are the three lowest in both.
-    lowest_real = sorted(completed, key=lambda r: r.real or 0.0)[:3]
-    lowest_sim = sorted(completed, key=lambda r: r.sim)[:3]
-    assert {r.number for r in lowest_real} == {r.number for r in lowest_sim} == {1, 7, 18}
+    # The configs whose real values stand out of the noise (eager decode twice, 32 requests at a time
+    # twice) are the four lowest in both.
+    lowest_real = sorted(completed, key=lambda r: r.real or 0.0)[:4]
+    lowest_sim = sorted(completed, key=lambda r: r.sim)[:4]
+    assert {r.number for r in lowest_real} == {r.number for r in lowest_sim} == {1, 7, 18, 27}
 
 
 def test_an_eager_decode_step_waits_on_the_host_whatever_the_batch(
@@ -224,14 +230,63 @@ def test_the_memory_edge_configs_are_valid_for_the_real_study_and_fail_as_they_d
     assert at_098.result is not None and not at_098.result.oom_lines and at_098.output_throughput > 0
 
 
-def test_the_startup_oom_config_is_valid_for_its_study_and_fails_at_startup_in_the_model(
-    h200: HardwareProfile, llama8b: ModelProfile
+STARTUP_OOM_STUDY = REPO / "examples" / "sglang-h200-startup-oom.yaml"
+
+
+@pytest.fixture(scope="module")
+def startup_oom_rows(h200: HardwareProfile, llama8b: ModelProfile) -> list[TrialRow]:
+    return compare(STORES, load_study(STARTUP_OOM_STUDY), h200, llama8b)
+
+
+def test_the_startup_oom_config_failed_at_startup_as_the_model_predicts(
+    h200: HardwareProfile, llama8b: ModelProfile, startup_oom_rows: list[TrialRow]
 ) -> None:
-    # The next device session queues it (device_run.sh STUDY_FILE=examples/sglang-h200-startup-oom.yaml).
-    study = load_study(REPO / "examples" / "sglang-h200-startup-oom.yaml")
+    # benchmarks/sglang-h200/startup-oom.yaml, queued into its own study: 0.99 with the breakable prefill
+    # backend set by hand, which skips 0.5.17's 4 GiB gate.
+    study = load_study(STARTUP_OOM_STUDY)
     configs = REPO / "benchmarks" / "sglang-h200" / "startup-oom.yaml"
     (entry,) = plan_all(study, requests_from_file(configs, study.search_space), None)
     assert entry.params["--cuda-graph-backend-prefill"] == "breakable"
     launch = study.server_launch(study.search_space.suggest(FixedTrial(dict(entry.params), 1)))
     p = predict(h200, llama8b, launch.argv[len(study.file.server.command) :], launch.env)
     assert p.failure_phase == "prefill_capture" and "CUDA out of memory" in (p.failure_line or "")
+    # Real (trial 1): the KV pool as the model plans it, then the first prefill shape (8192 tokens) met
+    # the 1.10 GiB left and the start failed: pruned. The run's driver named it cuda_graph_oom; its log
+    # is tests/data/sglang-0.5.17-h200/prefill-capture-oom-breakable.log, now prefill_graph_oom.
+    by_number = {row.number: row for row in startup_oom_rows}
+    oom = by_number[1]
+    assert oom.state == "PRUNED" and oom.costs is not None and oom.costs.available_gib is None
+    assert oom.node.plan.kv_tokens == pytest.approx(oom.costs.kv_tokens, rel=0.03)
+    # Real: "Memory pool end. avail mem=1.24 GB", then 1.10 at the capture (the eager runner's buffers,
+    # which the model does not hold).
+    assert oom.node.plan.avail_after_kv_gb * GIB_PER_GB == pytest.approx(1.24, abs=0.2)
+    # Every other trial served, and the model's value is the real one within 3%.
+    served = [row for row in startup_oom_rows if row.real]
+    assert [row.number for row in served] == [2, 3, 4, 5, 6]
+    for row in served:
+        assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
+
+
+def test_the_real_startup_oom_marks_its_region_whatever_the_scheduler_flags() -> None:
+    # The real study's trials as Optuna stored them: past trial 1's fraction with the breakable backend
+    # nothing can start, whatever the conservativeness (it acts only once the server serves).
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(STORES) as tar:
+            tar.extractall(tmp, filter="data")
+        storage = f"sqlite:///{tmp}/.autotune/sglang-h200-startup-oom/optuna.db"
+        trials = optuna.load_study(study_name="sglang-h200-startup-oom", storage=storage).get_trials()
+    (met,) = [t for t in trials if t.state == TrialState.PRUNED]
+    hardware = met.user_attrs[HARDWARE_ATTR]
+    edge = {"--mem-fraction-static": 0.99, "--cuda-graph-backend-prefill": "breakable"}
+    for conservativeness in (0.3, 1.0, 1.5):
+        reason = beyond_memory_edge(
+            {**edge, "--schedule-conservativeness": conservativeness}, hardware, trials
+        )
+        assert reason is not None and f"trial {met.number} ran out of memory" in reason
+    # A lower fraction, or the backend SGLang gates itself, is left to the launch.
+    assert beyond_memory_edge({**edge, "--mem-fraction-static": 0.98}, hardware, trials) is None
+    assert beyond_memory_edge({**edge, "--cuda-graph-backend-prefill": None}, hardware, trials) is None
+    # The trials that followed it on the real machine stayed out of that region.
+    after = [t for t in trials if t.number > met.number and t.state == TrialState.COMPLETE]
+    assert len(after) == 5
+    assert all(beyond_memory_edge(t.params, hardware, [met]) is None for t in after)

@@ -105,3 +105,29 @@ def test_a_config_past_the_memory_edge_a_study_met_is_predicted_to_run_out_again
     assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, skipped=True)]) is None
     assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, kind="kv_pool_too_small")]) is None
     assert beyond_memory_edge(same, "h200", [_oom_trial(3, 0.9, kind="cuda_graph_oom")]) is not None
+
+
+def test_a_startup_oom_holds_whatever_the_flags_that_act_only_when_serving() -> None:
+    # A start-up failure happens before the scheduler takes a request: its policy, admission and streaming
+    # cannot move it. Under load they might, so an OOM under load keeps them.
+    def trial(kind: str) -> FrozenTrial:
+        t = _oom_trial(1, 0.99, kind=kind)
+        return create_trial(
+            state=t.state,
+            params={**t.params, "--schedule-conservativeness": 1.0},
+            distributions={**t.distributions, "--schedule-conservativeness": FloatDistribution(0.3, 1.5)},
+            user_attrs=t.user_attrs,
+        )
+
+    scheduled = {
+        "--mem-fraction-static": 0.99,
+        "--cuda-graph-max-bs-decode": 256,
+        "--schedule-conservativeness": 1.3,
+    }
+    for kind in ("prefill_graph_oom", "cuda_graph_oom"):
+        reason = beyond_memory_edge(scheduled, "h200", [trial(kind)])
+        assert reason is not None and "the same start-up settings" in reason
+        assert (
+            beyond_memory_edge({**scheduled, "--cuda-graph-max-bs-decode": 64}, "h200", [trial(kind)]) is None
+        )
+    assert beyond_memory_edge(scheduled, "h200", [trial("oom_under_load")]) is None
