@@ -11,6 +11,9 @@
 #   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status; ENQUEUE: configs to try next;
 #   N_TRIALS: the study's budget for this run (all its trials count) instead of the study file's;
 #   ACCEPT_CHANGES=1: the search space changed since the study began (enqueue and resume accept it)
+# Send its output to a file or /dev/null, not a pipe: piped to `tail`, a call ran on to the 600 s limit 63 s
+# after this script's last line (fourth session, call 2; not explained); the calls that did not pipe it ended
+# with it. What it says is in $OUT/device_run.log anyway.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache TRITON_CACHE_DIR=/tmp/triton-cache
