@@ -11,6 +11,8 @@
 #   MODE=study (default) | compare (autotune compare, ROUNDS rounds) | status; ENQUEUE: configs to try next;
 #   N_TRIALS: the study's budget for this run (all its trials count) instead of the study file's;
 #   ACCEPT_CHANGES=1: the search space changed since the study began (enqueue and resume accept it)
+#   RAY=1: trials run through the Ray node actor (a local Ray), not --no-ray; carry .raykit (built by
+#   benchmarks/sglang-h200/build_raykit.sh) in the call that starts the study
 # Send its output to a file or /dev/null, not a pipe: piped to `tail`, a call ran on to the 600 s limit 63 s
 # after this script's last line (fourth session, call 2; not explained); the calls that did not pipe it ended
 # with it. What it says is in $OUT/device_run.log anyway.
@@ -41,6 +43,15 @@ if [ ! -d $W ]; then
     PYTHONPATH=/tmp/site python3 -c 'import torch, sglang; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "sglang", sglang.__version__)'; } > "$OUT/machine.txt" 2>&1
 fi
 export PYTHONPATH=$W:/tmp/at:/tmp/site
+if [ "${RAY:-0}" = 1 ]; then
+  if [ ! -f /tmp/ray/.ray-installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ray .raykit/whl/*.whl \
+      >> "$LOG" 2>&1 && touch /tmp/ray/.ray-installed || { say "no Ray: carry .raykit"; exit 5; }
+    say "Ray installed into /tmp/ray"
+  fi
+  export PYTHONPATH=$PYTHONPATH:/tmp/ray RAY_DISABLE_USAGE_STATS=1  # Ray's workers inherit the path
+fi
+POOL=(--no-ray); [ "${RAY:-0}" = 1 ] && POOL=()
 if [ -z "${NO_MODEL:-}" ] && [ ! -f /tmp/model-8b/config.json ]; then
   python3 "$KIT/make_model.py" skeleton --out /tmp/model-8b --size 8b >> "$LOG" 2>&1 || { say "no model"; exit 3; }
   say "model folder /tmp/model-8b (config + tokenizer; weights are --load-format dummy)"
@@ -59,7 +70,7 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
       if [ -n "${ENQUEUE:-}" ]; then
         python3 -m autotune enqueue "$STUDY" $ENQUEUE ${ACCEPT_CHANGES:+--accept-changes} >> "$LOG" 2>&1 && say "queued: $ENQUEUE"  # paths: the checkout's
       fi
-      args=("$verb" "$STUDY" --no-ray ${N_TRIALS:+--n-trials "$N_TRIALS"} ${ACCEPT_CHANGES:+--accept-changes})
+      args=("$verb" "$STUDY" "${POOL[@]}" ${N_TRIALS:+--n-trials "$N_TRIALS"} ${ACCEPT_CHANGES:+--accept-changes})
     else
       args=(compare "$STUDY" --rounds "${ROUNDS:-6}" --json $W/compare.json)
     fi
