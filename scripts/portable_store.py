@@ -48,6 +48,17 @@ def _folder_was(mlflow_db: Path) -> str | None:
     return None
 
 
+def _absolute_locations(mlflow_db: Path) -> int:
+    """How many experiments and runs keep their artifacts at an absolute location."""
+    with closing(sqlite3.connect(mlflow_db)) as con:
+        (count,) = con.execute(
+            "SELECT (SELECT count(*) FROM experiments WHERE artifact_location LIKE '/%' OR artifact_location "
+            "LIKE 'file:///%') + (SELECT count(*) FROM runs WHERE artifact_uri LIKE '/%' OR artifact_uri "
+            "LIKE 'file:///%')"
+        ).fetchone()
+    return int(count)
+
+
 def _relative(path: str, was: str) -> str:
     """`path` (a file:// URI or a path) relative to `was`; a Default experiment's mlruns as `mlruns/N`."""
     plain = path.removeprefix("file://")
@@ -114,6 +125,9 @@ def rewrite_folder(folder: Path, was: str | None = None) -> list[str]:
     said = []
     for mlflow_db in sorted(folder.rglob("mlflow.db")):
         origin = was or _folder_was(mlflow_db)
+        if origin is None and not _absolute_locations(mlflow_db):
+            said.append(f"{mlflow_db.relative_to(folder)}: already portable")  # a store carried, not written
+            continue
         if origin is None:
             raise SystemExit(
                 f"{mlflow_db}: no experiment keeps its artifacts in <folder>/artifacts: give --was"

@@ -208,6 +208,15 @@ def test_portable_store_makes_a_moved_store_open_from_its_folder(
     assert [a.path for a in client.list_artifacts(run)] == ["launch.sh"]
     attrs = optuna.load_study(study_name="s", storage="sqlite:///optuna.db").user_attrs["config"]
     assert attrs == {"study_file": "../../s.yaml", "objective": "o"}
+    # Again, as for an archive whose other study was carried and not touched: nothing left to rewrite.
+    again = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "portable_store.py"), str(moved)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 0 and "mlflow.db: already portable" in again.stdout, again.stderr
+    assert client.get_run(run).info.artifact_uri == f"artifacts/{run}/artifacts"
 
 
 @pytest.mark.integration

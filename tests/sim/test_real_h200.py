@@ -90,36 +90,42 @@ def test_only_intervals_where_one_batch_ran_alone_are_step_costs() -> None:
 # session's lease of the machine and its eager steps took 32.9 ms where trial 1's took 21.7 (run 1's, 29).
 # The profile holds one host; which host a lease gets is not in any config.
 OTHER_HOST_EAGER = {7}
+# Trial 29 ran on the fourth session's second machine, whose prefill ran at 44.1k tok/s where every other
+# lease's ran at 42.1-43.0k for the same chunks (its decode steps matched the others'); the profile holds one.
+OTHER_GPU_PREFILL = {29}
 
 
 def test_the_model_steps_as_real_sglang_did(rows: list[TrialRow]) -> None:
     checked = 0
     for row in rows:
-        if (prefill := row.prefill_rates()) is not None:
+        if (prefill := row.prefill_rates()) is not None and row.number not in OTHER_GPU_PREFILL:
             assert prefill[1] == pytest.approx(prefill[0], rel=0.03), (row.number, "prefill", prefill)
         for in_graph, tolerance in ((True, 0.03), (False, 0.05)):
             decode = row.decode_steps(in_graph)
             if decode is not None and (in_graph or row.number not in OTHER_HOST_EAGER):
                 assert decode[1] == pytest.approx(decode[0], rel=tolerance), (row.number, in_graph, decode)
                 checked += 1
-    assert checked == 25  # 24 trials decoded in graphs (two at batch 32), one eagerly
+    assert checked == 26  # 25 trials decoded in graphs (two at batch 32), one eagerly
 
 
 def test_the_model_allocates_what_real_sglang_did(rows: list[TrialRow]) -> None:
-    # Every trial that got as far as its KV pool: not trial 21, cut off by the end of a session as it started.
+    # Every trial that got as far as its KV pool: not trial 21, cut off by the end of a session as it
+    # started; trial 30, cut off during its graph capture, has its KV pool and not what the graphs left.
     started = [row for row in rows if row.number != 21]
-    assert len(started) == 28
+    assert len(started) == 30
     for row in started:
         assert row.costs is not None and row.costs.kv_tokens is not None
         plan = row.node.plan
         assert plan.kv_tokens == pytest.approx(row.costs.kv_tokens, rel=0.03), row.number
+        if row.number == 30:
+            continue
         assert row.costs.available_gib is not None
         assert plan.avail_after_graph_gb * GIB_PER_GB == pytest.approx(row.costs.available_gib, abs=1.5)
 
 
 def test_the_simulated_objective_is_the_real_one(rows: list[TrialRow]) -> None:
     completed = [r for r in rows if r.real]
-    assert len(completed) == 26
+    assert len(completed) == 27
     for row in completed:
         if row.number not in OTHER_HOST_EAGER:
             assert row.real is not None and row.sim == pytest.approx(row.real, rel=0.03), row.number
