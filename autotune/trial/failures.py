@@ -334,7 +334,10 @@ PATTERNS: tuple[FailurePattern, ...] = (
         # 0.5.17+: the breakable and tc_piecewise backends log the error their capture (or replay) raised
         # with "Fail when using backend: breakable for prefill runner." and re-raise torch's own error
         # (runner_backend_utils/breakable_cuda_graph/context.py:36-49; real H200, 0.5.17, at 0.99).
-        re.compile(_OOM_TEXT + r"(?=[^\n]*\nFail when using backend: \w+ for prefill runner\.)"),
+        # (No leading [^\n]*: on a real log's 15 kB server_args line that backtracks for most of a second.)
+        re.compile(
+            r"(?:out of memory|OutOfMemoryError)(?=[^\n]*\nFail when using backend: \w+ for prefill runner\.)"
+        ),
         FailureKind.PREFILL_GRAPH_OOM,  # OOM_UNDER_LOAD while benchmarking: a replay's
         "prefill CUDA graph capture ran out of GPU memory",
     ),
