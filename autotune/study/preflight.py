@@ -19,13 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.records import FAILURE_KIND_ATTR, HARDWARE_ATTR, SKIPPED_ATTR
-from autotune.trial.failures import FailureKind
+from autotune.trial.failures import STARTUP_OOMS, FailureKind
 
 MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
-STARTUP_OOM_KINDS = frozenset(
-    kind.value for kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM)
-)
+STARTUP_OOM_KINDS = frozenset(kind.value for kind in STARTUP_OOMS)
 LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
 # Flags SGLang reads only once it serves (the scheduler's order and admission, how often it streams): it
 # allocates nothing for them at start-up, so they cannot move a start-up out-of-memory.

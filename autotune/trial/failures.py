@@ -84,6 +84,10 @@ class FailureKind(StrEnum):
         return self in (FailureKind.INTERRUPTED, FailureKind.NODE_UNREACHABLE, FailureKind.NODE_LOST)
 
 
+# The out-of-memory kinds of a start (graph captures, buffers): the same errors while serving are
+# OOM_UNDER_LOAD (classify), and a start's failure does not depend on what acts only while serving.
+STARTUP_OOMS = frozenset({FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM})
+
 # The one home of "which flag cures which failure". SGLang's "Possible solutions: ... 2. set
 # --cuda-graph-max-bs-decode to a smaller value (e.g., 16)" (0.5.17+, runner_backend_utils/__init__.py;
 # `--cuda-graph-max-bs` before 0.5.15, a deprecated alias until 0.5.19, gone in 0.5.21). The other solution
@@ -471,7 +475,7 @@ def classify(log_text: str, phase: Phase) -> Failure | None:
         if match is None:
             continue
         kind = pattern.kind
-        if phase == "benchmarking" and kind in (FailureKind.CUDA_GRAPH_OOM, FailureKind.PREFILL_GRAPH_OOM):
+        if phase == "benchmarking" and kind in STARTUP_OOMS:
             kind = FailureKind.OOM_UNDER_LOAD  # a CUDA OOM; a prompt the KV pool cannot hold stays KV
         line = _line_at(log_text, match.end() - 1)
         return Failure.of(kind, line, pattern.description, pattern.culprits_in(match))

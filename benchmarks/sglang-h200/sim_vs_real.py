@@ -20,10 +20,13 @@ import re
 import statistics
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from optuna.trial import FrozenTrial
 from scipy.stats import spearmanr
 
 from autotune.config import Study, load_study
@@ -129,6 +132,19 @@ class TrialRow:
         return real, model, round(statistics.median(d.batch for d in steps))
 
 
+@contextmanager
+def unpacked(stores: Path, study_name: str) -> Iterator[tuple[Path, list[FrozenTrial]]]:
+    """One study's folder and its trials, from stores as the GPU machine brought them back (study.tar.gz);
+    the folder is gone when the block ends."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(stores) as tar:
+            tar.extractall(tmp, filter="data")
+        folder = Path(tmp) / ".autotune" / study_name
+        storage = f"sqlite:///{folder / 'optuna.db'}"
+        yield folder, optuna.load_study(study_name=study_name, storage=storage).get_trials()
+
+
 def compare(
     stores: Path, study: Study, hardware: HardwareProfile, model: ModelProfile, trials: set[int] | None = None
 ) -> list[TrialRow]:
@@ -140,14 +156,9 @@ def compare(
         num_prompts=w.num_prompts, input_len=w.input_len, output_len=w.output_len, concurrency=w.concurrency
     )
     skip = len(study.file.server.command)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(stores) as tar:
-            tar.extractall(tmp, filter="data")
-        folder = Path(tmp) / ".autotune" / study.name
-        storage = f"sqlite:///{folder / 'optuna.db'}"
-        for t in optuna.load_study(study_name=study.name, storage=storage).get_trials():
+    with unpacked(stores, study.name) as (folder, stored):
+        for t in stored:
             if (trials is not None and t.number not in trials) or t.state == optuna.trial.TrialState.WAITING:
                 continue  # not chosen, or never launched (a queued trial has no values yet)
             launch = study.server_launch(trial_config(study, t))

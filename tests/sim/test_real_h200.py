@@ -8,10 +8,7 @@ mechanisms the real logs showed.
 from __future__ import annotations
 
 import sys
-import tarfile
-import tempfile
 
-import optuna
 import pytest
 from optuna.trial import FixedTrial, TrialState
 
@@ -28,7 +25,7 @@ from tests.builders import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks" / "sglang-h200"))
 
-from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs
+from sim_vs_real import GIB_PER_GB, TrialRow, agreement, compare, step_costs, unpacked
 
 STORES = REPO / "benchmarks" / "sglang-h200" / "run3" / "study.tar.gz"  # both studies
 STUDY = REPO / "examples" / "sglang-h200.yaml"
@@ -276,23 +273,19 @@ def test_the_startup_oom_config_failed_at_startup_as_the_model_predicts(
 def test_the_real_startup_oom_marks_its_region_whatever_the_scheduler_flags() -> None:
     # The real study's trials as Optuna stored them: past trial 1's fraction with the breakable backend
     # nothing can start, whatever the conservativeness (it acts only once the server serves).
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(STORES) as tar:
-            tar.extractall(tmp, filter="data")
-        storage = f"sqlite:///{tmp}/.autotune/sglang-h200-startup-oom/optuna.db"
-        trials = optuna.load_study(study_name="sglang-h200-startup-oom", storage=storage).get_trials()
-    (met,) = [t for t in trials if t.state == TrialState.PRUNED]
-    hardware = met.user_attrs[HARDWARE_ATTR]
-    edge = {"--mem-fraction-static": 0.99, "--cuda-graph-backend-prefill": "breakable"}
-    for conservativeness in (0.3, 1.0, 1.5):
-        reason = beyond_memory_edge(
-            {**edge, "--schedule-conservativeness": conservativeness}, hardware, trials
-        )
-        assert reason is not None and f"trial {met.number} ran out of memory" in reason
-    # A lower fraction, or the backend SGLang gates itself, is left to the launch.
-    assert beyond_memory_edge({**edge, "--mem-fraction-static": 0.98}, hardware, trials) is None
-    assert beyond_memory_edge({**edge, "--cuda-graph-backend-prefill": None}, hardware, trials) is None
-    # The trials that followed it on the real machine stayed out of that region.
-    after = [t for t in trials if t.number > met.number and t.state == TrialState.COMPLETE]
-    assert len(after) == 5
-    assert all(beyond_memory_edge(t.params, hardware, [met]) is None for t in after)
+    with unpacked(STORES, "sglang-h200-startup-oom") as (_, trials):
+        (met,) = [t for t in trials if t.state == TrialState.PRUNED]
+        hardware = met.user_attrs[HARDWARE_ATTR]
+        edge = {"--mem-fraction-static": 0.99, "--cuda-graph-backend-prefill": "breakable"}
+        for conservativeness in (0.3, 1.0, 1.5):
+            reason = beyond_memory_edge(
+                {**edge, "--schedule-conservativeness": conservativeness}, hardware, trials
+            )
+            assert reason is not None and f"trial {met.number} ran out of memory" in reason
+        # A lower fraction, or the backend SGLang gates itself, is left to the launch.
+        assert beyond_memory_edge({**edge, "--mem-fraction-static": 0.98}, hardware, trials) is None
+        assert beyond_memory_edge({**edge, "--cuda-graph-backend-prefill": None}, hardware, trials) is None
+        # The trials that followed it on the real machine stayed out of that region.
+        after = [t for t in trials if t.number > met.number and t.state == TrialState.COMPLETE]
+        assert len(after) == 5
+        assert all(beyond_memory_edge(t.params, hardware, [met]) is None for t in after)

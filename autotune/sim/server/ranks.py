@@ -61,8 +61,7 @@ class SchedulerRanks:
             else ["Traceback (most recent call last):", *lines]
         )
         # One logging record: only its first line carries the date and rank; it ends with a newline.
-        message = "\n".join([f"Scheduler hit an exception: {traceback[0]}", *traceback[1:], ""])
-        self.log.error(message, self.prefix_of(tp_rank))
+        self.error(tp_rank, "\n".join([f"Scheduler hit an exception: {traceback[0]}", *traceback[1:], ""]))
         self.log.error("Received sigquit from a child process. It usually means the child failed.")
         self.linger_if_asked()
         os.kill(os.getpid(), signal.SIGKILL)
