@@ -1,0 +1,58 @@
+"""The import direction between autotune's packages: each imports only the packages below it in the layer
+order of the README's Layout section, at module level, inside a function and under TYPE_CHECKING alike.
+
+It reads the source with `ast` (scripts/import_layers.py, which also draws the whole graph); nothing is
+imported and no process starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import_layers() -> ModuleType:
+    """scripts/import_layers.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "scripts" / "import_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("import_layers", module)  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+layers = _import_layers()
+
+
+def test_every_package_has_a_place_in_the_layer_order() -> None:
+    order = layers.layer_order()
+    packages = {layers.package_of(m) for m in layers.modules()} - {layers.PACKAGE}
+    missing = sorted(packages - set(order))
+    assert not missing, f"README.md Layout: add {missing} to the line 'Layers, lowest first: ...'"
+    assert len(order) == len(set(order)), f"README.md Layout: a package stands twice in {order}"
+
+
+def test_no_import_goes_up_the_layer_order() -> None:
+    order = layers.layer_order()
+    wrong = layers.against_order(layers.imports(), order)
+    lines = [
+        f"{i.importer} imports {i.imported} (line {i.line}, {i.where.replace('_', ' ')}):"
+        f" {layers.package_of(i.importer)} is below {layers.package_of(i.imported)}"
+        for i in wrong
+    ]
+    assert not lines, (
+        f"imports against the layer order {' < '.join(order)} (README.md, Layout); move the shared code to"
+        " the lower package, or hand it in from above (the CLI joins the layers):\n" + "\n".join(lines)
+    )
+
+
+def test_the_graph_reads_imports_at_module_level_in_functions_and_for_type_checks() -> None:
+    found = {(i.importer, i.imported, i.where) for i in layers.imports()}
+    # Each kind seen on a known module, so that the rule above cannot pass by reading nothing.
+    assert ("autotune.cli", "autotune.errors", "module") in found
+    assert any(where == "function" for _, _, where in found)
+    assert any(where == "type_checking" for _, _, where in found)
