@@ -270,7 +270,7 @@ class ConsoleReporter(StudyCallback):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autotune.study.loop import study_summary
+    from autotune.study.summary import study_summary
 
     study = load_study(args.study_file)
     if args.n_trials is not None and args.n_trials < 1:
@@ -322,7 +322,7 @@ def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_remeasure(args: argparse.Namespace) -> int:
-    from autotune.study.loop import study_summary
+    from autotune.study.summary import study_summary
 
     study = load_study(args.study_file)
     if study.objective.remeasure is None:
@@ -465,7 +465,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autotune.study.loop import study_summary
+    from autotune.study.summary import study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)
@@ -542,7 +542,7 @@ _SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 
 def cmd_best(args: argparse.Namespace) -> int:
 
-    from autotune.study.loop import study_summary
+    from autotune.study.summary import study_summary
 
     study = load_study(args.study_file)
     ostudy = _existing_study(study)

@@ -30,9 +30,10 @@ from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.model_node import ModelExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.loop import StudyDriver, pareto_front, study_summary
+from autotune.study.loop import StudyDriver
 from autotune.study.pruning import SHORT_STEP, _probe, short_cutoff, short_pruner
 from autotune.study.rules import best_trial
+from autotune.study.summary import pareto_front, study_summary
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data

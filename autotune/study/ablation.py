@@ -33,6 +33,7 @@ from autotune.study.records import (
 )
 from autotune.study.rules import best_trial, direction_sign
 from autotune.study.samplers import default_of
+from autotune.study.summary import baseline_trial
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,6 @@ def _interrupted(trial: FrozenTrial) -> bool:
 def ablation_results(ostudy: optuna.Study) -> Ablation | None:
     """The ablation of the current best trial when it has one, else of the latest ablated trial; None
     when the study has no ablation trials."""
-    from autotune.study.loop import baseline_trial
-
     trials = ostudy.get_trials(deepcopy=False)
     ablated = ablation_trials(trials)
     if not ablated:

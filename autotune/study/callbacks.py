@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch, TrialConfig
     from autotune.trial.wire import TrialResult
 
-# `autotune.study.loop.study_summary`: baseline, best, gain, trials by state and failure kind, Pareto front.
+# `autotune.study.summary.study_summary`: baseline, best, gain, trials by state and failure kind, Pareto
+# front.
 StudySummary = dict[str, Any]
 
 

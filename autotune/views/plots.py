@@ -22,8 +22,9 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.preflight import MEM_FRACTION
-from autotune.study.records import FAILURE_KIND_ATTR
+from autotune.study.records import FAILURE_KIND_ATTR, SKIPPED_ATTR
 from autotune.study.rules import maximizes, non_dominated
+from autotune.study.summary import baseline_trial
 from autotune.trial.failures import FailureKind
 
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
@@ -68,9 +69,6 @@ class PlotData:
 
 def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
     """Read a study's trials once for all plots; proposals that never ran (skipped) are left out."""
-    from autotune.study.loop import baseline_trial
-    from autotune.study.records import SKIPPED_ATTR
-
     trials = tuple(
         t
         for t in ostudy.get_trials(deepcopy=False)

@@ -20,8 +20,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
-from autotune.study.records import ADVICE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
+from autotune.study.records import ADVICE_ATTR, BASELINE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
 from autotune.study.rules import best_trial, trial_config
+from autotune.study.summary import study_summary
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
@@ -48,7 +49,7 @@ class StudyFindings:
     metric: str
     unit: str
     direction: str
-    summary: dict[str, Any]  # autotune.study.loop.study_summary
+    summary: dict[str, Any]  # autotune.study.summary.study_summary
     best: FrozenTrial | None
     best_config: TrialConfig | None
     best_script: str | None
@@ -62,8 +63,6 @@ class StudyFindings:
 
 def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
     """Read a study's summary, best config, failures and ablation from its Optuna storage."""
-    from autotune.study.loop import study_summary
-
     best = best_trial(ostudy)
     config = script = None
     if best is not None:
@@ -330,8 +329,6 @@ def _ablation_html(f: StudyFindings) -> str:
 
 
 def _trials_html(f: StudyFindings) -> str:
-    from autotune.study.records import BASELINE_ATTR
-
     rows = []
     for t in f.trials:
         value = f"{t.value:.2f}" if t.value is not None and t.state == TrialState.COMPLETE else "-"

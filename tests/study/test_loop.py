@@ -28,9 +28,10 @@ from autotune.study.callbacks import (
     TrialFinished,
     TrialStarted,
 )
-from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count, study_summary
+from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count
 from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
+from autotune.study.summary import study_summary
 from tests.builders import StudyFiles
 
 SEED_HARDWARE = (

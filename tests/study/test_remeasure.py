@@ -19,11 +19,12 @@ from autotune.config import load_study
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner
-from autotune.study.loop import StudyDriver, study_summary
+from autotune.study.loop import StudyDriver
 from autotune.study.records import REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_remeasurement, gain_over, remeasure, remeasured_answer
 from autotune.study.rules import ConfigMeasurements, best_trial, mean_interval, measurement_groups
 from autotune.study.storage import open_study
+from autotune.study.summary import study_summary
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 from tests.test_objectives import SEED_WORKLOAD, ClockedModelNode, _QuietPool, cli
 
