@@ -293,8 +293,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
     """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
     from autotune.study.loop import StudyDriver
+    from autotune.views.tracked import study_tracker
 
-    driver = StudyDriver(study, [ConsoleReporter()], tracking=not args.no_tracking)
+    driver = StudyDriver(study, [ConsoleReporter()], tracking=None if args.no_tracking else study_tracker)
     if args.no_ray:
         from autotune.node.pool import in_process_pool
 

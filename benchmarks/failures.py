@@ -183,7 +183,7 @@ def measure_latency(case: Case, pool_kind: str, n_trials: int) -> Latency:
         watch = FatalLineWatch(Path(folder))
         watch.start()
         try:
-            ostudy = StudyDriver(study, pool=pool, tracking=False, preflight=False).run()
+            ostudy = StudyDriver(study, pool=pool, preflight=False).run()
         finally:
             watch.stop()
             if pool_kind == "ray":

@@ -95,7 +95,6 @@ def run(study: Study, node: ClockedNode) -> optuna.Study:
         study,
         pool=lambda _: LocalNodePool({NODE: node}),
         storage=optuna.storages.InMemoryStorage(),
-        tracking=False,
     )
     return driver.run()
 
@@ -197,7 +196,6 @@ def _run_to(study: Study, node: ClockedNode, ostudy: optuna.Study, total: int) -
         study,
         pool=lambda _: LocalNodePool({NODE: node}),
         storage=optuna_internals.storage_of(ostudy),
-        tracking=False,
     )
     return driver.run(total)
 

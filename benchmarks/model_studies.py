@@ -314,7 +314,6 @@ def run_study(
             pool=pool,
             sampler=sampler(study) if sampler is not None else None,
             storage=optuna.storages.InMemoryStorage(),
-            tracking=False,
             preflight=preflight,
             remember_incompatible=remember_incompatible,
             memory_edge=memory_edge,

@@ -44,6 +44,7 @@ from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.loop import StudyDriver
 from autotune.tracking.tracker import StudyTracker
 from autotune.trial.redaction import Secrets
+from autotune.views.tracked import study_tracker
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 TARGET_S = 0.5
@@ -236,7 +237,7 @@ def measure(pool_kind: str, n_trials: int) -> Measured:
 
         started = time.perf_counter()
         with watched(stopwatch, measured):
-            StudyDriver(study, [Marks()], pool=pool).run()
+            StudyDriver(study, [Marks()], pool=pool, tracking=study_tracker).run()
         if pool_kind == "ray":
             import ray
 

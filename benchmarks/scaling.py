@@ -34,6 +34,7 @@ from autotune.node.pool import GPU_NODE_RESOURCE, NodePool, RayNodePool
 from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, NODE_ATTR
+from autotune.views.tracked import study_tracker
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 OBJECTIVE = BENCHMARKS / "objectives" / "overhead.yaml"
@@ -110,7 +111,7 @@ def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
 
         with tempfile.TemporaryDirectory(prefix="autotune-scaling-") as folder:
             study = write_study(Path(folder), n_trials, cluster.address, startup_scale)
-            ostudy = StudyDriver(study, [Marks()], pool=pool).run()
+            ostudy = StudyDriver(study, [Marks()], pool=pool, tracking=study_tracker).run()
             # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
             runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
             nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))

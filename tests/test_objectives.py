@@ -36,6 +36,7 @@ from autotune.study.rules import best_trial
 from autotune.study.summary import pareto_front, study_summary
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
+from autotune.views.tracked import study_tracker
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 
 SEED_WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
@@ -655,7 +656,7 @@ def run_sim_study(
         node = TrialExecutor("local", LocalCommandRunner(), s.workdir / "nodes", port_wait_s=5)
         return (LocalNodePool if tracking else _QuietPool)({"local": node})
 
-    return StudyDriver(study, pool=pool, tracking=tracking).run()
+    return StudyDriver(study, pool=pool, tracking=study_tracker if tracking else None).run()
 
 
 SIM_WORKLOAD = {"num_prompts": 8, "input_len": 1000, "output_len": 32, "concurrency": 4}

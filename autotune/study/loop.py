@@ -74,7 +74,6 @@ from autotune.study.storage import (
     trials_so_far,
 )
 from autotune.study.summary import study_summary
-from autotune.tracking.tracker import StudyTracker
 from autotune.trial.failures import FailureKind
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -140,7 +139,7 @@ def ctrl_c_remembered() -> Iterator[threading.Event]:
 
 class StudyDriver:
     """Runs a study to its budget: one trial per node at a time, every outcome told to Optuna and to the
-    observers (`StudyCallback`: the MLflow tracker unless `tracking=False`, then `callbacks` in order)."""
+    observers (`StudyCallback`: the tracker `tracking` makes, then `callbacks` in order)."""
 
     def __init__(
         self,
@@ -150,12 +149,13 @@ class StudyDriver:
         *,
         sampler: optuna.samplers.BaseSampler | None = None,
         storage: optuna.storages.BaseStorage | None = None,
-        tracking: bool = True,
+        tracking: Callable[[Study], StudyCallback] | None = None,
         preflight: bool = True,
         remember_incompatible: bool = True,
         memory_edge: bool = True,
     ) -> None:
-        """`sampler` and `storage` replace the study file's; `tracking=False` writes no MLflow runs;
+        """`sampler` and `storage` replace the study file's; `tracking` makes the study's tracker (the CLI
+        gives the MLflow one, autotune.views.tracked.study_tracker; None writes no runs);
         `preflight=False` launches predicted OOMs, `memory_edge=False` only those past the memory edge the
         study met, and `remember_incompatible=False` launches known incompatibilities again. They are for
         measuring the tuner itself (benchmarks/)."""
@@ -185,7 +185,7 @@ class StudyDriver:
         self.skips = 0
         self.running: dict[int, _Running] = {}
         with study_lock(study):  # drivers starting together must not create the tracking store twice
-            tracker = [StudyTracker.of(study)] if self.tracking else []
+            tracker = [self.tracking(study)] if self.tracking else []
         self.observers = CallbackList([*tracker, *self.callbacks])
         recovered = self._recover(ostudy)
         self.total, self.done = budget or 0, finished_count(ostudy)

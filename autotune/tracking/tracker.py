@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.measure.metrics import BENCHMARK_FIGURES
 from autotune.study.callbacks import (
@@ -61,6 +61,17 @@ PLOTS_DIR = "plots"
 BEST_LAUNCH_SCRIPT = "best/launch.sh"
 ABLATION_OF_TAG = "autotune.ablation_of"
 ABLATION_PARAM_TAG = "autotune.ablation_param"
+
+
+class StudyPage(Protocol):
+    """What a study's parent run shows of it, drawn by the views (autotune.views.tracked): the tracker
+    records what it is given and draws nothing itself."""
+
+    def summary(self, study: Study, ostudy: optuna.Study) -> tuple[str, str | None]:
+        """The study summary in markdown, and the best config's launch script (None before a best)."""
+
+    def plots(self, ostudy: optuna.Study, metric: str, unit: str, title: str, folder: Path) -> list[Path]:
+        """Draw the study's plots into `folder`; the files written."""
 
 
 def _quiet_mlflow() -> None:
@@ -159,7 +170,9 @@ class StudyTracker(StudyCallback):
         artifact_root: Path,
         metric: str = "output_throughput",
         secrets: Secrets | None = None,
+        page: StudyPage | None = None,
     ) -> None:
+        """`page` draws the parent run's description and plots; without one the parent run has neither."""
         from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
         _quiet_mlflow()
@@ -168,6 +181,7 @@ class StudyTracker(StudyCallback):
         self.study_name = study_name
         self.metric = metric
         self.unit = metric_unit(metric)
+        self.page = page
         self._trials: dict[str, tuple[int, bool, str | None]] = {}  # run id -> (number, baseline, label)
         self._runs: dict[int, str] = {}  # trial number -> run id, for this driver's trials
         self._pareto: set[int] = set()  # trials whose run is tagged `autotune.pareto` true
@@ -179,7 +193,7 @@ class StudyTracker(StudyCallback):
         self.parent_run_id = self._parent_run()
 
     @classmethod
-    def of(cls, study: Study) -> StudyTracker:
+    def of(cls, study: Study, page: StudyPage | None = None) -> StudyTracker:
         """The tracker of `study`'s MLflow store, its artifacts beside the study."""
         anchor_artifacts(study.tracking_uri, study.workdir)
         return cls(
@@ -188,6 +202,7 @@ class StudyTracker(StudyCallback):
             study.workdir / "artifacts",
             metric=study.objective.metric,
             secrets=study.secrets,
+            page=page,
         )
 
     def _experiment(self, study_name: str, artifact_root: Path) -> str:
@@ -380,34 +395,31 @@ class StudyTracker(StudyCallback):
         """What a person opening the study's parent run sees: the summary and the best config's launch
         script as its description (every call), and the plots (at most every PLOT_INTERVAL_S seconds
         unless `force`; close() draws the last ones). Never raises: a broken plot must not stop a study."""
+        if self.page is None:
+            return
         self._view = (ostudy, study)
         self._plots_stale = True
         try:
-            from autotune.views.report import study_findings, summary_markdown
-
-            findings = study_findings(study, ostudy)
-            note = self.secrets.redact(summary_markdown(findings))[:MAX_NOTE_LENGTH]
+            summary, best_script = self.page.summary(study, ostudy)
+            note = self.secrets.redact(summary)[:MAX_NOTE_LENGTH]
             self.client.set_tag(self.parent_run_id, NOTE_TAG, note)
-            if findings.best_script is not None and findings.best_script != self._best_script:
-                script = self.secrets.redact(findings.best_script)
+            if best_script is not None and best_script != self._best_script:
+                script = self.secrets.redact(best_script)
                 self.client.log_text(self.parent_run_id, script, BEST_LAUNCH_SCRIPT)
-                self._best_script = findings.best_script
+                self._best_script = best_script
         except Exception:  # the study goes on without its summary; the log says why
             log.warning("could not update the study summary in MLflow", exc_info=True)
         if force or time.monotonic() - self._plotted_at >= PLOT_INTERVAL_S:
             self._draw_plots()
 
     def _draw_plots(self) -> None:
-        if self._view is None:
+        if self._view is None or self.page is None:
             return
         ostudy, study = self._view
         self._plots_stale = False
         try:
-            from autotune.views.plots import plot_data, save_plots
-
-            data = plot_data(ostudy, self.metric, self.unit, title=study.name)
             with tempfile.TemporaryDirectory(prefix="autotune-plots-") as folder:
-                for path in save_plots(data, Path(folder)):
+                for path in self.page.plots(ostudy, self.metric, self.unit, study.name, Path(folder)):
                     self.client.log_artifact(self.parent_run_id, str(path), PLOTS_DIR)
         except Exception:  # plots are a view of the study, never a reason to stop it
             log.warning("could not draw the study's plots", exc_info=True)

@@ -29,14 +29,14 @@ from autotune.study.callbacks import StudyCallback
 from autotune.study.loop import StudyDriver
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.storage import finished_count, open_study
-from autotune.tracking.tracker import StudyTracker
+from autotune.views.tracked import study_tracker
 from tests.builders import StudyFiles, model_server
 
 HF_TOKEN = "hf_contract_token_5c1e9a"  # in the server's env: a secret by its name
 API_KEY = "sk-contract-key-77d0b2"  # after --api-key: a secret by its flag
 BUDGET = 6
 OBSERVERS: dict[str, Callable[[Study, io.StringIO], StudyCallback]] = {
-    "mlflow": lambda study, stream: StudyTracker.of(study),
+    "mlflow": lambda study, stream: study_tracker(study),
     "console": lambda study, stream: ConsoleReporter(stream),
     "null": lambda study, stream: StudyCallback(),
 }

@@ -32,6 +32,7 @@ from autotune.study.loop import StudyDriver, ctrl_c_remembered, finished_count
 from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
 from autotune.study.summary import study_summary
+from autotune.views.tracked import study_tracker
 from tests.builders import StudyFiles
 
 SEED_HARDWARE = (
@@ -68,7 +69,7 @@ def memory_study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
     ostudy = open_study(study)
     ostudy.enqueue_trial({"--mem-fraction-static": 0.95, "--chunked-prefill-size": 16384})
     ostudy.enqueue_trial({"--mem-fraction-static": 0.70})
-    return StudyDriver(study, pool=model_pool()).run()
+    return StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()  # tracked: skips get no run
 
 
 def test_budget_counts_trials_run_on_nodes(study_of_30: optuna.Study) -> None:

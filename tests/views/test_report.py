@@ -206,8 +206,10 @@ def test_run_names_read_at_a_glance() -> None:
 @pytest.fixture
 def tracker(tmp_path: Path):
     from autotune.tracking.tracker import StudyTracker
+    from autotune.views.tracked import ParentRunPage
 
-    return StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "live", tmp_path / "artifacts")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return StudyTracker(uri, "live", tmp_path / "artifacts", page=ParentRunPage())
 
 
 def test_a_running_trial_shows_its_phase_in_its_name_then_its_outcome(tracker) -> None:
