@@ -814,7 +814,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from autotune.views.compare import compare, describe_run, write
+    from autotune.study.compare import compare, describe_run, write
 
     study = load_study(args.study_file)
     if args.rounds < 2:

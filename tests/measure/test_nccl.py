@@ -40,10 +40,10 @@ from autotune.measure.stats import mean_ci, paired_gain, t_quantile
 from autotune.node.executor import TrialExecutor
 from autotune.node.job import RESULT_PREFIX, ResultLineError, parse_result, result_line, wait_for_job
 from autotune.node.runner import LocalCommandRunner
+from autotune.study.compare import Comparison, Run, compare, order_of_round
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
 from autotune.trial.wire import TrialRequest
-from autotune.views.compare import Comparison, Run, compare, order_of_round
 from tests.builders import REPO, SHIPPED_SPACE, StudyFiles, study_data
 
 EXAMPLE = REPO / "examples" / "nccl-h200x2.yaml"
