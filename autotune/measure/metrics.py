@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Literal
 
@@ -20,9 +21,16 @@ __all__ = [
     "OBJECTIVE_METRICS",
     "Direction",
     "Metric",
+    "maximizes",
 ]
 
 Direction = Literal["maximize", "minimize"]
+
+
+def maximizes(direction: Enum | str) -> bool:
+    """Higher is better: Optuna's `StudyDirection.MAXIMIZE`, or "maximize" as a study file writes it."""
+    # By name, so the node side (which reads a study file's goal) need not load Optuna for this rule.
+    return (direction if isinstance(direction, str) else direction.name).lower() == "maximize"
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Literal
 
 from autotune.measure.client import BenchmarkResult
 from autotune.measure.load_search import LoadSearchPlan, search_load
+from autotune.measure.metrics import maximizes
 from autotune.measure.workloads import Workload
-from autotune.study.rules import maximizes
 
 if TYPE_CHECKING:
     from autotune.config.objective import Objective

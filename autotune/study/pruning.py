@@ -17,7 +17,7 @@ from optuna.pruners import BasePruner, PercentilePruner
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.objective import ShortFirst
-from autotune.study.rules import maximizes
+from autotune.measure.metrics import maximizes
 
 SHORT_STEP = 0  # the intermediate value's step: the short measurement
 _BISECTIONS = 60

@@ -19,9 +19,10 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.config.objective import Remeasure
+from autotune.measure.metrics import maximizes
 from autotune.measure.stats import Gain, welch_gain
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR
-from autotune.study.rules import ConfigMeasurements, maximizes, measurement_groups, remeasured_ranking
+from autotune.study.rules import ConfigMeasurements, measurement_groups, remeasured_ranking
 from autotune.study.storage import budget_used
 
 __all__ = [

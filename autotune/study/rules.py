@@ -1,9 +1,9 @@
-"""Rules about a study's trials that every layer shares: which trial is feasible, which way is better,
-which trials measured the same config, and the study's best trial (`best_trial`).
+"""Rules about a study's trials that every layer above it shares: which trial is feasible, which way is
+better (`maximizes` itself is measure's, autotune.measure.metrics), which trials measured the same config,
+and the study's best trial (`best_trial`).
 
 This module sits below the sampler, the driver, re-measurement, the CLI and the views (it imports Optuna's
-types only for type checking: node actors import it too), so each of them imports the rule from here
-instead of spelling it out.
+types only for type checking), so each of them imports the rule from here instead of spelling it out.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from autotune.measure.metrics import maximizes
 from autotune.measure.stats import mean_ci
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
 
@@ -55,12 +56,6 @@ def within_limits(constraints: Mapping[str, float]) -> bool:
 def is_feasible(trial: FrozenTrial) -> bool:
     """The trial met every constraint set on it (`within_limits`); its state is not looked at."""
     return within_limits(trial.constraints)
-
-
-def maximizes(direction: StudyDirection | str) -> bool:
-    """Higher is better: Optuna's `StudyDirection.MAXIMIZE`, or "maximize" as a study file writes it."""
-    # By name, so the node side (which reads a study file's goal) need not load Optuna for this rule.
-    return (direction if isinstance(direction, str) else direction.name).lower() == "maximize"
 
 
 def direction_sign(direction: StudyDirection | str) -> float:

@@ -21,9 +21,10 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.measure.metrics import maximizes
 from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import FAILURE_KIND_ATTR, SKIPPED_ATTR
-from autotune.study.rules import maximizes, non_dominated
+from autotune.study.rules import non_dominated
 from autotune.study.summary import baseline_trial
 from autotune.trial.failures import FailureKind
 

@@ -33,7 +33,8 @@ def test_no_constraints_are_within_limits() -> None:
 def test_the_direction_sign_reads_optuna_and_study_file_spellings() -> None:
     from optuna.study import StudyDirection
 
-    from autotune.study.rules import direction_sign, maximizes
+    from autotune.measure.metrics import maximizes
+    from autotune.study.rules import direction_sign
 
     assert maximizes(StudyDirection.MAXIMIZE) and maximizes("maximize")
     assert not maximizes(StudyDirection.MINIMIZE) and not maximizes("minimize")
