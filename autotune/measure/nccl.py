@@ -34,8 +34,8 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from autotune.errors import AutotuneError
+from autotune.measure.result_line import result_line
 from autotune.measure.stats import MeanCI, mean_ci, t_quantile
-from autotune.node.job import result_line
 
 __all__ = [
     "DTYPE_BYTES",

@@ -1,7 +1,7 @@
 """`python -m autotune.measure.remote`: the benchmark client as a command, for `benchmark_from: node`.
 
 It runs on the GPU node itself (where the server's port is reachable when the driver cannot reach it),
-prints its result line (autotune's one result protocol, `autotune.node.job.result_line`) with
+prints its result line (autotune's one result protocol, `autotune.measure.result_line`) with
 `{"result": ...}` or `{"error": ...}`, and exits 0 or 1. `result_from_output` turns that output back
 into a `BenchmarkResult` or a `BenchmarkError` on the driver.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from autotune.measure.client import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload, benchmark
-from autotune.node.job import ResultLineError, read_result, result_line
+from autotune.measure.result_line import ResultLineError, read_result, result_line
 
 __all__ = ["command", "main", "result_from_output"]
 

@@ -5,79 +5,25 @@ is started through the same command runner, with the trial's env, and its measur
 one line `AUTOTUNE_RESULT {"metrics": {...}, ...}`. `wait_for_job` waits for the exit within the
 benchmark timeout and turns what happened into metrics or a classified failure, as for a server.
 
-The result line is autotune's one protocol for a program that prints its result: `result_line` writes
-it and `read_result` finds the last one in the output (the on-node benchmark client,
-`autotune.measure.remote`, prints its result the same way). This module imports nothing heavy: the
-programs that print import it.
+The result line itself (`autotune.measure.result_line`) sits below: the programs that print it are
+measure's (and the simulated node's); this module waits for them and classifies how they ended.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.measure.result_line import ResultLineError, parse_result
 from autotune.node.runner import ServerProcess
 from autotune.trial.failures import Failure, FailureKind, classify
 
-__all__ = [
-    "RESULT_PREFIX",
-    "JobOutcome",
-    "ResultLineError",
-    "parse_result",
-    "read_result",
-    "result_line",
-    "wait_for_job",
-]
+__all__ = ["JobOutcome", "wait_for_job"]
 
-RESULT_PREFIX = "AUTOTUNE_RESULT "
 POLL_S = 0.2
 STOP_GRACE_S = 10.0  # a job holds no server state; NCCL's teardown takes a second or two
-
-
-class ResultLineError(AutotuneError, ValueError):
-    """A result line that is not a JSON object (for a job: not one with a `metrics` object of numbers)."""
-
-
-def result_line(payload: Mapping[str, Any]) -> str:
-    """The line a program prints as its result: `RESULT_PREFIX` and `payload` as one JSON object (a NaN
-    is a ValueError: JSON has none)."""
-    return RESULT_PREFIX + json.dumps(payload, separators=(",", ":"), allow_nan=False)
-
-
-def read_result(text: str) -> dict[str, Any] | None:
-    """The payload of the last result line in `text`; None when there is none.
-
-    Raises ResultLineError when that line is not a JSON object (the program's bug, not the trial's settings).
-    """
-    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith(RESULT_PREFIX)), None)
-    if line is None:
-        return None
-    try:
-        payload = json.loads(line[len(RESULT_PREFIX) :])
-    except json.JSONDecodeError as exc:
-        raise ResultLineError(f"the result line is not JSON ({exc}): {line[:200]!r}") from None
-    if not isinstance(payload, dict):
-        raise ResultLineError(f"the result line is not a JSON object: {line[:200]!r}")
-    return payload
-
-
-def parse_result(text: str) -> dict[str, Any] | None:
-    """A job's result: the last result line's payload, whose `metrics` maps metric names to numbers;
-    None when there is none. Raises ResultLineError when the line is malformed."""
-    payload = read_result(text)
-    if payload is None:
-        return None
-    if not isinstance(payload.get("metrics"), dict):
-        raise ResultLineError(f"the result line has no `metrics` object: {json.dumps(payload)[:200]!r}")
-    for name, value in payload["metrics"].items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ResultLineError(f"metric {name!r} must be a finite number, but got {value!r}.")
-    return payload
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A simulated `python -m autotune.measure.nccl`: `python -m autotune.sim.nccl_job [its arguments]`.
 
 It takes the real benchmark's command line (`BenchSettings.from_argv`) and NCCL environment, and prints the
-real benchmark's result line (`autotune.measure.nccl.summarize`, through `autotune.node.job.result_line`)
+real benchmark's result line (`autotune.measure.nccl.summarize`, through `autotune.measure.result_line`)
 with the times the simulated node's model gives for each message (`NodeModel.allreduce_us`: in a CUDA graph
 for `--timing graph`, eagerly otherwise; NCCL's all-reduces alone, as the benchmark calls NCCL directly).
 The hardware and model are the simulated server's (`SGLANG_SIM_HARDWARE`, `SGLANG_SIM_MODEL`), so a serving
@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.measure.nccl import BenchSettings, RankReport, summarize
-from autotune.node.job import result_line
+from autotune.measure.result_line import result_line
 from autotune.sim.model import NodeModel
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile

@@ -36,9 +36,10 @@ from autotune.measure.nccl import (
     parse_size,
     summarize,
 )
+from autotune.measure.result_line import RESULT_PREFIX, ResultLineError, parse_result, result_line
 from autotune.measure.stats import mean_ci, paired_gain, t_quantile
 from autotune.node.executor import TrialExecutor
-from autotune.node.job import RESULT_PREFIX, ResultLineError, parse_result, result_line, wait_for_job
+from autotune.node.job import wait_for_job
 from autotune.node.runner import LocalCommandRunner
 from autotune.study.compare import Comparison, Run, compare, order_of_round
 from autotune.trial.failures import FailureKind
@@ -54,7 +55,7 @@ SPACE = REPO / "search_spaces" / "nccl-allreduce.yaml"
 STAND_IN = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from autotune.node.job import result_line
+from autotune.measure.result_line import result_line
 us = {{"LL": 6.0, "LL128": 12.0, "Simple": 16.0}}.get(os.environ.get("NCCL_PROTO"), 18.0)
 print("warming up", flush=True)
 print(result_line({{"metrics": {{"allreduce_us": us, "nccl_memory_mib": 900.0, "gpu_used_mib": 1400.0,

@@ -16,7 +16,7 @@ from autotune.config import Study, load_study
 from autotune.errors import ConfigError
 from autotune.measure.client import Workload
 from autotune.measure.nccl import BenchSettings, Message
-from autotune.node.job import parse_result
+from autotune.measure.result_line import parse_result
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.nccl_job import allreduce_payload
