@@ -29,7 +29,7 @@ NODE_SIDE = (
     "autotune.trial.wire",
     "autotune.trial.failures",
     "autotune.trial.redaction",
-    "autotune.measure.bench_serving",
+    "autotune.node.bench_serving",
     "autotune.measure.client",
     "autotune.measure.load_search",
     "autotune.measure.nccl",

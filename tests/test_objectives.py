@@ -22,9 +22,9 @@ from autotune.cli import main
 from autotune.config import load_study
 from autotune.config.objective import Objective, parse_objective
 from autotune.errors import ConfigError
-from autotune.measure.bench_serving import FIELDS, BenchServingRun, command, parse_output
 from autotune.measure.client import BenchmarkError, BenchmarkResult, Workload
 from autotune.measure.plan import BenchServingOptions, MeasurementPlan, combine, plan_for, run_plan_sync
+from autotune.node.bench_serving import FIELDS, BenchServingRun, command, parse_output
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner, free_port

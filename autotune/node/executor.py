@@ -27,7 +27,6 @@ from autotune.config import NodeSpec, ServerSpec
 from autotune.config.hosts import parse_ssh_address, reachable_here
 from autotune.config.study import WORKDIR_NAME
 from autotune.measure import remote as remote_benchmark
-from autotune.measure.bench_serving import BenchServingRun
 from autotune.measure.client import (
     API_KEY_ENV,
     BenchmarkError,
@@ -37,6 +36,7 @@ from autotune.measure.client import (
     run_benchmark,
 )
 from autotune.measure.plan import MeasurementPlan, run_plan, run_seed
+from autotune.node.bench_serving import BenchServingRun
 from autotune.node.check import NodeReport, benchmark_python, check_node
 from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held

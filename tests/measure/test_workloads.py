@@ -22,7 +22,6 @@ import yaml
 
 from autotune.config.objective import parse_objective
 from autotune.errors import ConfigError
-from autotune.measure.bench_serving import command, parse_output
 from autotune.measure.client import (
     BenchmarkError,
     BenchmarkResult,
@@ -36,6 +35,7 @@ from autotune.measure.client import (
 from autotune.measure.load_search import LoadSearchPlan
 from autotune.measure.plan import MeasurementPlan, run_plan, run_seed
 from autotune.measure.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
+from autotune.node.bench_serving import command, parse_output
 from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.sim.predictability import predictability

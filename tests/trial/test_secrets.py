@@ -23,9 +23,9 @@ from autotune.config._yaml import expand_env_references
 from autotune.config.study import load_study
 from autotune.errors import ConfigError
 from autotune.measure import remote as remote_benchmark
-from autotune.measure.bench_serving import BenchServingRun
 from autotune.measure.client import API_KEY_ENV, BenchmarkError, Workload, benchmark
 from autotune.measure.plan import BenchServingOptions
+from autotune.node.bench_serving import BenchServingRun
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
 from tests.builders import StudyFiles, e2e_study
