@@ -13,19 +13,17 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from autotune.measure.client import BenchmarkResult
 from autotune.measure.load_search import LoadSearchPlan, search_load
 from autotune.measure.metrics import maximizes
 from autotune.measure.workloads import Workload
 
-if TYPE_CHECKING:
-    from autotune.config.objective import Objective
-
 __all__ = [
     "BenchServingOptions",
     "MeasurementPlan",
+    "PlannedObjective",
     "combine",
     "plan_for",
     "run_plan",
@@ -99,7 +97,60 @@ class MeasurementPlan:
         return value < self.cutoff if self.maximize else value > self.cutoff
 
 
-def plan_for(objective: Objective, *, short: bool = True, cutoff: float | None = None) -> MeasurementPlan:
+class _Ladder(Protocol):
+    @property
+    def concurrency(self) -> Sequence[int]: ...
+    @property
+    def combine(self) -> Combine: ...
+    @property
+    def prompts_per_concurrency(self) -> int | None: ...
+
+
+class _ShortFirst(Protocol):
+    @property
+    def fraction(self) -> float: ...
+
+
+class _BenchServing(Protocol):
+    @property
+    def tokenizer(self) -> str | None: ...
+    @property
+    def command(self) -> Sequence[str] | None: ...
+    @property
+    def extra_args(self) -> Sequence[str]: ...
+
+
+class _LoadSearch(Protocol):
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+class PlannedObjective(Protocol):
+    """What `plan_for` reads of an objective: autotune.config.objective.Objective, whose layer (config)
+    sits above measure, so it is named here by its shape."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def goal(self) -> str: ...
+    @property
+    def workload(self) -> Workload | None: ...
+    @property
+    def client(self) -> Literal["builtin", "bench_serving"]: ...
+    @property
+    def ladder(self) -> _Ladder | None: ...
+    @property
+    def short_first(self) -> _ShortFirst | None: ...
+    @property
+    def bench_serving(self) -> _BenchServing | None: ...
+    @property
+    def load_search(self) -> _LoadSearch | None: ...
+
+
+def plan_for(
+    objective: PlannedObjective, *, short: bool = True, cutoff: float | None = None
+) -> MeasurementPlan:
     """The plan that measures `objective`; `short=False` leaves its short measurement out (a re-measurement),
     `cutoff` is the short value below which (above, when minimizing) the trial stops."""
     w = objective.workload
