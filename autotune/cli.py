@@ -45,6 +45,8 @@ from autotune.study.rules import best_trial, is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, describe_launch, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, Secrets, argv_secrets, is_secret_name, redacted_output
 
+# Each command imports what it runs inside its function, on purpose: `--help`, `validate` and `diagnose`
+# load no Optuna, Ray, MLflow or matplotlib (seconds each), and a command loads only its own.
 if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
     from autotune.study.loop import StudyDriver
 

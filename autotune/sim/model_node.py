@@ -16,10 +16,11 @@ from dataclasses import replace
 from autotune.measure.client import BenchmarkResult, Workload
 from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
-from autotune.node.check import NodeReport
+from autotune.node.check import GPU, NodeReport
 from autotune.sim.engine import input_too_long
 from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
+from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.versions import sglang_version
@@ -56,9 +57,6 @@ def startup_seconds(node: NodeModel) -> float:
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
     """What the node check would find on a simulated node: its GPUs (as autotune.sim.nvidia_smi lists
     them) and the model's weights."""
-    from autotune.node.check import GPU
-    from autotune.sim.nvidia_smi import DRIVER_VERSION
-
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
     return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)

@@ -28,6 +28,7 @@ from autotune.errors import AutotuneError
 from autotune.study.records import (
     ABLATION_OF_ATTR,
     ABLATION_PARAM_ATTR,
+    BASELINE_ATTR,
     FAILURE_KIND_ATTR,
     RETRY_OF_ATTR,
 )
@@ -89,8 +90,6 @@ def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
 
 def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
-    from autotune.study.records import BASELINE_ATTR
-
     best = best_trial(ostudy)
     if best is None:
         raise AutotuneError(f"study {ostudy.study_name!r} has no completed trial yet: nothing to ablate")

@@ -29,7 +29,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial
 
-from autotune.config import SearchSpace, Study
+from autotune.config import SearchSpace, Study, load_yaml
 from autotune.config.search_space import BoolParameter, same_value
 from autotune.errors import ConfigError, ForbiddenLaunchError, did_you_mean
 from autotune.study import optuna_internals
@@ -143,8 +143,6 @@ def request_from_cli(
 def requests_from_file(path: Path, space: SearchSpace) -> list[Request]:
     """A configs file: `configs:`, a list of mappings of knob names to values, each optionally with
     `from_trial: N`."""
-    from autotune.config import load_yaml
-
     data = load_yaml(path)
     configs = data.get("configs")
     extra = sorted(set(data) - {"configs"})

@@ -351,7 +351,7 @@ def _trials_html(f: StudyFindings) -> str:
 
 def write_report(study: Study, ostudy: optuna.Study, out: Path) -> Path:
     """Write `out/report.html` for the study; returns its path."""
-    from autotune.views.plots import draw_plots, plot_data, png_bytes
+    from autotune.views.plots import draw_plots, plot_data, png_bytes  # matplotlib: only for a report
 
     findings = study_findings(study, ostudy)
     data = plot_data(ostudy, findings.metric, findings.unit, title=study.name)

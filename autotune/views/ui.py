@@ -23,7 +23,7 @@ from autotune.config import Study
 from autotune.config.hosts import LOOPBACK, reachable_here
 from autotune.errors import AutotuneError
 from autotune.node.runner import free_port
-from autotune.tracking.tracker import sqlite_path
+from autotune.tracking.tracker import _quiet_mlflow, sqlite_path
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
@@ -145,9 +145,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 def experiment_id(study: Study) -> str | None:
     """The study's MLflow experiment id, None when the study has not tracked anything yet."""
-    from mlflow.tracking import MlflowClient
-
-    from autotune.tracking.tracker import _quiet_mlflow
+    from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
     _quiet_mlflow()
     experiment = MlflowClient(tracking_uri=study.tracking_uri).get_experiment_by_name(study.name)
