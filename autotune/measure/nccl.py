@@ -34,7 +34,7 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from autotune.errors import AutotuneError
-from autotune.measure.result_line import result_line
+from autotune.measure.result_line import print_result
 from autotune.measure.stats import MeanCI, mean_ci, t_quantile
 
 __all__ = [
@@ -540,13 +540,7 @@ def _versions(torch: Any) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = BenchSettings.from_argv(argv)
-    try:
-        payload = run(settings)
-    except RankFailed as exc:
-        print(f"autotune.measure.nccl: {exc}", file=sys.stderr, flush=True)
-        return 1
-    print(result_line(payload), flush=True)
-    return 0
+    return print_result("autotune.measure.nccl", lambda: run(settings), (RankFailed,))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
 
-__all__ = ["RESULT_PREFIX", "ResultLineError", "parse_result", "read_result", "result_line"]
+__all__ = ["RESULT_PREFIX", "ResultLineError", "parse_result", "print_result", "read_result", "result_line"]
 
 RESULT_PREFIX = "AUTOTUNE_RESULT "
 
@@ -60,3 +61,17 @@ def parse_result(text: str) -> dict[str, Any] | None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ResultLineError(f"metric {name!r} must be a finite number, but got {value!r}.")
     return payload
+
+
+def print_result(
+    program: str, measure: Callable[[], Mapping[str, Any]], expected: tuple[type[Exception], ...]
+) -> int:
+    """A job's main: print what `measure()` returns as the result line and return 0; when it raises one of
+    the `expected` errors (the job's own, not a bug), print `program: error` on stderr and return 1."""
+    try:
+        payload = measure()
+    except expected as exc:
+        print(f"{program}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(result_line(payload), flush=True)
+    return 0

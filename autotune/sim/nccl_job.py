@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.measure.nccl import BenchSettings, RankReport, summarize
-from autotune.measure.result_line import result_line
+from autotune.measure.result_line import print_result
 from autotune.sim.model import NodeModel
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
@@ -50,19 +50,15 @@ def allreduce_payload(
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = BenchSettings.from_argv(argv)
-    try:
+
+    def measure() -> dict[str, Any]:
         options = SimOptions.from_env(os.environ)
         hardware, model = load_hardware_profile(options.hardware), load_model_profile(options.model)
-    except ConfigError as exc:
-        print(f"autotune.sim.nccl_job: {exc}", file=sys.stderr)
-        return 1
-    try:
-        payload = allreduce_payload(hardware, model, settings, os.environ)
-    except RuntimeError as exc:
-        print(f"autotune.sim.nccl_job: {exc}", file=sys.stderr, flush=True)
-        return 1
-    print(result_line(payload), flush=True)
-    return 0
+        return allreduce_payload(hardware, model, settings, os.environ)
+
+    # An unknown profile (ConfigError: only the profiles raise it) or more GPUs than the hardware has
+    # (RuntimeError, worded as the real job's).
+    return print_result("autotune.sim.nccl_job", measure, (ConfigError, RuntimeError))
 
 
 if __name__ == "__main__":
