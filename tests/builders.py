@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 QUICKSTART_OBJECTIVE = REPO / "objectives" / "quickstart.yaml"
 SIM_SERVER = [sys.executable, "-m", "autotune.sim.sglang_server"]
+SEED_MODEL_PATH = "/models/Kimi-K2.5"
+# The simulated server as the seed's node runs it (its default hardware: eight GPUs), flags to add after.
+SIM_SEED_ARGV = (*SIM_SERVER, "--model-path", SEED_MODEL_PATH, "--tp-size", "8")
 # The simulated server starts and serves in seconds: a trial stuck for a minute is a bug, not a slow node.
 SIM_TIMEOUTS = {"startup_s": 60, "benchmark_s": 60}
 # Where a mapping given for these keys is written, beside the study file.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from autotune.node.runner import ServerProcess
 from tests.builders import StudyFiles, e2e_study
 
 N_TRIALS = 6
@@ -181,3 +182,12 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory):
             yield url
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def started() -> Iterator[list[ServerProcess]]:
+    """Servers a test starts through a runner; any it leaves running are stopped after it."""
+    servers: list[ServerProcess] = []
+    yield servers
+    for server in servers:
+        server.stop(grace_s=1)

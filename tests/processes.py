@@ -1,9 +1,16 @@
-"""Looking at processes the tests started, through /proc."""
+"""Starting processes in tests and looking at them (through /proc): the commands, waits and the process
+tree the runner tests share."""
 
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+from autotune.node.runner import ServerProcess
 
 
 def alive(pid: int) -> bool:
@@ -19,3 +26,42 @@ def alive(pid: int) -> bool:
             return False
         return True
     return state not in ("Z", "X")
+
+
+def python(code: str) -> list[str]:
+    """The command that runs `code` (dedented) in this interpreter."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
+    """Poll `predicate` until it is true; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def line_of(server: ServerProcess, prefix: str, timeout_s: float = 15.0) -> str:
+    """The first line of `server`'s log that starts with `prefix`, once it is there."""
+
+    def found() -> str | None:
+        return next((line for line in server.read_log().splitlines() if line.startswith(prefix)), None)
+
+    wait_for(found, timeout_s)
+    return str(found())
+
+
+# A server that starts a helper in its group (as SGLang starts its scheduler), both ignoring SIGTERM when
+# told to (argv[1] "ignore"); each prints its pid and process group.
+TREE = """
+import os, signal, subprocess, sys
+if sys.argv[1] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+helper = subprocess.Popen([sys.executable, "-c",
+    "import os, signal, sys, time\\n"
+    "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "print('helper', os.getpid(), os.getpgid(0), flush=True)\\n"
+    "time.sleep(60)", sys.argv[1]])
+print("server", os.getpid(), os.getpgid(0), flush=True)
+helper.wait()
+"""

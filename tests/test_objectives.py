@@ -37,7 +37,7 @@ from autotune.study.summary import pareto_front, study_summary
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
 from autotune.views.tracked import study_tracker
-from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
+from tests.builders import REPO, SIM_SEED_ARGV, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
 
 SEED_WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
 
@@ -390,15 +390,7 @@ def test_a_bench_serving_that_cannot_run_says_how_to_install_it(tmp_path: Path) 
 
 # -- on the simulated node --------------------------------------------------------------------------------
 
-SIM = (
-    sys.executable,
-    "-m",
-    "autotune.sim.sglang_server",
-    "--model-path",
-    "/models/Kimi-K2.5",
-    "--tp-size",
-    "8",
-)
+SIM = SIM_SEED_ARGV
 
 
 def sim_request(plan: MeasurementPlan, port: int, number: int = 1) -> TrialRequest:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,9 +27,10 @@ from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
+from tests.builders import SIM_SEED_ARGV, SIM_SERVER
 
-SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
-SERVER = ("--model-path", "/models/Kimi-K2.5", "--tp-size", "8")  # the seed node's default hardware
+SIM = tuple(SIM_SERVER)
+SERVER = SIM_SEED_ARGV[len(SIM) :]  # the seed node's default hardware
 # Short prompts: the quickstart's 28000-token ones leave most static pools too small for them.
 WORKLOAD = Workload(num_prompts=4, input_len=2000, output_len=32, concurrency=2)
 EXECUTORS: dict[str, Callable[[Path], Executor]] = {

@@ -13,8 +13,6 @@ import json
 import os
 import socket
 import sys
-import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 
 from autotune.node.runner import CommandRunner, LaunchError, LocalCommandRunner, ServerProcess
 from autotune.trial.redaction import REDACTED
-from tests.processes import alive
+from tests.processes import TREE, alive, line_of, python, wait_for
 
 pytestmark = pytest.mark.integration  # every runner starts processes
 RUNNERS: dict[str, Callable[[pytest.FixtureRequest, Path], CommandRunner]] = {
@@ -41,31 +39,9 @@ def runner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CommandRu
 
 
 @pytest.fixture
-def started(runner: CommandRunner) -> Iterator[list[ServerProcess]]:
-    """Servers a test starts; any it leaves running are stopped after it."""
-    servers: list[ServerProcess] = []
-    yield servers
-    for server in servers:
-        server.stop(grace_s=1)
-
-
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def line_of(server: ServerProcess, prefix: str) -> str:
-    def found() -> str | None:
-        return next((line for line in server.read_log().splitlines() if line.startswith(prefix)), None)
-
-    wait_for(found)
-    return str(found())
+def started(runner: CommandRunner, started: list[ServerProcess]) -> list[ServerProcess]:
+    """tests/conftest.py's, set up after the runner: its servers stop before an SSH runner closes."""
+    return started
 
 
 # -- short commands ------------------------------------------------------------------------------------
@@ -112,21 +88,6 @@ def test_env_values_and_arguments_arrive_intact(
 
 
 # -- servers -------------------------------------------------------------------------------------------
-# A server that starts a helper in its group (as SGLang starts its scheduler), both ignoring SIGTERM when
-# told to; each prints its process group.
-TREE = """
-import os, signal, subprocess, sys
-if sys.argv[1] == "ignore":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-helper = subprocess.Popen([sys.executable, "-c",
-    "import os, signal, sys, time\\n"
-    "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
-    "print('helper', os.getpid(), os.getpgid(0), flush=True)\\n"
-    "time.sleep(60)", sys.argv[1]])
-print("server", os.getpid(), os.getpgid(0), flush=True)
-helper.wait()
-"""
-
 
 @pytest.mark.parametrize(("term", "status"), [("obey", -15), ("ignore", -9)])
 def test_a_server_runs_in_its_own_group_and_stop_ends_all_of_it(

@@ -27,10 +27,10 @@ from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.node.check import GPU, NodeReport, check_node
 from autotune.node.runner import LocalCommandRunner
 from autotune.trial.launch import TrialConfig, build_server_launch
-from tests.builders import REPO
+from tests.builders import REPO, SIM_SERVER
 
 SHIPPED = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
-SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
+SIM = tuple(SIM_SERVER)
 STEPS, TOPK, DRAFT = SpeculativeRules.STEPS, SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS
 CONFIGS = 2000  # sampled through the real search space, its rules and Optuna's random sampler
 

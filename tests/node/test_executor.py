@@ -17,17 +17,9 @@ from autotune.node.runner import LocalCommandRunner, _group_members, free_port, 
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import SIM_SEED_ARGV, StudyFiles, e2e_study
 
-SERVER = (
-    sys.executable,
-    "-m",
-    "autotune.sim.sglang_server",
-    "--model-path",
-    "/models/Kimi-K2.5",
-    "--tp-size",
-    "8",
-)
+SERVER = SIM_SEED_ARGV
 SMALL = Workload(num_prompts=4, input_len=1000, output_len=32, concurrency=2)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,14 +82,6 @@ def _script(lines: list[str], delay_s: float, then: str) -> list[str]:
         """
     )
     return [sys.executable, "-c", code + then]
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[ServerProcess]]:
-    procs: list[ServerProcess] = []
-    yield procs
-    for proc in procs:
-        proc.stop(grace_s=1)
 
 
 def _start(procs: list[ServerProcess], tmp_path: Path, argv: list[str]) -> ServerProcess:

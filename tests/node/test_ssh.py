@@ -29,12 +29,12 @@ from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.redaction import Secrets
 from autotune.trial.wire import TrialRequest, TrialResult
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import SIM_SERVER, StudyFiles, e2e_study
 from tests.conftest import run_cli
-from tests.processes import alive
+from tests.processes import alive, python, wait_for
 from tests.sshd import SSHServer, sshd_unavailable
 
-SIM = (sys.executable, "-m", "autotune.sim.sglang_server")
+SIM = tuple(SIM_SERVER)
 needs_sshd = pytest.mark.skipif(sshd_unavailable() is not None, reason=str(sshd_unavailable()))
 
 
@@ -136,35 +136,16 @@ def test_nvidia_smi_inventory_and_sglangs_unbalanced_memory_rule() -> None:
 # -- a real sshd -----------------------------------------------------------------------------------
 
 
-def _wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 @needs_sshd
 @pytest.mark.integration
-def test_env_values_arrive_intact_on_the_node(sshd: SSHServer, tmp_path: Path) -> None:
-    env = {
-        "SPACES": "two  words ",
-        "QUOTES": 'it\'s "quoted"',
-        "DOLLAR": "$HOME ${PATH} $(id) `id`",
-        "BACKSLASH": "a\\b\\\\c",
-        "NEWLINE": "line1\nline2",
-        "EMPTY": "",
-    }
-    args = [json.dumps(list(env)), "arg with 'quotes' and $x", "--flag=a b"]
-    code = "import json, os, sys; names = json.loads(sys.argv[1]); "
-    code += "print(json.dumps([{k: os.environ.get(k) for k in names}, sys.argv[2:]]), flush=True)"
+def test_the_remote_log_is_copied_beside_the_trial(sshd: SSHServer, tmp_path: Path) -> None:
+    # Env values and arguments arriving intact over SSH: tests/contracts/test_runners.py.
     runner = sshd.runner(local_root=tmp_path)
-    process = runner.start([sys.executable, "-c", code, *args], env, tmp_path / "trial-0001" / "server.log")
-    _wait_for(lambda: process.poll() is not None)
-    assert process.poll() == 0
-    seen_env, seen_args = json.loads(process.read_log().splitlines()[0])
-    assert seen_env == env
-    assert seen_args == args[1:]
-    assert (tmp_path / "trial-0001" / "server.log").read_text() == process.read_log()
+    log = tmp_path / "trial-0001" / "server.log"
+    process = runner.start(python("print('on the node', flush=True)"), {}, log)
+    wait_for(lambda: process.poll() is not None)
+    assert process.poll() == 0 and process.read_log() == "on the node\n"
+    assert log.read_text() == process.read_log()
     assert process.remote_log == runner.remote_root / "trial-0001" / "server.log"  # type: ignore[attr-defined]
 
 
@@ -183,7 +164,7 @@ def test_the_local_copy_of_a_remote_log_has_no_secret(sshd: SSHServer, tmp_path:
         log_path,
         secrets=Secrets.of(argv=["--api-key", key]),
     )
-    _wait_for(lambda: process.poll() is not None)
+    wait_for(lambda: process.poll() is not None)
     process.fetch_log()
     copy = log_path.read_text()
     assert "api_key='***'" in copy and "ready" in copy  # the lines arrived, the value did not
@@ -264,7 +245,7 @@ def _run_and_cut(executor: TrialExecutor, request: TrialRequest, cut: Any) -> Tr
     box: list[TrialResult] = []
     worker = threading.Thread(target=lambda: box.append(executor.run(request)))
     worker.start()
-    _wait_for(lambda: executor.phase == "benchmarking", timeout_s=30)
+    wait_for(lambda: executor.phase == "benchmarking", timeout_s=30)
     time.sleep(0.3)
     cut()
     worker.join(timeout=60)
@@ -312,7 +293,7 @@ def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tm
         fresh = sshd.runner(local_root=workdir)
         assert fresh.left_behind == [pgid]
         fresh.connect()
-        _wait_for(lambda: not _group(pgid), timeout_s=20)
+        wait_for(lambda: not _group(pgid), timeout_s=20)
         assert fresh.left_behind == [] and not (workdir / "servers.json").exists()
     finally:
         sshd.stop()

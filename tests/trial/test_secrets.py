@@ -28,7 +28,7 @@ from autotune.measure.plan import BenchServingOptions
 from autotune.node.bench_serving import BenchServingRun
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import SIM_SEED_ARGV, StudyFiles, e2e_study
 from tests.conftest import run_cli
 from tests.test_objectives import BENCH_SERVING_LINE
 
@@ -102,10 +102,7 @@ def test_a_study_with_an_api_key_completes_and_writes_no_secret(
     assert all(f"DB_PASSWORD: {REDACTED}\n" in p.read_text() for p in copies)
 
 
-KEYED_ARGV = [
-    sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", "/models/Kimi-K2.5",
-    "--tp-size", "8", "--api-key", API_KEY, "--host", "127.0.0.1",
-]  # fmt: skip
+KEYED_ARGV = [*SIM_SEED_ARGV, "--api-key", API_KEY, "--host", "127.0.0.1"]
 
 
 @pytest.fixture
