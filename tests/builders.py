@@ -82,6 +82,24 @@ def study_data(*, n_trials: int | None = None, **keys: Any) -> dict[str, Any]:
     return _changed(data, keys)
 
 
+def random_sim_study(
+    name: str, space: Any, objective: Any, n_trials: int, *, seed: int, time_scale: float
+) -> dict[str, Any]:
+    """A study of the simulated server by random search seeded `seed`: serving at `time_scale` of real
+    time, start-up at a thousandth, the simulated node's timeouts."""
+    return study_data(
+        study=name,
+        search_space=space,
+        objective=objective,
+        server=simulated_server(
+            env={"SGLANG_SIM_TIME_SCALE": str(time_scale), "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
+        ),
+        n_trials=n_trials,
+        sampler={"name": "random", "seed": seed},
+        timeouts=SIM_TIMEOUTS,
+    )
+
+
 def e2e_study(n_trials: int = 6, **keys: Any) -> dict[str, Any]:
     """The small study run end to end on the simulated node (tests/conftest.py's `finished_study`): the
     shipped search space, the simulated nvidia-smi, a secret in the server's environment, TPE seeded 3."""

@@ -37,7 +37,12 @@ from autotune.study.summary import pareto_front, study_summary
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
 from autotune.views.tracked import study_tracker
-from tests.builders import REPO, SIM_SEED_ARGV, SIM_TIMEOUTS, StudyFiles, simulated_server, study_data
+from tests.builders import (
+    REPO,
+    SIM_SEED_ARGV,
+    StudyFiles,
+    random_sim_study,
+)
 
 SEED_WORKLOAD = {"num_prompts": 16, "input_len": 28000, "output_len": 500, "concurrency": 4}
 
@@ -613,17 +618,8 @@ TRADE_OFF_SPACE = {
 
 def trade_off_study(objective_data: dict[str, Any], n_trials: int) -> dict[str, Any]:
     """A study of the simulated server whose one knob trades throughput for latency."""
-    return study_data(
-        study="sim-objectives",
-        search_space=TRADE_OFF_SPACE,
-        objective=objective_data,
-        server=simulated_server(
-            env={"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
-        ),
-        n_trials=n_trials,
-        sampler={"name": "random", "seed": 0},
-        timeouts=SIM_TIMEOUTS,
-    )
+    space, name = TRADE_OFF_SPACE, "sim-objectives"
+    return random_sim_study(name, space, objective_data, n_trials, seed=0, time_scale=0.02)
 
 
 class _QuietPool(LocalNodePool):

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from autotune.tracking.tracker import failure_note, metric_unit, run_name
-from tests.builders import SIM_TIMEOUTS, StudyFiles, e2e_study, simulated_server, study_data
+from tests.builders import StudyFiles, e2e_study, random_sim_study
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -49,18 +49,8 @@ def ablation_study() -> dict[str, Any]:
         "metric": "output_throughput",
         "workload": {"num_prompts": 8, "input_len": 500, "output_len": 128, "concurrency": 8},
     }
-    return study_data(
-        study="ablated",
-        search_space=SPACE,
-        objective=objective,
-        # Serving slow enough that the server's own time dominates HTTP overhead; start-up fast.
-        server=simulated_server(
-            env={"SGLANG_SIM_TIME_SCALE": "0.05", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
-        ),
-        n_trials=3,
-        sampler={"name": "random", "seed": 1},
-        timeouts=SIM_TIMEOUTS,
-    )
+    # Serving slow enough that the server's own time dominates HTTP overhead.
+    return random_sim_study("ablated", SPACE, objective, 3, seed=1, time_scale=0.05)
 
 
 @pytest.fixture(scope="module")
