@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+# The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
+EXIT_BROKEN_PIPE = 141
 
 
 def _add_driver_options(command: argparse.ArgumentParser) -> None:
@@ -176,7 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = getattr(args, "debug", False)
     with redacted_output(_secrets(args)):
         try:
-            return int(COMMANDS[args.command](args))
+            code = int(COMMANDS[args.command](args))
+            sys.stdout.flush()  # here, so that a reader gone before the last line is caught below
+            return code
+        except BrokenPipeError:
+            return _reader_gone()
         except ConfigError as exc:
             if args.debug:
                 traceback.print_exc()  # here, where stderr redacts, not by Python after main returns
@@ -197,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception:
             traceback.print_exc()
             return EXIT_FAILED
+
+
+def _reader_gone() -> int:
+    """Stop quietly, as Unix tools do: no traceback, and what is still buffered goes nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    return EXIT_BROKEN_PIPE
 
 
 def _secrets(args: argparse.Namespace) -> Secrets:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -388,3 +389,23 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert "autotune.errors.ConfigError: study/study.yaml: line " in result.stderr
     assert "malformed YAML" in result.stderr
     _assert_nothing_created(tmp_path, before)
+
+
+@pytest.mark.parametrize("command", ["validate", "status"])
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    """`autotune status ... | head`: no BrokenPipeError traceback, the status of a tool stopped by SIGPIPE."""
+    _make_study(tmp_path)
+    if command == "status":  # a study with trials: its rows are the output
+        assert _autotune(tmp_path, "enqueue", STUDY_ARG, "--set", "mem-fraction-static=0.9").returncode == 0
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before the first line
+    with open(writer, "w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", command, STUDY_ARG],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert (done.returncode, done.stderr) == (141, "")
