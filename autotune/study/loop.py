@@ -175,6 +175,7 @@ class StudyDriver:
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
         study = self.study
+        study.check_launchable()
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
