@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+# The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
+EXIT_BROKEN_PIPE = 141
 
 
 def _add_driver_options(command: argparse.ArgumentParser) -> None:
@@ -178,7 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.debug = getattr(args, "debug", False)
     with redacted_output(_secrets(args)):
         try:
-            return int(COMMANDS[args.command](args))
+            code = int(COMMANDS[args.command](args))
+            sys.stdout.flush()  # here, so that a reader gone before the last line is caught below
+            return code
+        except BrokenPipeError:
+            return _reader_gone()
         except ConfigError as exc:
             if args.debug:
                 traceback.print_exc()  # here, where stderr redacts, not by Python after main returns
@@ -201,13 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_FAILED
 
 
+def _reader_gone() -> int:
+    """Stop quietly, as Unix tools do: no traceback, and what is still buffered goes nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    return EXIT_BROKEN_PIPE
+
+
 def _secrets(args: argparse.Namespace) -> Secrets:
     """What the command must not print: the environment's secrets and the study's (when it loads)."""
     secrets = Secrets.of(env=dict(os.environ))
     study_file = getattr(args, "study_file", None)
     if study_file is not None:
         with contextlib.suppress(Exception):  # the command itself reports a study file it cannot load
-            secrets |= load_study(study_file).secrets
+            secrets |= load_study(study_file, for_launch=False).secrets
     return secrets
 
 
@@ -470,7 +482,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
 def cmd_status(args: argparse.Namespace) -> int:
     from autotune.study.summary import study_summary
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     ostudy = _existing_study(study)
     trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
     summary = study_summary(ostudy)
@@ -547,7 +559,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     from autotune.study.summary import study_summary
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     ostudy = _existing_study(study)
     summary = study_summary(ostudy)
     if args.trial is not None:
@@ -644,9 +656,11 @@ def _best_record(
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     space = study.search_space
     print(f"study {study.name}: OK")
+    for unset in study.unset_env:  # status, best, report need none of them; run does
+        print(f"  {unset.path}: {unset.field}: {unset.problem}: the commands that launch servers need it")
     print(
         f"  search space: {len(space.parameters)} parameters "
         f"({', '.join(sorted({p.kind for p in space.parameters.values()}))})"
@@ -700,7 +714,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from autotune.config.hosts import is_loopback
     from autotune.views.ui import REMOTE_WARNING, serve
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     if args.port is not None and not 1 <= args.port <= 65535:
         raise ConfigError(
             args.study_file, "--port", args.port, "not a TCP port", "Use 1..65535, or leave it out."
@@ -721,7 +735,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune.views.report import write_report
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     path = write_report(study, _existing_study(study), args.out)
     print(f"report written to {path}")
     return 0
@@ -733,7 +747,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
     from autotune.study.storage import budget_used
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=not args.dry_run)
     ostudy = _existing_study(study)
     plan = plan_ablation(ostudy)
     print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
@@ -771,7 +785,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from autotune.study import enqueue
     from autotune.study.storage import open_study
 
-    study = load_study(args.study_file)
+    study = load_study(args.study_file, for_launch=False)
     space = study.search_space
     if args.file is not None and (args.settings or args.from_trial is not None):
         raise ConfigError(

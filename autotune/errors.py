@@ -12,7 +12,20 @@ from typing import Any
 
 
 class AutotuneError(Exception):
-    """Root of every exception class autotune defines."""
+    """Root of every exception class autotune defines. Every one survives pickling (a worker process or
+    a Ray actor sends it back to the driver), whatever its `__init__` takes."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduce rebuilds as cls(*self.args), which fails for an __init__ of other arguments.
+        return (_unpickled, (type(self), self.args, self.__dict__))
+
+
+def _unpickled(cls: type[AutotuneError], args: tuple[Any, ...], state: dict[str, Any]) -> AutotuneError:
+    """An exception rebuilt from its message arguments and attributes without calling its `__init__`."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(AutotuneError):

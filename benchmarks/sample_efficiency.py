@@ -72,7 +72,7 @@ from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_size
 
 from autotune.config import SearchSpace, Study, parse_search_space
 from autotune.config.study import SamplerSpec
-from autotune.errors import ConfigError
+from autotune.errors import AutotuneError, ConfigError
 from autotune.sim.model_node import node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import samplers
@@ -205,7 +205,7 @@ def grid_plan(space: SearchSpace, budget: int, profile: Profile) -> list[dict[st
 
 
 def run_job(job: Job) -> tuple[Job, StudyRun]:
-    """Run one job; its error comes back to the parent as text (autotune's errors do not pickle)."""
+    """Run one job; its error comes back to the parent with the job and the worker's traceback."""
     try:
         return _run_job(job)
     except Exception:
@@ -476,4 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except AutotuneError as exc:  # a worker's error, sent back by the pool: one line, not a traceback
+        print(f"sample_efficiency.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -52,6 +52,33 @@ def test_sample_efficiency_prints_its_tables() -> None:
 
 
 @pytest.mark.integration
+def test_sample_efficiency_reports_a_workers_error_instead_of_hanging(tmp_path: Path) -> None:
+    """A model profile missing a field is read first in a worker: its ConfigError must come back."""
+    profiles = BENCHMARKS / "profiles"
+    (tmp_path / "models").mkdir()
+    model = (profiles / "models/qwen2.5-32b-bf16.yaml").read_text()
+    (tmp_path / "models/qwen.yaml").write_text(
+        "\n".join(line for line in model.splitlines() if not line.startswith("num_layers:"))
+    )
+    profile = tmp_path / "broken.yaml"
+    profile.write_text(
+        f"title: broken\nhardware: {profiles / 'hardware/l40s-pcie-x4.yaml'}\nmodel: models/qwen.yaml\n"
+        f"objective: {BENCHMARKS / 'objectives/rag-4k.yaml'}\nmodel_path: /m\ndraft_model_path: /d\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "sample_efficiency.py"), "--profiles", str(profile),
+         "--budgets", "4", "--seeds", "1", "--jobs", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("sample_efficiency.py: error: ")
+    assert "num_layers: Field required" in done.stderr
+
+
+@pytest.mark.integration
 def test_overhead_prints_where_the_time_goes() -> None:
     out = run_script("overhead.py", "--quick")
     assert "median overhead per trial" in out and "MLflow: create the trial's run" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -388,3 +389,49 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert "autotune.errors.ConfigError: study/study.yaml: line " in result.stderr
     assert "malformed YAML" in result.stderr
     _assert_nothing_created(tmp_path, before)
+
+
+@pytest.mark.parametrize("command", ["validate", "status"])
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    """`autotune status ... | head`: no BrokenPipeError traceback, the status of a tool stopped by SIGPIPE."""
+    _make_study(tmp_path)
+    if command == "status":  # a study with trials: its rows are the output
+        assert _autotune(tmp_path, "enqueue", STUDY_ARG, "--set", "mem-fraction-static=0.9").returncode == 0
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before the first line
+    with open(writer, "w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", command, STUDY_ARG],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_commands_that_launch_nothing_do_not_need_the_studys_secrets(tmp_path: Path) -> None:
+    """`${NAME}`s are for the server: status, best, validate, enqueue read a study without them; run
+    stops before anything starts, naming the variable."""
+    path = _make_study(tmp_path) / "study.yaml"
+    unset = "AUTOTUNE_TEST_UNSET_TOKEN"
+    hardware = "    SGLANG_SIM_HARDWARE:"
+    path.write_text(path.read_text().replace(hardware, f"    HF_TOKEN: ${{{unset}}}\n{hardware}"))
+    done = _autotune(tmp_path, "validate", STUDY_ARG)
+    assert done.returncode == 0 and f"server.env.HF_TOKEN: reads ${{{unset}}}" in done.stdout, done.stderr
+    assert "the commands that launch servers need it" in done.stdout
+    assert _autotune(tmp_path, "enqueue", STUDY_ARG, "--set", "mem-fraction-static=0.9").returncode == 0
+    for args in (["status"], ["status", "--json"], ["best"]):
+        done = _autotune(tmp_path, *args, STUDY_ARG)
+        assert "is not set" not in done.stderr, args
+    assert _autotune(tmp_path, "status", STUDY_ARG).returncode == 0
+    assert "no completed trial yet" in _autotune(tmp_path, "best", STUDY_ARG).stderr
+    before = _listing(tmp_path)
+    done = _autotune(tmp_path, "run", STUDY_ARG, "--no-ray")
+    assert done.returncode == 2
+    assert _one_line(done.stderr).endswith(
+        f"but {unset} is not set (got '${{{unset}}}'). Set it where autotune runs (export {unset}=...), or "
+        "write the value in the file."
+    )
+    assert _listing(tmp_path) == before, "nothing started, nothing written"

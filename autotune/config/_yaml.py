@@ -107,11 +107,16 @@ ENV_REFERENCE = re.compile(rf"\$\{{({ENV_NAME})\}}")
 
 
 def expand_env_references(
-    path: Path | str, data: Any, environ: Mapping[str, str] | None = None
+    path: Path | str,
+    data: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    unset: list[ConfigError] | None = None,
 ) -> tuple[Any, list[str]]:
     """`data` with every `${NAME}` in its string values replaced by env var NAME, and the names read.
 
-    Raises `ConfigError` naming the file, the field and the variable when one is not set.
+    Raises `ConfigError` naming the file, the field and the variable when one is not set; with `unset`
+    given, that error is appended to it instead and the `${NAME}` stays as written.
     """
     env = os.environ if environ is None else environ
     names: list[str] = []
@@ -127,13 +132,17 @@ def expand_env_references(
         def one(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in env:
-                raise ConfigError(
+                error = ConfigError(
                     path,
                     _dotted(loc),
                     value,
                     f"reads ${{{name}}} from the environment, but {name} is not set",
                     f"Set it where autotune runs (export {name}=...), or write the value in the file.",
                 )
+                if unset is None:
+                    raise error
+                unset.append(error)
+                return match.group(0)
             names.append(name)
             return env[name]
 

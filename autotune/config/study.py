@@ -455,6 +455,9 @@ class Study:
     search_space_path: Path
     objective_path: Path
     env_references: tuple[str, ...] = ()  # the `${NAME}`s the study file reads from the environment
+    # Those not set where it was loaded for a command that launches nothing (`load_study(for_launch=False)`):
+    # each one's error, raised by `check_launchable` when trials are to run.
+    unset_env: tuple[ConfigError, ...] = ()
 
     @property
     def name(self) -> str:
@@ -465,9 +468,12 @@ class Study:
         """What nothing the study writes may hold in clear: the values of its `${NAME}`s, of its secret
         flags and env vars, and of the secret-named vars of the environment it runs in."""
         server = self.file.server
-        argv = [*server.command, *(t for f, v in server.flags.items() for t in (f, v) if t is not None)]
+        unset = {error.value for error in self.unset_env}  # still `${NAME}` as written: no value to hide
+        flags = {f: v for f, v in server.flags.items() if v not in unset}
+        argv = [*server.command, *(t for f, v in flags.items() for t in (f, v) if t is not None)]
+        env = {k: v for k, v in server.env.items() if v not in unset}
         referenced = [os.environ[name] for name in self.env_references if name in os.environ]
-        return Secrets.of(env={**os.environ, **server.env}, argv=argv, values=referenced)
+        return Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
 
     @property
     def search_space_text(self) -> str:
@@ -514,6 +520,12 @@ class Study:
         )
         return replace(launch, secrets=self.secrets)
 
+    def check_launchable(self) -> None:
+        """Raise the error of the first `${NAME}` of the study file that is not set (only a study loaded
+        for a command that launches nothing has one): running trials needs every value."""
+        if self.unset_env:
+            raise self.unset_env[0]
+
     def job_launch(self, config: TrialConfig) -> ServerLaunch:
         """The launch of one trial's job: the job command with the objective's arguments, and the study's
         env with the trial's on top. Raises ForbiddenLaunchError for a never_launch value."""
@@ -532,10 +544,15 @@ class Study:
         return launch
 
 
-def load_study(path: Path | str) -> Study:
-    """Read and validate a study file and the files it names; creates nothing on disk."""
+def load_study(path: Path | str, *, for_launch: bool = True) -> Study:
+    """Read and validate a study file and the files it names; creates nothing on disk.
+
+    A `${NAME}` that is not set is an error, unless `for_launch` is False (a command that launches no
+    server: status, best, report, ...): it then stays as written, and a launch raises its error.
+    """
     path = Path(path)
-    data, env_references = expand_env_references(path, load_yaml(path))
+    unset: list[ConfigError] | None = None if for_launch else []
+    data, env_references = expand_env_references(path, load_yaml(path), unset=unset)
     try:
         file = StudyFile.model_validate(data)
     except ValidationError as exc:
@@ -560,6 +577,7 @@ def load_study(path: Path | str) -> Study:
         search_space_path=search_space_path,
         objective_path=objective_path,
         env_references=tuple(env_references),
+        unset_env=tuple(unset or ()),
     )
 
 

@@ -101,7 +101,7 @@ class TrialExecutor:
 
     def run(self, request: TrialRequest) -> TrialResult:
         """Launch, wait until ready, benchmark, and always tear down."""
-        log_path = self.workdir / f"trial-{request.number:04d}" / "server.log"
+        log_path = self.workdir / request.log_folder / f"trial-{request.number:04d}" / "server.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._aborted.clear()
         try:

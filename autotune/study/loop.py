@@ -174,6 +174,7 @@ class StudyDriver:
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached."""
         study = self.study
+        study.check_launchable()
         budget = n_trials or study.file.budget.n_trials
         deadline = time.monotonic() + study.file.budget.timeout_s if study.file.budget.timeout_s else None
         study.ensure_workdir()
@@ -461,8 +462,7 @@ class StudyDriver:
         if result.server_choices and entry.baseline:
             # SGLang's own values: where the sampler starts the knobs with no "unset".
             ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
-        if judged.failure is not None:
-            self._learn(ostudy, trial, judged, result.node)
+        learned = self._learn(ostudy, trial, judged, result.node) if judged.failure is not None else None
         if result.startup_s is not None or result.benchmark_s is not None:
             trial.set_user_attr(NODE_S_ATTR, (result.startup_s or 0.0) + (result.benchmark_s or 0.0))
         ostudy.tell(trial, judged.values, state=judged.state)
@@ -480,23 +480,28 @@ class StudyDriver:
                 progress=self._progress(),
             )
         )
+        if learned is not None:  # after the failed trial's row, so that it does not read as skipped
+            self.observers.incompatibility_learned(learned)
         self.observers.summary_updated(SummaryUpdated(self.study, ostudy, summary))
 
-    def _learn(self, ostudy: optuna.Study, trial: optuna.Trial, judged: Outcome, node: str) -> None:
-        """After a failure: settings this hardware cannot run are not proposed again, and a trial whose
-        failure says nothing about its settings runs once more."""
+    def _learn(
+        self, ostudy: optuna.Study, trial: optuna.Trial, judged: Outcome, node: str
+    ) -> IncompatibilityLearned | None:
+        """After a failure: settings this hardware cannot run are not proposed again (what was learned is
+        returned, for the observers), and a trial whose failure says nothing about its settings runs once
+        more."""
         failure = judged.failure
         assert failure is not None
         hardware = self._hardware_by_node.get(node)
         learn = self.remember_incompatible and failure.kind.deterministic
+        learned = None
         if learn and (new := self.known.learn(trial.params, failure, hardware)):
             ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
-            self.observers.incompatibility_learned(
-                IncompatibilityLearned(tuple(new), tuple(self.known.pairs))
-            )
+            learned = IncompatibilityLearned(tuple(new), tuple(self.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED
             enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=once)
+        return learned
 
     def _interrupt(self, ostudy: optuna.Study, pool: NodePool) -> None:
         """First Ctrl-C: stop every running server, record the trials as interrupted, close their runs."""

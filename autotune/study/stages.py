@@ -319,16 +319,19 @@ def finished_stage(study: Study, storage: optuna.storages.BaseStorage | str) -> 
 
 
 class LentPool(NodePool):
-    """The study's node pool, lent to the stage's driver: its close leaves the pool to its owner."""
+    """The study's node pool, lent to the stage's driver: its close leaves the pool to its owner, and its
+    trials' logs go to a folder of their own in each node's folder (`log_folder`), since the stage's trial
+    numbers are the study's too."""
 
-    def __init__(self, pool: NodePool) -> None:
+    def __init__(self, pool: NodePool, log_folder: str = STAGE_FOLDER) -> None:
         self.pool = pool
+        self.log_folder = log_folder
 
     def idle_nodes(self) -> list[str]:
         return self.pool.idle_nodes()
 
     def submit(self, node: str, request: TrialRequest) -> Submitted:
-        return self.pool.submit(node, request)
+        return self.pool.submit(node, replace(request, log_folder=self.log_folder))
 
     def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
         return self.pool.wait(timeout_s)

@@ -34,6 +34,9 @@ class TrialRequest:
     plan: MeasurementPlan | None = None
     # True: the launch is a job that measures itself and exits within benchmark_timeout_s (autotune.node.job).
     job: bool = False
+    # Where its log goes in the node's folder: "" for the server study (trial-NNNN/), a subfolder for a
+    # study of its own that shares the node (the NCCL stage: nccl-stage/trial-NNNN/), whose numbers repeat.
+    log_folder: str = ""
 
     @property
     def serving_workload(self) -> Workload:

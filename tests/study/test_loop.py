@@ -276,11 +276,12 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
         started = events.index(next(e for e in events if e[:2] == ("trial_started", number)))
         assert events[started][2] == {number: "launching"}, "one node: the trial is the only one running"
         done = events.index(next(e for e in finished if e[1] == number))
-        assert started < done and events[done + 1][0] == "summary_updated"
-    learned = events.index(
+        learned = events[done + 1][0] == "incompatibility_learned"
+        assert started < done and events[done + 1 + learned][0] == "summary_updated"
+    learned_at = events.index(
         ("incompatibility_learned", (("--enable-flashinfer-allreduce-fusion", True, SEED_HARDWARE),))
     )
-    assert learned < events.index(finished[1]), "learned before the failed trial is shown"
+    assert learned_at == events.index(finished[1]) + 1, "learned right after the failed trial is shown"
     best = study_summary(ostudy)
     assert events[-1] == ("study_ended", False, best["best_value"])
 
@@ -288,11 +289,11 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     baseline = ostudy.trials[0].value
     assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f}")
     assert lines[0].endswith(f"best {baseline:.1f} · baseline {baseline:.1f}")
+    assert lines[1].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
     assert (
-        lines[1]
+        lines[2]
         == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True"
     )
-    assert lines[2].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
     assert len(lines) == 5 and lines[-1].startswith("[  4/4] trial ")
     assert not (study.workdir / "mlflow.db").exists(), "no tracker registered: no MLflow store"
 

@@ -258,3 +258,10 @@ def test_a_simulated_node_runs_the_stage_as_job_processes(files: StudyFiles) -> 
     assert all(t.user_attrs.get("node") == "local" for t in trials)
     assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines.lines
     assert ostudy.trials[0].state is optuna.trial.TrialState.COMPLETE
+    # Both studies have a trial 0: each log in a folder of its own, nothing appended to the other's.
+    node = load_study(path).workdir / "nodes" / "local"
+    server_log = (node / "trial-0000" / "server.log").read_text()
+    assert "AUTOTUNE_RESULT" not in server_log and "server_args=" in server_log.splitlines()[0]
+    for number in range(3):
+        job_log = (node / "nccl-stage" / f"trial-{number:04d}" / "server.log").read_text()
+        assert job_log.count('AUTOTUNE_RESULT {"benchmark":"nccl_allreduce"') == 1
