@@ -497,23 +497,21 @@ def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list
         )
         lines.append(f"    {name}: {_y(value)}   # {why}")
     if node.gpus > 1 and node.nvlink:
+        # Each library's own switch for it, and whose it is.
         multicast = {
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
+            "NCCL_NVLS_ENABLE": ("0", "NCCL's"),
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": ("1", "torch symmetric memory's"),
+            "NVSHMEM_DISABLE_NVLS": ("1", "NVSHMEM's"),
         }
         missing = {k: v for k, v in multicast.items() if k not in env}
         if missing:
-            lines.append(
-                "    # NVLink multicast (NVLS) off, as never_launch keeps it in every trial: set here too, so"
+            lines += _comment(
+                "NVLink multicast (NVLS) off, as never_launch keeps it in every trial: set here too, so that "
+                "no library turns it on by itself where the NVSwitch offers it. Remove these where your "
+                "fabric allows multicast (and drop it from never_launch).",
+                "    ",
             )
-            lines.append(
-                "    # that NCCL, torch and NVSHMEM do not turn it on by themselves where the NVSwitch offers"
-            )
-            lines.append(
-                "    # it. Remove these where your fabric allows multicast (and drop it from never_launch)."
-            )
-            lines += [f"    {k}: {_y(v)}" for k, v in missing.items()]
+            lines += [f"    {k}: {_y(value)}   # {whose}" for k, (value, whose) in missing.items()]
     return lines
 
 
