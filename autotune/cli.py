@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from autotune.config import Study, load_study
+from autotune.config.init import DEFAULT_SERVER_COMMAND
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError, ConfigError
 from autotune.study.callbacks import (
@@ -150,6 +151,29 @@ def _parser() -> argparse.ArgumentParser:
     diagnose = add("diagnose", "classify an SGLang server log: what killed it, and what to do")
     diagnose.add_argument("log_file", type=Path, metavar="LOGFILE")
     diagnose.add_argument("--json", action="store_true", help="print JSON instead of text")
+    init = add("init", "write a study for the node in front of you: inspects its GPUs, SGLang and the model")
+    init.add_argument("--model", required=True, metavar="PATH", help="the model's folder on the node")
+    init.add_argument("--draft", metavar="PATH", help="an EAGLE-3 draft head's folder: speculative knobs too")
+    init.add_argument("--node", default="local", metavar="ADDRESS", help="local (default) or ssh://user@host:port")
+    init.add_argument("--key-file", metavar="FILE", help="the private key that logs in to an ssh:// node")
+    init.add_argument("--out", type=Path, default=Path("study.yaml"), metavar="STUDY.yaml", help="study.yaml")
+    init.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    init.add_argument("--port", default="30000", help="the server's port on the node, or auto")
+    init.add_argument("--name", help="the study's name (default: from the model folder and the GPUs)")
+    init.add_argument(
+        "--server-command",
+        default=" ".join(DEFAULT_SERVER_COMMAND),
+        metavar="CMD",
+        help=f"how the node starts SGLang (default: {' '.join(DEFAULT_SERVER_COMMAND)})",
+    )
+    init.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the node's environment for SGLang, e.g. --env PYTHONPATH=/opt/sglang (repeatable; written to "
+        "the study)",
+    )
     validate = add("validate", "check the study files; print the baseline launch")
     validate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
 
@@ -673,6 +697,62 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    import shlex
+    from datetime import date
+
+    from autotune.config import init
+    from autotune.node.executor import runner_for
+    from autotune.node.inspect import inspect_node
+
+    if args.out.exists() and not args.force:
+        raise ConfigError(args.out, "--out", str(args.out), "the file exists", "Pass --force to replace it.")
+    command, env = shlex.split(args.server_command), init.parse_env(args.env, args.out)
+    node = init.node_spec(args.node, args.key_file, args.out)
+    local = node.address == "local"
+    found, model, draft = inspect_node(
+        runner_for(node),
+        name=node.name,
+        address=node.address,
+        command=command,
+        env=env,
+        nvidia_smi=init.simulated_nvidia_smi(command) if init.is_simulated(command) else ["nvidia-smi"],
+        model_path=init.node_path(args.model, local),
+        draft_path=None if args.draft is None else init.node_path(args.draft, local),
+    )
+    text = init.study_text(
+        out=args.out,
+        name=args.name or init.study_name(model, found),
+        node=found,
+        model=model,
+        draft=draft,
+        command=command,
+        env=env,
+        key_file=node.key_file,
+        port=init.parse_port(args.port, args.out),
+        written_on=f" on {date.today().isoformat()}",
+    )
+    choice = init.choose(found, model, draft)
+    print(f"node {found.name}: {found.describe()}\n  {found.describe_sglang()}")
+    print(f"model {model.describe()}" + (f"\ndraft {draft.describe()}" if draft else ""))
+    print(f"search space: {choice.search_space.relative_to(init.SHIPPED_DIR)} ({choice.why})")
+    print(f"objective: {choice.objective.relative_to(init.SHIPPED_DIR)}")
+    for warning in found.warnings:
+        print(f"warning: {warning}")
+    args.out.write_text(text)
+    try:
+        study = load_study(args.out)  # what `autotune validate` reads: a file it refuses is not left behind
+    except AutotuneError:
+        args.out.unlink()
+        raise
+    for held in init.held_knobs(study.search_space, found.flags) if found.flags is not None else []:
+        print(f"note: {held.notice()}")
+    print(f"wrote {args.out}: `autotune validate` accepts it. Next:")
+    print(f"  autotune validate {args.out}    # the baseline launch; launches nothing")
+    print(f"  autotune run {args.out}         # the study")
+    return 0
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from autotune.node.logwatch import READY_LINE
     from autotune.trial.failures import Phase, classify
@@ -868,6 +948,7 @@ COMMANDS = {
     "best": cmd_best,
     "remeasure": cmd_remeasure,
     "validate": cmd_validate,
+    "init": cmd_init,
     "ui": cmd_ui,
     "report": cmd_report,
     "ablate": cmd_ablate,

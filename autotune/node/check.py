@@ -29,6 +29,7 @@ __all__ = [
     "gpu_problems",
     "parse_gpus",
     "server_flags",
+    "visible_gpus",
 ]
 
 MIN_FREE_LOG_BYTES = 256 << 20  # a server log is megabytes; a trial's worth of NCCL_DEBUG output, more
@@ -320,11 +321,17 @@ def parse_gpus(text: str) -> tuple[GPU, ...]:
     return tuple(gpus)
 
 
-def gpu_problems(gpus: Sequence[GPU], visible: str | None = None) -> list[NodeProblem]:
-    """What keeps these GPUs (those in CUDA_VISIBLE_DEVICES `visible`, when it lists indices) from a trial."""
+def visible_gpus(gpus: Sequence[GPU], visible: str | None) -> list[GPU]:
+    """The GPUs a server sees: those CUDA_VISIBLE_DEVICES (`visible`) lists by index, else all."""
     if visible and all(part.strip().isdigit() for part in visible.split(",")):
         wanted = {int(part) for part in visible.split(",")}
-        gpus = [g for g in gpus if g.index in wanted]
+        return [g for g in gpus if g.index in wanted]
+    return list(gpus)
+
+
+def gpu_problems(gpus: Sequence[GPU], visible: str | None = None) -> list[NodeProblem]:
+    """What keeps these GPUs (those in CUDA_VISIBLE_DEVICES `visible`, when it lists indices) from a trial."""
+    gpus = visible_gpus(gpus, visible)
     if not gpus:
         return [
             NodeProblem(

@@ -1,0 +1,122 @@
+"""`autotune init` for real: the node inspected through its runner (the simulated node's nvidia-smi and
+server, real processes), what is missing reported with what to do, and the written study validated and run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotune.config.init import InitError, ModelFacts, NodeFacts
+from autotune.node.inspect import inspect_node
+from autotune.node.runner import LocalCommandRunner
+from tests.builders import REPO
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration  # the node's commands and the CLI are processes
+
+MODELS = REPO / "tests" / "data" / "models"
+SIM_SERVER = f"{sys.executable} -m autotune.sim.sglang_server"
+SIM_NVIDIA_SMI = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+
+
+def _inspect(hardware: str, **kwargs: Any) -> tuple[NodeFacts, ModelFacts, ModelFacts | None]:
+    arguments: dict[str, Any] = {
+        "name": "local",
+        "address": "local",
+        "command": SIM_SERVER.split(),
+        "env": {"SGLANG_SIM_HARDWARE": hardware},
+        "nvidia_smi": SIM_NVIDIA_SMI,
+        "model_path": str(MODELS / "llama-3-8b-shape"),
+        **kwargs,
+    }
+    return inspect_node(LocalCommandRunner(), **arguments)
+
+
+def test_the_simulated_node_is_read_as_a_real_one() -> None:
+    node, model, draft = _inspect("h200-nvlink-x8", draft_path=str(MODELS / "eagle3-draft"))
+    assert (node.gpus, node.gpu_name, node.links, node.nvlink) == (8, "NVIDIA H200", "NV18", True)
+    assert node.sglang_version == "0.5.17" and node.flags is not None and "--tp-size" in node.flags
+    assert (model.weight_bytes, model.hidden_size, model.moe) == (14496047104, 4096, False)
+    assert draft is not None and draft.eagle3
+    pcie, _, _ = _inspect(
+        "rtx-pro-6000-pcie-x8",
+        env={"SGLANG_SIM_HARDWARE": "rtx-pro-6000-pcie-x8", "CUDA_VISIBLE_DEVICES": "0,1"},
+    )
+    assert (pcie.gpus, pcie.links, pcie.nvlink) == (2, "PIX", False)  # the two GPUs the server would see
+
+
+def test_what_is_missing_is_named_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(InitError) as caught:
+        _inspect(
+            "h200-x1",
+            command=[sys.executable, "-m", "sglang_not_installed.launch_server"],
+            nvidia_smi=["nvidia-smi-not-installed"],
+            model_path=str(tmp_path),
+        )
+    text = str(caught.value)
+    assert "module 'sglang_not_installed.launch_server' cannot be imported" in text
+    assert "--server-command" in text and "--env KEY=VALUE" in text
+    assert (
+        "no nvidia-smi-not-installed on the node, so no NVIDIA GPU to tune. Install the NVIDIA driver" in text
+    )
+    assert f"no config.json in the model folder {tmp_path} on the node" in text
+
+
+def test_a_node_whose_gpus_are_hidden_has_none(tmp_path: Path) -> None:
+    with pytest.raises(InitError, match="nvidia-smi lists no GPU the server would see"):
+        _inspect("h200-x1", env={"SGLANG_SIM_HARDWARE": "h200-x1", "CUDA_VISIBLE_DEVICES": "5"})
+
+
+def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
+    out = tmp_path / "study.yaml"
+    init = [
+        "init",
+        "--model",
+        str(MODELS / "llama-3-8b-shape"),
+        "--server-command",
+        SIM_SERVER,
+        "--env",
+        "SGLANG_SIM_HARDWARE=h200-x1",
+        "--env",
+        "SGLANG_SIM_MODEL=llama-8b-dummy",
+        "--env",
+        "SGLANG_SIM_TIME_SCALE=0.001",
+        "--port",
+        "auto",
+        "--out",
+        str(out),
+    ]
+    done = run_cli(*init, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "node local: 1x NVIDIA H200" in done.stdout
+        and "search space: search_spaces/one-gpu.yaml" in done.stdout
+    )
+    written = yaml.safe_load(out.read_text())
+    assert written["server"]["model_weight_gb"] == 14.5 and written["server"]["port"] == "auto"
+
+    again = run_cli(*init, cwd=tmp_path)  # an existing study is not overwritten...
+    assert again.returncode == 2 and "--out: the file exists" in again.stderr and "--force" in again.stderr
+    assert run_cli(*init, "--force", cwd=tmp_path).returncode == 0  # ...unless asked
+
+    validated = run_cli("validate", str(out), cwd=tmp_path)
+    assert validated.returncode == 0, validated.stderr
+    assert "search space: 9 parameters (sglang)" in validated.stdout
+
+    ran = run_cli("run", str(out), "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    status = run_cli("status", str(out), "--json", cwd=tmp_path)
+    trials = json.loads(status.stdout)["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
+
+
+def test_a_model_folder_without_config_json_is_refused_by_the_cli(tmp_path: Path) -> None:
+    done = run_cli("init", "--model", str(tmp_path), "--server-command", SIM_SERVER, cwd=tmp_path)
+    assert done.returncode == 1
+    assert f"no config.json in the model folder {tmp_path} on the node" in done.stderr
+    assert not (tmp_path / "study.yaml").exists()
