@@ -38,6 +38,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
+from autotune.config.trust import Trust
 from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
 from autotune.trial.launch import (
@@ -379,6 +380,7 @@ class StudyFile(BaseModel):
     failures: Failures = Field(default_factory=Failures)
     ray: RaySpec = Field(default_factory=RaySpec)
     nccl_stage: NcclStage = Field(default_factory=NcclStage)
+    trust: Trust = Field(default_factory=Trust)  # autotune.config.trust
 
     @field_validator("study")
     @classmethod
