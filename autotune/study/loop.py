@@ -98,6 +98,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 MAX_CONSECUTIVE_SKIPS = 200
+# Proposals in a row of configs launched before: the sampler has nothing new to try, the search ends.
+MAX_SAME_IN_A_ROW = 20
 POLL_S = 0.5
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 
@@ -198,7 +200,7 @@ class StudyDriver:
         ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=storage)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
-        self.skips = 0
+        self.skips = self.same_in_a_row = 0
         self.running: dict[int, _Running] = {}
         self.searching = False
         self.stopped: str | None = None  # why the stopping rule ended the search
@@ -411,7 +413,7 @@ class StudyDriver:
                 )
             )
             return False
-        self.skips = 0  # a launch: the run of proposals that cannot run is broken
+        self.skips = self.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
         trial.set_user_attr(NODE_ATTR, node)
         if config.derived:
             trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})
@@ -485,6 +487,13 @@ class StudyDriver:
         self._skip_counted(f"the same launch as trial {earlier.number}")
         judged = outcome.same_as(trial, earlier)
         ostudy.tell(trial, judged.values, state=judged.state)
+        self.same_in_a_row += 1
+        if self.same_in_a_row >= MAX_SAME_IN_A_ROW and self.stopped is None:
+            self.stopped = (
+                f"stopped early: the sampler proposed {self.same_in_a_row} configs in a row that were "
+                "launched before; the search space has nothing new to try"
+            )
+            record_stop(ostudy, self.stopped)
 
     def _hardware(self, pool: NodePool, node: str) -> str | None:
         facts = pool.facts(node)
