@@ -19,8 +19,9 @@ from autotune.errors import ConfigError
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.confirm import confirmation, round_order, study_answer
-from autotune.study.loop import StudyDriver
+from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.noise import noise_estimate, pooled
 from autotune.study.rules import ConfigMeasurements, launch_identity, same_launch
 from autotune.study.storage import budget_used
@@ -225,6 +226,31 @@ def test_the_best_configs_and_the_defaults_run_again_in_interleaved_rounds(
     for index, configs in rounds.items():
         assert tuple(configs) == round_order(index, order)  # each a launch of its own, in the round's order
     assert budget_used(ostudy) == 10 + 3 * len(rounds)  # beyond the search's budget
+
+
+class CtrlCInConfirmation(StudyCallback):
+    """Presses Ctrl-C once, when the first confirmation launch finished (its round's others still queued)."""
+
+    def __init__(self, study: Study) -> None:
+        self.study, self.pressed = study, False
+
+    def trial_finished(self, event: TrialFinished) -> None:
+        stored = optuna.load_study(study_name=self.study.name, storage=self.study.storage)
+        if not self.pressed and "confirm" in stored.trials[event.number].user_attrs:
+            self.pressed = True
+            raise KeyboardInterrupt
+
+
+def test_confirmation_resumes_after_ctrl_c_where_it_stopped(study_file: StudyFiles) -> None:
+    trust = {"repeat_baseline_after": 3, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
+    study = load_study(study_file(n_trials=5, trust=trust))
+    with pytest.raises(StudyInterrupted):
+        StudyDriver(study, [CtrlCInConfirmation(study)], pool=model_pool(noise=0.01), tracking=False).run()
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01), tracking=False).run()
+    state = confirmation(ostudy)
+    assert state is not None and state.queued == 2 and state.pairs == 2
+    assert sorted(state.rounds) == [0, 1] and all(len(v) == 2 for v in state.rounds.values())
+    assert budget_used(ostudy) == 5 + 4  # no round measured twice, none lost
 
 
 def test_best_reports_the_confirmed_gain_with_its_interval(
