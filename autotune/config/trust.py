@@ -13,26 +13,15 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from autotune.config._yaml import rule_error
+from autotune.config._yaml import rule_error, switch_or_section
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
-def _switch(section: str, example: str) -> Any:
-    """A `mode="before"` validator body: `off`/`on` for the section, a mapping for its settings."""
-
-    def check(value: Any) -> Any:
-        if isinstance(value, bool):
-            return {"enabled": value}
-        if value is None or isinstance(value, str | int | float | list):
-            raise rule_error(
-                "not a switch nor a section",
-                value=value,
-                fix=f"Use `{section}: off` to switch it off, or a section: `{section}: {example}`.",
-            )
-        return value
-
-    return check
+def _switch(value: Any, section: str, example: str) -> Any:
+    return switch_or_section(
+        value, f"Use `{section}: off` to switch it off, or a section: `{section}: {example}`."
+    )
 
 
 class Confirm(BaseModel):
@@ -52,7 +41,7 @@ class Confirm(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _on_off(cls, value: Any) -> Any:
-        return _switch("confirm", "{top: 2, max_rounds: 6}")(value)
+        return _switch(value, "confirm", "{top: 2, max_rounds: 6}")
 
     @model_validator(mode="after")
     def _rounds(self) -> Confirm:
@@ -80,7 +69,7 @@ class StopEarly(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _on_off(cls, value: Any) -> Any:
-        return _switch("stop_early", "{min_trials: 12, patience: 8}")(value)
+        return _switch(value, "stop_early", "{min_trials: 12, patience: 8}")
 
 
 class Trust(BaseModel):
@@ -105,4 +94,8 @@ class Trust(BaseModel):
                 "confirm": False,
                 "stop_early": False,
             }
-        return _switch("trust", "{confirm: {top: 2}}")(value)
+        if value is True:  # `trust: on`: the defaults
+            return {}
+        if value is None or isinstance(value, str | int | float | list):
+            return _switch(value, "trust", "{confirm: {top: 2}}")  # the error
+        return value
