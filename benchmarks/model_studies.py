@@ -221,7 +221,8 @@ def write_sim_study(
 ) -> Study:
     """Write and load a study whose trials launch the simulated SGLang server as real processes, serving
     the seed's model (Kimi-K2.5 INT4 with its EAGLE-3 draft, TP 8); `server` adds to the server section
-    (port, env, flags) and `sections` are the file's other sections (sampler, timeouts, ray, nodes)."""
+    (port, env, flags) and `sections` are the file's other sections (sampler, timeouts, ray, nodes; `trust`
+    is off unless given: these studies time the loop's machinery per trial, not the answer)."""
     data = {
         "study": name,
         "search_space": str(search_space),
@@ -234,6 +235,7 @@ def write_sim_study(
             **server,
         },
         "budget": {"n_trials": n_trials},
+        "trust": False,
         **sections,
     }
     return save_study(folder, data)
