@@ -57,14 +57,16 @@ class Confirm(BaseModel):
 
 class StopEarly(BaseModel):
     """After `min_trials` launched trials, the search stops when its last `patience` search trials did not
-    improve the best by more than the measured noise band (it needs a noise estimate: a config measured
-    twice, e.g. the baseline's early repeat)."""
+    improve the best by more than the measured noise band; it needs a noise estimate of `min_noise_dof`
+    degrees of freedom (the baseline is repeated early that many times)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: StrictBool = True
     min_trials: PositiveInt = 12
     patience: PositiveInt = 8
+    # One pair of runs gives an SD anywhere from half to 16 times the true one (90%): too little to stop on.
+    min_noise_dof: PositiveInt = 2
 
     @model_validator(mode="before")
     @classmethod
@@ -78,8 +80,8 @@ class Trust(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     skip_same_launch: StrictBool = True
-    # The baseline launched again once this many trials were launched (0: never; the end of the study
-    # measures it again in confirmation).
+    # The baseline launched again once this many trials were launched, and again after as many more while
+    # the stopping rule needs more degrees of freedom (0: never; confirmation measures it again at the end).
     repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)

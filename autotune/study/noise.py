@@ -100,13 +100,17 @@ def noise_estimate(ostudy: optuna.Study) -> NoiseEstimate | None:
 
 
 def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
-    """Queue the baseline again once `trust.repeat_baseline_after` trials were launched and it completed,
-    unless it was measured again already (or is queued); returns the baseline's trial number when queued."""
-    after = study.file.trust.repeat_baseline_after
+    """Queue the baseline again once `trust.repeat_baseline_after` trials were launched (and once more after
+    each as many more, while the stopping rule wants more degrees of freedom: `stop_early.min_noise_dof`),
+    once it completed; returns the baseline's trial number when queued."""
+    trust = study.file.trust
+    after = trust.repeat_baseline_after
+    wanted = max(1, trust.stop_early.min_noise_dof) if trust.stop_early.enabled else 1
     if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
         return None
     trials = ostudy.get_trials(deepcopy=False)
-    if any(t.user_attrs.get(BASELINE_ATTR) and REMEASURE_OF_ATTR in t.user_attrs for t in trials):
+    repeats = sum(1 for t in trials if t.user_attrs.get(BASELINE_ATTR) and REMEASURE_OF_ATTR in t.user_attrs)
+    if repeats >= wanted or budget_used(ostudy) < after * (repeats + 1):
         return None
     base = next((g for g in measurement_groups(ostudy) if g.baseline and g.n), None)
     if base is None:

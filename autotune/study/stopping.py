@@ -8,7 +8,8 @@ is left unused (`autotune resume --n-trials N` continues the search).
 Why this rule: on real H200 studies most configs lie inside one config's run-to-run spread, so the best
 single value keeps creeping up by draws of noise while the configs themselves are no better; an
 improvement within the band is what a repeat of the same config would give. It needs the noise measured
-(a config launched twice: the baseline's early repeat), so without an estimate it never stops a study;
+(the baseline's early repeats: `min_noise_dof` degrees of freedom, as one pair of runs can give a spread
+from half to 16 times the true one), so without such an estimate it never stops a study;
 `patience` search trials is the sampler's chance to find something beyond the band after its start. The
 band takes the measured spread as exact (the normal quantile, 2.8 SDs): with the t quantile of one early
 repeat's single degree of freedom (12.7) it would be 18 SDs wide and stop nearly any search; the answer,
@@ -69,7 +70,7 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     if len(fresh) < settings.patience:
         return None
     noise = noise_estimate(ostudy)
-    if noise is None:
+    if noise is None or noise.dof < settings.min_noise_dof:
         return None
     sign = direction_sign(ostudy.direction)
     recent = {t.number for t in search[-settings.patience :]}

@@ -310,6 +310,9 @@ def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_i
     used = budget_used(ostudy)
     assert used < 30 and driver.stopped is not None and "within the run-to-run noise band" in driver.stopped
     assert ostudy.user_attrs["stopped"]["why"] == driver.stopped
+    # The baseline ran again twice early (after 2 and 4 launches): the rule stops on 2 degrees of freedom.
+    repeats = [t.number for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
+    assert len(repeats) == 2 and noise_estimate(ostudy).dof >= 2  # type: ignore[union-attr]
     # The rest of the budget is left; a resume gets `patience` more search trials before the rule looks again.
     again = StudyDriver(study, pool=model_pool(noise=0.01), tracking=False)
     ostudy = again.run(n_trials=30)
