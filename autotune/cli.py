@@ -288,6 +288,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ostudy = _remeasure(study, ostudy, args)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
+    if summary["pareto"] is None and (answer := _trust_record(ostudy)["answer"]) is not None:
+        print(answer["text"])  # confirmed or not, with the noise
     return 0
 
 
