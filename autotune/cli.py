@@ -31,6 +31,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.records import (
     BASELINE_ATTR,
+    CONFIRM_ATTR,
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
     MLFLOW_RUN_ATTR,
@@ -458,6 +459,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "same_as": trial.user_attrs.get(SAME_AS_ATTR),
+        "confirm": trial.user_attrs.get(CONFIRM_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "queued": trial.user_attrs.get(QUEUED_ATTR),
         "params": dict(trial.params),
@@ -547,7 +549,9 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
-    if t["remeasure_of"] is not None:
+    if t["confirm"] is not None:
+        notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
+    elif t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
     if t["same_as"] is not None:
         notes.append(f"same as trial {t['same_as']}: its launch again, not run (no node time, no budget)")
