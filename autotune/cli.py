@@ -32,6 +32,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.records import (
     BASELINE_ATTR,
+    CONFIRM_ATTR,
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
     MLFLOW_RUN_ATTR,
@@ -40,6 +41,7 @@ from autotune.study.records import (
     PRUNED_BY_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
+    SAME_AS_ATTR,
     SHORT_VALUE_ATTR,
 )
 from autotune.study.rules import best_trial, is_feasible, trial_config
@@ -325,6 +327,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ostudy = _remeasure(study, ostudy, args)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
+    if summary["pareto"] is None and (answer := _trust_record(ostudy)["answer"]) is not None:
+        print(answer["text"])  # confirmed or not, with the noise
     return 0
 
 
@@ -493,6 +497,8 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
         "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
+        "same_as": trial.user_attrs.get(SAME_AS_ATTR),
+        "confirm": trial.user_attrs.get(CONFIRM_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "queued": trial.user_attrs.get(QUEUED_ATTR),
         "params": dict(trial.params),
@@ -520,6 +526,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "trials": trials,
                     "pareto": summary["pareto"],
                     "remeasured": summary["remeasured"],
+                    **_trust_record(ostudy),
                 },
                 indent=2,
                 default=str,
@@ -554,7 +561,26 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\n".join(_pareto_lines(summary["pareto"], study)))
     elif summary["remeasured"] is not None:
         print("\n".join(_remeasured_lines(summary["remeasured"], study)))
+    trust = _trust_record(ostudy)
+    for line in (trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
+        if line:
+            print(line)
     return 0
+
+
+def _trust_record(ostudy: Any) -> dict[str, Any]:
+    """What status and best show of the study's trust: its noise estimate, why its search stopped early,
+    and its answer (confirmed or not: study.confirm.study_answer)."""
+    from autotune.study.confirm import study_answer
+    from autotune.study.noise import noise_estimate
+    from autotune.study.stopping import stopped_early
+
+    noise = noise_estimate(ostudy)
+    return {
+        "noise": noise.record() if noise is not None else None,
+        "stopped": stopped_early(ostudy),
+        "answer": study_answer(ostudy),
+    }
 
 
 def _status_notes(t: dict[str, Any]) -> list[str]:
@@ -562,8 +588,12 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
-    if t["remeasure_of"] is not None:
+    if t["confirm"] is not None:
+        notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
+    elif t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
+    if t["same_as"] is not None:
+        notes.append(f"same as trial {t['same_as']}: its launch again, not run (no node time, no budget)")
     if t["proposed"]:
         notes.append(t["proposed"])
     if t["queued"]:
@@ -599,6 +629,8 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 0
     else:
         best = best_trial(ostudy)
+        if (answer := _trust_record(ostudy)["answer"]) is not None:  # confirmed: maybe SGLang's defaults
+            best = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer["trial"])
     if best is None:
         complete = summary["states"].get("COMPLETE", 0)
         if complete:
@@ -609,20 +641,14 @@ def cmd_best(args: argparse.Namespace) -> int:
         raise AutotuneError(f"study {study.name!r} has no completed trial yet")
     config = trial_config(study, best)
     launch = study.server_launch(config)
+    trust = _trust_record(ostudy) if args.trial is None else None
     if args.json:
-        print(json.dumps(_best_record(study, summary, best, config, launch), indent=2))
+        print(json.dumps(_best_record(study, summary, best, config, launch, trust), indent=2))
         return 0
     script = launch_script(launch)
     print(_summary_text(summary, study))
-    if (
-        summary["remeasured"] is None
-        and summary["gain_pct"] is not None
-        and study.objective.remeasure is None
-    ):
-        print(
-            "  (one measurement of each: add `remeasure` to the objective to know whether the gain is "
-            "beyond run-to-run noise)"
-        )
+    if trust is not None and trust["answer"] is not None:
+        print(trust["answer"]["text"])
     if args.trial is not None:
         print(f"trial {best.number}:")
     print("settings:" if config.params else "settings: SGLang's defaults (the baseline)")
@@ -641,13 +667,30 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _best_record(
-    study: Study, summary: dict[str, Any], best: Any, config: TrialConfig, launch: ServerLaunch
+    study: Study,
+    summary: dict[str, Any],
+    best: Any,
+    config: TrialConfig,
+    launch: ServerLaunch,
+    trust: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`autotune best --json`: the config, its value (the re-measured mean once there is one), the gain
-    over the baseline and its interval, and the launch with every secret redacted."""
+    over the baseline and its interval, and the launch with every secret redacted; with `trust` (the
+    study's answer, not a trial asked for), whether it is confirmed, its gain and interval from the
+    confirmation rounds, and the noise estimate (study.confirm.study_answer)."""
     answer = summary["remeasured"]
     chosen = answer is not None and answer["best"]["trial"] == best.number
     measured = answer["best"] if chosen else None
+    confirmed = trust["answer"] if trust is not None and trust["answer"] is not None else None
+    verdict = (
+        {}
+        if confirmed is None
+        else {
+            key: confirmed[key]
+            for key in ("confirmed", "beats_defaults", "rounds", "noise", "text")
+            + (("value", "gain_pct", "gain_interval_pct") if confirmed["confirmed"] else ())
+        }
+    )
     return {
         "study": study.name,
         "metric": study.objective.metric,
@@ -676,6 +719,7 @@ def _best_record(
                 k: REDACTED if is_secret_name(k) else study.secrets.redact(v) for k, v in launch.env.items()
             },
         },
+        **verdict,
     }
 
 

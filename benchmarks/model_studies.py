@@ -34,6 +34,7 @@ from autotune.sim.model import MemoryPlan, NodeModel
 from autotune.sim.model_node import ModelExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.study.confirm import study_answer
 from autotune.study.loop import StudyDriver
 from autotune.study.rules import is_feasible, within_limits
 from autotune.study.storage import counts
@@ -184,6 +185,7 @@ def write_study(
     sampler: str = "tpe",
     seed: int = 0,
     nccl_stage: bool = True,
+    trust: bool | Mapping[str, Any] = True,
 ) -> Study:
     """Write and load a study of the shipped search space on `profile`'s node, as a user would write it (the
     model's hidden size for the NCCL stage, which a real node reads from the model's config.json)."""
@@ -202,6 +204,7 @@ def write_study(
         "budget": {"n_trials": n_trials},
         "sampler": {"name": sampler, "seed": seed},
         "nccl_stage": {"enabled": nccl_stage, "hidden_size": load_model_profile(profile.model).hidden_size},
+        "trust": trust if isinstance(trust, bool) else dict(trust),  # True: the product's defaults
     }
     return save_study(folder, data)
 
@@ -218,7 +221,8 @@ def write_sim_study(
 ) -> Study:
     """Write and load a study whose trials launch the simulated SGLang server as real processes, serving
     the seed's model (Kimi-K2.5 INT4 with its EAGLE-3 draft, TP 8); `server` adds to the server section
-    (port, env, flags) and `sections` are the file's other sections (sampler, timeouts, ray, nodes)."""
+    (port, env, flags) and `sections` are the file's other sections (sampler, timeouts, ray, nodes; `trust`
+    is off unless given: these studies time the loop's machinery per trial, not the answer)."""
     data = {
         "study": name,
         "search_space": str(search_space),
@@ -231,6 +235,7 @@ def write_sim_study(
             **server,
         },
         "budget": {"n_trials": n_trials},
+        "trust": False,
         **sections,
     }
     return save_study(folder, data)
@@ -272,6 +277,9 @@ class StudyRun:
     node_s: list[float]
     states: list[str]
     params: list[Params]
+    # The study's answer as `autotune best --json` gives it (autotune.study.confirm.study_answer): confirmed
+    # or not, its value, gain and interval over SGLang's defaults, the noise estimate.
+    answer: dict[str, Any] | None = None
 
     def best_after(self, k: int) -> float:
         """The best value among the first `k` trials (0 when none completed)."""
@@ -295,11 +303,14 @@ def run_study(
     remember_incompatible: bool = True,
     nccl_stage: bool = True,
     memory_edge: bool = True,
+    trust: bool | Mapping[str, Any] = True,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
     `memory_edge`) and `remember_incompatible` turn the product's ways of not launching a failing config
-    on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's."""
+    on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's;
+    `trust` is the study file's section (True: the product's defaults; False: no baseline repeat, no
+    confirmation, no stopping rule, every proposal launched)."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model)
 
@@ -308,7 +319,7 @@ def run_study(
         return LocalNodePool({NODE: clock}, {NODE: node_report(NODE, hardware, model)})
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
-        study = write_study(Path(folder), profile, n_trials, sampler_name, seed, nccl_stage)
+        study = write_study(Path(folder), profile, n_trials, sampler_name, seed, nccl_stage, trust)
         driver = StudyDriver(
             study,
             pool=pool,
@@ -328,6 +339,7 @@ def run_study(
         ],
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
+        answer=study_answer(ostudy),
     )
 
 

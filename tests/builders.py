@@ -72,6 +72,9 @@ def study_data(*, n_trials: int | None = None, **keys: Any) -> dict[str, Any]:
         "objective": QUICKSTART_OBJECTIVE,
         "server": model_server(),
         "sampler": {"name": "tpe", "seed": 7},
+        # Repeats, confirmation and the stopping rule change how many trials run: off unless a test is
+        # about them (trust=None: the product's defaults; the end-to-end study keeps them on).
+        "trust": False,
     }
     if n_trials is not None:
         if "budget" in keys:

@@ -109,8 +109,8 @@ def test_the_preflight_check_rejects_only_configs_that_cannot_start() -> None:
 
 def test_a_studys_first_trials_do_not_depend_on_its_budget() -> None:
     # What lets the benchmark read budgets 10..80 off one 80-trial study.
-    short = run_study(PROFILES["seed"], 6, seed=3)
-    long = run_study(PROFILES["seed"], 12, seed=3)
+    short = run_study(PROFILES["seed"], 6, seed=3, trust=False)
+    long = run_study(PROFILES["seed"], 12, seed=3, trust=False)
     assert len(short.values) == 6 and short.values == long.values[:6]
     assert short.node_s == long.node_s[:6] and all(s > 0 for s in short.node_s)
 
@@ -132,7 +132,7 @@ def test_one_group_at_a_time_changes_only_the_group_of_its_stage() -> None:
         kinds.update({name: p.kind for name, p in study.search_space.parameters.items()})
         return OneGroupAtATime(kinds, ("nccl", "sglang", "speculative"), [3, 3, 3], {MEM: 0.85}, seed=1)
 
-    run = run_study(PROFILES["seed"], 10, sampler=sampler, seed=1, nccl_stage=False)  # as the harness runs it
+    run = run_study(PROFILES["seed"], 10, sampler=sampler, seed=1, nccl_stage=False, trust=False)
     assert len(run.params) == 10 and run.params[0] == {}  # the baseline first
     changed = [{kinds[n] for n, v in p.items() if v not in (None, False, 0.85)} for p in run.params[1:]]
     assert all(groups <= {"nccl"} for groups in changed[:3]) and any(changed[:3])
@@ -148,7 +148,9 @@ def test_one_group_at_a_time_changes_only_the_group_of_its_stage() -> None:
 
 def test_the_grid_keeps_every_other_knob_at_its_default() -> None:
     points = [{MEM: 0.80, GRAPH: 64}, {MEM: 0.9, GRAPH: 32}]
-    run = run_study(PROFILES["seed"], 3, sampler=lambda _study: TwoFlagGrid(points, {}), nccl_stage=False)
+    run = run_study(
+        PROFILES["seed"], 3, sampler=lambda _study: TwoFlagGrid(points, {}), nccl_stage=False, trust=False
+    )
     for params, point in zip(run.params[1:], points, strict=True):
         assert {name: params[name] for name in point} == point
         assert all(value is None or value is False for name, value in params.items() if name not in point)
@@ -188,7 +190,8 @@ def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:
 
     # The same study with the stage and without: the first trial carries the stage's all-reduce jobs, a pass
     # of coordinate ascent over the shipped space's NCCL knobs (26 trials of JOB_SECONDS each).
-    staged, plain = run_study(PROFILES["seed"], 3), run_study(PROFILES["seed"], 3, nccl_stage=False)
+    staged = run_study(PROFILES["seed"], 3, trust=False)
+    plain = run_study(PROFILES["seed"], 3, nccl_stage=False, trust=False)
     assert staged.node_s[0] - plain.node_s[0] == pytest.approx(26 * JOB_SECONDS)
     # The seed's GPUs sit behind host bridges: the stage finds P2P there, and every server trial holds it.
     assert all(params.get("NCCL_P2P_LEVEL") == "SYS" for params in staged.params[1:])

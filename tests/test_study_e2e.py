@@ -21,7 +21,10 @@ def test_study_runs_every_trial_and_records_it_in_optuna(finished_study) -> None
     storage = f"sqlite:///{path.parent / '.autotune' / 'e2e' / 'optuna.db'}"
     trials = optuna.load_study(study_name="e2e", storage=storage).get_trials()
     counted = [t for t in trials if not t.user_attrs.get("skipped")]
-    assert len(counted) == N_TRIALS
+    # The search's budget, then the confirmation: the best config and the defaults, two rounds.
+    confirming = [t for t in counted if "confirm" in t.user_attrs]
+    assert len(counted) - len(confirming) == N_TRIALS and len(confirming) == 4
+    assert any(t.user_attrs.get("baseline") and t.user_attrs.get("remeasure_of") == 0 for t in counted[1:])
     assert all(t.state.is_finished() for t in trials)
     assert trials[0].number == 0 and trials[0].user_attrs.get("baseline") is True
     assert trials[0].params == {}
@@ -46,6 +49,10 @@ def test_every_trial_has_an_mlflow_child_run_with_params_metrics_and_artifacts(f
     assert len(parents) == 1
     parent = parents[0]
     assert parent.data.metrics["baseline_value"] > 0
+    # The noise estimate and the answer, confirmed in rounds (study.confirm.answer_for_tracking).
+    assert parent.data.metrics["noise_relative_sd_pct"] >= 0
+    assert "run-to-run noise" in parent.data.tags["autotune.noise"]
+    assert parent.data.tags["autotune.confirmed"] == "true" and "confirmed_gain_pct" in parent.data.metrics
     for trial in optuna.load_study(study_name="e2e", storage=storage).get_trials():
         if trial.user_attrs.get("skipped"):
             continue
@@ -101,6 +108,7 @@ def test_status_and_best_read_the_finished_study(finished_study) -> None:
     data = json.loads(status.stdout)
     assert data["study"] == "e2e" and len(data["trials"]) >= N_TRIALS
     assert {"number", "state", "value", "params", "failure_kind", "mlflow_run_id"} <= set(data["trials"][0])
+    assert data["noise"]["dof"] >= 1 and data["answer"]["confirmed"] is True
     best = run_cli("best", str(path), "--export", str(path.parent / "best.sh"), cwd=path.parent)
     assert best.returncode == 0, best.stderr
     script = (path.parent / "best.sh").read_text()

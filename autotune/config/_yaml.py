@@ -23,6 +23,16 @@ from autotune.trial.launch import ENV_NAME
 _UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
 
 
+def switch_or_section(value: Any, fix: str) -> Any:
+    """A section that is also a switch (`nccl_stage: off`, `confirm: off`): True or False becomes
+    `{enabled: ...}`, a mapping passes; anything else is an error with `fix`. For `mode="before"`."""
+    if isinstance(value, bool):
+        return {"enabled": value}
+    if value is None or isinstance(value, str | int | float | list):
+        raise rule_error("not a switch nor a section", value=value, fix=fix)
+    return value
+
+
 class _Missing:
     """Stands for a value that is not in the file at all."""
 

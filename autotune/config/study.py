@@ -26,7 +26,13 @@ from pydantic import (
     model_validator,
 )
 
-from autotune.config._yaml import config_error_from_validation, expand_env_references, load_yaml, rule_error
+from autotune.config._yaml import (
+    config_error_from_validation,
+    expand_env_references,
+    load_yaml,
+    rule_error,
+    switch_or_section,
+)
 from autotune.config.hosts import AddressError, is_loopback, parse_ssh_address
 from autotune.config.objective import Objective, load_objective
 from autotune.config.search_space import (
@@ -38,6 +44,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
+from autotune.config.trust import Trust
 from autotune.dialect import Dialect
 from autotune.errors import ConfigError, did_you_mean
 from autotune.trial.launch import (
@@ -348,16 +355,8 @@ class NcclStage(BaseModel):
     @classmethod
     def _switch(cls, value: Any) -> Any:
         # `nccl_stage: off` (YAML reads off/false as False) or `on`: the switch alone.
-        if isinstance(value, bool):
-            return {"enabled": value}
-        if value is None or isinstance(value, str | int | float | list):
-            raise rule_error(
-                "not a switch nor a section",
-                value=value,
-                fix="Use `nccl_stage: off` to skip the NCCL stage, or a section: "
-                "`nccl_stage: {hidden_size: 7168}`.",
-            )
-        return value
+        fix = "Use `nccl_stage: off` to skip the NCCL stage, or a section: `nccl_stage: {hidden_size: 7168}`."
+        return switch_or_section(value, fix)
 
 
 class StudyFile(BaseModel):
@@ -379,6 +378,7 @@ class StudyFile(BaseModel):
     failures: Failures = Field(default_factory=Failures)
     ray: RaySpec = Field(default_factory=RaySpec)
     nccl_stage: NcclStage = Field(default_factory=NcclStage)
+    trust: Trust = Field(default_factory=Trust)  # autotune.config.trust
 
     @field_validator("study")
     @classmethod

@@ -30,6 +30,7 @@ from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.measure.plan import plan_for
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
 from autotune.node.executor import TrialExecutor, runner_for
+from autotune.study.confirm import round_order
 from autotune.study.rules import best_trial, trial_config
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -39,8 +40,10 @@ DEFAULT, BEST = "default", "best"
 
 
 def order_of_round(index: int) -> tuple[str, str]:
-    """ABBA: default first in rounds 0, 3, 4, 7, ...; best first in rounds 1, 2, 5, 6, ..."""
-    return (DEFAULT, BEST) if index % 4 in (0, 3) else (BEST, DEFAULT)
+    """ABBA: default first in rounds 0, 3, 4, 7, ...; best first in rounds 1, 2, 5, 6, ... (the order a
+    study's confirmation rounds take too: study.confirm.round_order)."""
+    first, second = round_order(index, (DEFAULT, BEST))
+    return first, second
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
+from autotune.study.confirm import confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
+from autotune.study.noise import repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
@@ -53,18 +55,26 @@ from autotune.study.records import (
     DERIVED_ATTR,
     FAILURE_KIND_ATTR,
     HARDWARE_ATTR,
+    LAUNCH_ATTR,
     NODE_ATTR,
     NODE_S_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
+    RETRY_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
 )
+from autotune.study.rules import (
+    earlier_launch,
+    launch_identity,
+)
+from autotune.study.stopping import record_stop, why_stop
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
     budget_used,
     claim,
+    counts,
     enqueue_retry,
     finished_count,
     heartbeat,
@@ -75,12 +85,15 @@ from autotune.study.storage import (
 )
 from autotune.study.summary import study_summary
 from autotune.trial.failures import FailureKind
+from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 MAX_CONSECUTIVE_SKIPS = 200
+# Proposals in a row of configs launched before: the sampler has nothing new to try, the search ends.
+MAX_SAME_IN_A_ROW = 20
 POLL_S = 0.5
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 
@@ -183,8 +196,10 @@ class StudyDriver:
         ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=storage)
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
-        self.skips = 0
+        self.skips = self.same_in_a_row = 0
         self.running: dict[int, _Running] = {}
+        self.searching = False
+        self.stopped: str | None = None  # why the stopping rule ended the search
         with study_lock(study):  # drivers starting together must not create the tracking store twice
             tracker = [self.tracking(study)] if self.tracking else []
         self.observers = CallbackList([*tracker, *self.callbacks])
@@ -206,24 +221,16 @@ class StudyDriver:
             self.base_sampler = self._holding(held)
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
         ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
-        last_beat = time.monotonic()
         try:
             with ctrl_c_remembered() as ctrl_c:
-                while True:
-                    if ctrl_c.is_set():  # a Ctrl-C that something below turned into another error
-                        raise KeyboardInterrupt
-                    for node in pool.idle_nodes():
-                        if not self._fill(ostudy, pool, node, budget, deadline):
-                            break
-                    if not self.running:
-                        break
-                    for submitted, result in pool.wait(POLL_S):
-                        self._finish(ostudy, self.running.pop(submitted.request.number), result)
-                    self._poll_phases(pool)
-                    if time.monotonic() - last_beat > HEARTBEAT_S:
-                        heartbeat(ostudy, [entry.trial for entry in self.running.values()])
-                        self._recover(ostudy)  # other drivers that died meanwhile
-                        last_beat = time.monotonic()
+                self.searching = True
+                self._trials(ostudy, pool, budget, deadline, ctrl_c)
+                self.searching = False
+                if self.stopped is not None:
+                    self.observers.knob_held(KnobHeld(self.stopped))
+                for total in confirmation_rounds(study, ostudy):  # the winner confirmed (study.confirm)
+                    self.total = total
+                    self._trials(ostudy, pool, total, None, ctrl_c)
         except KeyboardInterrupt:
             self._interrupt(ostudy, pool)
             self.observers.study_ended(StudyEnded(study, ostudy, None))
@@ -234,6 +241,32 @@ class StudyDriver:
             pool.close()
         self.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
         return ostudy
+
+    def _trials(
+        self,
+        ostudy: optuna.Study,
+        pool: NodePool,
+        budget: int | None,
+        deadline: float | None,
+        ctrl_c: threading.Event,
+    ) -> None:
+        """Run trials on every idle node until the budget or the deadline is reached and none runs."""
+        last_beat = time.monotonic()
+        while True:
+            if ctrl_c.is_set():  # a Ctrl-C that something below turned into another error
+                raise KeyboardInterrupt
+            for node in pool.idle_nodes():
+                if not self._fill(ostudy, pool, node, budget, deadline):
+                    break
+            if not self.running:
+                break
+            for submitted, result in pool.wait(POLL_S):
+                self._finish(ostudy, self.running.pop(submitted.request.number), result)
+            self._poll_phases(pool)
+            if time.monotonic() - last_beat > HEARTBEAT_S:
+                heartbeat(ostudy, [entry.trial for entry in self.running.values()])
+                self._recover(ostudy)  # other drivers that died meanwhile
+                last_beat = time.monotonic()
 
     def _nccl_stage(
         self,
@@ -317,6 +350,13 @@ class StudyDriver:
                     return False
                 if budget is not None and budget_used(ostudy) >= budget:
                     return False
+                if self.searching and self.stopped is None:
+                    self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
+                    if self.stopped is not None:
+                        record_stop(ostudy, self.stopped)
+                    repeat_baseline(self.study, ostudy)  # the noise measured (study.noise)
+                if self.searching and self.stopped is not None:
+                    return False
                 trial = ostudy.ask()
                 claim(ostudy, trial)
             if self._start(ostudy, pool, node, trial):
@@ -345,6 +385,9 @@ class StudyDriver:
                 return False
         try:
             launch = study.server_launch(config, dialect=self._dialect(pool, node))
+            if (earlier := self._launched_before(ostudy, trial, launch)) is not None:
+                self._same(ostudy, trial, earlier)
+                return False
             reason = self._predicted_oom(pool, node, launch.argv) if self.preflight else None
             if reason is not None:
                 self._skip(ostudy, trial, reason, oom=True)
@@ -366,7 +409,7 @@ class StudyDriver:
                 )
             )
             return False
-        self.skips = 0  # a launch: the run of proposals that cannot run is broken
+        self.skips = self.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
         trial.set_user_attr(NODE_ATTR, node)
         if config.derived:
             trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})
@@ -409,13 +452,44 @@ class StudyDriver:
 
     def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str, *, oom: bool = False) -> None:
         """Record a proposal that is never launched (`outcome.skipped`); too many in a row stop the study."""
+        self._skip_counted(why)
+        ostudy.tell(trial, state=outcome.skipped(self.study, trial, why, oom=oom).state)
+
+    def _launched_before(
+        self, ostudy: optuna.Study, trial: optuna.Trial, launch: ServerLaunch
+    ) -> FrozenTrial | None:
+        """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
+        launch it again: not a deliberate measurement (the baseline, a repeat, a confirmation, a retry) nor
+        a config queued by hand; records the launch on the trial."""
+        identity = launch_identity(launch.argv, launch.env)
+        trial.set_user_attr(LAUNCH_ATTR, identity)
+        deliberate = (BASELINE_ATTR, REMEASURE_OF_ATTR, QUEUED_ATTR, RETRY_OF_ATTR)
+        if not self.study.file.trust.skip_same_launch or any(a in trial.user_attrs for a in deliberate):
+            return None
+        counted = [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
+        return earlier_launch(identity, counted, ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+
+    def _skip_counted(self, why: str) -> None:
         self.skips += 1
         if self.skips > MAX_CONSECUTIVE_SKIPS:
             raise AutotuneError(
                 f"the sampler proposed {MAX_CONSECUTIVE_SKIPS} trials in a row that cannot run ({why}): "
                 "remove the failing values from the search space"
             )
-        ostudy.tell(trial, state=outcome.skipped(self.study, trial, why, oom=oom).state)
+
+    def _same(self, ostudy: optuna.Study, trial: optuna.Trial, earlier: FrozenTrial) -> None:
+        """Record a proposal of a launch made before with that launch's result, without node time or budget
+        (`outcome.same_as`); too many in a row stop the study as skips do."""
+        self._skip_counted(f"the same launch as trial {earlier.number}")
+        judged = outcome.same_as(trial, earlier)
+        ostudy.tell(trial, judged.values, state=judged.state)
+        self.same_in_a_row += 1
+        if self.same_in_a_row >= MAX_SAME_IN_A_ROW and self.stopped is None:
+            self.stopped = (
+                f"stopped early: the sampler proposed {self.same_in_a_row} configs in a row that were "
+                "launched before; the search space has nothing new to try"
+            )
+            record_stop(ostudy, self.stopped)
 
     def _hardware(self, pool: NodePool, node: str) -> str | None:
         facts = pool.facts(node)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.client import BenchmarkResult
@@ -25,6 +25,7 @@ from autotune.study.records import (
     METRICS_ATTR,
     OVER_LIMITS_ATTR,
     PRUNED_BY_ATTR,
+    SAME_AS_ATTR,
     SERVER_CHOICES_ATTR,
     SERVER_MEMORY_ATTR,
     SERVER_PGID_ATTR,
@@ -172,6 +173,26 @@ def skipped(study: Study, trial: optuna.Trial, why: str, *, oom: bool) -> Outcom
     trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
     trial.report(penalty, 0)
     return Outcome(TrialState.PRUNED, None, penalty, kind, refusal=why)
+
+
+def same_as(trial: optuna.Trial, earlier: FrozenTrial) -> Outcome:
+    """A proposal of a launch made before (`earlier`): never launched, costing no node time nor budget,
+    told with the earlier launch's result (state, values, constraints, failure) so the sampler learns, and
+    marked `same_as` (skipped: never a second measurement of the config)."""
+    trial.set_user_attr(SKIPPED_ATTR, True)
+    trial.set_user_attr(SAME_AS_ATTR, earlier.number)
+    for key in (FAILURE_KIND_ATTR, FAILURE_ATTR, OVER_LIMITS_ATTR):
+        if key in earlier.user_attrs:
+            trial.set_user_attr(key, earlier.user_attrs[key])
+    for key, amount in earlier.constraints.items():
+        trial.set_constraint(key, amount)
+    why = f"the same launch as trial {earlier.number}: not launched again"
+    if earlier.state == TrialState.COMPLETE and earlier.values is not None:
+        return Outcome(TrialState.COMPLETE, tuple(earlier.values), earlier.values[0], refusal=why)
+    if earlier.state == TrialState.PRUNED and earlier.value is not None:
+        trial.report(earlier.value, max(earlier.intermediate_values, default=0))
+        return Outcome(TrialState.PRUNED, None, earlier.value, refusal=why)
+    return Outcome(earlier.state, None, None, refusal=why)
 
 
 def interrupted(trial: optuna.Trial) -> Outcome:

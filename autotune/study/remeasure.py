@@ -76,13 +76,19 @@ def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int
     for group in candidates:
         waiting = sum(1 for t in queued if t.user_attrs[REMEASURE_OF_ATTR] == group.of)
         missing = settings.repeats - len(group.trials) - len(group.failed) - waiting
-        attrs: dict[str, object] = {REMEASURE_OF_ATTR: group.of}
-        if group.baseline:
-            attrs[BASELINE_ATTR] = True
         for _ in range(max(0, missing)):
-            ostudy.enqueue_trial(dict(group.params), user_attrs=attrs)
+            enqueue_measurement(ostudy, group, {})
         chosen.append(group.of)
     return chosen
+
+
+def enqueue_measurement(ostudy: optuna.Study, group: ConfigMeasurements, attrs: dict[str, object]) -> None:
+    """Queue one more measurement of `group`'s config, a fresh launch through the study loop: the one way
+    re-measurement, the baseline's repeat and confirmation rounds measure a config again."""
+    marks: dict[str, object] = {**attrs, REMEASURE_OF_ATTR: group.of}
+    if group.baseline:
+        marks[BASELINE_ATTR] = True
+    ostudy.enqueue_trial(dict(group.params), user_attrs=marks)
 
 
 def remeasured_answer(ostudy: optuna.Study) -> RemeasuredAnswer | None:

@@ -8,6 +8,8 @@ types only for type checking), so each of them imports the rule from here instea
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from autotune.measure.metrics import maximizes
 from autotune.measure.stats import mean_ci
-from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR, SKIPPED_ATTR
+from autotune.study.records import (
+    BASELINE_ATTR,
+    LAUNCH_ATTR,
+    REMEASURE_OF_ATTR,
+    REMEASURE_SETTINGS_ATTR,
+    SKIPPED_ATTR,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -43,6 +51,72 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
 def config_key(params: Mapping[str, Any]) -> ConfigKey:
     """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def launch_identity(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """What makes two server launches the same, after the dialect's translation: each `--flag` with its
+    value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
+    everything else (the command, positional words, the environment), so no secret is stored."""
+    from autotune.trial.redaction import is_secret_name
+
+    flags: dict[str, str | None] = {}
+    words: list[str] = []
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        if not token.startswith("--"):
+            words.append(token)
+        elif "=" in token:
+            name, value = token.split("=", 1)
+            flags[name] = value
+        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
+            flags[token] = tokens[index + 1]
+            index += 1
+        else:
+            flags[token] = None
+        index += 1
+    secret = {name: _digest(value) for name, value in flags.items() if is_secret_name(name)}
+    return {"flags": {**flags, **secret}, "rest": _digest(json.dumps([words, sorted(env.items())]))}
+
+
+def _digest(text: str | None) -> str:
+    return hashlib.sha256(str(text).encode()).hexdigest()[:16]
+
+
+def _as_server_reads(value: object) -> object:
+    # "0.80", "0.8" and the server's 0.8 are one value; a switch's None and any word stay as they are.
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return value
+
+
+def same_launch(a: Mapping[str, Any], b: Mapping[str, Any], server_choices: Mapping[str, float]) -> bool:
+    """Whether two `launch_identity`s start the same server: the same flags with the same values, a flag
+    left unset counting as the value the server chose for itself in the baseline (`server_choices`)."""
+    if a.get("rest") != b.get("rest"):
+        return False
+
+    def read(identity: Mapping[str, Any]) -> dict[str, object]:
+        flags = {**server_choices, **identity.get("flags", {})}
+        return {name: _as_server_reads(value) for name, value in flags.items()}
+
+    return read(a) == read(b)
+
+
+def earlier_launch(
+    identity: Mapping[str, Any], trials: Iterable[FrozenTrial], server_choices: Mapping[str, float]
+) -> FrozenTrial | None:
+    """The first finished trial of `trials` that launched the same server as `identity`, or None. The
+    caller passes the measurements that count (`storage.counts`: not a launch a Ctrl-C cut short)."""
+    for trial in sorted(trials, key=lambda t: t.number):
+        launched = trial.user_attrs.get(LAUNCH_ATTR)
+        if launched is None or not trial.state.is_finished():
+            continue
+        if same_launch(identity, launched, server_choices):
+            return trial
+    return None
 
 
 def within_limits(constraints: Mapping[str, float]) -> bool:

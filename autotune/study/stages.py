@@ -39,6 +39,7 @@ from autotune.config import Study
 from autotune.config.objective import load_objective
 from autotune.config.search_space import load_search_space
 from autotune.config.study import JOB_COMMANDS, Budget, NcclStage, ServerSpec
+from autotune.config.trust import Trust
 from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
@@ -254,6 +255,7 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
             "server": ServerSpec(command=command, env=dict(server.env), host=server.host),
             "budget": Budget(n_trials=ascent_size(knobs), timeout_s=timeout_s),
             "nccl_stage": NcclStage(enabled=False),
+            "trust": Trust.model_validate(False),  # a fixed coordinate ascent: no repeats nor confirmation
         }
     )
     return replace(

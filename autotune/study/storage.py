@@ -34,9 +34,11 @@ from autotune.study import optuna_internals, samplers
 from autotune.study.records import (
     BASELINE_ATTR,
     CONFIG_ATTR,
+    CONFIRM_ATTR,
     DRIVER_ATTR,
     FAILURE_KIND_ATTR,
     QUEUED_ATTR,
+    REMEASURE_OF_ATTR,
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
@@ -306,6 +308,9 @@ def enqueue_retry(
         attrs[BASELINE_ATTR] = True
     if user_attrs.get(QUEUED_ATTR):  # still the user's config: `autotune status` says so
         attrs[QUEUED_ATTR] = user_attrs[QUEUED_ATTR]
+    for kept in (REMEASURE_OF_ATTR, CONFIRM_ATTR):  # still a measurement of that config, in its round
+        if kept in user_attrs:
+            attrs[kept] = user_attrs[kept]
     ostudy.enqueue_trial(dict(params), user_attrs=attrs)
     return True
 

@@ -35,6 +35,7 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
+from autotune.study.confirm import answer_for_tracking
 from autotune.study.records import MLFLOW_RUN_ATTR
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
@@ -540,6 +541,10 @@ class StudyTracker(StudyCallback):
         tags = {"autotune.best_trial": str(summary["best_trial"])}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
         tags.update(self._answer_tags(event, metrics))
+        if len(event.ostudy.directions) == 1:  # the noise, the answer confirmed or not, an early stop
+            trust_metrics, trust_tags = answer_for_tracking(event.ostudy)
+            metrics.update(trust_metrics)
+            tags.update(trust_tags)
         self.update_summary(metrics, tags)
         self.refresh_study_view(event.ostudy, event.study)  # description, best launch.sh, plots (throttled)
 

@@ -1,0 +1,103 @@
+"""The study file's `trust` section: what a study does so that its answer can be trusted per GPU-hour.
+
+Four parts, each on by default and each switchable (`off`): no launch of a config already launched
+(`skip_same_launch`), the baseline measured again early in the search so the run-to-run noise is measured
+(`repeat_baseline_after`), the winner confirmed against SGLang's defaults in interleaved rounds when the
+search ends (`confirm`), and a study that stops early when further trials are unlikely to beat the best
+beyond that noise (`stop_early`). `trust: off` switches all four off.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from autotune.config._yaml import rule_error, switch_or_section
+
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+def _switch(value: Any, section: str, example: str) -> Any:
+    return switch_or_section(
+        value, f"Use `{section}: off` to switch it off, or a section: `{section}: {example}`."
+    )
+
+
+class Confirm(BaseModel):
+    """When the search ends, the `top` configs and SGLang's defaults are launched again in interleaved rounds
+    (the order alternating per round) until the leader's paired gain over the defaults has a 95% interval
+    narrower than `target_pct` either side, or clear of zero, after `min_rounds`; at most `max_rounds`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: StrictBool = True
+    top: PositiveInt = 2
+    min_rounds: Annotated[StrictInt, Field(ge=2)] = 2
+    max_rounds: Annotated[StrictInt, Field(ge=2)] = 6
+    target_pct: Annotated[float, Field(gt=0)] = 1.0
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        return _switch(value, "confirm", "{top: 2, max_rounds: 6}")
+
+    @model_validator(mode="after")
+    def _rounds(self) -> Confirm:
+        if self.min_rounds > self.max_rounds:
+            raise rule_error(
+                "`min_rounds <= max_rounds` must hold",
+                loc=("min_rounds",),
+                value=self.min_rounds,
+                fix=f"Lower min_rounds to {self.max_rounds} or raise max_rounds.",
+            )
+        return self
+
+
+class StopEarly(BaseModel):
+    """After `min_trials` launched trials, the search stops when its last `patience` search trials did not
+    improve the best by more than the measured noise band; it needs a noise estimate of `min_noise_dof`
+    degrees of freedom (the baseline is repeated early that many times)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: StrictBool = True
+    min_trials: PositiveInt = 12
+    patience: PositiveInt = 8
+    # One pair of runs gives an SD anywhere from half to 16 times the true one (90%): too little to stop on.
+    min_noise_dof: PositiveInt = 2
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        return _switch(value, "stop_early", "{min_trials: 12, patience: 8}")
+
+
+class Trust(BaseModel):
+    """The `trust` section of a study file (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    skip_same_launch: StrictBool = True
+    # The baseline launched again once this many trials were launched, and again after as many more while
+    # the stopping rule needs more degrees of freedom (0: never; confirmation measures it again at the end).
+    repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
+    confirm: Confirm = Field(default_factory=Confirm)
+    stop_early: StopEarly = Field(default_factory=StopEarly)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _all(cls, value: Any) -> Any:
+        if value is False:  # `trust: off`: every part off
+            return {
+                "skip_same_launch": False,
+                "repeat_baseline_after": 0,
+                "confirm": False,
+                "stop_early": False,
+            }
+        if value is True:  # `trust: on`: the defaults
+            return {}
+        if value is None or isinstance(value, str | int | float | list):
+            return _switch(value, "trust", "{confirm: {top: 2}}")  # the error
+        return value

@@ -1,0 +1,288 @@
+"""The winner confirmed: the study's best configs and SGLang's defaults launched again in interleaved rounds.
+
+The best of many single measurements is biased upwards (it drew high), so when the search ends (budget,
+timeout or the stopping rule) the `trust.confirm.top` best configs and the baseline run again, one round
+at a time, each round launching every one of them once, in an order that alternates per round
+(`round_order`, as `compare` does: a drift of the node cancels). The runs are ordinary study trials
+(`remeasure_of` and `confirm` attributes): in the Optuna storage and MLflow, each its own launch,
+resumable after Ctrl-C. After each round the leader's paired gain over the defaults (`paired_gain`) is
+checked: the rounds stop once its interval is narrower than `target_pct` either side or clear of zero
+(after `min_rounds`), or at `max_rounds`.
+
+`study_answer` is the study's answer as `autotune best --json` reports it: confirmed (with the paired
+gain and its interval) or not (the best single measurement, worded as unconfirmed, with the noise
+estimate the study has).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import Study
+from autotune.measure.stats import Gain, paired_gain
+from autotune.study.noise import noise_estimate
+from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, REMEASURE_OF_ATTR
+from autotune.study.remeasure import enqueue_measurement
+from autotune.study.rules import best_trial, direction_sign, is_feasible, maximizes, measurement_groups
+from autotune.study.stopping import stopped_early
+from autotune.study.storage import budget_used, counts
+
+__all__ = [
+    "Confirmation",
+    "answer_for_tracking",
+    "confirmation",
+    "confirmation_rounds",
+    "round_order",
+    "study_answer",
+]
+
+T = TypeVar("T")
+
+
+def round_order(index: int, configs: Sequence[T]) -> tuple[T, ...]:
+    """The order of round `index`: as given in rounds 0, 3, 4, 7, ..., reversed in rounds 1, 2, 5, 6, ...
+    (ABBA for two configs: each position's drift falls on every config alike)."""
+    return tuple(configs) if index % 4 in (0, 3) else tuple(reversed(configs))
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation rounds so far: each config's value per complete round, and the leader's gain."""
+
+    baseline: int  # the baseline's first trial
+    configs: tuple[int, ...]  # the candidates' first trials
+    rounds: dict[int, dict[int, float | None]]  # round -> config -> value (None: failed or broke a limit)
+    queued: int  # rounds queued so far
+    leader: int | None
+    gain: Gain | None  # the leader's paired gain over the baseline
+    pairs: int
+
+    @property
+    def waiting(self) -> bool:
+        return any(len(values) < len(self.configs) + 1 for values in self.rounds.values()) or (
+            len(self.rounds) < self.queued
+        )
+
+
+def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
+    return ostudy.user_attrs.get(CONFIRM_ATTR)
+
+
+def _gain(
+    rounds: dict[int, dict[int, float | None]], base: int, config: int, maximize: bool, confidence: float
+) -> tuple[Gain | None, int]:
+    pairs = [
+        (reference, candidate)
+        for _, values in sorted(rounds.items())
+        if (reference := values.get(base)) is not None and (candidate := values.get(config)) is not None
+    ]
+    if len(pairs) < 2:
+        return None, len(pairs)
+    references, candidates = [r for r, _ in pairs], [c for _, c in pairs]
+    return paired_gain(references, candidates, minimize=not maximize, confidence=confidence), len(pairs)
+
+
+def confirmation(ostudy: optuna.Study) -> Confirmation | None:
+    """The study's confirmation rounds as measured so far; None before confirmation started."""
+    settings = _settings(ostudy)
+    if settings is None or len(ostudy.directions) != 1:
+        return None
+    base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
+    rounds: dict[int, dict[int, float | None]] = {}
+    since = int(settings.get("since", -1))
+    for trial in ostudy.get_trials(deepcopy=False):
+        mark = trial.user_attrs.get(CONFIRM_ATTR)
+        if not isinstance(mark, dict) or trial.number <= since:
+            continue
+        if not trial.state.is_finished() or not counts(trial):
+            continue
+        good = trial.state == TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
+        rounds.setdefault(int(mark["round"]), {})[int(trial.user_attrs[REMEASURE_OF_ATTR])] = (
+            float(trial.value) if good and trial.value is not None else None
+        )
+    maximize = maximizes(ostudy.direction)
+    confidence = float(settings.get("confidence", 0.95))
+    best: tuple[int | None, Gain | None, int] = (None, None, 0)
+    for config in configs:
+        gain, pairs = _gain(rounds, base, config, maximize, confidence)
+        if gain is not None and (best[1] is None or gain.pct > best[1].pct):
+            best = (config, gain, pairs)
+    return Confirmation(base, configs, rounds, int(settings.get("queued", 0)), *best)
+
+
+def _decided(state: Confirmation, settings: dict[str, Any]) -> bool:
+    """The leader's interval is narrow enough or clear of zero, after the first rounds; or rounds ran out."""
+    if state.queued >= int(settings["max_rounds"]):
+        return True
+    gain = state.gain
+    if gain is None or state.pairs < int(settings["min_rounds"]):
+        return False
+    return gain.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
+
+
+def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
+    """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
+    and the baseline, and remember them in the study; None when there is nothing to confirm."""
+    settings = study.file.trust.confirm
+    groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n and not g.failed]
+    base = next((g for g in groups if g.baseline), None)
+    if base is None:
+        return None
+    sign = 1.0 if maximizes(ostudy.direction) else -1.0
+    top = sorted((g for g in groups if not g.baseline), key=lambda g: -sign * g.mean)[: settings.top]
+    if not top:
+        return None
+    since = max((t.number for t in ostudy.get_trials(deepcopy=False)), default=-1)
+    record = {
+        **settings.model_dump(),
+        "baseline": base.of,
+        "configs": [g.of for g in top],
+        "queued": 0,
+        "since": since,  # its rounds are the trials after this one
+    }
+    ostudy.set_user_attr(CONFIRM_ATTR, record)
+    return record
+
+
+def _searched_since(ostudy: optuna.Study, since: int) -> bool:
+    """A trial the search launched after the confirmation started (a resume with a larger budget)."""
+    return any(
+        t.number > since and REMEASURE_OF_ATTR not in t.user_attrs and t.state.is_finished() and counts(t)
+        for t in ostudy.get_trials(deepcopy=False)
+    )
+
+
+def confirmation_rounds(study: Study, ostudy: optuna.Study) -> Iterator[int]:
+    """Queue the confirmation's rounds one at a time; yields the budget the study loop runs to for each
+    (every trial of the round: budget used plus the queued). A resumed study continues its rounds."""
+    if not study.file.trust.confirm.enabled or len(ostudy.directions) != 1:
+        return
+    settings = _settings(ostudy)
+    if settings is None or _searched_since(ostudy, int(settings.get("since", -1))):
+        settings = _start(study, ostudy)  # first, or again after a resumed search found more configs
+    if settings is None:
+        return
+    groups = {g.of: g for g in measurement_groups(ostudy)}
+    while True:
+        state = confirmation(ostudy)
+        assert state is not None  # started above
+        waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        if waiting:  # a round a Ctrl-C cut short: its trials run again first
+            yield budget_used(ostudy) + waiting
+            continue
+        if _decided(state, settings):
+            return
+        index = state.queued
+        for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):
+            enqueue_measurement(ostudy, groups[of], {CONFIRM_ATTR: {"round": index, "position": position}})
+        settings = {**settings, "queued": index + 1}
+        ostudy.set_user_attr(CONFIRM_ATTR, settings)
+        yield budget_used(ostudy) + len(state.configs) + 1
+
+
+def study_answer(ostudy: optuna.Study) -> dict[str, Any] | None:
+    """The study's answer (`autotune best --json`): `trial` (the config to use), `confirmed`, `value`,
+    `gain_pct` and `gain_interval_pct` over SGLang's defaults, `beats_defaults`, `rounds`, `noise` (the
+    estimate, or None) and `text`, a sentence for people. None for a multi-objective study or before
+    any feasible trial completed."""
+    if len(ostudy.directions) != 1:
+        return None
+    noise = noise_estimate(ostudy)
+    noise_record = noise.record() if noise is not None else None
+    noise_text = noise.describe() if noise is not None else "no config measured twice yet: noise unknown"
+    state = confirmation(ostudy)
+    if state is not None and state.gain is not None and state.leader is not None:
+        gain, leader = state.gain, state.leader
+        beats = gain.verdict == "gain"  # the whole interval above zero
+        chosen = leader if beats else state.baseline
+        values = [value for v in state.rounds.values() if (value := v.get(chosen)) is not None]
+        interval = [gain.low_pct, gain.high_pct]
+        shown = (
+            f"{gain.pct:+.1f}% (95% CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, {state.pairs} rounds)"
+        )
+        text = (
+            f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"
+            if beats
+            else f"no config beat SGLang's defaults beyond run-to-run noise (the best, trial {leader}'s "
+            f"config: {shown}); use SGLang's defaults"
+        )
+        return {
+            "confirmed": True,
+            "trial": chosen,
+            "leader": leader,
+            "beats_defaults": beats,
+            "value": sum(values) / len(values) if values else None,
+            "gain_pct": gain.pct,
+            "gain_interval_pct": interval,
+            "rounds": state.pairs,
+            "noise": noise_record,
+            "text": f"{text}; {noise_text}",
+        }
+    best = best_trial(ostudy)
+    if best is None or best.value is None:
+        return None
+    base = next(
+        (
+            t
+            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get(BASELINE_ATTR) and t.value is not None
+        ),
+        None,
+    )
+    gain_pct = None
+    if base is not None and base.value:
+        gain_pct = direction_sign(ostudy.direction) * (best.value - base.value) / abs(base.value) * 100
+    within = None if noise is None or gain_pct is None else abs(gain_pct) <= 100 * noise.band()
+    shown = f"{gain_pct:+.1f}%" if gain_pct is not None else "an unknown gain"
+    verdict = (
+        " (within the run-to-run noise band: it may be no gain at all)"
+        if within
+        else " (beyond the noise band, but not confirmed)"
+        if within is False
+        else ""
+    )
+    return {
+        "confirmed": False,
+        "trial": best.number,
+        "leader": best.number,
+        "beats_defaults": None,
+        "value": best.value,
+        "gain_pct": gain_pct,
+        "gain_interval_pct": None,
+        "rounds": 0,
+        "noise": noise_record,
+        "within_noise": within,
+        "text": (
+            f"unconfirmed: trial {best.number}'s config measured {shown} over SGLang's defaults once, not "
+            f"confirmed in interleaved rounds{verdict}; {noise_text}"
+        ),
+    }
+
+
+def answer_for_tracking(ostudy: optuna.Study) -> tuple[dict[str, float], dict[str, str]]:
+    """The MLflow parent run's metrics and tags of the study's trust: the noise estimate, the answer
+    (confirmed or not, its gain and interval) and why the search stopped early."""
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    noise = noise_estimate(ostudy)
+    if noise is not None:
+        metrics["noise_relative_sd_pct"] = 100 * noise.relative_sd
+        metrics["noise_dof"] = float(noise.dof)
+        tags["autotune.noise"] = noise.describe()[:5000]
+    answer = study_answer(ostudy)
+    if answer is not None:
+        tags["autotune.confirmed"] = str(answer["confirmed"]).lower()
+        tags["autotune.answer"] = answer["text"][:5000]
+        if answer["confirmed"]:
+            metrics["confirmed_gain_pct"] = answer["gain_pct"]
+            low, high = answer["gain_interval_pct"]
+            metrics.update(confirmed_gain_ci_low_pct=low, confirmed_gain_ci_high_pct=high)
+    why = stopped_early(ostudy)
+    if why is not None:
+        tags["autotune.stopped_early"] = why[:5000]
+    return metrics, tags

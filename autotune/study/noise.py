@@ -1,0 +1,119 @@
+"""The run-to-run noise of a study's objective, measured on its own node(s), not assumed.
+
+One launch of a config is one draw: the same flags on the same GPU give another value on the next launch
+(about 0.5% on one H200 for throughput, more between machines or leases). The study launches the
+baseline again once a few trials ran (`trust.repeat_baseline_after`; confirmation launches it again at the
+end, which also catches drift), and pools the spread of every config measured more than once into one
+relative standard deviation with its degrees of freedom. The stopping rule, the sampler's moves and the
+answer (`autotune best`) read it; `status` and MLflow show it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import optuna
+
+from autotune.config import Study
+from autotune.measure.stats import t_quantile
+from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.remeasure import enqueue_measurement
+from autotune.study.rules import ConfigMeasurements, maximizes, measurement_groups
+from autotune.study.storage import budget_used
+
+__all__ = ["NoiseEstimate", "noise_estimate", "repeat_baseline"]
+
+NEAR_BEST = 0.10  # the configs whose noise counts: a mean within 10% of the best one's
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The pooled relative standard deviation of one measurement (0.01: 1%), its degrees of freedom (the
+    measurements beyond the first of each config) and the configs it came from (their first trials)."""
+
+    relative_sd: float
+    dof: int
+    configs: tuple[tuple[int, tuple[int, ...]], ...]  # (first trial, its measured trials) of each config
+
+    def band(self, confidence: float = 0.95, *, spread_known: bool = False) -> float:
+        """The relative difference two single measurements of one config stay within at `confidence`:
+        sqrt(2) standard deviations (a difference of two draws) times the t quantile of the estimate's
+        degrees of freedom, or the normal one with `spread_known` (the spread taken as exact)."""
+        quantile = (
+            NormalDist().inv_cdf((1 + confidence) / 2) if spread_known else t_quantile(confidence, self.dof)
+        )
+        return quantile * math.sqrt(2) * self.relative_sd
+
+    def describe(self) -> str:
+        """`run-to-run noise: 0.62% (pooled relative SD, 3 degrees of freedom, from trials 0, 4 and 9)`."""
+        sources = "; ".join(
+            f"trial {of}'s config ({', '.join(map(str, trials))})" for of, trials in self.configs
+        )
+        return (
+            f"run-to-run noise: {self.relative_sd:.2%} of a measurement (pooled relative SD, {self.dof} "
+            f"degree{'s' if self.dof != 1 else ''} of freedom, from {sources}); two runs of one config "
+            f"differ by up to {self.band():.2%} (95%)"
+        )
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready, for `status --json`, `best --json` and MLflow."""
+        return {
+            "relative_sd_pct": 100 * self.relative_sd,
+            "band_pct": 100 * self.band(),
+            "dof": self.dof,
+            "configs": [{"trial": of, "trials": list(trials)} for of, trials in self.configs],
+        }
+
+
+def pooled(groups: list[ConfigMeasurements], maximize: bool = True) -> NoiseEstimate | None:
+    """The noise of `groups` measured more than once (each around its own mean), or None when none was.
+
+    Only the configs within NEAR_BEST of the best mean count when any do: a config far below the best (a
+    starved batch, 2300 against 4300 tok/s on the H200) can spread ten times more, and says nothing about
+    the differences among the configs near the top, which the answer and the stopping rule judge."""
+    repeated = [g for g in groups if g.n >= 2 and g.mean != 0]
+    if not repeated:
+        return None
+    sign = 1.0 if maximize else -1.0
+    top = max(sign * g.mean for g in repeated)
+    near = [g for g in repeated if sign * g.mean >= top - NEAR_BEST * abs(top)]
+    squares, dof, sources = 0.0, 0, []
+    for group in near or repeated:
+        mean = group.mean
+        squares += math.fsum(((v - mean) / mean) ** 2 for v in group.values)
+        dof += group.n - 1
+        sources.append((group.of, group.trials))
+    if dof == 0:
+        return None
+    return NoiseEstimate(math.sqrt(squares / dof), dof, tuple(sources))
+
+
+def noise_estimate(ostudy: optuna.Study) -> NoiseEstimate | None:
+    """The study's noise estimate from every config it measured more than once; None before any was, and
+    for a multi-objective study."""
+    if len(ostudy.directions) != 1:
+        return None
+    return pooled(measurement_groups(ostudy), maximizes(ostudy.direction))
+
+
+def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
+    """Queue the baseline again once `trust.repeat_baseline_after` trials were launched (and once more after
+    each as many more, while the stopping rule wants more degrees of freedom: `stop_early.min_noise_dof`),
+    once it completed; returns the baseline's trial number when queued."""
+    trust = study.file.trust
+    after = trust.repeat_baseline_after
+    wanted = max(1, trust.stop_early.min_noise_dof) if trust.stop_early.enabled else 1
+    if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
+        return None
+    trials = ostudy.get_trials(deepcopy=False)
+    repeats = sum(1 for t in trials if t.user_attrs.get(BASELINE_ATTR) and REMEASURE_OF_ATTR in t.user_attrs)
+    if repeats >= wanted or budget_used(ostudy) < after * (repeats + 1):
+        return None
+    base = next((g for g in measurement_groups(ostudy) if g.baseline and g.n), None)
+    if base is None:
+        return None
+    enqueue_measurement(ostudy, base, {})
+    return base.of

@@ -1,0 +1,100 @@
+"""The stopping rule: a search ends early when further trials are unlikely to beat its best beyond noise.
+
+The rule (`trust.stop_early`): after `min_trials` launched trials, when the last `patience` search trials
+did not raise the best value by more than the noise band (two runs of one config differ by up to that at
+95%: `NoiseEstimate.band`), the search stops and the study goes on to confirmation; the rest of the budget
+is left unused (`autotune resume --n-trials N` continues the search).
+
+Why this rule: on real H200 studies most configs lie inside one config's run-to-run spread, so the best
+single value keeps creeping up by draws of noise while the configs themselves are no better; an
+improvement within the band is what a repeat of the same config would give. It needs the noise measured
+(the baseline's early repeats: `min_noise_dof` degrees of freedom, as one pair of runs can give a spread
+from half to 16 times the true one), so without such an estimate it never stops a study;
+`patience` search trials is the sampler's chance to find something beyond the band after its start. The
+band takes the measured spread as exact (the normal quantile, 2.8 SDs): with the t quantile of one early
+repeat's single degree of freedom (12.7) it would be 18 SDs wide and stop nearly any search; the answer,
+which claims a gain, keeps the t quantile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import Study
+from autotune.study.noise import noise_estimate
+from autotune.study.records import BASELINE_ATTR, QUEUED_ATTR, REMEASURE_OF_ATTR, STOPPED_ATTR
+from autotune.study.rules import direction_sign, is_feasible
+from autotune.study.storage import counts
+
+__all__ = ["record_stop", "stopped_early", "why_stop"]
+
+
+def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The finished launches the sampler proposed (not the baseline, a repeat or a config queued by hand)."""
+    return [
+        t
+        for t in sorted(trials, key=lambda t: t.number)
+        if t.state.is_finished()
+        and counts(t)
+        and not t.user_attrs.get(BASELINE_ATTR)
+        and REMEASURE_OF_ATTR not in t.user_attrs
+        and QUEUED_ATTR not in t.user_attrs
+    ]
+
+
+def _best(trials: Sequence[FrozenTrial], sign: float) -> float | None:
+    values = [
+        sign * t.value
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.value is not None and is_feasible(t)
+    ]
+    return max(values, default=None)
+
+
+def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
+    """Why the search should stop now, in a sentence, or None to go on."""
+    settings = study.file.trust.stop_early
+    if not settings.enabled or len(ostudy.directions) != 1:
+        return None
+    trials = ostudy.get_trials(deepcopy=False)
+    launched = [t for t in trials if t.state.is_finished() and counts(t)]
+    search = _search_trials(trials)
+    # After an earlier stop, a resumed search gets `patience` trials of its own before the rule looks again.
+    since = int((ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("after_trial", -1))
+    fresh = [t for t in search if t.number > since]
+    if len(launched) < settings.min_trials or len(search) <= settings.patience:
+        return None
+    if len(fresh) < settings.patience:
+        return None
+    noise = noise_estimate(ostudy)
+    if noise is None or noise.dof < settings.min_noise_dof:
+        return None
+    sign = direction_sign(ostudy.direction)
+    recent = {t.number for t in search[-settings.patience :]}
+    before = _best([t for t in launched if t.number not in recent], sign)
+    now = _best(launched, sign)
+    if before is None or now is None or before == 0:
+        return None
+    improvement = (now - before) / abs(before)
+    band = noise.band(spread_known=True)
+    if improvement > band:
+        return None
+    return (
+        f"stopped early: the last {settings.patience} search trials raised the best by {improvement:.2%}, "
+        f"within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
+        "`autotune resume --n-trials N` continues the search"
+    )
+
+
+def record_stop(ostudy: optuna.Study, why: str) -> None:
+    """Remember in the study that its search stopped early, why, and after which trial."""
+    last = max((t.number for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()), default=-1)
+    ostudy.set_user_attr(STOPPED_ATTR, {"why": why, "after_trial": last})
+
+
+def stopped_early(ostudy: optuna.Study) -> str | None:
+    """Why the study's search last stopped early, or None when it never did."""
+    return (ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("why")

@@ -1,0 +1,326 @@
+"""Answers a user can trust (the study file's `trust`): no launch made twice, the noise measured, the winner
+confirmed in interleaved rounds, a search that stops when it stops finding; run fast on nodes answered by
+the simulated node's model (with its run-to-run noise), real Optuna storage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.cli import main
+from autotune.config import Study, load_study
+from autotune.errors import ConfigError
+from autotune.node.pool import LocalNodePool, NodePool
+from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study.callbacks import StudyCallback, TrialFinished
+from autotune.study.confirm import confirmation, round_order, study_answer
+from autotune.study.loop import StudyDriver, StudyInterrupted
+from autotune.study.noise import noise_estimate, pooled
+from autotune.study.rules import ConfigMeasurements, launch_identity, same_launch
+from autotune.study.storage import budget_used
+from tests.builders import StudyFiles
+
+
+def model_pool(noise: float = 0.0) -> Callable[[Study], NodePool]:
+    """One node answered by the model of the seed's node, with `noise` (relative SD) on every launch."""
+    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    return lambda study: LocalNodePool(
+        {"n0": ModelExecutor("n0", hw, model, noise=noise)}, {"n0": node_report("n0", hw, model)}
+    )
+
+
+OFF: dict[str, Any] = {
+    "skip_same_launch": False,
+    "repeat_baseline_after": 0,
+    "confirm": False,
+    "stop_early": False,
+}
+# Knobs the model's throughput does not depend on: a flat landscape, where only noise differs.
+FLAT = {
+    "parameters": {
+        "--schedule-policy": {"kind": "sglang", "type": "categorical", "choices": [None, "lpm", "fcfs"]},
+        "--stream-interval": {"kind": "sglang", "type": "categorical", "choices": [None, 2, 4, 16]},
+    }
+}
+
+
+def one_value_space(name: str, value: object) -> dict[str, object]:
+    return {"parameters": {name: {"kind": "sglang", "type": "categorical", "choices": [value]}}}
+
+
+def launched(ostudy: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in ostudy.get_trials(deepcopy=False) if "node" in t.user_attrs]
+
+
+# -- the study file ---------------------------------------------------------------------------------------
+def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFiles) -> None:
+    trust = load_study(study_file(trust=None)).file.trust
+    assert trust.skip_same_launch and trust.repeat_baseline_after == 3
+    assert trust.confirm.enabled and trust.confirm.top == 2 and trust.confirm.max_rounds == 6
+    assert trust.stop_early.enabled
+    off = load_study(study_file(trust={"confirm": False, "stop_early": {"patience": 4}})).file.trust
+    assert not off.confirm.enabled and off.stop_early.enabled and off.stop_early.patience == 4
+    everything = load_study(study_file(trust=False)).file.trust
+    assert not (everything.skip_same_launch or everything.confirm.enabled or everything.stop_early.enabled)
+
+
+@pytest.mark.parametrize(
+    ("trust", "words"),
+    [
+        ({"confirm": 3}, ["trust.confirm", "not a switch nor a section", "`confirm: off`"]),
+        ({"confirm": {"min_rounds": 5, "max_rounds": 3}}, ["trust.confirm.min_rounds", "5", "max_rounds"]),
+        ({"stop_early": {"patience": 0}}, ["trust.stop_early.patience"]),
+        ({"skip_repeats": True}, ["trust.skip_repeats"]),
+    ],
+)
+def test_a_wrong_trust_setting_names_the_file_the_field_and_the_fix(
+    study_file: StudyFiles, trust: dict[str, Any], words: list[str]
+) -> None:
+    path = study_file(trust=trust)
+    with pytest.raises(ConfigError) as error:
+        load_study(path)
+    message = str(error.value)
+    assert str(path) in message or path.name in message
+    for word in words:
+        assert word in message
+
+
+# -- the same launch --------------------------------------------------------------------------------------
+ARGV = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "8", "--trust-remote-code"]
+
+
+def test_the_same_launch_is_the_same_flags_as_the_server_reads_them() -> None:
+    env = {"NCCL_ALGO": "Ring"}
+    a = launch_identity([*ARGV, "--mem-fraction-static", "0.80", "--port", "30000"], env)
+    b = launch_identity([*ARGV, "--port=30000", "--mem-fraction-static", "0.8"], env)
+    assert same_launch(a, b, {})
+    assert not same_launch(a, launch_identity([*ARGV, "--mem-fraction-static", "0.81"], env), {})
+    tree = launch_identity([*ARGV, "--mem-fraction-static", "0.8"], {"NCCL_ALGO": "Tree"})
+    assert not same_launch(a, tree, {})
+    switch = launch_identity([*ARGV, "--disable-radix-cache"], {})
+    assert not same_launch(launch_identity(ARGV, {}), switch, {})
+
+
+def test_a_knob_left_unset_is_the_value_the_server_chose_for_itself() -> None:
+    unset = launch_identity(ARGV, {})
+    chosen = launch_identity([*ARGV, "--mem-fraction-static", "0.88"], {})
+    assert same_launch(unset, chosen, {"--mem-fraction-static": 0.88})
+    assert not same_launch(unset, chosen, {"--mem-fraction-static": 0.85})
+    assert not same_launch(unset, chosen, {})  # before the baseline said what it chose
+
+
+def test_a_secret_flag_is_not_kept_in_the_clear() -> None:
+    identity = launch_identity([*ARGV, "--api-key", "sk-secret-123"], {"HF_TOKEN": "hf_secret"})
+    assert "sk-secret-123" not in json.dumps(identity) and "hf_secret" not in json.dumps(identity)
+    other = launch_identity([*ARGV, "--api-key", "other"], {"HF_TOKEN": "hf_secret"})
+    assert not same_launch(identity, other, {})
+
+
+def test_a_config_launched_before_is_recorded_with_its_result_not_launched_again(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = one_value_space("--chunked-prefill-size", 4096)
+    path = study_file(n_trials=4, search_space=space, trust={**OFF, "skip_same_launch": True})
+    driver = StudyDriver(load_study(path), pool=model_pool(), tracking=False)
+    ostudy = driver.run()
+    trials = ostudy.get_trials(deepcopy=False)
+    same = [t for t in trials if "same_as" in t.user_attrs]
+    # Only the baseline and trial 1 ran; every later proposal was trial 1's launch again.
+    assert [t.number for t in launched(ostudy)] == [0, 1]
+    assert same and all(t.user_attrs["same_as"] == 1 for t in same)
+    assert all(t.state == TrialState.COMPLETE and t.value == trials[1].value for t in same)
+    assert all("node_s" not in t.user_attrs and t.user_attrs["skipped"] for t in same)
+    assert budget_used(ostudy) == 2  # no budget spent on them; the search stopped: nothing new was proposed
+    assert driver.stopped is not None and "launched before" in driver.stopped
+    # Never a second measurement of the config: the noise has nothing to pool.
+    assert noise_estimate(ostudy) is None
+    assert main(["status", str(path)]) == 0
+    assert "same as trial 1: its launch again, not run" in capsys.readouterr().out
+
+
+def test_without_the_switch_the_same_config_is_launched_again(study_file: StudyFiles) -> None:
+    space = one_value_space("--chunked-prefill-size", 4096)
+    path = study_file(n_trials=4, search_space=space, trust=OFF)
+    ostudy = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run()
+    assert [t.number for t in launched(ostudy)] == [0, 1, 2, 3]
+
+
+def test_a_config_queued_by_hand_is_launched_even_when_it_ran_before(study_file: StudyFiles) -> None:
+    space = one_value_space("--chunked-prefill-size", 4096)
+    path = study_file(n_trials=2, search_space=space, trust={**OFF, "skip_same_launch": True})
+    study = load_study(path)
+    ostudy = StudyDriver(study, pool=model_pool(), tracking=False).run()
+    ostudy.enqueue_trial({"--chunked-prefill-size": 4096}, user_attrs={"queued": {"set": {}}})
+    ostudy = StudyDriver(study, pool=model_pool(), tracking=False).run(n_trials=3)
+    assert [t.number for t in launched(ostudy)] == [0, 1, 2]
+
+
+# -- the noise --------------------------------------------------------------------------------------------
+def group(of: int, values: list[float], baseline: bool = False) -> ConfigMeasurements:
+    trials = tuple(range(of, of + len(values)))
+    return ConfigMeasurements(of, baseline, {}, trials, tuple(values), ())
+
+
+def test_the_noise_is_the_pooled_relative_spread_of_the_configs_near_the_best() -> None:
+    # (100, 102): mean 101, squares (1/101)^2 * 2; (200, 196, 204): mean 200, squares (4/200)^2 * 2.
+    groups = [group(0, [100, 102], baseline=True), group(5, [200, 196, 204]), group(9, [180.0])]
+    near = pooled(groups)  # the baseline is 50% below the best: its spread is not the top's
+    assert near is not None and near.dof == 2 and [of for of, _ in near.configs] == [5]
+    assert near.relative_sd == pytest.approx(((2 * (4 / 200) ** 2) / 2) ** 0.5)
+    close = [group(0, [190, 194], baseline=True), group(5, [200, 196, 204])]
+    both = pooled(close)
+    assert both is not None and both.dof == 3 and [of for of, _ in both.configs] == [0, 5]
+    assert both.relative_sd == pytest.approx(((2 * (2 / 192) ** 2 + 2 * (4 / 200) ** 2) / 3) ** 0.5)
+    assert pooled([group(0, [1.0]), group(1, [2.0])]) is None
+
+
+def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=7, trust={**OFF, "repeat_baseline_after": 3})
+    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01), tracking=False).run()
+    repeats = [t for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
+    assert [t.number for t in repeats] == [3] and repeats[0].user_attrs["remeasure_of"] == 0
+    noise = noise_estimate(ostudy)
+    assert noise is not None and noise.dof == 1 and noise.configs[0] == (0, (0, 3))
+    assert 0 < noise.relative_sd < 0.05  # the model's 1% noise, from one pair
+    assert budget_used(ostudy) == 7  # the repeat is a launch: it counts
+
+
+# -- confirmation -----------------------------------------------------------------------------------------
+def test_round_order_alternates_as_compare_does() -> None:
+    assert [round_order(i, ("d", "a", "b")) for i in range(4)] == [
+        ("d", "a", "b"),
+        ("b", "a", "d"),
+        ("b", "a", "d"),
+        ("d", "a", "b"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def confirmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.Study]:
+    trust = {"repeat_baseline_after": 3, "confirm": {"top": 2, "max_rounds": 4}, "stop_early": False}
+    path = StudyFiles(tmp_path_factory.mktemp("confirm"))(n_trials=10, trust=trust)
+    return path, StudyDriver(load_study(path), pool=model_pool(noise=0.01), tracking=False).run()
+
+
+def test_the_best_configs_and_the_defaults_run_again_in_interleaved_rounds(
+    confirmed: tuple[Path, optuna.Study],
+) -> None:
+    _, ostudy = confirmed
+    state = confirmation(ostudy)
+    assert state is not None and len(state.configs) == 2
+    rounds: dict[int, list[int]] = {}
+    for trial in sorted(launched(ostudy), key=lambda t: t.number):
+        if "confirm" in trial.user_attrs:
+            assert trial.state == TrialState.COMPLETE
+            mark = trial.user_attrs["confirm"]
+            rounds.setdefault(mark["round"], []).append(trial.user_attrs["remeasure_of"])
+    assert 2 <= len(rounds) <= 4
+    order = (state.baseline, *state.configs)
+    for index, configs in rounds.items():
+        assert tuple(configs) == round_order(index, order)  # each a launch of its own, in the round's order
+    assert budget_used(ostudy) == 10 + 3 * len(rounds)  # beyond the search's budget
+
+
+class CtrlCInConfirmation(StudyCallback):
+    """Presses Ctrl-C once, when the first confirmation launch finished (its round's others still queued)."""
+
+    def __init__(self, study: Study) -> None:
+        self.study, self.pressed = study, False
+
+    def trial_finished(self, event: TrialFinished) -> None:
+        stored = optuna.load_study(study_name=self.study.name, storage=self.study.storage)
+        if not self.pressed and "confirm" in stored.trials[event.number].user_attrs:
+            self.pressed = True
+            raise KeyboardInterrupt
+
+
+def test_confirmation_resumes_after_ctrl_c_where_it_stopped(study_file: StudyFiles) -> None:
+    trust = {"repeat_baseline_after": 3, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
+    study = load_study(study_file(n_trials=5, trust=trust))
+    with pytest.raises(StudyInterrupted):
+        StudyDriver(study, [CtrlCInConfirmation(study)], pool=model_pool(noise=0.01), tracking=False).run()
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01), tracking=False).run()
+    state = confirmation(ostudy)
+    assert state is not None and state.queued == 2 and state.pairs == 2
+    assert sorted(state.rounds) == [0, 1] and all(len(v) == 2 for v in state.rounds.values())
+    assert budget_used(ostudy) == 5 + 4  # no round measured twice, none lost
+
+
+def test_best_reports_the_confirmed_gain_with_its_interval(
+    confirmed: tuple[Path, optuna.Study], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ostudy = confirmed
+    answer = study_answer(ostudy)
+    assert answer is not None and answer["confirmed"] is True and answer["beats_defaults"] is True
+    low, high = answer["gain_interval_pct"]
+    assert 0 < low <= answer["gain_pct"] <= high
+    assert answer["noise"]["dof"] >= 1
+    assert main(["best", str(path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["confirmed"] is True and record["trial"] == answer["trial"] == answer["leader"]
+    assert record["gain_interval_pct"] == [low, high] and record["noise"] == answer["noise"]
+    assert main(["best", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"confirmed: trial {answer['trial']}'s config beats SGLang's defaults by" in shown
+
+
+def test_on_a_flat_landscape_best_says_no_config_beat_the_defaults_and_exports_them(
+    study_file: StudyFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trust = {"repeat_baseline_after": 3, "confirm": {"top": 2, "max_rounds": 4}, "stop_early": False}
+    path = study_file(n_trials=8, search_space=FLAT, trust=trust)
+    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01), tracking=False).run()
+    answer = study_answer(ostudy)
+    assert answer is not None and answer["confirmed"] is True and answer["beats_defaults"] is False
+    assert answer["trial"] == 0  # SGLang's defaults
+    export = tmp_path / "best.sh"
+    assert main(["best", str(path), "--export", str(export)]) == 0
+    out = capsys.readouterr().out
+    assert "no config beat SGLang's defaults beyond run-to-run noise" in out
+    assert "settings: SGLang's defaults" in out
+    script = export.read_text()
+    assert "--schedule-policy" not in script and "--stream-interval 8" not in script.replace("\\\n", "")
+
+
+def test_a_study_without_confirmation_says_its_gain_is_unconfirmed(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=6, trust={**OFF, "repeat_baseline_after": 2})
+    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01), tracking=False).run()
+    answer = study_answer(ostudy)
+    assert answer is not None and answer["confirmed"] is False and answer["gain_interval_pct"] is None
+    assert answer["text"].startswith(f"unconfirmed: trial {answer['trial']}'s config measured")
+    assert answer["noise"] is not None and "run-to-run noise" in answer["text"]
+
+
+# -- the stopping rule ------------------------------------------------------------------------------------
+def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_it(
+    study_file: StudyFiles,
+) -> None:
+    trust = {"repeat_baseline_after": 2, "confirm": False, "stop_early": {"min_trials": 5, "patience": 3}}
+    path = study_file(n_trials=30, search_space=FLAT, trust=trust)
+    study = load_study(path)
+    driver = StudyDriver(study, pool=model_pool(noise=0.01), tracking=False)
+    ostudy = driver.run()
+    used = budget_used(ostudy)
+    assert used < 30 and driver.stopped is not None and "within the run-to-run noise band" in driver.stopped
+    assert ostudy.user_attrs["stopped"]["why"] == driver.stopped
+    # The baseline ran again twice early (after 2 and 4 launches): the rule stops on 2 degrees of freedom.
+    repeats = [t.number for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
+    assert len(repeats) == 2 and noise_estimate(ostudy).dof >= 2  # type: ignore[union-attr]
+    # The rest of the budget is left; a resume gets `patience` more search trials before the rule looks again.
+    again = StudyDriver(study, pool=model_pool(noise=0.01), tracking=False)
+    ostudy = again.run(n_trials=30)
+    assert budget_used(ostudy) >= used + 3
+
+
+def test_without_the_rule_a_flat_search_spends_its_budget(study_file: StudyFiles) -> None:
+    trust = {"repeat_baseline_after": 2, "confirm": False, "stop_early": False}
+    path = study_file(n_trials=12, search_space=FLAT, trust=trust)
+    driver = StudyDriver(load_study(path), pool=model_pool(noise=0.01), tracking=False)
+    assert budget_used(driver.run()) == 12 and driver.stopped is None
