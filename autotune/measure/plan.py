@@ -46,6 +46,7 @@ _NOT_AVERAGED = (
     "first_error",
     "time_scale",
     "load_stopped_by",
+    "load_warning",
 )
 
 
