@@ -35,6 +35,7 @@ from autotune.study.records import (
     CONFIRM_ATTR,
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
+    LOAD_WARNING_ATTR,
     MLFLOW_RUN_ATTR,
     OVER_LIMITS_ATTR,
     PROPOSED_ATTR,
@@ -495,6 +496,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "feasible": is_feasible(trial),
         "over_limits": trial.user_attrs.get(OVER_LIMITS_ATTR),
         "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
+        "load_warning": trial.user_attrs.get(LOAD_WARNING_ATTR),
         "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "same_as": trial.user_attrs.get(SAME_AS_ATTR),
@@ -588,6 +590,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
+    if t["load_warning"]:
+        notes.append(f"warning: {t['load_warning']}")
     if t["confirm"] is not None:
         notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
     elif t["remeasure_of"] is not None:

@@ -51,7 +51,7 @@ from autotune.measure.client import Workload
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import samplers
 from autotune.study.loop import StudyDriver
@@ -286,7 +286,7 @@ def sample_rejections(hardware_name: str, model_name: str, samples: int, seed: i
     """Random configs on one hardware x model pair, each checked by the pre-flight and run on the model."""
     hardware, model = load_hardware_profile(hardware_name), load_model_profile(model_name)
     facts = node_report("node", hardware, model)
-    executor = ModelExecutor("node", hardware, model)
+    executor = ModelNodeExecutor("node", hardware, model)
     rng = random.Random(seed)
     workload = Workload(num_prompts=4, input_len=1024, output_len=64, concurrency=4)
     profile = PROFILES["seed"]

@@ -7,7 +7,7 @@
    from the best mean after re-measuring the top 3 configs 3 times (and the baseline), and what each
    winner is truly worth (the model's noise-free value) against its claimed gain.
 
-Studies run through the product's `StudyDriver` on `ModelExecutor` nodes with an in-memory Optuna storage
+Studies run through the product's `StudyDriver` on `ModelNodeExecutor` nodes with an in-memory Optuna storage
 and no MLflow, like `sample_efficiency.py`; node time is the model's start-up plus benchmark seconds.
 
     python benchmarks/measurement.py [--quick]
@@ -33,7 +33,7 @@ from model_studies import NODE, PROFILES, SEARCH_SPACE, Profile, save_study
 
 from autotune.config import Study
 from autotune.node.pool import LocalNodePool
-from autotune.sim.model_node import ModelExecutor
+from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import optuna_internals
 from autotune.study.loop import StudyDriver
@@ -45,7 +45,7 @@ from autotune.trial.wire import TrialRequest, TrialResult
 PROMPTS_PER_CONCURRENCY = 8  # a full measurement of 8 rounds of requests, its short run 2
 
 
-class ClockedNode(ModelExecutor):
+class ClockedNode(ModelNodeExecutor):
     """A model node that adds up each trial's node time (start-up plus every benchmark of its plan).
 
     The driver seeds a trial's noise with its number, so trial 0 (the baseline) would draw the same noise in
@@ -149,7 +149,7 @@ def true_value(study: Study, profile: Profile, params: dict[str, Any] | None) ->
     w = study.objective.workload
     assert w is not None, f"{profile.objective} is a serving objective with a workload"
     request = TrialRequest(0, study.server_launch(config), w, 1.0, 1.0)
-    result = ModelExecutor(
+    result = ModelNodeExecutor(
         NODE, load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     ).run(request)
     return result.benchmark.output_throughput if result.benchmark is not None else 0.0

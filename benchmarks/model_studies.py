@@ -2,7 +2,7 @@
 thousand: the study file for a profile, a node that counts the node time its trials would take, and the
 landscape (the tok/s of any config of the search space, asked the same way).
 
-A study here runs through `StudyDriver` with a `LocalNodePool` of `ModelExecutor`s, an in-memory Optuna
+A study here runs through `StudyDriver` with a `LocalNodePool` of `ModelNodeExecutor`s, an in-memory Optuna
 storage and no MLflow tracking, so the outcome rules (an OOM pruned with the penalty, a certain OOM
 pruned by the pre-flight check without a launch, an unsupported flag remembered and never launched
 again, skipped proposals not counted) are the product's own.
@@ -30,8 +30,8 @@ from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
 from autotune.errors import ConfigError
 from autotune.node.pool import LocalNodePool, NodePool
-from autotune.sim.model import MemoryPlan, NodeModel
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model import MemoryPlan, NodePerformanceModel
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.study.confirm import study_answer
@@ -248,7 +248,7 @@ def save_study(folder: Path, data: Mapping[str, Any]) -> Study:
     return load_study(path)
 
 
-class NodeClock(ModelExecutor):
+class NodeClock(ModelNodeExecutor):
     """A model node that also adds up, per trial, the node time the trial would take: start-up until the
     server is ready or dies, plus the benchmark (until it ends or runs out of memory); the NCCL stage's
     all-reduce jobs (numbered in their own study) apart, in `stage_s`."""
@@ -378,7 +378,7 @@ class Landscape:
         self.values = {name: parameter_values(self.space, name) for name in self.space}
         self.hardware = load_hardware_profile(profile.hardware)
         self.model = load_model_profile(profile.model)
-        self._executor = ModelExecutor(NODE, self.hardware, self.model)
+        self._executor = ModelNodeExecutor(NODE, self.hardware, self.model)
         workload = self.study.objective.workload
         if workload is None:
             raise ValueError(
@@ -416,7 +416,7 @@ class Landscape:
         """SGLang's own memory plan for the baseline launch (its automatic --mem-fraction-static, ...)."""
         argv = list(self.study.server_launch(self.space.baseline()).argv)
         flags = argv[argv.index("--model-path") :]
-        return NodeModel(self.hardware, self.model, settings_for(flags, {})).plan
+        return NodePerformanceModel(self.hardware, self.model, settings_for(flags, {})).plan
 
     def complete(self, params: Params) -> Params:
         """`params` with a value for every parameter: the default (unset or off) or the lowest value where

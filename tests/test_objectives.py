@@ -28,7 +28,7 @@ from autotune.node.bench_serving import FIELDS, BenchServingRun, command, parse_
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import LocalNodePool
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.sim.model_node import ModelExecutor
+from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study.loop import StudyDriver
 from autotune.study.pruning import SHORT_STEP, _probe, short_cutoff, short_pruner
@@ -94,7 +94,7 @@ def rule_error(**fields: Any) -> ConfigError:
     return info.value
 
 
-class ClockedModelNode(ModelExecutor):
+class ClockedModelNode(ModelNodeExecutor):
     """A model node that adds up each trial's node time: start-up plus every benchmark it ran."""
 
     def __init__(self, noise: float = 0.0) -> None:

@@ -48,9 +48,10 @@ class LoadSearch(BaseModel):
     """The highest load at which the SLO holds, searched on one launch: `vary` the request rate (requests/s)
     or the concurrency from `start`, doubling while a step passes (halving while it fails) and then bisecting
     between the highest pass and the lowest failure, at most `steps` benchmarks, none above `max`. A step
-    passes when at least `attainment` of its requests met workload.slo. The trial's `max_load` is the highest
-    load that passed (0 when none down to `min` did); a server that dies under load keeps the highest load
-    that passed before."""
+    passes when at least `attainment` of its requests met workload.slo. The trial's `max_load` is the load at
+    which the attainment crosses `attainment`, interpolated between the highest pass and the lowest miss (0
+    when none down to `min` passed); a server that dies under load keeps the highest load that passed before.
+    A search that runs out of `steps` before `tolerance` carries a warning (status, MLflow)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

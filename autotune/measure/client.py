@@ -112,9 +112,11 @@ class BenchmarkResult:
     # With the workload's SLO: good requests per server second, and the share of requests sent that were good.
     request_goodput: float | None = None
     slo_attainment: float | None = None
-    # A load search (autotune.measure.load_search): the highest load that met the SLO, and why it ended.
+    # A load search (autotune.measure.load_search): the load at which the SLO attainment crossed its
+    # threshold, why the search ended, and a warning when it ran out of steps before its tolerance.
     max_load: float | None = None
     load_stopped_by: str | None = None
+    load_warning: str | None = None
 
     def to_json(self) -> str:
         """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""

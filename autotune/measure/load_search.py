@@ -5,10 +5,16 @@ inference-perf's "maximum load under an SLA": starting at `start`, the load (req
 requests in flight) doubles while a step meets the SLO and halves while it misses, which brackets the
 answer; then the bracket is bisected until it is narrower than `tolerance` of the highest pass (one request
 in flight for concurrency) or `steps` benchmarks ran. A step passes when at least `attainment` of its
-requests met the workload's SLO and none failed. The result is the highest passing step's, with
-`max_load` its load and every step kept in `levels`; a step whose benchmark fails (the server died, or
-timed out) counts as a miss, and the search stops at the second failure in a row. Only when no step
-measured anything does the trial fail.
+requests met the workload's SLO and none failed. The result is the highest passing step's, with every step
+kept in `levels`; a step whose benchmark fails (the server died, or timed out) counts as a miss, and the
+search stops at the second failure in a row. Only when no step measured anything does the trial fail.
+
+`max_load` is where the SLO attainment crosses `attainment` between the highest pass and the lowest miss,
+interpolated linearly on the two steps' attainment (as vLLM's `serve_sla` solves for the crossing of its SLA
+margin; between two points its monotone spline is this line): a continuous value, so two configs whose
+search stopped at the same bracket are still told apart by how far past the threshold each one held. When
+the lowest miss lost requests (errors, a dying server) it says nothing about latency, and `max_load` is the
+highest pass. A search that ran out of `steps` before its tolerance says so in `load_warning`.
 """
 
 from __future__ import annotations
@@ -70,6 +76,18 @@ class LoadSearchPlan:
         middle = (highest_pass + lowest_miss) / 2
         return float(math.floor(middle)) if whole else middle
 
+    def crossing_load(self, passed: BenchmarkResult, missed: BenchmarkResult | None) -> float:
+        """The load at which the attainment crosses `attainment` between a passing step and the missing step
+        above it (see the module doc); the passing step's load when the miss lost requests or is unknown."""
+        low = self.load_of(passed.workload)
+        if missed is None or missed.failed or missed.slo_attainment is None:
+            return low
+        high, above = self.load_of(missed.workload), passed.slo_attainment or 0.0
+        below = missed.slo_attainment
+        if below >= self.attainment or above <= below:  # not a crossing of the threshold between them
+            return low
+        return low + (high - low) * (above - self.attainment) / (above - below)
+
 
 async def search_load(
     plan: LoadSearchPlan, base: Workload, measure: Callable[[Workload, int], Awaitable[BenchmarkResult]]
@@ -83,6 +101,7 @@ async def search_load(
     stopped_by = ""
     last_error: BenchmarkError | None = None
     failed_in_a_row = 0
+    ran_out = False
     for index in range(plan.steps):
         assert load is not None
         workload = plan.at(base, load)
@@ -118,8 +137,34 @@ async def search_load(
         passed = "none" if highest_pass is None else f"{highest_pass:g}"
         missed = "none" if lowest_miss is None else f"{lowest_miss:g}"
         stopped_by = f"the steps ran out ({plan.steps}): highest pass {passed}, lowest miss {missed}"
+        ran_out = True
     if not steps:
         assert last_error is not None
         raise last_error
     head = best or steps[-1]
-    return replace(head, levels=tuple(steps), max_load=highest_pass or 0.0, load_stopped_by=stopped_by)
+    missed_step = next((s for s in steps if plan.load_of(s.workload) == lowest_miss), None)
+    max_load = 0.0 if best is None else plan.crossing_load(best, missed_step)
+    warning = _ran_out_warning(plan, best, missed_step, max_load) if ran_out else None
+    return replace(
+        head, levels=tuple(steps), max_load=max_load, load_stopped_by=stopped_by, load_warning=warning
+    )
+
+
+def _ran_out_warning(
+    plan: LoadSearchPlan, passed: BenchmarkResult | None, missed: BenchmarkResult | None, max_load: float
+) -> str:
+    """What a user must know about a max_load whose search ran out of steps: the bracket it got to, and
+    the fix."""
+
+    def step(result: BenchmarkResult | None, verb: str) -> str:
+        if result is None:
+            return f"no load {verb}"
+        attained = result.slo_attainment
+        good = f", {attained * 100:.0f}% good" if attained is not None else ""
+        return f"{plan.load_of(result.workload):g} {verb}{good}"
+
+    return (
+        f"the load search ran out of steps ({plan.steps}) before its tolerance ({plan.tolerance:g}): "
+        f"max_load {max_load:.4g} lies between {step(passed, 'passed')} and {step(missed, 'missed')}; "
+        f"raise load_search.steps, or set start and max closer to the answer"
+    )

@@ -44,6 +44,7 @@ _NOT_AVERAGED = (
     "first_error",
     "time_scale",
     "load_stopped_by",
+    "load_warning",
 )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotune.sim.model import MemoryPlan, NodeModel
+    from autotune.sim.model import MemoryPlan, NodePerformanceModel
 
 # SGLang reserves part of each request's remaining output when admitting (its new_token_ratio).
 NEW_TOKEN_RATIO = 0.3
@@ -51,7 +51,7 @@ class Step:
 class Engine:
     """A simulated SGLang scheduler for one launch; call `add` and `step`, nothing here sleeps."""
 
-    def __init__(self, node: NodeModel, seed: int = 0, noise: float = 0.0) -> None:
+    def __init__(self, node: NodePerformanceModel, seed: int = 0, noise: float = 0.0) -> None:
         self.node = node
         self.rng = random.Random(seed)
         self.noise = noise
@@ -198,7 +198,7 @@ class WorkloadResult:
 
 
 def run_workload(
-    node: NodeModel,
+    node: NodePerformanceModel,
     num_prompts: int,
     input_len: int,
     output_len: int,

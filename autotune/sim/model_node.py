@@ -1,6 +1,6 @@
 """A node that answers from the model instead of running a server: for measuring the tuner itself.
 
-`ModelExecutor` takes the same `TrialRequest` a real node takes (the launch's argv and env, the
+`ModelNodeExecutor` takes the same `TrialRequest` a real node takes (the launch's argv and env, the
 objective's workload), asks `predict` what SGLang would do, and returns the `TrialResult` a real node
 would: a benchmark result, or the failure classified by the same pattern table from what the real node
 reads (the server's whole traceback, or the benchmark's first error). No process, no sleep: thousands of
@@ -18,7 +18,7 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.node.check import GPU, NodeReport
 from autotune.sim.engine import input_too_long
-from autotune.sim.model import MemoryPlan, NodeModel
+from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
@@ -30,7 +30,7 @@ from autotune.trial.wire import TrialRequest, TrialResult
 _SERVER_FLAGS_START = "--model-path"
 
 
-def startup_seconds(node: NodeModel) -> float:
+def startup_seconds(node: NodePerformanceModel) -> float:
     """Model seconds from launch until the server is ready, or until it dies of its start-up failure:
     the simulated server's timeline (init, weight load, KV pool, graph capture)."""
     failure = node.startup_failure
@@ -73,7 +73,7 @@ def server_choices(plan: MemoryPlan) -> dict[str, float]:
     }
 
 
-class ModelExecutor:
+class ModelNodeExecutor:
     """Runs trials by asking the simulated node's model; noise as the simulated server would add it."""
 
     def __init__(self, node: str, hardware: HardwareProfile, model: ModelProfile, noise: float = 0.0) -> None:

@@ -2,11 +2,12 @@
 
 It takes the real benchmark's command line (`BenchSettings.from_argv`) and NCCL environment, and prints the
 real benchmark's result line (`autotune.measure.nccl.summarize`, through `autotune.measure.result_line`)
-with the times the simulated node's model gives for each message (`NodeModel.allreduce_us`: in a CUDA graph
-for `--timing graph`, eagerly otherwise; NCCL's all-reduces alone, as the benchmark calls NCCL directly).
+with the times the simulated node's model gives for each message (`NodePerformanceModel.allreduce_us`: in a
+CUDA graph for `--timing graph`, eagerly otherwise; NCCL's all-reduces alone, as the benchmark calls NCCL
+directly).
 The hardware and model are the simulated server's (`SGLANG_SIM_HARDWARE`, `SGLANG_SIM_MODEL`), so a serving
-study's NCCL stage on the simulated node runs it with the server's environment. `ModelExecutor` answers job
-requests with the same `allreduce_payload`, without a process.
+study's NCCL stage on the simulated node runs it with the server's environment. `ModelNodeExecutor` answers
+job requests with the same `allreduce_payload`, without a process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.measure.nccl import BenchSettings, RankReport, summarize
 from autotune.measure.result_line import print_result
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodePerformanceModel
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.sim.server.options import SimOptions
@@ -39,7 +40,7 @@ def allreduce_payload(
         )
     nccl_env = {name: value for name, value in env.items() if name.startswith("NCCL_")}
     flags = ["--tp-size", str(settings.gpus), "--disable-custom-all-reduce"]  # NCCL's all-reduces alone
-    node = NodeModel(hardware, model, settings_for(flags, nccl_env))
+    node = NodePerformanceModel(hardware, model, settings_for(flags, nccl_env))
     graph = settings.timing == "graph"
     samples = {m.bytes: [node.allreduce_us(m.bytes, graph)] * settings.repeats for m in settings.messages}
     nccl_bytes = node.nccl.memory_gb() * 1e9

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.sim.engine import WorkloadResult, run_workload
-from autotune.sim.model import LaunchSettings, MemoryPlan, NodeModel
+from autotune.sim.model import LaunchSettings, MemoryPlan, NodePerformanceModel
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.server_args import build_parser, check_server_args
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
@@ -20,7 +20,7 @@ from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
 class Prediction:
     """What a launch would do: its memory plan, and either a startup failure or a workload result."""
 
-    node: NodeModel
+    node: NodePerformanceModel
     plan: MemoryPlan
     failure_phase: str | None
     failure_line: str | None
@@ -56,7 +56,7 @@ def predict(
     version: SglangVersion = VERSIONS[DEFAULT_VERSION],
 ) -> Prediction:
     """The model's answer for one launch on `workload` (the model profile's standard one by default)."""
-    node = NodeModel(hardware, model, settings_for(argv, env or {}), version)
+    node = NodePerformanceModel(hardware, model, settings_for(argv, env or {}), version)
     failure = node.startup_failure
     if failure is not None:
         return Prediction(node, node.plan, failure.phase, failure.lines[-1], None)

@@ -60,7 +60,7 @@ import sys
 
 from autotune.errors import ConfigError
 from autotune.sim.logfmt import WARNING, SimLog
-from autotune.sim.model import LaunchSettings, NodeModel
+from autotune.sim.model import LaunchSettings, NodePerformanceModel
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server.api import HttpApi
 from autotune.sim.server.launch import Launch
@@ -105,7 +105,9 @@ def __getattr__(name: str) -> str:
 class SimulatedServer:
     """One simulated SGLang launch: startup phases, the HTTP API, and the engine loop in real time."""
 
-    def __init__(self, ns: argparse.Namespace, node: NodeModel, options: SimOptions, log: SimLog) -> None:
+    def __init__(
+        self, ns: argparse.Namespace, node: NodePerformanceModel, options: SimOptions, log: SimLog
+    ) -> None:
         self.log = log
         args = resolved_server_args(ns, node, options.seed)
         ranks = SchedulerRanks(ns, log, options.faults)
@@ -162,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1
     settings = LaunchSettings.from_args(ns, sglang_environment(ns, os.environ))
-    node = NodeModel(hardware, model, settings, version)
+    node = NodePerformanceModel(hardware, model, settings, version)
     # ServerArgs warns before logging is configured, so Python prints these bare; its errors propagate.
     for warning in check_server_args(ns, node.attention_backend):
         log.raw(warning, WARNING)
     return asyncio.run(_serve(ns, node, options, log))
 
 
-async def _serve(ns: argparse.Namespace, node: NodeModel, options: SimOptions, log: SimLog) -> int:
+async def _serve(ns: argparse.Namespace, node: NodePerformanceModel, options: SimOptions, log: SimLog) -> int:
     # The server owns asyncio objects, so it is built inside the running loop.
     return await SimulatedServer(ns, node, options, log).run()
 

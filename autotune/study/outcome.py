@@ -22,6 +22,7 @@ from autotune.study.records import (
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
     LOAD_STOPPED_BY_ATTR,
+    LOAD_WARNING_ATTR,
     METRICS_ATTR,
     OVER_LIMITS_ATTR,
     PRUNED_BY_ATTR,
@@ -53,6 +54,7 @@ class Outcome:
     refusal: str | None = None  # why a proposal was never launched
     over_limits: tuple[str, ...] = ()  # each broken limit, described
     load_stopped_by: str | None = None
+    load_warning: str | None = None  # a max_load whose search ran out of steps: say so
     pruned_by: str | None = None
 
 
@@ -96,6 +98,8 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         trial.set_user_attr(ACCEPT_LENGTH_ATTR, measured.accept_length)
     if measured.load_stopped_by is not None:
         trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
+    if measured.load_warning is not None:
+        trial.set_user_attr(LOAD_WARNING_ATTR, measured.load_warning)
     broken = tuple(str(v["text"]) for v in over.values())
     stopped_by = measured.load_stopped_by
     short = measured if measured.stopped_early else measured.short
@@ -117,10 +121,18 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
                 short_value,
                 over_limits=broken,
                 load_stopped_by=stopped_by,
+                load_warning=measured.load_warning,
                 pruned_by=why,
             )
     values = tuple(objective.values(measured))
-    return Outcome(TrialState.COMPLETE, values, values[0], over_limits=broken, load_stopped_by=stopped_by)
+    return Outcome(
+        TrialState.COMPLETE,
+        values,
+        values[0],
+        over_limits=broken,
+        load_stopped_by=stopped_by,
+        load_warning=measured.load_warning,
+    )
 
 
 def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outcome:

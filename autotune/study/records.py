@@ -18,6 +18,7 @@ HARDWARE_ATTR = "hardware"
 DERIVED_ATTR = "derived"  # settings derived from the proposed ones
 METRICS_ATTR = "metrics"  # the benchmark's measured metrics
 LOAD_STOPPED_BY_ATTR = "load_stopped_by"
+LOAD_WARNING_ATTR = "load_warning"  # a load search that ran out of steps before its tolerance
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
 ACCEPT_LENGTH_ATTR = "accept_length"  # tokens per speculative verify pass (avg_spec_accept_length)

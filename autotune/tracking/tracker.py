@@ -483,6 +483,8 @@ class StudyTracker(StudyCallback):
             tags["autotune.over_limits"] = "; ".join(outcome.over_limits)[:500]
         if outcome.load_stopped_by is not None:
             tags["autotune.load_stopped_by"] = outcome.load_stopped_by[:500]
+        if outcome.load_warning is not None:
+            tags["autotune.load_warning"] = outcome.load_warning[:500]
         if outcome.pruned_by is not None:
             tags["autotune.pruned_by"] = outcome.pruned_by
         objective = event.study.objective

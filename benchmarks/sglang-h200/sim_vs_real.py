@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial
 from scipy.stats import spearmanr
 
 from autotune.config import Study, load_study
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodePerformanceModel
 from autotune.sim.predict import predict
 from autotune.sim.profiles import (
     HardwareProfile,
@@ -110,7 +110,7 @@ class TrialRow:
     sim: float
     sim_failure: str
     costs: StepCosts | None
-    node: NodeModel
+    node: NodePerformanceModel
 
     def prefill_rates(self) -> tuple[float, float] | None:
         """(real, model) tokens per second of the trial's full prefill batches."""

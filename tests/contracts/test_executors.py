@@ -1,5 +1,5 @@
 """One contract for both executors a node pool runs trials on: `TrialExecutor` launching the simulated
-SGLang server through a local runner (the product), and `ModelExecutor` answering from the server's model
+SGLang server through a local runner (the product), and `ModelNodeExecutor` answering from the server's model
 (the tuner's benchmarks). The same request must come back the same way: a benchmark for a launch that
 serves, the same classified failure for one that cannot start, a ladder measured on one launch, each a
 result that crosses a process boundary whole.
@@ -22,7 +22,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.executor import TrialExecutor
 from autotune.node.pool import Executor
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.sim.model_node import ModelExecutor
+from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
@@ -35,7 +35,7 @@ SERVER = SIM_SEED_ARGV[len(SIM) :]  # the seed node's default hardware
 WORKLOAD = Workload(num_prompts=4, input_len=2000, output_len=32, concurrency=2)
 EXECUTORS: dict[str, Callable[[Path], Executor]] = {
     "real": lambda folder: TrialExecutor("n0", LocalCommandRunner(folder / "state"), folder, port_wait_s=5),
-    "model": lambda folder: ModelExecutor(
+    "model": lambda folder: ModelNodeExecutor(
         "n0", load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     ),
 }

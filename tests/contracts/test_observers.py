@@ -23,7 +23,7 @@ import pytest
 from autotune.cli import ConsoleReporter
 from autotune.config import Study, load_study
 from autotune.node.pool import LocalNodePool, NodePool
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study.callbacks import StudyCallback
 from autotune.study.loop import StudyDriver
@@ -45,7 +45,7 @@ OBSERVERS: dict[str, Callable[[Study, io.StringIO], StudyCallback]] = {
 def model_pool(study: Study) -> NodePool:
     hardware, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     return LocalNodePool(
-        {"n0": ModelExecutor("n0", hardware, model)}, {"n0": node_report("n0", hardware, model)}
+        {"n0": ModelNodeExecutor("n0", hardware, model)}, {"n0": node_report("n0", hardware, model)}
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 from autotune.config import Study, load_study
 from autotune.node.check import NodeReport
 from autotune.node.pool import LocalNodePool, NodePool, RayNodePool, Submitted, in_process_pool
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
 from tests.builders import StudyFiles, e2e_study
@@ -26,7 +26,7 @@ from tests.builders import StudyFiles, e2e_study
 def model_pool(study: Study) -> NodePool:
     hardware, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     return LocalNodePool(
-        {"n0": ModelExecutor("n0", hardware, model)}, {"n0": node_report("n0", hardware, model)}
+        {"n0": ModelNodeExecutor("n0", hardware, model)}, {"n0": node_report("n0", hardware, model)}
     )
 
 

@@ -261,8 +261,10 @@ def test_the_load_search_brackets_the_highest_rate_within_the_slo(sim: SimServer
     missed = [r for r, step in zip(rates, result.levels, strict=True) if not search.passed(step)]
     # From the start, doubled while passing or halved while missing, then bisected.
     assert rates[0] == 0.5 and rates[1] in (0.25, 1.0) and passed and missed, rates
-    assert result.max_load == max(passed) and result.workload.request_rate == max(passed)
+    assert result.workload.request_rate == max(passed)  # the highest passing step's figures
     assert min(missed) > max(passed)  # the answer's bracket: the next rate up missed
+    # max_load: where the attainment crossed 90% between them, interpolated
+    assert max(passed) <= result.max_load < min(missed)  # type: ignore[operator]
     assert result.load_stopped_by is not None
     metrics = measurement_metrics(result)
     assert metrics["max_load"] == result.max_load
@@ -369,7 +371,11 @@ def test_the_shipped_examples_validate(tmp_path: Path, example: str) -> None:
 def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, study_file: StudyFiles) -> None:
     study = yaml.safe_load((REPO / "examples" / "max-load-slo.yaml").read_text())
     study["search_space"] = str(REPO / "search_spaces" / "sglang-nccl-eagle3.yaml")
-    study["objective"] = str(REPO / "objectives" / "max-load-slo.yaml")
+    objective = yaml.safe_load((REPO / "objectives" / "max-load-slo.yaml").read_text())
+    objective["workload"]["prompts"] = str(SHIPPED)
+    objective["load_search"]["steps"] = 2  # too few for its tolerance: the trial carries a warning
+    (tmp_path / "objective.yaml").write_text(yaml.safe_dump(objective))
+    study["objective"] = str(tmp_path / "objective.yaml")
     study["budget"] = {"n_trials": 1}  # the baseline: one launch, one search
     study["nccl_stage"] = False  # the objective is what is under test, not the NCCL stage's 26 jobs
     study["server"]["port"] = free_port()
@@ -387,4 +393,15 @@ def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, stud
     db = tmp_path / ".autotune" / "quickstart-max-load-slo" / "mlflow.db"
     with sqlite3.connect(db) as connection:
         keys = {key for (key,) in connection.execute("select distinct key from metrics")}
+        query = "select value from tags where key = 'autotune.load_warning'"
+        (warning,) = connection.execute(query).fetchone()
     assert {"max_load", "step0.request_rate", "step0.slo_attainment", "step1.request_rate"} <= keys
+    assert warning.startswith("the load search ran out of steps (2) before its tolerance (0.1): max_load ")
+    status = subprocess.run(
+        [sys.executable, "-m", "autotune", "status", "study.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"warning: {warning}" in status.stdout, status.stdout

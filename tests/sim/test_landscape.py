@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from autotune.config.search_space import IntParameter, SearchSpace, load_search_space, parse_search_space
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodePerformanceModel
 from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import TrialConfig
@@ -86,9 +86,9 @@ class Landscape:
             self._cache[key] = predict(self.hardware, self.model, *self.launch(config)).output_throughput
         return self._cache[key]
 
-    def node(self, config: Config) -> NodeModel:
+    def node(self, config: Config) -> NodePerformanceModel:
         argv, env = self.launch(config)
-        return NodeModel(self.hardware, self.model, settings_for(argv, env))
+        return NodePerformanceModel(self.hardware, self.model, settings_for(argv, env))
 
     def group_space(self, kind: str) -> SearchSpace:
         """The shipped space restricted to one kind of parameter, the others left at their defaults."""

@@ -1,7 +1,7 @@
 """The simulated node's model, asked directly: the seed's figures, its failures, memory and NCCL rules.
 
-Every figure goes through `predict` (or the `NodeModel` it builds) on the seed profile: 8x RTX PRO 6000
-over PCIe with Kimi-K2.5 INT4 at TP 8, on the model profile's standard workload. Times are model time.
+Every figure goes through `predict` (or the `NodePerformanceModel` it builds) on the seed profile: 8x RTX PRO
+6000 over PCIe with Kimi-K2.5 INT4 at TP 8, on the model profile's standard workload. Times are model time.
 Run with `pytest -s` to see the seed figures table.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from autotune.sim.engine import run_workload
-from autotune.sim.model import GB, MIB, NodeModel
+from autotune.sim.model import GB, MIB, NodePerformanceModel
 from autotune.sim.predict import Prediction, predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.trial.failures import FailureKind, classify
@@ -57,8 +57,10 @@ def llama() -> ModelProfile:
     return load_model_profile("llama-70b-bf16")
 
 
-def node(hw: HardwareProfile, model: ModelProfile, argv: list[str], env: Mapping[str, str] = {}) -> NodeModel:
-    return NodeModel(hw, model, settings_for(argv, env))
+def node(
+    hw: HardwareProfile, model: ModelProfile, argv: list[str], env: Mapping[str, str] = {}
+) -> NodePerformanceModel:
+    return NodePerformanceModel(hw, model, settings_for(argv, env))
 
 
 def failure_text(prediction: Prediction) -> str:
@@ -71,7 +73,7 @@ def last_frame(prediction: Prediction) -> str:
     return [line for line in prediction.node.startup_failure.lines if line.startswith("  File ")][-1]
 
 
-def decode_batches(n: NodeModel, model: ModelProfile) -> Counter[int]:
+def decode_batches(n: NodePerformanceModel, model: ModelProfile) -> Counter[int]:
     """How many decode steps the standard workload runs at each batch size (requests in the step)."""
     w = model.standard_workload
     engine = n.new_engine()

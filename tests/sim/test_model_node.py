@@ -1,6 +1,6 @@
 """The model-backed node fails as the real node does: same failure kinds and culprits, from the same lines.
 
-Benchmarks of the tuner run thousands of trials on `ModelExecutor`; the outcome rules (OOM pruned,
+Benchmarks of the tuner run thousands of trials on `ModelNodeExecutor`; the outcome rules (OOM pruned,
 unsupported remembered) are only the product's if its failures are classified as a real node classifies
 the simulated server's log.
 """
@@ -15,8 +15,8 @@ import pytest
 from autotune.measure.client import Workload
 from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.sim.model import LaunchSettings, NodeModel
-from autotune.sim.model_node import ModelExecutor, startup_seconds
+from autotune.sim.model import LaunchSettings, NodePerformanceModel
+from autotune.sim.model_node import ModelNodeExecutor, startup_seconds
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
@@ -44,8 +44,8 @@ def launch(flags: tuple[str, ...], port: int = 30000, program: tuple[str, ...] =
     return ServerLaunch(argv=argv, env={"SGLANG_SIM_TIME_SCALE": "0.001"}, host="127.0.0.1", port=port)
 
 
-def model_node() -> ModelExecutor:
-    return ModelExecutor("model", load_hardware_profile(SEED_HW), load_model_profile(SEED_MODEL))
+def model_node() -> ModelNodeExecutor:
+    return ModelNodeExecutor("model", load_hardware_profile(SEED_HW), load_model_profile(SEED_MODEL))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -74,7 +74,7 @@ def test_node_time_is_the_model_start_up_until_ready_or_failed_plus_the_benchmar
     hardware, model = load_hardware_profile(SEED_HW), load_model_profile(SEED_MODEL)
     node = model_node()
     ok = node.run(TrialRequest(1, launch(()), LONG, 60, 60))
-    baseline = NodeModel(hardware, model, LaunchSettings(tp_size=8))
+    baseline = NodePerformanceModel(hardware, model, LaunchSettings(tp_size=8))
     assert ok.ok and ok.startup_s == pytest.approx(
         baseline.init_seconds
         + baseline.load_seconds

@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import FixedTrial, TrialState
 
 from autotune.config import load_study
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodePerformanceModel
 from autotune.sim.predict import predict, settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 from autotune.sim.server.options import resolved_server_args
@@ -67,8 +67,8 @@ def rows(h200: HardwareProfile, llama8b: ModelProfile) -> list[TrialRow]:
     return compare(STORES, load_study(STUDY), h200, llama8b)
 
 
-def node(hw: HardwareProfile, model: ModelProfile, *argv: str) -> NodeModel:
-    return NodeModel(hw, model, settings_for([*HELD, *argv], {}))
+def node(hw: HardwareProfile, model: ModelProfile, *argv: str) -> NodePerformanceModel:
+    return NodePerformanceModel(hw, model, settings_for([*HELD, *argv], {}))
 
 
 def test_only_intervals_where_one_batch_ran_alone_are_step_costs() -> None:
@@ -159,7 +159,7 @@ def test_without_a_measured_host_an_eager_step_pays_a_launch_per_kernel() -> Non
     # The seed's profile has no eager_op_us: its calibration charges each eager kernel's launch.
     hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     assert hw.eager_op_us == 0
-    n = NodeModel(hw, model, settings_for(["--tp-size", "8"], {}))
+    n = NodePerformanceModel(hw, model, settings_for(["--tp-size", "8"], {}))
     launches_s = model.num_layers * model.kernels_per_layer * hw.kernel_launch_us * 1e-6
     eager, in_graph = n.forward_s(2, 56000, in_graph=False), n.forward_s(2, 56000, in_graph=True)
     eager_ar_s = 122 * (2 * hw.kernel_launch_us + hw.proxy_wait_us) * 1e-6  # launches, NCCL's proxy over shm
@@ -169,15 +169,15 @@ def test_without_a_measured_host_an_eager_step_pays_a_launch_per_kernel() -> Non
 def test_a_prefill_batch_within_the_prefill_graphs_is_replayed() -> None:
     hw, model = load_hardware_profile("h200-nvlink-x8"), load_model_profile("llama-70b-bf16")
     launches_s = model.num_layers * model.kernels_per_layer * hw.kernel_launch_us * 1e-6
-    with_graphs = NodeModel(hw, model, settings_for(["--tp-size", "8"], {}))
-    without = NodeModel(
+    with_graphs = NodePerformanceModel(hw, model, settings_for(["--tp-size", "8"], {}))
+    without = NodePerformanceModel(
         hw, model, settings_for(["--tp-size", "8", "--cuda-graph-backend-prefill", "disabled"], {})
     )
     assert max(with_graphs.plan.prefill_graph_sizes) == 8192
     eager_ar_s = 160 * 2 * hw.kernel_launch_us * 1e-6  # an eager all-reduce's two launches, 160 of them
     gap = without.prefill_step_s(4096, 4096) - with_graphs.prefill_step_s(4096, 4096)
     assert gap == pytest.approx(launches_s + eager_ar_s)
-    smaller = NodeModel(
+    smaller = NodePerformanceModel(
         hw, model, settings_for(["--tp-size", "8", "--cuda-graph-max-bs-prefill", "2048"], {})
     )
     assert smaller.prefill_step_s(4096, 4096) == pytest.approx(without.prefill_step_s(4096, 4096))
@@ -187,7 +187,7 @@ def test_cuda_graph_max_bs_prefill_sets_the_largest_prefill_graph(
     h200: HardwareProfile, llama8b: ModelProfile
 ) -> None:
     argv = [*HELD, "--model-path", "/tmp/model-8b", "--cuda-graph-max-bs-prefill", "4096"]
-    n = NodeModel(h200, llama8b, settings_for(argv, {}))
+    n = NodePerformanceModel(h200, llama8b, settings_for(argv, {}))
     assert n.plan.prefill_graph_sizes == REAL_PREFILL_GRAPHS_4096
     args = resolved_server_args(build_parser().parse_args(argv), n, seed=0)
     assert args["cuda_graph_config"].prefill.max_bs == 4096

@@ -16,7 +16,7 @@ from autotune.cli import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.node.pool import LocalNodePool
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
 from autotune.study.callbacks import (
@@ -45,7 +45,7 @@ def model_pool(nodes: int = 1, checked: bool = True):
     hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     names = [f"n{i}" for i in range(nodes)]
     facts = {name: node_report(name, hw, model) for name in names} if checked else {}
-    return lambda study: LocalNodePool({name: ModelExecutor(name, hw, model) for name in names}, facts)
+    return lambda study: LocalNodePool({name: ModelNodeExecutor(name, hw, model) for name in names}, facts)
 
 
 @pytest.fixture(scope="module")

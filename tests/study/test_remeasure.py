@@ -1,6 +1,6 @@
 """Repeated measurement: the top configs measured again, the answer a mean with its interval, and
 `autotune best` saying when a gain is within noise. Noise comes from the simulated node (SGLANG_SIM_NOISE)
-and its model (ModelExecutor's noise)."""
+and its model (ModelNodeExecutor's noise)."""
 
 from __future__ import annotations
 

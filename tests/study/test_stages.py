@@ -18,7 +18,7 @@ from autotune.measure.client import Workload
 from autotune.measure.nccl import BenchSettings, Message
 from autotune.measure.result_line import parse_result
 from autotune.node.pool import LocalNodePool
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.nccl_job import allreduce_payload
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import stages
@@ -49,7 +49,7 @@ class Lines(StudyCallback):
 def model_pool() -> Callable[[Study], LocalNodePool]:
     hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
     return lambda _study: LocalNodePool(
-        {"n": ModelExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
+        {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
     )
 
 

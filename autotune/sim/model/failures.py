@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotune.sim.model.memory import MemoryPlan
-    from autotune.sim.model.node import NodeModel
+    from autotune.sim.model.node import NodePerformanceModel
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ _DRAFT_FORWARD = [
 ]
 
 
-def startup_failure(node: NodeModel) -> StartupFailure | None:
+def startup_failure(node: NodePerformanceModel) -> StartupFailure | None:
     """The first failure this launch meets at start-up, or None when it becomes ready."""
     s, hw, plan = node.settings, node.hw, node.plan
     if s.tp_size * s.dp_size > hw.num_gpus:
@@ -147,7 +147,7 @@ def startup_failure(node: NodeModel) -> StartupFailure | None:
     return None
 
 
-def _torch_oom(node: NodeModel, need_gb: float, free_gb: float) -> str:
+def _torch_oom(node: NodePerformanceModel, need_gb: float, free_gb: float) -> str:
     """torch's out-of-memory text; the model's GB shown in GiB as torch does."""
     return (
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gb / 1.0737:.2f} GiB. "
@@ -190,7 +190,7 @@ def _kv_pool_failure(plan: MemoryPlan) -> list[str]:
     )
 
 
-def _prefill_capture_failed(node: NodeModel, plan: MemoryPlan) -> StartupFailure:
+def _prefill_capture_failed(node: NodePerformanceModel, plan: MemoryPlan) -> StartupFailure:
     """Prefill graphs run out of memory. The backend's capture context logs the error with its hint and
     re-raises it (breakable_cuda_graph/context.py:36-49, tc_piecewise_cuda_graph/context_manager.py:48-62);
     only tc_piecewise's construction wraps it again (prefill_cuda_graph_runner.py:372-381). Real H200,
@@ -269,7 +269,7 @@ def _capture_failed(torch_error: str, draft: bool = False) -> list[str]:
     ]
 
 
-def oom_under_load_lines(node: NodeModel, prefill_tokens: int) -> list[str]:
+def oom_under_load_lines(node: NodePerformanceModel, prefill_tokens: int) -> list[str]:
     """What a scheduler prints when a prefill batch's activations overflow what is left."""
     need = prefill_tokens * node.plan.activation_gb_per_token
     return _traceback(

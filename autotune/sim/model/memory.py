@@ -10,7 +10,7 @@ from autotune.sim.model.settings import GB, MIB
 from autotune.sim.profiles import HardwareProfile
 
 if TYPE_CHECKING:
-    from autotune.sim.model.node import NodeModel
+    from autotune.sim.model.node import NodePerformanceModel
 
 
 @dataclass(frozen=True)
@@ -98,13 +98,13 @@ def auto_cuda_graph_max_bs(hw: HardwareProfile, tp: int) -> int:
     return 512
 
 
-def _prefill_graph_max_tokens(node: NodeModel, chunked: int) -> int:
+def _prefill_graph_max_tokens(node: NodePerformanceModel, chunked: int) -> int:
     # The flag as given (real 0.5.17 logged max_bs=4096 for 4096), else server_args.py:4723-4731: the chunk
     # size, or 2048 for MLA backends.
     return node.settings.prefill_cuda_graph_max_tokens or (2048 if node.uses_mla else chunked)
 
 
-def auto_mem_fraction(node: NodeModel, chunked: int, max_bs: int) -> float:
+def auto_mem_fraction(node: NodePerformanceModel, chunked: int, max_bs: int) -> float:
     """The reservation the seed's figures were calibrated with (SGLang 0.5.4's, in MB), not 0.5.17's (B2:
     no EAGLE term, a prefill-graph reserve, x0.91 for Kimi-K2.5's vision tower). 0.5.17's would take the
     seed's baseline from 80 to 71.5 tok/s, and with the vision factor leave Kimi no KV pool at all, so the
@@ -120,7 +120,7 @@ def auto_mem_fraction(node: NodeModel, chunked: int, max_bs: int) -> float:
     return round((total_mb - reserved) / total_mb, 3)
 
 
-def kv_bytes_per_token(node: NodeModel) -> float:
+def kv_bytes_per_token(node: NodePerformanceModel) -> float:
     """KV cache bytes one token takes on one GPU (the draft model's included under speculation)."""
     m = node.model
     per_gpu = m.kv_bytes_per_token / (node.tp if m.kv_sharded_by_tp else 1)
@@ -131,7 +131,7 @@ def kv_bytes_per_token(node: NodeModel) -> float:
     return per_gpu
 
 
-def plan_memory(node: NodeModel) -> MemoryPlan:
+def plan_memory(node: NodePerformanceModel) -> MemoryPlan:
     """The launch's memory plan; NCCL's buffers and the resolved settings must already be on `node`."""
     s, m, hw = node.settings, node.model, node.hw
     flag_chunked = s.chunked_prefill_size or auto_chunked_prefill(hw)

@@ -1,4 +1,4 @@
-"""`NodeModel`: the model's answer for one launch, what SGLang resolves from its settings, and one
+"""`NodePerformanceModel`: the model's answer for one launch, what SGLang resolves from its settings, and one
 method or attribute per question the server, the engine and the tests ask."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ FLASHINFER_FUSION_ARCHITECTURES = frozenset(
 EAGLE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 
-class NodeModel:
+class NodePerformanceModel:
     """The model's answer for one launch on one node: memory, failures, and step times."""
 
     def __init__(

@@ -9,30 +9,30 @@ from autotune.sim.model.memory import kv_bytes_per_token
 from autotune.sim.model.settings import GB, MIB
 
 if TYPE_CHECKING:
-    from autotune.sim.model.node import NodeModel
+    from autotune.sim.model.node import NodePerformanceModel
 
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MIB
 
 
-def init_seconds(node: NodeModel) -> float:
+def init_seconds(node: NodePerformanceModel) -> float:
     return 15.0
 
 
-def load_seconds(node: NodeModel) -> float:
+def load_seconds(node: NodePerformanceModel) -> float:
     return node.model.weight_gb / node.model.load_gbps
 
 
-def prefill_capture_seconds(node: NodeModel) -> float:
+def prefill_capture_seconds(node: NodePerformanceModel) -> float:
     return 0.05 * len(node.plan.prefill_graph_sizes)
 
 
-def capture_seconds(node: NodeModel) -> float:
+def capture_seconds(node: NodePerformanceModel) -> float:
     per_size = 0.4 * (1 + (node.spec.num_steps if node.spec else 0))
     return per_size * len(node.plan.captured_batch_sizes)
 
 
 # -- performance ------------------------------------------------------------------------------------
-def _attention_factor(node: NodeModel) -> float:
+def _attention_factor(node: NodePerformanceModel) -> float:
     """Attention's time over reading the context's KV once at the profile's bandwidth: the hardware
     profile's measured factor for the backend, else an estimate."""
     backend = node.settings.attention_backend or node.model.default_attention_backend
@@ -41,7 +41,11 @@ def _attention_factor(node: NodeModel) -> float:
 
 
 def forward_s(
-    node: NodeModel, tokens: int, context_tokens: int, in_graph: bool, routed_tokens: float | None = None
+    node: NodePerformanceModel,
+    tokens: int,
+    context_tokens: int,
+    in_graph: bool,
+    routed_tokens: float | None = None,
 ) -> float:
     """One target-model forward over `tokens` new tokens attending to `context_tokens` in all.
 
@@ -74,11 +78,11 @@ def forward_s(
     return device_s + m.step_overhead_ms * 1e-3
 
 
-def _in_graph(node: NodeModel, batch: int) -> bool:
+def _in_graph(node: NodePerformanceModel, batch: int) -> bool:
     return batch <= max(node.plan.captured_batch_sizes, default=0)
 
 
-def decode_step_s(node: NodeModel, batch: int, context_tokens: int) -> float:
+def decode_step_s(node: NodePerformanceModel, batch: int, context_tokens: int) -> float:
     """One decode step of `batch` requests; with speculation, draft + verify + draft extend."""
     # Each request's next token is sampled after the forward (softmax, top-k/p over the vocabulary).
     sampling_s = batch * node.model.sampling_us_per_request * 1e-6
@@ -98,7 +102,7 @@ def decode_step_s(node: NodeModel, batch: int, context_tokens: int) -> float:
     return (node.spec.num_steps + 1) * draft_step_s + verify_s + sampling_s
 
 
-def verify_allreduce_s(node: NodeModel, batch: int) -> float:
+def verify_allreduce_s(node: NodePerformanceModel, batch: int) -> float:
     """Time the verify pass spends in all-reduces at `batch` (0 without speculation)."""
     if not node.spec:
         return 0.0
@@ -109,14 +113,14 @@ def verify_allreduce_s(node: NodeModel, batch: int) -> float:
     return count * node.allreduce_us(tokens * node.model.hidden_size * 2, in_graph) * 1e-6
 
 
-def prefill_step_s(node: NodeModel, tokens: int, context_tokens: int) -> float:
+def prefill_step_s(node: NodePerformanceModel, tokens: int, context_tokens: int) -> float:
     """One prefill (extend) batch of `tokens` new tokens: replayed from the prefill CUDA graphs when one
     was captured for that many tokens (SGLang logs `cuda graph: True` on such a batch), else eager."""
     in_graph = tokens <= max(node.plan.prefill_graph_sizes, default=0)
     return forward_s(node, tokens, context_tokens, in_graph)
 
 
-def allreduce_us(node: NodeModel, nbytes: float, in_graph: bool) -> float:
+def allreduce_us(node: NodePerformanceModel, nbytes: float, in_graph: bool) -> float:
     """One tensor-parallel all-reduce as SGLang dispatches it: custom first, then NCCL."""
     if node.tp == 1:
         return 0.0

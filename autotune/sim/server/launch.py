@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.sim.logfmt import SimLog
-from autotune.sim.model import NodeModel
+from autotune.sim.model import NodePerformanceModel
 from autotune.sim.server.options import SimOptions
 from autotune.sim.server.ranks import SchedulerRanks
 
@@ -18,7 +18,7 @@ class Launch:
     """The inputs of one launch, shared by its start-up, serving and HTTP API."""
 
     ns: argparse.Namespace
-    node: NodeModel
+    node: NodePerformanceModel
     options: SimOptions
     args: dict[str, Any]
     log: SimLog

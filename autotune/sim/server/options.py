@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.sim.model import NodeModel, prefill_graph_token_sizes
+from autotune.sim.model import NodePerformanceModel, prefill_graph_token_sizes
 from autotune.sim.server_args import CudaGraphConfig, PhaseConfig
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion, sglang_version
 
@@ -95,7 +95,7 @@ def _parse_faults(raw: str) -> tuple[frozenset[str], int]:
     return frozenset(faults), crash_after
 
 
-def resolved_server_args(ns: argparse.Namespace, node: NodeModel, seed: int) -> dict[str, Any]:
+def resolved_server_args(ns: argparse.Namespace, node: NodePerformanceModel, seed: int) -> dict[str, Any]:
     """The arguments as SGLang holds them after `ServerArgs.__post_init__`: automatic values filled in."""
     values = {k: v for k, v in vars(ns).items() if k not in ("deprecation_warnings", "sglang_version")}
     plan = node.plan

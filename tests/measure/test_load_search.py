@@ -1,0 +1,111 @@
+"""The load search on scripted steps: where max_load lands between the bracket's steps, and the warning when
+the search ran out of steps before its tolerance (issue 29, point 5). The simulated server runs it in
+tests/measure/test_workloads.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.load_search import LoadSearchPlan
+from autotune.measure.plan import MeasurementPlan, run_plan_sync
+
+BASE = Workload(num_prompts=24, input_len=200, output_len=256, concurrency=64)
+# The real H200 study's search: doubling from 2 req/s, five steps, so it never bisected.
+REAL = LoadSearchPlan("request_rate", start=2, max=64, steps=5, attainment=0.9, tolerance=0.1)
+
+
+def step(workload: Workload, attainment: float, failed: int = 0) -> BenchmarkResult:
+    """A step's result: only what the search reads (its workload, failures and SLO attainment) matters."""
+    numbers = {f: 1.0 for f in BenchmarkResult.__dataclass_fields__ if f.endswith(("_ms", "_throughput"))}
+    return BenchmarkResult(
+        **numbers,  # type: ignore[arg-type]
+        workload=workload,
+        duration_s=1.0,
+        completed=workload.num_prompts - failed,
+        failed=failed,
+        total_input_tokens=0,
+        total_output_tokens=0,
+        accept_length=None,
+        time_scale=1.0,
+        slo_attainment=attainment,
+    )
+
+
+def search(
+    plan: LoadSearchPlan, attainment: Callable[[float], float], failed_from: float = 1e9
+) -> BenchmarkResult:
+    """Run `plan` against a server whose SLO attainment at each load is `attainment(load)`, losing a request
+    from `failed_from` on."""
+
+    def measure(workload: Workload, _index: int) -> BenchmarkResult:
+        load = plan.load_of(workload)
+        return step(workload, attainment(load), failed=int(load >= failed_from))
+
+    return run_plan_sync(replace(MeasurementPlan.single(BASE), load_search=plan), measure)
+
+
+def test_configs_tied_at_the_last_passing_step_are_told_apart_by_their_attainment_above_it() -> None:
+    # The real study: 2 to 16 req/s pass, 32 misses with 50% or 67% of requests good, and the steps run out.
+    low = search(REAL, lambda load: 1.0 if load <= 16 else 0.50)
+    high = search(REAL, lambda load: 1.0 if load <= 16 else 0.67)
+    assert [s.workload.request_rate for s in low.levels] == [2, 4, 8, 16, 32]
+    # Linear between (16, 100%) and (32, 50% / 67%), crossing 90%: 16 + 16 * 0.1 / 0.5, 16 + 16 * 0.1 / 0.33.
+    assert low.max_load == pytest.approx(19.2)
+    assert high.max_load == pytest.approx(16 + 16 * 0.1 / 0.33)
+    assert low.workload.request_rate == 16  # the figures are still the highest passing step's
+
+
+def test_a_search_that_ran_out_of_steps_warns_with_its_bracket_and_the_fix() -> None:
+    result = search(REAL, lambda load: 0.95 if load <= 16 else 0.6)
+    assert result.load_warning is not None
+    assert result.load_warning.startswith("the load search ran out of steps (5) before its tolerance (0.1): ")
+    assert "between 16 passed, 95% good and 32 missed, 60% good" in result.load_warning
+    assert "raise load_search.steps" in result.load_warning
+    assert result.load_stopped_by == "the steps ran out (5): highest pass 16, lowest miss 32"
+
+
+def test_a_search_bisected_to_its_tolerance_interpolates_inside_its_bracket_without_a_warning() -> None:
+    plan = replace(REAL, steps=12)
+    result = search(plan, lambda load: 1.0 if load <= 20 else 0.5)
+    rates = [s.workload.request_rate for s in result.levels]
+    passed = max(r for r in rates if r is not None and r <= 20)
+    missed = min(r for r in rates if r is not None and r > 20)
+    assert missed - passed <= 0.1 * passed and len(rates) < 12
+    assert passed < result.max_load < missed  # type: ignore[operator]
+    assert result.load_warning is None
+
+
+def test_a_miss_that_lost_requests_says_nothing_about_latency_and_keeps_the_highest_pass() -> None:
+    result = search(REAL, lambda load: 1.0 if load <= 16 else 0.5, failed_from=32)
+    assert result.max_load == 16.0
+
+
+def test_a_miss_by_failed_requests_alone_is_no_attainment_crossing() -> None:
+    plan = replace(REAL, attainment=0.9)
+    result = search(plan, lambda load: 1.0, failed_from=32)  # every request met the SLO, one failed at 32
+    assert result.max_load == 16.0
+
+
+def test_a_search_that_reaches_max_scores_max_and_one_that_never_passes_scores_zero() -> None:
+    top = search(replace(REAL, max=16), lambda load: 1.0)
+    assert top.max_load == 16.0 and top.load_warning is None
+    assert top.load_stopped_by == "max reached (16)"
+    none = search(replace(REAL, min=0.25), lambda load: 0.0)
+    assert none.max_load == 0.0 and none.load_warning is None
+
+
+def test_a_search_that_ran_out_before_any_miss_warns_that_the_answer_may_be_higher() -> None:
+    result = search(replace(REAL, steps=3), lambda load: 1.0)
+    assert result.max_load == 8.0
+    assert "between 8 passed, 100% good and no load missed" in (result.load_warning or "")
+
+
+def test_a_concurrency_search_interpolates_between_whole_concurrencies() -> None:
+    plan = LoadSearchPlan("concurrency", start=1, max=64, steps=12)
+    result = search(plan, lambda load: 1.0 if load <= 12 else 0.8)
+    assert {12, 13} <= {s.workload.concurrency for s in result.levels}
+    assert result.max_load == pytest.approx(12.5)  # 100% at 12, 80% at 13: 90% halfway
