@@ -97,11 +97,12 @@ class ModelFacts:
         shape += [f"{self.layers} layer{'s' if self.layers > 1 else ''}"] if self.layers else []
         shape += [f"hidden {self.hidden_size}"] if self.hidden_size else []
         shape += [f"{self.kv_heads} KV heads" if self.kv_heads != "MLA" else "MLA"] if self.kv_heads else []
-        weights = (
-            f"{self.weight_gb:.1f} GB of weights ({self.weight_source})"
-            if self.weight_gb
-            else "weight size unknown (no safetensors files or index found)"
-        )
+        if not self.weight_bytes:
+            weights = "weight size unknown (no safetensors files or index found)"
+        elif self.weight_bytes < 1e6:  # stand-in files, as in the tests' model folders
+            weights = f"{self.weight_bytes} bytes of weights ({self.weight_source})"
+        else:
+            weights = f"{self.weight_bytes / 1e9:.1f} GB of weights ({self.weight_source})"
         return f"{self.path}: {self.architecture}, {', '.join(shape)}; {weights}"
 
 
@@ -362,8 +363,10 @@ def study_text(
     if draft is not None:
         lines += _comment(f"Draft: {draft.describe()}.")
     lines += [
-        f"# Check it with `autotune validate {out.name}` (it launches nothing), run it with "
-        f"`autotune run {out.name}`.",
+        *_comment(
+            f"Check it with `autotune validate {out.name}` (it launches nothing), run it with "
+            f"`autotune run {out.name}`."
+        ),
         "",
         "# The study's name: its Optuna study, MLflow experiment and folder (.autotune/<name>/ here).",
         f"study: {_y(name)}",
@@ -413,10 +416,11 @@ def study_text(
         lines.append(f"  draft_model_path: {_y(draft.path)}")
     weight_gb = _weight_gb(model)
     if weight_gb is not None:
-        lines.append(
-            f"  # The target model's weights' size (from {model.weight_source}), for the pre-flight memory"
+        lines += _comment(
+            f"The target model's weights' size (from {model.weight_source}), for the pre-flight memory "
+            "check, which rejects configs certain to run out of memory without launching them.",
+            "  ",
         )
-        lines.append("  # which rejects configs certain to run out of memory without launching them.")
         lines.append(f"  model_weight_gb: {weight_gb}")
     else:
         lines.append(
