@@ -230,6 +230,8 @@ def test_cli_arguments_are_checked(tmp_path: Path) -> None:
 
 
 REAL_TOPOLOGY = (REPO / "benchmarks" / "gpu-run" / "env.txt").read_text()  # a real 2x H200's nvidia-smi
+# `nvidia-smi topo -m` on the lent one-GPU H200 (2026-12-03), as it printed it.
+REAL_ONE_GPU = (REPO / "tests" / "data" / "nvidia-smi" / "h200-x1-topo-m.txt").read_text()
 
 
 def test_topology_as_real_nvidia_smi_prints_it() -> None:
@@ -246,4 +248,6 @@ def test_the_simulated_topology_prints_as_the_real_one() -> None:
     assert REAL_TOPOLOGY.split("Legend:")[1].startswith(nvlink.split("Legend:")[1])
     assert slowest_link(nvlink) == "NV18"
     assert (slowest_link(pcie), slowest_link(pcie, [0, 1])) == ("SYS", "PIX")  # four host bridges
-    assert slowest_link(topology(load_hardware_profile("h200-x1"))) is None
+    one = topology(load_hardware_profile("h200-x1"))
+    assert slowest_link(one) is None and slowest_link(REAL_ONE_GPU) is None
+    assert one.replace("0-31", "0-15") + "\n" == REAL_ONE_GPU  # all but the host's cores
