@@ -120,3 +120,38 @@ def test_a_model_folder_without_config_json_is_refused_by_the_cli(tmp_path: Path
     assert done.returncode == 1
     assert f"no config.json in the model folder {tmp_path} on the node" in done.stderr
     assert not (tmp_path / "study.yaml").exists()
+
+
+def test_a_node_reached_over_ssh(sshd: Any, tmp_path: Path) -> None:
+    # The node is this machine through a real sshd: init asks it over SSH and writes what a study needs there.
+    out = tmp_path / "study.yaml"
+    done = run_cli(
+        "init",
+        "--node",
+        sshd.address,
+        "--key-file",
+        str(sshd.user_key),
+        "--known-hosts",
+        str(sshd.known_hosts),
+        "--model",
+        str(MODELS / "mixtral-8x7b-shape"),
+        "--server-command",
+        SIM_SERVER,
+        "--env",
+        "SGLANG_SIM_HARDWARE=h200-nvlink-x8",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "node 127.0.0.1: 8x NVIDIA H200" in done.stdout and "NVLink (NV18)" in done.stdout
+    node = yaml.safe_load(out.read_text())["nodes"][0]
+    assert node == {
+        "name": "127.0.0.1",
+        "address": sshd.address,
+        "key_file": str(sshd.user_key),
+        "known_hosts": str(sshd.known_hosts),
+        "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
+    }
+    assert yaml.safe_load(out.read_text())["server"]["host"] == "0.0.0.0"
+    assert run_cli("validate", str(out), cwd=tmp_path).returncode == 0

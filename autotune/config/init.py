@@ -255,20 +255,20 @@ def parse_port(port: str, out: Path) -> int | str:
     raise ConfigError(out, "--port", port, "not a TCP port", "Use 1..65535, or auto.")
 
 
-def node_spec(address: str, key_file: str | None, out: Path) -> NodeSpec:
-    """The study file's node for `--node` (and `--key-file`): `local`, or an ssh:// address."""
+def node_spec(address: str, out: Path, **login: str | None) -> NodeSpec:
+    """The study file's node for `--node`: `local`, or an ssh:// address with its `login` files
+    (`key_file`, `known_hosts`: set ones are written to the study, as absolute paths)."""
+    given = {name: str(Path(path).expanduser().resolve()) for name, path in login.items() if path is not None}
     if address == "local":
-        if key_file is not None:
-            raise ConfigError(
-                out, "--key-file", key_file, "only an ssh:// node logs in", "Leave it out, or pass --node."
-            )
+        for name, value in given.items():
+            option = "--" + name.replace("_", "-")
+            raise ConfigError(out, option, value, "only an ssh:// node logs in", "Remove it, or pass --node.")
         return NodeSpec(name="local", address="local")
     try:
         parsed = parse_ssh_address(address)
     except AddressError as exc:
         raise ConfigError(out, "--node", address, exc.problem, exc.fix) from None
-    key = str(Path(key_file).expanduser().resolve()) if key_file is not None else None
-    return NodeSpec(name=parsed.host, address=address, key_file=key)
+    return NodeSpec.model_validate({"name": parsed.host, "address": address, **given})
 
 
 def node_path(path: str, local: bool) -> str:
@@ -341,7 +341,7 @@ def study_text(
     draft: ModelFacts | None,
     command: Sequence[str],
     env: Mapping[str, str],
-    key_file: str | None = None,
+    spec: NodeSpec | None = None,
     port: int | str = 30000,
     written_on: str = "",
 ) -> str:
@@ -394,8 +394,9 @@ def study_text(
             "--node ssh://user@host)."
         )
     node_entry: dict[str, Any] = {"name": node.name, "address": node.address}
-    if key_file:
-        node_entry["key_file"] = key_file
+    for name in ("key_file", "known_hosts"):
+        if spec is not None and name in spec.model_fields_set:
+            node_entry[name] = getattr(spec, name)
     if simulated:
         node_entry["nvidia_smi"] = simulated_nvidia_smi(command)
     lines.append("  - {" + ", ".join(f"{k}: {_y(v)}" for k, v in node_entry.items()) + "}")

@@ -183,11 +183,10 @@ def test_every_written_field_has_a_comment(tmp_path: Path) -> None:
 def test_an_ssh_node_listens_where_the_driver_reaches_it(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     node = NodeFacts(**{**_node(1).__dict__, "name": "gpu1", "address": "ssh://root@gpu1:22"})
-    text = study_text(
-        out=out, name="s", node=node, model=DENSE, draft=None, command=REAL, env={}, key_file="/k"
-    )
+    spec = node_spec(node.address, out, key_file="/k")
+    text = study_text(out=out, name="s", node=node, model=DENSE, draft=None, command=REAL, env={}, spec=spec)
     assert 'host: "0.0.0.0"' in text
-    assert '{name: "gpu1", address: "ssh://root@gpu1:22", key_file: "/k"}' in text
+    assert '{name: "gpu1", address: "ssh://root@gpu1:22", key_file: "/k"}' in text  # known_hosts: the default
 
 
 def test_a_draft_that_is_not_eagle3_is_refused() -> None:
@@ -223,10 +222,12 @@ def test_cli_arguments_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--env: not KEY=VALUE"):
         parse_env(["PYTHONPATH"], out)
     with pytest.raises(ConfigError, match="--node: the address names no user"):
-        node_spec("ssh://gpu1", None, out)
+        node_spec("ssh://gpu1", out)
     with pytest.raises(ConfigError, match="--key-file: only an ssh:// node logs in"):
-        node_spec("local", "/k", out)
-    assert node_spec("ssh://root@gpu1:2222", None, out).name == "gpu1"
+        node_spec("local", out, key_file="/k")
+    spec = node_spec("ssh://root@gpu1:2222", out, key_file="k", known_hosts=None)
+    assert (spec.name, spec.key_file) == ("gpu1", str(Path("k").resolve()))
+    assert "known_hosts" not in spec.model_fields_set  # not written: the default
 
 
 REAL_TOPOLOGY = (REPO / "benchmarks" / "gpu-run" / "env.txt").read_text()  # a real 2x H200's nvidia-smi
