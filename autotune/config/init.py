@@ -25,6 +25,7 @@ from autotune.config.study import NodeSpec
 from autotune.dialect import Dialect, FlagTable, Held
 from autotune.errors import AutotuneError, ConfigError
 from autotune.trial.launch import is_env_name, to_arg
+from autotune.trial.redaction import is_secret_name
 
 __all__ = [
     "DEFAULT_SERVER_COMMAND",
@@ -495,11 +496,12 @@ def check_fits(node: NodeFacts, model: ModelFacts, draft: ModelFacts | None) -> 
 def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list[str]:
     lines = []
     for name, value in env.items():
-        why = (
-            "the simulated node's setting (autotune/sim/sglang_server.py lists them)"
-            if simulated and name.startswith("SGLANG_SIM_")
-            else "given with --env: the node needs it to run SGLang"
-        )
+        if is_secret_name(name):  # never in clear in a file: read from the environment when the study runs
+            value, why = f"${{{name}}}", f"a secret: export {name} where you run autotune"
+        elif simulated and name.startswith("SGLANG_SIM_"):
+            why = "the simulated node's setting (autotune/sim/sglang_server.py lists them)"
+        else:
+            why = "given with --env: the node needs it to run SGLang"
         lines.append(f"    {name}: {_y(value)}   # {why}")
     if node.gpus > 1 and node.nvlink:
         # Each library's own switch for it, and whose it is.

@@ -169,6 +169,18 @@ def test_gpu_machine_settings_only_where_they_apply(tmp_path: Path) -> None:
     assert "TRITON_CACHE_DIR" not in passed and "nccl_stage" not in passed
 
 
+def test_a_secret_given_with_env_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "study.yaml"
+    env = {"HF_TOKEN": "hf_abcdef123456", "PYTHONPATH": "/tmp/site"}
+    out.write_text(
+        study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=REAL, env=env)
+    )
+    assert "hf_abcdef123456" not in out.read_text()
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdef123456")
+    study = load_study(out)  # the study reads it from the environment it runs in
+    assert study.file.server.env == env and study.env_references == ("HF_TOKEN",)
+
+
 def test_every_written_field_has_a_comment(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     text = study_text(out=out, name="s", node=_node(8, "NV18"), model=DENSE, draft=DRAFT, command=SIM, env={})
