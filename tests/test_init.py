@@ -91,7 +91,8 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
         "--out",
         str(out),
     ]
-    done = run_cli(*init, cwd=tmp_path)
+    out.write_text("study: an older one\n")
+    done = run_cli(*init, "--force", cwd=tmp_path)  # replaces it (without --force: tests/config/test_init.py)
     assert done.returncode == 0, done.stderr
     assert (
         "node local: 1x NVIDIA H200" in done.stdout
@@ -99,10 +100,6 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     )
     written = yaml.safe_load(out.read_text())
     assert written["server"]["model_weight_gb"] == 14.5 and written["server"]["port"] == "auto"
-
-    again = run_cli(*init, cwd=tmp_path)  # an existing study is not overwritten...
-    assert again.returncode == 2 and "--out: the file exists" in again.stderr and "--force" in again.stderr
-    assert run_cli(*init, "--force", cwd=tmp_path).returncode == 0  # ...unless asked
 
     validated = run_cli("validate", str(out), cwd=tmp_path)
     assert validated.returncode == 0, validated.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli import main
 from autotune.config import load_study
 from autotune.config.init import (
     InitError,
@@ -226,6 +227,14 @@ def test_a_knob_an_older_sglang_lacks_is_named(tmp_path: Path) -> None:
     table = committed_table("0.5.17")
     assert table is not None
     assert [h.knob for h in held_knobs(load_search_space(space), table)] == ["--no-such-knob"]
+
+
+def test_an_existing_study_is_kept_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "study.yaml"
+    out.write_text("study: mine\n")
+    assert main(["init", "--model", str(MODELS / "llama-3-8b-shape"), "--out", str(out)]) == 2
+    assert out.read_text() == "study: mine\n"
+    assert f"{out}: --out: the file exists" in capsys.readouterr().err
 
 
 def test_cli_arguments_are_checked(tmp_path: Path) -> None:
