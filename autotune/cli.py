@@ -724,6 +724,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     for warning in found.warnings:
         print(f"warning: {warning}")
     args.out.write_text(text)
+    secrets = [name for name in env if is_secret_name(name)]
+    for name in secrets:  # written as ${NAME}: the check below reads it as `run` will, from the environment
+        os.environ.setdefault(name, env[name])
+        print(f"note: {name} is written as ${{{name}}}: export it where you run autotune")
     try:
         study = load_study(args.out)  # what `autotune validate` reads: a file it refuses is not left behind
     except AutotuneError:

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration  # the node's commands and the CLI are proc
 MODELS = REPO / "tests" / "data" / "models"
 SIM_SERVER = f"{sys.executable} -m autotune.sim.sglang_server"
 SIM_NVIDIA_SMI = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+TOKEN = "hf_notarealtoken123"
 
 
 def _inspect(hardware: str, **kwargs: Any) -> tuple[NodeFacts, ModelFacts, ModelFacts | None]:
@@ -86,6 +87,8 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
         "SGLANG_SIM_MODEL=llama-8b-dummy",
         "--env",
         "SGLANG_SIM_TIME_SCALE=0.001",
+        "--env",
+        f"HF_TOKEN={TOKEN}",
         "--port",
         "auto",
         "--out",
@@ -100,14 +103,17 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     )
     written = yaml.safe_load(out.read_text())
     assert written["server"]["model_weight_gb"] == 14.5 and written["server"]["port"] == "auto"
+    assert written["server"]["env"]["HF_TOKEN"] == "${HF_TOKEN}" and TOKEN not in out.read_text()
+    assert "note: HF_TOKEN is written as ${HF_TOKEN}: export it" in done.stdout and TOKEN not in done.stdout
+    secret = {"HF_TOKEN": TOKEN}  # the commands that read the study take it from the environment
 
-    validated = run_cli("validate", str(out), cwd=tmp_path)
+    validated = run_cli("validate", str(out), cwd=tmp_path, env=secret)
     assert validated.returncode == 0, validated.stderr
     assert "search space: 9 parameters (sglang)" in validated.stdout
 
-    ran = run_cli("run", str(out), "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
+    ran = run_cli("run", str(out), "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path, env=secret)
     assert ran.returncode == 0, ran.stderr
-    status = run_cli("status", str(out), "--json", cwd=tmp_path)
+    status = run_cli("status", str(out), "--json", cwd=tmp_path, env=secret)
     trials = json.loads(status.stdout)["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
 
