@@ -159,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--draft", metavar="PATH", help="an EAGLE-3 draft head's folder: speculative knobs too")
     init.add_argument("--node", default="local", metavar="ADDRESS", help="local (default) or ssh://user@host:port")
     init.add_argument("--key-file", metavar="FILE", help="the private key that logs in to an ssh:// node")
+    init.add_argument("--known-hosts", metavar="FILE", help="the ssh:// node's host key (~/.ssh/known_hosts)")
     init.add_argument("--out", type=Path, default=Path("study.yaml"), metavar="STUDY.yaml", help="study.yaml")
     init.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     init.add_argument("--port", default="30000", help="the server's port on the node, or auto")
@@ -756,7 +757,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         raise ConfigError(args.out, "--out", str(args.out), "the file exists", "Pass --force to replace it.")
     command, env = shlex.split(args.server_command), init.parse_env(args.env, args.out)
-    node = init.node_spec(args.node, args.key_file, args.out)
+    node = init.node_spec(args.node, args.out, key_file=args.key_file, known_hosts=args.known_hosts)
     local = node.address == "local"
     found, model, draft = inspect_node(
         runner_for(node),
@@ -776,7 +777,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         draft=draft,
         command=command,
         env=env,
-        key_file=node.key_file,
+        spec=node,
         port=init.parse_port(args.port, args.out),
         written_on=f" on {date.today().isoformat()}",
     )
@@ -788,6 +789,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     for warning in found.warnings:
         print(f"warning: {warning}")
     args.out.write_text(text)
+    secrets = [name for name in env if is_secret_name(name)]
+    for name in secrets:  # written as ${NAME}: the check below reads it as `run` will, from the environment
+        os.environ.setdefault(name, env[name])
+        print(f"note: {name} is written as ${{{name}}}: export it where you run autotune")
     try:
         study = load_study(args.out)  # what `autotune validate` reads: a file it refuses is not left behind
     except AutotuneError:

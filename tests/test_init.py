@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from autotune.config.init import InitError, ModelFacts, NodeFacts
+from autotune.config.study import StudyFile
 from autotune.node.inspect import inspect_node
 from autotune.node.runner import LocalCommandRunner
 from tests.builders import REPO
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.integration  # the node's commands and the CLI are proc
 MODELS = REPO / "tests" / "data" / "models"
 SIM_SERVER = f"{sys.executable} -m autotune.sim.sglang_server"
 SIM_NVIDIA_SMI = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+TOKEN = "hf_notarealtoken123"
 
 
 def _inspect(hardware: str, **kwargs: Any) -> tuple[NodeFacts, ModelFacts, ModelFacts | None]:
@@ -86,12 +88,15 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
         "SGLANG_SIM_MODEL=llama-8b-dummy",
         "--env",
         "SGLANG_SIM_TIME_SCALE=0.001",
+        "--env",
+        f"HF_TOKEN={TOKEN}",
         "--port",
         "auto",
         "--out",
         str(out),
     ]
-    done = run_cli(*init, cwd=tmp_path)
+    out.write_text("study: an older one\n")
+    done = run_cli(*init, "--force", cwd=tmp_path)  # replaces it (without --force: tests/config/test_init.py)
     assert done.returncode == 0, done.stderr
     assert (
         "node local: 1x NVIDIA H200" in done.stdout
@@ -99,20 +104,21 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     )
     written = yaml.safe_load(out.read_text())
     assert written["server"]["model_weight_gb"] == 14.5 and written["server"]["port"] == "auto"
+    assert written["server"]["env"]["HF_TOKEN"] == "${HF_TOKEN}" and TOKEN not in out.read_text()
+    assert "note: HF_TOKEN is written as ${HF_TOKEN}: export it" in done.stdout and TOKEN not in done.stdout
+    secret = {"HF_TOKEN": TOKEN}  # the commands that read the study take it from the environment
 
-    again = run_cli(*init, cwd=tmp_path)  # an existing study is not overwritten...
-    assert again.returncode == 2 and "--out: the file exists" in again.stderr and "--force" in again.stderr
-    assert run_cli(*init, "--force", cwd=tmp_path).returncode == 0  # ...unless asked
-
-    validated = run_cli("validate", str(out), cwd=tmp_path)
+    validated = run_cli("validate", str(out), cwd=tmp_path, env=secret)
     assert validated.returncode == 0, validated.stderr
     assert "search space: 9 parameters (sglang)" in validated.stdout
 
-    ran = run_cli("run", str(out), "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
+    if "trust" in StudyFile.model_fields:  # a tree with the trust section: this test is about the written
+        out.write_text(out.read_text() + "trust: off\n")  # file's trials, not the confirmation rounds after
+    ran = run_cli("run", str(out), "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path, env=secret)
     assert ran.returncode == 0, ran.stderr
-    status = run_cli("status", str(out), "--json", cwd=tmp_path)
+    status = run_cli("status", str(out), "--json", cwd=tmp_path, env=secret)
     trials = json.loads(status.stdout)["trials"]
-    assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert [t["state"] for t in trials][:2] == ["COMPLETE", "COMPLETE"]
 
 
 def test_a_model_folder_without_config_json_is_refused_by_the_cli(tmp_path: Path) -> None:
@@ -120,3 +126,38 @@ def test_a_model_folder_without_config_json_is_refused_by_the_cli(tmp_path: Path
     assert done.returncode == 1
     assert f"no config.json in the model folder {tmp_path} on the node" in done.stderr
     assert not (tmp_path / "study.yaml").exists()
+
+
+def test_a_node_reached_over_ssh(sshd: Any, tmp_path: Path) -> None:
+    # The node is this machine through a real sshd: init asks it over SSH and writes what a study needs there.
+    out = tmp_path / "study.yaml"
+    done = run_cli(
+        "init",
+        "--node",
+        sshd.address,
+        "--key-file",
+        str(sshd.user_key),
+        "--known-hosts",
+        str(sshd.known_hosts),
+        "--model",
+        str(MODELS / "mixtral-8x7b-shape"),
+        "--server-command",
+        SIM_SERVER,
+        "--env",
+        "SGLANG_SIM_HARDWARE=h200-nvlink-x8",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "node 127.0.0.1: 8x NVIDIA H200" in done.stdout and "NVLink (NV18)" in done.stdout
+    node = yaml.safe_load(out.read_text())["nodes"][0]
+    assert node == {
+        "name": "127.0.0.1",
+        "address": sshd.address,
+        "key_file": str(sshd.user_key),
+        "known_hosts": str(sshd.known_hosts),
+        "nvidia_smi": [sys.executable, "-m", "autotune.sim.nvidia_smi"],
+    }
+    assert yaml.safe_load(out.read_text())["server"]["host"] == "0.0.0.0"
+    assert run_cli("validate", str(out), cwd=tmp_path).returncode == 0

@@ -25,6 +25,7 @@ from autotune.config.study import NodeSpec
 from autotune.dialect import Dialect, FlagTable, Held
 from autotune.errors import AutotuneError, ConfigError
 from autotune.trial.launch import is_env_name, to_arg
+from autotune.trial.redaction import is_secret_name
 
 __all__ = [
     "DEFAULT_SERVER_COMMAND",
@@ -97,11 +98,12 @@ class ModelFacts:
         shape += [f"{self.layers} layer{'s' if self.layers > 1 else ''}"] if self.layers else []
         shape += [f"hidden {self.hidden_size}"] if self.hidden_size else []
         shape += [f"{self.kv_heads} KV heads" if self.kv_heads != "MLA" else "MLA"] if self.kv_heads else []
-        weights = (
-            f"{self.weight_gb:.1f} GB of weights ({self.weight_source})"
-            if self.weight_gb
-            else "weight size unknown (no safetensors files or index found)"
-        )
+        if not self.weight_bytes:
+            weights = "weight size unknown (no safetensors files or index found)"
+        elif self.weight_bytes < 1e6:  # stand-in files, as in the tests' model folders
+            weights = f"{self.weight_bytes} bytes of weights ({self.weight_source})"
+        else:
+            weights = f"{self.weight_bytes / 1e9:.1f} GB of weights ({self.weight_source})"
         return f"{self.path}: {self.architecture}, {', '.join(shape)}; {weights}"
 
 
@@ -254,20 +256,20 @@ def parse_port(port: str, out: Path) -> int | str:
     raise ConfigError(out, "--port", port, "not a TCP port", "Use 1..65535, or auto.")
 
 
-def node_spec(address: str, key_file: str | None, out: Path) -> NodeSpec:
-    """The study file's node for `--node` (and `--key-file`): `local`, or an ssh:// address."""
+def node_spec(address: str, out: Path, **login: str | None) -> NodeSpec:
+    """The study file's node for `--node`: `local`, or an ssh:// address with its `login` files
+    (`key_file`, `known_hosts`: set ones are written to the study, as absolute paths)."""
+    given = {name: str(Path(path).expanduser().resolve()) for name, path in login.items() if path is not None}
     if address == "local":
-        if key_file is not None:
-            raise ConfigError(
-                out, "--key-file", key_file, "only an ssh:// node logs in", "Leave it out, or pass --node."
-            )
+        for name, value in given.items():
+            option = "--" + name.replace("_", "-")
+            raise ConfigError(out, option, value, "only an ssh:// node logs in", "Remove it, or pass --node.")
         return NodeSpec(name="local", address="local")
     try:
         parsed = parse_ssh_address(address)
     except AddressError as exc:
         raise ConfigError(out, "--node", address, exc.problem, exc.fix) from None
-    key = str(Path(key_file).expanduser().resolve()) if key_file is not None else None
-    return NodeSpec(name=parsed.host, address=address, key_file=key)
+    return NodeSpec.model_validate({"name": parsed.host, "address": address, **given})
 
 
 def node_path(path: str, local: bool) -> str:
@@ -340,7 +342,7 @@ def study_text(
     draft: ModelFacts | None,
     command: Sequence[str],
     env: Mapping[str, str],
-    key_file: str | None = None,
+    spec: NodeSpec | None = None,
     port: int | str = 30000,
     written_on: str = "",
 ) -> str:
@@ -362,8 +364,10 @@ def study_text(
     if draft is not None:
         lines += _comment(f"Draft: {draft.describe()}.")
     lines += [
-        f"# Check it with `autotune validate {out.name}` (it launches nothing), run it with "
-        f"`autotune run {out.name}`.",
+        *_comment(
+            f"Check it with `autotune validate {out.name}` (it launches nothing), run it with "
+            f"`autotune run {out.name}`."
+        ),
         "",
         "# The study's name: its Optuna study, MLflow experiment and folder (.autotune/<name>/ here).",
         f"study: {_y(name)}",
@@ -391,8 +395,9 @@ def study_text(
             "--node ssh://user@host)."
         )
     node_entry: dict[str, Any] = {"name": node.name, "address": node.address}
-    if key_file:
-        node_entry["key_file"] = key_file
+    for name in ("key_file", "known_hosts"):
+        if spec is not None and name in spec.model_fields_set:
+            node_entry[name] = getattr(spec, name)
     if simulated:
         node_entry["nvidia_smi"] = simulated_nvidia_smi(command)
     lines.append("  - {" + ", ".join(f"{k}: {_y(v)}" for k, v in node_entry.items()) + "}")
@@ -413,10 +418,11 @@ def study_text(
         lines.append(f"  draft_model_path: {_y(draft.path)}")
     weight_gb = _weight_gb(model)
     if weight_gb is not None:
-        lines.append(
-            f"  # The target model's weights' size (from {model.weight_source}), for the pre-flight memory"
+        lines += _comment(
+            f"The target model's weights' size (from {model.weight_source}), for the pre-flight memory "
+            "check, which rejects configs certain to run out of memory without launching them.",
+            "  ",
         )
-        lines.append("  # which rejects configs certain to run out of memory without launching them.")
         lines.append(f"  model_weight_gb: {weight_gb}")
     else:
         lines.append(
@@ -490,11 +496,12 @@ def check_fits(node: NodeFacts, model: ModelFacts, draft: ModelFacts | None) -> 
 def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list[str]:
     lines = []
     for name, value in env.items():
-        why = (
-            "the simulated node's setting (autotune/sim/sglang_server.py lists them)"
-            if simulated and name.startswith("SGLANG_SIM_")
-            else "given with --env: the node needs it to run SGLang"
-        )
+        if is_secret_name(name):  # never in clear in a file: read from the environment when the study runs
+            value, why = f"${{{name}}}", f"a secret: export {name} where you run autotune"
+        elif simulated and name.startswith("SGLANG_SIM_"):
+            why = "the simulated node's setting (autotune/sim/sglang_server.py lists them)"
+        else:
+            why = "given with --env: the node needs it to run SGLang"
         lines.append(f"    {name}: {_y(value)}   # {why}")
     if node.gpus > 1 and node.nvlink:
         # Each library's own switch for it, and whose it is.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli import main
 from autotune.config import load_study
 from autotune.config.init import (
     InitError,
@@ -55,7 +56,7 @@ def _node(gpus: int = 1, links: str | None = None, memory_mib: float = 143771.0)
 
 
 DENSE = _model("llama-3-8b-shape", index=14496047104, files=152)
-MOE = _model("mixtral-8x7b-shape", files=76)
+MOE = _model("mixtral-8x7b-shape", index=93405585408, files=76)
 DRAFT = _model("eagle3-draft", files=76)
 
 
@@ -109,7 +110,7 @@ def test_the_index_total_size_is_the_weights_size_before_the_files() -> None:
         14496047104,
         "the safetensors index's metadata.total_size",
     )
-    assert (MOE.weight_bytes, MOE.weight_source) == (76, "the safetensors files' sizes")
+    assert (DRAFT.weight_bytes, DRAFT.weight_source) == (76, "the safetensors files' sizes")
 
 
 @pytest.mark.parametrize(
@@ -169,6 +170,18 @@ def test_gpu_machine_settings_only_where_they_apply(tmp_path: Path) -> None:
     assert "TRITON_CACHE_DIR" not in passed and "nccl_stage" not in passed
 
 
+def test_a_secret_given_with_env_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "study.yaml"
+    env = {"HF_TOKEN": "hf_abcdef123456", "PYTHONPATH": "/tmp/site"}
+    out.write_text(
+        study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=REAL, env=env)
+    )
+    assert "hf_abcdef123456" not in out.read_text()
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdef123456")
+    study = load_study(out)  # the study reads it from the environment it runs in
+    assert study.file.server.env == env and study.env_references == ("HF_TOKEN",)
+
+
 def test_every_written_field_has_a_comment(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     text = study_text(out=out, name="s", node=_node(8, "NV18"), model=DENSE, draft=DRAFT, command=SIM, env={})
@@ -183,11 +196,10 @@ def test_every_written_field_has_a_comment(tmp_path: Path) -> None:
 def test_an_ssh_node_listens_where_the_driver_reaches_it(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     node = NodeFacts(**{**_node(1).__dict__, "name": "gpu1", "address": "ssh://root@gpu1:22"})
-    text = study_text(
-        out=out, name="s", node=node, model=DENSE, draft=None, command=REAL, env={}, key_file="/k"
-    )
+    spec = node_spec(node.address, out, key_file="/k")
+    text = study_text(out=out, name="s", node=node, model=DENSE, draft=None, command=REAL, env={}, spec=spec)
     assert 'host: "0.0.0.0"' in text
-    assert '{name: "gpu1", address: "ssh://root@gpu1:22", key_file: "/k"}' in text
+    assert '{name: "gpu1", address: "ssh://root@gpu1:22", key_file: "/k"}' in text  # known_hosts: the default
 
 
 def test_a_draft_that_is_not_eagle3_is_refused() -> None:
@@ -217,19 +229,31 @@ def test_a_knob_an_older_sglang_lacks_is_named(tmp_path: Path) -> None:
     assert [h.knob for h in held_knobs(load_search_space(space), table)] == ["--no-such-knob"]
 
 
+def test_an_existing_study_is_kept_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "study.yaml"
+    out.write_text("study: mine\n")
+    assert main(["init", "--model", str(MODELS / "llama-3-8b-shape"), "--out", str(out)]) == 2
+    assert out.read_text() == "study: mine\n"
+    assert f"{out}: --out: the file exists" in capsys.readouterr().err
+
+
 def test_cli_arguments_are_checked(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     assert parse_env(["PYTHONPATH=/a=b"], out) == {"PYTHONPATH": "/a=b"}
     with pytest.raises(ConfigError, match="--env: not KEY=VALUE"):
         parse_env(["PYTHONPATH"], out)
     with pytest.raises(ConfigError, match="--node: the address names no user"):
-        node_spec("ssh://gpu1", None, out)
+        node_spec("ssh://gpu1", out)
     with pytest.raises(ConfigError, match="--key-file: only an ssh:// node logs in"):
-        node_spec("local", "/k", out)
-    assert node_spec("ssh://root@gpu1:2222", None, out).name == "gpu1"
+        node_spec("local", out, key_file="/k")
+    spec = node_spec("ssh://root@gpu1:2222", out, key_file="k", known_hosts=None)
+    assert (spec.name, spec.key_file) == ("gpu1", str(Path("k").resolve()))
+    assert "known_hosts" not in spec.model_fields_set  # not written: the default
 
 
 REAL_TOPOLOGY = (REPO / "benchmarks" / "gpu-run" / "env.txt").read_text()  # a real 2x H200's nvidia-smi
+# `nvidia-smi topo -m` on the lent one-GPU H200 (2026-12-03), as it printed it.
+REAL_ONE_GPU = (REPO / "tests" / "data" / "nvidia-smi" / "h200-x1-topo-m.txt").read_text()
 
 
 def test_topology_as_real_nvidia_smi_prints_it() -> None:
@@ -246,4 +270,6 @@ def test_the_simulated_topology_prints_as_the_real_one() -> None:
     assert REAL_TOPOLOGY.split("Legend:")[1].startswith(nvlink.split("Legend:")[1])
     assert slowest_link(nvlink) == "NV18"
     assert (slowest_link(pcie), slowest_link(pcie, [0, 1])) == ("SYS", "PIX")  # four host bridges
-    assert slowest_link(topology(load_hardware_profile("h200-x1"))) is None
+    one = topology(load_hardware_profile("h200-x1"))
+    assert slowest_link(one) is None and slowest_link(REAL_ONE_GPU) is None
+    assert one.replace("0-31", "0-15") + "\n" == REAL_ONE_GPU  # all but the host's cores
