@@ -14,11 +14,12 @@ import itertools
 import random
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import optuna
@@ -52,6 +53,8 @@ SEARCH_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 EP_SIZE = "--ep-size"
 NODE = "node"
 Params = dict[str, Any]  # a value per parameter name, as Optuna stores a trial's
+JobT = TypeVar("JobT")
+DoneT = TypeVar("DoneT")
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,20 @@ def write_sim_study(
         **sections,
     }
     return save_study(folder, data)
+
+
+def studies_in_pool(
+    pool: Any, run: Callable[[JobT], DoneT], jobs: Sequence[JobT], started: float
+) -> list[DoneT]:
+    """`run` over `jobs` in a multiprocessing pool, in the order they finish, with the count done and the
+    seconds since `started` on stderr: a full benchmark is hundreds of studies, minutes on two cores."""
+    done: list[DoneT] = []
+    for result in pool.imap_unordered(run, jobs):
+        done.append(result)
+        took = time.monotonic() - started
+        print(f"\r{len(done)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    return done
 
 
 def save_study(folder: Path, data: Mapping[str, Any]) -> Study:

@@ -40,7 +40,17 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_studies import BENCHMARKS, PROFILES, REPO, Landscape, NodeClock, Profile, load_profile, run_study
+from model_studies import (
+    BENCHMARKS,
+    PROFILES,
+    REPO,
+    Landscape,
+    NodeClock,
+    Profile,
+    load_profile,
+    run_study,
+    studies_in_pool,
+)
 from sample_efficiency import BEST_KNOWN
 
 from autotune.config import Study
@@ -275,12 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     best_known = {key: entry["tok_s"] for key, entry in cached.items()}
     started = time.monotonic()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        outcomes = []
-        for outcome in pool.imap_unordered(run_job, jobs):
-            outcomes.append(outcome)
-            took = time.monotonic() - started
-            print(f"\r{len(outcomes)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
-    print(file=sys.stderr)
+        outcomes = studies_in_pool(pool, run_job, jobs, started)
     order = {p.key: i for i, p in enumerate(chosen)}
     outcomes.sort(key=lambda o: (o.job.flat, order[o.job.profile.key], o.job.seed))
     print(
