@@ -88,6 +88,7 @@ class Answer:
     gain_pct: float | None
     confirmed: bool
     gain_interval_pct: tuple[float, float] | None
+    reports_confirmation: bool  # the product says confirmed or not (today's `best --json` does not)
 
     @property
     def claims_gain(self) -> bool:
@@ -114,6 +115,7 @@ def study_answer(study: Study, ostudy: optuna.Study) -> Answer:
         gain_pct=record["gain_pct"],
         confirmed=bool(record.get("confirmed", False)),
         gain_interval_pct=(interval[0], interval[1]) if interval else None,
+        reports_confirmation="confirmed" in record,
     )
 
 
@@ -141,6 +143,12 @@ class Outcome:
     compare_gain_pct: float
     compare_h: float
     after_confirmed: bool  # the product's own answer says confirmed
+    after_reported: bool  # the product's answer says whether it is confirmed: the "after" columns
+
+    @property
+    def after_claims_gain(self) -> bool:
+        """The product's own answer claims a confirmed gain."""
+        return self.after_confirmed and self.claims_gain
 
 
 _LANDSCAPES: dict[str, Landscape] = {}
@@ -194,6 +202,7 @@ def run_job(job: Job) -> Outcome:
             compare_gain_pct=gain.percent.mean if gain is not None else 0.0,
             compare_h=(clock.total_s - study_s) / 3600,
             after_confirmed=answer.confirmed,
+            after_reported=answer.reports_confirmation,
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -223,11 +232,15 @@ def pct(count: int, total: int) -> str:
 
 
 def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str]:
+    # "after": the product's own answer, once it says whether it is confirmed (its confirmation rounds are
+    # part of the study, so its node hours are the study's).
+    after = any(o.after_reported for o in outcomes)
     lines = [
         "| profile | seeds | (a) answer claims a gain, true gain <= 0: before (study alone) | before, "
         "confirmed by compare | (b) median node h to a confirmed answer, before (study + compare) "
-        "| (c) true value / best known, median (min) | answer's claimed gain, mean | its true gain, mean |",
-        "|---|---|---|---|---|---|---|---|",
+        "| (c) true value / best known, median (min) | answer's claimed gain, mean | its true gain, mean |"
+        + (" (a) after: confirmed gain, true gain <= 0 | (b) after: median node h |" if after else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if after else ""),
     ]
     by_profile: dict[str, list[Outcome]] = {}
     for o in outcomes:
@@ -243,6 +256,12 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
             f"{statistics.median(o.study_h + o.compare_h for o in rows):.2f} | {ratio} | "
             f"{statistics.mean(o.claimed_gain_pct for o in rows):+.2f}% | "
             f"{statistics.mean(o.true_gain_pct for o in rows):+.2f}% |"
+            + (
+                f" {pct(sum(o.after_claims_gain and o.true_gain_pct <= 0 for o in rows), len(rows))} | "
+                f"{statistics.median(o.study_h for o in rows):.2f} |"
+                if after
+                else ""
+            )
         )
     flat = [o for o in outcomes if o.job.flat]
     if flat:
@@ -251,8 +270,9 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
             "(d) Flat landscape (" + ", ".join(f"`{k}`" for k in FLAT_KNOBS) + ": knobs the model ignores)",
             "",
             "| profile | seeds | trials before the study stops | reports no gain: before (study alone) "
-            "| before, compare | claimed gain, mean | node h, study + compare, median |",
-            "|---|---|---|---|---|---|---|",
+            "| before, compare | claimed gain, mean | node h, study + compare, median |"
+            + (" reports no gain: after |" if after else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if after else ""),
         ]
         for key in dict.fromkeys(o.job.profile.key for o in flat):
             rows = [o for o in flat if o.job.profile.key == key]
@@ -262,6 +282,7 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
                 f"{pct(sum(not o.compare_claims_gain for o in rows), len(rows))} | "
                 f"{statistics.mean(o.claimed_gain_pct for o in rows):+.2f}% | "
                 f"{statistics.median(o.study_h + o.compare_h for o in rows):.2f} |"
+                + (f" {pct(sum(not o.after_claims_gain for o in rows), len(rows))} |" if after else "")
             )
     return lines
 
