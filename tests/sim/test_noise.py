@@ -4,6 +4,7 @@ same draw for the same seed and lease."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -81,3 +82,18 @@ def test_the_simulated_server_reads_its_noise_and_lease_from_the_environment() -
     with pytest.raises(ConfigError, match="SGLANG_SIM_NOISE") as caught:
         SimOptions.from_env({"SGLANG_SIM_NOISE": "loud"}, default_seed=0)
     assert "calibrated" in str(caught.value) and "loud" in str(caught.value)
+
+
+@pytest.mark.integration
+def test_the_simulated_server_process_runs_with_the_calibrated_noise_of_its_lease() -> None:
+    from tests.sim.test_server import SimServer
+
+    env = {"SGLANG_SIM_NOISE": "calibrated", "SGLANG_SIM_LEASE": "2"}
+    server = SimServer("--skip-server-warmup", env=env)
+    try:
+        server.wait_ready()
+        info = json.loads(server.get("/server_info")[1])
+    finally:
+        server.close()
+    # The seed's hardware has no noise section of its own: it borrows the H200's calibration.
+    assert info["simulator"]["noise"] == SimNoise.calibrated(H200.noise, lease_number=2).describe()
