@@ -591,7 +591,7 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
-    if t["load_warning"]:
+    if t.get("load_warning"):
         notes.append(f"warning: {t['load_warning']}")
     if t["confirm"] is not None:
         notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")

@@ -14,11 +14,12 @@ import itertools
 import random
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import optuna
@@ -31,6 +32,7 @@ from autotune.config.search_space import FloatParameter, IntParameter, SearchSpa
 from autotune.errors import ConfigError
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
+from autotune.sim.model.noise import SimNoise
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
@@ -52,6 +54,8 @@ SEARCH_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 EP_SIZE = "--ep-size"
 NODE = "node"
 Params = dict[str, Any]  # a value per parameter name, as Optuna stores a trial's
+JobT = TypeVar("JobT")
+DoneT = TypeVar("DoneT")
 
 
 @dataclass(frozen=True)
@@ -186,11 +190,14 @@ def write_study(
     seed: int = 0,
     nccl_stage: bool = True,
     trust: bool | Mapping[str, Any] = True,
+    search_space: Mapping[str, Any] | None = None,
 ) -> Study:
-    """Write and load a study of the shipped search space on `profile`'s node, as a user would write it (the
-    model's hidden size for the NCCL stage, which a real node reads from the model's config.json)."""
+    """Write and load a study of the shipped search space (or `search_space`) on `profile`'s node, as a user
+    would write it (the model's hidden size for the NCCL stage, which a real node reads from the model's
+    config.json)."""
     space = folder / "search_space.yaml"
-    space.write_text(yaml.safe_dump(search_space_for(profile), sort_keys=False))
+    data = search_space_for(profile) if search_space is None else dict(search_space)
+    space.write_text(yaml.safe_dump(data, sort_keys=False))
     data = {
         "study": f"bench-{profile.key}",
         "search_space": str(space),
@@ -241,6 +248,20 @@ def write_sim_study(
     return save_study(folder, data)
 
 
+def studies_in_pool(
+    pool: Any, run: Callable[[JobT], DoneT], jobs: Sequence[JobT], started: float
+) -> list[DoneT]:
+    """`run` over `jobs` in a multiprocessing pool, in the order they finish, with the count done and the
+    seconds since `started` on stderr: a full benchmark is hundreds of studies, minutes on two cores."""
+    done: list[DoneT] = []
+    for result in pool.imap_unordered(run, jobs):
+        done.append(result)
+        took = time.monotonic() - started
+        print(f"\r{len(done)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    return done
+
+
 def save_study(folder: Path, data: Mapping[str, Any]) -> Study:
     """Write a study file's `data` to `folder`/study.yaml and load it as autotune does."""
     path = folder / "study.yaml"
@@ -251,16 +272,43 @@ def save_study(folder: Path, data: Mapping[str, Any]) -> Study:
 class NodeClock(ModelNodeExecutor):
     """A model node that also adds up, per trial, the node time the trial would take: start-up until the
     server is ready or dies, plus the benchmark (until it ends or runs out of memory); the NCCL stage's
-    all-reduce jobs (numbered in their own study) apart, in `stage_s`."""
+    all-reduce jobs (numbered in their own study) apart, in `stage_s`; every launch in `total_s`.
 
-    def __init__(self, node: str, hardware: HardwareProfile, model: ModelProfile) -> None:
-        super().__init__(node, hardware, model)
+    With `noise` (autotune.sim.model.noise), a launch's draw is seeded by the request's seed shifted by
+    `noise_seed` (the driver seeds a trial by its number, so every study would draw the same noise), and
+    every `lease_every` trials run on the next lease of the machine (0: all on one)."""
+
+    def __init__(
+        self,
+        node: str,
+        hardware: HardwareProfile,
+        model: ModelProfile,
+        noise: SimNoise | float = 0.0,
+        noise_seed: int = 0,
+        lease_every: int = 0,
+    ) -> None:
+        super().__init__(node, hardware, model, noise)
         self.seconds: dict[int, float] = {}
         self.stage_s = 0.0
+        self.total_s = 0.0
+        self.spreads = SimNoise.of(noise)
+        self.noise_seed = noise_seed
+        self.lease_every = lease_every
+        self.lease = 0  # set it to move every later launch to another lease
+        self._launch: int | None = None  # the trial whose launch is running (a plan runs several benchmarks)
 
     def run(self, request: TrialRequest) -> TrialResult:
-        result = super().run(request)
+        if self._launch is not None:  # one benchmark of a launch's plan: its seed and lease are set
+            return super().run(request)
+        self._launch = request.number
+        try:
+            lease = self.lease + (request.number // self.lease_every if self.lease_every else 0)
+            self.noise = self.spreads.at_lease(1000 * self.noise_seed + lease)
+            result = super().run(replace(request, seed=request.seed + 100_000 * self.noise_seed))
+        finally:
+            self._launch = None
         seconds = (result.startup_s or 0.0) + (result.benchmark_s or 0.0)
+        self.total_s += seconds
         if request.job:
             self.stage_s += seconds
         else:
@@ -280,6 +328,7 @@ class StudyRun:
     # The study's answer as `autotune best --json` gives it (autotune.study.confirm.study_answer): confirmed
     # or not, its value, gain and interval over SGLang's defaults, the noise estimate.
     answer: dict[str, Any] | None = None
+    inspected: Any = None  # what run_study's `inspect` returned
 
     def best_after(self, k: int) -> float:
         """The best value among the first `k` trials (0 when none completed)."""
@@ -304,22 +353,30 @@ def run_study(
     nccl_stage: bool = True,
     memory_edge: bool = True,
     trust: bool | Mapping[str, Any] = True,
+    noise: SimNoise | float = 0.0,
+    lease_every: int = 0,
+    search_space: Mapping[str, Any] | None = None,
+    inspect: Callable[[Study, optuna.Study, NodeClock], Any] | None = None,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
     `memory_edge`) and `remember_incompatible` turn the product's ways of not launching a failing config
     on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's;
     `trust` is the study file's section (True: the product's defaults; False: no baseline repeat, no
-    confirmation, no stopping rule, every proposal launched)."""
+    confirmation, no stopping rule, every proposal launched). With `noise`, the node measures with
+    run-to-run noise drawn from `seed` (NodeClock); `inspect(study, ostudy, clock)` runs on the finished
+    study before its files go, its answer kept in `inspected`."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
-    clock = NodeClock(NODE, hardware, model)
+    clock = NodeClock(NODE, hardware, model, noise, noise_seed=seed, lease_every=lease_every)
 
     def pool(_study: Study) -> NodePool:
         # With what the node check finds on such a node (GPUs, weights), as the product's pre-flight needs.
         return LocalNodePool({NODE: clock}, {NODE: node_report(NODE, hardware, model)})
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
-        study = write_study(Path(folder), profile, n_trials, sampler_name, seed, nccl_stage, trust)
+        study = write_study(
+            Path(folder), profile, n_trials, sampler_name, seed, nccl_stage, trust, search_space=search_space
+        )
         driver = StudyDriver(
             study,
             pool=pool,
@@ -330,6 +387,7 @@ def run_study(
             memory_edge=memory_edge,
         )
         ostudy = driver.run()
+        inspected = inspect(study, ostudy, clock) if inspect is not None else None
     trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(
@@ -340,6 +398,7 @@ def run_study(
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
         answer=study_answer(ostudy),
+        inspected=inspected,
     )
 
 

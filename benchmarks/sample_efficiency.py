@@ -67,6 +67,7 @@ from model_studies import (
     parameter_values,
     run_study,
     search_space_for,
+    studies_in_pool,
 )
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes
 
@@ -434,13 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         best = dict(zip(profiles, found, strict=True))
         jobs = plan_jobs(nodes, budgets, args.seeds, extra, best)
         jobs.sort(key=lambda job: -job.n_trials)  # the longest first, so the pool ends together
-        runs = []
-        for done in pool.imap_unordered(run_job, jobs):
-            runs.append(done)
-            # Progress on stderr: a full run is thousands of studies, a few minutes on two cores.
-            took = time.monotonic() - started
-            print(f"\r{len(runs)}/{len(jobs)} studies, {took:.0f} s", end="", file=sys.stderr)
-        print(file=sys.stderr)
+        runs = studies_in_pool(pool, run_job, jobs, started)
         beaten = {key: top for key in profiles if (top := best_trial_of(runs, key))[0] > best[key].tok_s}
         if args.quick:  # the trial itself is the estimate
             how = "the best trial of these studies; a quick estimate (--quick), not cached"

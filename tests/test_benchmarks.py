@@ -195,3 +195,20 @@ def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:
     assert staged.node_s[0] - plain.node_s[0] == pytest.approx(26 * JOB_SECONDS)
     # The seed's GPUs sit behind host bridges: the stage finds P2P there, and every server trial holds it.
     assert all(params.get("NCCL_P2P_LEVEL") == "SYS" for params in staged.params[1:])
+
+
+@pytest.mark.integration
+def test_trust_prints_its_before_table() -> None:
+    out = run_script("trust.py", "--quick", "--jobs", "1")
+    assert "(a) answer claims a gain, true gain <= 0" in out and "(d) Flat landscape" in out
+    assert "| h200 | 1 |" in out
+
+
+def test_on_a_flat_landscape_with_noise_the_best_single_measurement_claims_a_gain_worth_nothing() -> None:
+    from trust import Job, run_job
+
+    # Knobs the model ignores: every config's true value is the defaults'; only the noise tells them apart.
+    noisy = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2))
+    assert noisy.true_gain_pct == 0.0
+    assert noisy.claims_gain and noisy.claimed_gain_pct > 0  # today's answer: the best of six draws
+    assert noisy.trials == 6 and noisy.compare_h > 0

@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from autotune.sim.model.noise import SimNoise
+
 if TYPE_CHECKING:
     from autotune.sim.model import MemoryPlan, NodePerformanceModel
 
@@ -51,12 +53,14 @@ class Step:
 class Engine:
     """A simulated SGLang scheduler for one launch; call `add` and `step`, nothing here sleeps."""
 
-    def __init__(self, node: NodePerformanceModel, seed: int = 0, noise: float = 0.0) -> None:
+    def __init__(self, node: NodePerformanceModel, seed: int = 0, noise: SimNoise | float = 0.0) -> None:
         self.node = node
         self.rng = random.Random(seed)
-        self.noise = noise
-        # Run-to-run spread: one factor per launch, as on real GPUs where a whole run is fast or slow.
-        self.run_factor = max(0.5, self.rng.gauss(1.0, noise)) if noise else 1.0
+        self.noise = SimNoise.of(noise)
+        # Run-to-run spread: one factor per launch, as on real GPUs where a whole run is fast or slow, times
+        # the lease's GPU (autotune.sim.model.noise); the host's eager dispatch is the node's (eager_host).
+        gpu, node.eager_host = self.noise.lease_factors(node.hw.name)
+        self.run_factor = max(0.5, self.rng.gauss(1.0, self.noise.run)) * gpu if self.noise.on else 1.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
         self._rejected: list[str] = []
@@ -105,9 +109,9 @@ class Engine:
             self.running.append(self.waiting.popleft())
 
     def _jitter(self, seconds: float) -> float:
-        if not self.noise:
+        if not self.noise.on:
             return seconds
-        return seconds * self.run_factor * max(0.5, self.rng.gauss(1.0, self.noise / 3))
+        return seconds * self.run_factor * max(0.5, self.rng.gauss(1.0, self.noise.step))
 
     def step(self) -> Step:
         """Run one scheduler iteration: a prefill batch if any request awaits prefill, else a decode."""
@@ -205,7 +209,7 @@ def run_workload(
     concurrency: int,
     *,
     seed: int = 0,
-    noise: float = 0.0,
+    noise: SimNoise | float = 0.0,
 ) -> WorkloadResult:
     """Play `num_prompts` requests through the engine, `concurrency` in flight, as fast as possible."""
     engine = node.new_engine(seed=seed, noise=noise)

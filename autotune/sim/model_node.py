@@ -19,6 +19,7 @@ from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.node.check import GPU, NodeReport
 from autotune.sim.engine import input_too_long
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
+from autotune.sim.model.noise import SimNoise
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
@@ -76,7 +77,9 @@ def server_choices(plan: MemoryPlan) -> dict[str, float]:
 class ModelNodeExecutor:
     """Runs trials by asking the simulated node's model; noise as the simulated server would add it."""
 
-    def __init__(self, node: str, hardware: HardwareProfile, model: ModelProfile, noise: float = 0.0) -> None:
+    def __init__(
+        self, node: str, hardware: HardwareProfile, model: ModelProfile, noise: SimNoise | float = 0.0
+    ) -> None:
         self.node = node
         self.hardware = hardware
         self.model = model

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from autotune.sim.engine import WorkloadResult, run_workload
 from autotune.sim.model import LaunchSettings, MemoryPlan, NodePerformanceModel
+from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.server_args import build_parser, check_server_args
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion
@@ -52,7 +53,7 @@ def predict(
     workload: StandardWorkload | None = None,
     *,
     seed: int = 0,
-    noise: float = 0.0,
+    noise: SimNoise | float = 0.0,
     version: SglangVersion = VERSIONS[DEFAULT_VERSION],
 ) -> Prediction:
     """The model's answer for one launch on `workload` (the model profile's standard one by default)."""

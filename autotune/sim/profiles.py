@@ -28,6 +28,19 @@ class LinkProfile(_Profile):
     bandwidth_gbps: float = Field(gt=0)
 
 
+class NoiseProfile(_Profile):
+    """Run-to-run noise of a node, as relative standard deviations (0.002 = 0.2%): what `SGLANG_SIM_NOISE=
+    calibrated` draws. The defaults are the one GPU measured (h200-x1.yaml says from which runs); a profile
+    without its own section borrows them."""
+
+    run: float = Field(default=0.0018, ge=0, lt=1, description="a launch's speed: one config, one machine")
+    step: float = Field(default=0.01, ge=0, lt=1, description="each scheduler step's time, within a launch")
+    lease: float = Field(default=0.008, ge=0, lt=1, description="a lease's (machine's) GPU speed")
+    eager_host: float = Field(
+        default=0.35, ge=0, lt=2, description="a lease's host: log-spread (half-normal) of its eager dispatch"
+    )
+
+
 class HardwareProfile(_Profile):
     """One GPU node: its GPUs, memory, interconnect and what its architecture cannot run."""
 
@@ -63,6 +76,7 @@ class HardwareProfile(_Profile):
         default=0.0, ge=0, description="an eager all-reduce over shm/socket waiting on NCCL's proxy thread"
     )
     cuda_context_gb: float = Field(ge=0)
+    noise: NoiseProfile = NoiseProfile()
     unsupported: list[
         Literal["flashinfer_allreduce_fusion", "torch_symm_mem", "expert_parallel_flashinfer_a2a", "fa3"]
     ] = []

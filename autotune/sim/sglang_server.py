@@ -19,7 +19,10 @@ Simulator-only settings come from the environment:
   serving, whose client-side overhead grows relative to a fast clock (about 4% at 0.05, 10% at 0.01).
 - `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else a fresh seed per
   launch, as two launches of a real server differ).
-- `SGLANG_SIM_NOISE`: relative run-to-run spread of step times, e.g. 0.03 (default 0: deterministic).
+- `SGLANG_SIM_NOISE`: run-to-run noise: `off` (the default: deterministic), `calibrated` (the hardware
+  profile's `noise` section, from the real H200 runs; autotune.sim.model.noise), or a relative spread of
+  a launch's speed, e.g. 0.03.
+- `SGLANG_SIM_LEASE`: the lease (machine, session) the launch runs on, for calibrated noise (default 0).
 - `SGLANG_SIM_FAULT`: comma-separated test faults: `hang_load` (weight loading stops making progress at
   about 19% and the server never becomes ready), `crash_benchmark[:N]` (after N tokens generated once the
   server is ready, default 200, it logs a CUDA error and dies with `os._exit(1)`), `slow_health`

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from autotune.sim.model import failures, memory, timing
 from autotune.sim.model.nccl import NcclModel
+from autotune.sim.model.noise import SimNoise
 from autotune.sim.model.settings import LaunchSettings, SpecSettings, accept_length
 from autotune.sim.predictability import request_accept_rate
 from autotune.sim.profiles import HardwareProfile, ModelProfile
@@ -43,6 +44,7 @@ class NodePerformanceModel:
         self.settings = settings
         self.version = version
         self._allreduce_us: dict[tuple[float, bool], float] = {}
+        self.eager_host = 1.0  # this lease's host over the profile's eager dispatch (set by its noise)
         self.tp = settings.tp_size
         self.warnings: list[str] = []
         self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments
@@ -194,8 +196,9 @@ class NodePerformanceModel:
         """One prefill (extend) batch of `tokens` new tokens."""
         return timing.prefill_step_s(self, tokens, context_tokens)
 
-    def new_engine(self, seed: int = 0, noise: float = 0.0) -> Engine:
-        """A scheduler for this launch, in model time; `noise` is the run-to-run spread (0.03 = 3%)."""
+    def new_engine(self, seed: int = 0, noise: SimNoise | float = 0.0) -> Engine:
+        """A scheduler for this launch, in model time, with its run-to-run noise (autotune.sim.model.noise;
+        a number is a spread, 0.03 = 3%)."""
         from autotune.sim.engine import Engine
 
         return Engine(self, seed=seed, noise=noise)

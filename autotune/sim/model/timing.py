@@ -72,7 +72,7 @@ def forward_s(
         if hw.eager_op_us:
             # Eager, the host dispatches every op through Python and PyTorch while the GPU runs the ones
             # before it (queued kernels start back to back): the forward takes the longer of the two.
-            device_s = max(device_s, ops * hw.eager_op_us * 1e-6)
+            device_s = max(device_s, ops * hw.eager_op_us * node.eager_host * 1e-6)
         else:
             device_s += ops * hw.kernel_launch_us * 1e-6  # no measured host: a launch per kernel on top
     return device_s + m.step_overhead_ms * 1e-3

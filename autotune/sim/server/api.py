@@ -194,7 +194,7 @@ class HttpApi(LaunchPart):
                 "hardware": self.node.hw.name,
                 "model": self.node.model.name,
                 "seed": self.options.seed,
-                "noise": self.options.noise,
+                "noise": self.options.noise.describe(),
             },
         }
         return web.json_response(info)

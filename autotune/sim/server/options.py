@@ -11,6 +11,8 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.sim.model import NodePerformanceModel, prefill_graph_token_sizes
+from autotune.sim.model.noise import NO_NOISE, SimNoise
+from autotune.sim.profiles import load_hardware_profile
 from autotune.sim.server_args import CudaGraphConfig, PhaseConfig
 from autotune.sim.versions import DEFAULT_VERSION, VERSIONS, SglangVersion, sglang_version
 
@@ -29,7 +31,7 @@ class SimOptions:
     time_scale: float = 1.0
     startup_time_scale: float = 1.0
     seed: int = 0
-    noise: float = 0.0
+    noise: SimNoise = NO_NOISE
     faults: frozenset[str] = frozenset()
     crash_after_tokens: int = DEFAULT_CRASH_AFTER_TOKENS
     version: SglangVersion = VERSIONS[DEFAULT_VERSION]
@@ -45,14 +47,23 @@ class SimOptions:
             raise _env_error(
                 "SGLANG_SIM_STARTUP_TIME_SCALE", startup, "must be positive", "Use e.g. 0.005 or unset it."
             )
-        noise = _env_number(env, "SGLANG_SIM_NOISE", 0.0, float)
-        if not 0 <= noise < 1:
-            raise _env_error("SGLANG_SIM_NOISE", noise, "must be in [0, 1)", "Use e.g. 0.03 for 3%.")
+        hardware = env.get("SGLANG_SIM_HARDWARE") or DEFAULT_HARDWARE
+        lease = int(_env_number(env, "SGLANG_SIM_LEASE", 0, int))
+        try:
+            spreads = load_hardware_profile(hardware).noise
+            noise = SimNoise.parse(env.get("SGLANG_SIM_NOISE", ""), spreads, lease)
+        except ValueError:
+            raise _env_error(
+                "SGLANG_SIM_NOISE",
+                env.get("SGLANG_SIM_NOISE"),
+                "must be off, calibrated, or a spread in [0, 1)",
+                "Use calibrated (the hardware profile's noise), 0.03 for 3%, or off.",
+            ) from None
         fresh = default_seed if default_seed is not None else int.from_bytes(os.urandom(4), "little")
         seed = int(_env_number(env, "SGLANG_SIM_SEED", fresh, int))
         faults, crash_after = _parse_faults(env.get("SGLANG_SIM_FAULT", ""))
         return cls(
-            hardware=env.get("SGLANG_SIM_HARDWARE") or DEFAULT_HARDWARE,
+            hardware=hardware,
             model=env.get("SGLANG_SIM_MODEL") or DEFAULT_MODEL,
             time_scale=scale,
             startup_time_scale=startup,
