@@ -16,7 +16,9 @@ the seed and H200 profiles and benchmarks/profiles/*.yaml, over several seeds. F
 single measurement (`autotune best`); a confirmed answer costs the study plus a separate `compare` of
 `COMPARE_ROUNDS` interleaved rounds on a later lease (as the real H200 run did), which confirms a gain when
 its 95% interval excludes zero. "after" is the product's own answer (`confirmed`, `gain_pct`,
-`gain_interval_pct`), read through `study_answer`, the one function to point at it.
+`gain_interval_pct`: study.confirm.study_answer) with the study file's trust defaults: the baseline
+repeated early, no launch made twice, the stopping rule, the winner confirmed in interleaved rounds; its
+node hours include every one of those launches. Both run on the same seeds.
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N]
 """
@@ -56,6 +58,9 @@ from sample_efficiency import BEST_KNOWN
 from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
+from autotune.study.compare import compare
+from autotune.study.confirm import study_answer as product_answer
+from autotune.study.records import BASELINE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
 
 N_TRIALS = 40
@@ -80,43 +85,36 @@ Params = dict[str, Any]
 
 @dataclass(frozen=True)
 class Answer:
-    """A study's answer: the trial it names, the gain it claims over SGLang's defaults, and whether it says
-    the gain is confirmed (with its interval)."""
+    """A study's answer: the trial it names, the gain it claims over SGLang's defaults, and whether that
+    gain is confirmed."""
 
     trial: int
-    baseline: bool  # the answer is SGLang's defaults
     gain_pct: float | None
-    confirmed: bool
-    gain_interval_pct: tuple[float, float] | None
-    reports_confirmation: bool  # the product says confirmed or not (today's `best --json` does not)
-
-    @property
-    def claims_gain(self) -> bool:
-        if self.baseline or self.gain_pct is None or self.gain_pct <= 0:
-            return False
-        low = self.gain_interval_pct[0] if self.gain_interval_pct is not None else None
-        return low is None or low > 0
+    claims_gain: bool  # it names a config other than the defaults as better
+    confirmed: bool  # the product's own answer says it measured the gain in interleaved rounds
 
 
-def study_answer(study: Study, ostudy: optuna.Study) -> Answer:
-    """The study's answer as `autotune best --json` reports it (cli._best_record over study_summary): the one
-    place to point at the product's new answer (`confirmed`, `gain_interval_pct`) once it reports one."""
-    from autotune.cli import _best_record
-    from autotune.study.loop import study_summary
-
+def single_measurement_answer(ostudy: optuna.Study) -> Answer:
+    """Before: the best single measurement and its gain over the baseline's single measurement, as
+    `autotune best` answered before the study confirmed anything."""
     best = best_trial(ostudy)
-    assert best is not None, f"study {study.name} has no completed trial"
-    config = trial_config(study, best)
-    record = _best_record(study, study_summary(ostudy), best, config, study.server_launch(config))
-    interval = record.get("gain_interval_pct")
-    return Answer(
-        trial=record["trial"],
-        baseline=record["baseline"],
-        gain_pct=record["gain_pct"],
-        confirmed=bool(record.get("confirmed", False)),
-        gain_interval_pct=(interval[0], interval[1]) if interval else None,
-        reports_confirmation="confirmed" in record,
-    )
+    assert best is not None and best.value is not None, "the study has no completed trial"
+    base = next(t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR))
+    gain = (best.value / base.value - 1) * 100 if base.value else None
+    is_base = bool(best.user_attrs.get(BASELINE_ATTR))
+    return Answer(best.number, gain, not is_base and gain is not None and gain > 0, False)
+
+
+def study_answer(ostudy: optuna.Study) -> Answer:
+    """After: the product's own answer, what `autotune best --json` reports (study.confirm.study_answer)."""
+    record = product_answer(ostudy)
+    assert record is not None, "the study has no answer"
+    gain = record["gain_pct"]
+    if record["confirmed"]:
+        claims = bool(record["beats_defaults"])
+    else:  # an unconfirmed answer still names a config and a gain
+        claims = gain is not None and gain > 0 and not record.get("within_noise")
+    return Answer(record["trial"], gain, claims, bool(record["confirmed"]))
 
 
 @dataclass(frozen=True)
@@ -126,6 +124,7 @@ class Job:
     n_trials: int
     flat: bool
     compare_rounds: int
+    trust: bool  # after: the product's trust defaults; before: `trust: off` and a separate compare
 
 
 @dataclass(frozen=True)
@@ -133,22 +132,14 @@ class Outcome:
     """One study's answer, what it is truly worth, and what it cost."""
 
     job: Job
-    trials: int  # trials that used the budget before the study ended
+    trials: int  # search launches before the study ended (the baseline's first included)
+    launches: int  # every launch, confirmation and baseline repeats included
+    claims_gain: bool  # the answer (before: of the study alone) names a config better than the defaults
+    confirmed_claims_gain: bool  # before: the separate compare's interval lies above zero; after: the answer
     claimed_gain_pct: float  # the answer's gain (0 when it names the defaults or claims none)
     true_gain_pct: float  # the answer's config over the defaults, both without noise
-    claims_gain: bool
     true_value: float  # tok/s without noise
-    study_h: float
-    compare_claims_gain: bool  # before: the separate compare's interval excludes zero, above it
-    compare_gain_pct: float
-    compare_h: float
-    after_confirmed: bool  # the product's own answer says confirmed
-    after_reported: bool  # the product's answer says whether it is confirmed: the "after" columns
-
-    @property
-    def after_claims_gain(self) -> bool:
-        """The product's own answer claims a confirmed gain."""
-        return self.after_confirmed and self.claims_gain
+    node_h: float  # to a confirmed answer: the study (and, before, its compare)
 
 
 _LANDSCAPES: dict[str, Landscape] = {}
@@ -176,33 +167,29 @@ def run_job(job: Job) -> Outcome:
     base_true = truth.value_of(truth.space.baseline())
 
     def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock) -> Outcome:
-        from autotune.views.compare import compare
-
-        answer = study_answer(study, ostudy)
+        answer = study_answer(ostudy) if job.trust else single_measurement_answer(ostudy)
         chosen = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.trial)
         true_value = truth.value_of(trial_config(study, chosen))
-        study_s = clock.total_s
-        # The separate compare, as the real run's: on the next lease, with draws of its own.
-        clock.lease, clock.lease_every = 1 + job.n_trials // LEASE_EVERY, 0
-        clock.noise_seed += 5000
-        gain = None
-        if not answer.baseline:
+        confirmed_claims = answer.confirmed and answer.claims_gain
+        if not job.trust and answer.claims_gain:
+            # The separate compare, as the real run's: on the next lease, with draws of its own.
+            clock.lease, clock.lease_every = 1 + job.n_trials // LEASE_EVERY, 0
+            clock.noise_seed += 5000
             # compare types its executor as a TrialExecutor; the model node answers the same run(request).
             node = cast(Any, clock)
             gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, executor=node).gain()
+            confirmed_claims = gain is not None and gain.verdict == "gain"
+        launched = [t for t in ostudy.get_trials(deepcopy=False) if NODE_ATTR in t.user_attrs]
         return Outcome(
             job=job,
-            trials=sum(1 for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()),
+            trials=sum(1 for t in launched if REMEASURE_OF_ATTR not in t.user_attrs),
+            launches=len(launched),
+            claims_gain=answer.claims_gain,
+            confirmed_claims_gain=confirmed_claims,
             claimed_gain_pct=answer.gain_pct if answer.claims_gain and answer.gain_pct is not None else 0.0,
             true_gain_pct=(true_value / base_true - 1) * 100 if base_true else 0.0,
-            claims_gain=answer.claims_gain,
             true_value=true_value,
-            study_h=study_s / 3600,
-            compare_claims_gain=gain is not None and gain.verdict == "gain",
-            compare_gain_pct=gain.percent.mean if gain is not None else 0.0,
-            compare_h=(clock.total_s - study_s) / 3600,
-            after_confirmed=answer.confirmed,
-            after_reported=answer.reports_confirmation,
+            node_h=clock.total_s / 3600,
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -214,6 +201,7 @@ def run_job(job: Job) -> Outcome:
         lease_every=LEASE_EVERY,
         search_space=search_space(profile, job.flat),
         nccl_stage=not job.flat and profile.tp > 1,  # one GPU has no all-reduces to tune
+        trust=job.trust,
         inspect=inspect,
     )
     outcome: Outcome = run.inspected
@@ -232,36 +220,39 @@ def pct(count: int, total: int) -> str:
 
 
 def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str]:
-    # "after": the product's own answer, once it says whether it is confirmed (its confirmation rounds are
-    # part of the study, so its node hours are the study's).
-    after = any(o.after_reported for o in outcomes)
+    """Before and after side by side, the same seeds: per profile, then the flat landscape."""
+
+    def split(rows: list[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
+        return [o for o in rows if not o.job.trust], [o for o in rows if o.job.trust]
+
+    def false_gains(rows: list[Outcome], confirmed: bool) -> str:
+        claims = [(o.confirmed_claims_gain if confirmed else o.claims_gain) for o in rows]
+        return pct(sum(c and o.true_gain_pct <= 0 for c, o in zip(claims, rows, strict=True)), len(rows))
+
+    def hours(rows: list[Outcome]) -> str:
+        return f"{statistics.median(o.node_h for o in rows):.2f}" if rows else "-"
+
+    def worth(rows: list[Outcome], key: str) -> str:
+        ratios = [o.true_value / best_known[key] for o in rows] if key in best_known else []
+        return f"{statistics.median(ratios):.3f} ({min(ratios):.3f})" if ratios else "-"
+
     lines = [
-        "| profile | seeds | (a) answer claims a gain, true gain <= 0: before (study alone) | before, "
-        "confirmed by compare | (b) median node h to a confirmed answer, before (study + compare) "
-        "| (c) true value / best known, median (min) | answer's claimed gain, mean | its true gain, mean |"
-        + (" (a) after: confirmed gain, true gain <= 0 | (b) after: median node h |" if after else ""),
-        "|---|---|---|---|---|---|---|---|" + ("---|---|" if after else ""),
+        "| profile | seeds | (a) claims a gain whose true value <= 0: before, study alone | before, after "
+        "compare | after | (b) median node h to a confirmed answer: before (study + compare) | after "
+        "| (c) true value / best known, median (min): before | after | launches, median: before | after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_profile: dict[str, list[Outcome]] = {}
     for o in outcomes:
         if not o.job.flat:
             by_profile.setdefault(o.job.profile.key, []).append(o)
     for key, rows in by_profile.items():
-        false_claims = sum(o.claims_gain and o.true_gain_pct <= 0 for o in rows)
-        false_confirmed = sum(o.compare_claims_gain and o.true_gain_pct <= 0 for o in rows)
-        ratios = [o.true_value / best_known[key] for o in rows] if key in best_known else []
-        ratio = f"{statistics.median(ratios):.3f} ({min(ratios):.3f})" if ratios else "-"
+        before, after = split(rows)
         lines.append(
-            f"| {key} | {len(rows)} | {pct(false_claims, len(rows))} | {pct(false_confirmed, len(rows))} | "
-            f"{statistics.median(o.study_h + o.compare_h for o in rows):.2f} | {ratio} | "
-            f"{statistics.mean(o.claimed_gain_pct for o in rows):+.2f}% | "
-            f"{statistics.mean(o.true_gain_pct for o in rows):+.2f}% |"
-            + (
-                f" {pct(sum(o.after_claims_gain and o.true_gain_pct <= 0 for o in rows), len(rows))} | "
-                f"{statistics.median(o.study_h for o in rows):.2f} |"
-                if after
-                else ""
-            )
+            f"| {key} | {len(before)} | {false_gains(before, False)} | {false_gains(before, True)} | "
+            f"{false_gains(after, True)} | {hours(before)} | {hours(after)} | {worth(before, key)} | "
+            f"{worth(after, key)} | {statistics.median(o.launches for o in before):.0f} | "
+            f"{statistics.median(o.launches for o in after) if after else 0:.0f} |"
         )
     flat = [o for o in outcomes if o.job.flat]
     if flat:
@@ -269,20 +260,19 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
             "",
             "(d) Flat landscape (" + ", ".join(f"`{k}`" for k in FLAT_KNOBS) + ": knobs the model ignores)",
             "",
-            "| profile | seeds | trials before the study stops | reports no gain: before (study alone) "
-            "| before, compare | claimed gain, mean | node h, study + compare, median |"
-            + (" reports no gain: after |" if after else ""),
-            "|---|---|---|---|---|---|---|" + ("---|" if after else ""),
+            "| profile | seeds | trials before the study stops: before | after | reports no gain: before, "
+            "study alone | before, after compare | after | median node h: before (study + compare) | after |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for key in dict.fromkeys(o.job.profile.key for o in flat):
-            rows = [o for o in flat if o.job.profile.key == key]
+            before, after = split([o for o in flat if o.job.profile.key == key])
             lines.append(
-                f"| {key} | {len(rows)} | {statistics.median(o.trials for o in rows):.0f} | "
-                f"{pct(sum(not o.claims_gain for o in rows), len(rows))} | "
-                f"{pct(sum(not o.compare_claims_gain for o in rows), len(rows))} | "
-                f"{statistics.mean(o.claimed_gain_pct for o in rows):+.2f}% | "
-                f"{statistics.median(o.study_h + o.compare_h for o in rows):.2f} |"
-                + (f" {pct(sum(not o.after_claims_gain for o in rows), len(rows))} |" if after else "")
+                f"| {key} | {len(before)} | {statistics.median(o.trials for o in before):.0f} | "
+                f"{statistics.median(o.trials for o in after) if after else 0:.0f} | "
+                f"{pct(sum(not o.claims_gain for o in before), len(before))} | "
+                f"{pct(sum(not o.confirmed_claims_gain for o in before), len(before))} | "
+                f"{pct(sum(not o.confirmed_claims_gain for o in after), len(after))} | "
+                f"{hours(before)} | {hours(after)} |"
             )
     return lines
 
@@ -299,9 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.quick else COMPARE_ROUNDS
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
-    jobs = [Job(p, s, n_trials, flat, rounds) for p in chosen for s in range(seeds) for flat in (False, True)]
+    jobs = [
+        Job(p, s, n_trials, flat, rounds, trust)
+        for p in chosen
+        for s in range(seeds)
+        for flat in (False, True)
+        for trust in (False, True)
+    ]
     if args.quick:
-        jobs = [job for job in jobs if job.profile.key == "h200"][:2]
+        jobs = [job for job in jobs if job.profile.key == "h200"][:4]
     cached = json.loads(BEST_KNOWN.read_text())["profiles"] if BEST_KNOWN.exists() else {}
     best_known = {key: entry["tok_s"] for key, entry in cached.items()}
     started = time.monotonic()
@@ -310,8 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = {p.key: i for i, p in enumerate(chosen)}
     outcomes.sort(key=lambda o: (o.job.flat, order[o.job.profile.key], o.job.seed))
     print(
-        f"## Trust, before: {n_trials}-trial TPE studies with calibrated noise (a new lease every "
-        f"{LEASE_EVERY} trials), {seeds} seeds, compare of {rounds} rounds\n"
+        f"## Trust, before and after: {n_trials}-trial TPE studies with calibrated noise (a new lease every "
+        f"{LEASE_EVERY} trials), {seeds} seeds; before: `trust: off` and a compare of {rounds} rounds; "
+        "after: the trust defaults\n"
     )
     print("\n".join(table(outcomes, best_known)))
     print(f"\n{len(outcomes)} studies in {time.monotonic() - started:.0f} s on {args.jobs} processes")

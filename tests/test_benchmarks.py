@@ -198,9 +198,9 @@ def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:
 
 
 @pytest.mark.integration
-def test_trust_prints_its_before_table() -> None:
+def test_trust_prints_its_before_and_after_table() -> None:
     out = run_script("trust.py", "--quick", "--jobs", "1")
-    assert "(a) answer claims a gain, true gain <= 0" in out and "(d) Flat landscape" in out
+    assert "(a) claims a gain whose true value <= 0" in out and "(d) Flat landscape" in out
     assert "| h200 | 1 |" in out
 
 
@@ -208,7 +208,15 @@ def test_on_a_flat_landscape_with_noise_the_best_single_measurement_claims_a_gai
     from trust import Job, run_job
 
     # Knobs the model ignores: every config's true value is the defaults'; only the noise tells them apart.
-    noisy = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2))
+    noisy = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2, trust=False))
     assert noisy.true_gain_pct == 0.0
-    assert noisy.claims_gain and noisy.claimed_gain_pct > 0  # today's answer: the best of six draws
-    assert noisy.trials == 6 and noisy.compare_h > 0
+    assert noisy.claims_gain and noisy.claimed_gain_pct > 0  # the answer without trust: the best of six draws
+    assert noisy.trials == 6
+
+
+def test_on_a_flat_landscape_with_noise_the_trusted_answer_claims_no_gain() -> None:
+    from trust import Job, run_job
+
+    trusted = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2, trust=True))
+    assert trusted.true_gain_pct == 0.0 and not trusted.confirmed_claims_gain and not trusted.claims_gain
+    assert trusted.launches > trusted.trials  # the baseline's repeats and the confirmation rounds
