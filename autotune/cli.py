@@ -32,6 +32,7 @@ from autotune.study.callbacks import (
 from autotune.study.records import (
     BASELINE_ATTR,
     FAILURE_ATTR,
+    FAILURE_DESCRIPTION_ATTR,
     FAILURE_KIND_ATTR,
     MLFLOW_RUN_ATTR,
     OVER_LIMITS_ATTR,
@@ -472,6 +473,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
         "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
         "failure": trial.user_attrs.get(FAILURE_ATTR),
+        "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
     }
 
@@ -499,7 +501,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    metrics = study.objective.metrics
+    from autotune.views.status import fitted, terminal_width
+
+    metrics, width = study.objective.metrics, terminal_width()
     heads = "  ".join(f"{m:>18}" for m in metrics)
     print(f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  changed from the baseline")
     for t in trials:
@@ -511,9 +515,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if is_set(v))
         )
         state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
-        print(f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  {changed}")
+        row = f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  "
+        print("\n".join(fitted(row, changed, width)))  # full text in --json
         for note in _status_notes(t):
-            print(f"{'':>6}{note}")
+            print("\n".join(fitted(" " * 6, note, width)))
     over = [t for t in trials if t["over_limits"]]
     if over:
         print(
@@ -543,13 +548,11 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         from autotune.study.enqueue import describe
 
         notes.append(describe(t["queued"]))
-    if t["failure"] and t["failure_kind"] in _SHOWN_WITH_MESSAGE:
-        notes.append(f"SGLang says: {t['failure']}")
+    from autotune.views.status import failure_sentence
+
+    if sentence := failure_sentence(t):
+        notes.append(sentence)
     return notes
-
-
-# Failures whose fix is in SGLang's own message (a rejected flag, an unsupported feature): status quotes it.
-_SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 
 
 def cmd_best(args: argparse.Namespace) -> int:
