@@ -458,6 +458,9 @@ class Study:
     # Those not set where it was loaded for a command that launches nothing (`load_study(for_launch=False)`):
     # each one's error, raised by `check_launchable` when trials are to run.
     unset_env: tuple[ConfigError, ...] = ()
+    # The study this one was derived from (`derived`: the NCCL stage's is the server study): its secrets
+    # are this one's too, since this one's `path` is still that study's file.
+    derived_from: Study | None = None
 
     @property
     def name(self) -> str:
@@ -473,7 +476,13 @@ class Study:
         argv = [*server.command, *(t for f, v in flags.items() for t in (f, v) if t is not None)]
         env = {k: v for k, v in server.env.items() if v not in unset}
         referenced = [os.environ[name] for name in self.env_references if name in os.environ]
-        return Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
+        own = Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
+        return own if self.derived_from is None else own | self.derived_from.secrets
+
+    def derived(self, **changes: Any) -> Study:
+        """A study autotune creates for itself from this one (the NCCL stage): `changes` replace fields,
+        and whatever it writes hides this study's secrets as well as its own (`secrets`)."""
+        return replace(self, derived_from=self, **changes)
 
     @property
     def search_space_text(self) -> str:

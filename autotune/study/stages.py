@@ -256,8 +256,7 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
             "nccl_stage": NcclStage(enabled=False),
         }
     )
-    return replace(
-        study,
+    return study.derived(
         file=file,
         search_space=load_search_space(space_path),
         objective=load_objective(objective_path),
