@@ -745,6 +745,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
     from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
+    from autotune.study.enqueue import BASELINE_CHOICE
     from autotune.study.storage import budget_used
 
     study = load_study(args.study_file, for_launch=not args.dry_run)
@@ -753,7 +754,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
     for name, value in plan.reverts.items():
         done = " (already run)" if name in plan.done else ""
-        print(f"  {name} -> {'default' if value is None else to_arg(value)}{done}")
+        chosen = f" ({BASELINE_CHOICE})" if name in plan.server_chosen else ""
+        print(f"  {name} -> {'default' if value is None else to_arg(value)}{chosen}{done}")
     for name, why in plan.not_ablated.items():
         print(f"  {name}: not reverted alone: {why}")
     if args.dry_run:
