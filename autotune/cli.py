@@ -657,6 +657,7 @@ def _best_record(
 
 def cmd_validate(args: argparse.Namespace) -> int:
     study = load_study(args.study_file, for_launch=False)
+    study.check_flags()  # `run` checks again with the node's own flags, before any trial
     space = study.search_space
     print(f"study {study.name}: OK")
     for unset in study.unset_env:  # status, best, report need none of them; run does

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,7 +38,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
-from autotune.dialect import Dialect
+from autotune.dialect import Dialect, FlagTable, all_committed_tables, unknown_flag
 from autotune.errors import ConfigError, did_you_mean
 from autotune.trial.launch import (
     AUTO_PORT,
@@ -478,6 +478,24 @@ class Study:
         referenced = [os.environ[name] for name in self.env_references if name in os.environ]
         own = Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
         return own if self.derived_from is None else own | self.derived_from.secrets
+
+    def check_flags(self, node_tables: Sequence[FlagTable] = ()) -> None:
+        """Raise ConfigError for the first flag of the search space that no SGLang version autotune knows
+        takes: the committed flag tables, and `node_tables` (the nodes' own, once the node check read
+        them). A flag only some versions have passes: the node's dialect holds it with a notice."""
+        tables = [*all_committed_tables(), *node_tables]
+        for name, parameter in self.search_space.parameters.items():
+            if parameter.kind == "nccl" or (unknown := unknown_flag(name, tables)) is None:
+                continue
+            problem, hint = unknown
+            raise ConfigError(
+                self.search_space_path,
+                f"parameters.{name}",
+                name,
+                problem,
+                (hint or "Check it against the server's `--help`.")
+                + " (A newer SGLang's own flag: add that version's table, scripts/dump_sglang_flags.py.)",
+            )
 
     def derived(self, **changes: Any) -> Study:
         """A study autotune creates for itself from this one (the NCCL stage): `changes` replace fields,
