@@ -300,6 +300,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     ostudy = _remeasure(study, ostudy, args)
     summary = study_summary(ostudy)
     print(_summary_text(summary, study))
+    from autotune.study.enqueue import waiting_line
+
+    if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
+        print(waiting)  # configs queued by hand that the spent budget left waiting
     return 0
 
 
@@ -783,8 +787,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from optuna.trial import TrialState
-
     from autotune.study import enqueue
     from autotune.study.storage import open_study
 
@@ -827,8 +829,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(f"queued trial {number}: {settings}; {rest}")
         for name, value in entry.server_chosen.items():
             print(f"  {name} = {to_arg(value)}  ({enqueue.BASELINE_CHOICE})")
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    print(f"{waiting} trial(s) waiting: `autotune run {args.study_file}` runs them before the sampler's")
+    print(enqueue.waiting_line(ostudy, study.file.budget.n_trials, args.study_file))
     return 0
 
 
