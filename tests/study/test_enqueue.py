@@ -263,8 +263,9 @@ def test_a_new_study_is_created_with_its_baseline_first_and_a_bad_config_creates
 
 
 def test_status_marks_a_trial_queued_by_hand(
-    after_baseline: Path, capsys: pytest.CaptureFixture[str]
+    after_baseline: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # a row on one line, its note on the next
     assert enqueue(after_baseline, "--from-trial", "0", f"--set={MEM}=0.85") == 0
     run(after_baseline, n_trials=2)
     capsys.readouterr()

@@ -226,6 +226,7 @@ def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
     study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _secret_study()
+    data["server"]["flags"]["--api-key"] = "${SIM_API_KEY}"  # a secret flag through a reference too
     data["server"]["env"]["SGLANG_SIM_TIME_SCALE"] = "${SCALE_TEXT}"
     study = study_file(data)
     values = {"SIM_API_KEY": API_KEY, "SERVED_NAME": SERVED_NAME, "HF_TOKEN": HF_TOKEN}
