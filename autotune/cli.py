@@ -34,6 +34,7 @@ from autotune.study.records import (
     BASELINE_ATTR,
     CONFIRM_ATTR,
     FAILURE_ATTR,
+    FAILURE_DESCRIPTION_ATTR,
     FAILURE_KIND_ATTR,
     LOAD_WARNING_ATTR,
     MLFLOW_RUN_ATTR,
@@ -331,6 +332,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_summary_text(summary, study))
     if summary["pareto"] is None and (answer := _trust_record(ostudy)["answer"]) is not None:
         print(answer["text"])  # confirmed or not, with the noise
+    from autotune.study.enqueue import waiting_line
+
+    if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
+        print(waiting)  # configs queued by hand that the spent budget left waiting
     return 0
 
 
@@ -508,6 +513,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
         "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
         "failure": trial.user_attrs.get(FAILURE_ATTR),
+        "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
     }
 
@@ -536,7 +542,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    metrics = study.objective.metrics
+    from autotune.views.status import fitted, terminal_width
+
+    metrics, width = study.objective.metrics, terminal_width()
     heads = "  ".join(f"{m:>18}" for m in metrics)
     print(f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  changed from the baseline")
     for t in trials:
@@ -548,9 +556,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if is_set(v))
         )
         state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
-        print(f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  {changed}")
+        row = f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  "
+        print("\n".join(fitted(row, changed, width)))  # full text in --json
         for note in _status_notes(t):
-            print(f"{'':>6}{note}")
+            print("\n".join(fitted(" " * 6, note, width)))
     over = [t for t in trials if t["over_limits"]]
     if over:
         print(
@@ -567,7 +576,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     trust = _trust_record(ostudy)
     for line in (trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
         if line:
-            print(line)
+            print("\n".join(fitted("", line, width)))
     return 0
 
 
@@ -605,13 +614,11 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         from autotune.study.enqueue import describe
 
         notes.append(describe(t["queued"]))
-    if t["failure"] and t["failure_kind"] in _SHOWN_WITH_MESSAGE:
-        notes.append(f"SGLang says: {t['failure']}")
+    from autotune.views.status import failure_sentence
+
+    if sentence := failure_sentence(t):
+        notes.append(sentence)
     return notes
-
-
-# Failures whose fix is in SGLang's own message (a rejected flag, an unsupported feature): status quotes it.
-_SHOWN_WITH_MESSAGE = {"invalid_arguments", "unsupported"}
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -730,6 +737,7 @@ def _best_record(
 
 def cmd_validate(args: argparse.Namespace) -> int:
     study = load_study(args.study_file, for_launch=False)
+    study.check_flags()  # `run` checks again with the node's own flags, before any trial
     space = study.search_space
     print(f"study {study.name}: OK")
     for unset in study.unset_env:  # status, best, report need none of them; run does
@@ -878,6 +886,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
     from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
+    from autotune.study.enqueue import BASELINE_CHOICE
     from autotune.study.storage import budget_used
 
     study = load_study(args.study_file, for_launch=not args.dry_run)
@@ -886,7 +895,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
     for name, value in plan.reverts.items():
         done = " (already run)" if name in plan.done else ""
-        print(f"  {name} -> {'default' if value is None else to_arg(value)}{done}")
+        chosen = f" ({BASELINE_CHOICE})" if name in plan.server_chosen else ""
+        print(f"  {name} -> {'default' if value is None else to_arg(value)}{chosen}{done}")
     for name, why in plan.not_ablated.items():
         print(f"  {name}: not reverted alone: {why}")
     if args.dry_run:
@@ -913,8 +923,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from optuna.trial import TrialState
-
     from autotune.study import enqueue
     from autotune.study.storage import open_study
 
@@ -957,8 +965,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(f"queued trial {number}: {settings}; {rest}")
         for name, value in entry.server_chosen.items():
             print(f"  {name} = {to_arg(value)}  ({enqueue.BASELINE_CHOICE})")
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    print(f"{waiting} trial(s) waiting: `autotune run {args.study_file}` runs them before the sampler's")
+    print(enqueue.waiting_line(ostudy, study.file.budget.n_trials, args.study_file))
     return 0
 
 

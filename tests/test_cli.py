@@ -435,3 +435,22 @@ def test_commands_that_launch_nothing_do_not_need_the_studys_secrets(tmp_path: P
         "write the value in the file."
     )
     assert _listing(tmp_path) == before, "nothing started, nothing written"
+
+
+def test_a_flag_no_sglang_version_has_stops_validate_and_run_before_any_trial(tmp_path: Path) -> None:
+    """A typo in a search space's flag: an error with a did-you-mean, at validate and at run (after the
+    node check, before the NCCL stage), not a knob held at its default through the whole study."""
+    study_dir = _make_study(tmp_path)
+    space = study_dir / "space.yaml"
+    space.write_text(space.read_text().replace("--mem-fraction-static:", "--mem-fraction-statik:", 1))
+    expected = (
+        "space.yaml: parameters.--mem-fraction-statik: no SGLang version autotune knows (SGLang 0.5.17 to "
+        "0.5.23) has this flag (got '--mem-fraction-statik'). Did you mean '--mem-fraction-static'?"
+    )
+    done = _autotune(tmp_path, "validate", STUDY_ARG)
+    assert done.returncode == 2 and expected in _one_line(done.stderr) and done.stdout == ""
+    done = _autotune(tmp_path, "run", STUDY_ARG, "--no-ray", "--no-tracking")
+    assert done.returncode == 2 and expected in done.stderr.splitlines()[-1], done.stderr
+    assert "NCCL stage" not in done.stderr
+    workdir = study_dir / ".autotune" / "quickstart"
+    assert not list(workdir.rglob("trial-*")) and not (workdir / "nccl-stage").exists(), "no trial ran"

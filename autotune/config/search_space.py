@@ -324,7 +324,19 @@ class AtMost:
 
 
 class SpeculativeRules:
-    """SGLang's speculative-decoding rules (`ServerArgs._handle_speculative_decoding`), in one place."""
+    """SGLang's speculative-decoding rules, in one place, per algorithm as SGLang 0.5.17-0.5.23 dispatch
+    them (srt/speculative/spec_info.py `handle_server_args`): EAGLE, EAGLE3, STANDALONE (and NEXTN, which
+    `_resolve_speculative_algorithm_alias` makes EAGLE) follow `_handle_eagle_family` (0.5.17
+    arg_groups/speculative_hook.py:525-681, [23] 1072-1282), a tree of steps, topk and draft tokens;
+    NGRAM follows `_handle_ngram` (0.5.17 :684-753, [23] 1285-1370), which has no tree to declare:
+
+        server_args.speculative_eagle_topk = server_args.speculative_ngram_max_bfs_breadth
+        if server_args.speculative_num_draft_tokens is None:
+            server_args.speculative_num_draft_tokens = 12  # "... set to 12 by default for ngram ..."
+        if server_args.speculative_num_steps is None:
+            server_args.speculative_num_steps = (num_draft_tokens // speculative_eagle_topk)
+
+    so under NGRAM the draft tokens are tuned alone, steps and topk are SGLang's to set."""
 
     PREFIX: ClassVar[str] = "--speculative-"
     ALGORITHM: ClassVar[str] = "--speculative-algorithm"
@@ -334,6 +346,8 @@ class SpeculativeRules:
     DRAFT_MODEL_PATH: ClassVar[str] = "--speculative-draft-model-path"
     ALGORITHMS: ClassVar[tuple[str, ...]] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
     NEEDS_DRAFT_MODEL: ClassVar[frozenset[str]] = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+    NGRAM: ClassVar[str] = "NGRAM"  # no draft model, no tree: draft tokens alone (`_handle_ngram`)
+    NGRAM_DEFAULT_DRAFT_TOKENS: ClassVar[int] = 12  # `_handle_ngram`'s when the flag is unset
 
     @classmethod
     def is_speculative_flag(cls, name: str) -> bool:
@@ -343,6 +357,11 @@ class SpeculativeRules:
     def needs_draft_model(cls, algorithm: object) -> bool:
         """True when this `--speculative-algorithm` value loads a separate draft model."""
         return algorithm is not None and str(algorithm) in cls.NEEDS_DRAFT_MODEL
+
+    @classmethod
+    def has_tree(cls, algorithm: object) -> bool:
+        """True when this algorithm drafts an EAGLE tree (steps, topk, draft tokens): all but NGRAM."""
+        return algorithm is not None and str(algorithm) != cls.NGRAM
 
     @staticmethod
     def max_draft_tokens(steps: int, topk: int) -> int:
@@ -363,6 +382,9 @@ class SpeculativeRules:
         if cls.is_speculative_flag(name) and name != cls.ALGORITHM:
             if cls.ALGORITHM in declared and values.get(cls.ALGORITHM) is None:
                 return SKIP  # speculative knobs mean nothing without an algorithm
+        if values.get(cls.ALGORITHM) == cls.NGRAM:
+            # `_handle_ngram`: topk is --speculative-ngram-max-bfs-breadth, steps draft // topk.
+            return SKIP if name in (cls.STEPS, cls.TOPK) else None
         if name in (cls.TOPK, cls.DRAFT_TOKENS) and values.get(cls.STEPS) is None:
             return SKIP  # SGLang: with num-steps unset, topk and draft tokens must be unset too
         if name == cls.DRAFT_TOKENS and values.get(cls.TOPK) is not None:
@@ -404,7 +426,10 @@ class SpeculativeRules:
                     value=parameter.when,
                     fix=f"Add `when: {{{cls.ALGORITHM}: EAGLE3}}`.",
                 )
-            if name in (cls.TOPK, cls.DRAFT_TOKENS) and cls.STEPS not in names[: names.index(name)]:
+            before = names[: names.index(name)]
+            if name == cls.DRAFT_TOKENS and cls.STEPS not in before and cls._reaches_ngram(name, parameters):
+                continue  # NGRAM takes draft tokens alone; an EAGLE tree then leaves them to SGLang
+            if name in (cls.TOPK, cls.DRAFT_TOKENS) and cls.STEPS not in before:
                 raise rule_error(
                     f"{name} needs {cls.STEPS} declared before it (SGLang ignores it while steps are unset)",
                     loc=("parameters", name),
@@ -456,6 +481,15 @@ class SpeculativeRules:
                     value=values,
                     fix=f"Give {cls.TOPK} the same `when` as {cls.STEPS}.",
                 )
+
+    @classmethod
+    def _reaches_ngram(cls, name: str, parameters: Mapping[str, _Parameter]) -> bool:
+        """True when `name` is suggested under NGRAM (a choice of the algorithm, which its `when` allows)."""
+        algorithm = parameters.get(cls.ALGORITHM)
+        if not isinstance(algorithm, CategoricalParameter) or cls.NGRAM not in algorithm.choices:
+            return False
+        allowed = (parameters[name].when or {}).get(cls.ALGORITHM)
+        return allowed is None or any(same_value(value, cls.NGRAM) for value in allowed)
 
     @classmethod
     def _needs_algorithm(cls, name: str, parameters: Mapping[str, _Parameter]) -> bool:

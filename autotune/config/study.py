@@ -10,7 +10,7 @@ import importlib.util
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,7 +45,7 @@ from autotune.config.search_space import (
     load_search_space,
 )
 from autotune.config.trust import Trust
-from autotune.dialect import Dialect
+from autotune.dialect import Dialect, FlagTable, all_committed_tables, unknown_flag
 from autotune.errors import ConfigError, did_you_mean
 from autotune.trial.launch import (
     AUTO_PORT,
@@ -458,6 +458,9 @@ class Study:
     # Those not set where it was loaded for a command that launches nothing (`load_study(for_launch=False)`):
     # each one's error, raised by `check_launchable` when trials are to run.
     unset_env: tuple[ConfigError, ...] = ()
+    # The study this one was derived from (`derived`: the NCCL stage's is the server study): its secrets
+    # are this one's too, since this one's `path` is still that study's file.
+    derived_from: Study | None = None
 
     @property
     def name(self) -> str:
@@ -473,7 +476,31 @@ class Study:
         argv = [*server.command, *(t for f, v in flags.items() for t in (f, v) if t is not None)]
         env = {k: v for k, v in server.env.items() if v not in unset}
         referenced = [os.environ[name] for name in self.env_references if name in os.environ]
-        return Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
+        own = Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
+        return own if self.derived_from is None else own | self.derived_from.secrets
+
+    def check_flags(self, node_tables: Sequence[FlagTable] = ()) -> None:
+        """Raise ConfigError for the first flag of the search space that no SGLang version autotune knows
+        takes: the committed flag tables, and `node_tables` (the nodes' own, once the node check read
+        them). A flag only some versions have passes: the node's dialect holds it with a notice."""
+        tables = [*all_committed_tables(), *node_tables]
+        for name, parameter in self.search_space.parameters.items():
+            if parameter.kind == "nccl" or (unknown := unknown_flag(name, tables)) is None:
+                continue
+            problem, hint = unknown
+            raise ConfigError(
+                self.search_space_path,
+                f"parameters.{name}",
+                name,
+                problem,
+                (hint or "Check it against the server's `--help`.")
+                + " (A newer SGLang's own flag: add that version's table, scripts/dump_sglang_flags.py.)",
+            )
+
+    def derived(self, **changes: Any) -> Study:
+        """A study autotune creates for itself from this one (the NCCL stage): `changes` replace fields,
+        and whatever it writes hides this study's secrets as well as its own (`secrets`)."""
+        return replace(self, derived_from=self, **changes)
 
     @property
     def search_space_text(self) -> str:

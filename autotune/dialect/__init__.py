@@ -16,6 +16,7 @@ from autotune.dialect._table import (
     committed_versions,
     load_table,
     table_from_help,
+    unknown_flag,
 )
 from autotune.dialect._translate import Dialect, Held, Translation
 
@@ -33,4 +34,5 @@ __all__ = [
     "committed_versions",
     "load_table",
     "table_from_help",
+    "unknown_flag",
 ]

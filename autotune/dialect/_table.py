@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, did_you_mean
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 DUMP_SCRIPT = "scripts/dump_sglang_flags.py"
@@ -217,3 +217,14 @@ def table_from_help(text: str, version: str | None, source: str) -> FlagTable:
 
 def all_committed_tables() -> Sequence[FlagTable]:
     return [t for v in committed_versions() if (t := committed_table(v)) is not None]
+
+
+def unknown_flag(option: str, tables: Sequence[FlagTable]) -> tuple[str, str] | None:
+    """(why, did-you-mean) when no SGLang version of `tables` takes `option` (as written, or as the
+    unique prefix argparse expands); None when one does."""
+    if not tables or any(option in table or table.expand_prefix(option) is not None for table in tables):
+        return None
+    versions = sorted({t.version or "of unknown version" for t in tables}, key=_version_key)
+    known = f"SGLang {versions[0]} to {versions[-1]}" if len(versions) > 1 else f"SGLang {versions[0]}"
+    hint = did_you_mean(option, {o for table in tables for o in table.options}).strip()
+    return f"no SGLang version autotune knows ({known}) has this flag", hint

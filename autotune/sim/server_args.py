@@ -401,6 +401,7 @@ def _add_speculative_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-num-steps", type=int, default=None)
     parser.add_argument("--speculative-eagle-topk", type=int, default=None)
     parser.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    parser.add_argument("--speculative-ngram-max-bfs-breadth", type=int, default=10)  # NGRAM's topk
     parser.add_argument("--speculative-accept-threshold-single", type=float, default=1.0)
     parser.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0)
     parser.add_argument("--speculative-token-map", type=str, default=None)
@@ -541,10 +542,31 @@ def check_server_args(ns: argparse.Namespace, attention_backend: str | None = No
     if algorithm in EAGLE_LIKE_ALGORITHMS:
         warnings.extend(_check_eagle_args(ns, algorithm, ns.attention_backend or attention_backend))
     elif algorithm == "NGRAM":
-        if ns.enable_dp_attention:
-            raise ValueError("Currently ngram speculative decoding does not support dp attention.")
-        if ns.max_running_requests is None:
-            warnings.append(_MAX_RUNNING_RESET)
+        warnings.extend(_check_ngram_args(ns, ns.attention_backend or attention_backend))
+    return warnings
+
+
+def _check_ngram_args(ns: argparse.Namespace, attention_backend: str | None) -> list[str]:
+    """SGLang 0.5.17's `_handle_ngram` (arg_groups/speculative_hook.py:684-753; [23] 1285-1370): no steps
+    needed, topk is --speculative-ngram-max-bfs-breadth, draft tokens 12 unless set."""
+    warnings: list[str] = []
+    if ns.max_running_requests is None:
+        warnings.append(_MAX_RUNNING_RESET)
+    if ns.speculative_num_draft_tokens is None:
+        warnings.append(
+            "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
+            "You can override this by explicitly setting --speculative-num-draft-tokens."
+        )
+    warnings.append("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
+    topk, page_size = ns.speculative_ngram_max_bfs_breadth, 1 if ns.page_size is None else ns.page_size
+    if topk > 1 and page_size > 1 and attention_backend != "flashinfer":
+        raise ValueError(
+            f"speculative_eagle_topk({topk}) > 1 with page_size({page_size}) > 1 is unstable and produces "
+            "incorrect results for paged attention backends. This combination is only supported for the "
+            "'flashinfer' backend."
+        )
+    if ns.enable_dp_attention:
+        raise ValueError("Currently ngram speculative decoding does not support dp attention.")
     return warnings
 
 

@@ -7,12 +7,11 @@ they are ordinary trials to Optuna, and to MLflow trial runs named and tagged as
 tells the study loop's observers). What a reverted parameter was worth is the best trial's value minus the
 ablation trial's.
 
-A parameter can be reverted this way only when its search space has a "leave it to SGLang/NCCL" value
-(`null` among its choices, or a bool's false): the baseline's value of a range such as
-`--mem-fraction-static` is whatever SGLang computes, which Optuna cannot be told to use. Those are listed
-as not ablated. Driver support would lift this: for a trial whose user attrs carry `ablation_unset`
-(parameter names), build the launch from the enqueued parameters without those names instead of letting the
-sampler fill them in.
+A parameter whose search space has a "leave it to SGLang/NCCL" value (`null` among its choices, or a
+bool's false) goes back to it. One without (a range such as `--mem-fraction-static`) goes back to the value
+SGLang chose for itself in the baseline (recorded from its log: `SERVER_CHOICES_ATTR`), on the search
+space's step, as `autotune enqueue` fills such a knob; before the baseline recorded it, or when the best
+config already has that value, it is listed as not ablated.
 """
 
 from __future__ import annotations
@@ -31,9 +30,10 @@ from autotune.study.records import (
     BASELINE_ATTR,
     FAILURE_KIND_ATTR,
     RETRY_OF_ATTR,
+    SERVER_CHOICES_ATTR,
 )
 from autotune.study.rules import best_trial, direction_sign
-from autotune.study.samplers import default_of
+from autotune.study.samplers import default_of, nearest
 from autotune.study.summary import baseline_trial
 
 
@@ -45,6 +45,7 @@ class AblationPlan:
     reverts: dict[str, object]  # parameter -> the baseline's value it goes back to
     not_ablated: dict[str, str]  # parameter -> why it is not reverted alone
     done: tuple[str, ...]  # reverts that already ran or are queued
+    server_chosen: tuple[str, ...] = ()  # reverts to the value SGLang chose for itself in the baseline
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,18 @@ def changed_params(trial: FrozenTrial) -> dict[str, object]:
     return {name: value for name, value in trial.params.items() if value is not None and value is not False}
 
 
-def revert_value(trial: FrozenTrial, name: str) -> tuple[bool, object]:
-    """(True, the baseline's value) when `name`'s search space can express it, else (False, None)."""
-    value = default_of(trial.distributions[name])
+def revert_value(
+    trial: FrozenTrial, name: str, server_choices: Mapping[str, float] | None = None
+) -> tuple[bool, object]:
+    """(True, the baseline's value) when `name`'s search space can express it (its unset value, or the
+    value SGLang chose in the baseline, `server_choices`, on the space's step), else (False, None)."""
+    distribution = trial.distributions[name]
+    value = default_of(distribution)
     if value is None or value is False:
         return True, value
+    if server_choices and name in server_choices:
+        chosen = nearest(distribution, server_choices[name])
+        return (True, chosen) if isinstance(chosen, int | float) else (False, None)  # a number to be near
     return False, None
 
 
@@ -105,20 +113,27 @@ def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     }
     reverts: dict[str, object] = {}
     not_ablated: dict[str, str] = {}
+    chosen = dict(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+    server_chosen = []
     for name in changed_params(best):
-        possible, value = revert_value(best, name)
-        if possible:
+        possible, value = revert_value(best, name, chosen)
+        if possible and value == best.params[name]:
+            not_ablated[name] = f"the best config has SGLang's own choice already ({value})"
+        elif possible:
             reverts[name] = value
+            if value is not None and value is not False:
+                server_chosen.append(name)
         else:
             not_ablated[name] = (
-                "its search space has no 'leave it to SGLang' value (a range or a list without null), so "
-                "the baseline's value cannot be enqueued"
+                "its search space has no 'leave it to SGLang' value (a range or a list without null), and "
+                "the baseline recorded no value SGLang chose for it"
             )
     return AblationPlan(
         of=best.number,
         reverts=reverts,
         not_ablated=not_ablated,
         done=tuple(name for name in reverts if name in done),
+        server_chosen=tuple(server_chosen),
     )
 
 

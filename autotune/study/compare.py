@@ -29,7 +29,7 @@ from autotune.measure.client import BenchmarkResult
 from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.measure.plan import plan_for
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
-from autotune.node.executor import TrialExecutor, runner_for
+from autotune.node.executor import TrialExecutor, fresh_folder, runner_for
 from autotune.study.confirm import round_order
 from autotune.study.rules import best_trial, trial_config
 from autotune.trial.wire import TrialRequest, TrialResult
@@ -185,7 +185,7 @@ def compare(
     launches = {name: study.server_launch(config) for name, config in configs.items()}
     if executor is None:
         node = study.file.nodes[0]
-        workdir = study.workdir / "compare" / time.strftime("%Y%m%d-%H%M%S")
+        workdir = fresh_folder(study.workdir / "compare", time.strftime("%Y%m%d-%H%M%S"))
         executor = TrialExecutor(node.name, runner_for(node, workdir), workdir)
     best = configs[BEST]
     comparison = Comparison(

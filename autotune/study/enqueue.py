@@ -27,7 +27,7 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace, Study, load_yaml
 from autotune.config.search_space import BoolParameter, same_value
@@ -35,6 +35,7 @@ from autotune.errors import ConfigError, ForbiddenLaunchError, did_you_mean
 from autotune.study import optuna_internals
 from autotune.study.records import QUEUED_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.samplers import default_of, nearest
+from autotune.study.storage import budget_used
 from autotune.trial.launch import TrialConfig, to_arg
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # as the study loop: no "A new study created" line
@@ -373,6 +374,21 @@ def plan_all(study: Study, requests: Sequence[Request], ostudy: optuna.Study | N
     trials = ostudy.get_trials(deepcopy=False) if ostudy is not None else []
     server = dict(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {}) if ostudy is not None else {}
     return [plan(study, request, trials, server) for request in requests]
+
+
+def waiting_line(ostudy: optuna.Study, budget: int | None, study_file: Path | str) -> str | None:
+    """What to type to run the trials still waiting (None when none is): they count in the budget, so
+    once it has no room for them all, the total that does (`--n-trials` is the study's whole budget)."""
+    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if not waiting:
+        return None
+    used = budget_used(ostudy)
+    if budget is None or used + waiting <= budget:
+        return f"{waiting} trial(s) waiting: `autotune run {study_file}` runs them before the sampler's"
+    return (
+        f"{waiting} trial(s) waiting, but the budget of {budget} trials has {used} used, room for "
+        f"{max(budget - used, 0)}: `autotune resume {study_file} --n-trials {used + waiting}` runs them all"
+    )
 
 
 def enqueue(ostudy: optuna.Study, queued: Sequence[Queued]) -> list[int]:

@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
-from autotune.dialect import Dialect
+from autotune.dialect import Dialect, FlagTable
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
@@ -213,6 +213,7 @@ class StudyDriver:
             self.observers.study_ended(StudyEnded(study, ostudy, None))
             raise StudyInterrupted("interrupted while the nodes started; no trial was running") from None
         try:
+            study.check_flags([t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))])
             held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
         except BaseException:
             pool.close()
@@ -497,10 +498,14 @@ class StudyDriver:
         self._hardware_by_node[node] = hardware
         return hardware
 
+    @staticmethod
+    def _flag_table(pool: NodePool, node: str) -> FlagTable | None:
+        facts = pool.facts(node)
+        return facts.server_flags if facts is not None else None
+
     def _dialect(self, pool: NodePool, node: str) -> Dialect | None:
         """How the server on `node` spells flags (from the node check), None where it was not learned."""
-        facts = pool.facts(node)
-        table = facts.server_flags if facts is not None else None
+        table = self._flag_table(pool, node)
         if table is None:
             return None
         key = (table.version, table.digest)

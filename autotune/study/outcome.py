@@ -20,6 +20,7 @@ from autotune.study.records import (
     ADVICE_ATTR,
     CULPRITS_ATTR,
     FAILURE_ATTR,
+    FAILURE_DESCRIPTION_ATTR,
     FAILURE_KIND_ATTR,
     LOAD_STOPPED_BY_ATTR,
     LOAD_WARNING_ATTR,
@@ -149,6 +150,7 @@ def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outco
 def _failed(study: Study, trial: optuna.Trial, failure: Failure) -> Outcome:
     trial.set_user_attr(FAILURE_KIND_ATTR, failure.kind.value)
     trial.set_user_attr(FAILURE_ATTR, study.secrets.redact(failure.line)[:500])
+    trial.set_user_attr(FAILURE_DESCRIPTION_ATTR, study.secrets.redact(failure.description))
     trial.set_user_attr(ADVICE_ATTR, failure.advice)
     if failure.culprits:
         trial.set_user_attr(CULPRITS_ATTR, list(failure.culprits))

@@ -9,6 +9,7 @@ from __future__ import annotations
 # A trial's user attributes.
 FAILURE_KIND_ATTR = "failure_kind"  # a FailureKind value, or why a trial never launched
 FAILURE_ATTR = "failure"  # the (redacted) line that says what went wrong
+FAILURE_DESCRIPTION_ATTR = "failure_description"  # what that line means, in a sentence
 ADVICE_ATTR = "advice"  # what to change, for the failure kind met
 CULPRITS_ATTR = "culprits"  # the flags a failure names
 MLFLOW_RUN_ATTR = "mlflow_run_id"

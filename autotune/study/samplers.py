@@ -80,6 +80,12 @@ DOCUMENTED_TREE = {
 # The trees a speculative branch gets on purpose, in order (see IncumbentMoves._branch).
 BRANCH_PLAN = ("SGLang's documented tree", "the chain of SGLang's adaptive mode", "twice the draft tokens")
 TREE_KNOBS = (SpeculativeRules.STEPS, SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS)
+# NGRAM has no tree (SpeculativeRules): its branch tries SGLang's own draft tokens, then half and twice them.
+NGRAM_PLAN = (
+    f"SGLang's ngram default of {SpeculativeRules.NGRAM_DEFAULT_DRAFT_TOKENS} draft tokens",
+    "half the ngram draft tokens",
+    "twice the ngram draft tokens",
+)
 
 
 def default_of(distribution: BaseDistribution) -> Any:
@@ -483,8 +489,12 @@ class IncumbentMoves(_Wrapper):
             # The ranges of the tree's knobs, from any trial that had them (the best may have none).
             ranges = {n: d for t in with_params for n, d in t.distributions.items() if n in TREE_KNOBS}
             lacking = _lacking(with_params)
-            for step in BRANCH_PLAN[len(planned) : self.branch_trials]:
-                moved = {**plan, **_planned_tree(step, ran_well, ranges, lacking)}
+            steps = BRANCH_PLAN if SpeculativeRules.has_tree(choice) else NGRAM_PLAN
+            for step in steps[len(planned) : self.branch_trials]:
+                if SpeculativeRules.has_tree(choice):
+                    moved = {**plan, **_planned_tree(step, ran_well, ranges, lacking)}
+                else:
+                    moved = {**plan, **_planned_ngram(step, ranges)}
                 if _asked(moved, best.params, with_params) not in tried:
                     return moved, f"{why}: trial {best.number} with {step}"
         return None
@@ -642,6 +652,17 @@ def _planned_tree(
     return _tree(distributions, steps, topk, draft, lacking)
 
 
+def _planned_ngram(step: str, distributions: Mapping[str, BaseDistribution]) -> dict[str, Any]:
+    """The draft tokens of one NGRAM_PLAN step, on the search space's range (none where it has no range:
+    SGLang's default then, every step the same config)."""
+    range_ = distributions.get(SpeculativeRules.DRAFT_TOKENS)
+    if not isinstance(range_, IntDistribution):
+        return {}
+    draft = SpeculativeRules.NGRAM_DEFAULT_DRAFT_TOKENS
+    draft = draft // 2 if step == NGRAM_PLAN[1] else 2 * draft if step == NGRAM_PLAN[2] else draft
+    return {SpeculativeRules.DRAFT_TOKENS: int(nearest(range_, draft))}
+
+
 def _tree(
     distributions: Mapping[str, BaseDistribution], steps: int, topk: int, draft: int, lacking: set[str]
 ) -> dict[str, Any]:
@@ -662,7 +683,8 @@ def _lacking(trials: Sequence[FrozenTrial]) -> set[str]:
     """The tree knobs the search space lacks, as trials that would have been asked them show."""
     lacking = set()
     for params in (t.params for t in trials):
-        if params.get(SpeculativeRules.ALGORITHM) is not None and SpeculativeRules.STEPS not in params:
+        tree = SpeculativeRules.has_tree(params.get(SpeculativeRules.ALGORITHM))  # NGRAM asks no steps
+        if tree and SpeculativeRules.STEPS not in params:
             lacking.add(SpeculativeRules.STEPS)
         if params.get(SpeculativeRules.STEPS) is not None and SpeculativeRules.TOPK not in params:
             lacking.add(SpeculativeRules.TOPK)

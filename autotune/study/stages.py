@@ -258,8 +258,7 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
             "trust": Trust.model_validate(False),  # a fixed coordinate ascent: no repeats nor confirmation
         }
     )
-    return replace(
-        study,
+    return study.derived(
         file=file,
         search_space=load_search_space(space_path),
         objective=load_objective(objective_path),

@@ -466,3 +466,39 @@ def test_needs_draft_model() -> None:
 def test_parse_search_space_without_file() -> None:
     space = parse_search_space({"parameters": {"NCCL_ALGO": {"kind": "nccl", "type": "bool"}}}, "inline.yaml")
     assert space.path == Path("inline.yaml") and "NCCL_ALGO" in space
+
+
+def test_ngram_takes_draft_tokens_alone_and_eagle_keeps_its_tree(tmp_path: Path) -> None:
+    """SGLang's `_handle_ngram` needs no steps for draft tokens (0.5.17 defaults them to 12) and sets topk
+    from --speculative-ngram-max-bfs-breadth; `_handle_eagle_family` asserts steps for both."""
+    declared = [ALG, STEPS, TOPK, DRAFT]
+    decide = SpeculativeRules.decide
+    assert decide(STEPS, {ALG: "NGRAM"}, declared) == SKIP
+    assert decide(TOPK, {ALG: "NGRAM"}, declared) == SKIP
+    assert decide(DRAFT, {ALG: "NGRAM"}, declared) is None
+    ngram_only = {
+        ALG: {"kind": "speculative", "type": "categorical", "choices": [None, "NGRAM"]},
+        DRAFT: {"kind": "speculative", "type": "int", "low": 4, "high": 16, "when": {ALG: ["NGRAM"]}},
+    }
+    space = _space(ngram_only, tmp_path)
+    flags = space.suggest(optuna.trial.FixedTrial({ALG: "NGRAM", DRAFT: 8})).flags
+    assert flags == {ALG: "NGRAM", DRAFT: "8"}
+    # Both: an EAGLE-3 trial gets its tree, an NGRAM trial its draft tokens alone.
+    either = {ALG: ["EAGLE3", "NGRAM"]}
+    both = {
+        ALG: {"kind": "speculative", "type": "categorical", "choices": [None, "EAGLE3", "NGRAM"]},
+        STEPS: {"kind": "speculative", "type": "int", "low": 1, "high": 6, "when": {ALG: ["EAGLE3"]}},
+        TOPK: {"kind": "speculative", "type": "categorical", "choices": [1, 4], "when": {ALG: ["EAGLE3"]}},
+        DRAFT: {"kind": "speculative", "type": "int", "low": 2, "high": 16, "when": either},
+    }
+    (tmp_path / "both").mkdir()
+    space = _space(both, tmp_path / "both")
+    ngram = space.suggest(optuna.trial.FixedTrial({ALG: "NGRAM", STEPS: 3, TOPK: 4, DRAFT: 10}))
+    assert ngram.flags == {ALG: "NGRAM", DRAFT: "10"}
+    eagle = space.suggest(optuna.trial.FixedTrial({ALG: "EAGLE3", STEPS: 3, TOPK: 4, DRAFT: 10}))
+    assert eagle.flags == {ALG: "EAGLE3", STEPS: "3", TOPK: "4", DRAFT: "10"}
+    # Without NGRAM, draft tokens declared before steps still mean nothing: the rule's error stays.
+    eagle_only = {**ngram_only, ALG: {**ngram_only[ALG], "choices": [None, "EAGLE3"]}}
+    eagle_only[DRAFT] = {**ngram_only[DRAFT], "when": {ALG: ["EAGLE3"]}}
+    (tmp_path / "eagle").mkdir()
+    assert "needs --speculative-num-steps declared before it" in str(_error(eagle_only, tmp_path / "eagle"))

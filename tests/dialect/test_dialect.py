@@ -18,10 +18,12 @@ from autotune.dialect import (
     FlagTable,
     FlagTableError,
     Held,
+    all_committed_tables,
     committed_table,
     committed_versions,
     load_table,
     table_from_help,
+    unknown_flag,
 )
 from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.node.check import GPU, NodeReport, check_node
@@ -443,3 +445,17 @@ def test_a_help_that_never_ends_leaves_the_flags_unchanged(monkeypatch: pytest.M
     monkeypatch.setattr(nodecheck, "HELP_TIMEOUT_S", 0.5)
     slow = [sys.executable, "-c", "import time; time.sleep(30)", "sglang.launch_server"]
     assert nodecheck.server_flags(LocalCommandRunner(), slow, {}, None) is None
+
+
+def test_a_flag_is_unknown_only_when_no_known_version_has_it() -> None:
+    tables = all_committed_tables()
+    assert unknown_flag("--mem-fraction-statik", tables) == (
+        "no SGLang version autotune knows (SGLang 0.5.17 to 0.5.23) has this flag",
+        "Did you mean '--mem-fraction-static'?",
+    )
+    assert unknown_flag("--cuda-graph-max-bs", tables) is None, "0.5.17 and 0.5.19 have it"
+    assert unknown_flag("--tp", tables) is None, "argparse expands a unique prefix"
+    # The node's own table, read from a newer SGLang's --help, knows its new flags.
+    newer = table_from_help("  --enable-new-thing    a flag of a newer SGLang\n", "0.6.0", "--help")
+    assert unknown_flag("--enable-new-thing", tables) is not None
+    assert unknown_flag("--enable-new-thing", [*tables, newer]) is None

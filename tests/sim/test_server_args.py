@@ -380,3 +380,24 @@ def test_0_5_23_deprecates_dp_attention_for_attn_dp_size() -> None:
     ]
     assert parse("--enable-dp-attention", version="0.5.23").enable_dp_attention is True
     assert check_server_args(parse("--enable-dp-attention")) == []
+
+
+def test_ngram_follows_sglangs_handle_ngram() -> None:
+    """0.5.17 arg_groups/speculative_hook.py:684-753: draft tokens without steps (12 by default), topk
+    from --speculative-ngram-max-bfs-breadth (10), which pages need flashinfer for."""
+    warnings = check_server_args(parse("--speculative-algorithm", "NGRAM"))
+    assert warnings == [
+        "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
+        "setting --max-running-requests.",
+        "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. You can "
+        "override this by explicitly setting --speculative-num-draft-tokens.",
+        "The mixed chunked prefill are disabled because of using ngram speculative decoding.",
+    ]
+    drafted = parse("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8")
+    assert not any("set to 12" in w for w in check_server_args(drafted))  # no steps needed
+    paged = ("--speculative-algorithm", "NGRAM", "--page-size", "16", "--attention-backend")
+    with pytest.raises(ValueError, match=r"speculative_eagle_topk\(10\) > 1 with page_size\(16\) > 1"):
+        check_server_args(parse(*paged, "triton"))
+    assert check_server_args(parse(*paged, "flashinfer"))
+    narrow = parse(*paged, "triton", "--speculative-ngram-max-bfs-breadth", "1")
+    assert check_server_args(narrow)

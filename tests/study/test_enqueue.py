@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from autotune.cli import main
 from autotune.config import load_study
 from autotune.study.callbacks import StudyCallback, TrialStarted
+from autotune.study.enqueue import waiting_line
 from autotune.study.loop import StudyDriver
 from autotune.study.records import DRIVER_ATTR, PROPOSED_ATTR, QUEUED_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.samplers import nearest
@@ -262,8 +263,9 @@ def test_a_new_study_is_created_with_its_baseline_first_and_a_bad_config_creates
 
 
 def test_status_marks_a_trial_queued_by_hand(
-    after_baseline: Path, capsys: pytest.CaptureFixture[str]
+    after_baseline: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # a row on one line, its note on the next
     assert enqueue(after_baseline, "--from-trial", "0", f"--set={MEM}=0.85") == 0
     run(after_baseline, n_trials=2)
     capsys.readouterr()
@@ -345,3 +347,22 @@ def test_from_a_trial_still_waiting_takes_its_queued_values(after_baseline: Path
         "NCCL_ALGO": "Tree",
         "NCCL_PROTO": "LL",
     }
+
+
+def test_past_the_budget_enqueue_says_exactly_what_runs_the_queued_config(
+    after_baseline: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(after_baseline)  # the budget of 4 spent
+    capsys.readouterr()
+    assert enqueue(after_baseline, f"--set={MEM}=0.85") == 0
+    told = capsys.readouterr().out.splitlines()[-1]
+    assert told == (
+        "1 trial(s) waiting, but the budget of 4 trials has 4 used, room for 0: "
+        f"`autotune resume {after_baseline} --n-trials 5` runs them all"
+    )
+    ostudy = run(after_baseline)  # what `autotune run` did: nothing, so it says the same
+    assert waiting_line(ostudy, 4, after_baseline) == told
+    ostudy = run(after_baseline, n_trials=5)  # what the line says to type
+    queued = [t for t in ostudy.trials if QUEUED_ATTR in t.user_attrs]
+    assert [(t.params[MEM], t.state.name) for t in queued] == [(0.85, "COMPLETE")]
+    assert waiting_line(ostudy, 5, after_baseline) is None

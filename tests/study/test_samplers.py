@@ -652,3 +652,35 @@ def test_moves_from_one_best_try_each_knob_before_any_twice() -> None:
     best = study.trials[0].params
     moved = [next(n for n in names if t.params[n] != best[n]) for t in study.trials[1:]]
     assert sorted(moved) == names  # a sweep: six moves, six knobs
+
+
+def test_ngram_gets_draft_tokens_on_purpose_not_an_eagle_tree() -> None:
+    """NGRAM (SGLang's `_handle_ngram`) takes draft tokens alone, 12 by default: its branch trials are 12,
+    half and twice that, labelled so; an EAGLE-3 branch beside it keeps its trees."""
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+
+    def ask() -> optuna.Trial:  # the search space's order: SpeculativeRules.decide skips steps and topk
+        trial = study.ask()
+        algorithm = trial.suggest_categorical(ALGO, [None, "EAGLE3", "NGRAM"])
+        if algorithm == "EAGLE3":
+            trial.suggest_int(SPEC_STEPS, 1, 6)
+            trial.suggest_categorical(SPEC_TOPK, [1, 4])
+        if algorithm is not None:
+            trial.suggest_int(SPEC_DRAFT, 2, 16)
+        return trial
+
+    study.enqueue_trial({ALGO: None})
+    for _ in range(8):
+        study.tell(ask(), 0.5)
+    planned = [t for t in study.trials if PROPOSED_ATTR in t.system_attrs]
+    ngram = [t for t in planned if t.params[ALGO] == "NGRAM"]
+    assert [t.params for t in ngram] == [{ALGO: "NGRAM", SPEC_DRAFT: d} for d in (12, 6, 16)]
+    assert [t.system_attrs[PROPOSED_ATTR].split(" with ")[1] for t in ngram] == [
+        "SGLang's ngram default of 12 draft tokens",
+        "half the ngram draft tokens",
+        "twice the ngram draft tokens",
+    ]
+    eagle = [t for t in planned if t.params[ALGO] == "EAGLE3"]
+    assert eagle and "SGLang's documented tree" in eagle[0].system_attrs[PROPOSED_ATTR]
+    assert tree(eagle[0])[:2] == (5, 4)

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+import yaml
 
 from autotune.config._yaml import expand_env_references
 from autotune.config.study import load_study
@@ -28,11 +30,11 @@ from autotune.measure.plan import BenchServingOptions
 from autotune.node.bench_serving import BenchServingRun
 from autotune.node.runner import LocalCommandRunner, free_port
 from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
-from tests.builders import SIM_SEED_ARGV, StudyFiles, e2e_study
+from tests.builders import SHIPPED_SPACE, SIM_SEED_ARGV, StudyFiles, e2e_study
 from tests.conftest import run_cli
 from tests.test_objectives import BENCH_SERVING_LINE
 
-API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key through ${SIM_API_KEY}
+API_KEY = "sk-sim-key-7f3a9c2e51"  # given to --api-key, written in clear in the study file
 HF_TOKEN = "hf_tokenvalue_b81d44e0"  # the server's env through ${HF_TOKEN}
 WANDB_API_KEY = "wandb-key-0c9e1f77aa"  # only in the environment autotune runs in
 PASSWORD = "written-in-the-file-5521"  # written in clear in the study file (secret-named env var)
@@ -42,15 +44,23 @@ N_TRIALS = 3
 
 
 def _secret_study() -> dict[str, Any]:
-    """The shared small study, with its server's key and HF_TOKEN read from the environment."""
+    """The shared small study, with its server's key written in clear and HF_TOKEN read from the
+    environment, and an NCCL stage of two trials: a study autotune creates for itself, which records the
+    same study file."""
     study = e2e_study(N_TRIALS)
-    study["server"]["flags"].update({"--api-key": "${SIM_API_KEY}", "--served-model-name": "${SERVED_NAME}"})
+    study["server"]["flags"].update({"--api-key": API_KEY, "--served-model-name": "${SERVED_NAME}"})
     study["server"]["env"].update({"HF_TOKEN": "${HF_TOKEN}", "DB_PASSWORD": PASSWORD})
+    space = yaml.safe_load(SHIPPED_SPACE.read_text())
+    nccl = [name for name, knob in space["parameters"].items() if knob["kind"] == "nccl"]
+    for name in nccl[1:]:
+        del space["parameters"][name]
+    study["search_space"] = space
+    study["nccl_stage"] = {"hidden_size": 7168, "command": [sys.executable, "-m", "autotune.sim.nccl_job"]}
     return study
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    secrets = {"SIM_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "WANDB_API_KEY": WANDB_API_KEY}
+    secrets = {"HF_TOKEN": HF_TOKEN, "WANDB_API_KEY": WANDB_API_KEY}  # the key is in the file, not here
     return run_cli(*args, cwd=root, env={**secrets, "SERVED_NAME": SERVED_NAME}, timeout_s=300)
 
 
@@ -94,12 +104,14 @@ def test_a_study_with_an_api_key_completes_and_writes_no_secret(
     for log in logs:
         assert f"api_key='{REDACTED}'" in log.read_text(errors="replace")
         assert f"served_model_name='{REDACTED}'" in log.read_text(errors="replace")
-    # The recorded study file keeps the references, not the values; the value written in it is redacted.
+    # Each study's recorded study file (the NCCL stage's too) keeps the references, not the values; the
+    # values written in it are redacted.
     copies = [p for p in written if p.name == "study.yaml"]
-    assert copies and all(
-        "${SIM_API_KEY}" in p.read_text() and "${HF_TOKEN}" in p.read_text() for p in copies
-    )
+    studies = optuna.get_all_study_names(load_study(study, for_launch=False).storage)
+    assert len(studies) == 2 and len(copies) == len(studies), (studies, copies)
+    assert all("${HF_TOKEN}" in p.read_text() and "${SERVED_NAME}" in p.read_text() for p in copies)
     assert all(f"DB_PASSWORD: {REDACTED}\n" in p.read_text() for p in copies)
+    assert all(f"--api-key: {REDACTED}" in p.read_text() for p in copies)
 
 
 KEYED_ARGV = [*SIM_SEED_ARGV, "--api-key", API_KEY, "--host", "127.0.0.1"]
@@ -211,6 +223,7 @@ def test_a_value_read_through_a_reference_is_secret_whatever_its_name(
     study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _secret_study()
+    data["server"]["flags"]["--api-key"] = "${SIM_API_KEY}"  # a secret flag through a reference too
     data["server"]["env"]["SGLANG_SIM_TIME_SCALE"] = "${SCALE_TEXT}"
     study = study_file(data)
     values = {"SIM_API_KEY": API_KEY, "SERVED_NAME": SERVED_NAME, "HF_TOKEN": HF_TOKEN}

@@ -1,0 +1,54 @@
+"""The ablation plan (autotune.study.ablation) on a real Optuna storage: which settings of the best config
+are reverted, and to what."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+from autotune.study.ablation import enqueue_ablation, plan_ablation
+from autotune.study.records import BASELINE_ATTR, SERVER_CHOICES_ATTR
+
+MEM, PROTO = "--mem-fraction-static", "NCCL_PROTO"
+DISTRIBUTIONS = {
+    MEM: FloatDistribution(0.70, 0.95, step=0.01),
+    PROTO: CategoricalDistribution([None, "LL", "Simple"]),
+}
+
+
+def study_with_best(
+    tmp_path: Path, best_fraction: float, server_choices: dict[str, float] | None
+) -> optuna.Study:
+    ostudy = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", direction="maximize")
+    if server_choices is not None:  # what the baseline's log said SGLang chose (the loop records it)
+        ostudy.set_user_attr(SERVER_CHOICES_ATTR, server_choices)
+    for params, value, attrs in (
+        ({MEM: 0.89, PROTO: None}, 100.0, {BASELINE_ATTR: True}),
+        ({MEM: best_fraction, PROTO: "LL"}, 130.0, {}),
+    ):
+        trial = optuna.trial.create_trial(
+            params=params, distributions=DISTRIBUTIONS, value=value, user_attrs=attrs
+        )
+        ostudy.add_trial(trial)
+    return ostudy
+
+
+def test_a_range_without_unset_reverts_to_sglangs_own_choice_in_the_baseline(tmp_path: Path) -> None:
+    ostudy = study_with_best(tmp_path, 0.84, {MEM: 0.893, "--chunked-prefill-size": 8192.0})
+    plan = plan_ablation(ostudy)
+    assert plan.reverts == {MEM: 0.89, PROTO: None}  # 0.893 on the space's step
+    assert plan.server_chosen == (MEM,) and plan.not_ablated == {}
+    assert sorted(enqueue_ablation(ostudy, plan)) == sorted([MEM, PROTO])
+    queued = [t for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.WAITING]
+    fixed = [t.system_attrs["fixed_params"] for t in queued]
+    assert {MEM: 0.89, PROTO: "LL"} in fixed and {MEM: 0.84, PROTO: None} in fixed
+
+
+def test_without_a_recorded_choice_or_with_it_already_the_range_is_not_reverted(tmp_path: Path) -> None:
+    plan = plan_ablation(study_with_best(tmp_path, 0.84, None))
+    assert plan.reverts == {PROTO: None} and "recorded no value SGLang chose" in plan.not_ablated[MEM]
+    (tmp_path / "again").mkdir()
+    plan = plan_ablation(study_with_best(tmp_path / "again", 0.89, {MEM: 0.893}))
+    assert plan.reverts == {PROTO: None} and "SGLang's own choice already" in plan.not_ablated[MEM]
