@@ -45,6 +45,16 @@ class ForbiddenLaunchError(AutotuneError):
     """A launch would use a value the study file says must never be launched."""
 
 
+class ProblemError(AutotuneError):
+    """What is wrong and what to do about it, read as one line: `problem. fix` (a user's file: ConfigError,
+    which also names the file, the field and the value)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem}. {fix}")
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -68,3 +68,22 @@ def test_a_config_error_raised_in_a_worker_process_reaches_the_parent() -> None:
 
 def _raise(error: Exception) -> None:
     raise error
+
+
+def test_problem_and_fix_errors_read_as_one_line_and_keep_their_parts() -> None:
+    from autotune.config.hosts import AddressError, parse_ssh_address
+    from autotune.node.runner import NodeUnreachableError
+
+    try:
+        parse_ssh_address("ssh://me@gpu-1:x")
+    except AddressError as exc:
+        assert str(exc) == f"{exc.problem}. {exc.fix}" and "port" in exc.problem and exc.fix
+    else:
+        raise AssertionError("a port that is not a number is an AddressError")
+    lost = NodeUnreachableError("gpu-1", "connection refused", transient=False)
+    default_fix = "Check the network and that sshd runs on the node."
+    assert str(lost) == f"node gpu-1 unreachable: connection refused. {default_fix}"
+    assert lost.fix == default_fix
+    assert (lost.node, lost.reason, lost.transient) == ("gpu-1", "connection refused", False)
+    refused = NodeUnreachableError("n", "host key refused", "Check known_hosts.")
+    assert str(refused) == "node n unreachable: host key refused. Check known_hosts."

@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from autotune.errors import AutotuneError
+from autotune.errors import ProblemError
 
 LOOPBACK = "127.0.0.1"  # how this machine reaches a server that listens on every address
 ANY_ADDRESSES = ("0.0.0.0", "::", "")  # a server bound to one of these listens on every address
@@ -34,13 +34,8 @@ def reachable_here(host: str) -> str:
     return LOOPBACK if is_any_address(host) else host
 
 
-class AddressError(AutotuneError, ValueError):
+class AddressError(ProblemError, ValueError):
     """An ssh:// address that cannot be used: `problem` and `fix` fit a one-line config error."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{problem}. {fix}")
 
 
 @dataclass(frozen=True)

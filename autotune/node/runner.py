@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, ProblemError
 from autotune.trial.launch import ServerLaunch, is_env_name
 from autotune.trial.redaction import Secrets
 
@@ -55,7 +55,7 @@ class LaunchError(AutotuneError):
         super().__init__(f"could not launch {self.argv!r}: {reason}")
 
 
-class NodeUnreachableError(AutotuneError):
+class NodeUnreachableError(ProblemError):
     """The node stopped answering (or refused us): its connection was lost, refused or timed out.
 
     `fix` says what to check; `transient` is False when trying again cannot help (a refused host key
@@ -65,9 +65,10 @@ class NodeUnreachableError(AutotuneError):
     def __init__(self, node: str, reason: str, fix: str = "", *, transient: bool = True) -> None:
         self.node = node
         self.reason = reason
-        self.fix = fix or "Check the network and that sshd runs on the node."
         self.transient = transient
-        super().__init__(f"node {node} unreachable: {reason}. {self.fix}")
+        super().__init__(
+            f"node {node} unreachable: {reason}", fix or "Check the network and that sshd runs on the node."
+        )
 
 
 @dataclass(frozen=True)

@@ -307,10 +307,11 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path, study_file: StudyFil
 def test_every_command_that_runs_trials_takes_the_driver_options(command: str) -> None:
     from autotune.cli import _driver, _parser
     from autotune.node.pool import in_process_pool
+    from autotune.views.tracked import study_tracker
 
     study = load_study(REPO / "examples" / "quickstart.yaml")
     args = _parser().parse_args([command, "study.yaml", "--no-ray", "--no-tracking"])
     driver = _driver(study, args)
     assert driver.make_pool is in_process_pool and driver.tracking is None
     default = _driver(study, _parser().parse_args([command, "study.yaml"]))
-    assert default.make_pool is not in_process_pool and default.tracking is not None
+    assert default.make_pool is not in_process_pool and default.tracking is study_tracker
