@@ -17,7 +17,7 @@ from autotune.cli import main
 from autotune.config import Study, load_study
 from autotune.errors import ConfigError
 from autotune.node.pool import LocalNodePool, NodePool
-from autotune.sim.model_node import ModelExecutor, node_report
+from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.confirm import confirmation, round_order, study_answer
@@ -32,7 +32,7 @@ def model_pool(noise: float = 0.0) -> Callable[[Study], NodePool]:
     """One node answered by the model of the seed's node, with `noise` (relative SD) on every launch."""
     hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
     return lambda study: LocalNodePool(
-        {"n0": ModelExecutor("n0", hw, model, noise=noise)}, {"n0": node_report("n0", hw, model)}
+        {"n0": ModelNodeExecutor("n0", hw, model, noise=noise)}, {"n0": node_report("n0", hw, model)}
     )
 
 
