@@ -28,7 +28,14 @@ from autotune.measure.stats import Gain, paired_gain
 from autotune.study.noise import noise_estimate
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_measurement
-from autotune.study.rules import best_trial, direction_sign, is_feasible, maximizes, measurement_groups
+from autotune.study.rules import (
+    best_trial,
+    deliberate,
+    direction_sign,
+    is_feasible,
+    maximizes,
+    measurement_groups,
+)
 from autotune.study.stopping import stopped_early
 from autotune.study.storage import budget_used, counts
 
@@ -152,7 +159,7 @@ def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
 def _searched_since(ostudy: optuna.Study, since: int) -> bool:
     """A trial the search launched after the confirmation started (a resume with a larger budget)."""
     return any(
-        t.number > since and REMEASURE_OF_ATTR not in t.user_attrs and t.state.is_finished() and counts(t)
+        t.number > since and not deliberate(t.user_attrs) and t.state.is_finished() and counts(t)
         for t in ostudy.get_trials(deepcopy=False)
     )
 

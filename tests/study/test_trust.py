@@ -340,3 +340,21 @@ def test_the_real_h200_study_without_confirmation_answers_unconfirmed_with_its_n
     assert answer["gain_pct"] == pytest.approx(2.0, abs=0.05) and answer["gain_interval_pct"] is None
     assert answer["noise"]["configs"] == [{"trial": 2, "trials": [2, 8]}] and answer["within_noise"] is True
     assert answer["text"].startswith("unconfirmed: trial 29's config measured +2.0% over SGLang's defaults")
+
+
+def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confirm_again(
+    study_file: StudyFiles,
+) -> None:
+    trust = {"repeat_baseline_after": 2, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
+    study = load_study(study_file(n_trials=4, trust=trust))
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    started = ostudy.user_attrs["confirm"]
+    leader = confirmation(ostudy).leader  # type: ignore[union-attr]
+    params = next(t.params for t in ostudy.trials if t.number == leader)
+    # `autotune ablate` queues configs it means to measure, a launch made before among them.
+    ostudy.enqueue_trial(dict(params), user_attrs={"ablation_of": leader, "ablation_param": "all"})
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run(n_trials=budget_used(ostudy) + 1)
+    ablation = ostudy.trials[-1]
+    assert ablation.user_attrs["ablation_of"] == leader and "node" in ablation.user_attrs
+    assert "same_as" not in ablation.user_attrs
+    assert ostudy.user_attrs["confirm"] == started  # no second confirmation
