@@ -67,13 +67,7 @@ class Confirmation:
     queued: int  # rounds queued so far
     leader: int | None
     gain: Gain | None  # the leader's paired gain over the baseline
-    pairs: int
-
-    @property
-    def waiting(self) -> bool:
-        return any(len(values) < len(self.configs) + 1 for values in self.rounds.values()) or (
-            len(self.rounds) < self.queued
-        )
+    pairs: int  # the rounds where both the leader and the baseline were measured
 
 
 def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
