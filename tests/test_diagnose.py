@@ -120,6 +120,7 @@ def test_status_quotes_sglangs_message_for_a_rejected_flag() -> None:
 
     line = "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'fa3')"
     record = {"over_limits": None, "pruned_by": None, "remeasure_of": None, "proposed": None, "queued": None}
+    record.update(load_warning=None, confirm=None, same_as=None)  # what status notes read of a trial
     notes = _status_notes({**record, "failure_kind": "invalid_arguments", "failure": line})
     assert notes == [f"SGLang says: {line}"]
     assert _status_notes({**record, "failure_kind": "cuda_graph_oom", "failure": "x"}) == []

@@ -311,6 +311,6 @@ def test_every_command_that_runs_trials_takes_the_driver_options(command: str) -
     study = load_study(REPO / "examples" / "quickstart.yaml")
     args = _parser().parse_args([command, "study.yaml", "--no-ray", "--no-tracking"])
     driver = _driver(study, args)
-    assert driver.make_pool is in_process_pool and driver.tracking is False
+    assert driver.make_pool is in_process_pool and driver.tracking is None  # no tracker to make
     default = _driver(study, _parser().parse_args([command, "study.yaml"]))
-    assert default.make_pool is not in_process_pool and default.tracking is True
+    assert default.make_pool is not in_process_pool and default.tracking is not None
