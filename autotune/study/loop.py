@@ -60,14 +60,10 @@ from autotune.study.records import (
     NODE_S_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
-    RETRY_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
 )
-from autotune.study.rules import (
-    earlier_launch,
-    launch_identity,
-)
+from autotune.study.rules import deliberate, earlier_launch, launch_identity
 from autotune.study.stopping import record_stop, why_stop
 from autotune.study.storage import (
     HEARTBEAT_S,
@@ -460,12 +456,11 @@ class StudyDriver:
         self, ostudy: optuna.Study, trial: optuna.Trial, launch: ServerLaunch
     ) -> FrozenTrial | None:
         """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
-        launch it again: not a deliberate measurement (the baseline, a repeat, a confirmation, a retry) nor
-        a config queued by hand; records the launch on the trial."""
+        launch it again: not a measurement asked for on purpose (`rules.deliberate`); records the launch on
+        the trial."""
         identity = launch_identity(launch.argv, launch.env)
         trial.set_user_attr(LAUNCH_ATTR, identity)
-        deliberate = (BASELINE_ATTR, REMEASURE_OF_ATTR, QUEUED_ATTR, RETRY_OF_ATTR)
-        if not self.study.file.trust.skip_same_launch or any(a in trial.user_attrs for a in deliberate):
+        if not self.study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
             return None
         counted = [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
         return earlier_launch(identity, counted, ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})

@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any, cast
 from autotune.measure.metrics import maximizes
 from autotune.measure.stats import mean_ci
 from autotune.study.records import (
+    ABLATION_OF_ATTR,
     BASELINE_ATTR,
     LAUNCH_ATTR,
+    QUEUED_ATTR,
     REMEASURE_OF_ATTR,
     REMEASURE_SETTINGS_ATTR,
+    RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
 
@@ -51,6 +54,15 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
 def config_key(params: Mapping[str, Any]) -> ConfigKey:
     """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def deliberate(user_attrs: Mapping[str, Any]) -> bool:
+    """A trial asked for on purpose, not proposed by the sampler: the baseline (and its repeats), a
+    re-measurement or confirmation round, a retry, an ablation, a config queued by hand. It runs even when
+    its launch ran before, and is no trial of the search the stopping rule watches."""
+    return bool(user_attrs.get(BASELINE_ATTR)) or any(
+        key in user_attrs for key in (REMEASURE_OF_ATTR, QUEUED_ATTR, RETRY_OF_ATTR, ABLATION_OF_ATTR)
+    )
 
 
 def launch_identity(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:

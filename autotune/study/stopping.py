@@ -25,23 +25,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.noise import noise_estimate
-from autotune.study.records import BASELINE_ATTR, QUEUED_ATTR, REMEASURE_OF_ATTR, STOPPED_ATTR
-from autotune.study.rules import direction_sign, is_feasible
+from autotune.study.records import STOPPED_ATTR
+from autotune.study.rules import deliberate, direction_sign, is_feasible
 from autotune.study.storage import counts
 
 __all__ = ["record_stop", "stopped_early", "why_stop"]
 
 
 def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The finished launches the sampler proposed (not the baseline, a repeat or a config queued by hand)."""
+    """The finished launches the sampler proposed (`rules.deliberate`: not one asked for on purpose)."""
     return [
         t
         for t in sorted(trials, key=lambda t: t.number)
-        if t.state.is_finished()
-        and counts(t)
-        and not t.user_attrs.get(BASELINE_ATTR)
-        and REMEASURE_OF_ATTR not in t.user_attrs
-        and QUEUED_ATTR not in t.user_attrs
+        if t.state.is_finished() and counts(t) and not deliberate(t.user_attrs)
     ]
 
 
