@@ -250,6 +250,20 @@ def study_answer(ostudy: optuna.Study) -> dict[str, Any] | None:
         if within is False
         else ""
     )
+    if best.user_attrs.get(BASELINE_ATTR):
+        said = f"unconfirmed: the best single measurement is SGLang's defaults (trial {best.number})"
+    else:
+        said = (
+            f"unconfirmed: trial {best.number}'s config measured {shown} over SGLang's defaults once, not "
+            f"confirmed in interleaved rounds{verdict}"
+        )
+    if state is not None:  # confirmation began but has not measured two rounds of a candidate yet
+        settings = _settings(ostudy) or {}
+        measured = sum(1 for values in state.rounds.values() if values.get(state.baseline) is not None)
+        said += (
+            f"; confirmation under way ({measured} of at least {settings.get('min_rounds', 2)} rounds "
+            f"measured): `autotune resume` finishes it"
+        )
     return {
         "confirmed": False,
         "trial": best.number,
@@ -258,13 +272,10 @@ def study_answer(ostudy: optuna.Study) -> dict[str, Any] | None:
         "value": best.value,
         "gain_pct": gain_pct,
         "gain_interval_pct": None,
-        "rounds": 0,
+        "rounds": state.pairs if state is not None else 0,
         "noise": noise_record,
         "within_noise": within,
-        "text": (
-            f"unconfirmed: trial {best.number}'s config measured {shown} over SGLang's defaults once, not "
-            f"confirmed in interleaved rounds{verdict}; {noise_text}"
-        ),
+        "text": f"{said}; {noise_text}",
     }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.records import BASELINE_ATTR, FAILURE_KIND_ATTR
+from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, FAILURE_KIND_ATTR
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
 from autotune.study.rules import ConfigMeasurements, best_trial, direction_sign, is_feasible, non_dominated
 
@@ -65,7 +65,9 @@ def study_summary(ostudy: optuna.Study) -> dict[str, Any]:
     if base_value and best_value is not None:
         sign = direction_sign(ostudy.direction)
         gain = sign * (best_value - base_value) / abs(base_value) * 100
-    answer = remeasured_answer(ostudy)
+    # Once the trust section's confirmation began, its paired rounds are the answer (confirm.study_answer):
+    # the means of its launches here would be a second answer, computed another way.
+    answer = remeasured_answer(ostudy) if CONFIRM_ATTR not in ostudy.user_attrs else None
     remeasured = None
     if answer is not None:
         # The answer is a mean now: the best config's and the baseline's, and the gain between them.

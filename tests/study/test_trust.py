@@ -26,6 +26,7 @@ from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.noise import noise_estimate, pooled
 from autotune.study.rules import ConfigMeasurements, launch_identity, same_launch
 from autotune.study.storage import budget_used
+from autotune.study.summary import study_summary
 from tests.builders import StudyFiles
 
 
@@ -340,6 +341,25 @@ def test_the_real_h200_study_without_confirmation_answers_unconfirmed_with_its_n
     assert answer["gain_pct"] == pytest.approx(2.0, abs=0.05) and answer["gain_interval_pct"] is None
     assert answer["noise"]["configs"] == [{"trial": 2, "trials": [2, 8]}] and answer["within_noise"] is True
     assert answer["text"].startswith("unconfirmed: trial 29's config measured +2.0% over SGLang's defaults")
+
+
+def test_a_confirmation_cut_short_says_it_is_under_way_and_how_to_finish_it(tmp_path: Path) -> None:
+    # The committed real stores of the trust study (run4): the device time ended in round 1 of the
+    # confirmation, with the baseline's launch of that round running; by its means the best is the defaults.
+    stores = Path(__file__).parents[2] / "benchmarks" / "sglang-h200" / "run4" / "study.tar.gz"
+    with tarfile.open(stores) as tar:
+        tar.extractall(tmp_path, filter="data")
+    storage = f"sqlite:///{tmp_path / '.autotune' / 'sglang-h200-trust' / 'optuna.db'}"
+    ostudy = optuna.load_study(study_name="sglang-h200-trust", storage=storage)
+    answer = study_answer(ostudy)
+    assert answer is not None and answer["confirmed"] is False and answer["trial"] == 0
+    said = "unconfirmed: the best single measurement is SGLang's defaults (trial 0)"
+    assert answer["text"].startswith(said)
+    assert "confirmation under way (1 of at least 2 rounds measured): `autotune resume` finishes it" in (
+        answer["text"]
+    )
+    # One answer: the confirmation's, not also the means of its launches computed another way.
+    assert study_summary(ostudy)["remeasured"] is None
 
 
 def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confirm_again(
