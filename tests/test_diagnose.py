@@ -116,7 +116,7 @@ def test_a_missing_log_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_status_quotes_sglangs_message_for_a_rejected_flag() -> None:
-    from autotune.cli import _status_notes
+    from autotune.cli.answers import _status_notes
 
     line = "sglang serve: error: argument --attention-backend: invalid choice: 'flash' (choose from 'fa3')"
     record = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.cli import ConsoleReporter
+from autotune.cli.console import ConsoleReporter
 from autotune.config import Study, load_study
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model_node import ModelNodeExecutor, node_report

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.cli import ConsoleReporter
+from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.node.pool import LocalNodePool

@@ -305,7 +305,8 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path, study_file: StudyFil
 
 @pytest.mark.parametrize("command", ["run", "resume", "remeasure", "ablate"])
 def test_every_command_that_runs_trials_takes_the_driver_options(command: str) -> None:
-    from autotune.cli import _driver, _parser
+    from autotune.cli import _parser
+    from autotune.cli.run import _driver
     from autotune.node.pool import in_process_pool
     from autotune.views.tracked import study_tracker
 

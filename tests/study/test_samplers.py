@@ -13,7 +13,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import create_trial
 
-from autotune.cli import _status_notes, _trial_record
+from autotune.cli.answers import _status_notes, _trial_record
 from autotune.config.study import SAMPLER_NAMES, SamplerSpec
 from autotune.study.records import ACCEPT_LENGTH_ATTR, PROPOSED_ATTR, REMEASURE_OF_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.rules import best_trial

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import _status_notes, _trial_record, main
+from autotune.cli import main
+from autotune.cli.answers import _status_notes, _trial_record
 from autotune.config import load_study
 from autotune.node.pool import LocalNodePool
 from autotune.sim.model_node import ModelNodeExecutor, node_report

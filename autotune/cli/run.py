@@ -1,0 +1,213 @@
+"""`autotune run`, `resume`, `remeasure`, `ablate`, `compare` and `enqueue`: the commands that change a
+study, by running trials, launching servers or queueing configs; they share the driver and its options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from autotune.cli.answers import summary_text, trust_record
+from autotune.cli.common import existing_study
+from autotune.cli.console import ConsoleReporter
+from autotune.config import Study, load_study
+from autotune.errors import ConfigError
+from autotune.trial.launch import to_arg
+
+if TYPE_CHECKING:  # the driver loads Optuna, Ray and MLflow: only the commands that run trials import it
+    from autotune.study.loop import StudyDriver
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autotune.study.summary import study_summary
+
+    study = load_study(args.study_file)
+    if args.n_trials is not None and args.n_trials < 1:
+        raise ConfigError(
+            args.study_file,
+            "--n-trials",
+            args.n_trials,
+            "the budget must be positive",
+            "Pass --n-trials 1 or more.",
+        )
+    print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
+    print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
+    ostudy = _driver(study, args).run(args.n_trials, accept_changes=args.accept_changes)
+    ostudy = _remeasure(study, ostudy, args)
+    summary = study_summary(ostudy)
+    print(summary_text(summary, study))
+    if summary["pareto"] is None and (answer := trust_record(ostudy)["answer"]) is not None:
+        print(answer["text"])  # confirmed or not, with the noise
+    from autotune.study.enqueue import waiting_line
+
+    if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
+        print(waiting)  # configs queued by hand that the spent budget left waiting
+    return 0
+
+
+def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
+    """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
+    from autotune.study.loop import StudyDriver
+    from autotune.views.tracked import study_tracker
+
+    driver = StudyDriver(study, [ConsoleReporter()], tracking=None if args.no_tracking else study_tracker)
+    if args.no_ray:
+        from autotune.node.pool import in_process_pool
+
+        driver.make_pool = in_process_pool
+    return driver
+
+
+def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
+    """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
+    from autotune.study.remeasure import remeasure
+
+    settings = study.objective.remeasure
+    if settings is None:
+        return ostudy
+
+    def run(total: int) -> Any:
+        print(
+            f"autotune: re-measuring the top {settings.top} configs and the baseline until each has "
+            f"{settings.repeats} measurements",
+            file=sys.stderr,
+        )
+        return _driver(study, args).run(total)
+
+    return remeasure(study, ostudy, run)
+
+
+def cmd_remeasure(args: argparse.Namespace) -> int:
+    from autotune.study.summary import study_summary
+
+    study = load_study(args.study_file)
+    if study.objective.remeasure is None:
+        raise ConfigError(
+            study.objective_path,
+            "remeasure",
+            None,
+            "the objective does not ask for re-measurement",
+            "Add e.g. `remeasure: {top: 3, repeats: 3}` to the objective file (then resume with "
+            "--accept-changes).",
+        )
+    ostudy = _remeasure(study, existing_study(study), args)
+    print(summary_text(study_summary(ostudy), study))
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from optuna.trial import TrialState
+
+    from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
+    from autotune.study.enqueue import BASELINE_CHOICE
+    from autotune.study.storage import budget_used
+
+    study = load_study(args.study_file, for_launch=not args.dry_run)
+    ostudy = existing_study(study)
+    plan = plan_ablation(ostudy)
+    print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
+    for name, value in plan.reverts.items():
+        done = " (already run)" if name in plan.done else ""
+        chosen = f" ({BASELINE_CHOICE})" if name in plan.server_chosen else ""
+        print(f"  {name} -> {'default' if value is None else to_arg(value)}{chosen}{done}")
+    for name, why in plan.not_ablated.items():
+        print(f"  {name}: not reverted alone: {why}")
+    if args.dry_run:
+        return 0
+    queued = enqueue_ablation(ostudy, plan)
+    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if waiting:
+        print(
+            f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
+            file=sys.stderr,
+        )
+        ostudy = _driver(study, args).run(budget_used(ostudy) + waiting)  # its tracker marks ablation runs
+    result = ablation_results(ostudy)
+    if result is not None:
+        metric = study.objective.metric
+        print(f"trial {result.of}: {metric} {result.best_value:.2f}; without each setting:")
+        for row in result.rows:
+            if row.loss is None:
+                print(f"  {row.param:<36} {row.state.lower()} ({row.failure_kind}): needed to run")
+            else:
+                share = f", {row.share_of_gain:.0%} of the gain" if row.share_of_gain is not None else ""
+                print(f"  {row.param:<36} {row.value:.2f} ({-(row.loss_pct or 0.0):+.1f}%{share})")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from autotune.study import enqueue
+    from autotune.study.storage import open_study
+
+    study = load_study(args.study_file, for_launch=False)
+    space = study.search_space
+    if args.file is not None and (args.settings or args.from_trial is not None):
+        raise ConfigError(
+            args.file,
+            "",
+            str(args.file),
+            "--file holds whole configs: --set and --from-trial do not add to them",
+            "Write those knobs (and `from_trial: N`) in the file's configs, or queue them separately.",
+        )
+    if args.file is not None:
+        requests = enqueue.requests_from_file(args.file, space)
+    elif args.settings or args.from_trial is not None:
+        requests = [enqueue.request_from_cli(args.settings, args.from_trial, space, args.study_file)]
+    else:
+        raise ConfigError(
+            args.study_file,
+            "--set",
+            None,
+            "no config to queue",
+            "Pass --set NAME=VALUE (repeatable), --from-trial N, or --file CONFIGS.yaml.",
+        )
+    stored = enqueue.stored_study(study)
+    queued = enqueue.plan_all(study, requests, stored)  # every config checked before any is queued
+    # A new study is created as `autotune run` creates it: its baseline is queued first.
+    ostudy = open_study(study, accept_changes=args.accept_changes)
+    numbers = enqueue.enqueue(ostudy, queued)
+    if stored is None:
+        print(f"created study {study.name!r} in {study.storage}; its baseline runs first")
+    for number, entry in zip(numbers, queued, strict=True):
+        settings = " ".join(f"{k}={to_arg(v)}" for k, v in entry.request.settings.items()) or "nothing set"
+        rest = (
+            f"the rest from trial {entry.request.from_trial}"
+            if entry.request.from_trial is not None
+            else "the rest at the baseline's values"
+        )
+        print(f"queued trial {number}: {settings}; {rest}")
+        for name, value in entry.server_chosen.items():
+            print(f"  {name} = {to_arg(value)}  ({enqueue.BASELINE_CHOICE})")
+    print(enqueue.waiting_line(ostudy, study.file.budget.n_trials, args.study_file))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from autotune.study.compare import compare, describe_run, write
+
+    study = load_study(args.study_file)
+    if args.rounds < 2:
+        raise ConfigError(
+            args.study_file,
+            "--rounds",
+            args.rounds,
+            "an interval needs two rounds",
+            "Pass --rounds 2 or more.",
+        )
+    ostudy = existing_study(study)
+    metric = study.objective.metric
+    comparison = compare(
+        study,
+        ostudy,
+        args.rounds,
+        trial=args.trial,
+        on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),
+    )
+    path = write(comparison, args.json or study.workdir / "compare.json")
+    settings = [f"{k}={v}" for k, v in comparison.best_env.items()]
+    settings += [flag if v is None else f"{flag} {v}" for flag, v in comparison.best_flags.items()]
+    print(f"best: trial {comparison.best_trial}: {' '.join(settings) or 'nothing set (the default)'}")
+    print(comparison.table())
+    print(f"runs and summary written to {path}")
+    return 0
