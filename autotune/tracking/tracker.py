@@ -64,6 +64,7 @@ ABLATION_OF_TAG = "autotune.ablation_of"
 ABLATION_PARAM_TAG = "autotune.ablation_param"
 METRIC_TAG = "autotune.metric"  # on the experiment: the objective its trial runs log as a metric
 BEST_TAG = "autotune.best"  # "true" on the run of the study's best trial, "false" on the one it replaced
+RANK_METRIC = "study_rank"  # 1: the study's best trial, then the others by value (`autotune ui` sorts by it)
 
 
 class StudyPage(Protocol):
@@ -189,6 +190,7 @@ class StudyTracker(StudyCallback):
         self._runs: dict[int, str] = {}  # trial number -> run id, for this driver's trials
         self._pareto: set[int] = set()  # trials whose run is tagged `autotune.pareto` true
         self._best: str | None = None  # the run tagged `autotune.best` true
+        self._ranks: dict[str, int] = {}  # run id -> the study_rank last logged on it
         self._view: tuple[optuna.Study, Study] | None = None  # what the plots are drawn from
         self._plots_stale = False  # the study changed since the plots were last drawn
         self._plotted_at = time.monotonic()
@@ -548,6 +550,7 @@ class StudyTracker(StudyCallback):
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
         tags.update(self._answer_tags(event, metrics))
         self._mark_best(event.ostudy, summary["best_trial"])
+        self._rank(event.ostudy, summary["best_trial"])
         if len(event.ostudy.directions) == 1:  # the noise, the answer confirmed or not, an early stop
             trust_metrics, trust_tags = answer_for_tracking(event.ostudy)
             metrics.update(trust_metrics)
@@ -578,6 +581,27 @@ class StudyTracker(StudyCallback):
         if run_id is not None:
             self.client.set_tag(run_id, BEST_TAG, "true")
         self._best = run_id
+
+    def _rank(self, ostudy: optuna.Study, best_trial: int | None) -> None:
+        """Log each completed trial's `study_rank` where it changed: the best trial (the study's answer,
+        which confirmation may have chosen over a higher single measurement) first, then the others by
+        their (first) objective value."""
+        from mlflow.entities import Metric
+        from optuna.trial import TrialState
+
+        sign = -1.0 if ostudy.directions[0].name == "MAXIMIZE" else 1.0
+        done = [
+            t
+            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get(MLFLOW_RUN_ATTR) and t.values
+        ]
+        done.sort(key=lambda t: (t.number != best_trial, sign * t.values[0], t.number))
+        now = _now_ms()
+        for rank, trial in enumerate(done, start=1):
+            run_id = trial.user_attrs[MLFLOW_RUN_ATTR]
+            if self._ranks.get(run_id) != rank:
+                self.client.log_batch(run_id, metrics=[Metric(RANK_METRIC, float(rank), now, 0)])
+                self._ranks[run_id] = rank
 
     def _marked_best(self) -> list[str]:
         runs = self.client.search_runs(

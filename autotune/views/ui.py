@@ -28,10 +28,9 @@ from typing import TextIO
 from autotune.config import Study
 from autotune.config.hosts import LOOPBACK, reachable_here
 from autotune.errors import AutotuneError
-from autotune.measure.metrics import CATALOGUE
 from autotune.node.runner import free_port
 from autotune.study.stages import STAGE_SUFFIX
-from autotune.tracking.tracker import BEST_TAG, METRIC_TAG, STUDY_TAG, _quiet_mlflow, sqlite_path
+from autotune.tracking.tracker import BEST_TAG, METRIC_TAG, RANK_METRIC, STUDY_TAG, _quiet_mlflow, sqlite_path
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
@@ -86,19 +85,21 @@ def server_env() -> dict[str, str]:
     }
 
 
-def trials_view(metric: str, maximize: bool) -> dict[str, object]:
+def trials_view(metric: str) -> dict[str, object]:
     """The run list `autotune ui` opens on, in the MLflow UI's shared-view format: the trial runs alone
-    (sorting by a metric un-nests them from the study's run), best value first, and these columns."""
+    (sorting by a metric un-nests them from the study's run), the study's best first (`study_rank`), and
+    these columns."""
     return {
         "searchFilter": "tags.`autotune.role` = 'trial'",
-        "orderByKey": f"metrics.`{metric}`",
-        "orderByAsc": not maximize,
+        "orderByKey": f"metrics.`{RANK_METRIC}`",
+        "orderByAsc": True,
         "startTime": "ALL",
         "lifecycleFilter": "Active",
         "modelVersionFilter": "All Runs",
         "datasetsFilter": [],
         "selectedColumns": [
             "attributes.`Run Name`",
+            f"metrics.`{RANK_METRIC}`",
             f"metrics.`{metric}`",
             "tags.`autotune.state`",
             "tags.`autotune.failure_kind`",
@@ -203,8 +204,7 @@ def experiment_id(study: Study, name: str | None = None) -> str | None:
         return None
     # Stores written before the tracker tagged the metric are the study's own experiment.
     metric = experiment.tags.get(METRIC_TAG, study.objective.metric)
-    better = CATALOGUE[metric].better if metric in CATALOGUE else None
-    view = trials_view(metric, maximize=better != "minimize")
+    view = trials_view(metric)
     client.set_experiment_tag(experiment.experiment_id, VIEW_STATE_TAG + VIEW_KEY, json.dumps(view))
     return str(experiment.experiment_id)
 
