@@ -104,9 +104,9 @@ def trials_view(metric: str) -> dict[str, object]:
             "tags.`autotune.state`",
             "tags.`autotune.failure_kind`",
             f"tags.`{BEST_TAG}`",
-            "tags.`autotune.baseline`",
             "attributes.`Duration`",
         ],
+        "columnWidths": {"attributes.`Run Name`": 340},
         "runListHidden": False,
     }
 
