@@ -106,7 +106,6 @@ def trials_view(metric: str) -> dict[str, object]:
             f"tags.`{BEST_TAG}`",
             "attributes.`Duration`",
         ],
-        "columnWidths": {"attributes.`Run Name`": 340},
         "runListHidden": False,
     }
 
