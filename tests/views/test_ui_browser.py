@@ -229,7 +229,7 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1920, "height": 640})
+            page = browser.new_page(viewport={"width": 1920, "height": 760})
             page.set_default_timeout(STEP_TIMEOUT_MS)
             page.goto(url)
             page.get_by_text("#000 baseline").first.wait_for()
@@ -238,7 +238,7 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
             for column in ("study_rank", "output_throughput", "state", "failure_kind", "autotune.best"):
                 assert column in header, header
             names = _cells(page, "attributes.`Run Name`", "a")
-            # The README's picture (docs/autotune-ui.png) is this one: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
+            # The README's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
             page.screenshot(path=os.environ.get("AUTOTUNE_UI_SCREENSHOT") or tmp_path / "trials.png")
             assert not any(name.startswith("study ") for name in names), names
             assert len(names) == len(ran), names
