@@ -62,6 +62,9 @@ PLOTS_DIR = "plots"
 BEST_LAUNCH_SCRIPT = "best/launch.sh"
 ABLATION_OF_TAG = "autotune.ablation_of"
 ABLATION_PARAM_TAG = "autotune.ablation_param"
+METRIC_TAG = "autotune.metric"  # on the experiment: the objective its trial runs log as a metric
+BEST_TAG = "autotune.best"  # "true" on the run of the study's best trial, "false" on the one it replaced
+RANK_METRIC = "study_rank"  # 1: the study's best trial, then the others by value (`autotune ui` sorts by it)
 
 
 class StudyPage(Protocol):
@@ -186,11 +189,14 @@ class StudyTracker(StudyCallback):
         self._trials: dict[str, tuple[int, bool, str | None]] = {}  # run id -> (number, baseline, label)
         self._runs: dict[int, str] = {}  # trial number -> run id, for this driver's trials
         self._pareto: set[int] = set()  # trials whose run is tagged `autotune.pareto` true
+        self._best: str | None = None  # the run tagged `autotune.best` true
+        self._ranks: dict[str, int] = {}  # run id -> the study_rank last logged on it
         self._view: tuple[optuna.Study, Study] | None = None  # what the plots are drawn from
         self._plots_stale = False  # the study changed since the plots were last drawn
         self._plotted_at = time.monotonic()
         self._best_script: str | None = None
         self.experiment_id = self._experiment(study_name, artifact_root)
+        self.client.set_experiment_tag(self.experiment_id, METRIC_TAG, metric)
         self.parent_run_id = self._parent_run()
 
     @classmethod
@@ -543,6 +549,8 @@ class StudyTracker(StudyCallback):
         tags = {"autotune.best_trial": str(summary["best_trial"])}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
         tags.update(self._answer_tags(event, metrics))
+        self._mark_best(event.ostudy, summary["best_trial"])
+        self._rank(event.ostudy, summary["best_trial"])
         if len(event.ostudy.directions) == 1:  # the noise, the answer confirmed or not, an early stop
             trust_metrics, trust_tags = answer_for_tracking(event.ostudy)
             metrics.update(trust_metrics)
@@ -556,6 +564,51 @@ class StudyTracker(StudyCallback):
             return
         self.summary_updated(SummaryUpdated(event.study, event.ostudy, event.summary))
         self.close()
+
+    def _mark_best(self, ostudy: optuna.Study, best_trial: int | None) -> None:
+        """Tag the best trial's run `autotune.best` true (a column of `autotune ui`'s run list), and the
+        run it replaces false."""
+        run_id = None
+        if best_trial is not None:
+            trial = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == best_trial), None)
+            run_id = None if trial is None else trial.user_attrs.get(MLFLOW_RUN_ATTR)
+        if run_id == self._best:
+            return
+        marked = [self._best] if self._best is not None else self._marked_best()  # a resumed study's
+        for old in marked:
+            if old != run_id:
+                self.client.set_tag(old, BEST_TAG, "false")
+        if run_id is not None:
+            self.client.set_tag(run_id, BEST_TAG, "true")
+        self._best = run_id
+
+    def _rank(self, ostudy: optuna.Study, best_trial: int | None) -> None:
+        """Log each completed trial's `study_rank` where it changed: the best trial (the study's answer,
+        which confirmation may have chosen over a higher single measurement) first, then the others by
+        their (first) objective value."""
+        from mlflow.entities import Metric
+        from optuna.trial import TrialState
+
+        sign = -1.0 if ostudy.directions[0].name == "MAXIMIZE" else 1.0
+        done = [
+            t
+            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get(MLFLOW_RUN_ATTR) and t.values
+        ]
+        done.sort(key=lambda t: (t.number != best_trial, sign * t.values[0], t.number))
+        now = _now_ms()
+        for rank, trial in enumerate(done, start=1):
+            run_id = trial.user_attrs[MLFLOW_RUN_ATTR]
+            if self._ranks.get(run_id) != rank:
+                self.client.log_batch(run_id, metrics=[Metric(RANK_METRIC, float(rank), now, 0)])
+                self._ranks[run_id] = rank
+
+    def _marked_best(self) -> list[str]:
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`{BEST_TAG}` = 'true'",
+        )
+        return [run.info.run_id for run in runs]
 
     def _answer_tags(self, event: SummaryUpdated, metrics: dict[str, float]) -> dict[str, str]:
         """The study's answer beyond one best value: the Pareto front (and each trial run tagged

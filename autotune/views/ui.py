@@ -3,10 +3,16 @@
 The server reads the study's MLflow database and serves the artifacts from where autotune writes them
 (`<workdir>/artifacts`, the experiment's artifact location). It listens on 127.0.0.1 unless told
 otherwise; listening beyond loopback needs `allow_remote`, because the MLflow UI has no login.
+
+It opens on the study's trials, flat and sorted best first, with the objective, state, failure kind and
+best mark as columns: a view the MLflow UI loads from an experiment tag (`mlflow.sharedViewState.<key>`,
+what its "Share" button writes) named by the URL's `viewStateShareKey`. An NCCL stage, tracked in an
+experiment of its own, gets its own link.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +29,8 @@ from autotune.config import Study
 from autotune.config.hosts import LOOPBACK, reachable_here
 from autotune.errors import AutotuneError
 from autotune.node.runner import free_port
-from autotune.tracking.tracker import _quiet_mlflow, sqlite_path
+from autotune.study.stages import STAGE_SUFFIX
+from autotune.tracking.tracker import BEST_TAG, METRIC_TAG, RANK_METRIC, STUDY_TAG, _quiet_mlflow, sqlite_path
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
@@ -31,6 +38,10 @@ REMOTE_WARNING = (
     "autotune: warning: the MLflow UI has no login: anyone who can reach {host}:{port} can read this "
     "study's runs, logs and launch scripts, and edit or delete them. Prefer `ssh -L {port}:127.0.0.1:{port}`."
 )
+
+
+VIEW_STATE_TAG = "mlflow.sharedViewState."  # the MLflow UI's prefix of a shared view's experiment tag
+VIEW_KEY = "autotune-trials"
 
 
 class UIError(AutotuneError):
@@ -74,6 +85,31 @@ def server_env() -> dict[str, str]:
     }
 
 
+def trials_view(metric: str) -> dict[str, object]:
+    """The run list `autotune ui` opens on, in the MLflow UI's shared-view format: the trial runs alone
+    (sorting by a metric un-nests them from the study's run), the study's best first (`study_rank`), and
+    these columns."""
+    return {
+        "searchFilter": "tags.`autotune.role` = 'trial'",
+        "orderByKey": f"metrics.`{RANK_METRIC}`",
+        "orderByAsc": True,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs",
+        "datasetsFilter": [],
+        "selectedColumns": [
+            "attributes.`Run Name`",
+            f"metrics.`{RANK_METRIC}`",
+            f"metrics.`{metric}`",
+            "tags.`autotune.state`",
+            "tags.`autotune.failure_kind`",
+            f"tags.`{BEST_TAG}`",
+            "attributes.`Duration`",
+        ],
+        "runListHidden": False,
+    }
+
+
 @dataclass
 class UIServer:
     """A running MLflow UI server: its own process group, so stopping it stops every worker."""
@@ -83,6 +119,7 @@ class UIServer:
     port: int
     experiment_id: str | None
     log_path: Path
+    stage_experiment_id: str | None = None
 
     @property
     def url(self) -> str:
@@ -92,10 +129,21 @@ class UIServer:
 
     @property
     def experiment_url(self) -> str:
-        """The study's run list (the "Model training" view, where runs, params and metrics are)."""
-        if self.experiment_id is None:
+        """The study's trials (`trials_view`) in the "Model training" run table."""
+        return self._runs_url(self.experiment_id)
+
+    @property
+    def stage_url(self) -> str | None:
+        """The NCCL stage's trials, None when the study has no stage experiment."""
+        return None if self.stage_experiment_id is None else self._runs_url(self.stage_experiment_id)
+
+    def _runs_url(self, experiment: str | None) -> str:
+        if experiment is None:
             return self.url
-        return f"{self.url}#/experiments/{self.experiment_id}/runs?workflowType=machine_learning"
+        return (
+            f"{self.url}#/experiments/{experiment}/runs?workflowType=machine_learning"
+            f"&compareRunsMode=TABLE&viewStateShareKey={VIEW_KEY}"
+        )
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until the server answers /health; raises UIError when it exits or does not answer."""
@@ -143,13 +191,21 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-def experiment_id(study: Study) -> str | None:
-    """The study's MLflow experiment id, None when the study has not tracked anything yet."""
+def experiment_id(study: Study, name: str | None = None) -> str | None:
+    """The MLflow experiment id of the study (or of its experiment `name`), None when it has not tracked
+    anything yet. An experiment found gets the trials view (`trials_view`) as a tag, for its URL."""
     from mlflow.tracking import MlflowClient  # imported here: mlflow takes seconds to import
 
     _quiet_mlflow()
-    experiment = MlflowClient(tracking_uri=study.tracking_uri).get_experiment_by_name(study.name)
-    return None if experiment is None else str(experiment.experiment_id)
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    experiment = client.get_experiment_by_name(name or study.name)
+    if experiment is None or experiment.tags.get(STUDY_TAG) is None:
+        return None
+    # Stores written before the tracker tagged the metric are the study's own experiment.
+    metric = experiment.tags.get(METRIC_TAG, study.objective.metric)
+    view = trials_view(metric)
+    client.set_experiment_tag(experiment.experiment_id, VIEW_STATE_TAG + VIEW_KEY, json.dumps(view))
+    return str(experiment.experiment_id)
 
 
 def start_ui(study: Study, host: str = LOOPBACK, port: int | None = None) -> UIServer:
@@ -166,6 +222,7 @@ def start_ui(study: Study, host: str = LOOPBACK, port: int | None = None) -> UIS
             f"no MLflow store yet at {database}: start the study with `autotune run {study.path}` first"
         )
     found = experiment_id(study)
+    stage = experiment_id(study, study.name + STAGE_SUFFIX)
     port = port or free_port(host)
     log_path = study.ensure_workdir() / "mlflow-ui.log"
     with open(log_path, "wb") as log:
@@ -179,7 +236,7 @@ def start_ui(study: Study, host: str = LOOPBACK, port: int | None = None) -> UIS
             cwd=study.workdir,
             start_new_session=True,  # its own process group: Ctrl-C reaches us, and we stop all of it
         )
-    server = UIServer(process, host, port, found, log_path)
+    server = UIServer(process, host, port, found, log_path, stage)
     try:
         server.wait_ready()
     except BaseException:
@@ -202,6 +259,8 @@ def serve(study: Study, host: str = LOOPBACK, port: int | None = None, out: Text
         print(f"MLflow UI for study {study.name!r}: {server.experiment_url}", file=out, flush=True)
         if server.experiment_id is None:
             print(f"(no experiment {study.name!r} yet: it appears once the study starts)", file=out)
+        if server.stage_url is not None:
+            print(f"its NCCL stage, a separate experiment: {server.stage_url}", file=out, flush=True)
         print(f"log: {server.log_path} · Ctrl-C to stop", file=out, flush=True)
         status = server.process.wait()
         print(f"autotune: mlflow server exited with status {status}: {server._log_tail()}", file=sys.stderr)

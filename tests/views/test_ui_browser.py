@@ -20,6 +20,7 @@ import optuna
 import pytest
 
 from autotune.node.runner import port_is_free
+from autotune.study.rules import best_trial
 from tests.builders import StudyFiles, e2e_study
 from tests.conftest import run_cli
 
@@ -199,6 +200,61 @@ def test_a_user_finds_the_trials_and_why_one_failed(ui, finished_study, tmp_path
         data = (tmp_path / shot).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 20_000
     assert time.monotonic() - started < 60, "the browser part must stay under a minute"
+
+
+def _cells(page, column: str, inner: str = "") -> list[str]:  # type: ignore[no-untyped-def]
+    """The run table's cells of `column` (its ag-grid col-id; their `inner` element), top row first."""
+    rows = page.locator(".ag-center-cols-container .ag-row, .ag-pinned-left-cols-container .ag-row")
+    by_index: dict[int, str] = {}
+    for row in rows.all():
+        cell = row.locator(f"[col-id='{column}'] {inner}".strip())
+        if cell.count():
+            by_index[int(row.get_attribute("row-index") or -1)] = cell.first.inner_text().strip()
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_path: Path) -> None:
+    """Without a click: every trial a row (not folded under the study's run), its objective value, state,
+    failure kind and best mark as columns, the best value first."""
+    from playwright.sync_api import sync_playwright
+
+    url, _ = ui
+    path, _ = finished_study
+    ostudy = optuna.load_study(
+        study_name="e2e", storage=f"sqlite:///{path.parent / '.autotune/e2e/optuna.db'}"
+    )
+    ran = [t for t in ostudy.get_trials() if not t.user_attrs.get("skipped")]
+    best = best_trial(ostudy)
+    assert best is not None
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1920, "height": 760})
+            page.set_default_timeout(STEP_TIMEOUT_MS)
+            page.goto(url)
+            page.get_by_text("#000 baseline").first.wait_for()
+            page.get_by_text("autotune.failure_kind").first.wait_for()
+            header = page.locator(".ag-header").inner_text()
+            for column in ("study_rank", "output_throughput", "state", "failure_kind", "autotune.best"):
+                assert column in header, header
+            names = _cells(page, "attributes.`Run Name`", "a")
+            # The README's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
+            page.screenshot(path=os.environ.get("AUTOTUNE_UI_SCREENSHOT") or tmp_path / "trials.png")
+            assert not any(name.startswith("study ") for name in names), names
+            assert len(names) == len(ran), names
+            assert names[0].startswith(f"#{best.number:03d}"), names
+            ranks = [int(v) for v in _cells(page, "metrics.`study_rank`") if v not in ("", "-")]
+            assert ranks == list(range(1, len(ranks) + 1)), (names, ranks)
+            value = _cells(page, "metrics.`output_throughput`")[0]
+            assert float(value.rstrip(".…")) == pytest.approx(best.value, abs=0.01)
+            states = _cells(page, "tags.`autotune.state`")
+            assert set(states) == {t.state.name for t in ran}, states
+            kinds = _cells(page, "tags.`autotune.failure_kind`")
+            assert {t.user_attrs["failure_kind"] for t in ran if "failure_kind" in t.user_attrs} <= set(kinds)
+            marks = _cells(page, "tags.`autotune.best`")
+            assert marks[0] == "true", (names, marks)
+        finally:
+            browser.close()
 
 
 def test_ui_refuses_to_listen_beyond_loopback_without_allow_remote(finished_study) -> None:
