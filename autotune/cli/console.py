@@ -62,9 +62,9 @@ def announcement(study: Study, total: int, confirming: bool) -> str:
     if confirming:
         confirm = study.file.trust.confirm
         return (
-            f"== confirmation of {study.name}: the best {confirm.top} config(s) and SGLang's defaults launched "
-            f"again in interleaved rounds ({confirm.min_rounds} to {confirm.max_rounds}) until the gain's "
-            f"interval is clear, {describe_metric(study)}"
+            f"== confirmation of {study.name}: the best {confirm.top} config(s) and SGLang's defaults "
+            f"launched again in interleaved rounds ({confirm.min_rounds} to {confirm.max_rounds}) until the "
+            f"gain's interval is clear, {describe_metric(study)}"
         )
     if study.objective.kind == "nccl_allreduce":
         return (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 from autotune.cli.console import ConsoleReporter
 from autotune.config import Study, load_study
@@ -24,11 +25,11 @@ def model_pool() -> Callable[[Study], NodePool]:
     )
 
 
-def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(tmp_path) -> None:
+def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(tmp_path: Path) -> None:
     trust = {"repeat_baseline_after": 0, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
     path = StudyFiles(tmp_path)(n_trials=4, nccl_stage={"hidden_size": 7168}, trust=trust)
     stream = io.StringIO()
-    StudyDriver(load_study(path), [ConsoleReporter(stream)], pool=model_pool(), tracking=False).run()
+    StudyDriver(load_study(path), [ConsoleReporter(stream)], pool=model_pool(), tracking=None).run()
     lines = stream.getvalue().splitlines()
     heads = [i for i, line in enumerate(lines) if line.startswith("== ")]
     assert len(heads) == 3, lines
