@@ -153,7 +153,14 @@ class ConsoleReporter(StudyCallback):
         if self.bar is None:  # one bar a stage: its rate gives the time left
             from tqdm import tqdm
 
-            self.bar = tqdm(total=progress.total, file=self.stream, leave=False, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=progress.total,
+                file=self.stream,
+                leave=False,
+                dynamic_ncols=True,
+                unit="trial",
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} trials [{elapsed}, {remaining} left]{postfix}",
+            )
         self.bar.total = progress.total
         self.bar.n = progress.done
         self.bar.set_postfix_str(running, refresh=False)

@@ -55,3 +55,39 @@ def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(
     configs = [label for label in labels if "defaults" not in label]
     assert all(re.fullmatch(r"confirm r\d · trial \d+'s config", label) for label in configs)
     assert all(" tok/s" in line for line in confirm_rows)
+
+
+def test_on_a_terminal_a_progress_bar_shows_the_time_left_and_piped_output_has_none(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    import threading
+
+    path = StudyFiles(tmp_path)(n_trials=3, nccl_stage=False, trust=False)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    received: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            received.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with os.fdopen(slave, "w") as terminal:
+        StudyDriver(load_study(path), [ConsoleReporter(terminal)], pool=model_pool(), tracking=None).run()
+    reader.join(timeout=5)
+    shown = b"".join(received).decode(errors="replace")
+    assert re.search(r"\| [0-3]/3 trials \[\d\d:\d\d, [^\]]+ left\]", shown), shown[-2000:]
+    assert "[  3/3] trial 2 " in shown  # the rows are there too
+    piped = io.StringIO()
+    StudyDriver(load_study(path), [ConsoleReporter(piped)], pool=model_pool(), tracking=None).run(4)
+    assert " left]" not in piped.getvalue() and "\r" not in piped.getvalue()
