@@ -65,8 +65,11 @@ def answer_text(summary: dict[str, Any], study: Study, answer: dict[str, Any]) -
         if base is not None
         else "baseline: did not complete"
     )
-    value = f"{metric} {with_unit(answer['value'], metric)} with trial {answer['trial']}'s config: "
-    lines.append("answer: " + (value if answer["value"] is not None else "") + answer["text"])
+    lines.append(f"answer: {answer['text']}")
+    if answer["value"] is not None:
+        how = "the mean of its confirmation rounds" if answer["confirmed"] else "its best single measurement"
+        config = "SGLang's defaults" if answer["trial"] == 0 else f"trial {answer['trial']}'s config"
+        lines.append(f"        {metric} {with_unit(answer['value'], metric)} with {config} ({how})")
     return "\n".join(lines)
 
 
