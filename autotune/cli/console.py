@@ -119,8 +119,10 @@ class ConsoleReporter(StudyCallback):
             self._line(f"  {label:<44} {outcome.state.name:<8} {value:>14}{why}")
             return
         label = f"trial {event.number}"
-        if event.baseline:  # the stage's first trial runs NCCL's defaults, the study's SGLang's
+        if event.baseline and event.number == 0:  # the stage's first trial runs NCCL's defaults
             label = "defaults" if event.study.objective.kind == "nccl_allreduce" else "baseline"
+        elif event.baseline and not why:  # the defaults measured again during the search: the noise
+            why = " (defaults again)"
         self._line(
             f"[{progress.done:>3}/{progress.total}] {label:<9} {outcome.state.name:<8} "
             f"{value:>14}{why:<22} {self._tail(progress, metric)}"

@@ -26,7 +26,7 @@ def model_pool() -> Callable[[Study], NodePool]:
 
 
 def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(tmp_path: Path) -> None:
-    trust = {"repeat_baseline_after": 0, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
+    trust = {"repeat_baseline_after": 2, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
     path = StudyFiles(tmp_path)(n_trials=4, nccl_stage={"hidden_size": 7168}, trust=trust)
     stream = io.StringIO()
     StudyDriver(load_study(path), [ConsoleReporter(stream)], pool=model_pool(), tracking=None).run()
@@ -45,6 +45,8 @@ def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(
     search_rows = [line for line in lines[heads[1] + 1 : heads[2]] if line.startswith("[")]
     assert search_rows[0].startswith("[  1/4] baseline  COMPLETE") and " tok/s" in search_rows[0]
     assert search_rows[-1].startswith("[  4/4] "), "the search's counter ends at its budget"
+    repeats = [row for row in search_rows[1:] if "baseline " in row.split("best")[0]]
+    assert not repeats and any("(defaults again)" in row for row in search_rows), search_rows
     confirm_rows = lines[heads[2] + 1 :]
     assert len(confirm_rows) == 4 and not any(line.startswith("[") for line in confirm_rows), confirm_rows
     found = [re.search(r"\((confirm r\d · [^)]+)\)", line) for line in confirm_rows]
