@@ -149,7 +149,7 @@ def test_the_best_config_of_a_serving_study_is_compared_with_the_default(finishe
 
 
 def test_the_console_announces_the_study_and_ends_with_the_answer_once_and_the_next_commands(
-    finished_study,
+    finished_study: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     path, proc = finished_study
     err, out = proc.stderr, proc.stdout
