@@ -146,3 +146,26 @@ def test_the_best_config_of_a_serving_study_is_compared_with_the_default(finishe
     gains = [100 * (by_round[i, "best"] / by_round[i, "default"] - 1) for i in (0, 1)]  # higher is better
     assert result["summary"]["output_throughput"]["gain_pct"] == pytest.approx(sum(gains) / 2)
     assert "mean_ttft_ms" in result["summary"] and "output_throughput" in done.stdout
+
+
+def test_the_console_announces_the_study_and_ends_with_the_answer_once_and_the_next_commands(
+    finished_study: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    path, proc = finished_study
+    err, out = proc.stderr, proc.stdout
+    # The search announced before its first row, with its metric, unit and direction; rows with units.
+    heading = f"== study e2e: {N_TRIALS} trials of the server"
+    assert heading in err and "output_throughput in tok/s, higher is better" in err
+    rows = [line for line in err.splitlines() if line.startswith("[")]
+    assert err.index(heading) < err.index(rows[0]) and rows[0].startswith(f"[  1/{N_TRIALS}] baseline ")
+    assert all(f"/{N_TRIALS}] " in row and " tok/s" in row for row in rows), "the counter is the budget"
+    # The confirmation announced, its rows labelled with the config each measures, off the counter.
+    assert err.index(rows[-1]) < err.index("== confirmation of e2e:")
+    assert "(confirm r1 · SGLang's defaults)" in err and "(confirm r2 · trial " in err
+    # The answer once, with its interval (confirmed), then the next commands on this study file.
+    answers = [line for line in out.splitlines() if line.startswith("answer: ")]
+    assert len(answers) == 1 and " CI " in answers[0] and "best output_throughput" not in out
+    assert out.index(answers[0]) < out.index("next:")
+    for command in ("status", "report", "ui", "best"):
+        assert f"autotune {command} {path}" in out.split("next:")[1]
+    assert f"autotune best {path} --export best.sh" in out

@@ -36,14 +36,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     ostudy = _driver(study, args).run(args.n_trials, accept_changes=args.accept_changes)
     ostudy = _remeasure(study, ostudy, args)
     summary = study_summary(ostudy)
-    print(summary_text(summary, study))
-    if summary["pareto"] is None and (answer := trust_record(ostudy)["answer"]) is not None:
-        print(answer["text"])  # confirmed or not, with the noise
+    answer = trust_record(ostudy)["answer"] if summary["pareto"] is None else None
+    if answer is None or summary.get("remeasured") is not None:
+        print(summary_text(summary, study))
+    else:  # the answer once: the trust answer stands for the best single measurement
+        print(answer_text(summary, study, answer))
+    if answer is not None and summary.get("remeasured") is not None:
+        print(answer["text"])
     from autotune.study.enqueue import waiting_line
 
     if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
         print(waiting)  # configs queued by hand that the spent budget left waiting
+    print(next_commands(args.study_file))
     return 0
+
+
+def answer_text(summary: dict[str, Any], study: Study, answer: dict[str, Any]) -> str:
+    """The end of a run: the trials by state, the baseline, and the study's answer (confirmed or not, with
+    its interval where confirmed), each value with its unit."""
+    from autotune.cli.console import with_unit
+
+    metric = study.objective.metric
+    states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary["states"].items()))
+    base = summary["baseline_value"]
+    lines = [f"study {study.name}: {states}"]
+    lines.append(
+        f"baseline {metric}: {with_unit(base, metric)} (SGLang's defaults)"
+        if base is not None
+        else "baseline: did not complete"
+    )
+    lines.append(f"answer: {answer['text']}")
+    if answer["value"] is not None:
+        how = "the mean of its confirmation rounds" if answer["confirmed"] else "its best single measurement"
+        config = "SGLang's defaults" if answer["trial"] == 0 else f"trial {answer['trial']}'s config"
+        lines.append(f"        {metric} {with_unit(answer['value'], metric)} with {config} ({how})")
+    return "\n".join(lines)
+
+
+def next_commands(study_file: Any) -> str:
+    """What to run next on the study, with its file's path."""
+    path = str(study_file)
+    rows = [
+        (f"autotune status {path}", "every trial: state, value, what it changed, why it failed"),
+        (f"autotune report {path} --out report/", "one HTML page: summary, plots, failures"),
+        (f"autotune ui {path}", "the MLflow UI on the study's runs"),
+        (f"autotune best {path} --export best.sh", "the answer as a launch script"),
+    ]
+    width = max(len(command) for command, _ in rows)
+    return "\n".join(["next:", *(f"  {command:<{width}}  # {what}" for command, what in rows)])
 
 
 def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:

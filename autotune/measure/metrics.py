@@ -43,37 +43,42 @@ class Metric:
     objective: bool = True
     job: bool = False
     needs_slo: bool = False
+    unit: str = ""  # as the console prints it after a value
 
 
 _RECORD = Metric(None, objective=False)
 
 CATALOGUE: Mapping[str, Metric] = MappingProxyType(
     {
-        "output_throughput": Metric("maximize"),
-        "request_throughput": Metric("maximize"),
-        "input_throughput": Metric("maximize", objective=False),  # set by the workload, not by the config
-        "mean_ttft_ms": Metric("minimize"),
-        "p50_ttft_ms": Metric("minimize"),
-        "p99_ttft_ms": Metric("minimize"),
-        "mean_itl_ms": Metric("minimize"),
-        "p50_itl_ms": Metric("minimize"),
-        "p99_itl_ms": Metric("minimize"),
-        "mean_e2e_latency_ms": Metric("minimize", objective=False),
-        "p50_e2e_latency_ms": Metric("minimize"),
-        "p99_e2e_latency_ms": Metric("minimize"),
-        "duration_s": _RECORD,
+        "output_throughput": Metric("maximize", unit="tok/s"),
+        "request_throughput": Metric("maximize", unit="req/s"),
+        # set by the workload, not by the config
+        "input_throughput": Metric("maximize", objective=False, unit="tok/s"),
+        "mean_ttft_ms": Metric("minimize", unit="ms"),
+        "p50_ttft_ms": Metric("minimize", unit="ms"),
+        "p99_ttft_ms": Metric("minimize", unit="ms"),
+        "mean_itl_ms": Metric("minimize", unit="ms"),
+        "p50_itl_ms": Metric("minimize", unit="ms"),
+        "p99_itl_ms": Metric("minimize", unit="ms"),
+        "mean_e2e_latency_ms": Metric("minimize", objective=False, unit="ms"),
+        "p50_e2e_latency_ms": Metric("minimize", unit="ms"),
+        "p99_e2e_latency_ms": Metric("minimize", unit="ms"),
+        "duration_s": Metric(None, objective=False, unit="s"),
         "completed": _RECORD,
         "failed": _RECORD,
         "time_scale": _RECORD,
         # With workload.slo: good requests per second, and the share of requests that were good.
-        "request_goodput": Metric("maximize", needs_slo=True),
+        "request_goodput": Metric("maximize", needs_slo=True, unit="req/s"),
         "slo_attainment": Metric("maximize", needs_slo=True),
         # With load_search: the highest request rate (or concurrency) at which the SLO held.
         "max_load": Metric("maximize", needs_slo=True),
         # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce).
-        "allreduce_us": Metric("minimize", job=True),  # us per all-reduce, the messages' weighted mean
-        "nccl_memory_mib": Metric("minimize", job=True),  # GPU memory NCCL took on the hungriest rank
-        "gpu_used_mib": Metric("minimize", job=True),  # GPU memory in use after warm-up, CUDA context too
+        # us per all-reduce, the messages' weighted mean
+        "allreduce_us": Metric("minimize", job=True, unit="µs"),
+        # GPU memory NCCL took on the hungriest rank
+        "nccl_memory_mib": Metric("minimize", job=True, unit="MiB"),
+        # GPU memory in use after warm-up, CUDA context too
+        "gpu_used_mib": Metric("minimize", job=True, unit="MiB"),
     }
 )
 

@@ -284,8 +284,8 @@ class StageResult:
         gain = ""
         if self.baseline_us and self.best_us is not None and math.isfinite(self.best_us):
             gain = (
-                f": allreduce_us {self.baseline_us:.1f} with NCCL's defaults, {self.best_us:.1f} with its "
-                f"best ({(self.best_us - self.baseline_us) / self.baseline_us:+.0%})"
+                f": allreduce_us {self.baseline_us:.1f} µs with NCCL's defaults, {self.best_us:.1f} µs with "
+                f"its best ({(self.best_us - self.baseline_us) / self.baseline_us:+.0%})"
             )
         changed = {n: v for n, v in self.held.items() if v is not None}
         kept = [n for n, v in self.held.items() if v is None]

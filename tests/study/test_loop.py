@@ -285,11 +285,13 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     best = study_summary(ostudy)
     assert events[-1] == ("study_ended", False, best["best_value"])
 
-    lines = stream.getvalue().splitlines()  # not a terminal: one line per finished trial, no status line
+    # Not a terminal: the study's heading, then one line per finished trial, no progress bar.
+    heading, *lines = stream.getvalue().splitlines()
+    assert heading.startswith("== study t: 4 trials of the server")
     baseline = ostudy.trials[0].value
-    assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f}")
-    assert lines[0].endswith(f"best {baseline:.1f} · baseline {baseline:.1f}")
-    assert lines[1].startswith("[  2/4] trial 1   FAIL            - (unsupported)")
+    assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f} tok/s")
+    assert lines[0].endswith(f"best {baseline:.1f} tok/s · baseline {baseline:.1f} tok/s")
+    assert lines[1].startswith("[  2/4] trial 1   FAIL                  - (unsupported)")
     assert (
         lines[2]
         == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True"
