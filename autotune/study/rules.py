@@ -27,6 +27,7 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
+from autotune.trial.redaction import is_secret_name
 
 if TYPE_CHECKING:
     import optuna
@@ -69,8 +70,6 @@ def launch_identity(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, An
     """What makes two server launches the same, after the dialect's translation: each `--flag` with its
     value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
     everything else (the command, positional words, the environment), so no secret is stored."""
-    from autotune.trial.redaction import is_secret_name
-
     flags: dict[str, str | None] = {}
     words: list[str] = []
     tokens = list(argv)
