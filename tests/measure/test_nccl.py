@@ -470,6 +470,7 @@ def stand_in_study(tmp_path: Path, study_file: StudyFiles) -> Path:
         server={"command": [sys.executable, str(tmp_path / "bench.py")], "env": {"NCCL_NVLS_ENABLE": "0"}},
         budget={"n_trials": 5},
         timeouts={"benchmark_s": 30},
+        trust=False,  # five trials of the stand-in, no repeats or confirmation rounds: compare is the test
     )
     return study_file(study)
 
