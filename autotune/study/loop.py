@@ -458,7 +458,7 @@ class StudyDriver:
         """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
         launch it again: not a measurement asked for on purpose (`rules.deliberate`); records the launch on
         the trial."""
-        identity = launch_identity(launch.argv, launch.env)
+        identity = launch_identity(launch.argv, launch.env, self.study.secrets)
         trial.set_user_attr(LAUNCH_ATTR, identity)
         if not self.study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
             return None

@@ -27,7 +27,7 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
-from autotune.trial.redaction import is_secret_name
+from autotune.trial.redaction import Secrets, is_secret_name
 
 if TYPE_CHECKING:
     import optuna
@@ -66,10 +66,13 @@ def deliberate(user_attrs: Mapping[str, Any]) -> bool:
     )
 
 
-def launch_identity(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
+def launch_identity(
+    argv: Sequence[str], env: Mapping[str, str], secrets: Secrets | None = None
+) -> dict[str, Any]:
     """What makes two server launches the same, after the dialect's translation: each `--flag` with its
     value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
-    everything else (the command, positional words, the environment), so no secret is stored."""
+    everything else (the command, positional words, the environment), so no secret is stored: the value
+    of a secret flag, or one holding any of the study's `secrets` (a `${NAME}` it reads), is a digest too."""
     flags: dict[str, str | None] = {}
     words: list[str] = []
     tokens = list(argv)
@@ -87,7 +90,11 @@ def launch_identity(argv: Sequence[str], env: Mapping[str, str]) -> dict[str, An
         else:
             flags[token] = None
         index += 1
-    secret = {name: _digest(value) for name, value in flags.items() if is_secret_name(name)}
+    secret = {
+        name: _digest(value)
+        for name, value in flags.items()
+        if is_secret_name(name) or (secrets is not None and value and secrets.redact(value) != value)
+    }
     return {"flags": {**flags, **secret}, "rest": _digest(json.dumps([words, sorted(env.items())]))}
 
 

@@ -27,6 +27,7 @@ from autotune.study.noise import noise_estimate, pooled
 from autotune.study.rules import ConfigMeasurements, launch_identity, same_launch
 from autotune.study.storage import budget_used
 from autotune.study.summary import study_summary
+from autotune.trial.redaction import Secrets
 from tests.builders import StudyFiles
 
 
@@ -123,6 +124,10 @@ def test_a_secret_flag_is_not_kept_in_the_clear() -> None:
     assert "sk-secret-123" not in json.dumps(identity) and "hf_secret" not in json.dumps(identity)
     other = launch_identity([*ARGV, "--api-key", "other"], {"HF_TOKEN": "hf_secret"})
     assert not same_launch(identity, other, {})
+    # A value the study reads from a `${NAME}` is secret whatever the flag's name.
+    study_secrets = Secrets.of(values=["served-name-3e8d1c"])
+    named = launch_identity([*ARGV, "--served-model-name", "served-name-3e8d1c"], {}, study_secrets)
+    assert "served-name-3e8d1c" not in json.dumps(named)
 
 
 def test_a_config_launched_before_is_recorded_with_its_result_not_launched_again(
