@@ -64,7 +64,7 @@ from autotune.study.records import (
     SHORT_CUTOFF_ATTR,
 )
 from autotune.study.rules import deliberate, earlier_launch, launch_identity
-from autotune.study.stopping import record_stop, why_stop
+from autotune.study.stopping import record_stop, stopped_early, why_stop
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
@@ -195,7 +195,9 @@ class StudyDriver:
         self.skips = self.same_in_a_row = 0
         self.running: dict[int, _Running] = {}
         self.searching = False
-        self.stopped: str | None = None  # why the stopping rule ended the search
+        # A search that stopped early stays stopped on a plain resume (which then finishes the confirmation);
+        # a resume given --n-trials asks for more search.
+        self.stopped: str | None = stopped_early(ostudy) if n_trials is None else None
         with study_lock(study):  # drivers starting together must not create the tracking store twice
             tracker = [self.tracking(study)] if self.tracking else []
         self.observers = CallbackList([*tracker, *self.callbacks])

@@ -320,7 +320,9 @@ def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_i
     # The baseline ran again twice early (after 2 and 4 launches): the rule stops on 2 degrees of freedom.
     repeats = [t.number for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
     assert len(repeats) == 2 and noise_estimate(ostudy).dof >= 2  # type: ignore[union-attr]
-    # The rest of the budget is left; a resume gets `patience` more search trials before the rule looks again.
+    # A plain resume does not search again (it would finish a confirmation); the rest of the budget is left,
+    # and a resume given --n-trials gets `patience` more search trials before the rule looks again.
+    assert budget_used(StudyDriver(study, pool=model_pool(noise=0.01)).run()) == used
     again = StudyDriver(study, pool=model_pool(noise=0.01))
     ostudy = again.run(n_trials=30)
     assert budget_used(ostudy) >= used + 3
