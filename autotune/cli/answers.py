@@ -229,7 +229,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
     if t.get("load_warning"):
         notes.append(f"warning: {t['load_warning']}")
     if t["confirm"] is not None:
-        notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
+        round_ = t["confirm"]["round"] + 1  # counted from 1, as the console counts them
+        notes.append(f"confirmation round {round_}: trial {t['remeasure_of']}'s config again")
     elif t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
     if t["same_as"] is not None:

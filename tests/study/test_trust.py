@@ -353,11 +353,7 @@ def test_the_real_h200_study_without_confirmation_answers_unconfirmed_with_its_n
 def test_a_confirmation_cut_short_says_it_is_under_way_and_how_to_finish_it(tmp_path: Path) -> None:
     # The committed real stores of the trust study (run4): the device time ended in round 1 of the
     # confirmation, with the baseline's launch of that round running; by its means the best is the defaults.
-    stores = Path(__file__).parents[2] / "benchmarks" / "sglang-h200" / "run4" / "study.tar.gz"
-    with tarfile.open(stores) as tar:
-        tar.extractall(tmp_path, filter="data")
-    storage = f"sqlite:///{tmp_path / '.autotune' / 'sglang-h200-trust' / 'optuna.db'}"
-    ostudy = optuna.load_study(study_name="sglang-h200-trust", storage=storage)
+    ostudy = run4(tmp_path, "study-cut-short.tar.gz")
     answer = study_answer(ostudy)
     assert answer is not None and answer["confirmed"] is False and answer["trial"] == 0
     said = "unconfirmed: the best single measurement is SGLang's defaults (trial 0)"
@@ -367,6 +363,27 @@ def test_a_confirmation_cut_short_says_it_is_under_way_and_how_to_finish_it(tmp_
     )
     # One answer: the confirmation's, not also the means of its launches computed another way.
     assert study_summary(ostudy)["remeasured"] is None
+
+
+def test_the_real_h200_trust_study_resumed_to_its_end_answers_that_the_defaults_are_not_beaten(
+    tmp_path: Path,
+) -> None:
+    # run4 resumed on a fresh machine (a plain resume: no more search) ran rounds 2 to 5 and stopped once the
+    # leader's paired interval was narrower than +-1%: on this H200 nothing beats SGLang's defaults.
+    answer = study_answer(run4(tmp_path, "study.tar.gz"))
+    assert answer is not None and answer["confirmed"] is True and answer["rounds"] == 5
+    assert answer["beats_defaults"] is False and answer["trial"] == 0
+    low, high = answer["gain_interval_pct"]
+    assert low < 0 < high and high - low < 2.0
+    assert answer["text"].startswith("no config beat SGLang's defaults beyond run-to-run noise")
+
+
+def run4(tmp_path: Path, archive: str) -> optuna.Study:
+    """The real H200 trust study (benchmarks/sglang-h200/run4) from one of its committed archives."""
+    with tarfile.open(Path(__file__).parents[2] / "benchmarks" / "sglang-h200" / "run4" / archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    storage = f"sqlite:///{tmp_path / '.autotune' / 'sglang-h200-trust' / 'optuna.db'}"
+    return optuna.load_study(study_name="sglang-h200-trust", storage=storage)
 
 
 def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confirm_again(
