@@ -378,6 +378,14 @@ def test_the_real_h200_trust_study_resumed_to_its_end_answers_that_the_defaults_
     assert answer["text"].startswith("no config beat SGLang's defaults beyond run-to-run noise")
 
 
+def test_status_counts_confirmation_rounds_from_1_as_the_console_does(tmp_path: Path) -> None:
+    from autotune.cli.answers import _status_notes, _trial_record
+
+    trials = {t.number: t for t in run4(tmp_path, "study.tar.gz").get_trials(deepcopy=False)}
+    assert _status_notes(_trial_record(trials[12])) == ["confirmation round 1: trial 0's config again"]
+    assert _status_notes(_trial_record(trials[27])) == ["confirmation round 5: trial 9's config again"]
+
+
 def run4(tmp_path: Path, archive: str) -> optuna.Study:
     """The real H200 trust study (benchmarks/sglang-h200/run4) from one of its committed archives."""
     with tarfile.open(Path(__file__).parents[2] / "benchmarks" / "sglang-h200" / "run4" / archive) as tar:
