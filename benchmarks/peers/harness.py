@@ -41,13 +41,16 @@ import yaml
 PEERS = Path(__file__).resolve().parent
 sys.path.insert(0, str(PEERS.parent))
 
+SHIM = PEERS / "shim"
+sys.path.insert(0, str(SHIM))
+
 from model_studies import NodeClock, Profile  # noqa: E402
+from sglang.benchmark.serving import bench_serving_record  # noqa: E402
 
 from autotune.measure.workloads import Workload  # noqa: E402
 from autotune.trial.launch import ServerLaunch  # noqa: E402
-from autotune.trial.wire import TrialRequest, TrialResult  # noqa: E402
+from autotune.trial.wire import TrialRequest  # noqa: E402
 
-SHIM = PEERS / "shim"
 SGLANG_RELEASE = "0.5.16"
 LIB_IN_WHEEL = "sglang/auto_benchmark_lib.py"
 LIB_SHA256 = "b5a35dcdcd6b57f74e762197467fc6ab69d2a76f7c27fb1b1d9f1f6bf078d882"
@@ -69,8 +72,19 @@ def auto_benchmark_source(cache: Path = CACHE) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="sglang-wheel-") as folder:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"sglang=={SGLANG_RELEASE}", "--no-deps",
-                 "--only-binary", ":all:", "-q", "-d", folder],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"sglang=={SGLANG_RELEASE}",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "-q",
+                    "-d",
+                    folder,
+                ],
                 check=True,
             )
             wheel = next(Path(folder).glob("sglang-*.whl"))
@@ -79,7 +93,8 @@ def auto_benchmark_source(cache: Path = CACHE) -> Path:
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     if digest != LIB_SHA256:
         raise RuntimeError(
-            f"{target}: SHA-256 {digest}, expected {LIB_SHA256} ({LIB_IN_WHEEL} of sglang=={SGLANG_RELEASE}). "
+            f"{target}: SHA-256 {digest}, expected {LIB_SHA256} "
+            f"({LIB_IN_WHEEL} of sglang=={SGLANG_RELEASE}). "
             f"Delete {cache} and run again to download it anew."
         )
     return target
@@ -88,8 +103,6 @@ def auto_benchmark_source(cache: Path = CACHE) -> Path:
 @functools.cache
 def load_auto_benchmark() -> ModuleType:
     """SGLang's auto_benchmark_lib as a module, its SGLang imports answered by shim/sglang/."""
-    if str(SHIM) not in sys.path:
-        sys.path.insert(0, str(SHIM))
     name = "sglang.auto_benchmark_lib"
     spec = importlib.util.spec_from_file_location(name, auto_benchmark_source())
     assert spec is not None and spec.loader is not None
@@ -128,7 +141,11 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "chunked_prefill_size": [4096, 8192],
             "max_running_requests": [32, 48, 64],
         },
-        {"speculative_num_steps": [3, 5], "speculative_eagle_topk": [1, 2], "speculative_num_draft_tokens": [4, 8]},
+        {
+            "speculative_num_steps": [3, 5],
+            "speculative_eagle_topk": [1, 2],
+            "speculative_num_draft_tokens": [4, 8],
+        },
     ),
     "llama-3.1-70b-instruct": CookbookEntry(
         f"{_COOKBOOK_DIR}/cookbook-llm/llama-3.1-70b-instruct.yaml",
@@ -140,7 +157,11 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "chunked_prefill_size": [4096, 8192],
             "max_running_requests": [64, 96, 128],
         },
-        {"speculative_num_steps": [3, 5], "speculative_eagle_topk": [1, 2], "speculative_num_draft_tokens": [4, 8]},
+        {
+            "speculative_num_steps": [3, 5],
+            "speculative_eagle_topk": [1, 2],
+            "speculative_num_draft_tokens": [4, 8],
+        },
     ),
     # Not a cookbook page: the skill's own example config, the one SGLang ships for a 32B dense model.
     "qwen3-32b": CookbookEntry(
@@ -153,7 +174,11 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "chunked_prefill_size": [4096, 8192],
             "max_running_requests": [64, 96, 128],
         },
-        {"speculative_num_steps": [3, 5], "speculative_eagle_topk": [1, 4], "speculative_num_draft_tokens": [4, 8]},
+        {
+            "speculative_num_steps": [3, 5],
+            "speculative_eagle_topk": [1, 4],
+            "speculative_num_draft_tokens": [4, 8],
+        },
     ),
 }
 # The cookbook entry of each benchmark profile's model (Qwen2.5-32B has none: the 32B example stands in).
@@ -306,7 +331,7 @@ class ModelSubprocess:
     CompletedProcess = subprocess.CompletedProcess
     _server: ModelServer | None = None
 
-    def Popen(  # noqa: N802 - the name auto_benchmark calls
+    def Popen(  # the name auto_benchmark calls
         self,
         command: Sequence[str],
         stdout: IO[str] | None = None,
@@ -341,11 +366,13 @@ class ModelSubprocess:
             return subprocess.CompletedProcess(argv, 1, "", f"server failed: {server.launch.failure}")
         output = argv[argv.index("--output-file") + 1]
         with open(output, "a", encoding="utf-8") as f:
-            f.write(json.dumps(bench_serving_record(result)) + "\n")
+            f.write(json.dumps(bench_serving_record(result.benchmark)) + "\n")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     def request(self, launch: Launch, workload: Workload) -> TrialRequest:
-        server = ServerLaunch(("python", "-m", LAUNCH_SERVER, *launch.argv), dict(launch.env), "127.0.0.1", 30000)
+        server = ServerLaunch(
+            ("python", "-m", LAUNCH_SERVER, *launch.argv), dict(launch.env), "127.0.0.1", 30000
+        )
         return TrialRequest(len(self.launches) - 1, server, workload, 3600.0, 3600.0)
 
 
@@ -373,7 +400,9 @@ def bench_workload(argv: Sequence[str], workload: Workload) -> Workload:
     rate = float(flag_value(argv, "--request-rate") or "inf")
     if rate != float("inf"):
         raise ValueError(f"the model node plays all requests at once; --request-rate {rate} needs a server")
-    rows = [json.loads(line) for line in Path(str(flag_value(argv, "--dataset-path"))).read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in Path(str(flag_value(argv, "--dataset-path"))).read_text().splitlines()
+    ]
     inputs = {int(row["prompt_len"]) for row in rows}
     outputs = {int(row["output_len"]) for row in rows}
     if len(inputs) != 1 or len(outputs) != 1:
@@ -387,23 +416,6 @@ def bench_workload(argv: Sequence[str], workload: Workload) -> Workload:
         concurrency=int(concurrency) if concurrency else num_prompts,
         warmup_requests=int(flag_value(argv, "--warmup-requests") or 0),
     )
-
-
-def bench_serving_record(result: TrialResult) -> dict[str, float]:
-    """The JSONL line bench_serving writes, with the fields auto_benchmark reads (its TPOT: the mean time
-    per output token after the first, which autotune's client reports as the mean inter-token latency)."""
-    b = result.benchmark
-    assert b is not None
-    return {
-        "completed": b.completed,
-        "request_throughput": b.request_throughput,
-        "output_throughput": b.output_throughput,
-        "mean_ttft_ms": b.mean_ttft_ms,
-        "mean_tpot_ms": b.mean_itl_ms,
-        "mean_itl_ms": b.mean_itl_ms,
-        "mean_e2e_latency_ms": b.mean_e2e_latency_ms,
-        "duration": b.duration_s,
-    }
 
 
 @dataclass(frozen=True)
@@ -452,3 +464,39 @@ def _close_log(process: ModelServer | None) -> None:
     log = getattr(process, "_autobench_log_file", None)
     if log is not None:
         log.close()
+
+
+def run_auto_benchmark_e2e(config: Mapping[str, Any], folder: Path) -> list[dict[str, Any]]:
+    """Run SGLang's auto_benchmark on `config` for real: it launches the servers of its
+    `server.command_prefix` (the simulated server) as processes and runs the benchmark client
+    (shim/sglang/benchmark/serving.py, autotune's client) as a subprocess; returns its records. Only its
+    console is quiet and its pre-clean off: that kills whatever listens on the port, by pattern."""
+    ab = load_auto_benchmark()
+    path = folder / "auto_benchmark.yaml"
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    patches = {
+        "preclean_stale_server": lambda port: None,
+        "log_line": lambda message: None,
+        "tqdm": functools.partial(ab.tqdm, disable=True),
+    }
+    saved = {name: getattr(ab, name) for name in patches}
+    pythonpath = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(SHIM), str(PEERS.parents[1]), *filter(None, [pythonpath])]
+    )
+    for name, value in patches.items():
+        setattr(ab, name, value)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            ab.run_auto_benchmark(str(path))
+    finally:
+        for name, value in saved.items():
+            setattr(ab, name, value)
+        if pythonpath is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
+    records: list[dict[str, Any]] = ab.read_jsonl(
+        os.path.join(config["benchmark"]["output_dir"], "results.jsonl")
+    )
+    return records

@@ -8,9 +8,16 @@ from typing import Any
 from sglang.benchmark.datasets import DatasetRow
 
 
-def serialize_dataset_row_to_autobench(row: DatasetRow, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def serialize_dataset_row_to_autobench(
+    row: DatasetRow, metadata: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A row as a JSONL record (the prompt, its length, the output length, where it came from)."""
-    return {"prompt": row.prompt, "prompt_len": row.prompt_len, "output_len": row.output_len, **(metadata or {})}
+    return {
+        "prompt": row.prompt,
+        "prompt_len": row.prompt_len,
+        "output_len": row.output_len,
+        **(metadata or {}),
+    }
 
 
 def sample_autobench_requests(
