@@ -113,6 +113,7 @@ class ModelNodeExecutor:
             seed=request.seed,
             noise=self.noise,
             version=sglang_version(os.environ),
+            play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
         )
         return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
 

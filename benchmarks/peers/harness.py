@@ -125,6 +125,7 @@ class CookbookEntry:
     base_flags: Mapping[str, Any]
     search_space: Mapping[str, Sequence[Any]]
     speculative_space: Mapping[str, Sequence[Any]]
+    qps: tuple[float, float]  # its QPS search's lower and upper bound (tolerance 0.1, 5 rounds)
     max_candidates: int = 8
 
 
@@ -146,6 +147,7 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "speculative_eagle_topk": [1, 2],
             "speculative_num_draft_tokens": [4, 8],
         },
+        (0.25, 4.0),
     ),
     "llama-3.1-70b-instruct": CookbookEntry(
         f"{_COOKBOOK_DIR}/cookbook-llm/llama-3.1-70b-instruct.yaml",
@@ -162,6 +164,7 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "speculative_eagle_topk": [1, 2],
             "speculative_num_draft_tokens": [4, 8],
         },
+        (0.25, 12.0),
     ),
     # Not a cookbook page: the skill's own example config, the one SGLang ships for a 32B dense model.
     "qwen3-32b": CookbookEntry(
@@ -179,8 +182,11 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
             "speculative_eagle_topk": [1, 4],
             "speculative_num_draft_tokens": [4, 8],
         },
+        (1.0, 12.0),
     ),
 }
+# The cookbook's SLA, every entry's: a QPS passes when the mean TTFT and the mean TPOT are under these.
+SLA = {"max_ttft_ms": 1500, "max_tpot_ms": 30}
 # The cookbook entry of each benchmark profile's model (Qwen2.5-32B has none: the 32B example stands in).
 PROFILE_COOKBOOK = {
     "seed": "kimi-k2.5",
@@ -214,11 +220,13 @@ def auto_benchmark_config(
     output_dir: Path,
     command_prefix: Sequence[str] | None = None,
     port: int = 30000,
+    max_load: bool = False,
 ) -> dict[str, Any]:
     """auto_benchmark's config for `profile`: its cookbook entry's flags and search space, with the
     profile's node layout (--tp-size over the same GPUs autotune uses), model and draft paths, and its
     workload: fixed-length random prompts at a fixed concurrency, all sent at once (qps inf), so that the
-    best is the highest output tok/s, as autotune's objective. No SLA: the objective has none."""
+    best is the highest output tok/s, as autotune's objective. No SLA: the objective has none. With
+    `max_load`, its QPS search instead: the cookbook's bounds and SLA, no cap on requests in flight."""
     entry = COOKBOOK[PROFILE_COOKBOOK[profile.key]]
     base_flags = {**entry.base_flags, "tp_size": profile.tp, "model_path": profile.model_path}
     if profile.dp_size > 1:
@@ -240,6 +248,11 @@ def auto_benchmark_config(
         "output_dir": str(output_dir),
         "warmup_requests": workload.warmup_requests,
     }
+    if max_load:  # its QPS search under the cookbook's SLA, requests unbounded in flight (its `null`)
+        lower, upper = entry.qps
+        benchmark.update(
+            max_concurrency=[None], qps={"lower": lower, "upper": upper, "tolerance": 0.1}, sla=dict(SLA)
+        )
     return {
         "server": server,
         "dataset": {
@@ -395,11 +408,9 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
 
 def bench_workload(argv: Sequence[str], workload: Workload) -> Workload:
     """The workload a bench_serving command line sends: its prompts file's lengths, --num-prompts,
-    --max-concurrency and --warmup-requests; a finite --request-rate the model node cannot play (it plays
-    a fixed number of requests in flight), so it is refused."""
+    --request-rate (Poisson arrivals, as bench_serving's default burstiness 1), --max-concurrency and
+    --warmup-requests."""
     rate = float(flag_value(argv, "--request-rate") or "inf")
-    if rate != float("inf"):
-        raise ValueError(f"the model node plays all requests at once; --request-rate {rate} needs a server")
     rows = [
         json.loads(line) for line in Path(str(flag_value(argv, "--dataset-path"))).read_text().splitlines()
     ]
@@ -415,6 +426,7 @@ def bench_workload(argv: Sequence[str], workload: Workload) -> Workload:
         output_len=outputs.pop(),
         concurrency=int(concurrency) if concurrency else num_prompts,
         warmup_requests=int(flag_value(argv, "--warmup-requests") or 0),
+        request_rate=None if rate == float("inf") else rate,
     )
 
 

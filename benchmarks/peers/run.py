@@ -32,10 +32,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
+import yaml
 from optuna.trial import TrialState
 
 PEERS = Path(__file__).resolve().parent
@@ -56,19 +57,33 @@ from model_studies import (  # noqa: E402
 )
 from sample_efficiency import BEST_KNOWN  # noqa: E402
 
-from autotune.config import Study  # noqa: E402
+from autotune.config import Study, load_objective  # noqa: E402
+from autotune.measure.plan import plan_for  # noqa: E402
 from autotune.sim.model.noise import SimNoise  # noqa: E402
 from autotune.sim.model_node import ModelNodeExecutor  # noqa: E402
 from autotune.sim.profiles import load_hardware_profile, load_model_profile  # noqa: E402
 from autotune.study.confirm import study_answer  # noqa: E402
 from autotune.study.rules import trial_config, within_limits  # noqa: E402
-from autotune.trial.launch import ServerLaunch  # noqa: E402
+from autotune.trial.launch import ServerLaunch, TrialConfig  # noqa: E402
 from autotune.trial.wire import TrialRequest  # noqa: E402
 
 N_TRIALS = 40  # autotune's budget (benchmarks/trust.py's); its stopping rule may end a study sooner
 LEASE_EVERY = 10  # a new lease of the machine every 10 launches, as in benchmarks/trust.py
 WITHIN = 0.02  # "its first config within 2% of its final answer"
 AUTOTUNE = "autotune"
+# max_load runs on these profiles only (a table over all four does not fit in minutes here); the seed node
+# decodes Kimi-K2.5 slower than the cookbook's 30 ms per token at any rate: no config meets that SLO.
+MAX_LOAD_PROFILES = ("h200", "heldout-l40sx4-qwen32b")
+THROUGHPUT, MAX_LOAD = "throughput", "max_load"
+# The max_load objective: objectives/max-load-slo.yaml's load search (autotune's shipped defaults), on the
+# profile's prompt and output lengths, with the cookbook's SLA numbers and num_prompts, no cap in flight.
+MAX_LOAD_PROMPTS = 80
+LOAD_SEARCH = {
+    "vary": "request_rate", "start": 0.5, "max": 16, "min": 0.0625, "steps": 6, "attainment": 0.9,
+    "tolerance": 0.1,
+}  # fmt: skip
+# The true max_load of a config: the same search, up to 128 req/s, to a 2% bracket, without noise.
+TRUE_LOAD_SEARCH = {**LOAD_SEARCH, "max": 128, "steps": 14, "tolerance": 0.02}
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,7 @@ class Job:
     tool: str  # AUTOTUNE or a harness.Variant key
     seed: int
     n_trials: int
+    objective: str = THROUGHPUT  # or MAX_LOAD (the profile's objective file is then the max_load one)
 
 
 @dataclass(frozen=True)
@@ -104,41 +120,78 @@ class Outcome:
 
 
 class Truth:
-    """The noise-free objective value of a launch on `profile`'s model node, asked as autotune's landscape
-    asks (ModelNodeExecutor on the objective's workload, 0 when the launch fails or breaks a limit)."""
+    """The noise-free objective value of a launch on `profile`'s model node (0 when the launch fails or
+    breaks a limit): output tok/s of the objective's workload, or the objective's max_load measured by
+    `truth_objective`'s finer load search."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, truth_objective: Path | None = None) -> None:
         self.landscape = Landscape(profile, Path(tempfile.mkdtemp(prefix="autotune-peers-")))
         self.study = self.landscape.study
         hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
         self._executor = ModelNodeExecutor(NODE, hardware, model)
+        self._plan = None
+        if truth_objective is not None:
+            self._plan = plan_for(load_objective(truth_objective), short=False)
         self._cache: dict[tuple[object, ...], float] = {}
 
     def of_launch(self, argv: Sequence[str], env: dict[str, str]) -> float:
+        """`argv`: the server's flags, or the whole command (the model node reads from --model-path)."""
         key = (tuple(argv), tuple(sorted(env.items())))
         if key not in self._cache:
-            workload = self.study.objective.workload
-            server = ServerLaunch(
-                ("python", "-m", harness.LAUNCH_SERVER, *argv), dict(env), "127.0.0.1", 30000
-            )
-            result = self._executor.run(TrialRequest(0, server, workload, 1.0, 1.0)).benchmark
             objective = self.study.objective
+            command = (
+                tuple(argv) if argv[0] != "--model-path" else ("python", "-m", harness.LAUNCH_SERVER, *argv)
+            )
+            server = ServerLaunch(command, dict(env), "127.0.0.1", 30000)
+            request = TrialRequest(0, server, objective.workload, 1.0, 1.0, plan=self._plan)
+            result = self._executor.run(request).benchmark
             ok = result is not None and within_limits(objective.constraints(result))
             self._cache[key] = objective.value(result) if ok else 0.0
         return self._cache[key]
 
+    def of_config(self, config: TrialConfig) -> float:
+        launch = self.study.server_launch(config)
+        return self.of_launch(launch.argv, dict(launch.env))
+
     @property
     def defaults(self) -> float:
-        return self.landscape.value_of(self.landscape.space.baseline())
+        return self.of_config(self.landscape.space.baseline())
 
 
-_TRUTHS: dict[str, Truth] = {}
+_TRUTHS: dict[tuple[str, str], Truth] = {}
 
 
-def truth(profile: Profile) -> Truth:
-    if profile.key not in _TRUTHS:
-        _TRUTHS[profile.key] = Truth(profile)
-    return _TRUTHS[profile.key]
+def truth(job: Job) -> Truth:
+    key = (job.profile.key, job.objective)
+    if key not in _TRUTHS:
+        finer = job.profile.objective.with_name("truth.yaml") if job.objective == MAX_LOAD else None
+        _TRUTHS[key] = Truth(job.profile, finer)
+    return _TRUTHS[key]
+
+
+def write_max_load_objectives(profile: Profile, folder: Path) -> Profile:
+    """`profile` with the max_load objective on its workload's lengths (and, beside it, truth.yaml: the
+    same with TRUE_LOAD_SEARCH), written to `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w = load_objective(profile.objective).workload
+    assert w is not None
+    workload = {
+        "num_prompts": MAX_LOAD_PROMPTS,
+        "input_len": w.input_len,
+        "output_len": w.output_len,
+        "concurrency": MAX_LOAD_PROMPTS,
+        "warmup_requests": 0,
+        "slo": {"ttft_ms": harness.SLA["max_ttft_ms"], "tpot_ms": harness.SLA["max_tpot_ms"]},
+    }
+    for name, search in (("objective.yaml", LOAD_SEARCH), ("truth.yaml", TRUE_LOAD_SEARCH)):
+        data = {
+            "name": f"max-load-{profile.key}",
+            "metric": "max_load",
+            "workload": workload,
+            "load_search": search,
+        }
+        (folder / name).write_text(yaml.safe_dump(data, sort_keys=False))
+    return replace(profile, objective=folder / "objective.yaml")
 
 
 def hours_to_within(values: Sequence[float], seconds: Sequence[float], answer: float) -> float | None:
@@ -166,7 +219,7 @@ def noise_of(profile: Profile) -> SimNoise:
 
 
 def run_auto_benchmark_job(job: Job) -> Outcome:
-    profile, known = job.profile, truth(job.profile)
+    profile, known = job.profile, truth(job)
     variant = next(v for v in harness.VARIANTS if v.key == job.tool)
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model, noise_of(profile), noise_seed=job.seed, lease_every=LEASE_EVERY)
@@ -174,7 +227,9 @@ def run_auto_benchmark_job(job: Job) -> Outcome:
     assert workload is not None
     node = harness.ModelSubprocess(clock, workload)
     with tempfile.TemporaryDirectory(prefix="autotune-peers-ab-") as folder:
-        config = harness.auto_benchmark_config(profile, workload, variant, Path(folder) / "results")
+        config = harness.auto_benchmark_config(
+            profile, workload, variant, Path(folder) / "results", max_load=job.objective == MAX_LOAD
+        )
         run = harness.run_auto_benchmark(config, node, Path(folder))
     env = dict(config["server"].get("env", {}))
     values = [0.0 if launch.failed else known.of_launch(launch.argv, launch.env) for launch in run.launches]
@@ -193,20 +248,20 @@ def run_auto_benchmark_job(job: Job) -> Outcome:
 
 
 def run_autotune_job(job: Job) -> Outcome:
-    profile, known = job.profile, truth(job.profile)
+    profile, known = job.profile, truth(job)
 
     def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock) -> Outcome:
         record = study_answer(ostudy)
         trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
         launched = [trials[n] for n in sorted(clock.seconds)]
         values = [
-            known.landscape.value_of(trial_config(study, t)) if t.state is TrialState.COMPLETE else 0.0
+            known.of_config(trial_config(study, t)) if t.state is TrialState.COMPLETE else 0.0
             for t in launched
         ]
         seconds = [clock.seconds[t.number] for t in launched]
         if seconds:
             seconds[0] += clock.stage_s  # the NCCL stage ran before the first server trial
-        answer = known.landscape.value_of(trial_config(study, trials[record["trial"]])) if record else 0.0
+        answer = known.of_config(trial_config(study, trials[record["trial"]])) if record else 0.0
         return Outcome(
             job,
             answer,
@@ -248,7 +303,7 @@ def end_to_end(profile: Profile, time_scale: float) -> list[str]:
     """auto_benchmark's default run (ab-tier2) twice without noise: against real simulated server processes
     (auto_benchmark's own launches and subprocesses; the benchmark client is autotune's, shim/), and on
     the model node as the table's runs; each candidate's output tok/s side by side."""
-    known = truth(profile)
+    known = truth(Job(profile, harness.VARIANTS[0].key, 0, 0))
     workload = known.study.objective.workload
     assert workload is not None
     variant = harness.VARIANTS[0]
@@ -305,7 +360,7 @@ def profiles(quick: bool) -> list[Profile]:
     return [PROFILES["seed"], PROFILES["h200"], *(load_profile(str(path)) for path in files)]
 
 
-def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str]:
+def table(outcomes: Sequence[Outcome], best_known: dict[str, float], unit: str) -> list[str]:
     """Per profile and tool, over the seeds: medians (and the worst) of the answer's worth and the cost."""
 
     def median(values: Sequence[float | None], fmt: str) -> str:
@@ -313,7 +368,7 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
         return format(statistics.median(present), fmt) if present else "-"
 
     lines = [
-        "| profile | tool | runs | answer's true tok/s, median | / best known, median (min) | vs SGLang's "
+        f"| profile | tool | runs | answer's true {unit}, median | / reference, median (min) | vs SGLang's "
         "defaults, median | node h, median | launches, median | failed launches, median | node h to "
         "first within 2% of its answer, median |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -340,8 +395,8 @@ def same_budget(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> li
     node hours autotune took to first launch a config as good as auto_benchmark's answer."""
     runs = {(o.job.profile.key, o.job.tool, o.job.seed): o for o in outcomes}
     lines = [
-        "| profile | auto_benchmark | its answer / best known, median | autotune's best launch within the "
-        "same node h / best known, median | autotune's node h to a launch as good as its answer, median "
+        "| profile | auto_benchmark | its answer / reference, median | autotune's best launch within the "
+        "same node h / reference, median | autotune's node h to a launch as good as its answer, median "
         "(its own node h) |",
         "|---|---|---|---|---|",
     ]
@@ -377,6 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--e2e", metavar="PROFILE", help="instead: auto_benchmark against real simulated servers on PROFILE"
     )
     parser.add_argument("--time-scale", type=float, default=0.05, help="the servers' time scale for --e2e")
+    parser.add_argument(
+        "--objective",
+        choices=[THROUGHPUT, MAX_LOAD],
+        action="append",
+        help="only these objectives (default both)",
+    )
     args = parser.parse_args(argv)
     if args.e2e:
         print("\n".join(end_to_end(load_profile(args.e2e), args.time_scale)))
@@ -384,10 +445,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = 1 if args.quick else args.seeds
     n_trials = 8 if args.quick else args.n_trials
     tools = [AUTOTUNE, *(v.key for v in harness.VARIANTS)]
+    objectives = args.objective or [THROUGHPUT, MAX_LOAD]
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
     harness.load_auto_benchmark()  # download the wheel once, before the workers fork
-    jobs = [Job(p, tool, s, n_trials) for p in chosen for tool in tools for s in range(seeds)]
-
+    folder = Path(tempfile.mkdtemp(prefix="autotune-peers-objectives-"))
+    jobs = []
+    for objective in objectives:
+        for p in chosen:
+            if objective == MAX_LOAD and p.key not in MAX_LOAD_PROFILES:
+                continue
+            if objective == MAX_LOAD:
+                p = write_max_load_objectives(p, folder / p.key)
+            jobs += [Job(p, tool, s, n_trials, objective) for tool in tools for s in range(seeds)]
     cached = json.loads(BEST_KNOWN.read_text())["profiles"] if BEST_KNOWN.exists() else {}
     best_known = {key: entry["tok_s"] for key, entry in cached.items()}
     started = time.monotonic()
@@ -395,17 +464,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcomes = studies_in_pool(pool, run_job, jobs, started)
     order = {p.key: i for i, p in enumerate(chosen)}
     outcomes.sort(key=lambda o: (order[o.job.profile.key], tools.index(o.job.tool), o.job.seed))
-    print(
-        f"## autotune and SGLang's auto_benchmark (sglang {harness.SGLANG_RELEASE} wheel), output tok/s at "
-        f"the workload's concurrency, calibrated noise (a new lease every {LEASE_EVERY} launches), "
-        f"{seeds} seeds; autotune: its defaults, {n_trials} trials\n"
-    )
-    print("\n".join(table(outcomes, best_known)))
-    print("\nThe same node hours: each auto_benchmark run against autotune's run of the same seed\n")
-    print("\n".join(same_budget(outcomes, best_known)))
+    for objective in objectives:
+        rows = [o for o in outcomes if o.job.objective == objective]
+        if objective == THROUGHPUT:
+            reference, unit = best_known, "tok/s"
+            print(
+                "## Output tok/s at the workload's concurrency: autotune and SGLang's auto_benchmark "
+                f"(sglang {harness.SGLANG_RELEASE} wheel), calibrated noise (a new lease every {LEASE_EVERY} "
+                f"launches), {seeds} seeds; autotune: its defaults, {n_trials} trials; reference: the best "
+                "known config\n"
+            )
+        else:
+            # No best known config for this objective: the best true value either tool's answer reached.
+            reference, unit = {}, "req/s"
+            for o in rows:
+                reference[o.job.profile.key] = max(reference.get(o.job.profile.key, 0.0), o.true_value)
+            sla = harness.SLA
+            print(
+                f"\n## The highest request rate within the SLO (TTFT {sla['max_ttft_ms']} ms, TPOT "
+                f"{sla['max_tpot_ms']} ms), {MAX_LOAD_PROMPTS} prompts, no cap in flight; {seeds} seeds; "
+                "reference: the best answer of either tool on the profile\n"
+            )
+        print("\n".join(table(rows, reference, unit)))
+        print("\nThe same node hours: each auto_benchmark run against autotune's run of the same seed\n")
+        print("\n".join(same_budget(rows, reference)))
     notes = sorted(
-        {f"{o.job.profile.key} {o.job.tool}: {o.note}" for o in outcomes if o.note and o.job.tool != AUTOTUNE}
-    )
+        {f"{o.job.profile.key} {o.job.tool} {o.job.objective}: {o.note}" for o in outcomes
+         if o.note and o.job.tool != AUTOTUNE}
+    )  # fmt: skip
     if notes:
         print("\nauto_benchmark stopped early: " + "; ".join(notes))
     answers = [o for o in outcomes if o.job.tool == AUTOTUNE]
