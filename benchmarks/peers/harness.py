@@ -129,59 +129,54 @@ class CookbookEntry:
     max_candidates: int = 8
 
 
-_BACKENDS = ["fa3", "flashinfer"]
 _COOKBOOK_DIR = ".claude/skills/sglang-auto-benchmark/references"
+
+
+def _space(running: list[int]) -> dict[str, list[Any]]:
+    """The search space every entry here has, in its order; only the running-request caps differ."""
+    backends = ["fa3", "flashinfer"]
+    return {
+        "prefill_attention_backend": backends,
+        "decode_attention_backend": backends,
+        "chunked_prefill_size": [4096, 8192],
+        "max_running_requests": running,
+    }
+
+
+def _speculative(topk: list[int]) -> dict[str, list[int]]:
+    """The speculative stage's search space of every entry here; only the topk choices differ."""
+    return {
+        "speculative_num_steps": [3, 5],
+        "speculative_eagle_topk": topk,
+        "speculative_num_draft_tokens": [4, 8],
+    }
+
+
+_BASELINE = {"mem_fraction_static": 0.82, "schedule_policy": "lpm"}  # every entry's, kept from its command
 COOKBOOK: Mapping[str, CookbookEntry] = {
     "kimi-k2.5": CookbookEntry(
         f"{_COOKBOOK_DIR}/cookbook-llm/kimi-k2.5.yaml",
         "bfdc72e826d8ff35702df75cae8b52b8761e1c5d",
-        {"tp_size": 8, "trust_remote_code": True, "mem_fraction_static": 0.82, "schedule_policy": "lpm"},
-        {
-            "prefill_attention_backend": _BACKENDS,
-            "decode_attention_backend": _BACKENDS,
-            "chunked_prefill_size": [4096, 8192],
-            "max_running_requests": [32, 48, 64],
-        },
-        {
-            "speculative_num_steps": [3, 5],
-            "speculative_eagle_topk": [1, 2],
-            "speculative_num_draft_tokens": [4, 8],
-        },
+        {"tp_size": 8, "trust_remote_code": True, **_BASELINE},
+        _space([32, 48, 64]),
+        _speculative([1, 2]),
         (0.25, 4.0),
     ),
     "llama-3.1-70b-instruct": CookbookEntry(
         f"{_COOKBOOK_DIR}/cookbook-llm/llama-3.1-70b-instruct.yaml",
         "62fa71c3e6338df8c64415db53970d8bdd066047",
-        {"tp_size": 4, "mem_fraction_static": 0.82, "schedule_policy": "lpm"},
-        {
-            "prefill_attention_backend": _BACKENDS,
-            "decode_attention_backend": _BACKENDS,
-            "chunked_prefill_size": [4096, 8192],
-            "max_running_requests": [64, 96, 128],
-        },
-        {
-            "speculative_num_steps": [3, 5],
-            "speculative_eagle_topk": [1, 2],
-            "speculative_num_draft_tokens": [4, 8],
-        },
+        {"tp_size": 4, **_BASELINE},
+        _space([64, 96, 128]),
+        _speculative([1, 2]),
         (0.25, 12.0),
     ),
     # Not a cookbook page: the skill's own example config, the one SGLang ships for a 32B dense model.
     "qwen3-32b": CookbookEntry(
         f"{_COOKBOOK_DIR}/qwen3-32b.yaml",
         "0b142c7ba5a07edc2d5d4ef309a4cdb767596b3c",
-        {"tp_size": 1, "trust_remote_code": True, "mem_fraction_static": 0.82, "schedule_policy": "lpm"},
-        {
-            "prefill_attention_backend": _BACKENDS,
-            "decode_attention_backend": _BACKENDS,
-            "chunked_prefill_size": [4096, 8192],
-            "max_running_requests": [64, 96, 128],
-        },
-        {
-            "speculative_num_steps": [3, 5],
-            "speculative_eagle_topk": [1, 4],
-            "speculative_num_draft_tokens": [4, 8],
-        },
+        {"tp_size": 1, "trust_remote_code": True, **_BASELINE},
+        _space([64, 96, 128]),
+        _speculative([1, 4]),
         (1.0, 12.0),
     ),
 }
