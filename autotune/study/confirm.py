@@ -77,8 +77,8 @@ def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
 def _gain(
     rounds: dict[int, dict[int, float | None]], base: int, config: int, maximize: bool, confidence: float
 ) -> tuple[Gain | None, int]:
-    # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load whose SLO held
-    # at no load) has none to give, and is left out rather than divided by.
+    # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load: no rate tried
+    # met the SLO) has none to give, and is left out rather than divided by.
     pairs = [
         (reference, candidate)
         for _, values in sorted(rounds.items())
