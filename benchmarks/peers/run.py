@@ -11,14 +11,17 @@ and autotune's sampler), it runs:
   winner confirmed), `--n-trials` launches of the shipped search space, on the same model node.
 
 Both measure through `NodeClock` (benchmarks/model_studies.py) with the run-to-run noise calibrated on the
-real H200 runs and a new lease every 10 launches, as benchmarks/trust.py does. The objective is autotune's
-for the profile: output tok/s at the workload's fixed concurrency. Per run: the true value (the model
+real H200 runs and a new lease every 10 launches, as benchmarks/trust.py does. Two objectives: output tok/s
+at the profile's workload concurrency (autotune's objective for the profile), and the highest request rate
+within the cookbook's SLO (max_load; MAX_LOAD_PROFILES only: auto_benchmark's QPS search against autotune's
+load search). Per run: the true value (the model
 without noise) of the config the tool answers with, against the best known config (best_known.json) and
 SGLang's defaults; node hours (start-ups and benchmarks as the model times them; autotune's NCCL stage
 included); launches and failed launches; node hours until the tool first launched a config whose true
 value is within 2% of its final answer's.
 
-    python benchmarks/peers/run.py [--quick] [--seeds 3] [--jobs 2] [--profile KEY]
+    python benchmarks/peers/run.py [--quick] [--seeds 3] [--jobs 2] [--profile KEY] [--objective max_load]
+    python benchmarks/peers/run.py --e2e seed --time-scale 0.1
 """
 
 from __future__ import annotations
@@ -420,7 +423,7 @@ def same_budget(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="a smoke run: the H200 profile, one seed, 8 trials"
+        "--quick", action="store_true", help="a smoke run: the H200 profile, output tok/s, one seed, 8 trials"
     )
     parser.add_argument("--seeds", type=int, default=3, help="runs per profile and tool (default 3)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (default 2)")
@@ -445,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = 1 if args.quick else args.seeds
     n_trials = 8 if args.quick else args.n_trials
     tools = [AUTOTUNE, *(v.key for v in harness.VARIANTS)]
-    objectives = args.objective or [THROUGHPUT, MAX_LOAD]
+    objectives = args.objective or ([THROUGHPUT] if args.quick else [THROUGHPUT, MAX_LOAD])
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
     harness.load_auto_benchmark()  # download the wheel once, before the workers fork
     folder = Path(tempfile.mkdtemp(prefix="autotune-peers-objectives-"))
