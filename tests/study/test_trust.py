@@ -387,7 +387,7 @@ def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confir
 
 def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_divided_by() -> None:
     """A max_load study whose defaults met the SLO at no rate tried measured 0 for them: the gain, in percent
-    of that, has no value there (it raised ZeroDivisionError and ended the study in benchmarks/peers/run.py)."""
+    of that, has no value there (it raised ZeroDivisionError, ending a study of benchmarks/peers/run.py)."""
     from autotune.study.confirm import _gain
 
     rounds: dict[int, dict[int, float | None]] = {
