@@ -250,3 +250,80 @@ def run_workload(
         mean_ttft_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
         accept_length=node.accept_length,
     )
+
+
+@dataclass
+class RequestTimes:
+    """One request as a streaming client sees it, in model seconds from the start: when it was sent (when
+    it got a slot, as a client's --max-concurrency waits), its first token, the gap before each later token
+    (a chunk of several tokens spreads its gap over them, as the client does), and when it finished (None:
+    aborted or not finished)."""
+
+    sent: float
+    first_token: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    finished: float | None = None
+    last: float = 0.0
+
+
+@dataclass(frozen=True)
+class ArrivalsResult:
+    """The model's answer for requests sent at given times: each request's times, and when the last ended."""
+
+    requests: list[RequestTimes]
+    duration_s: float
+    oom_lines: list[str] | None = None
+
+
+def run_arrivals(
+    node: NodePerformanceModel,
+    arrivals: list[float],
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    *,
+    seed: int = 0,
+    noise: SimNoise | float = 0.0,
+) -> ArrivalsResult:
+    """Play requests that arrive at `arrivals` (model seconds from the start), at most `concurrency` in
+    flight, through the engine: the open-loop counterpart of `run_workload`, for a request rate."""
+    engine = node.new_engine(seed=seed, noise=noise)
+    clock = 0.0
+    pending = deque(sorted((t, f"r{i}") for i, t in enumerate(arrivals)))
+    arrived: deque[str] = deque()
+    times: dict[str, RequestTimes] = {}
+    in_flight = 0
+    while True:
+        while pending and pending[0][0] <= clock:
+            arrived.append(pending.popleft()[1])
+        while arrived and in_flight < concurrency:
+            rid = arrived.popleft()
+            engine.add(rid, input_len, output_len)
+            times[rid] = RequestTimes(sent=clock, last=clock)
+            in_flight += 1
+        if not engine.has_work:
+            if not pending:
+                break
+            clock = pending[0][0]  # idle until the next request arrives
+            continue
+        step = engine.step()
+        if step.oom_lines:
+            return ArrivalsResult(list(times.values()), clock, step.oom_lines)
+        if step.duration_s == 0 and not (step.emitted or step.finished or step.aborted):
+            break  # nothing can run (SGLang would hang as well); the rest count as unfinished
+        clock += step.duration_s
+        for rid, count in step.emitted.items():
+            request = times[rid]
+            if count and request.first_token is None:
+                request.first_token = clock
+                request.tokens, count = 1, count - 1
+            if count:
+                request.gaps.extend([(clock - request.last) / count] * count)
+                request.tokens += count
+            if request.tokens:
+                request.last = clock
+        for rid in step.finished:
+            times[rid].finished = clock
+        in_flight -= len(step.finished) + len(step.aborted)
+    return ArrivalsResult(list(times.values()), clock)

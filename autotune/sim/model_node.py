@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from autotune.measure.client import BenchmarkResult, Workload
+from autotune.measure.client import BenchmarkResult, RequestOutcome, Workload, summarize
 from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
+from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
-from autotune.sim.engine import input_too_long
+from autotune.sim.engine import input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
@@ -112,6 +113,7 @@ class ModelNodeExecutor:
             seed=request.seed,
             noise=self.noise,
             version=sglang_version(os.environ),
+            play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
         )
         return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
 
@@ -149,6 +151,8 @@ class ModelNodeExecutor:
         if failure is not None:
             log = failure.log  # the real node classifies the whole log, not the traceback's last line
             return self._failed(request, classify(log, "starting"), log, startup_s, None)
+        if w.request_rate is not None:
+            return self._open_loop(request, answer, startup_s)
         result = answer.result
         assert result is not None  # predict returns a result whenever start-up succeeds
         if result.oom_lines:
@@ -187,6 +191,38 @@ class ModelNodeExecutor:
             time_scale=1.0,
         )
         return TrialResult(request.number, self.node, benchmark, None, startup_s, duration)
+
+    def _open_loop(self, request: TrialRequest, answer: Prediction, startup_s: float) -> TrialResult:
+        """A workload with a request rate: its requests arrive as the client sends them
+        (`arrival_offsets`), and the client's own `summarize` turns what each saw into the result, so its
+        goodput and SLO attainment follow the one rule the real client's do."""
+        w = request.serving_workload
+        offsets = arrival_offsets(w.num_prompts, w.request_rate, w.burstiness)
+        lengths = (w.input_len, w.output_len, w.concurrency)
+        played = run_arrivals(answer.node, offsets, *lengths, seed=request.seed, noise=self.noise)
+        if played.oom_lines:
+            log = "\n".join(played.oom_lines)
+            return self._failed(request, classify(log, "benchmarking"), log, startup_s, played.duration_s)
+        outcomes = [
+            RequestOutcome(
+                success=t.finished is not None,
+                prompt_tokens=w.input_len,
+                output_tokens=t.tokens,
+                ttft_s=None if t.first_token is None else t.first_token - t.sent,
+                itl_s=t.gaps,
+                latency_s=(played.duration_s if t.finished is None else t.finished) - t.sent,
+                error=None if t.finished is not None else input_too_long(w.input_len, answer.plan),
+            )
+            for t in played.requests
+        ]
+        benchmark = summarize(outcomes, played.duration_s, w, accept_length=answer.node.accept_length)
+        if benchmark.completed == 0:
+            error = input_too_long(w.input_len, answer.plan)
+            failure = classify(error, "benchmarking") or Failure.of(
+                FailureKind.BENCHMARK_ERROR, error, "every request was aborted"
+            )
+            return self._failed(request, failure, error, startup_s, played.duration_s)
+        return TrialResult(request.number, self.node, benchmark, None, startup_s, played.duration_s)
 
     def _run_plan(self, request: TrialRequest, plan: MeasurementPlan) -> TrialResult:
         """A measurement plan on one model launch: start-up counted once, the benchmarks' seconds added up,

@@ -55,12 +55,16 @@ def predict(
     seed: int = 0,
     noise: SimNoise | float = 0.0,
     version: SglangVersion = VERSIONS[DEFAULT_VERSION],
+    play: bool = True,
 ) -> Prediction:
-    """The model's answer for one launch on `workload` (the model profile's standard one by default)."""
+    """The model's answer for one launch on `workload` (the model profile's standard one by default);
+    `play=False` starts the launch only (no result), for a caller that plays requests of its own."""
     node = NodePerformanceModel(hardware, model, settings_for(argv, env or {}), version)
     failure = node.startup_failure
     if failure is not None:
         return Prediction(node, node.plan, failure.phase, failure.lines[-1], None)
+    if not play:
+        return Prediction(node, node.plan, None, None, None)
     w = workload or model.standard_workload
     result = run_workload(
         node, w.num_prompts, w.input_len, w.output_len, w.concurrency, seed=seed, noise=noise

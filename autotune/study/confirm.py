@@ -77,10 +77,12 @@ def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
 def _gain(
     rounds: dict[int, dict[int, float | None]], base: int, config: int, maximize: bool, confidence: float
 ) -> tuple[Gain | None, int]:
+    # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load: no rate tried
+    # met the SLO) has none to give, and is left out rather than divided by.
     pairs = [
         (reference, candidate)
         for _, values in sorted(rounds.items())
-        if (reference := values.get(base)) is not None and (candidate := values.get(config)) is not None
+        if (reference := values.get(base)) and (candidate := values.get(config)) is not None
     ]
     if len(pairs) < 2:
         return None, len(pairs)

@@ -89,3 +89,31 @@ def test_node_time_is_the_model_start_up_until_ready_or_failed_plus_the_benchmar
     unsupported = node.run(TrialRequest(3, launch(("--ep-size", "8")), LONG, 60, 60))
     assert unsupported.startup_s == pytest.approx(baseline.init_seconds)  # dies as the load begins
     assert startup_seconds(baseline) > 600  # ten minutes of weights before anything else
+
+
+def test_a_request_rate_is_played_as_arrivals_and_its_slo_attainment_falls_past_the_nodes_capacity() -> None:
+    """Before, the model node sent every request at once whatever the rate: no max_load search could run."""
+    from autotune.measure.workloads import Slo
+
+    h200, llama = load_hardware_profile("h200-nvlink-x8"), load_model_profile("llama-70b-bf16")
+    node = ModelNodeExecutor("model", h200, llama)
+    server = ServerLaunch(("--model-path", "/models/Llama-70B", "--tp-size", "8"), {}, "127.0.0.1", 30000)
+
+    def at(rate: float | None) -> tuple[float, float, float, float]:
+        workload = Workload(
+            num_prompts=80, input_len=2000, output_len=500, concurrency=64, warmup_requests=0,
+            request_rate=rate, slo=Slo(ttft_ms=1500, tpot_ms=30),
+        )  # fmt: skip
+        result = node.run(TrialRequest(0, server, workload, 60, 60))
+        b = result.benchmark
+        assert b is not None and result.benchmark_s is not None
+        return b.output_throughput, b.mean_ttft_ms, b.slo_attainment or 0.0, result.benchmark_s
+
+    slow, fast, flood = at(1.0), at(32.0), at(None)
+    # One request a second: each is served alone, about as fast as it arrives, and every one meets the SLO.
+    assert slow[2] == 1.0 and slow[1] < 200
+    assert 75 < slow[3] < 100  # the arrivals' 80 s or so, and the last answer
+    assert slow[0] * slow[3] == pytest.approx(80 * 500, rel=0.01)  # every token, over that time
+    # Past the node's capacity requests queue: the first token waits, and the attainment falls.
+    assert fast[2] < 0.9 and fast[1] > 3 * slow[1]
+    assert fast[0] == pytest.approx(flood[0], rel=0.02)  # saturated: the same tok/s as all at once

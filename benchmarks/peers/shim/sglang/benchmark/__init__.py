@@ -1,0 +1,1 @@
+"""sglang.benchmark as auto_benchmark imports it (see the package docstring)."""

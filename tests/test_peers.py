@@ -1,0 +1,125 @@
+"""The harness that runs SGLang's auto_benchmark against the simulated node (benchmarks/peers/): what
+auto_benchmark launches and measures reaches the model node intact, flags, environment and workload alike,
+and what the node answers comes back in the form auto_benchmark reads. No process starts; SGLang's own code
+is not needed (the launch and benchmark command lines are written here as auto_benchmark writes them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.builders import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+
+import harness
+from model_studies import NODE, PROFILES, NodeClock
+
+from autotune.measure.workloads import Workload
+from autotune.sim.predict import settings_for
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.trial.wire import TrialRequest, TrialResult
+
+SEED = PROFILES["seed"]
+WORKLOAD = Workload(num_prompts=8, input_len=28000, output_len=1000, concurrency=4, warmup_requests=1)
+
+
+class RecordingClock(NodeClock):
+    """The seed profile's model node, keeping every request it was asked to run."""
+
+    def __init__(self) -> None:
+        super().__init__(NODE, load_hardware_profile(SEED.hardware), load_model_profile(SEED.model))
+        self.requests: list[TrialRequest] = []
+
+    def run(self, request: TrialRequest) -> TrialResult:
+        self.requests.append(request)
+        return super().run(request)
+
+
+def launch_command(**flags: Any) -> list[str]:
+    """`python -m sglang.launch_server` with `flags` written as auto_benchmark's cli_args writes them
+    (--model-path wherever the config put it: last here, after the cookbook's baseline flags)."""
+    argv = [sys.executable, "-m", harness.LAUNCH_SERVER]
+    for key, value in flags.items():
+        flag = f"--{key.replace('_', '-')}"
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+def bench_command(tmp_path: Path, rows: list[dict[str, Any]], concurrency: int) -> list[str]:
+    dataset = tmp_path / "prepared_dataset.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [
+        sys.executable, "-m", harness.BENCH_SERVING[0], "--backend", "sglang",
+        "--base-url", "http://127.0.0.1:30000", "--dataset-name", "autobench", "--dataset-path", str(dataset),
+        "--num-prompts", str(len(rows)), "--request-rate", "inf",
+        "--output-file", str(tmp_path / "bench.jsonl"),
+        "--max-concurrency", str(concurrency), "--warmup-requests", "1",
+    ]  # fmt: skip
+
+
+def test_candidate_flags_env_and_workload_reach_the_model_node_intact(tmp_path: Path) -> None:
+    clock = RecordingClock()
+    node = harness.ModelSubprocess(clock, WORKLOAD)
+    command = launch_command(
+        tp_size=8,
+        trust_remote_code=True,
+        mem_fraction_static=0.83,
+        schedule_policy="lpm",
+        chunked_prefill_size=4096,
+        max_running_requests=32,
+        model_path=SEED.model_path,
+        host="127.0.0.1",
+        port=30000,
+    )
+    with open(tmp_path / "server.log", "w") as log:
+        node.Popen(command, stdout=log, env={**os.environ, "NCCL_ALGO": "Ring"}, start_new_session=True)
+        rows = [{"prompt": [1] * 28000, "prompt_len": 28000, "output_len": 1000}] * 8
+        done = node.run(bench_command(tmp_path, rows, concurrency=4), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    (request,) = clock.requests
+    argv = list(request.launch.argv)
+    settings = settings_for(argv[argv.index("--model-path") :], request.launch.env)
+    assert (settings.tp_size, settings.mem_fraction_static) == (8, 0.83)
+    assert (settings.chunked_prefill_size, settings.max_running_requests) == (4096, 32)
+    assert settings.nccl.algo == "Ring"
+    assert request.launch.env == {"NCCL_ALGO": "Ring"}  # only what auto_benchmark added to the environment
+    assert request.workload == Workload(
+        num_prompts=8, input_len=28000, output_len=1000, concurrency=4, warmup_requests=1
+    )
+
+    record = json.loads((tmp_path / "bench.jsonl").read_text().splitlines()[-1])
+    assert record["output_throughput"] > 0 and record["mean_ttft_ms"] > 0 and record["mean_tpot_ms"] > 0
+    (launch,) = node.launches
+    assert not launch.failed and launch.seconds > 60  # the model's start-up and benchmark, in node seconds
+    assert node.time.time() == 1.8e9 + launch.seconds  # auto_benchmark's clock moved by them
+
+
+def test_a_failed_launch_reaches_auto_benchmark_as_a_failed_benchmark_with_its_log(tmp_path: Path) -> None:
+    node = harness.ModelSubprocess(RecordingClock(), WORKLOAD)
+    command = launch_command(model_path=SEED.model_path, tp_size=8, mem_fraction_static=0.99)
+    with open(tmp_path / "server.log", "w") as log:
+        node.Popen(command, stdout=log, env=dict(os.environ))
+        rows = [{"prompt": [1] * 28000, "prompt_len": 28000, "output_len": 1000}] * 8
+        done = node.run(bench_command(tmp_path, rows, concurrency=4), capture_output=True, text=True)
+    assert done.returncode == 1 and "server failed" in done.stderr
+    assert node.launches[0].failed
+    assert "memory" in (tmp_path / "server.log").read_text().lower()  # what auto_benchmark's OOM hint reads
+
+
+def test_the_config_keeps_the_cookbook_entry_with_the_profiles_layout_and_workload(tmp_path: Path) -> None:
+    config = harness.auto_benchmark_config(PROFILES["h200"], WORKLOAD, harness.VARIANTS[0], tmp_path)
+    entry = harness.COOKBOOK["llama-3.1-70b-instruct"]
+    server = config["server"]
+    assert list(server["search_space"]) == list(entry.search_space)  # its order decides the tiers
+    assert server["base_flags"]["tp_size"] == 8  # the node's 8 GPUs, as autotune's study uses them
+    assert server["base_flags"]["mem_fraction_static"] == entry.base_flags["mem_fraction_static"]
+    assert config["search"] == {"tier": 2, "max_candidates": 8, "resume": False}
+    assert config["benchmark"]["max_concurrency"] == [WORKLOAD.concurrency]
+    assert config["benchmark"]["qps"] == float("inf")
+    assert not config["speculative"]["enabled"]
