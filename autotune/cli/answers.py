@@ -200,22 +200,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif summary["remeasured"] is not None:
         print("\n".join(_remeasured_lines(summary["remeasured"], study)))
     trust = trust_record(ostudy)
-    for line in (trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
+    for line in (*trust["screened"], trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
         if line:
             print("\n".join(fitted("", line, width)))
     return 0
 
 
 def trust_record(ostudy: Any) -> dict[str, Any]:
-    """What status and best show of the study's trust: its noise estimate, why its search stopped early,
-    and its answer (confirmed or not: study.confirm.study_answer)."""
+    """What status and best show of the study's trust: its noise estimate, the knobs screening held, why
+    its search stopped early, and its answer (confirmed or not: study.confirm.study_answer)."""
     from autotune.study.confirm import study_answer
     from autotune.study.noise import noise_estimate
+    from autotune.study.screening import screened_lines
     from autotune.study.stopping import stopped_early
 
     noise = noise_estimate(ostudy)
     return {
         "noise": noise.record() if noise is not None else None,
+        "screened": screened_lines(ostudy),
         "stopped": stopped_early(ostudy),
         "answer": study_answer(ostudy),
     }

@@ -9,7 +9,7 @@ beyond that noise (`stop_early`). `trust: off` switches all four off.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
@@ -77,6 +77,27 @@ class StopEarly(BaseModel):
         return _switch(value, "stop_early", "{min_trials: 20, patience: 15}")
 
 
+class Screen(BaseModel):
+    """Knobs shown to have no effect beyond noise are held at SGLang's default (autotune.study.screening):
+    `min_pairs` launches moving a knob alone, to at least two values, all within the noise band of
+    `min_noise_dof` degrees of freedom. `method`: `alone` moves each knob alone to its extremes right after
+    the baseline (launches of its own); `moves` reads the one-knob moves the search makes anyway."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: StrictBool = False
+    method: Literal["alone", "moves"] = "moves"
+    min_pairs: Annotated[StrictInt, Field(ge=2)] = 2
+    min_noise_dof: PositiveInt = 2
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        value = _switch(value, "screen", "{method: moves}")
+        # A section written in the file switches it on (the default, built from nothing, stays off).
+        return {"enabled": True, **value} if isinstance(value, dict) and value else value
+
+
 class Trust(BaseModel):
     """The `trust` section of a study file (see the module's docstring)."""
 
@@ -88,6 +109,7 @@ class Trust(BaseModel):
     repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)
+    screen: Screen = Field(default_factory=Screen)
 
     @model_validator(mode="before")
     @classmethod
@@ -98,6 +120,7 @@ class Trust(BaseModel):
                 "repeat_baseline_after": 0,
                 "confirm": False,
                 "stop_early": False,
+                "screen": False,
             }
         if value is True:  # `trust: on`: the defaults
             return {}

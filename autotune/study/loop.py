@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import optuna_internals, outcome, samplers, stages
+from autotune.study import optuna_internals, outcome, samplers, screening, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -214,8 +214,14 @@ class StudyDriver:
         except BaseException:
             pool.close()
             raise
-        if held:
-            self.base_sampler = self._holding(held)
+        self.stage_held = held
+        self.flag_defaults = screening.flag_defaults(
+            [t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))]
+        )
+        if held or screening.held_knobs(ostudy):  # a resumed study holds what its screening held
+            self.base_sampler = self._holding({**held, **screening.held_knobs(ostudy)})
+            for line in screening.screened_lines(ostudy):
+                self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
         ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
         try:
@@ -311,12 +317,32 @@ class StudyDriver:
             self.observers.knob_held(KnobHeld(line))
         return result.held
 
-    def _holding(self, held: dict[str, Any]) -> optuna.samplers.BaseSampler:
-        """The study's sampler, holding the NCCL stage's values: the study file's, built with them (tpe
-        keeps them out of its moves), or the sampler given, with them fixed."""
+    def _holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
+        """The study's sampler, holding the NCCL stage's values (and the knobs screening held): the study
+        file's, built with them (tpe keeps them out of its moves), or the sampler given, with them fixed."""
         if self.sampler is None:
-            return samplers.build(self.study.file.sampler, staged=held, trials_so_far=self.trials_before)
+            so_far = self.trials_before if trials_so_far is None else trials_so_far
+            return samplers.build(self.study.file.sampler, staged=held, trials_so_far=so_far)
         return optuna.samplers.PartialFixedSampler(held, self.sampler)
+
+    def _screen(self, ostudy: optuna.Study) -> None:
+        """Queue screening's own launches when its method has them, hold the knobs it shows to have no
+        effect beyond noise (said to the observers, kept in the study), and stop the search when no knob is
+        left to search."""
+        screening.plan_alone(self.study, ostudy, self.stage_held, self.flag_defaults)
+        found = screening.screen(self.study, ostudy, self.stage_held, self.flag_defaults)
+        if found:
+            screening.record(ostudy, found)
+            for held in found:
+                self.observers.knob_held(KnobHeld(held.why))
+            # A new seed from the trials so far: the file's again would replay the first proposals.
+            held_now = {**self.stage_held, **screening.held_knobs(ostudy)}
+            self.base_sampler = self._holding(held_now, len(ostudy.get_trials(deepcopy=False)))
+            ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+        why = screening.why_all_held(self.study, ostudy, self.stage_held)
+        if why is not None:
+            self.stopped = why
+            record_stop(ostudy, why)
 
     def _recover(self, ostudy: optuna.Study) -> list[int]:
         recovered = recover_interrupted(self.study, ostudy)
@@ -352,6 +378,7 @@ class StudyDriver:
                     if self.stopped is not None:
                         record_stop(ostudy, self.stopped)
                     repeat_baseline(self.study, ostudy)  # the noise measured (study.noise)
+                    self._screen(ostudy)  # knobs without effect held (study.screening)
                 if self.searching and self.stopped is not None:
                     return False
                 trial = ostudy.ask()

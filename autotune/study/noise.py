@@ -105,7 +105,11 @@ def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
     once it completed; returns the baseline's trial number when queued."""
     trust = study.file.trust
     after = trust.repeat_baseline_after
-    wanted = max(1, trust.stop_early.min_noise_dof) if trust.stop_early.enabled else 1
+    wanted = max(
+        1,
+        trust.stop_early.min_noise_dof if trust.stop_early.enabled else 1,
+        trust.screen.min_noise_dof if trust.screen.enabled else 1,
+    )
     if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
         return None
     trials = ostudy.get_trials(deepcopy=False)
