@@ -126,6 +126,8 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "no-screen": {"screen": False},
     "screen-moves": {"screen": {"method": "moves"}},
     "screen-alone": {"screen": {"method": "alone"}},
+    "noise-ties": {"noise_ties": True},
+    "no-noise-ties": {"noise_ties": False},
 }
 
 

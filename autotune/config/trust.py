@@ -107,6 +107,9 @@ class Trust(BaseModel):
     # The baseline launched again once this many trials were launched, and again after as many more while
     # the stopping rule needs more degrees of freedom (0: never; confirmation measures it again at the end).
     repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
+    # The default sampler's moves start from any config within the noise band of the best, not always from
+    # the best single draw (study.noise.move_from).
+    noise_ties: StrictBool = False
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)
     screen: Screen = Field(default_factory=Screen)
@@ -118,6 +121,7 @@ class Trust(BaseModel):
             return {
                 "skip_same_launch": False,
                 "repeat_baseline_after": 0,
+                "noise_ties": False,
                 "confirm": False,
                 "stop_early": False,
                 "screen": False,

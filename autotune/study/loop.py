@@ -46,7 +46,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.confirm import confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
-from autotune.study.noise import repeat_baseline
+from autotune.study.noise import move_from, repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
@@ -223,7 +223,7 @@ class StudyDriver:
             for line in screening.screened_lines(ostudy):
                 self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
-        ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+        ostudy.sampler = self._sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:
                 self.searching = True
@@ -325,6 +325,13 @@ class StudyDriver:
             return samplers.build(self.study.file.sampler, staged=held, trials_so_far=so_far)
         return optuna.samplers.PartialFixedSampler(held, self.sampler)
 
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        """The study's sampler now: its base, with what the study learned fixed (`KnownIncompatibilities`),
+        its moves starting from a config tied with the best within noise when `trust.noise_ties` says so."""
+        if isinstance(self.base_sampler, samplers.IncumbentMoves) and self.study.file.trust.noise_ties:
+            self.base_sampler.reference = move_from
+        return self.known.sampler(self.base_sampler, self.hardware)
+
     def _screen(self, ostudy: optuna.Study) -> None:
         """Queue screening's own launches when its method has them, hold the knobs it shows to have no
         effect beyond noise (said to the observers, kept in the study), and stop the search when no knob is
@@ -338,7 +345,7 @@ class StudyDriver:
             # A new seed from the trials so far: the file's again would replay the first proposals.
             held_now = {**self.stage_held, **screening.held_knobs(ostudy)}
             self.base_sampler = self._holding(held_now, len(ostudy.get_trials(deepcopy=False)))
-            ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+            ostudy.sampler = self._sampler()
         why = screening.why_all_held(self.study, ostudy, self.stage_held)
         if why is not None:
             self.stopped = why
@@ -597,7 +604,7 @@ class StudyDriver:
         learn = self.remember_incompatible and failure.kind.deterministic
         learned = None
         if learn and (new := self.known.learn(trial.params, failure, hardware)):
-            ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+            ostudy.sampler = self._sampler()
             learned = IncompatibilityLearned(tuple(new), tuple(self.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED
