@@ -497,7 +497,9 @@ class StudyDriver:
         if not self.study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
             return None
         counted = [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
-        return earlier_launch(identity, counted, ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+        # A flag left unset is the server's own choice in the baseline, else its parser's default.
+        unset = {**self.flag_defaults, **(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+        return earlier_launch(identity, counted, unset)
 
     def _skip_counted(self, why: str) -> None:
         self.skips += 1

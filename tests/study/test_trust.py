@@ -152,6 +152,15 @@ def test_a_config_launched_before_is_recorded_with_its_result_not_launched_again
     assert "same as trial 1: its launch again, not run" in capsys.readouterr().out
 
 
+def test_a_knob_set_to_its_parser_default_is_the_launch_that_leaves_it_unset(study_file: StudyFiles) -> None:
+    # SGLang's parser defaults --schedule-conservativeness to 1.0 (the committed flag tables): the baseline.
+    space = one_value_space("--schedule-conservativeness", 1.0)
+    path = study_file(n_trials=3, search_space=space, trust={**OFF, "skip_same_launch": True})
+    ostudy = StudyDriver(load_study(path), pool=model_pool()).run()
+    assert [t.number for t in launched(ostudy)] == [0]
+    assert all(t.user_attrs["same_as"] == 0 for t in ostudy.get_trials(deepcopy=False) if t.number > 0)
+
+
 def test_without_the_switch_the_same_config_is_launched_again(study_file: StudyFiles) -> None:
     space = one_value_space("--chunked-prefill-size", 4096)
     path = study_file(n_trials=4, search_space=space, trust=OFF)
