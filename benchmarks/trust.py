@@ -32,10 +32,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 import yaml
@@ -61,7 +61,7 @@ from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
 from autotune.study.compare import compare
 from autotune.study.confirm import study_answer as product_answer
-from autotune.study.records import BASELINE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
 
 N_TRIALS = 40
@@ -242,7 +242,9 @@ def run_job(job: Job) -> Outcome:
     truth = landscape(profile)
     base_true = truth.value_of(truth.space.baseline())
 
-    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock) -> Outcome:
+    def inspect(
+        study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: Callable[[int], optuna.Study]
+    ) -> Outcome:
         answer = study_answer(ostudy) if job.trust is not False else single_measurement_answer(ostudy)
         chosen = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.trial)
         true_value = truth.value_of(trial_config(study, chosen))
@@ -251,11 +253,13 @@ def run_job(job: Job) -> Outcome:
             # The separate compare, as the real run's: on the next lease, with draws of its own.
             clock.lease, clock.lease_every = 1 + job.n_trials // LEASE_EVERY, 0
             clock.noise_seed += 5000
-            # compare types its executor as a TrialExecutor; the model node answers the same run(request).
-            node = cast(Any, clock)
-            gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, executor=node).gain()
+            gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, run=rerun).gain()
             confirmed_claims = gain is not None and gain.verdict == "gain"
-        launched = [t for t in ostudy.get_trials(deepcopy=False) if NODE_ATTR in t.user_attrs]
+        launched = [  # the study's: the separate compare's apart (its node time counts in node_h)
+            t
+            for t in ostudy.get_trials(deepcopy=False)
+            if NODE_ATTR in t.user_attrs and COMPARE_ATTR not in t.user_attrs
+        ]
         return Outcome(
             job=job,
             trials=sum(1 for t in launched if REMEASURE_OF_ATTR not in t.user_attrs),

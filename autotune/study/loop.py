@@ -162,12 +162,15 @@ class StudyDriver:
         preflight: bool = True,
         remember_incompatible: bool = True,
         memory_edge: bool = True,
+        queued_only: bool = False,
     ) -> None:
         """`sampler` and `storage` replace the study file's; `tracking` makes the study's tracker (the CLI
         gives the MLflow one, autotune.views.tracked.study_tracker; None writes no runs);
         `preflight=False` launches predicted OOMs, `memory_edge=False` only those past the memory edge the
         study met, and `remember_incompatible=False` launches known incompatibilities again. They are for
-        measuring the tuner itself (benchmarks/)."""
+        measuring the tuner itself (benchmarks/). `queued_only` runs the trials queued in the study and
+        nothing else (no proposal, baseline repeat, screening, stopping rule or confirmation): `compare`'s
+        rounds."""
         self.study = study
         self.callbacks = tuple(callbacks)
         self.make_pool = pool
@@ -177,6 +180,7 @@ class StudyDriver:
         self.preflight = preflight
         self.remember_incompatible = remember_incompatible
         self.memory_edge = memory_edge
+        self.queued_only = queued_only
         self._hardware_by_node: dict[str, str | None] = {}
         self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
 
@@ -231,7 +235,7 @@ class StudyDriver:
                 self.searching = False
                 if self.stopped is not None:
                     self.observers.knob_held(KnobHeld(self.stopped))
-                for total in confirmation_rounds(study, ostudy):  # the winner confirmed (study.confirm)
+                for total in () if self.queued_only else confirmation_rounds(study, ostudy):  # study.confirm
                     self.total = total
                     self._trials(ostudy, pool, total, None, ctrl_c)
         except KeyboardInterrupt:
@@ -380,7 +384,9 @@ class StudyDriver:
                     return False
                 if budget is not None and budget_used(ostudy) >= budget:
                     return False
-                if self.searching and self.stopped is None:
+                if self.queued_only and not ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    return False
+                if self.searching and self.stopped is None and not self.queued_only:
                     self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
                     if self.stopped is not None:
                         record_stop(ostudy, self.stopped)
