@@ -14,6 +14,7 @@ from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
 from autotune.study.records import (
     BASELINE_ATTR,
+    COMPARE_ATTR,
     CONFIRM_ATTR,
     FAILURE_ATTR,
     FAILURE_DESCRIPTION_ATTR,
@@ -133,6 +134,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "same_as": trial.user_attrs.get(SAME_AS_ATTR),
         "confirm": trial.user_attrs.get(CONFIRM_ATTR),
+        "compare": trial.user_attrs.get(COMPARE_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "queued": trial.user_attrs.get(QUEUED_ATTR),
         "params": dict(trial.params),
@@ -232,6 +234,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"warning: {t['load_warning']}")
     if t["confirm"] is not None:
         notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
+    elif t.get("compare") is not None:
+        notes.append(f"compare round {t['compare']['round']}: trial {t['remeasure_of']}'s config again")
     elif t["remeasure_of"] is not None:
         notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
     if t["same_as"] is not None:

@@ -8,6 +8,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.cli import main
 from autotune.config import Study, load_study
 from autotune.study.compare import compare, queue_rounds
 from autotune.study.loop import StudyDriver
@@ -33,7 +34,7 @@ def searched(study_file: StudyFiles) -> tuple[Study, optuna.Study]:
 
 
 def test_compare_s_rounds_are_study_trials_in_abba_order_and_feed_the_noise(
-    searched: tuple[Study, optuna.Study],
+    searched: tuple[Study, optuna.Study], capsys: pytest.CaptureFixture[str]
 ) -> None:
     study, ostudy = searched
     assert noise_estimate(ostudy) is None  # one measurement of each config
@@ -52,6 +53,8 @@ def test_compare_s_rounds_are_study_trials_in_abba_order_and_feed_the_noise(
     # Measured again, both configs give the study its run-to-run noise (2 degrees of freedom each).
     noise = noise_estimate(ostudy)
     assert noise is not None and noise.dof >= 2
+    assert main(["status", str(study.path)]) == 0
+    assert "compare round 1: trial 1's config again" in capsys.readouterr().out
 
 
 def test_a_compare_cut_short_continues_where_it_stopped(searched: tuple[Study, optuna.Study]) -> None:
