@@ -1,10 +1,11 @@
 """The study file's `trust` section: what a study does so that its answer can be trusted per GPU-hour.
 
-Four parts, each on by default and each switchable (`off`): no launch of a config already launched
+Five parts, each on by default and each switchable (`off`): no launch of a config already launched
 (`skip_same_launch`), the baseline measured again early in the search so the run-to-run noise is measured
 (`repeat_baseline_after`), the winner confirmed against SGLang's defaults in interleaved rounds when the
-search ends (`confirm`), and a study that stops early when further trials are unlikely to beat the best
-beyond that noise (`stop_early`). `trust: off` switches all four off.
+search ends (`confirm`), a study that stops early when further trials are unlikely to beat the best
+beyond that noise (`stop_early`), and knobs shown to have no effect beyond that noise held at SGLang's
+default (`screen`). `trust: off` switches them all off (and `noise_ties`, off by default).
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ class Screen(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: StrictBool = False
+    # Chosen by benchmarks/trust.py (RESULTS.md, "Screening"): `moves` stopped flat searches after 9 to 12
+    # trials instead of 18 to 22 (node hours -18% to -38%), answers where gains exist worth about as much;
+    # `alone` spent 17 launches on the seed's node before searching (9.4 node hours against 7.3, 0.93 of
+    # the best known against 0.995).
+    enabled: StrictBool = True
     method: Literal["alone", "moves"] = "moves"
     min_pairs: Annotated[StrictInt, Field(ge=2)] = 2
     min_noise_dof: PositiveInt = 2
@@ -93,9 +98,7 @@ class Screen(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _on_off(cls, value: Any) -> Any:
-        value = _switch(value, "screen", "{method: moves}")
-        # A section written in the file switches it on (the default, built from nothing, stays off).
-        return {"enabled": True, **value} if isinstance(value, dict) and value else value
+        return _switch(value, "screen", "{method: moves}")
 
 
 class Trust(BaseModel):
@@ -108,7 +111,9 @@ class Trust(BaseModel):
     # the stopping rule needs more degrees of freedom (0: never; confirmation measures it again at the end).
     repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
     # The default sampler's moves start from any config within the noise band of the best, not always from
-    # the best single draw (study.noise.move_from).
+    # the best single draw (study.noise.move_from). Off: benchmarks/trust.py measured it claiming a false
+    # gain in 1 of 5 h200-x1 studies and lowering the worst seed's answer (seed 0.846 of the best known
+    # against 0.995, h100x4 0.883 against 0.919) for no saving in node hours (RESULTS.md, "Screening").
     noise_ties: StrictBool = False
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)

@@ -120,15 +120,18 @@ def _default(parameter: Any, chosen: Any) -> Any:
     return _UNKNOWN
 
 
-def extremes(parameter: Any, default: Any) -> list[Any]:
+def extremes(parameter: Any, default: Any, also: Any = None) -> list[Any]:
     """Where `alone` moves a knob: the lowest and highest value of a range or of numeric choices, the first
-    and last choice other than the default, on for a switch."""
+    and last choice other than the default (nor `also`, the value SGLang takes when it is unset), on for a
+    switch."""
     if isinstance(parameter, BoolParameter):
         return [True]
     if isinstance(parameter, FloatParameter | IntParameter):
         values = [parameter.low, parameter.high]
     else:
-        others = [c for c in parameter.choices if not _same(c, default) and c is not None]
+        others = [
+            c for c in parameter.choices if not _same(c, default) and not _same(c, also) and c is not None
+        ]
         numeric = all(isinstance(c, int | float) and not isinstance(c, bool) for c in others)
         values = sorted(others) if numeric else others
         values = values[:1] + values[-1:] if len(values) > 1 else values
@@ -153,10 +156,11 @@ def plan_alone(
         return 0
     if not any(t.user_attrs.get(BASELINE_ATTR) and t.state == TrialState.COMPLETE for t in trials):
         return 0
-    defaults = knob_defaults(study, _known(ostudy, flags or {}), held)
+    known = _known(ostudy, flags or {})
+    defaults = knob_defaults(study, known, held)
     queued = 0
     for knob, default in defaults.items():
-        for value in extremes(study.search_space.parameters[knob], default):
+        for value in extremes(study.search_space.parameters[knob], default, known.get(knob)):
             ostudy.enqueue_trial({**defaults, knob: value}, user_attrs={SCREEN_ATTR: {knob: value}})
             queued += 1
     return queued
@@ -169,8 +173,11 @@ class _Measured:
     failed: bool
 
 
-def _measured(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any]) -> list[_Measured]:
-    """Every config launched (or known not to start), with its values; knobs at their default left out."""
+def _measured(
+    trials: Sequence[FrozenTrial], defaults: Mapping[str, Any], known: Mapping[str, Any]
+) -> list[_Measured]:
+    """Every config launched (or known not to start), with its values; knobs at their default (unset, off,
+    or the value SGLang takes when unset, `known`) left out."""
     groups: dict[tuple[tuple[str, str], ...], _Measured] = {}
     for trial in sorted(trials, key=lambda t: t.number):
         if not trial.state.is_finished() or SAME_AS_ATTR in trial.user_attrs:
@@ -180,7 +187,9 @@ def _measured(trials: Sequence[FrozenTrial], defaults: Mapping[str, Any]) -> lis
         config = {
             n: v
             for n, v in trial.params.items()
-            if not (n in defaults and _same(v, defaults[n])) and not (v is None or v is False)
+            if not (n in defaults and _same(v, defaults[n]))
+            and not _same(v, known.get(n, _UNKNOWN))
+            and not (v is None or v is False)
         }
         key = tuple(sorted((n, repr(v)) for n, v in config.items()))
         group = groups.setdefault(key, _Measured(config, [], False))
@@ -225,7 +234,8 @@ def screen(
     if noise is None or noise.dof < settings.min_noise_dof:
         return []
     already = held_knobs(ostudy)
-    defaults = knob_defaults(study, _known(ostudy, flags or {}), held)
+    known = _known(ostudy, flags or {})
+    defaults = knob_defaults(study, known, held)
     candidates = [k for k in defaults if k not in already]
     if not candidates:
         return []
@@ -240,10 +250,10 @@ def screen(
     sign = direction_sign(ostudy.direction)
     metric = study.objective.metric
     found = []
-    for knob, pairs in _effects(_measured(trials, defaults), candidates).items():
+    for knob, pairs in _effects(_measured(trials, defaults, known), candidates).items():
         moved_to = {repr(v) for v, _ in pairs}
         # A switch has one other value: one pair with the defaults measures all it can do.
-        values = len(extremes(study.search_space.parameters[knob], defaults[knob]))
+        values = len(extremes(study.search_space.parameters[knob], defaults[knob], known.get(knob)))
         if len(pairs) < min(settings.min_pairs, values) or len(moved_to) < min(2, values):
             continue
         if any(change is None or abs(change) > band for _, change in pairs):

@@ -47,10 +47,12 @@ class Said(StudyCallback):
         self.lines.append(event.text)
 
 
-def test_screening_is_off_by_default_and_a_section_switches_it_on(study_file: StudyFiles) -> None:
-    assert not load_study(study_file(trust=None)).file.trust.screen.enabled
-    on = load_study(study_file(trust={"screen": {"method": "alone"}})).file.trust.screen
-    assert on.enabled and on.method == "alone" and on.min_pairs == 2
+def test_screening_reads_the_search_s_moves_by_default_and_switches_off(study_file: StudyFiles) -> None:
+    screening = load_study(study_file(trust=None)).file.trust.screen
+    assert screening.enabled and screening.method == "moves" and screening.min_pairs == 2
+    assert load_study(study_file(trust={"screen": {"method": "alone"}})).file.trust.screen.method == "alone"
+    assert not load_study(study_file(trust={"screen": False})).file.trust.screen.enabled
+    assert not load_study(study_file(trust=False)).file.trust.screen.enabled
 
 
 @pytest.mark.parametrize(
@@ -81,11 +83,10 @@ def test_alone_moves_each_knob_to_its_extremes_and_holds_those_without_effect(
     ostudy = StudyDriver(load_study(path), [said], pool=model_pool(noise=0.0005)).run()
     trials = launched(ostudy)
     moved = [t.user_attrs[SCREEN_ATTR] for t in trials if SCREEN_ATTR in t.user_attrs]
-    # Right after the baseline, each knob alone at its extremes, the others at their defaults.
-    assert [t.number for t in trials if SCREEN_ATTR in t.user_attrs] == list(range(1, 7))
-    assert moved == [
-        {POLICY: "lpm"}, {POLICY: "fcfs"}, {STREAM: 2}, {STREAM: 16}, {CHUNKED: 512}, {CHUNKED: 16384}
-    ]
+    # Right after the baseline, each knob alone at its extremes, the others at their defaults (fcfs is
+    # SGLang's own schedule policy: the baseline's already).
+    assert [t.number for t in trials if SCREEN_ATTR in t.user_attrs] == list(range(1, 6))
+    assert moved == [{POLICY: "lpm"}, {STREAM: 2}, {STREAM: 16}, {CHUNKED: 512}, {CHUNKED: 16384}]
     assert held_knobs(ostudy) == {POLICY: None, STREAM: None}  # the chunk size changes the throughput
     # Once held, no launch moves them: the rest of the budget goes to the knob with an effect.
     decided = max(t.number for t in trials if {SCREEN_ATTR, REMEASURE_OF_ATTR} & set(t.user_attrs))
@@ -124,14 +125,14 @@ def test_a_resumed_study_holds_its_screened_knobs_and_says_so(study_file: StudyF
     ]
     new = [t for t in launched(ostudy) if t.number >= 10 and REMEASURE_OF_ATTR not in t.user_attrs]
     assert new and all(t.params[k] is None for t in new for k in held)
-    assert sum(SCREEN_ATTR in t.user_attrs for t in ostudy.get_trials()) == 6  # its moves alone ran once
+    assert sum(SCREEN_ATTR in t.user_attrs for t in ostudy.get_trials()) == 5  # its moves alone ran once
 
 
 # -- the evidence, on a study written by hand (the `moves` method reads what the search launched) ----------
 def _study(trials: list[tuple[dict[str, Any], float | None, dict[str, Any]]]) -> optuna.Study:
     ostudy = optuna.create_study(direction="maximize")
     spaces = {
-        POLICY: CategoricalDistribution([None, "lpm", "fcfs"]),
+        POLICY: CategoricalDistribution([None, "lpm", "dfs-weight"]),
         STREAM: CategoricalDistribution([None, 2, 4, 16]),
         CHUNKED: CategoricalDistribution([None, 512, 16384]),
     }
@@ -159,7 +160,7 @@ def test_moves_holds_a_knob_whose_moves_alone_stay_inside_the_noise_and_not_one_
             ({}, 100.2, {**base, REMEASURE_OF_ATTR: 0}),
             ({}, 99.8, {**base, REMEASURE_OF_ATTR: 0}),
             ({POLICY: "lpm", STREAM: None, CHUNKED: None}, 100.1, {}),
-            ({POLICY: "fcfs", STREAM: None, CHUNKED: None}, 99.9, {}),
+            ({POLICY: "dfs-weight", STREAM: None, CHUNKED: None}, 99.9, {}),
             ({POLICY: None, STREAM: None, CHUNKED: 512}, 66.0, {}),
             ({POLICY: None, STREAM: None, CHUNKED: 16384}, 100.1, {}),
             ({POLICY: None, STREAM: 16, CHUNKED: None}, 100.0, {}),
@@ -168,9 +169,9 @@ def test_moves_holds_a_knob_whose_moves_alone_stay_inside_the_noise_and_not_one_
     )
     found = screen(study, ostudy)
     assert [h.knob for h in found] == [POLICY]
-    # lpm and fcfs against the defaults, and against each other.
-    assert "moving it alone (3 times, to 'fcfs', 'lpm')" in found[0].why
+    # lpm and dfs-weight against the defaults, and against each other.
+    assert "moving it alone (3 times, to 'dfs-weight', 'lpm')" in found[0].why
     # Without a noise estimate of 2 degrees of freedom nothing is held.
-    policy = [({POLICY: "lpm"}, 100.1, {}), ({POLICY: "fcfs"}, 99.9, {})]
+    policy = [({POLICY: "lpm"}, 100.1, {}), ({POLICY: "dfs-weight"}, 99.9, {})]
     once = [({}, 100.0, base), ({}, 100.2, {**base, REMEASURE_OF_ATTR: 0})]
     assert screen(study, _study([*once, *policy])) == []
