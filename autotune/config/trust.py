@@ -86,8 +86,8 @@ class Screen(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Chosen by benchmarks/trust.py (RESULTS.md, "Screening"): `moves` stopped flat searches after 9 to 12
-    # trials instead of 18 to 22 (node hours -18% to -38%), answers where gains exist worth about as much;
+    # Chosen by benchmarks/trust.py (RESULTS.md, "knob screening"): `moves` stops flat searches after 9 or
+    # 10 trials instead of 18 to 22 (node hours -6% to -44%), answers where gains exist worth about as much;
     # `alone` spent 17 launches on the seed's node before searching (9.4 node hours against 7.3, 0.93 of
     # the best known against 0.995).
     enabled: StrictBool = True
@@ -113,7 +113,7 @@ class Trust(BaseModel):
     # The default sampler's moves start from any config within the noise band of the best, not always from
     # the best single draw (study.noise.move_from). Off: benchmarks/trust.py measured it claiming a false
     # gain in 1 of 5 h200-x1 studies and lowering the worst seed's answer (seed 0.846 of the best known
-    # against 0.995, h100x4 0.883 against 0.919) for no saving in node hours (RESULTS.md, "Screening").
+    # against 0.995, h100x4 0.883 against 0.919), node hours within 3% (RESULTS.md, "knob screening").
     noise_ties: StrictBool = False
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)
