@@ -46,10 +46,21 @@ from autotune.study.records import (
     SERVER_CHOICES_ATTR,
     SKIPPED_ATTR,
 )
-from autotune.study.rules import direction_sign, is_feasible
+from autotune.study.rules import is_feasible
 from autotune.study.storage import counts
 
-__all__ = ["Held", "held_knobs", "knob_defaults", "plan_alone", "screen", "screened_lines", "why_all_held"]
+__all__ = [
+    "Held",
+    "extremes",
+    "flag_defaults",
+    "held_knobs",
+    "knob_defaults",
+    "plan_alone",
+    "record",
+    "screen",
+    "screened_lines",
+    "why_all_held",
+]
 
 _UNKNOWN = object()
 
@@ -247,7 +258,6 @@ def screen(
     # The t quantile of the estimate's degrees of freedom: "no effect shown" at 95% with the spread itself
     # uncertain (with the normal one, a few early repeats that happen to agree call every knob an effect).
     band = noise.band()
-    sign = direction_sign(ostudy.direction)
     metric = study.objective.metric
     found = []
     for knob, pairs in _effects(_measured(trials, defaults, known), candidates).items():
@@ -264,14 +274,14 @@ def screen(
             Held(
                 knob,
                 defaults[knob],
-                f"{knob} held at its default: moving it alone ({times(len(pairs))}, to {moves}) changed "
-                f"{metric} by at most {sign * widest:+.2%}, inside the run-to-run noise band of {band:.2%}",
+                f"{knob} held at its default: moving it alone ({_times(len(pairs))}, to {moves}) changed "
+                f"{metric} by at most {widest:+.2%}, inside the run-to-run noise band of {band:.2%}",
             )
         )
     return sorted(found, key=lambda h: list(defaults).index(h.knob))
 
 
-def times(count: int) -> str:
+def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
