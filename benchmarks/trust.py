@@ -20,7 +20,10 @@ its 95% interval excludes zero. "after" is the product's own answer (`confirmed`
 repeated early, no launch made twice, the stopping rule, the winner confirmed in interleaved rounds; its
 node hours include every one of those launches. Both run on the same seeds.
 
-    nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N]
+`--variants` measures other trust sections side by side on the same seeds (VARIANTS: screening's two
+methods, `noise_ties`), with the search launches spent on knobs without effect.
+
+    nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
 
 from __future__ import annotations

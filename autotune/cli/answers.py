@@ -234,10 +234,9 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"warning: {t['load_warning']}")
     if t["confirm"] is not None:
         notes.append(f"confirmation round {t['confirm']['round']}: trial {t['remeasure_of']}'s config again")
-    elif t.get("compare") is not None:
-        notes.append(f"compare round {t['compare']['round']}: trial {t['remeasure_of']}'s config again")
     elif t["remeasure_of"] is not None:
-        notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
+        again = f"compare round {t['compare']['round'] + 1}" if t.get("compare") else "re-measurement"
+        notes.append(f"{again}: trial {t['remeasure_of']}'s config again")
     if t["same_as"] is not None:
         notes.append(f"same as trial {t['same_as']}: its launch again, not run (no node time, no budget)")
     if t["proposed"]:

@@ -54,7 +54,7 @@ def test_compare_s_rounds_are_study_trials_in_abba_order_and_feed_the_noise(
     noise = noise_estimate(ostudy)
     assert noise is not None and noise.dof >= 2
     assert main(["status", str(study.path)]) == 0
-    assert "compare round 1: trial 1's config again" in capsys.readouterr().out
+    assert "compare round 2: trial 1's config again" in capsys.readouterr().out  # counted from 1
 
 
 def test_a_compare_cut_short_continues_where_it_stopped(searched: tuple[Study, optuna.Study]) -> None:
