@@ -356,7 +356,7 @@ def run_study(
     noise: SimNoise | float = 0.0,
     lease_every: int = 0,
     search_space: Mapping[str, Any] | None = None,
-    inspect: Callable[[Study, optuna.Study, NodeClock], Any] | None = None,
+    inspect: Callable[[Study, optuna.Study, NodeClock, Callable[[int], optuna.Study]], Any] | None = None,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
@@ -364,8 +364,9 @@ def run_study(
     on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's;
     `trust` is the study file's section (True: the product's defaults; False: no baseline repeat, no
     confirmation, no stopping rule, every proposal launched). With `noise`, the node measures with
-    run-to-run noise drawn from `seed` (NodeClock); `inspect(study, ostudy, clock)` runs on the finished
-    study before its files go, its answer kept in `inspected`."""
+    run-to-run noise drawn from `seed` (NodeClock); `inspect(study, ostudy, clock, rerun)` runs on the
+    finished study before its files go, its answer kept in `inspected` (`rerun(total)` runs the trials it
+    queued, as `autotune compare` does)."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model, noise, noise_seed=seed, lease_every=lease_every)
 
@@ -377,17 +378,22 @@ def run_study(
         study = write_study(
             Path(folder), profile, n_trials, sampler_name, seed, nccl_stage, trust, search_space=search_space
         )
+        storage = optuna.storages.InMemoryStorage()
         driver = StudyDriver(
             study,
             pool=pool,
             sampler=sampler(study) if sampler is not None else None,
-            storage=optuna.storages.InMemoryStorage(),
+            storage=storage,
             preflight=preflight,
             remember_incompatible=remember_incompatible,
             memory_edge=memory_edge,
         )
         ostudy = driver.run()
-        inspected = inspect(study, ostudy, clock) if inspect is not None else None
+
+        def rerun(total: int) -> optuna.Study:  # the trials queued since, on the same node and storage
+            return StudyDriver(study, pool=pool, storage=storage, queued_only=True).run(total)
+
+        inspected = inspect(study, ostudy, clock, rerun) if inspect is not None else None
     trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(

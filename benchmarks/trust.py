@@ -20,7 +20,10 @@ its 95% interval excludes zero. "after" is the product's own answer (`confirmed`
 repeated early, no launch made twice, the stopping rule, the winner confirmed in interleaved rounds; its
 node hours include every one of those launches. Both run on the same seeds.
 
-    nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N]
+`--variants` measures other trust sections side by side on the same seeds (VARIANTS: screening's two
+methods, `noise_ties`), with the search launches spent on knobs without effect.
+
+    nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 import yaml
@@ -50,6 +53,7 @@ from model_studies import (
     NodeClock,
     Profile,
     load_profile,
+    parameter_values,
     run_study,
     studies_in_pool,
 )
@@ -60,7 +64,7 @@ from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
 from autotune.study.compare import compare
 from autotune.study.confirm import study_answer as product_answer
-from autotune.study.records import BASELINE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
 
 N_TRIALS = 40
@@ -117,6 +121,19 @@ def study_answer(ostudy: optuna.Study) -> Answer:
     return Answer(record["trial"], gain, claims, bool(record["confirmed"]))
 
 
+# The study file's `trust` section of each variant measured side by side: "before" is `trust: off` with a
+# separate compare; "after" the product's defaults; the others change one part of the defaults.
+VARIANTS: dict[str, bool | dict[str, Any]] = {
+    "before": False,
+    "after": True,
+    "no-screen": {"screen": False},
+    "screen-moves": {"screen": {"method": "moves"}},
+    "screen-alone": {"screen": {"method": "alone"}},
+    "noise-ties": {"noise_ties": True},
+    "no-noise-ties": {"noise_ties": False},
+}
+
+
 @dataclass(frozen=True)
 class Job:
     profile: Profile
@@ -124,7 +141,12 @@ class Job:
     n_trials: int
     flat: bool
     compare_rounds: int
-    trust: bool  # after: the product's trust defaults; before: `trust: off` and a separate compare
+    trust: bool | dict[str, Any]  # the study file's section; `False` (before): a separate compare confirms
+    variant: str = ""  # its name in VARIANTS, for the table ("before" or "after" when empty)
+
+    @property
+    def name(self) -> str:
+        return self.variant or ("after" if self.trust is not False else "before")
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,8 @@ class Outcome:
     true_gain_pct: float  # the answer's config over the defaults, both without noise
     true_value: float  # tok/s without noise
     node_h: float  # to a confirmed answer: the study (and, before, its compare)
+    # Search launches that differed from an earlier launch only in knobs without effect.
+    inert_launches: int = 0
 
 
 _LANDSCAPES: dict[str, Landscape] = {}
@@ -161,25 +185,84 @@ def search_space(profile: Profile, flat: bool) -> dict[str, Any] | None:
     return real if profile.key == H200_X1.key else None
 
 
+INERT = 1e-3  # a knob whose every move alone changes the true value by less than this has no effect
+_INERT: dict[tuple[str, bool], frozenset[str]] = {}
+
+
+def inert_knobs(profile: Profile, flat: bool, study: Study) -> frozenset[str]:
+    """The knobs of the study's search space without effect on the model (no noise): moved alone to any of
+    its values, from the defaults and from the best known config, the true value changes by under 0.1%."""
+    key = (profile.key, flat)
+    if key in _INERT:
+        return _INERT[key]
+    truth = landscape(profile)
+    space = study.search_space
+    cached = json.loads(BEST_KNOWN.read_text())["profiles"] if BEST_KNOWN.exists() else {}
+    # The defaults: unset or off; a knob without either at the value SGLang chose (its memory fraction).
+    chosen = {"--mem-fraction-static": round(truth.baseline_plan().mem_fraction_static, 2)}
+    known = cached[profile.key]["params"] if profile.key in cached else None
+    starts = [{}, *([known] if known else [])]
+    values = {name: parameter_values(space, name) for name in space}
+
+    def value(params: Params) -> float:
+        return truth.value_of(space.suggest(optuna.trial.FixedTrial(params)))
+
+    inert = set()
+    for knob, parameter in space.parameters.items():
+        if parameter.when or knob.startswith(("NCCL_", "--speculative")):
+            continue  # held by the NCCL stage, or one of a tree's knobs that only pay off together
+        changes = []
+        for start in starts:
+            params = {
+                n: start.get(n, chosen.get(n, next((d for d in (None, False) if d in vs), vs[0])))
+                for n, vs in values.items()
+            }
+            base = value(params)
+            changes += [abs(value({**params, knob: v}) / base - 1) for v in values[knob] if base]
+        if changes and max(changes) < INERT:
+            inert.add(knob)
+    _INERT[key] = frozenset(inert)
+    return _INERT[key]
+
+
+def inert_launches(launched: Sequence[Any], inert: frozenset[str]) -> int:
+    """Search launches (not the baseline's repeats nor confirmation) whose config differs from an earlier
+    launch's only in knobs without effect: budget spent on knobs that change nothing."""
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    spent = 0
+    for trial in sorted(launched, key=lambda t: t.number):
+        if REMEASURE_OF_ATTR in trial.user_attrs:
+            continue
+        kept = {k: v for k, v in trial.params.items() if k not in inert and v is not None and v is not False}
+        key = tuple(sorted((k, repr(v)) for k, v in kept.items()))
+        spent += key in seen
+        seen.add(key)
+    return spent
+
+
 def run_job(job: Job) -> Outcome:
     profile = job.profile
     truth = landscape(profile)
     base_true = truth.value_of(truth.space.baseline())
 
-    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock) -> Outcome:
-        answer = study_answer(ostudy) if job.trust else single_measurement_answer(ostudy)
+    def inspect(
+        study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: Callable[[int], optuna.Study]
+    ) -> Outcome:
+        answer = study_answer(ostudy) if job.trust is not False else single_measurement_answer(ostudy)
         chosen = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.trial)
         true_value = truth.value_of(trial_config(study, chosen))
         confirmed_claims = answer.confirmed and answer.claims_gain
-        if not job.trust and answer.claims_gain:
+        if job.trust is False and answer.claims_gain:
             # The separate compare, as the real run's: on the next lease, with draws of its own.
             clock.lease, clock.lease_every = 1 + job.n_trials // LEASE_EVERY, 0
             clock.noise_seed += 5000
-            # compare types its executor as a TrialExecutor; the model node answers the same run(request).
-            node = cast(Any, clock)
-            gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, executor=node).gain()
+            gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, run=rerun).gain()
             confirmed_claims = gain is not None and gain.verdict == "gain"
-        launched = [t for t in ostudy.get_trials(deepcopy=False) if NODE_ATTR in t.user_attrs]
+        launched = [  # the study's: the separate compare's apart (its node time counts in node_h)
+            t
+            for t in ostudy.get_trials(deepcopy=False)
+            if NODE_ATTR in t.user_attrs and COMPARE_ATTR not in t.user_attrs
+        ]
         return Outcome(
             job=job,
             trials=sum(1 for t in launched if REMEASURE_OF_ATTR not in t.user_attrs),
@@ -190,6 +273,7 @@ def run_job(job: Job) -> Outcome:
             true_gain_pct=(true_value / base_true - 1) * 100 if base_true else 0.0,
             true_value=true_value,
             node_h=clock.total_s / 3600,
+            inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -220,10 +304,12 @@ def pct(count: int, total: int) -> str:
 
 
 def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str]:
-    """Before and after side by side, the same seeds: per profile, then the flat landscape."""
+    """The variants side by side, the same seeds: per profile, then the flat landscape. "before" has two
+    columns for (a): the study alone, and once its separate compare confirmed the claim."""
+    names = list(dict.fromkeys(o.job.name for o in outcomes))
 
-    def split(rows: list[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
-        return [o for o in rows if not o.job.trust], [o for o in rows if o.job.trust]
+    def of(rows: list[Outcome], name: str) -> list[Outcome]:
+        return [o for o in rows if o.job.name == name]
 
     def false_gains(rows: list[Outcome], confirmed: bool) -> str:
         claims = [(o.confirmed_claims_gain if confirmed else o.claims_gain) for o in rows]
@@ -233,47 +319,90 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
         return f"{statistics.median(o.node_h for o in rows):.2f}" if rows else "-"
 
     def worth(rows: list[Outcome], key: str) -> str:
-        ratios = [o.true_value / best_known[key] for o in rows] if key in best_known else []
+        ratios = [o.true_value / best_known[key] for o in rows] if key in best_known and rows else []
         return f"{statistics.median(ratios):.3f} ({min(ratios):.3f})" if ratios else "-"
 
-    lines = [
-        "| profile | seeds | (a) claims a gain whose true value <= 0: before, study alone | before, after "
-        "compare | after | (b) median node h to a confirmed answer: before (study + compare) | after "
-        "| (c) true value / best known, median (min): before | after | launches, median: before | after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    def median(rows: list[Outcome], field: str) -> str:
+        return f"{statistics.median(getattr(o, field) for o in rows):.0f}" if rows else "-"
+
+    def cells(rows: list[Outcome], cell: Any) -> list[str]:
+        return [cell(of(rows, name)) for name in names]
+
+    def header(label: str) -> list[str]:
+        return [f"{label}: {name}" if i == 0 else name for i, name in enumerate(names)]
+
+    def split_label(label: str, i: int, name: str) -> str:
+        text = f"{name}, study alone | {name}, after compare" if name == "before" else name
+        return f"{label}: {text}" if i == 0 else text
+
+    columns = [
+        "profile",
+        "seeds",
+        *(split_label("(a) claims a gain whose true value <= 0", i, n) for i, n in enumerate(names)),
+        *header("(b) median node h to a confirmed answer"),
+        *header("(c) true value / best known, median (min)"),
+        *header("launches, median"),
+        *header("launches on knobs without effect, median"),
     ]
+    width = len(" | ".join(columns).split(" | "))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * width]
     by_profile: dict[str, list[Outcome]] = {}
     for o in outcomes:
         if not o.job.flat:
             by_profile.setdefault(o.job.profile.key, []).append(o)
     for key, rows in by_profile.items():
-        before, after = split(rows)
-        lines.append(
-            f"| {key} | {len(before)} | {false_gains(before, False)} | {false_gains(before, True)} | "
-            f"{false_gains(after, True)} | {hours(before)} | {hours(after)} | {worth(before, key)} | "
-            f"{worth(after, key)} | {statistics.median(o.launches for o in before):.0f} | "
-            f"{statistics.median(o.launches for o in after) if after else 0:.0f} |"
-        )
+        a = [
+            f"{false_gains(r, False)} | {false_gains(r, True)}" if n == "before" else false_gains(r, True)
+            for n, r in ((n, of(rows, n)) for n in names)
+        ]
+        row = [
+            key,
+            str(len(of(rows, names[0]))),
+            *a,
+            *cells(rows, hours),
+            *cells(rows, lambda r, key=key: worth(r, key)),
+            *cells(rows, lambda r: median(r, "launches")),
+            *cells(rows, lambda r: median(r, "inert_launches")),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
     flat = [o for o in outcomes if o.job.flat]
     if flat:
+        columns = [
+            "profile",
+            "seeds",
+            *header("trials before the study stops"),
+            *(split_label("reports no gain", i, n) for i, n in enumerate(names)),
+            *header("median node h"),
+            *header("launches on knobs without effect, median"),
+        ]
+        width = len(" | ".join(columns).split(" | "))
         lines += [
             "",
             "(d) Flat landscape (" + ", ".join(f"`{k}`" for k in FLAT_KNOBS) + ": knobs the model ignores)",
             "",
-            "| profile | seeds | trials before the study stops: before | after | reports no gain: before, "
-            "study alone | before, after compare | after | median node h: before (study + compare) | after |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| " + " | ".join(columns) + " |",
+            "|" + "---|" * width,
         ]
+
+        def no_gain(r: list[Outcome], name: str) -> str:
+            if name == "before":
+                return (
+                    f"{pct(sum(not o.claims_gain for o in r), len(r))} | "
+                    f"{pct(sum(not o.confirmed_claims_gain for o in r), len(r))}"
+                )
+            return pct(sum(not o.confirmed_claims_gain for o in r), len(r))
+
         for key in dict.fromkeys(o.job.profile.key for o in flat):
-            before, after = split([o for o in flat if o.job.profile.key == key])
-            lines.append(
-                f"| {key} | {len(before)} | {statistics.median(o.trials for o in before):.0f} | "
-                f"{statistics.median(o.trials for o in after) if after else 0:.0f} | "
-                f"{pct(sum(not o.claims_gain for o in before), len(before))} | "
-                f"{pct(sum(not o.confirmed_claims_gain for o in before), len(before))} | "
-                f"{pct(sum(not o.confirmed_claims_gain for o in after), len(after))} | "
-                f"{hours(before)} | {hours(after)} |"
-            )
+            rows = [o for o in flat if o.job.profile.key == key]
+            row = [
+                key,
+                str(len(of(rows, names[0]))),
+                *cells(rows, lambda r: median(r, "trials")),
+                *[no_gain(of(rows, n), n) for n in names],
+                *cells(rows, hours),
+                *cells(rows, lambda r: median(r, "inert_launches")),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
@@ -283,18 +412,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10, help="studies per profile (default 10)")
     parser.add_argument("--jobs", type=int, default=2, help="studies run in parallel (default 2)")
     parser.add_argument("--profile", action="append", help="only these profiles (by key; repeatable)")
+    parser.add_argument(
+        "--variants",
+        default="before,after",
+        help=f"the trust sections measured side by side, of {', '.join(VARIANTS)} (default before,after)",
+    )
     args = parser.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
     n_trials = 6 if args.quick else N_TRIALS
     rounds = 2 if args.quick else COMPARE_ROUNDS
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
+    variants = args.variants.split(",")
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"unknown variant {unknown[0]!r}: choose among {', '.join(VARIANTS)}")
     jobs = [
-        Job(p, s, n_trials, flat, rounds, trust)
+        Job(p, s, n_trials, flat, rounds, VARIANTS[variant], variant)
         for p in chosen
         for s in range(seeds)
         for flat in (False, True)
-        for trust in (False, True)
+        for variant in variants
     ]
     if args.quick:
         jobs = [job for job in jobs if job.profile.key == "h200"][:4]
@@ -304,11 +441,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         outcomes = studies_in_pool(pool, run_job, jobs, started)
     order = {p.key: i for i, p in enumerate(chosen)}
-    outcomes.sort(key=lambda o: (o.job.flat, order[o.job.profile.key], o.job.seed))
+    outcomes.sort(
+        key=lambda o: (o.job.flat, order[o.job.profile.key], variants.index(o.job.name), o.job.seed)
+    )
     print(
-        f"## Trust, before and after: {n_trials}-trial TPE studies with calibrated noise (a new lease every "
-        f"{LEASE_EVERY} trials), {seeds} seeds; before: `trust: off` and a compare of {rounds} rounds; "
-        "after: the trust defaults\n"
+        f"## Trust, {' / '.join(variants)}: {n_trials}-trial TPE studies with calibrated noise (a new lease "
+        f"every {LEASE_EVERY} trials), {seeds} seeds; before: `trust: off` and a compare of {rounds} rounds; "
+        "after: the trust defaults; the others: the defaults with one part changed (VARIANTS)\n"
     )
     print("\n".join(table(outcomes, best_known)))
     print(f"\n{len(outcomes)} studies in {time.monotonic() - started:.0f} s on {args.jobs} processes")

@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--rounds", type=int, default=8, help="runs of each config (default 8)")
     compare.add_argument("--trial", type=int, metavar="N", help="compare trial N instead of the best")
     compare.add_argument("--json", type=Path, metavar="FILE", help="where to write the runs and summary")
+    compare.add_argument("--ray", action="store_true", help="run its rounds on Ray actors (default: here)")
+    compare.add_argument("--no-tracking", action="store_true", help="write no MLflow runs")
 
     diagnose = add("diagnose", "classify an SGLang server log: what killed it, and what to do")
     diagnose.add_argument("log_file", type=Path, metavar="LOGFILE")

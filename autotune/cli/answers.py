@@ -14,6 +14,7 @@ from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
 from autotune.study.records import (
     BASELINE_ATTR,
+    COMPARE_ATTR,
     CONFIRM_ATTR,
     FAILURE_ATTR,
     FAILURE_DESCRIPTION_ATTR,
@@ -133,6 +134,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "same_as": trial.user_attrs.get(SAME_AS_ATTR),
         "confirm": trial.user_attrs.get(CONFIRM_ATTR),
+        "compare": trial.user_attrs.get(COMPARE_ATTR),
         "proposed": trial.system_attrs.get(PROPOSED_ATTR),
         "queued": trial.user_attrs.get(QUEUED_ATTR),
         "params": dict(trial.params),
@@ -200,22 +202,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif summary["remeasured"] is not None:
         print("\n".join(_remeasured_lines(summary["remeasured"], study)))
     trust = trust_record(ostudy)
-    for line in (trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
+    for line in (*trust["screened"], trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
         if line:
             print("\n".join(fitted("", line, width)))
     return 0
 
 
 def trust_record(ostudy: Any) -> dict[str, Any]:
-    """What status and best show of the study's trust: its noise estimate, why its search stopped early,
-    and its answer (confirmed or not: study.confirm.study_answer)."""
+    """What status and best show of the study's trust: its noise estimate, the knobs screening held, why
+    its search stopped early, and its answer (confirmed or not: study.confirm.study_answer)."""
     from autotune.study.confirm import study_answer
     from autotune.study.noise import noise_estimate
+    from autotune.study.screening import screened_lines
     from autotune.study.stopping import stopped_early
 
     noise = noise_estimate(ostudy)
     return {
         "noise": noise.record() if noise is not None else None,
+        "screened": screened_lines(ostudy),
         "stopped": stopped_early(ostudy),
         "answer": study_answer(ostudy),
     }
@@ -232,7 +236,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         round_ = t["confirm"]["round"] + 1  # counted from 1, as the console counts them
         notes.append(f"confirmation round {round_}: trial {t['remeasure_of']}'s config again")
     elif t["remeasure_of"] is not None:
-        notes.append(f"re-measurement of trial {t['remeasure_of']}'s config")
+        again = f"compare round {t['compare']['round'] + 1}" if t.get("compare") else "re-measurement"
+        notes.append(f"{again}: trial {t['remeasure_of']}'s config again")
     if t["same_as"] is not None:
         notes.append(f"same as trial {t['same_as']}: its launch again, not run (no node time, no budget)")
     if t["proposed"]:

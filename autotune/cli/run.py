@@ -237,12 +237,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     ostudy = existing_study(study)
     metric = study.objective.metric
+
+    def run(total: int) -> Any:
+        args.no_ray = not args.ray  # from this process unless asked: as compare always ran
+        driver = _driver(study, args)
+        driver.queued_only = True  # its rounds, nothing the sampler proposes
+        return driver.run(total)
+
     comparison = compare(
         study,
         ostudy,
         args.rounds,
         trial=args.trial,
         on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),
+        run=run,
     )
     path = write(comparison, args.json or study.workdir / "compare.json")
     settings = [f"{k}={v}" for k, v in comparison.best_env.items()]

@@ -1,15 +1,16 @@
 """The study file's `trust` section: what a study does so that its answer can be trusted per GPU-hour.
 
-Four parts, each on by default and each switchable (`off`): no launch of a config already launched
+Five parts, each on by default and each switchable (`off`): no launch of a config already launched
 (`skip_same_launch`), the baseline measured again early in the search so the run-to-run noise is measured
 (`repeat_baseline_after`), the winner confirmed against SGLang's defaults in interleaved rounds when the
-search ends (`confirm`), and a study that stops early when further trials are unlikely to beat the best
-beyond that noise (`stop_early`). `trust: off` switches all four off.
+search ends (`confirm`), a study that stops early when further trials are unlikely to beat the best
+beyond that noise (`stop_early`), and knobs shown to have no effect beyond that noise held at SGLang's
+default (`screen`). `trust: off` switches them all off (and `noise_ties`, off by default).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
@@ -77,6 +78,29 @@ class StopEarly(BaseModel):
         return _switch(value, "stop_early", "{min_trials: 20, patience: 15}")
 
 
+class Screen(BaseModel):
+    """Knobs shown to have no effect beyond noise are held at SGLang's default (autotune.study.screening):
+    `min_pairs` launches moving a knob alone, to at least two values, all within the noise band of
+    `min_noise_dof` degrees of freedom. `method`: `alone` moves each knob alone to its extremes right after
+    the baseline (launches of its own); `moves` reads the one-knob moves the search makes anyway."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Chosen by benchmarks/trust.py (RESULTS.md, "knob screening"): `moves` stops flat searches after 9 or
+    # 10 trials instead of 18 to 22 (node hours -6% to -44%), answers where gains exist worth about as much;
+    # `alone` spent 17 launches on the seed's node before searching (9.4 node hours against 7.3, 0.93 of
+    # the best known against 0.995).
+    enabled: StrictBool = True
+    method: Literal["alone", "moves"] = "moves"
+    min_pairs: Annotated[StrictInt, Field(ge=2)] = 2
+    min_noise_dof: PositiveInt = 2
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_off(cls, value: Any) -> Any:
+        return _switch(value, "screen", "{method: moves}")
+
+
 class Trust(BaseModel):
     """The `trust` section of a study file (see the module's docstring)."""
 
@@ -86,8 +110,14 @@ class Trust(BaseModel):
     # The baseline launched again once this many trials were launched, and again after as many more while
     # the stopping rule needs more degrees of freedom (0: never; confirmation measures it again at the end).
     repeat_baseline_after: Annotated[StrictInt, Field(ge=0)] = 3
+    # The default sampler's moves start from any config within the noise band of the best, not always from
+    # the best single draw (study.noise.move_from). Off: benchmarks/trust.py measured it claiming a false
+    # gain in 1 of 5 h200-x1 studies and lowering the worst seed's answer (seed 0.846 of the best known
+    # against 0.995, h100x4 0.883 against 0.919), node hours within 3% (RESULTS.md, "knob screening").
+    noise_ties: StrictBool = False
     confirm: Confirm = Field(default_factory=Confirm)
     stop_early: StopEarly = Field(default_factory=StopEarly)
+    screen: Screen = Field(default_factory=Screen)
 
     @model_validator(mode="before")
     @classmethod
@@ -96,8 +126,10 @@ class Trust(BaseModel):
             return {
                 "skip_same_launch": False,
                 "repeat_baseline_after": 0,
+                "noise_ties": False,
                 "confirm": False,
                 "stop_early": False,
+                "screen": False,
             }
         if value is True:  # `trust: on`: the defaults
             return {}

@@ -455,20 +455,6 @@ def runner_for(node: NodeSpec, workdir: Path | None = None) -> CommandRunner:
     )
 
 
-def fresh_folder(parent: Path, name: str) -> Path:
-    """`parent/name` made now, or `name-2`, `name-3`... when taken: the logs of a run that numbers its
-    trials from 0 (a compare) never go into another run's folder, even one started in the same second."""
-    parent.mkdir(parents=True, exist_ok=True)
-    n = 1
-    while True:
-        folder = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
-            n += 1
-
-
 def _log_dir(runner: CommandRunner, workdir: Path) -> str:
     """Where `runner` keeps the node's logs, as a path on the node."""
     remote_path = getattr(runner, "remote_path", None)

@@ -3,38 +3,38 @@
 A study's best trial won on one measurement, so its figure is biased upwards (the best of many noisy draws:
 small all-reduces vary by a third between launches, a server's throughput by about 0.5% on one H200).
 `compare` measures the default (the baseline: nothing set) and the best config again, `rounds` times each,
-alternating which goes first (ABBA, so a drift of the node cancels), every run a fresh launch through the
-trial path on the study's first node: a job objective's job, or a serving objective's server and
-benchmark (its whole measurement plan, no short run first). A round's two runs form a pair; the gain is the
-mean of the pairs' relative differences with its 95% interval, in each metric's own direction, and a gain
-whose interval contains zero is reported as no gain.
+alternating which goes first (ABBA, so a drift of the node cancels), every run a fresh launch: a trial of
+the study, as confirmation's rounds are (`remeasure_of` and `compare` attributes), run by the study loop
+(a job objective's job, or a serving objective's server and benchmark: its whole measurement plan, no
+short run first), so the rounds resume after Ctrl-C, land in MLflow and feed the noise estimate; the
+comparison is a view over them (`comparison_of`). A round's two runs form a pair; the gain is the mean of
+the pairs' relative differences with its 95% interval, in each metric's own direction, and a gain whose
+interval contains zero is reported as no gain.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import Objective, Study
+from autotune.config import Study
 from autotune.errors import AutotuneError
-from autotune.measure.client import BenchmarkResult
 from autotune.measure.metrics import OBJECTIVE_METRICS
-from autotune.measure.plan import plan_for
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
-from autotune.node.executor import TrialExecutor, fresh_folder, runner_for
 from autotune.study.confirm import round_order
-from autotune.study.rules import best_trial, trial_config
-from autotune.trial.wire import TrialRequest, TrialResult
+from autotune.study.records import COMPARE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR, METRICS_ATTR, NODE_S_ATTR
+from autotune.study.remeasure import enqueue_measurement
+from autotune.study.rules import best_trial, is_feasible, measurement_groups, trial_config
+from autotune.study.storage import budget_used, counts
 
-__all__ = ["Comparison", "Run", "compare", "order_of_round"]
+__all__ = ["Comparison", "Run", "compare", "comparison_of", "order_of_round", "queue_rounds"]
 
 DEFAULT, BEST = "default", "best"
 
@@ -164,6 +164,55 @@ def _text(ci: dict[str, float]) -> str:
     return f"{ci['mean']:.2f}{half}"
 
 
+def queue_rounds(study: Study, ostudy: optuna.Study, rounds: int, trial: int | None = None) -> dict[str, Any]:
+    """Queue `rounds` rounds of the defaults and the best config (or `trial`'s) as study trials, and
+    remember the comparison in the study; a comparison of the same config and rounds that did not finish
+    is continued instead (its rounds are not queued again). Returns the comparison's record."""
+    if rounds < 2:
+        raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
+    chosen = _chosen_trial(ostudy, trial)
+    records = list(ostudy.user_attrs.get(COMPARE_ATTR) or [])
+    if records and (last := records[-1])["trial"] == chosen.number and last["rounds"] == rounds:
+        if len(_rounds_of(ostudy, int(last["id"]))) < 2 * rounds:
+            return dict(last)  # cut short: its queued (or interrupted, queued again) rounds run on
+    groups = measurement_groups(ostudy)
+    base = next((g for g in groups if g.baseline), None)
+    best = next((g for g in groups if chosen.number in (g.of, *g.trials)), None)
+    if base is None or best is None:
+        raise AutotuneError(f"study {ostudy.study_name!r} has no baseline measured to compare against")
+    record = {"id": len(records), "trial": chosen.number, "rounds": rounds}
+    for index in range(rounds):
+        for position, name in enumerate(order_of_round(index)):
+            mark = {"id": record["id"], "round": index, "position": position, "config": name}
+            enqueue_measurement(ostudy, base if name == DEFAULT else best, {COMPARE_ATTR: mark})
+    ostudy.set_user_attr(COMPARE_ATTR, [*records, record])
+    return record
+
+
+def _rounds_of(ostudy: optuna.Study, compare_id: int) -> list[FrozenTrial]:
+    """The finished measurements of comparison `compare_id` (not one a Ctrl-C cut short: it runs again)."""
+    return [
+        t
+        for t in ostudy.get_trials(deepcopy=False)
+        if (t.user_attrs.get(COMPARE_ATTR) or {}).get("id") == compare_id
+        and t.state.is_finished()
+        and counts(t)
+    ]
+
+
+def comparison_of(study: Study, ostudy: optuna.Study, record: dict[str, Any]) -> Comparison:
+    """The comparison `record` as its trials measured it (a view: the runs are the study's trials)."""
+    chosen = _chosen_trial(ostudy, int(record["trial"]))
+    best = trial_config(study, chosen)
+    comparison = Comparison(
+        study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
+    )
+    measured = sorted(_rounds_of(ostudy, int(record["id"])), key=lambda t: t.number)
+    for trial in sorted(measured, key=lambda t: (t.user_attrs[COMPARE_ATTR]["round"], t.number)):
+        comparison.runs.append(_run_of(study, trial))
+    return comparison
+
+
 def compare(
     study: Study,
     ostudy: optuna.Study,
@@ -171,44 +220,26 @@ def compare(
     *,
     trial: int | None = None,
     on_run: Callable[[Run], None] = lambda run: None,
-    executor: TrialExecutor | None = None,
+    run: Callable[[int], optuna.Study] | None = None,
 ) -> Comparison:
-    """Measure the default and the best config (or `trial`'s) `rounds` times each, interleaved.
+    """Measure the default and the best config (or `trial`'s) `rounds` times each, interleaved, as trials of
+    the study (`queue_rounds`): they resume after Ctrl-C, are tracked as any trial and feed the noise
+    estimate. `run(total_budget)` runs the queued trials (a study driver made with `queued_only`); by
+    default one on the study's nodes from this process, without tracking."""
+    record = queue_rounds(study, ostudy, rounds, trial)
+    if run is None:
+        from autotune.node.pool import in_process_pool  # the driver's default pool would start Ray
+        from autotune.study.loop import StudyDriver
 
-    Runs on the study's first node through a TrialExecutor of its own (logs under the study's
-    `compare/` folder), or through `executor`.
-    """
-    if rounds < 2:
-        raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
-    chosen = _chosen_trial(ostudy, trial)
-    configs = {DEFAULT: study.search_space.baseline(), BEST: trial_config(study, chosen)}
-    launches = {name: study.server_launch(config) for name, config in configs.items()}
-    if executor is None:
-        node = study.file.nodes[0]
-        workdir = fresh_folder(study.workdir / "compare", time.strftime("%Y%m%d-%H%M%S"))
-        executor = TrialExecutor(node.name, runner_for(node, workdir), workdir)
-    best = configs[BEST]
-    comparison = Comparison(
-        study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
-    )
-    objective, job = study.objective, study.objective.is_job
-    number = 0
-    for index in range(rounds):
-        for position, name in enumerate(order_of_round(index)):
-            request = TrialRequest(
-                number=number,
-                launch=launches[name],
-                workload=objective.workload,
-                startup_timeout_s=study.file.timeouts.startup_s,
-                benchmark_timeout_s=study.file.timeouts.benchmark_s,
-                seed=index,  # both configs of a round get the same prompts
-                plan=None if job else plan_for(objective, short=False),
-                job=job,
-            )
-            number += 1
-            run = _run_of(index, name, position, executor.run(request), objective)
-            comparison.runs.append(run)
-            on_run(run)
+        def run(total: int) -> optuna.Study:
+            return StudyDriver(study, pool=in_process_pool, queued_only=True).run(total)
+
+    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if waiting:
+        ostudy = run(budget_used(ostudy) + waiting)
+    comparison = comparison_of(study, ostudy, record)
+    for measured in comparison.runs:
+        on_run(measured)
     return comparison
 
 
@@ -224,40 +255,25 @@ def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
     return trials[0]
 
 
-def _run_of(index: int, name: str, position: int, result: TrialResult, objective: Objective) -> Run:
-    details = result.details or {}
+def _run_of(study: Study, trial: FrozenTrial) -> Run:
+    mark = trial.user_attrs[COMPARE_ATTR]
+    value = trial.value if trial.state == TrialState.COMPLETE and is_feasible(trial) else None
+    metrics = {study.objective.metric: value, **(trial.user_attrs.get(METRICS_ATTR) or {})}
     return Run(
-        round=index,
-        config=name,
-        position=position,
-        metrics=_measured(result, objective) if result.ok else {},
-        failure=None if result.ok else _failure_text(result),
-        timing=details.get("timing"),
-        note=details.get("note"),
-        elapsed_s=result.benchmark_s or 0.0,
+        round=int(mark["round"]),
+        config=str(mark["config"]),
+        position=int(mark["position"]),
+        metrics=metrics if value is not None else {},
+        failure=None if value is not None else _failure_text(trial),
+        elapsed_s=float(trial.user_attrs.get(NODE_S_ATTR) or 0.0),
     )
 
 
-def _measured(result: TrialResult, objective: Objective) -> dict[str, float]:
-    """A job's metrics, or a server's: the objective's value and every figure of its benchmark."""
-    if result.benchmark is None:
-        return dict(result.metrics)
-    return {objective.metric: objective.value(result.benchmark), **_figures(result.benchmark)}
-
-
-def _figures(benchmark: BenchmarkResult) -> dict[str, float]:
-    """The benchmark's figures a config changes, each with a better direction (throughputs, latencies)."""
-    figures = {}
-    for name in OBJECTIVE_METRICS:
-        value = getattr(benchmark, name, None)
-        if isinstance(value, int | float) and not isinstance(value, bool):  # None: a figure it lacks
-            figures[name] = float(value)
-    return figures
-
-
-def _failure_text(result: TrialResult) -> str:
-    failure = result.failure
-    return f"{failure.kind.value}: {failure.line}" if failure is not None else "no result"
+def _failure_text(trial: FrozenTrial) -> str:
+    kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+    if kind is None:
+        return "broke a limit" if trial.state == TrialState.COMPLETE else "no result"
+    return f"{kind}: {trial.user_attrs.get(FAILURE_ATTR, '')}"
 
 
 def write(comparison: Comparison, path: Path) -> Path:

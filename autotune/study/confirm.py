@@ -36,6 +36,7 @@ from autotune.study.rules import (
     maximizes,
     measurement_groups,
 )
+from autotune.study.screening import screened_lines
 from autotune.study.stopping import stopped_early
 from autotune.study.storage import budget_used, counts
 
@@ -302,4 +303,6 @@ def answer_for_tracking(ostudy: optuna.Study) -> tuple[dict[str, float], dict[st
     why = stopped_early(ostudy)
     if why is not None:
         tags["autotune.stopped_early"] = why[:5000]
+    if screened := screened_lines(ostudy):
+        tags["autotune.screened"] = "\n".join(screened)[:5000]
     return metrics, tags

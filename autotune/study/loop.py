@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import AutotuneError, ForbiddenLaunchError
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import optuna_internals, outcome, samplers, stages
+from autotune.study import optuna_internals, outcome, samplers, screening, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -46,7 +46,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.confirm import confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
-from autotune.study.noise import repeat_baseline
+from autotune.study.noise import move_from, repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
@@ -162,12 +162,15 @@ class StudyDriver:
         preflight: bool = True,
         remember_incompatible: bool = True,
         memory_edge: bool = True,
+        queued_only: bool = False,
     ) -> None:
         """`sampler` and `storage` replace the study file's; `tracking` makes the study's tracker (the CLI
         gives the MLflow one, autotune.views.tracked.study_tracker; None writes no runs);
         `preflight=False` launches predicted OOMs, `memory_edge=False` only those past the memory edge the
         study met, and `remember_incompatible=False` launches known incompatibilities again. They are for
-        measuring the tuner itself (benchmarks/)."""
+        measuring the tuner itself (benchmarks/). `queued_only` runs the trials queued in the study and
+        nothing else (no proposal, baseline repeat, screening, stopping rule or confirmation): `compare`'s
+        rounds."""
         self.study = study
         self.callbacks = tuple(callbacks)
         self.make_pool = pool
@@ -177,6 +180,7 @@ class StudyDriver:
         self.preflight = preflight
         self.remember_incompatible = remember_incompatible
         self.memory_edge = memory_edge
+        self.queued_only = queued_only
         self._hardware_by_node: dict[str, str | None] = {}
         self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
 
@@ -216,10 +220,16 @@ class StudyDriver:
         except BaseException:
             pool.close()
             raise
-        if held:
-            self.base_sampler = self._holding(held)
+        self.stage_held = held
+        self.flag_defaults = screening.flag_defaults(
+            [t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))]
+        )
+        if held or screening.held_knobs(ostudy):  # a resumed study holds what its screening held
+            self.base_sampler = self._holding({**held, **screening.held_knobs(ostudy)})
+            for line in screening.screened_lines(ostudy):
+                self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
-        ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+        ostudy.sampler = self._sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:
                 self.searching = True
@@ -227,7 +237,7 @@ class StudyDriver:
                 self.searching = False
                 if self.stopped is not None:
                     self.observers.knob_held(KnobHeld(self.stopped))
-                for total in confirmation_rounds(study, ostudy):  # the winner confirmed (study.confirm)
+                for total in () if self.queued_only else confirmation_rounds(study, ostudy):  # study.confirm
                     self.total = total
                     self._trials(ostudy, pool, total, None, ctrl_c)
         except KeyboardInterrupt:
@@ -313,12 +323,39 @@ class StudyDriver:
             self.observers.knob_held(KnobHeld(line))
         return result.held
 
-    def _holding(self, held: dict[str, Any]) -> optuna.samplers.BaseSampler:
-        """The study's sampler, holding the NCCL stage's values: the study file's, built with them (tpe
-        keeps them out of its moves), or the sampler given, with them fixed."""
+    def _holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
+        """The study's sampler, holding the NCCL stage's values (and the knobs screening held): the study
+        file's, built with them (tpe keeps them out of its moves), or the sampler given, with them fixed."""
         if self.sampler is None:
-            return samplers.build(self.study.file.sampler, staged=held, trials_so_far=self.trials_before)
+            so_far = self.trials_before if trials_so_far is None else trials_so_far
+            return samplers.build(self.study.file.sampler, staged=held, trials_so_far=so_far)
         return optuna.samplers.PartialFixedSampler(held, self.sampler)
+
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        """The study's sampler now: its base, with what the study learned fixed (`KnownIncompatibilities`),
+        its moves starting from a config tied with the best within noise when `trust.noise_ties` says so."""
+        if isinstance(self.base_sampler, samplers.IncumbentMoves) and self.study.file.trust.noise_ties:
+            self.base_sampler.reference = move_from
+        return self.known.sampler(self.base_sampler, self.hardware)
+
+    def _screen(self, ostudy: optuna.Study) -> None:
+        """Queue screening's own launches when its method has them, hold the knobs it shows to have no
+        effect beyond noise (said to the observers, kept in the study), and stop the search when no knob is
+        left to search."""
+        screening.plan_alone(self.study, ostudy, self.stage_held, self.flag_defaults)
+        found = screening.screen(self.study, ostudy, self.stage_held, self.flag_defaults)
+        if found:
+            screening.record(ostudy, found)
+            for held in found:
+                self.observers.knob_held(KnobHeld(held.why))
+            # A new seed from the trials so far: the file's again would replay the first proposals.
+            held_now = {**self.stage_held, **screening.held_knobs(ostudy)}
+            self.base_sampler = self._holding(held_now, len(ostudy.get_trials(deepcopy=False)))
+            ostudy.sampler = self._sampler()
+        why = screening.why_all_held(self.study, ostudy, self.stage_held)
+        if why is not None:
+            self.stopped = why
+            record_stop(ostudy, why)
 
     def _recover(self, ostudy: optuna.Study) -> list[int]:
         recovered = recover_interrupted(self.study, ostudy)
@@ -349,11 +386,14 @@ class StudyDriver:
                     return False
                 if budget is not None and budget_used(ostudy) >= budget:
                     return False
-                if self.searching and self.stopped is None:
+                if self.queued_only and not ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    return False
+                if self.searching and self.stopped is None and not self.queued_only:
                     self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
                     if self.stopped is not None:
                         record_stop(ostudy, self.stopped)
                     repeat_baseline(self.study, ostudy)  # the noise measured (study.noise)
+                    self._screen(ostudy)  # knobs without effect held (study.screening)
                 if self.searching and self.stopped is not None:
                     return False
                 trial = ostudy.ask()
@@ -465,7 +505,9 @@ class StudyDriver:
         if not self.study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
             return None
         counted = [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
-        return earlier_launch(identity, counted, ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+        # A flag left unset is the server's own choice in the baseline, else its parser's default.
+        unset = {**self.flag_defaults, **(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+        return earlier_launch(identity, counted, unset)
 
     def _skip_counted(self, why: str) -> None:
         self.skips += 1
@@ -572,7 +614,7 @@ class StudyDriver:
         learn = self.remember_incompatible and failure.kind.deterministic
         learned = None
         if learn and (new := self.known.learn(trial.params, failure, hardware)):
-            ostudy.sampler = self.known.sampler(self.base_sampler, self.hardware)
+            ostudy.sampler = self._sampler()
             learned = IncompatibilityLearned(tuple(new), tuple(self.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED

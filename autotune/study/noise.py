@@ -11,20 +11,29 @@ answer (`autotune best`) read it; `status` and MLflow show it.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, cast
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import t_quantile
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_measurement
-from autotune.study.rules import ConfigMeasurements, maximizes, measurement_groups
+from autotune.study.rules import (
+    ConfigMeasurements,
+    best_trial,
+    direction_sign,
+    is_feasible,
+    maximizes,
+    measurement_groups,
+)
 from autotune.study.storage import budget_used
 
-__all__ = ["NoiseEstimate", "noise_estimate", "repeat_baseline"]
+__all__ = ["NoiseEstimate", "move_from", "noise_estimate", "repeat_baseline"]
 
 NEAR_BEST = 0.10  # the configs whose noise counts: a mean within 10% of the best one's
 
@@ -105,7 +114,11 @@ def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
     once it completed; returns the baseline's trial number when queued."""
     trust = study.file.trust
     after = trust.repeat_baseline_after
-    wanted = max(1, trust.stop_early.min_noise_dof) if trust.stop_early.enabled else 1
+    wanted = max(
+        1,
+        trust.stop_early.min_noise_dof if trust.stop_early.enabled else 1,
+        trust.screen.min_noise_dof if trust.screen.enabled else 1,
+    )
     if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
         return None
     trials = ostudy.get_trials(deepcopy=False)
@@ -117,3 +130,20 @@ def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
         return None
     enqueue_measurement(ostudy, base, {})
     return base.of
+
+
+def move_from(ostudy: optuna.Study, trials: list[FrozenTrial], rng: random.Random) -> FrozenTrial | None:
+    """The trial the default sampler's moves start from (`trust.noise_ties`): the best, or once the noise is
+    measured (2 degrees of freedom), any of the configs whose value lies within the noise band of the best's,
+    drawn with `rng`: they are tied, and a lucky draw of one of them should not steer every later move."""
+    best = best_trial(ostudy, trials)
+    noise = noise_estimate(ostudy)
+    if best is None or best.value is None or noise is None or noise.dof < 2:
+        return best
+    sign = direction_sign(ostudy.direction)
+    floor = sign * best.value - noise.band(spread_known=True) * abs(best.value)
+    measured = [
+        t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t) and t.value is not None
+    ]
+    tied = [t for t in sorted(measured, key=lambda t: t.number) if sign * cast(float, t.value) >= floor]
+    return rng.choice(tied) if tied else best

@@ -14,10 +14,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.client import BenchmarkResult
+from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.study.pruning import SHORT_STEP
 from autotune.study.records import (
     ACCEPT_LENGTH_ATTR,
     ADVICE_ATTR,
+    COMPARE_ATTR,
     CULPRITS_ATTR,
     FAILURE_ATTR,
     FAILURE_DESCRIPTION_ATTR,
@@ -125,6 +127,8 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
                 load_warning=measured.load_warning,
                 pruned_by=why,
             )
+    if COMPARE_ATTR in trial.user_attrs:  # `compare` shows every figure of its rounds, read from the trial
+        trial.set_user_attr(METRICS_ATTR, benchmark_figures(measured))
     values = tuple(objective.values(measured))
     return Outcome(
         TrialState.COMPLETE,
@@ -134,6 +138,16 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         load_stopped_by=stopped_by,
         load_warning=measured.load_warning,
     )
+
+
+def benchmark_figures(benchmark: BenchmarkResult) -> dict[str, float]:
+    """The benchmark's figures a config changes, each with a better direction (throughputs, latencies)."""
+    figures = {}
+    for name in OBJECTIVE_METRICS:
+        value = getattr(benchmark, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):  # None: a figure it lacks
+            figures[name] = float(value)
+    return figures
 
 
 def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outcome:

@@ -43,5 +43,10 @@ QUEUED_ATTR = "queued"  # `autotune enqueue`: {set: the knobs a user set, from_t
 LAUNCH_ATTR = "launch"  # the launch's identity (study.rules.launch_identity): flags, and a digest of the rest
 SAME_AS_ATTR = "same_as"  # proposed with the same launch as this earlier trial: recorded with its result
 CONFIRM_ATTR = "confirm"  # a trial's: {round, position}; the study's: settings, configs
+# A trial's: {id, round, position, config} of a `compare` round; the study's: every compare's {id, trial,
+# rounds} (study.compare).
+COMPARE_ATTR = "compare"
+SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the defaults (study.screening)
+SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it

@@ -318,6 +318,11 @@ def _finished(study: Study) -> list[FrozenTrial]:
 
 
 _Planned = tuple[dict[str, Any], str]  # a trial's config, and why a move or a repair planned it
+Reference = Callable[[Study, list[FrozenTrial], random.Random], FrozenTrial | None]
+
+
+def _best_of(study: Study, trials: list[FrozenTrial], rng: random.Random) -> FrozenTrial | None:
+    return best_trial(study, trials)
 
 
 def _contains(distribution: BaseDistribution, value: Any) -> bool:
@@ -382,6 +387,9 @@ class IncumbentMoves(_Wrapper):
         self._held: dict[str, Any] = {}
         # Values a cheaper stage measured on this node (an NCCL all-reduce study's best), held in every trial.
         self.staged = dict(staged or {})
+        # The trial the moves start from among the finished ones: the best (the study loop may set another
+        # rule, such as any config within the run-to-run noise of the best: study.noise.move_from).
+        self.reference: Reference = _best_of
 
     @property
     def held(self) -> dict[str, Any]:
@@ -418,7 +426,8 @@ class IncumbentMoves(_Wrapper):
         repair = self._repair(finished, tried)
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        best = best_trial(study, [t for t in finished if t.params])  # the study's answer, moved from
+        # The study's answer, moved from (or, set by the study loop, a config tied with it within noise).
+        best = self.reference(study, [t for t in finished if t.params], self._rng)
         if best is None:
             return None
         branch = self._branch(best, finished, with_params, tried)

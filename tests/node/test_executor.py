@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.measure.client import Workload
-from autotune.node.executor import TrialExecutor, fresh_folder
+from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner, _group_members, free_port, port_is_free
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
@@ -231,11 +231,3 @@ def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(study_file: S
     path = study_file(data)
     with pytest.raises(NodeCheckError, match="no_such_server"):
         in_process_pool(load_study(path))
-
-
-def test_two_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:
-    """`autotune compare` numbers its runs from 0 in compare/<date-time>/: a second compare in the same
-    second must not append to the first one's trial-0000/server.log."""
-    made = [fresh_folder(tmp_path / "compare", "20261203-130000") for _ in range(3)]
-    assert [p.name for p in made] == ["20261203-130000", "20261203-130000-2", "20261203-130000-3"]
-    assert all(p.is_dir() for p in made)

@@ -44,6 +44,7 @@ OFF: dict[str, Any] = {
     "repeat_baseline_after": 0,
     "confirm": False,
     "stop_early": False,
+    "screen": False,
 }
 # Knobs the model's throughput does not depend on: a flat landscape, where only noise differs.
 FLAT = {
@@ -150,6 +151,15 @@ def test_a_config_launched_before_is_recorded_with_its_result_not_launched_again
     assert noise_estimate(ostudy) is None
     assert main(["status", str(path)]) == 0
     assert "same as trial 1: its launch again, not run" in capsys.readouterr().out
+
+
+def test_a_knob_set_to_its_parser_default_is_the_launch_that_leaves_it_unset(study_file: StudyFiles) -> None:
+    # SGLang's parser defaults --schedule-conservativeness to 1.0 (the committed flag tables): the baseline.
+    space = one_value_space("--schedule-conservativeness", 1.0)
+    path = study_file(n_trials=3, search_space=space, trust={**OFF, "skip_same_launch": True})
+    ostudy = StudyDriver(load_study(path), pool=model_pool()).run()
+    assert [t.number for t in launched(ostudy)] == [0]
+    assert all(t.user_attrs["same_as"] == 0 for t in ostudy.get_trials(deepcopy=False) if t.number > 0)
 
 
 def test_without_the_switch_the_same_config_is_launched_again(study_file: StudyFiles) -> None:
@@ -309,7 +319,12 @@ def test_a_study_without_confirmation_says_its_gain_is_unconfirmed(study_file: S
 def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_it(
     study_file: StudyFiles,
 ) -> None:
-    trust = {"repeat_baseline_after": 2, "confirm": False, "stop_early": {"min_trials": 5, "patience": 3}}
+    trust = {
+        "repeat_baseline_after": 2,
+        "confirm": False,
+        "stop_early": {"min_trials": 5, "patience": 3},
+        "screen": False,  # the stopping rule alone (screening would hold both knobs)
+    }
     path = study_file(n_trials=30, search_space=FLAT, trust=trust)
     study = load_study(path)
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
@@ -329,10 +344,11 @@ def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_i
 
 
 def test_without_the_rule_a_flat_search_spends_its_budget(study_file: StudyFiles) -> None:
-    trust = {"repeat_baseline_after": 2, "confirm": False, "stop_early": False}
-    path = study_file(n_trials=12, search_space=FLAT, trust=trust)
+    trust = {"repeat_baseline_after": 2, "confirm": False, "stop_early": False, "screen": False}
+    # Within its 8 configs (fcfs is SGLang's own policy: the launch that leaves it unset) and 2 repeats.
+    path = study_file(n_trials=8, search_space=FLAT, trust=trust)
     driver = StudyDriver(load_study(path), pool=model_pool(noise=0.01))
-    assert budget_used(driver.run()) == 12 and driver.stopped is None
+    assert budget_used(driver.run()) == 8 and driver.stopped is None
 
 
 def test_the_real_h200_study_without_confirmation_answers_unconfirmed_with_its_noise(tmp_path: Path) -> None:
