@@ -253,7 +253,7 @@ def run_auto_benchmark_job(job: Job) -> Outcome:
 def run_autotune_job(job: Job) -> Outcome:
     profile, known = job.profile, truth(job)
 
-    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock) -> Outcome:
+    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: object) -> Outcome:
         record = study_answer(ostudy)
         trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
         launched = [trials[n] for n in sorted(clock.seconds)]
