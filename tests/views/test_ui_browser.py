@@ -238,6 +238,12 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
             for column in ("study_rank", "output_throughput", "state", "failure_kind", "autotune.best"):
                 assert column in header, header
             names = _cells(page, "attributes.`Run Name`", "a")
+            # Each name whole: no element of a name's cell cuts its text (MLflow's ellipsis).
+            cut = page.locator(".ag-row [col-id='attributes.`Run Name`']").evaluate_all(
+                "cells => cells.filter(c => [c, ...c.querySelectorAll('*')]"
+                ".some(e => e.scrollWidth > e.clientWidth + 1)).map(c => c.innerText)"
+            )
+            assert not cut, cut
             # The README's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
             page.screenshot(path=os.environ.get("AUTOTUNE_UI_SCREENSHOT") or tmp_path / "trials.png")
             assert not any(name.startswith("study ") for name in names), names
