@@ -99,13 +99,13 @@ def trials_view(metric: str) -> dict[str, object]:
         f"tags.`{BEST_TAG}`",
         "attributes.`Duration`",
     ]
-    # Pixels for what autotune writes there: a name with a confirmation label (`#022 · 107.5 tok/s ·
-    # COMPLETE · confirm r1 · trial 15's config`), a value, a failure kind (MLflow's defaults: 190, 100).
+    # Pixels for what autotune writes there, a name with its value and state (`#003 baseline · 81.2 tok/s ·
+    # COMPLETE`), a failure kind (`kv_pool_too_small`); MLflow's own are 190 and 100.
     widths = {
-        "attributes.`Run Name`": 420,
-        f"metrics.`{metric}`": 140,
-        "tags.`autotune.state`": 110,
-        "tags.`autotune.failure_kind`": 170,
+        "attributes.`Run Name`": 340,
+        f"metrics.`{metric}`": 120,
+        "tags.`autotune.state`": 100,
+        "tags.`autotune.failure_kind`": 150,
     }
     return {
         "searchFilter": "tags.`autotune.role` = 'trial'",
