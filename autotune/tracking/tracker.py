@@ -6,7 +6,8 @@ the UI with its phase) and finished with its state; a retried trial gets a new r
 are immutable. Run names read at a glance in the run list (`#004 · PRUNED · kv_pool_too_small`);
 a run's description (MLflow's note) says why it failed and what to try; the parent run's description is
 the study summary with the best config's launch script, and its artifacts hold the study's plots,
-redrawn as the study goes (at most every PLOT_INTERVAL_S seconds, and once more when it closes).
+redrawn as the study goes (at most every PLOT_INTERVAL_S seconds and PLOT_TIME_SHARE of the time, and
+once more when it closes).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MAX_PARAM_LENGTH = 6000
 MAX_NOTE_LENGTH = 7500  # MLflow caps tag values at 8000 characters
 PLOT_INTERVAL_S = 30.0  # plots cost a second or two; a trial on a real node takes minutes
+# ... and they take at most this share of a study's time: where trials take seconds (the simulated node) on
+# a busy machine, a draw took 4 s of every 30 (the quickstart, 2 cores), and then waits 80 s for the next.
+PLOT_TIME_SHARE = 0.05
 PLOTS_DIR = "plots"
 BEST_LAUNCH_SCRIPT = "best/launch.sh"
 ABLATION_OF_TAG = "autotune.ablation_of"
@@ -194,6 +198,7 @@ class StudyTracker(StudyCallback):
         self._view: tuple[optuna.Study, Study] | None = None  # what the plots are drawn from
         self._plots_stale = False  # the study changed since the plots were last drawn
         self._plotted_at = time.monotonic()
+        self._plot_s = 0.0  # how long the last draw took
         self._best_script: str | None = None
         self.experiment_id = self._experiment(study_name, artifact_root)
         self.client.set_experiment_tag(self.experiment_id, METRIC_TAG, metric)
@@ -400,8 +405,9 @@ class StudyTracker(StudyCallback):
 
     def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
         """What a person opening the study's parent run sees: the summary and the best config's launch
-        script as its description (every call), and the plots (at most every PLOT_INTERVAL_S seconds
-        unless `force`; close() draws the last ones). Never raises: a broken plot must not stop a study."""
+        script as its description (every call), and the plots (at most every PLOT_INTERVAL_S seconds and
+        PLOT_TIME_SHARE of the time, unless `force`; close() draws the last ones). Never raises: a broken
+        plot must not stop a study."""
         if self.page is None:
             return
         self._view = (ostudy, study)
@@ -416,7 +422,8 @@ class StudyTracker(StudyCallback):
                 self._best_script = best_script
         except Exception:  # the study goes on without its summary; the log says why
             log.warning("could not update the study summary in MLflow", exc_info=True)
-        if force or time.monotonic() - self._plotted_at >= PLOT_INTERVAL_S:
+        wait_s = max(PLOT_INTERVAL_S, self._plot_s / PLOT_TIME_SHARE)
+        if force or time.monotonic() - self._plotted_at >= wait_s:
             self._draw_plots()
 
     def _draw_plots(self) -> None:
@@ -424,6 +431,7 @@ class StudyTracker(StudyCallback):
             return
         ostudy, study = self._view
         self._plots_stale = False
+        started = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="autotune-plots-") as folder:
                 for path in self.page.plots(ostudy, self.metric, self.unit, study.name, Path(folder)):
@@ -431,6 +439,7 @@ class StudyTracker(StudyCallback):
         except Exception:  # plots are a view of the study, never a reason to stop it
             log.warning("could not draw the study's plots", exc_info=True)
         self._plotted_at = time.monotonic()
+        self._plot_s = self._plotted_at - started
 
     def close(self, status: str = "FINISHED") -> None:
         """Draw the last plots (when the study view changed since) and close the parent run."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +286,29 @@ def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(
     names = {Path(a.path).name for a in tracker.client.list_artifacts(parent, "plots")}
     assert "optimization_history.png" in names
     assert {a.path for a in tracker.client.list_artifacts(parent, "best")} == {"best/launch.sh"}
+
+
+def test_plots_take_a_small_share_of_a_study_whose_trials_are_fast(
+    tracker, study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optuna.trial import create_trial
+
+    from autotune.config import load_study
+    from autotune.tracking import tracker as tracking
+
+    study = load_study(study_file(e2e_study()))
+    ostudy = optuna.create_study(direction="maximize", study_name="fast")
+    ostudy.add_trial(create_trial(value=80.0, user_attrs={"baseline": True}))
+    monkeypatch.setattr(tracking, "PLOT_INTERVAL_S", 0.0)  # trials seconds apart, as on the simulated node
+    drawn: list[float] = []  # a draw that takes 50 ms: the next waits a second
+    monkeypatch.setattr(tracker.page, "plots", lambda *args: drawn.append(time.sleep(0.05) or 1.0) or [])
+    tracker.refresh_study_view(ostudy, study)
+    assert len(drawn) == 1
+    tracker.refresh_study_view(ostudy, study)  # at once: the last draw's time is not 5% of the time since
+    assert len(drawn) == 1
+    tracker._plotted_at -= tracker._plot_s / tracking.PLOT_TIME_SHARE
+    tracker.refresh_study_view(ostudy, study)
+    assert len(drawn) == 2
 
 
 # -- the ablation plan, on Optuna's own in-memory studies ---------------------------------------------------

@@ -41,6 +41,13 @@ STEP_TIMEOUT_MS = 20_000
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
+# The run-name cells whose text is cut (MLflow 3.17 renders the name in `a > span`, with an ellipsis).
+NAMES_CUT = """cells => cells.filter(c => {
+  const name = c.querySelector('a span') || c.querySelector('a');
+  return name.scrollWidth > name.clientWidth + 1
+    || name.getBoundingClientRect().right > c.getBoundingClientRect().right + 1;
+}).map(c => c.querySelector('a').innerText)"""
+
 
 def _browser_or_skip() -> None:
     """Chromium and Playwright come from .ci/run; elsewhere the test says what is missing. In CI it fails."""
@@ -238,6 +245,9 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
             for column in ("study_rank", "output_throughput", "state", "failure_kind", "autotune.best"):
                 assert column in header, header
             names = _cells(page, "attributes.`Run Name`", "a")
+            # Each name whole: its text neither cut by an ellipsis nor running past its cell.
+            cut = page.locator(".ag-row [col-id='attributes.`Run Name`']").evaluate_all(NAMES_CUT)
+            assert not cut, cut
             # The README's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
             page.screenshot(path=os.environ.get("AUTOTUNE_UI_SCREENSHOT") or tmp_path / "trials.png")
             assert not any(name.startswith("study ") for name in names), names

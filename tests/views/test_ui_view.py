@@ -27,6 +27,9 @@ def test_the_study_and_its_nccl_stage_each_open_on_their_trials(study_file: Stud
         assert view["orderByKey"] == "metrics.`study_rank`" and view["orderByAsc"] is True
         assert f"metrics.`{metric}`" in view["selectedColumns"]
         assert "tags.`autotune.failure_kind`" in view["selectedColumns"]
+        # MLflow 3.17 sizes only the columns columnOrder lists: the run name's width needs it there.
+        assert set(view["columnWidths"]) <= set(view["columnOrder"]) == set(view["selectedColumns"])
+        assert view["columnWidths"]["attributes.`Run Name`"] >= 300
 
     stage = experiment_id(study, study.name + ".nccl-stage")
     server = UIServer(None, "127.0.0.1", 5000, "1", study.workdir / "ui.log", stage)  # type: ignore[arg-type]
