@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from autotune.node.runner import ServerProcess
 from tests.builders import StudyFiles, e2e_study
 
 N_TRIALS = 6
+# The temporary folder of this host's other processes (another test run, a benchmark), before this session
+# takes one of its own (`_a_temporary_folder_of_this_session`).
+HOST_TMP = Path(tempfile.gettempdir())
 
 
 def run_cli(
@@ -106,6 +110,21 @@ def _no_process_unless_integration(request: pytest.FixtureRequest) -> Iterator[N
             "@pytest.mark.integration (or the module's pytestmark)",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_temporary_folder_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This session's own temporary folder (TMPDIR, here and in every process it starts): the node locks
+    (autotune.node.lock) live there, so a simulated trial never waits for one of another test run or
+    benchmark on this host, nor (under pytest-xdist) of another worker; Ray's session files go there too."""
+    tmp_path_factory.getbasetemp()  # pytest's own folders stay where they were
+    folder = Path(tempfile.mkdtemp(prefix="at-"))  # short: Ray's socket paths under it have a length limit
+    folder.chmod(0o755)  # PostgreSQL's server runs as its own user below it (the postgres_url fixture)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", str(folder))
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 import uuid
@@ -13,6 +15,7 @@ import pytest
 from autotune.node.executor import TrialExecutor
 from autotune.node.lock import NodeBusy, lock_path, node_held
 from autotune.node.runner import LocalCommandRunner
+from tests.conftest import HOST_TMP
 from tests.node.test_executor import request
 
 
@@ -37,6 +40,22 @@ def test_a_second_holder_waits_and_is_told_who_holds_the_node(node: str) -> None
     assert order == ["first done", "second"]
     assert told == ["trial 3 of pid 1 on host-a"]  # once, with what the holder wrote
     assert lock_path(node).read_text() == ""  # released: no stale holder text
+
+
+def test_a_node_held_by_another_test_run_on_this_host_does_not_hold_this_sessions_trials(node: str) -> None:
+    # Another test run or benchmark of this user on this host holds the node in the host's temporary
+    # folder: this session's simulated trials keep to their own folder's locks, and do not wait.
+    elsewhere = HOST_TMP / f"autotune-{os.getuid()}" / f"node-{node}.lock"
+    elsewhere.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with elsewhere.open("a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            stop = threading.Event()
+            stop.set()  # NodeBusy at once, rather than a wait
+            with node_held(node, "this session's trial", stop=stop):
+                assert lock_path(node).read_text() == "this session's trial"
+    finally:
+        elsewhere.unlink(missing_ok=True)
 
 
 def node_held_then(node: str, on_wait: object, done: object, label: str) -> None:
