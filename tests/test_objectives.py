@@ -729,13 +729,16 @@ BENCH_SERVING_PATH = "AUTOTUNE_BENCH_SERVING_PATH"
 
 
 def _bench_serving_python() -> tuple[str, ...] | None:
-    import importlib.util
     import os
+    import subprocess
 
     folder = os.environ.get(BENCH_SERVING_PATH)
     if folder:
         return ("env", f"PYTHONPATH={folder}", sys.executable)
-    return (sys.executable,) if importlib.util.find_spec("sglang") is not None else None
+    # Asked of a new process: this one may hold benchmarks/peers' stand-in sglang package (test_peers).
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    found = subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+    return (sys.executable,) if found else None
 
 
 def _word_tokenizer(folder: Path, python: tuple[str, ...]) -> None:
