@@ -207,7 +207,7 @@ def comparison_of(study: Study, ostudy: optuna.Study, record: dict[str, Any]) ->
     comparison = Comparison(
         study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
     )
-    measured = sorted(_rounds_of(ostudy, int(record["id"])), key=lambda t: t.number)
+    measured = _rounds_of(ostudy, int(record["id"]))
     for trial in sorted(measured, key=lambda t: (t.user_attrs[COMPARE_ATTR]["round"], t.number)):
         comparison.runs.append(_run_of(study, trial))
     return comparison

@@ -224,8 +224,9 @@ class StudyDriver:
         self.flag_defaults = screening.flag_defaults(
             [t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))]
         )
-        if held or screening.held_knobs(ostudy):  # a resumed study holds what its screening held
-            self.base_sampler = self._holding({**held, **screening.held_knobs(ostudy)})
+        screened = screening.held_knobs(ostudy)  # a resumed study holds what its screening held
+        if held or screened:
+            self.base_sampler = self._holding({**held, **screened})
             for line in screening.screened_lines(ostudy):
                 self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
