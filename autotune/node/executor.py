@@ -183,7 +183,7 @@ class TrialExecutor:
         )
         startup_s = time.monotonic() - started
         if outcome.status is StartupStatus.FAILED:
-            # It may linger after its fatal line, as the seed's server did (the calibration session, README).
+            # It may linger after its fatal line, as the seed's server did (docs/concepts.md, "The seed").
             process.stop(grace_s=FAILED_GRACE_S)
         if not outcome.ready:
             return self._result(
