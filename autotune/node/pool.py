@@ -10,7 +10,9 @@ result, never an exception.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -169,16 +171,22 @@ def connect_ray(study: Study) -> None:
         return
     address = study.file.ray.address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            address="local",  # a runtime of our own, never another session's cluster on this machine
-            num_cpus=max(2, os.cpu_count() or 2),
-            resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+    # ray.init takes SIGTERM (its core worker then dumps and aborts on it): a handler the caller set stays.
+    kept = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(
+                address="local",  # a runtime of our own, never another session's cluster on this machine
+                num_cpus=max(2, os.cpu_count() or 2),
+                resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+    finally:
+        if callable(kept):
+            signal.signal(signal.SIGTERM, kept)
 
 
 ACTOR_NAMESPACE = "autotune"
