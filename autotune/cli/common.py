@@ -14,6 +14,8 @@ from autotune.errors import STOP_SIGNALS, AutotuneError, interrupt
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+# The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
+EXIT_BROKEN_PIPE = 141
 
 
 def exit_interrupted(signum: int) -> int:
@@ -35,9 +37,6 @@ def stop_signals_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-# The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
-EXIT_BROKEN_PIPE = 141
 
 
 def existing_study(study: Study) -> Any:

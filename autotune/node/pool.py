@@ -135,7 +135,7 @@ def say_left_behind(reports: Iterable[NodeReport]) -> None:
             n = len(report.stopped_left_behind)
             print(
                 f"autotune: node {report.node}: stopped {n} server{'s' * (n > 1)} that a dead driver or node "
-                f"actor left running (process group {groups})",
+                f"actor left running (process group{'s' * (n > 1)} {groups})",
                 file=sys.stderr,
             )
 
