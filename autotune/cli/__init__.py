@@ -13,19 +13,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.cli.answers import cmd_best, cmd_status
-from autotune.cli.common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+from autotune.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    exit_interrupted,
+    stop_signals_interrupt,
+)
 from autotune.cli.files import cmd_diagnose, cmd_init, cmd_validate
 from autotune.cli.run import cmd_ablate, cmd_compare, cmd_enqueue, cmd_remeasure, cmd_run
 from autotune.cli.views import cmd_report, cmd_ui
 from autotune.config import load_study
 from autotune.config.init import DEFAULT_SERVER_COMMAND
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError, ConfigError, stop_signal
 from autotune.trial.redaction import Secrets, redacted_output
 
 # Each command imports what it runs inside its function, on purpose: `--help`, `validate` and `diagnose`
@@ -179,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.debug = getattr(args, "debug", False)
-    with redacted_output(_secrets(args)):
+    with redacted_output(_secrets(args)), stop_signals_interrupt():
         try:
             code = int(COMMANDS[args.command](args))
             sys.stdout.flush()  # here, so that a reader gone before the last line is caught below
@@ -199,10 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"autotune: {exc}", file=sys.stderr)
             from autotune.study.loop import StudyInterrupted
 
-            return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
-        except KeyboardInterrupt:  # Ctrl-C outside a study's own handling (loading files, reading a study)
-            print("autotune: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return exit_interrupted(exc.signum) if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+        except KeyboardInterrupt as exc:  # Ctrl-C outside a study's own handling (loading files, a study)
+            signum = stop_signal(exc)
+            how = "interrupted" if signum is signal.SIGINT else f"stopped by {signum.name}"
+            print(f"autotune: {how}", file=sys.stderr)
+            return exit_interrupted(signum)
         except Exception:
             traceback.print_exc()
             return EXIT_FAILED

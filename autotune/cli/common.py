@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from autotune.config import Study
-from autotune.errors import AutotuneError
+from autotune.errors import STOP_SIGNALS, AutotuneError, interrupt
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 # The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
 EXIT_BROKEN_PIPE = 141
+
+
+def exit_interrupted(signum: int) -> int:
+    """The status of a command stopped by a stop signal, as a shell reports a process it killed: 128 + n
+    (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
+    return 128 + int(signum)
+
+
+@contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt for the body, as Ctrl-C does, so that a command stopped by
+    `timeout`, systemd, Slurm or a closed terminal stops its trials cleanly (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS if sig is not signal.SIGINT}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def existing_study(study: Study) -> Any:
