@@ -20,6 +20,7 @@ from autotune.measure.stats import mean_ci
 from autotune.study.records import (
     ABLATION_OF_ATTR,
     BASELINE_ATTR,
+    FAILURE_KIND_ATTR,
     LAUNCH_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
@@ -27,6 +28,7 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
+from autotune.trial.failures import FailureKind
 from autotune.trial.redaction import Secrets, is_secret_name
 
 if TYPE_CHECKING:
@@ -55,6 +57,15 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
 def config_key(params: Mapping[str, Any]) -> ConfigKey:
     """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """Whether a trial counts against the budget: not when it was never launched (a known incompatible
+    proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
+    if trial.user_attrs.get(SKIPPED_ATTR):
+        return False
+    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
+    return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
 
 
 def deliberate(user_attrs: Mapping[str, Any]) -> bool:
@@ -233,8 +244,8 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
 def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[ConfigMeasurements]:
     groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
     for trial in sorted(trials, key=lambda t: t.number):
-        if trial.state.name in ("WAITING", "RUNNING") or trial.user_attrs.get(SKIPPED_ATTR):
-            continue
+        if trial.state.name in ("WAITING", "RUNNING") or not counts(trial):
+            continue  # an interrupted launch measured nothing: its retry is the config's measurement
         groups.setdefault(_config_of(trial), []).append(trial)
     out = []
     for members in groups.values():
