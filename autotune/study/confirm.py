@@ -33,6 +33,7 @@ from autotune.study.rules import (
     best_trial,
     deliberate,
     direction_sign,
+    groups_by_trial,
     is_feasible,
     maximizes,
     measurement_groups,
@@ -182,7 +183,7 @@ def confirmation_rounds(study: Study, ostudy: optuna.Study) -> Iterator[int]:
         settings = _start(study, ostudy)  # first, or again after a resumed search found more configs
     if settings is None:
         return
-    groups = {g.of: g for g in measurement_groups(ostudy)}
+    groups = groups_by_trial(ostudy)
     while True:
         state = confirmation(ostudy)
         assert state is not None  # started above

@@ -8,6 +8,7 @@ types only for type checking), so each of them imports the rule from here instea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -266,6 +267,21 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
             )
         )
     return out
+
+
+def groups_by_trial(ostudy: optuna.Study) -> dict[int, ConfigMeasurements]:
+    """Each config's measurements under its first trial's number, and also under the number of a launch of
+    it that measured nothing (interrupted, node lost), as `of`: a store written before issue 41 named a
+    config by such a trial, and its confirmation rounds go on under that name."""
+    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    groups = measurement_groups(ostudy)
+    by_number = {g.of: g for g in groups}
+    by_config = {_config_of(trials[g.of]): g for g in groups}
+    for trial in trials.values():
+        if trial.number not in by_number and trial.state.is_finished() and not counts(trial):
+            if (group := by_config.get(_config_of(trial))) is not None:
+                by_number[trial.number] = dataclasses.replace(group, of=trial.number)
+    return by_number
 
 
 def remeasured_ranking(

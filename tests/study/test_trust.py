@@ -549,3 +549,40 @@ def test_each_look_spends_the_confidence_over_the_candidates_and_the_looks(
 
     settings = {"confidence": 0.95, "min_rounds": min_rounds, "max_rounds": max_rounds}
     assert look_confidence(settings, top) == pytest.approx(expected)
+
+
+def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmation(
+    study_file: StudyFiles,
+) -> None:
+    """A study confirming when autotune named a config by its interrupted first trial (before issue 41):
+    its next round is queued under that name, as its first round was, instead of ending in a KeyError."""
+    from autotune.study.confirm import confirmation_rounds
+
+    study = load_study(study_file(search_space=FLAT, trust={"confirm": {"top": 1, "max_rounds": 4}}))
+    space = {
+        "--schedule-policy": CategoricalDistribution([None, "lpm", "fcfs"]),
+        "--stream-interval": CategoricalDistribution([None, 2, 4, 16]),
+    }
+    chosen = {"--schedule-policy": "lpm", "--stream-interval": 4}
+    ostudy = optuna.create_study(direction="maximize")
+    runs: list[tuple[TrialState, float | None, dict[str, Any], dict[str, Any]]] = [
+        (TrialState.COMPLETE, 100.0, {}, {"baseline": True}),
+        (TrialState.FAIL, None, chosen, {"failure_kind": "interrupted"}),
+        (TrialState.COMPLETE, 101.0, chosen, {"retry_of": 1}),
+        (TrialState.COMPLETE, 100.2, {}, {"baseline": True, "remeasure_of": 0, "confirm": {"round": 0}}),
+        (TrialState.COMPLETE, 100.9, chosen, {"remeasure_of": 1, "confirm": {"round": 0}}),
+    ]
+    for state, value, params, attrs in runs:
+        distributions = {name: space[name] for name in params}
+        trial = optuna.trial.create_trial(
+            state=state, value=value, params=params, distributions=distributions, user_attrs=attrs
+        )
+        ostudy.add_trial(trial)
+    record = {**study.file.trust.confirm.model_dump(), "baseline": 0, "configs": [1], "queued": 1, "since": 2}
+    ostudy.set_user_attr("confirm", record)
+
+    next(confirmation_rounds(study, ostudy))
+
+    queued = ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 1]
+    assert all(t.user_attrs["confirm"]["round"] == 1 for t in queued)
