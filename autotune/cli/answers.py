@@ -153,6 +153,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     ostudy = existing_study(study)
     trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
     summary = study_summary(ostudy)
+    from autotune.views.status import fitted, nccl_stage, terminal_width
+
+    stage_lines, stage_held = nccl_stage(study, study.storage)
     if args.json:
         print(
             json.dumps(
@@ -163,6 +166,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "trials": trials,
                     "pareto": summary["pareto"],
                     "remeasured": summary["remeasured"],
+                    "nccl_stage": {"text": stage_lines, "held": stage_held},
                     **trust_record(ostudy),
                 },
                 indent=2,
@@ -170,18 +174,23 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    from autotune.views.status import fitted, terminal_width
-
     metrics, width = study.objective.metrics, terminal_width()
+    for line in stage_lines:  # once, above the table: the rows leave out the values the stage held
+        print("\n".join(fitted("", line, width)))
     heads = "  ".join(f"{m:>18}" for m in metrics)
-    print(f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  changed from the baseline")
+    head = f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  "
+    print("\n".join(fitted(head, "changed from the baseline", width)))
     for t in trials:
         values = t["values"] or [None] * len(metrics)
         shown = "  ".join(f"{v:>18.2f}" if v is not None else f"{'-':>18}" for v in values)
         changed = (
             "baseline"
             if t["baseline"]
-            else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if is_set(v))
+            else " ".join(
+                f"{k}={to_arg(v)}"
+                for k, v in t["params"].items()
+                if is_set(v) and (k not in stage_held or stage_held[k] != v)
+            )
         )
         state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
         row = f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  "
