@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from autotune.cli.common import existing_study
+from autotune.cli.common import existing_study, no_such_trial
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
@@ -152,6 +152,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     study = load_study(args.study_file, for_launch=False)
     ostudy = existing_study(study)
     trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
+    if args.trial is not None:
+        if args.trial not in {t["number"] for t in trials}:
+            raise no_such_trial(study.name, args.trial, [t["number"] for t in trials])
+        trials = [t for t in trials if t["number"] == args.trial]
     summary = study_summary(ostudy)
     from autotune.views.status import fitted, nccl_stage, terminal_width
 
@@ -272,7 +276,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.trial is not None:
         best = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == args.trial), None)
         if best is None:
-            raise AutotuneError(f"study {study.name!r} has no trial {args.trial}")
+            raise no_such_trial(study.name, args.trial, [t.number for t in ostudy.get_trials(deepcopy=False)])
     elif summary["pareto"] is not None:
         if args.json:
             print(json.dumps({"study": study.name, "pareto": summary["pareto"]}, indent=2))
