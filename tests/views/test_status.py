@@ -151,3 +151,60 @@ def test_a_ctrl_c_says_which_trials_it_stops_in_a_sentence(trials: tuple[int, ..
     stream = io.StringIO()
     ConsoleReporter(stream).study_interrupting(StudyInterrupting(trials))
     assert stream.getvalue() == line + "\n"
+
+
+@pytest.mark.integration  # the CLI, the simulated node's all-reduce jobs, a Ctrl-C
+def test_a_ctrl_c_in_the_nccl_stage_leaves_a_status_that_shows_the_stage(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    from tests.builders import SIM_TIMEOUTS, simulated_server
+
+    nvidia_smi = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+    path = study_file(
+        n_trials=3,
+        nodes=[{"name": "local", "address": "local", "nvidia_smi": nvidia_smi}],
+        server=simulated_server(model_weight_gb=547, draft_model_path="/models/Kimi-K2.5-EAGLE3"),
+        timeouts=SIM_TIMEOUTS,
+        nccl_stage={"hidden_size": 7168, "command": [sys.executable, "-m", "autotune.sim.nccl_job"]},
+    )
+    study = load_study(path)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path), "--no-ray", "--no-tracking"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if not (study.workdir / "optuna.db").exists():
+                continue
+            try:
+                stage = optuna.load_study(study_name="t.nccl-stage", storage=study.storage)
+            except KeyError:
+                continue
+            if sum(t.state.is_finished() for t in stage.get_trials(deepcopy=False)) >= 3:
+                break
+        run.send_signal(signal.SIGINT)
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    assert "[]" not in err, err
+    assert re.search(r"stopping (trials? [\d, ]+ \(Ctrl-C|: no trial was running)", err), err
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"NCCL stage t\.nccl-stage: (\d+) of 26 all-reduce trials measured", out)
+    assert found and int(found.group(1)) >= 3, out
