@@ -190,7 +190,8 @@ def param_importances(data: PlotData) -> dict[str, float] | None:
     scratch.add_trials(filled)
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)  # the same study, the same plot
     try:
-        return dict(optuna.importance.get_param_importances(scratch, evaluator=evaluator, params=varied))
+        found = optuna.importance.get_param_importances(scratch, evaluator=evaluator, params=varied)
+        return {name: float(share) for name, share in found.items()}
     except (RuntimeError, ValueError, ZeroDivisionError):  # no spread in values
         return None
 
