@@ -40,15 +40,21 @@ def terminal_width() -> int:
     return shutil.get_terminal_size().columns
 
 
-def fitted(prefix: str, text: str, width: int) -> list[str]:
+def too_narrow(prefix: str, text: str, width: int) -> bool:
+    """Whether a word of `text` (`--mem-fraction-static=0.85`) is wider than the room beside `prefix`."""
+    return max((len(word) for word in text.split()), default=0) > max(width - len(prefix), MIN_TEXT_WIDTH)
+
+
+def fitted(prefix: str, text: str, width: int, under: bool | None = None) -> list[str]:
     """`prefix` then `text`, wrapped at `width` with the continuation lines under the text's start; when a
-    word (`--mem-fraction-static=0.85`) is wider than the room beside the prefix, the text goes on the lines
-    below it, indented, so that words stay whole; a word wider than even that is cut where the line ends,
-    never lost (it goes on the next line)."""
+    word is wider than the room beside the prefix (`too_narrow`), or `under` says so (a table whose rows read
+    one way), the text goes on the lines below it, indented, so that words stay whole; a word wider than
+    even that is cut where the line ends, never lost (it goes on the next line)."""
     room = max(width - len(prefix), MIN_TEXT_WIDTH)
-    if prefix.strip() and max((len(word) for word in text.split()), default=0) > room:
-        under = " " * UNDER_ROW_INDENT
-        return [prefix.rstrip(), *fitted(under, text, width)]
+    if under is None:
+        under = too_narrow(prefix, text, width)
+    if prefix.strip() and under:
+        return [prefix.rstrip(), *fitted(" " * UNDER_ROW_INDENT, text, width)]
     parts = textwrap.wrap(text, room, break_long_words=True, break_on_hyphens=False) or [""]
     return [prefix + parts[0], *(" " * len(prefix) + part for part in parts[1:])]
 

@@ -90,6 +90,8 @@ def test_at_80_columns_no_flag_is_cut_mid_word(
     words = {word for line in lines for word in line.split()}
     for name, value in WIDE.items():
         assert f"{name}={value}" in words or f"{name}={str(value).lower()}" in words, (name, lines)
+    rows = [line for line in lines if re.match(r"\s+\d+  [A-Z]", line)]
+    assert len(rows) == 3 and not any("=" in row or "baseline" in row for row in rows), "one way a table"
 
 
 def staged(study_file: StudyFiles, trials: int | None) -> Path:
