@@ -20,7 +20,8 @@ class BuildWithShippedFiles(build_py):
         for name in SHIPPED:
             source = Path(name)
             target = Path(self.build_lib) / "autotune" / "shipped" / name
-            shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
+            shutil.rmtree(target, ignore_errors=True)  # a file removed since the last build goes too
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns(".*"))
 
 
 setup(cmdclass={"build_py": BuildWithShippedFiles})
