@@ -54,3 +54,21 @@ def existing_study(study: Study) -> Any:
         raise AutotuneError(
             f"no study {study.name!r} in {study.storage}: start it with `autotune run {study.path}`"
         ) from None
+
+
+def no_such_trial(name: str, number: int, numbers: list[int]) -> AutotuneError:
+    """`--trial N` names no trial of the study: the error says which trials it has."""
+    if not numbers:
+        return AutotuneError(f"study {name!r} has no trial {number}: it has no trials yet")
+    return AutotuneError(f"study {name!r} has no trial {number}: its trials are {number_ranges(numbers)}")
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """0, 1, 2, 3, 5, 7, 8 as `0-3, 5, 7-8`."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
