@@ -89,8 +89,11 @@ def next_commands(study_file: Any) -> str:
 def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
     """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
     from autotune.study.loop import StudyDriver
+    from autotune.tracking.store import check_store
     from autotune.views.tracked import study_tracker
 
+    if not args.no_tracking:  # in seconds, before Ray starts: MLflow's own retries take minutes
+        check_store(study.tracking_uri, study.path)
     driver = StudyDriver(study, [ConsoleReporter()], tracking=None if args.no_tracking else study_tracker)
     if args.no_ray:
         from autotune.node.pool import in_process_pool
