@@ -10,6 +10,7 @@ from autotune.errors import AutotuneError
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_NO_ANSWER = 3  # the study ran, but its baseline never completed: no gain to measure, no answer
 EXIT_INTERRUPTED = 130
 # The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
 EXIT_BROKEN_PIPE = 141

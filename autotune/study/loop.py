@@ -46,6 +46,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.confirm import confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
+from autotune.study.node_failing import node_failing, requeue_baseline
 from autotune.study.noise import move_from, repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
@@ -206,6 +207,8 @@ class StudyDriver:
             tracker = [self.tracking(study)] if self.tracking else []
         self.observers = CallbackList([*tracker, *self.callbacks])
         recovered = self._recover(ostudy)
+        if not self.queued_only:
+            requeue_baseline(study, ostudy)  # its node may have been fixed since (study.node_failing)
         self.total, self.done = budget or 0, finished_count(ostudy)
         self._refresh_standing(ostudy)
         self.observers.study_started(StudyStarted(study, tuple(recovered)))
@@ -390,6 +393,9 @@ class StudyDriver:
                 if self.queued_only and not ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     return False
                 if self.searching and self.stopped is None and not self.queued_only:
+                    if (dead := node_failing(ostudy, self.trials_before)) is not None:
+                        self.stopped = dead.text  # not recorded: a resume tries the node again
+                        return False
                     self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
                     if self.stopped is not None:
                         record_stop(ostudy, self.stopped)
