@@ -80,6 +80,7 @@ from autotune.study.storage import (
     study_lock,
     trials_so_far,
 )
+from autotune.study.store_failure import storage_unwritable
 from autotune.study.summary import study_summary
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
@@ -217,6 +218,9 @@ class StudyDriver:
         except KeyboardInterrupt:  # Ctrl-C while Ray starts: no trial has started yet
             self.observers.study_ended(StudyEnded(study, ostudy, None))
             raise StudyInterrupted("interrupted while the nodes started; no trial was running") from None
+        except BaseException:  # a node check refused the start: no parent run left RUNNING
+            self.observers.study_ended(StudyEnded(study, ostudy, None))
+            raise
         try:
             study.check_flags([t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))])
             held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
@@ -250,6 +254,12 @@ class StudyDriver:
             raise StudyInterrupted(
                 "interrupted: the running trials were stopped; resume to continue"
             ) from None
+        except Exception as exc:
+            if (unwritable := storage_unwritable(study, exc)) is None:
+                raise
+            self._interrupt(ostudy, pool, record=False)  # the storage takes no more: a resume recovers them
+            self.observers.study_ended(StudyEnded(study, ostudy, None))
+            raise unwritable from exc
         finally:
             pool.close()
         self.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
@@ -628,9 +638,11 @@ class StudyDriver:
             enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=once)
         return learned
 
-    def _interrupt(self, ostudy: optuna.Study, pool: NodePool) -> None:
-        """First Ctrl-C: stop every running server, record the trials as interrupted, close their runs."""
-        self.observers.study_interrupting(StudyInterrupting(tuple(sorted(self.running))))
+    def _interrupt(self, ostudy: optuna.Study, pool: NodePool, *, record: bool = True) -> None:
+        """First Ctrl-C: stop every running server, record the trials as interrupted (not in a storage that
+        cannot be written: `record=False`), close their runs."""
+        if record:
+            self.observers.study_interrupting(StudyInterrupting(tuple(sorted(self.running))))
         pool.abort_all()
         logs: dict[int, str] = {}
         deadline = time.monotonic() + INTERRUPT_WAIT_S
@@ -638,6 +650,7 @@ class StudyDriver:
             for submitted, result in pool.wait(POLL_S):
                 logs[submitted.request.number] = result.log
         for number, entry in self.running.items():
-            ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
-            enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
+            if record:
+                ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
+                enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
             self.observers.trial_interrupted(TrialInterrupted(number, entry.baseline, logs.get(number, "")))
