@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.cli.answers import cmd_best, cmd_status
-from autotune.cli.common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+from autotune.cli.common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUSES, EXIT_USAGE
 from autotune.cli.files import cmd_diagnose, cmd_init, cmd_validate
 from autotune.cli.run import cmd_ablate, cmd_compare, cmd_enqueue, cmd_remeasure, cmd_run
 from autotune.cli.views import cmd_report, cmd_ui
@@ -45,7 +45,13 @@ def _add_driver_options(command: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0], parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description=__doc__.splitlines()[0],
+        parents=[common],
+        epilog="exit statuses:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUSES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str) -> argparse.ArgumentParser:

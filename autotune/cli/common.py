@@ -15,6 +15,19 @@ EXIT_INTERRUPTED = 130
 # The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
 EXIT_BROKEN_PIPE = 141
 
+# What each exit status means: `autotune --help` prints it, the README's table holds the same rows.
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (0, "done: the command did what it was asked (a study: ran and printed its answer)"),
+    (
+        EXIT_FAILED,
+        "an error stopped it (a node check, a storage that cannot be written): its message says what to do",
+    ),
+    (EXIT_USAGE, "bad input: a study file, an option, or the tracking store it names; nothing was started"),
+    (EXIT_NO_ANSWER, "the study ran but has no answer: its baseline (SGLang's defaults) never completed"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C): the running trials were stopped; resume runs them again"),
+    (EXIT_BROKEN_PIPE, "the reader of its output went away (a `head` that stopped reading)"),
+)
+
 
 def existing_study(study: Study) -> Any:
     """Load the study from its storage without creating anything when it does not exist."""

@@ -63,7 +63,7 @@ class NodeFailing:
 
 def _kind(trial: FrozenTrial) -> FailureKind | None:
     kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
-    return FailureKind(kind) if kind in FailureKind.__members__.values() else None
+    return FailureKind(str(kind)) if kind in FailureKind.__members__.values() else None
 
 
 def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
