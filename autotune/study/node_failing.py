@@ -56,9 +56,14 @@ class NodeFailing:
         return (
             f"stopped: no server could run on {where}: the baseline (SGLang's defaults) and "
             f"{self.launches - 1} more launches failed before measuring anything ({kinds}) and none served; "
-            f"{self.kinds[0][0].advice.rstrip('.')}; fix the node or the study's server section, then "
+            f"{_lowered(self.kinds[0][0].advice)}; fix the node or the study's server section, then "
             "resume the study (its baseline runs first)"
         )
+
+
+def _lowered(sentence: str) -> str:
+    """A sentence of advice as a clause of another: no capital, no full stop."""
+    return sentence[:1].lower() + sentence[1:].rstrip(".")
 
 
 def _kind(trial: FrozenTrial) -> FailureKind | None:

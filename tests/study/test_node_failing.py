@@ -48,7 +48,7 @@ def test_the_baseline_and_two_launches_failing_at_start_up_stop_the_study() -> N
     assert verdict is not None and verdict.launches == FAILED_LAUNCHES_TO_STOP
     assert verdict.text.startswith(
         "stopped: no server could run on node n0: the baseline (SGLang's defaults) and 2 more launches "
-        "failed before measuring anything (startup_timeout x2, server_died x1) and none served; The server "
+        "failed before measuring anything (startup_timeout x2, server_died x1) and none served; the server "
     )
     assert verdict.text.endswith("then resume the study (its baseline runs first)")
 
