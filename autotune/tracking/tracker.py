@@ -12,6 +12,7 @@ once more when it closes).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,11 +20,11 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from autotune.measure.metrics import BENCHMARK_FIGURES
 from autotune.study.callbacks import (
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from autotune.measure.client import BenchmarkResult
 
 log = logging.getLogger(__name__)
+_Event = TypeVar("_Event")
 
 STUDY_TAG = "autotune.study"
 TRIAL_TAG = "autotune.trial"
@@ -180,6 +182,17 @@ def anchor_artifacts(tracking_uri: str, folder: Path) -> int:
                     con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (anchored, rowid))
                     changed += 1
     return changed
+
+
+def _tolerant(hook: Callable[[StudyTracker, _Event], None]) -> Callable[[StudyTracker, _Event], None]:
+    """An event hook whose MLflow writes may fail without stopping the study (StudyTracker._writing)."""
+
+    @functools.wraps(hook)
+    def tolerant(self: StudyTracker, event: _Event) -> None:
+        with self._writing():
+            hook(self, event)
+
+    return tolerant
 
 
 class StudyTracker(StudyCallback):
@@ -573,113 +586,111 @@ class StudyTracker(StudyCallback):
         return str(run.info.run_id)
 
     # -- the study loop's events -----------------------------------------------------------------------
+    @_tolerant
     def study_started(self, event: StudyStarted) -> None:
-        with self._writing():
-            study = event.study
-            self.log_study_files(
-                {
-                    "study.yaml": study.path.read_text(),
-                    "search_space.yaml": study.search_space_text,
-                    "objective.yaml": study.objective_text,
-                }
-            )
-
-    def trials_recovered(self, event: TrialsRecovered) -> None:
-        with self._writing():
-            for trial in event.trials:
-                run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
-                if run_id:
-                    self.close_interrupted(run_id)
-
-    def trial_started(self, event: TrialStarted) -> None:
-        with self._writing():
-            trial = event.trial
-            kinds = {name: p.kind for name, p in event.study.search_space.parameters.items()}
-            run_id = self.start_trial(
-                trial.number, event.config, kinds, event.launch, event.baseline, event.node, event.ablation
-            )
-            trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)  # where a later driver finds the run to close
-            self._runs[trial.number] = run_id
-
-    def trial_phase_changed(self, event: PhaseChanged) -> None:
-        with self._writing():
-            run_id = self._runs.get(event.number)
-            if run_id is not None:
-                self.set_phase(run_id, event.phase, None)
-                self.phase_took(run_id, event.previous, event.previous_s)
-
-    def trial_finished(self, event: TrialFinished) -> None:
-        with self._writing():
-            run_id = self._runs.pop(event.number, None)
-            result, outcome = event.result, event.outcome
-            if run_id is None or result is None:  # refused before launch: it has no run
-                return
-            metrics = {"trial_s": event.elapsed_s}
-            if result.startup_s is not None:
-                metrics["startup_s"] = result.startup_s
-            if result.benchmark_s is not None:
-                metrics["benchmark_s"] = result.benchmark_s
-            if result.ok:  # a job's metrics are its measurement
-                metrics.update(
-                    result.metrics if result.benchmark is None else measurement_metrics(result.benchmark)
-                )
-            tags = {"autotune.node": result.node}
-            if outcome.over_limits:
-                tags["autotune.over_limits"] = "; ".join(outcome.over_limits)[:500]
-            if outcome.load_stopped_by is not None:
-                tags["autotune.load_stopped_by"] = outcome.load_stopped_by[:500]
-            if outcome.load_warning is not None:
-                tags["autotune.load_warning"] = outcome.load_warning[:500]
-            if outcome.pruned_by is not None:
-                tags["autotune.pruned_by"] = outcome.pruned_by
-            objective = event.study.objective
-            if outcome.values is not None and objective.is_multi_objective:
-                tags["autotune.values"] = json.dumps(
-                    dict(zip(objective.metrics, outcome.values, strict=True))
-                )
-            if outcome.failure is not None:
-                tags["autotune.failure_kind"] = outcome.failure.kind.value
-                tags["autotune.advice"] = outcome.failure.advice
-                tags["autotune.failure"] = outcome.failure.line[:500]
-            artifacts = {
-                "server.log": result.log,
-                "result.json": json.dumps(result.summary(), indent=2, default=str),
+        study = event.study
+        self.log_study_files(
+            {
+                "study.yaml": study.path.read_text(),
+                "search_space.yaml": study.search_space_text,
+                "objective.yaml": study.objective_text,
             }
-            if result.benchmark is not None:
-                artifacts["benchmark.json"] = result.benchmark.to_json()
-            if result.details:
-                artifacts["job_result.json"] = json.dumps(result.details, indent=2)
-            launch = event.launch
-            if launch is not None and result.port and result.port != launch.port:
-                artifacts["launch.sh"] = launch_script(
-                    launch.with_port(result.port)
-                )  # `port: auto`: the one used
-            self.finish_trial(
-                run_id,
-                number=event.number,
-                state=outcome.state.name,
-                value=outcome.value,
-                baseline=event.baseline,
-                metrics=metrics,
-                tags=tags,
-                artifacts=artifacts,
-            )
+        )
 
-    def trial_interrupted(self, event: TrialInterrupted) -> None:
-        with self._writing():
-            run_id = self._runs.pop(event.number, None)
-            if run_id is None:
-                return
-            self.finish_trial(
-                run_id,
-                number=event.number,
-                state="INTERRUPTED",
-                value=None,
-                baseline=event.baseline,
-                metrics={},
-                tags={"autotune.failure_kind": FailureKind.INTERRUPTED.value},
-                artifacts={"server.log": event.log} if event.log else {},
+    @_tolerant
+    def trials_recovered(self, event: TrialsRecovered) -> None:
+        for trial in event.trials:
+            run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            if run_id:
+                self.close_interrupted(run_id)
+
+    @_tolerant
+    def trial_started(self, event: TrialStarted) -> None:
+        trial = event.trial
+        kinds = {name: p.kind for name, p in event.study.search_space.parameters.items()}
+        run_id = self.start_trial(
+            trial.number, event.config, kinds, event.launch, event.baseline, event.node, event.ablation
+        )
+        trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)  # where a later driver finds the run to close
+        self._runs[trial.number] = run_id
+
+    @_tolerant
+    def trial_phase_changed(self, event: PhaseChanged) -> None:
+        run_id = self._runs.get(event.number)
+        if run_id is not None:
+            self.set_phase(run_id, event.phase, None)
+            self.phase_took(run_id, event.previous, event.previous_s)
+
+    @_tolerant
+    def trial_finished(self, event: TrialFinished) -> None:
+        run_id = self._runs.pop(event.number, None)
+        result, outcome = event.result, event.outcome
+        if run_id is None or result is None:  # refused before launch: it has no run
+            return
+        metrics = {"trial_s": event.elapsed_s}
+        if result.startup_s is not None:
+            metrics["startup_s"] = result.startup_s
+        if result.benchmark_s is not None:
+            metrics["benchmark_s"] = result.benchmark_s
+        if result.ok:  # a job's metrics are its measurement
+            metrics.update(
+                result.metrics if result.benchmark is None else measurement_metrics(result.benchmark)
             )
+        tags = {"autotune.node": result.node}
+        if outcome.over_limits:
+            tags["autotune.over_limits"] = "; ".join(outcome.over_limits)[:500]
+        if outcome.load_stopped_by is not None:
+            tags["autotune.load_stopped_by"] = outcome.load_stopped_by[:500]
+        if outcome.load_warning is not None:
+            tags["autotune.load_warning"] = outcome.load_warning[:500]
+        if outcome.pruned_by is not None:
+            tags["autotune.pruned_by"] = outcome.pruned_by
+        objective = event.study.objective
+        if outcome.values is not None and objective.is_multi_objective:
+            tags["autotune.values"] = json.dumps(dict(zip(objective.metrics, outcome.values, strict=True)))
+        if outcome.failure is not None:
+            tags["autotune.failure_kind"] = outcome.failure.kind.value
+            tags["autotune.advice"] = outcome.failure.advice
+            tags["autotune.failure"] = outcome.failure.line[:500]
+        artifacts = {
+            "server.log": result.log,
+            "result.json": json.dumps(result.summary(), indent=2, default=str),
+        }
+        if result.benchmark is not None:
+            artifacts["benchmark.json"] = result.benchmark.to_json()
+        if result.details:
+            artifacts["job_result.json"] = json.dumps(result.details, indent=2)
+        launch = event.launch
+        if launch is not None and result.port and result.port != launch.port:
+            artifacts["launch.sh"] = launch_script(
+                launch.with_port(result.port)
+            )  # `port: auto`: the one used
+        self.finish_trial(
+            run_id,
+            number=event.number,
+            state=outcome.state.name,
+            value=outcome.value,
+            baseline=event.baseline,
+            metrics=metrics,
+            tags=tags,
+            artifacts=artifacts,
+        )
+
+    @_tolerant
+    def trial_interrupted(self, event: TrialInterrupted) -> None:
+        run_id = self._runs.pop(event.number, None)
+        if run_id is None:
+            return
+        self.finish_trial(
+            run_id,
+            number=event.number,
+            state="INTERRUPTED",
+            value=None,
+            baseline=event.baseline,
+            metrics={},
+            tags={"autotune.failure_kind": FailureKind.INTERRUPTED.value},
+            artifacts={"server.log": event.log} if event.log else {},
+        )
 
     def summary_updated(self, event: SummaryUpdated) -> None:
         """The parent run's metrics and tags from the study's summary, its description and plots; first the
