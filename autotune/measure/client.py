@@ -245,7 +245,7 @@ def summarize(
     good = sum(_good(o, workload.slo, ms) for o in ok) if workload.slo is not None else 0
     reported = [o for o in ok if o.cached_tokens is not None]
     reported_prompt = sum(o.prompt_tokens for o in reported)
-    turns = workload.sessions is not None or any(o.turn for o in outcomes)
+    turns = workload.sessions is not None or (workload.trace is not None and any(o.turn for o in outcomes))
     first = [o.ttft_s * ms for o in ok if o.ttft_s is not None and o.turn == 0]
     later = [o.ttft_s * ms for o in ok if o.ttft_s is not None and o.turn > 0]
 

@@ -147,10 +147,17 @@ class Engine:
                 request.cached = request.prefilled = cache.match(request.blocks, request.input_len)
                 self.hits[request.rid] = request.cached
             self._starting.add(request.rid)
-        if cache is not None:
-            # The pool holds the running requests' own tokens; the cache keeps what room is left (SGLang
-            # evicts tree leaves when an allocation needs their slots).
-            cache.evict_to(plan.kv_tokens - sum(r.tokens - r.cached for r in self.running))
+        self._evict()
+
+    def _evict(self) -> None:
+        """The pool holds the running requests' tokens outside the cache (a prompt not yet prefilled, every
+        output); the cache keeps the room left, as SGLang evicts tree leaves when an allocation needs them."""
+        if self.cache is not None:
+            own = sum(
+                r.generated + (r.input_len - r.cached if r.prefilled < r.input_len else 0)
+                for r in self.running
+            )
+            self.cache.evict_to(self.node.plan.kv_tokens - own)
 
     def _jitter(self, seconds: float) -> float:
         if not self.noise.on:
@@ -182,6 +189,7 @@ class Engine:
                         self.cache.insert(request.blocks)
             if batch_tokens * plan.activation_gb_per_token > plan.avail_after_graph_gb:
                 return Step(0.0, "prefill", {}, [], aborted, node.oom_under_load_lines(batch_tokens))
+            self._evict()
             starting = [r for r in batch if r.rid in self._starting]
             self._starting.difference_update(r.rid for r in starting)
             duration = self._jitter(node.prefill_step_s(batch_tokens, context))
