@@ -1,5 +1,6 @@
-"""The simulated server's radix cache seen from the benchmark client, as a real server's is: each response's
-`meta_info.cached_tokens`, SGLang's "Prefill batch" lines and their `#cached-token`, the flag that turns it off."""
+"""The simulated server's radix cache seen from the benchmark client, as a real server's is: each
+response's `meta_info.cached_tokens`, SGLang's "Prefill batch" lines and their `#cached-token`, and the
+flag that disables it."""
 
 from __future__ import annotations
 
