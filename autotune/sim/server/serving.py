@@ -180,7 +180,7 @@ class Serving(LaunchPart):
             # SGLang's scheduler_metrics_mixin.log_prefill_stats: the batch's requests starting their
             # prefill, the tokens it computes, the tokens the radix cache served those requests.
             self.ranks.rank0(
-                f"Prefill batch. #new-seq: {step.new_seqs}, #new-token: {step.new_tokens}, "
+                f"Prefill batch, #new-seq: {step.new_seqs}, #new-token: {step.new_tokens}, "
                 f"#cached-token: {step.cached_tokens}, "
                 f"token usage: {stats['token_usage']:.2f}, #running-req: {int(stats['running'])}, "
                 f"#queue-req: {int(stats['queued'])}, "
