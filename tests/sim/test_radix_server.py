@@ -21,7 +21,9 @@ SESSIONS = Workload(
 )
 # Real SGLang 0.5.17 on an H200 (tests/sim/test_real_h200.py's log): "Prefill batch, #new-seq: 8,
 # #new-token: 8192, #cached-token: 0, token usage: 0.06, #running-req: 42, ...".
-PREFILL = re.compile(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), token usage: ")
+PREFILL = re.compile(
+    r"Prefill batch, #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), token usage: "
+)
 FAST = {"SGLANG_SIM_TIME_SCALE": "0.1", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
 
 
