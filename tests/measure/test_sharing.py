@@ -191,3 +191,37 @@ def test_turn_metrics_need_sessions(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="splits sessions' turns, and this workload has no sessions"):
         load_objective(path)
+
+
+def test_the_hit_rate_reaches_status_mlflow_and_the_report() -> None:
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.cli.answers import _status_notes, _trial_record
+    from autotune.tracking.tracker import measurement_metrics
+    from autotune.views.report import StudyFindings, _best_html, _trials_html
+
+    outcomes = [
+        RequestOutcome(True, 100, 20, 0.4, [0.01], 0.6, turn=0, cached_tokens=0),
+        RequestOutcome(True, 130, 20, 0.1, [0.01], 0.3, turn=1, cached_tokens=96),
+    ]
+    measured = summarize(outcomes, 2.0, Workload(sessions=SESSIONS), designed_hit_rate=0.5)  # type: ignore[arg-type]
+    logged = measurement_metrics(measured)
+    assert logged["cache_hit_rate"] == pytest.approx(96 / 230) and logged["designed_hit_rate"] == 0.5
+    assert logged["mean_ttft_later_turns_ms"] == pytest.approx(100)
+
+    record = {"hit_rate": 0.42, "designed": 0.5, "ttft_first_turn_ms": 400.0, "ttft_later_turns_ms": 100.0}
+    trial = create_trial(
+        state=TrialState.COMPLETE,
+        value=80.0,
+        params={"--schedule-policy": "lpm"},
+        distributions={"--schedule-policy": CategoricalDistribution([None, "lpm"])},
+        user_attrs={"prefix_cache": record},
+    )
+    assert prefix_cache_text(record) in _status_notes(_trial_record(trial))
+    findings = StudyFindings(
+        "s", "output_throughput", "tok/s", "maximize", {}, None, None, None, (), None, (trial,)
+    )
+    page = _trials_html(findings)
+    assert "<th>prefix cache hit (of designed)</th>" in page and "42% of 50%" in page
+    assert "prefix cache" not in _best_html(findings)  # no best config yet: nothing to say
