@@ -284,6 +284,15 @@ class Objective(BaseModel):
                 value=None,
                 fix="Add workload.slo, e.g. {ttft_ms: 2000, tpot_ms: 50}.",
             )
+        if workload is not None and workload.sharing is not None:
+            for section in ("ladder", "load_search"):
+                if getattr(self, section) is not None:
+                    raise rule_error(
+                        f"workload.{workload.sharing} sets its own requests and pace; {section} varies them",
+                        loc=(section,),
+                        value=workload.sharing,
+                        fix=f"Remove {section}, or send independent prompts.",
+                    )
         turn_metrics = [m for m in [*self.metrics, *self.limits] if CATALOGUE[m].needs_turns]
         if workload is not None and turn_metrics and workload.sessions is None and workload.trace is None:
             raise rule_error(

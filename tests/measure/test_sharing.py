@@ -225,3 +225,13 @@ def test_the_hit_rate_reaches_status_mlflow_and_the_report() -> None:
     page = _trials_html(findings)
     assert "<th>prefix cache hit (of designed)</th>" in page and "42% of 50%" in page
     assert "prefix cache" not in _best_html(findings)  # no best config yet: nothing to say
+
+
+def test_a_ladder_or_load_search_does_not_vary_a_sharing_workload(tmp_path: Path) -> None:
+    path = tmp_path / "objective.yaml"
+    path.write_text(
+        "name: t\nmetric: output_throughput\nladder: {concurrency: [1, 2]}\nworkload:\n"
+        "  sessions: {num_sessions: 2, turns: 2, first_prompt_len: 9, user_len: 1, output_len: 1}\n"
+    )
+    with pytest.raises(ConfigError, match=r"ladder: workload\.sessions sets its own requests and pace"):
+        load_objective(path)
