@@ -24,6 +24,9 @@ NEW_TOKEN_RATIO = 0.3
 # Above this many waiting requests SGLang's lpm policy falls back to fcfs: sorting by prefix match costs too
 # much (schedule_policy.py, `_determine_active_policy`: len(waiting_queue) > 128).
 LPM_MAX_QUEUE = 128
+# lpm's in-batch prefix caching (schedule_policy.py, IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD and
+# _DEPRIORITIZE_THRESHOLD, both 32 tokens by default): see Engine._held_for_in_batch_reuse.
+IN_BATCH_THRESHOLD_TOKENS = 32
 
 
 @dataclass
@@ -133,10 +136,12 @@ class Engine:
 
     def _admit(self) -> None:
         plan, cache = self.node.plan, self.cache
+        held: deque[_Request] = deque()
         if cache is not None and self.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             # lpm: the waiting requests whose prefix the cache holds longest go first (a stable sort keeps
             # arrival order among equals), so a shared prefix is reused before it is evicted.
             self.waiting = deque(sorted(self.waiting, key=lambda r: -cache.peek(r.blocks)))
+            held = self._held_for_in_batch_reuse(cache)
         while self.waiting and len(self.running) < plan.max_running_requests:
             request = self.waiting[0]
             reserved = sum(r.reserved() for r in self.running)
@@ -147,7 +152,34 @@ class Engine:
                 request.cached = request.prefilled = cache.match(request.blocks, request.input_len)
                 self.hits[request.rid] = request.cached
             self._starting.add(request.rid)
+        self.waiting.extend(held)
         self._evict()
+
+    def _held_for_in_batch_reuse(self, cache: PrefixCache) -> deque[_Request]:
+        """lpm's in-batch prefix caching: a waiting request the cache serves at most
+        IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD tokens of, whose first IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_
+        THRESHOLD tokens another request being prefilled (or ahead of it) shares, waits for that one's prefix
+        to be cached instead of computing it too (SGLang schedule_policy.py, both thresholds 32 tokens).
+        Taken out of `waiting` for this admission; the caller puts them back at its end."""
+        depth = -(-IN_BATCH_THRESHOLD_TOKENS // cache.block)  # blocks that make the 32 tokens
+        ahead = {
+            r.blocks[depth - 1] for r in self.running if r.prefilled < r.input_len and len(r.blocks) >= depth
+        }
+        kept: deque[_Request] = deque()
+        held: deque[_Request] = deque()
+        for request in self.waiting:
+            if (
+                len(request.blocks) < depth
+                or cache.peek(request.blocks) * cache.block > IN_BATCH_THRESHOLD_TOKENS
+            ):
+                kept.append(request)
+            elif request.blocks[depth - 1] in ahead:
+                held.append(request)
+            else:
+                ahead.add(request.blocks[depth - 1])
+                kept.append(request)
+        self.waiting = kept
+        return held
 
     def _evict(self) -> None:
         """The pool holds the running requests' tokens outside the cache (a prompt not yet prefilled, every

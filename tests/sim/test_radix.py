@@ -108,3 +108,17 @@ def test_chunked_prefill_chunks_only_the_uncached_part() -> None:
     engine.add("turn2", 19_000, 1, tokens=context + _ids(2, 3000))
     steps = _prefills(engine)
     assert [s.new_tokens for s in steps] == [3000]  # one chunk: the cache served the 16,000 before
+
+
+def test_lpm_holds_a_request_whose_prefix_another_is_computing_and_fcfs_computes_it_twice() -> None:
+    def cached_of_the_second(policy: str) -> int:
+        engine = _engine("--schedule-policy", policy)
+        system = _ids(1, 3000)  # two prompts behind one system prompt nothing has cached yet
+        engine.add("a", 3100, 1, tokens=system + _ids(2, 100))
+        engine.add("b", 3100, 1, tokens=system + _ids(3, 100))
+        steps = _prefills(engine)
+        return sum(s.cached_tokens for s in steps)
+
+    # fcfs prefills both at once, each computing the system prompt; lpm holds b until a's is cached.
+    assert cached_of_the_second("fcfs") == 0
+    assert cached_of_the_second("lpm") == 3000 // 16 * 16
