@@ -235,3 +235,14 @@ def test_a_ladder_or_load_search_does_not_vary_a_sharing_workload(tmp_path: Path
     )
     with pytest.raises(ConfigError, match=r"ladder: workload\.sessions sets its own requests and pace"):
         load_objective(path)
+
+
+def test_bench_serving_does_not_send_a_sharing_workload(tmp_path: Path) -> None:
+    path = tmp_path / "objective.yaml"
+    path.write_text(
+        "name: t\nmetric: output_throughput\nclient: bench_serving\nworkload:\n"
+        "  sessions: {num_sessions: 2, turns: 2, first_prompt_len: 9, user_len: 1, output_len: 1}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_objective(path)
+    assert caught.value.field == "workload.sessions" and "Use `client: builtin`" in str(caught.value)
