@@ -431,7 +431,7 @@ def test_a_ladder_and_a_short_run_share_one_launch(tmp_path: Path) -> None:
     # One launch served them all (tok/s per level is wall-clock speed, which a loaded machine bends): one
     # start, and its log prefilled one warm-up, the short run's 1 + 3 prompts and the ladder's 2 + 6.
     assert result.log.count("The server is fired up and ready to roll!") == 1
-    prefills = re.findall(r"Prefill batch\. #new-seq: (\d+), #new-token: (\d+),", result.log)
+    prefills = re.findall(r"Prefill batch, #new-seq: (\d+), #new-token: (\d+),", result.log)
     assert sum(int(seqs) for seqs, tokens in prefills if int(tokens) == 1000 * int(seqs)) == 1 + 4 + 8
 
 

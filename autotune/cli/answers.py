@@ -22,12 +22,14 @@ from autotune.study.records import (
     LOAD_WARNING_ATTR,
     MLFLOW_RUN_ATTR,
     OVER_LIMITS_ATTR,
+    PREFIX_CACHE_ATTR,
     PROPOSED_ATTR,
     PRUNED_BY_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
     SAME_AS_ATTR,
     SHORT_VALUE_ATTR,
+    prefix_cache_text,
 )
 from autotune.study.rules import best_trial, is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, to_arg
@@ -130,6 +132,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "over_limits": trial.user_attrs.get(OVER_LIMITS_ATTR),
         "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
         "load_warning": trial.user_attrs.get(LOAD_WARNING_ATTR),
+        "prefix_cache": trial.user_attrs.get(PREFIX_CACHE_ATTR),
         "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
         "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
         "same_as": trial.user_attrs.get(SAME_AS_ATTR),
@@ -248,6 +251,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t.get("load_warning"):
         notes.append(f"warning: {t['load_warning']}")
+    if cache := prefix_cache_text(t.get("prefix_cache")):
+        notes.append(cache)
     if t["confirm"] is not None:
         round_ = t["confirm"]["round"] + 1  # counted from 1, as the console counts them
         notes.append(f"confirmation round {round_}: trial {t['remeasure_of']}'s config again")

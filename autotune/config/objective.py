@@ -284,6 +284,23 @@ class Objective(BaseModel):
                 value=None,
                 fix="Add workload.slo, e.g. {ttft_ms: 2000, tpot_ms: 50}.",
             )
+        if workload is not None and workload.sharing is not None:
+            for section in ("ladder", "load_search"):
+                if getattr(self, section) is not None:
+                    raise rule_error(
+                        f"workload.{workload.sharing} sets its own requests and pace; {section} varies them",
+                        loc=(section,),
+                        value=workload.sharing,
+                        fix=f"Remove {section}, or send independent prompts.",
+                    )
+        turn_metrics = [m for m in [*self.metrics, *self.limits] if CATALOGUE[m].needs_turns]
+        if workload is not None and turn_metrics and workload.sessions is None and workload.trace is None:
+            raise rule_error(
+                f"{turn_metrics[0]} splits sessions' turns, and this workload has no sessions",
+                loc=("workload",),
+                value=workload.sharing or "independent prompts",
+                fix="Add workload.sessions (or a workload.trace with session_id), or use mean_ttft_ms.",
+            )
         if (search is not None) != ("max_load" in self.metrics):
             raise rule_error(
                 "max_load is what a load search measures: one needs the other",
@@ -305,15 +322,20 @@ class Objective(BaseModel):
                 "prompts": workload.prompts is not None and workload.prompts_format == "jsonl",
                 "lengths": workload.lengths == "file",
                 "burstiness": workload.burstiness != 1.0,  # 0.5.17's get_request draws exponential gaps only
+                **{
+                    kind: getattr(workload, kind) is not None
+                    for kind in ("shared_prefix", "sessions", "trace")
+                },
             }
             for field_name, bad in unsupported.items():
                 if bad:
                     raise rule_error(
-                        "sglang.bench_serving cannot send this workload (it reads ShareGPT files, not JSONL, "
-                        "and sends Poisson arrivals only)",
+                        "sglang.bench_serving cannot send this workload (autotune runs it on ShareGPT "
+                        "files or random ids, Poisson arrivals, one request at a time)",
                         loc=("workload", field_name),
                         value=getattr(workload, field_name),
-                        fix="Use `client: builtin`, or a ShareGPT *.json prompts file and burstiness 1.0.",
+                        fix="Use `client: builtin`, or a ShareGPT *.json prompts file and burstiness 1.0, "
+                        "with no shared_prefix, sessions or trace.",
                     )
 
     @model_validator(mode="after")
@@ -403,10 +425,14 @@ def parse_objective(data: Mapping[str, Any], path: Path | str = "<objective>") -
     """Validate an objective already read from YAML; errors are ConfigErrors naming `path`. A relative
     workload.prompts is resolved against `path`'s folder, and the file read now, so a bad one stops the
     study before any launch."""
+    data = _trace_resolved(data, path)
     try:
         objective = Objective.model_validate(data)
     except ValidationError as exc:
         raise config_error_from_validation(path, exc, Objective) from None
+    except ConfigError as exc:  # the trace file's own error (autotune.measure.sharing.load_trace)
+        problem = f"{exc.field}: {exc.problem} (got {exc.value!r})" if exc.field else exc.problem
+        raise ConfigError(path, "workload.trace.path", str(exc.path), problem, exc.fix) from None
     workload = objective.workload
     if workload is not None and workload.prompts is not None:
         prompts = Path(workload.prompts).expanduser()
@@ -425,6 +451,21 @@ def parse_objective(data: Mapping[str, Any], path: Path | str = "<objective>") -
                 exc.fix,
             ) from None
     return objective
+
+
+def _trace_resolved(data: Mapping[str, Any], path: Path | str) -> Mapping[str, Any]:
+    """`data` with a relative workload.trace.path made absolute against the objective file's folder, as a
+    prompts file is: the workload reads the trace when validated, to know how many requests it holds."""
+    workload = data.get("workload") if isinstance(data, Mapping) else None
+    trace = workload.get("trace") if isinstance(workload, Mapping) else None
+    where = trace.get("path") if isinstance(trace, Mapping) else None
+    if not isinstance(where, str) or not where or not isinstance(workload, Mapping):
+        return data
+    assert isinstance(trace, Mapping)
+    resolved = Path(where).expanduser()
+    if not resolved.is_absolute() and str(path) != "<objective>":
+        resolved = Path(path).parent / resolved
+    return {**data, "workload": {**workload, "trace": {**trace, "path": str(resolved.resolve())}}}
 
 
 def load_objective(path: Path | str) -> Objective:

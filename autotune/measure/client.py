@@ -4,6 +4,11 @@ Prompts are random token ids (like bench_serving's `random-ids` dataset with `--
 so no tokenizer is needed and every request has exactly `input_len` prompt tokens and, with
 `ignore_eos`, exactly `output_len` output tokens; or the workload's prompts file, lengths and arrival
 rate (see `autotune.measure.workloads`). With an SLO, requests that met it count as goodput.
+
+A workload that shares prefixes (`autotune.measure.sharing`) starts each measurement with an empty cache
+(`/flush_cache` after the warm-up, so every config meets the same cold cache), sends a session's turns one
+after another, and records the share of prompt tokens the server says it served from its cache (each
+response's `meta_info.cached_tokens`) beside the share the workload was designed to share.
 """
 
 from __future__ import annotations
@@ -117,6 +122,13 @@ class BenchmarkResult:
     max_load: float | None = None
     load_stopped_by: str | None = None
     load_warning: str | None = None
+    # A workload that shares prefixes: the share of prompt tokens the server served from its prefix cache
+    # (its responses' meta_info.cached_tokens; None when it reported none), the share an unbounded cache
+    # could have served, and the mean TTFT of sessions' first turns and of their later turns.
+    cache_hit_rate: float | None = None
+    designed_hit_rate: float | None = None
+    mean_ttft_first_turn_ms: float | None = None
+    mean_ttft_later_turns_ms: float | None = None
 
     def to_json(self) -> str:
         """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""
@@ -149,6 +161,10 @@ class RequestOutcome:
     itl_s: list[float] = field(default_factory=list)
     latency_s: float = 0.0
     error: str | None = None
+    turn: int = 0  # the request's turn in its session (0: the first, or no session)
+    cached_tokens: int | None = (
+        None  # prompt tokens the server served from its cache (meta_info.cached_tokens)
+    )
 
 
 class SSEParser:
@@ -210,6 +226,7 @@ def summarize(
     *,
     time_scale: float = 1.0,
     accept_length: float | None = None,
+    designed_hit_rate: float | None = None,
 ) -> BenchmarkResult:
     """Turn per-request outcomes and the real wall-clock `duration_s` into a result in server time.
 
@@ -226,6 +243,11 @@ def summarize(
     total_in = sum(o.prompt_tokens for o in ok)
     total_out = sum(o.output_tokens for o in ok)
     good = sum(_good(o, workload.slo, ms) for o in ok) if workload.slo is not None else 0
+    reported = [o for o in ok if o.cached_tokens is not None]
+    reported_prompt = sum(o.prompt_tokens for o in reported)
+    turns = workload.sessions is not None or (workload.trace is not None and any(o.turn for o in outcomes))
+    first = [o.ttft_s * ms for o in ok if o.ttft_s is not None and o.turn == 0]
+    later = [o.ttft_s * ms for o in ok if o.ttft_s is not None and o.turn > 0]
 
     def rate(amount: float) -> float:
         return amount / server_duration if server_duration > 0 else 0.0
@@ -254,7 +276,22 @@ def summarize(
         first_error=next((o.error for o in outcomes if o.error), None),
         request_goodput=rate(good) if workload.slo is not None else None,
         slo_attainment=good / len(outcomes) if workload.slo is not None and outcomes else None,
+        cache_hit_rate=(
+            sum(o.cached_tokens or 0 for o in reported) / reported_prompt
+            if workload.sharing is not None and reported_prompt
+            else None
+        ),
+        designed_hit_rate=designed_hit_rate,
+        mean_ttft_first_turn_ms=_mean(first) if turns and first else None,
+        mean_ttft_later_turns_ms=_mean(later) if turns and later else None,
     )
+
+
+def designed_hit_rate(requests: Sequence[Request]) -> float | None:
+    """The share of the requests' prompt tokens that an earlier request of the run already sent as the same
+    leading tokens: what an unbounded prefix cache could serve (None: none says)."""
+    total = sum(r.prompt_tokens for r in requests)
+    return sum(r.shared_tokens for r in requests) / total if total else None
 
 
 def _good(outcome: RequestOutcome, slo: Slo, ms: float) -> bool:
@@ -274,7 +311,7 @@ async def _generate(
     session: aiohttp.ClientSession, url: str, prompt: Request, max_new_tokens: int
 ) -> RequestOutcome:
     """Send one streaming /generate request and time it; never raises for server or network errors."""
-    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens)
+    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens, turn=prompt.turn)
     payload = {
         **({"text": prompt.text} if prompt.input_ids is None else {"input_ids": prompt.input_ids}),
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
@@ -309,6 +346,8 @@ async def _generate(
                         out.error = f"request aborted: {reason.get('message', '')}"[:_ERROR_TEXT_MAX]
                         return out
                     out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
+                    if meta.get("cached_tokens") is not None:  # set once the prefill matched the cache
+                        out.cached_tokens = int(meta["cached_tokens"])
                     # completion_tokens is cumulative; output_ids carries only this chunk's new tokens.
                     tokens = meta.get("completion_tokens")
                     tokens = (
@@ -362,6 +401,16 @@ async def _server_info(session: aiohttp.ClientSession, base_url: str) -> dict[st
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             continue
     return {}
+
+
+async def _flush_cache(session: aiohttp.ClientSession, base_url: str) -> None:
+    """Empty the server's prefix cache (SGLang's /flush_cache), so that the warm-up and an earlier benchmark
+    on the same launch leave nothing behind; a server that refuses keeps its cache (the hit rate shows it)."""
+    try:
+        async with session.post(base_url + "/flush_cache") as resp:
+            await resp.read()
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return
 
 
 def _time_scale(info: dict[str, Any]) -> float | None:
@@ -429,9 +478,15 @@ async def run_benchmark(
 
                 semaphore = asyncio.Semaphore(workload.concurrency)
                 prompts = requests_for(workload, "bench", seed, workload.num_prompts)
-                offsets = arrival_offsets(
-                    workload.num_prompts, workload.request_rate, workload.burstiness, _time_scale(info) or 1.0
-                )
+                scale = _time_scale(info) or 1.0
+                if workload.sharing is not None:
+                    await _flush_cache(session, base_url)
+                if workload.trace is not None:
+                    offsets = [(p.arrival_s or 0.0) * scale for p in prompts]
+                else:
+                    offsets = arrival_offsets(
+                        workload.num_prompts, workload.request_rate, workload.burstiness, scale
+                    )
 
                 async def one(prompt: Request, offset: float) -> None:
                     # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
@@ -439,8 +494,25 @@ async def run_benchmark(
                     async with semaphore:
                         outcomes.append(await _generate(session, url, prompt, prompt.output_len))
 
+                async def conversation(turns: list[Request]) -> None:
+                    # A session's next turn follows its previous answer, after the user's think time.
+                    for index, prompt in enumerate(turns):
+                        if index and workload.sessions is not None:
+                            await asyncio.sleep(workload.sessions.think_time_s * scale)
+                        async with semaphore:
+                            outcome = await _generate(session, url, prompt, prompt.output_len)
+                            outcomes.append(outcome)
+                        if not outcome.success:
+                            break  # the later turns would re-send a context the server never answered
+
                 start = time.perf_counter()
-                await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
+                if workload.sessions is not None:
+                    by_session: dict[int | None, list[Request]] = {}
+                    for prompt in prompts:
+                        by_session.setdefault(prompt.session, []).append(prompt)
+                    await asyncio.gather(*(conversation(turns) for turns in by_session.values()))
+                else:
+                    await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
                 duration = time.perf_counter() - start
                 after = await _server_info(session, base_url)
         except TimeoutError:
@@ -455,7 +527,12 @@ async def run_benchmark(
 
     time_scale = _time_scale(info) or _time_scale(after) or 1.0
     result = summarize(
-        outcomes, duration, workload, time_scale=time_scale, accept_length=_accept_length(after)
+        outcomes,
+        duration,
+        workload,
+        time_scale=time_scale,
+        accept_length=_accept_length(after),
+        designed_hit_rate=designed_hit_rate(prompts) if workload.sharing is not None else None,
     )
     if result.completed == 0:
         raise BenchmarkError(

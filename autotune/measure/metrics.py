@@ -43,6 +43,7 @@ class Metric:
     objective: bool = True
     job: bool = False
     needs_slo: bool = False
+    needs_turns: bool = False  # only a workload of sessions (or a trace with session ids) measures it
     unit: str = ""  # as the console prints it after a value
 
 
@@ -72,6 +73,13 @@ CATALOGUE: Mapping[str, Metric] = MappingProxyType(
         "slo_attainment": Metric("maximize", needs_slo=True),
         # With load_search: the highest request rate (or concurrency) at which the SLO held.
         "max_load": Metric("maximize", needs_slo=True),
+        # With a workload that shares prefixes (autotune.measure.sharing): the share of prompt tokens the
+        # server served from its prefix cache, the share the workload was designed to share, and sessions'
+        # TTFT of their first turns and of their later ones.
+        "cache_hit_rate": Metric("maximize", objective=False),
+        "designed_hit_rate": _RECORD,
+        "mean_ttft_first_turn_ms": Metric("minimize", needs_turns=True, unit="ms"),
+        "mean_ttft_later_turns_ms": Metric("minimize", needs_turns=True, unit="ms"),
         # `kind: nccl_allreduce` objectives' (see autotune.config.allreduce).
         # us per all-reduce, the messages' weighted mean
         "allreduce_us": Metric("minimize", job=True, unit="µs"),

@@ -11,6 +11,11 @@ at `request_rate` requests per second with gamma-distributed gaps of shape `burs
 exponential gaps of bench_serving's `get_request`; below 1 burstier, above 1 more even), still at most
 `concurrency` in flight.
 
+Three workloads share token prefixes, so that a server's radix cache can serve part of each prompt
+(`autotune.measure.sharing`): `shared_prefix` (groups of prompts behind one system prompt, bench_serving's
+generated-shared-prefix dataset), `sessions` (multi-turn conversations, each turn re-sending the whole
+context) and `trace` (a Mooncake-style JSONL trace whose `hash_ids` name the shared blocks).
+
 `Workload` is both what a study file's `workload:` section is validated into and what a node receives: one
 type, so one rule for each field (warm-up included: only a launch's first benchmark warms the server up).
 """
@@ -22,7 +27,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictInt, model_validator
 from pydantic import dataclasses as pydantic_dataclasses
@@ -33,7 +38,10 @@ __all__ = [
     "Lengths",
     "PromptsFormat",
     "Request",
+    "Sessions",
+    "SharedPrefix",
     "Slo",
+    "Trace",
     "Workload",
     "arrival_offsets",
     "load_prompts",
@@ -78,6 +86,47 @@ class Slo:
 
 
 @pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
+class SharedPrefix:
+    """`num_groups` groups of `prompts_per_group` prompts; a group's prompts start with the same
+    `system_prompt_len` tokens and end with their own `question_len`; each asks `output_len` tokens. SGLang
+    bench_serving's `generated-shared-prefix` dataset (`--gsp-num-groups`, `--gsp-prompts-per-group`,
+    `--gsp-system-prompt-len`, `--gsp-question-len`, `--gsp-output-len`), its prompts shuffled as it does."""
+
+    num_groups: _Count
+    prompts_per_group: _Count
+    system_prompt_len: _Count
+    question_len: _Count
+    output_len: _Count
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
+class Sessions:
+    """`num_sessions` conversations of `turns` turns each, all open at once. The first turn sends
+    `first_prompt_len` tokens; each later turn sends the previous turn's prompt, then the previous answer
+    (`output_len` tokens), then a new user message of `user_len` tokens, `think_time_s` server seconds after
+    the previous answer ended."""
+
+    num_sessions: _Count
+    turns: _Count
+    first_prompt_len: _Count
+    user_len: _Count
+    output_len: _Count
+    think_time_s: Annotated[float, Field(ge=0)] = 0.0
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
+class Trace:
+    """A request trace to replay: a JSONL file (in a study file, relative to it), one request a line with
+    the Mooncake trace's fields (`timestamp` in ms, `input_length`, `output_length`, `hash_ids`: one id per
+    `block_size` prompt tokens, equal ids meaning equal blocks) and an optional `session_id`. Its times are
+    divided by `speedup` (2.0 sends it twice as fast)."""
+
+    path: Annotated[str, Field(min_length=1)]
+    block_size: _Count = 512  # Mooncake's traces hash 512-token blocks
+    speedup: _Positive = 1.0
+
+
+@pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)
 class Workload:
     """What a benchmark sends: `num_prompts` requests of `input_len` random prompt tokens and `output_len`
     output tokens, at most `concurrency` in flight, after `warmup_requests` uncounted ones.
@@ -102,6 +151,23 @@ class Workload:
     request_rate: _Positive | None = None  # requests/s; None: all at once
     burstiness: _Positive = 1.0
     slo: Slo | None = None
+    # Prompts that share prefixes (at most one of these, and not with `prompts`); each sets num_prompts,
+    # input_len and output_len when they are left out (autotune.measure.sharing).
+    shared_prefix: SharedPrefix | None = None
+    sessions: Sessions | None = None
+    trace: Trace | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sizes_from_sharing(cls, data: Any) -> Any:
+        from autotune.measure.sharing import fill_sizes  # the rules of each sharing kind live there
+
+        return fill_sizes(data)
+
+    @property
+    def sharing(self) -> str | None:
+        """Which prefix-sharing kind this workload sends (`shared_prefix`, `sessions`, `trace`), or None."""
+        return next((k for k in ("shared_prefix", "sessions", "trace") if getattr(self, k) is not None), None)
 
     @model_validator(mode="after")
     def _lengths_from_file(self) -> Workload:
@@ -136,11 +202,18 @@ class Prompt:
 
 @dataclass(frozen=True)
 class Request:
-    """One request to send: `text` or `input_ids` (exactly one), `output_len` new tokens."""
+    """One request to send: `text` or `input_ids` (exactly one), `output_len` new tokens. A workload that
+    shares prefixes also says which `session` it belongs to and its `turn` there (0: the first), how many
+    leading tokens an earlier prompt of the run already sent (`shared_tokens`: what an unbounded prefix cache
+    could serve), and, for a trace, when it is sent (`arrival_s`, server seconds from the start)."""
 
     text: str | None
     input_ids: list[int] | None
     output_len: int
+    session: int | None = None
+    turn: int = 0
+    shared_tokens: int = 0
+    arrival_s: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -265,6 +338,10 @@ def _length(rng: random.Random, length: int, lengths: Lengths, range_ratio: floa
 def requests_for(workload: Workload, label: str, seed: int, count: int) -> list[Request]:
     """The `count` requests a run sends (`label`: which run, e.g. "warmup"); the same on every run and
     platform for the same seed: a string seed is hashed with SHA-512 by `random`."""
+    if workload.sharing is not None:
+        from autotune.measure.sharing import sharing_requests
+
+        return sharing_requests(workload, label, seed)[:count]
     prompts = load_prompts(workload.prompts, workload.prompts_format) if workload.prompts else ()
     requests = []
     for index in range(count):

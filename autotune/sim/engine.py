@@ -1,4 +1,5 @@
-"""SGLang's scheduler played forward in model time: admission by KV capacity, chunked prefill, decode.
+"""SGLang's scheduler played forward in model time: admission by KV capacity, the radix cache's prefix
+reuse (`autotune.sim.radix`) and its schedule policy, chunked prefill, decode.
 
 The simulated server advances an `Engine` against the wall clock; `run_workload` advances one as fast as
 it can, so the model's answer for a workload and what a client measures come from the same code.
@@ -8,16 +9,24 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotune.sim.model.noise import SimNoise
+from autotune.sim.radix import BLOCK, PrefixCache, block_hashes
 
 if TYPE_CHECKING:
     from autotune.sim.model import MemoryPlan, NodePerformanceModel
 
 # SGLang reserves part of each request's remaining output when admitting (its new_token_ratio).
 NEW_TOKEN_RATIO = 0.3
+# Above this many waiting requests SGLang's lpm policy falls back to fcfs: sorting by prefix match costs too
+# much (schedule_policy.py, `_determine_active_policy`: len(waiting_queue) > 128).
+LPM_MAX_QUEUE = 128
+# lpm's in-batch prefix caching (schedule_policy.py, IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD and
+# _DEPRIORITIZE_THRESHOLD, both 32 tokens by default): see Engine._held_for_in_batch_reuse.
+IN_BATCH_THRESHOLD_TOKENS = 32
 
 
 @dataclass
@@ -29,6 +38,10 @@ class _Request:
     generated: int = 0
     accept_credit: float = 0.0
     accept: float | None = None  # this request's accept length when its prompt sets one (None: the node's)
+    blocks: tuple[
+        int, ...
+    ] = ()  # its prompt's block hashes (autotune.sim.radix); () when its ids are unknown
+    cached: int = 0  # prompt tokens the cache served when it was admitted
 
     @property
     def tokens(self) -> int:
@@ -48,6 +61,11 @@ class Step:
     finished: list[str]
     aborted: list[str] = field(default_factory=list)
     oom_lines: list[str] | None = None
+    # A prefill batch, as SGLang's "Prefill batch" line counts it: requests starting their prefill, the
+    # tokens computed, the tokens the cache served the starting ones.
+    new_seqs: int = 0
+    new_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class Engine:
@@ -67,10 +85,24 @@ class Engine:
         self.last_gen_throughput = 0.0
         self._accepted = 0.0
         self._verify_steps = 0
+        settings = node.settings
+        block = max(BLOCK, settings.page_size)
+        self.cache = None if settings.disable_radix_cache else PrefixCache(block)
+        self.schedule_policy = settings.schedule_policy
+        self.hits: dict[str, int] = {}  # rid -> prompt tokens the cache served it (meta_info.cached_tokens)
+        self._starting: set[str] = set()  # admitted since the last prefill batch
 
-    def add(self, rid: str, input_len: int, max_new_tokens: int, predictability: float = 0.0) -> bool:
+    def add(
+        self,
+        rid: str,
+        input_len: int,
+        max_new_tokens: int,
+        predictability: float = 0.0,
+        tokens: Sequence[int] | None = None,
+    ) -> bool:
         """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it.
-        `predictability` (autotune.sim.predictability) raises its draft acceptance above the node's."""
+        `predictability` (autotune.sim.predictability) raises its draft acceptance above the node's; the
+        prompt's `tokens` (ids, or any stable numbering of its words) let the prefix cache match it."""
         limit = max_input_len(self.node.plan)
         input_len = max(1, input_len)
         if input_len >= limit:
@@ -79,7 +111,10 @@ class Engine:
         # SGLang shortens the output of a request that would outgrow the pool rather than refusing it.
         max_new_tokens = max(1, min(max_new_tokens, limit - input_len))
         accept = self.node.accept_length_for(predictability) if predictability > 0 else None
-        self.waiting.append(_Request(rid, input_len, max_new_tokens, accept=accept))
+        blocks = (
+            block_hashes(tokens, self.cache.block) if tokens is not None and self.cache is not None else ()
+        )
+        self.waiting.append(_Request(rid, input_len, max_new_tokens, accept=accept, blocks=blocks))
         return True
 
     @property
@@ -100,13 +135,61 @@ class Engine:
         }
 
     def _admit(self) -> None:
-        plan = self.node.plan
+        plan, cache = self.node.plan, self.cache
+        held: deque[_Request] = deque()
+        if cache is not None and self.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
+            # lpm: the waiting requests whose prefix the cache holds longest go first (a stable sort keeps
+            # arrival order among equals), so a shared prefix is reused before it is evicted.
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -cache.peek(r.blocks)))
+            held = self._held_for_in_batch_reuse(cache)
         while self.waiting and len(self.running) < plan.max_running_requests:
             request = self.waiting[0]
             reserved = sum(r.reserved() for r in self.running)
             if self.running and reserved + request.reserved() > plan.kv_tokens:
                 break
             self.running.append(self.waiting.popleft())
+            if cache is not None and request.prefilled == 0:
+                request.cached = request.prefilled = cache.match(request.blocks, request.input_len)
+                self.hits[request.rid] = request.cached
+            self._starting.add(request.rid)
+        self.waiting.extend(held)
+        self._evict()
+
+    def _held_for_in_batch_reuse(self, cache: PrefixCache) -> deque[_Request]:
+        """lpm's in-batch prefix caching: a waiting request the cache serves at most
+        IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD tokens of, whose first IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_
+        THRESHOLD tokens another request being prefilled (or ahead of it) shares, waits for that one's prefix
+        to be cached instead of computing it too (SGLang schedule_policy.py, both thresholds 32 tokens).
+        Taken out of `waiting` for this admission; the caller puts them back at its end."""
+        depth = -(-IN_BATCH_THRESHOLD_TOKENS // cache.block)  # blocks that make the 32 tokens
+        ahead = {
+            r.blocks[depth - 1] for r in self.running if r.prefilled < r.input_len and len(r.blocks) >= depth
+        }
+        kept: deque[_Request] = deque()
+        held: deque[_Request] = deque()
+        for request in self.waiting:
+            if (
+                len(request.blocks) < depth
+                or cache.peek(request.blocks) * cache.block > IN_BATCH_THRESHOLD_TOKENS
+            ):
+                kept.append(request)
+            elif request.blocks[depth - 1] in ahead:
+                held.append(request)
+            else:
+                ahead.add(request.blocks[depth - 1])
+                kept.append(request)
+        self.waiting = kept
+        return held
+
+    def _evict(self) -> None:
+        """The pool holds the running requests' tokens outside the cache (a prompt not yet prefilled, every
+        output); the cache keeps the room left, as SGLang evicts tree leaves when an allocation needs them."""
+        if self.cache is not None:
+            own = sum(
+                r.generated + (r.input_len - r.cached if r.prefilled < r.input_len else 0)
+                for r in self.running
+            )
+            self.cache.evict_to(self.node.plan.kv_tokens - own)
 
     def _jitter(self, seconds: float) -> float:
         if not self.noise.on:
@@ -122,20 +205,38 @@ class Engine:
         if prefilling:
             budget, batch_tokens, context = plan.chunked_prefill_size, 0, 0
             done: dict[str, int] = {}
+            batch: list[_Request] = []
             for request in prefilling:
                 take = min(budget - batch_tokens, request.input_len - request.prefilled)
                 if take <= 0:
                     break
+                batch.append(request)
                 request.prefilled += take
                 batch_tokens += take
                 context += request.prefilled
                 if request.prefilled == request.input_len:
                     request.generated = 1  # the prefill's last position yields the first token
                     done[request.rid] = 1
+                    if self.cache is not None:
+                        self.cache.insert(request.blocks)
             if batch_tokens * plan.activation_gb_per_token > plan.avail_after_graph_gb:
                 return Step(0.0, "prefill", {}, [], aborted, node.oom_under_load_lines(batch_tokens))
+            self._evict()
+            starting = [r for r in batch if r.rid in self._starting]
+            self._starting.difference_update(r.rid for r in starting)
             duration = self._jitter(node.prefill_step_s(batch_tokens, context))
-            return Step(duration, "prefill", done, self._finish(done), aborted)
+            cached = sum(r.cached for r in starting)
+            return Step(
+                duration,
+                "prefill",
+                done,
+                self._finish(done),
+                aborted,
+                None,
+                len(starting),
+                batch_tokens,
+                cached,
+            )
 
         batch = [r for r in self.running if r.generated > 0]
         if not batch:
@@ -170,7 +271,7 @@ class Engine:
         # Out of KV slots mid-decode: SGLang retracts the newest request and recomputes it later.
         while len(self.running) > 1 and sum(r.tokens for r in self.running) > self.node.plan.kv_tokens:
             victim = self.running.pop()
-            victim.prefilled = victim.generated = 0
+            victim.prefilled = victim.generated = victim.cached = 0
             victim.accept_credit = 0.0
             self.waiting.appendleft(victim)
 

@@ -28,6 +28,7 @@ from autotune.study.records import (
     LOAD_WARNING_ATTR,
     METRICS_ATTR,
     OVER_LIMITS_ATTR,
+    PREFIX_CACHE_ATTR,
     PRUNED_BY_ATTR,
     SAME_AS_ATTR,
     SERVER_CHOICES_ATTR,
@@ -103,6 +104,16 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
     if measured.load_warning is not None:
         trial.set_user_attr(LOAD_WARNING_ATTR, measured.load_warning)
+    if measured.cache_hit_rate is not None or measured.designed_hit_rate is not None:
+        trial.set_user_attr(
+            PREFIX_CACHE_ATTR,
+            {
+                "hit_rate": measured.cache_hit_rate,
+                "designed": measured.designed_hit_rate,
+                "ttft_first_turn_ms": measured.mean_ttft_first_turn_ms,
+                "ttft_later_turns_ms": measured.mean_ttft_later_turns_ms,
+            },
+        )
     broken = tuple(str(v["text"]) for v in over.values())
     stopped_by = measured.load_stopped_by
     short = measured if measured.stopped_early else measured.short

@@ -6,6 +6,9 @@ the literals.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 # A trial's user attributes.
 FAILURE_KIND_ATTR = "failure_kind"  # a FailureKind value, or why a trial never launched
 FAILURE_ATTR = "failure"  # the (redacted) line that says what went wrong
@@ -23,6 +26,8 @@ LOAD_WARNING_ATTR = "load_warning"  # a load search that ran out of steps before
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
 ACCEPT_LENGTH_ATTR = "accept_length"  # tokens per speculative verify pass (avg_spec_accept_length)
+# A workload that shares prefixes: its cache hit rate, designed sharing, turns' TTFT (prefix_cache_text)
+PREFIX_CACHE_ATTR = "prefix_cache"
 
 # Defined beside the code that writes them until now; those modules import them from here.
 OVER_LIMITS_ATTR = "over_limits"  # metric -> {limit, measured, excess, concurrency} of each broken limit
@@ -50,3 +55,24 @@ SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the 
 SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
+
+
+def prefix_cache_text(record: Mapping[str, Any] | None) -> str | None:
+    """One line for a trial's prefix cache (status, the report): what the server served from its cache
+    beside what the workload shares, and sessions' TTFT of first and later turns. None: nothing to say."""
+    if not record:
+        return None
+    hit, designed = record.get("hit_rate"), record.get("designed")
+    parts = [
+        "prefix cache: "
+        + (
+            f"{hit:.0%} of prompt tokens served from the server's cache"
+            if hit is not None
+            else "the server reported no cached tokens"
+        )
+        + (f" (the workload shares {designed:.0%})" if designed is not None else "")
+    ]
+    first, later = record.get("ttft_first_turn_ms"), record.get("ttft_later_turns_ms")
+    if first is not None and later is not None:
+        parts.append(f"TTFT first turns {first:.0f} ms, later turns {later:.0f} ms")
+    return "; ".join(parts)

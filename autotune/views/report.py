@@ -20,7 +20,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
-from autotune.study.records import ADVICE_ATTR, BASELINE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR
+from autotune.study.records import (
+    ADVICE_ATTR,
+    BASELINE_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    PREFIX_CACHE_ATTR,
+    prefix_cache_text,
+)
 from autotune.study.rules import best_trial, trial_config
 from autotune.study.summary import study_summary
 from autotune.tracking.tracker import metric_unit
@@ -246,7 +253,13 @@ def _best_html(f: StudyFindings) -> str:
         table = "<p>The baseline: SGLang's and NCCL's own defaults won.</p>"
     return (
         '<section id="best-config"><h2>Best config</h2>'
-        f"<p>Trial {f.best.number}: {html.escape(f.value_text(f.best.value))}.</p>{table}"
+        f"<p>Trial {f.best.number}: {html.escape(f.value_text(f.best.value))}.</p>"
+        + (
+            f"<p>{html.escape(cache)}.</p>"
+            if (cache := prefix_cache_text(f.best.user_attrs.get(PREFIX_CACHE_ATTR)))
+            else ""
+        )
+        + f"{table}"
         "<h3>Launch it</h3><p>Save as <code>launch.sh</code> (or run <code>autotune best STUDY.yaml --export "
         "launch.sh</code>); secrets come from your environment.</p>"
         f"<pre><code>{html.escape(f.best_script)}</code></pre></section>"
@@ -330,8 +343,16 @@ def _ablation_html(f: StudyFindings) -> str:
 
 def _trials_html(f: StudyFindings) -> str:
     rows = []
+    # A workload that shares prefixes: each trial's cache hit rate beside the workload's designed sharing.
+    caching = any(t.user_attrs.get(PREFIX_CACHE_ATTR) for t in f.trials)
     for t in f.trials:
         value = f"{t.value:.2f}" if t.value is not None and t.state == TrialState.COMPLETE else "-"
+        cache = t.user_attrs.get(PREFIX_CACHE_ATTR) or {}
+        hit = (
+            f"{cache['hit_rate']:.0%} of {cache['designed']:.0%}"
+            if cache.get("hit_rate") is not None
+            else "-"
+        )
         changed = (
             "baseline"
             if t.user_attrs.get(BASELINE_ATTR)
@@ -340,11 +361,14 @@ def _trials_html(f: StudyFindings) -> str:
         rows.append(
             f"<tr><td class='num'>{t.number}</td><td>{t.state.name}</td><td class='num'>{value}</td>"
             f"<td>{html.escape(str(t.user_attrs.get('failure_kind') or ''))}</td>"
-            f"<td><code>{html.escape(changed)}</code></td></tr>"
+            + (f"<td class='num'>{hit}</td>" if caching else "")
+            + f"<td><code>{html.escape(changed)}</code></td></tr>"
         )
     return (
         '<section id="trials"><h2>Every trial</h2><table><tr><th>#</th><th>state</th>'
-        f"<th>{html.escape(f.metric)}</th><th>failure</th><th>changed from the baseline</th></tr>"
+        f"<th>{html.escape(f.metric)}</th><th>failure</th>"
+        + ("<th>prefix cache hit (of designed)</th>" if caching else "")
+        + "<th>changed from the baseline</th></tr>"
         f"{''.join(rows)}</table></section>"
     )
 

@@ -138,6 +138,8 @@ def test_metrics_match_benchmark_fields() -> None:
         "request_goodput",  # with workload.slo (test_workloads)
         "slo_attainment",
         "max_load",  # with load_search
+        "mean_ttft_first_turn_ms",  # with workload.sessions (tests/measure/test_sharing.py)
+        "mean_ttft_later_turns_ms",
     }
     assert METRICS["output_throughput"] == "maximize" and METRICS["p99_itl_ms"] == "minimize"
 

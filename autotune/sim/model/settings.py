@@ -72,6 +72,8 @@ class LaunchSettings:
     prefill_cuda_graph_max_tokens: int | None = None  # `--cuda-graph-max-bs-prefill`; None: SGLang's default
     page_size: int = 1
     chunked_prefill_size: int | None = None
+    disable_radix_cache: bool = False
+    schedule_policy: str = "fcfs"
     max_running_requests: int | None = None
     attention_backend: str | None = None
     moe_a2a_backend: str = "none"
@@ -109,6 +111,8 @@ class LaunchSettings:
             prefill_cuda_graph_max_tokens=getattr(ns, "cuda_graph_max_bs_prefill", None),
             page_size=int(arg("page_size", 1)),  # type: ignore[call-overload]
             chunked_prefill_size=getattr(ns, "chunked_prefill_size", None),
+            disable_radix_cache=bool(arg("disable_radix_cache", False)),
+            schedule_policy=str(arg("schedule_policy", "fcfs")),
             max_running_requests=getattr(ns, "max_running_requests", None),
             attention_backend=getattr(ns, "attention_backend", None),
             moe_a2a_backend=str(arg("moe_a2a_backend", "none")),

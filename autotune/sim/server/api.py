@@ -252,6 +252,7 @@ class HttpApi(LaunchPart):
                 max_new,
                 rid=str(rid) if rid is not None else None,
                 predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
+                tokens=prompt_ids(text, body.get("input_ids")),
             )
         except BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
@@ -294,7 +295,9 @@ class HttpApi(LaunchPart):
                 )
             limit = body.get("max_tokens")
             job = self.serving.submit(
-                prompt_tokens, _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens")
+                prompt_tokens,
+                _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
+                tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
             )
         except BadRequest as exc:
             return _openai_error(str(exc))
@@ -389,6 +392,16 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     return body
+
+
+def prompt_ids(text: object, input_ids: object) -> list[int] | None:
+    """The prompt's token ids as the fake tokenizer reads it (a text's words, numbered by their hash within
+    this process), so that the prefix cache matches equal leading words or ids; None when it has neither."""
+    if isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids):
+        return input_ids
+    if isinstance(text, str):
+        return [hash(word) for word in text.split()] or [0]
+    return None
 
 
 def _prompt_tokens(text: object, input_ids: object) -> int:

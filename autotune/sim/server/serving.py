@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from autotune.errors import AutotuneError
-from autotune.sim.engine import input_too_long
+from autotune.sim.engine import Step, input_too_long
 from autotune.sim.server.launch import Launch, LaunchPart
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
@@ -55,6 +55,7 @@ class ClientRequest:
     verify_ct: int = 0
     abort_message: str | None = None
     finished_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (meta_info.cached_tokens)
 
 
 @dataclass
@@ -86,9 +87,15 @@ class Serving(LaunchPart):
         self._interval_model_s = 0.0
 
     def submit(
-        self, prompt_tokens: int, max_new_tokens: int, rid: str | None = None, predictability: float = 0.0
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        rid: str | None = None,
+        predictability: float = 0.0,
+        tokens: list[int] | None = None,
     ) -> ClientRequest:
-        """Queue one generation on the engine and return the request its tokens will be delivered to."""
+        """Queue one generation on the engine and return the request its tokens will be delivered to;
+        its prompt's `tokens` let the prefix cache match it."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
             raise BadRequest(
@@ -107,7 +114,7 @@ class Serving(LaunchPart):
             raise BadRequest(f"Duplicate request ID: {rid}")
         request = ClientRequest(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
         self.requests[rid] = request
-        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability)
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens)
         self._work.set()
         return request
 
@@ -131,19 +138,21 @@ class Serving(LaunchPart):
                     # SGLang's are when clients are slow; yielding now and then keeps the HTTP side alive.
                     await asyncio.sleep(max(delay, 0.0))
                     last_yield = loop.time()
-                self._deliver(step.kind, step.emitted, step.finished, step.aborted, step.duration_s)
+                self._deliver(step)
                 if step.kind == "prefill" and step.emitted:
                     await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
                     last_yield = loop.time()
             self._work.clear()
 
-    def _deliver(
-        self, kind: str, emitted: dict[str, int], finished: list[str], aborted: list[str], duration_s: float
-    ) -> None:
+    def _deliver(self, step: Step) -> None:
+        kind, emitted, finished, aborted = step.kind, step.emitted, step.finished, step.aborted
         for rid, count in emitted.items():
             request = self.requests.get(rid)
+            hit = self.engine.hits.pop(rid, None)
             if request is None:
                 continue  # the client went away; the engine cannot abort, so its tokens are dropped
+            if hit is not None:
+                request.cached_tokens = hit
             request.generated += count
             if kind == "decode":
                 request.verify_ct += 1
@@ -152,7 +161,7 @@ class Serving(LaunchPart):
             request = self.requests.get(rid)
             if request is not None:
                 request.abort_message = input_too_long(request.prompt_tokens, self.plan)
-        self._log_step(kind, emitted, duration_s)  # before finished requests leave `self.requests`
+        self._log_step(step)
         for rid in [*finished, *aborted]:
             request = self.requests.pop(rid, None)
             if request is not None:
@@ -164,12 +173,15 @@ class Serving(LaunchPart):
                 if self.tokens_after_ready >= self.options.crash_after_tokens:
                     self._crash()
 
-    def _log_step(self, kind: str, emitted: dict[str, int], duration_s: float) -> None:
+    def _log_step(self, step: Step) -> None:
+        kind, emitted, duration_s = step.kind, step.emitted, step.duration_s
         stats = self.engine.stats
-        if kind == "prefill" and emitted:
-            new_tokens = sum(r.prompt_tokens for rid in emitted if (r := self.requests.get(rid)) is not None)
+        if kind == "prefill" and step.new_tokens:
+            # SGLang's scheduler_metrics_mixin.log_prefill_stats: the batch's requests starting their
+            # prefill, the tokens it computes, the tokens the radix cache served those requests.
             self.ranks.rank0(
-                f"Prefill batch. #new-seq: {len(emitted)}, #new-token: {new_tokens}, #cached-token: 0, "
+                f"Prefill batch, #new-seq: {step.new_seqs}, #new-token: {step.new_tokens}, "
+                f"#cached-token: {step.cached_tokens}, "
                 f"token usage: {stats['token_usage']:.2f}, #running-req: {int(stats['running'])}, "
                 f"#queue-req: {int(stats['queued'])}, "
             )
@@ -255,7 +267,7 @@ class Serving(LaunchPart):
             "prompt_tokens": request.prompt_tokens,
             "weight_version": "default",
             "completion_tokens": completion_tokens,
-            "cached_tokens": 0,
+            "cached_tokens": request.cached_tokens,
         }
         if finished:
             if request.abort_message is not None:
