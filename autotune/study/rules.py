@@ -167,6 +167,26 @@ def non_dominated(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirec
     return [t for t in trials if not any(dominates(scores[o.number], scores[t.number]) for o in trials)]
 
 
+def gain_pct(value: float | None, baseline: float | None, direction: StudyDirection | str) -> float | None:
+    """How much better `value` is than the baseline's, in percent of the baseline's (positive: better);
+    None without both values or when the baseline's is 0."""
+    if value is None or not baseline:
+        return None
+    return direction_sign(direction) * (value - baseline) / abs(baseline) * 100
+
+
+def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
+    """The first completed baseline trial (SGLang's defaults), if there is one."""
+    return next(
+        (
+            t
+            for t in ostudy.get_trials(deepcopy=False)
+            if t.state.name == "COMPLETE" and t.user_attrs.get(BASELINE_ATTR)
+        ),
+        None,
+    )
+
+
 def best_measured(trials: Iterable[FrozenTrial], direction: StudyDirection | str) -> FrozenTrial | None:
     """The best of single-objective trials by their one measured value: the feasible COMPLETE ones only,
     the lowest-numbered among equals; None when none is. Once configs were re-measured the study's answer
