@@ -62,8 +62,8 @@ from sample_efficiency import BEST_KNOWN
 from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
-from autotune.study.compare import compare
 from autotune.study.answer import study_answer as product_answer
+from autotune.study.compare import compare
 from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
 

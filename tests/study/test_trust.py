@@ -20,8 +20,8 @@ from autotune.errors import ConfigError
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.answer import study_answer
+from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.confirm import confirmation, round_order
 from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.noise import noise_estimate, pooled
