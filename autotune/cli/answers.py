@@ -232,9 +232,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
     answer = summary.answer
-    for line in (answer.screened, (answer.stopped,)) if answer is not None else ():
-        for text in filter(None, line):
-            print("\n".join(fitted("", text, width)))
+    said = [*answer.screened, answer.stopped] if answer is not None else []
+    for text in filter(None, said):
+        print("\n".join(fitted("", text, width)))
     for line in summary_text(summary, study).splitlines():
         print("\n".join(fitted("", line, width)))
     return 0
