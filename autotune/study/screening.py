@@ -75,7 +75,7 @@ class Held:
     why: str
 
 
-# A parser's default (0.8) and a range's step (0.1 * 8 = 0.8000000000000001) are one value to screening.
+# A parser's default (0.3) and a range's step in floats (0.1 * 3 = 0.30000000000000004) are one value.
 SAME_NUMBER_TOLERANCE = 1e-9
 
 
