@@ -27,6 +27,7 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
+from autotune.trial.launch import argv_flags
 from autotune.trial.redaction import Secrets, is_secret_name
 
 if TYPE_CHECKING:
@@ -73,23 +74,8 @@ def launch_identity(
     value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
     everything else (the command, positional words, the environment), so no secret is stored: the value
     of a secret flag, or one holding any of the study's `secrets` (a `${NAME}` it reads), is a digest too."""
-    flags: dict[str, str | None] = {}
-    words: list[str] = []
-    tokens = list(argv)
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
-        if not token.startswith("--"):
-            words.append(token)
-        elif "=" in token:
-            name, value = token.split("=", 1)
-            flags[name] = value
-        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
-            flags[token] = tokens[index + 1]
-            index += 1
-        else:
-            flags[token] = None
-        index += 1
+    pairs, words = argv_flags(argv)
+    flags = dict(pairs)  # the last one wins
     secret = {
         name: _digest(value)
         for name, value in flags.items()
