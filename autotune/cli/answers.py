@@ -36,6 +36,7 @@ from autotune.trial.redaction import REDACTED, argv_secrets, is_secret_name
 
 if TYPE_CHECKING:  # the study's answer loads Optuna: only the commands that read a study import it
     from autotune.study.answer import StudyAnswer
+    from autotune.study.remeasure import RemeasuredAnswer
     from autotune.study.summary import StudySummary
 
 
@@ -53,13 +54,11 @@ def summary_text(summary: StudySummary, study: Study) -> str:
 def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
     """The study's answer for people: the baseline, `answer: <its sentence>`, the value of the config to
     use (and how it was measured), the re-measured ranking behind it, the NCCL stage's values."""
-    from autotune.study.answer import remeasured_record
-
     metric = study.objective.metric
     if answer is None:
         return ["baseline: did not complete"]  # no feasible trial: not even the baseline's
-    remeasured = remeasured_record(answer.remeasured) if answer.remeasured is not None else None
-    if remeasured is not None and remeasured["baseline"] is not None and remeasured["baseline"]["n"]:
+    remeasured = answer.remeasured
+    if remeasured is not None and remeasured.baseline is not None and remeasured.baseline.n:
         lines = [_remeasured_lines(remeasured, study)[0]]  # the baseline's mean and interval
     elif answer.baseline_value is not None:
         how = ", the mean of its confirmation rounds" if answer.confirmed else ""
@@ -71,8 +70,8 @@ def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
         how = (
             "the mean of its confirmation rounds"
             if answer.confirmed
-            else f"the mean of its {len(answer.remeasured.best.trials)} launches"
-            if answer.remeasured is not None
+            else f"the mean of its {remeasured.best.n} launches"
+            if remeasured is not None
             else "its best single measurement"
         )
         config = "SGLang's defaults" if answer.trial == answer.baseline else f"trial {answer.trial}'s config"
@@ -103,52 +102,44 @@ def _pareto_lines(front: list[dict[str, Any]], study: Study) -> list[str]:
     return lines
 
 
-def _ci(low: float | None, high: float | None, pct: bool = False) -> str:
-    if low is None or high is None:
+def _ci(interval: tuple[float, float] | None, pct: bool = False) -> str:
+    if interval is None:
         return "no interval (measured once)"
-    unit = "%" if pct else ""
-    sign = "+" if pct else ""
-    return f"{low:{sign}.1f}{unit} to {high:{sign}.1f}{unit}" if pct else f"{low:.2f} to {high:.2f}"
+    low, high = interval
+    return f"{low:+.1f}% to {high:+.1f}%" if pct else f"{low:.2f} to {high:.2f}"
 
 
-def _remeasured_lines(answer: dict[str, Any], study: Study) -> list[str]:
-    """The re-measured answer: the best mean with its interval, and the gain over the baseline's mean."""
+def _remeasured_lines(answer: RemeasuredAnswer, study: Study) -> list[str]:
+    """The re-measured ranking behind the answer: the baseline's and the best's means with their intervals,
+    the gain between them, and the configs not ranked."""
     metric = study.objective.metric
-    level = f"{answer['confidence']:.0%}"
-    best, base = answer["best"], answer["baseline"]
+    best, base, gain = answer.best, answer.baseline, answer.gain
+    level = f"{best.confidence:.0%}"
     lines = []
-    if base is not None and base["n"]:
+    if base is not None and base.n:
         lines.append(
-            f"baseline {metric}: {base['mean']:.2f} (mean of {base['n']}, {level} CI "
-            f"{_ci(base['ci_low'], base['ci_high'])})"
+            f"baseline {metric}: {base.mean:.2f} (mean of {base.n}, {level} CI {_ci(base.interval)})"
         )
     else:
         lines.append("baseline: did not complete")
-    label = (
-        "the baseline"
-        if best["trial"] == 0 and base and best["trial"] == base["trial"]
-        else (f"trial {best['trial']}")
-    )
+    label = "the baseline" if best.of == 0 and base and best.of == base.of else f"trial {best.of}"
     lines.append(
-        f"best {metric}: {best['mean']:.2f} (mean of {best['n']}, {level} CI "
-        f"{_ci(best['ci_low'], best['ci_high'])}; {label}, re-measured on trials "
-        f"{', '.join(map(str, best['trials']))})"
+        f"best {metric}: {best.mean:.2f} (mean of {best.n}, {level} CI {_ci(best.interval)}; {label}, "
+        f"re-measured on trials {', '.join(map(str, best.trials))})"
     )
-    if answer["gain_pct"] is not None:
-        gain = (
-            f"gain over the baseline: {answer['gain_pct']:+.1f}% ({level} CI "
-            f"{_ci(answer['gain_ci_low_pct'], answer['gain_ci_high_pct'], pct=True)})"
-        )
-        if answer["within_noise"]:
-            gain += (
+    if gain is not None:
+        interval = None if gain.low_pct is None or gain.high_pct is None else (gain.low_pct, gain.high_pct)
+        said = f"gain over the baseline: {gain.pct:+.1f}% ({level} CI {_ci(interval, pct=True)})"
+        if gain.within_noise:
+            said += (
                 ": within noise, the interval reaches 0%, so these measurements cannot tell the best "
                 "config from SGLang's defaults"
             )
-        lines.append(gain)
-    for group in answer["unreliable"]:
+        lines.append(said)
+    for group in answer.unreliable:
         lines.append(
-            f"not ranked: trial {group['trial']}'s config failed or broke a limit when measured again "
-            f"(trials {', '.join(map(str, group['failed']))})"
+            f"not ranked: trial {group.of}'s config failed or broke a limit when measured again "
+            f"(trials {', '.join(map(str, group.failed))})"
         )
     return lines
 
