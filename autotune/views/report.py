@@ -93,8 +93,8 @@ class StudyFindings:
             ("gain over SGLang's defaults", gain),
             ("baseline (SGLang defaults)", self.value_text(a.baseline_value)),
             (
-                "run-to-run noise",
-                a.noise.describe() if a.noise is not None else "unknown: no config measured twice",
+                "noise",
+                a.noise.describe() if a.noise is not None else "unknown: no config measured twice yet",
             ),
         ]
         if a.nccl is not None:
