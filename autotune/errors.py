@@ -1,14 +1,30 @@
 """autotune's exceptions. Every exception class autotune defines derives from `AutotuneError` (the CLI
 prints one as a one-line message), except private ones (a leading underscore) that never leave their
 module. A function given arguments that break its documented contract raises ValueError or TypeError, as
-Python's own functions do: that is a bug of the caller, not an error of the study."""
+Python's own functions do: that is a bug of the caller, not an error of the study. The stop signals
+(SIGTERM, SIGHUP) raise KeyboardInterrupt, as Ctrl-C does, through `interrupt`."""
 
 from __future__ import annotations
 
 import difflib
+import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
+
+# What stops autotune as Ctrl-C does: `timeout`, systemd and Slurm send SIGTERM, a closed terminal SIGHUP.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt(signum: int, frame: FrameType | None = None) -> NoReturn:
+    """A handler for the stop signals: raise KeyboardInterrupt, as Ctrl-C does, standing for `signum`."""
+    raise KeyboardInterrupt(signal.Signals(signum))
+
+
+def stop_signal(exc: BaseException) -> signal.Signals:
+    """The stop signal a KeyboardInterrupt stands for: the one `interrupt` was given, else SIGINT."""
+    return exc.args[0] if exc.args and isinstance(exc.args[0], signal.Signals) else signal.SIGINT
 
 
 class AutotuneError(Exception):

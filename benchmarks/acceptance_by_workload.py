@@ -1,7 +1,7 @@
 """Draft acceptance on the simulated node: random token ids against the shipped text prompts.
 
 One fresh simulated launch per cell (EAGLE3 on the seed's node: the 8x RTX PRO 6000 of the session the
-simulator is calibrated on, see the README; 50x faster than real time), 32 requests, 8 in flight, 128
+simulator is calibrated on, see docs/concepts.md; 50x faster than real time), 32 requests, 8 in flight, 128
 output tokens; random ids of 200 tokens or `prompts/autotune-prompts.jsonl`. Prints a
 Markdown table: accept length, output tok/s and mean ITL for each speculative tree.
 

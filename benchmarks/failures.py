@@ -4,7 +4,7 @@ the pre-flight check ever rejects a config that would have started.
 
 1. Fatal line to told. Real studies launch simulated SGLang servers as real processes (start-up clock sped
    up so a ten-minute weight load takes 0.6 s) that fail the way the seed's did (the seed: the session the
-   simulator is calibrated on, see the README): "Not enough memory" at
+   simulator is calibrated on, see docs/concepts.md): "Not enough memory" at
    start, a CUDA error under load, each with the server exiting and with the server lingering after the
    line (`SGLANG_SIM_FAULT=linger`, the seed's case). A thread here polls the server logs every 10 ms and
    notes when a fatal line (autotune.trial.failures.is_fatal_line) first appears; `Study.tell` is timed as it

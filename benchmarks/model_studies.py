@@ -117,8 +117,8 @@ class ProfileFile(BaseModel):
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A shipped benchmark profile by name (seed: the calibration session's node and model, see the README;
-    h200), or a profile YAML file by path."""
+    """A shipped benchmark profile by name (seed: the calibration session's node and model, see
+    docs/concepts.md; h200), or a profile YAML file by path."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)

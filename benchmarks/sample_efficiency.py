@@ -19,7 +19,7 @@ proposal refused as known-incompatible costs neither budget nor node time. The m
 Random search, the grid and one group at a time run without the NCCL stage, as other tools run them.
 
 A profile is a shipped one (seed: the node and model of the session the simulator is calibrated on, see
-the README; h200) or a YAML file (benchmarks/profiles/): hardware and model
+docs/concepts.md; h200) or a YAML file (benchmarks/profiles/): hardware and model
 profiles, the objective, and the layout (--tp-size: the node's GPUs unless it says; --dp-size replicas);
 the search space's --ep-size choices follow the --tp-size.
 

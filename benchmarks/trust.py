@@ -21,7 +21,9 @@ repeated early, no launch made twice, the stopping rule, the winner confirmed in
 node hours include every one of those launches. Both run on the same seeds.
 
 `--variants` measures other trust sections side by side on the same seeds (VARIANTS: screening's two
-methods, `noise_ties`), with the search launches spent on knobs without effect.
+methods, `noise_ties`), with the search launches spent on knobs without effect; `per-look` is the trust
+defaults under the confirmation rule before issue 41 (each look's interval at the confidence split over the
+candidates only, not over the rounds it is looked at).
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
@@ -29,6 +31,7 @@ methods, `noise_ties`), with the search launches spent on knobs without effect.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import statistics
@@ -62,6 +65,7 @@ from sample_efficiency import BEST_KNOWN
 from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
+from autotune.study import confirm as confirm_rule
 from autotune.study.answer import study_answer as product_answer
 from autotune.study.compare import compare
 from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
@@ -131,7 +135,23 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "screen-alone": {"screen": {"method": "alone"}},
     "noise-ties": {"noise_ties": True},
     "no-noise-ties": {"noise_ties": False},
+    "per-look": True,  # the defaults, under the confirmation rule before issue 41 (per_look_confidence)
 }
+
+
+def per_look_confidence(settings: dict[str, Any], candidates: int) -> float:
+    """The confirmation rule before issue 41: each look at the study's confidence split over the candidates
+    only, so a test looked at after every round spent its error once per look."""
+    return 1 - (1 - float(settings.get("confidence", 0.95))) / max(candidates, 1)
+
+
+def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]:
+    """The product's rule (study.confirm.look_confidence), or today's before issue 41 for `per-look`."""
+    if variant != "per-look":
+        return contextlib.nullcontext()
+    from unittest import mock
+
+    return mock.patch.object(confirm_rule, "look_confidence", per_look_confidence)
 
 
 @dataclass(frozen=True)
@@ -277,17 +297,18 @@ def run_job(job: Job) -> Outcome:
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
-    run = run_study(
-        profile,
-        job.n_trials,
-        seed=job.seed,
-        noise=noise,
-        lease_every=LEASE_EVERY,
-        search_space=search_space(profile, job.flat),
-        nccl_stage=not job.flat and profile.tp > 1,  # one GPU has no all-reduces to tune
-        trust=job.trust,
-        inspect=inspect,
-    )
+    with confirmation_rule(job.variant):
+        run = run_study(
+            profile,
+            job.n_trials,
+            seed=job.seed,
+            noise=noise,
+            lease_every=LEASE_EVERY,
+            search_space=search_space(profile, job.flat),
+            nccl_stage=not job.flat and profile.tp > 1,  # one GPU has no all-reduces to tune
+            trust=job.trust,
+            inspect=inspect,
+        )
     outcome: Outcome = run.inspected
     return outcome
 
@@ -373,6 +394,7 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
             *header("trials before the study stops"),
             *(split_label("reports no gain", i, n) for i, n in enumerate(names)),
             *header("median node h"),
+            *header("launches, median"),
             *header("launches on knobs without effect, median"),
         ]
         width = len(" | ".join(columns).split(" | "))
@@ -400,6 +422,7 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
                 *cells(rows, lambda r: median(r, "trials")),
                 *[no_gain(of(rows, n), n) for n in names],
                 *cells(rows, hours),
+                *cells(rows, lambda r: median(r, "launches")),
                 *cells(rows, lambda r: median(r, "inert_launches")),
             ]
             lines.append("| " + " | ".join(row) + " |")

@@ -1,8 +1,8 @@
 """The import graph of autotune's packages, read from the source with `ast` (nothing is imported).
 
 Prints the packages, their floors (a package's floor is one above the highest floor it imports; cycles
-share a floor), the arrows between packages, the arrows that run back up against the layer order of the
-README's Layout section, the cycles, and the imports made inside functions (total and across packages).
+share a floor), the arrows between packages, the arrows that run back up against the layer order of
+docs/layout.md, the cycles, and the imports made inside functions (total and across packages).
 
     python scripts/import_layers.py            # the report
     python scripts/import_layers.py --arrows   # also every module-to-module import across packages
@@ -20,7 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "autotune"
-# The README's Layout section states the order once, in a line of this shape.
+# docs/layout.md states the order once, in a line of this shape.
+LAYOUT = Path("docs") / "layout.md"
 ORDER_LINE = re.compile(r"^Layers, lowest first: (.+)$", re.MULTILINE)
 
 
@@ -117,11 +118,11 @@ def statements_in_functions(root: Path = ROOT) -> int:
     )
 
 
-def layer_order(readme: Path = ROOT / "README.md") -> list[str]:
-    """The packages lowest first, as the README's Layout section writes them."""
-    match = ORDER_LINE.search(readme.read_text())
+def layer_order(page: Path = ROOT / LAYOUT) -> list[str]:
+    """The packages lowest first, as docs/layout.md writes them."""
+    match = ORDER_LINE.search(page.read_text())
     if match is None:
-        raise SystemExit(f"{readme}: no line 'Layers, lowest first: a < b < ...' in the Layout section")
+        raise SystemExit(f"{page}: no line 'Layers, lowest first: a < b < ...'")
     return [name.strip().strip("`") for name in match.group(1).split("<")]
 
 
@@ -198,7 +199,7 @@ def report(root: Path = ROOT, order: list[str] | None = None, show_arrows: bool 
     floors = _floors(packages, arrows, cycles)
     if order is None:
         try:
-            order = layer_order(root / "README.md")
+            order = layer_order(root / LAYOUT)
         except SystemExit as missing:
             order = []
             print(missing, file=sys.stderr)
@@ -213,7 +214,7 @@ def report(root: Path = ROOT, order: list[str] | None = None, show_arrows: bool 
         targets = sorted(b for x, b in arrows if x == a)
         if targets:
             lines.append(f"  {a} -> {', '.join(targets)}")
-    lines.append(f"layer order: {' < '.join(order) if order else '(none in README)'}")
+    lines.append(f"layer order: {' < '.join(order) if order else '(none in docs/layout.md)'}")
     lines.append(f"arrows back up against it: {len(back_up)}")
     lines += [f"  {a} -> {b}" for a, b in sorted(back_up)]
     groups = _groups(arrows, cycles)
@@ -240,7 +241,7 @@ def report(root: Path = ROOT, order: list[str] | None = None, show_arrows: bool 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arrows", action="store_true", help="list every import across packages")
-    parser.add_argument("--order", help="a layer order 'a<b<c' to check instead of the README's")
+    parser.add_argument("--order", help="a layer order 'a<b<c' to check instead of docs/layout.md's")
     args = parser.parse_args()
     order = [name.strip() for name in args.order.split("<")] if args.order else None
     print(report(order=order, show_arrows=args.arrows))

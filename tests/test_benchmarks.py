@@ -220,3 +220,10 @@ def test_on_a_flat_landscape_with_noise_the_trusted_answer_claims_no_gain() -> N
     trusted = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2, trust=True))
     assert trusted.true_gain_pct == 0.0 and not trusted.confirmed_claims_gain and not trusted.claims_gain
     assert trusted.launches > trusted.trials  # the baseline's repeats and the confirmation rounds
+
+
+@pytest.mark.integration
+def test_importance_vs_ablation_prints_both_per_setting() -> None:
+    out = run_script("importance_vs_ablation.py", "--quick")
+    assert "seed 1: best trial" in out and "ablation loss" in out and "fANOVA (now)" in out
+    assert "--speculative-algorithm: rank " in out

@@ -454,3 +454,24 @@ def test_a_flag_no_sglang_version_has_stops_validate_and_run_before_any_trial(tm
     assert "NCCL stage" not in done.stderr
     workdir = study_dir / ".autotune" / "quickstart"
     assert not list(workdir.rglob("trial-*")) and not (workdir / "nccl-stage").exists(), "no trial ran"
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_signal_outside_a_study_ends_the_command_as_ctrl_c_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sig: str, status: int
+) -> None:
+    # `timeout`, systemd and Slurm send SIGTERM, a closed terminal SIGHUP: a line and 128 + n, as for Ctrl-C.
+    import signal
+    import time
+
+    import autotune.cli as cli
+
+    def stopped(args: object) -> int:
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(5)  # the handler raises here
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "status", stopped)
+    assert cli.main(["status", str(tmp_path / "study.yaml")]) == status
+    said = "interrupted" if sig == "SIGINT" else f"stopped by {sig}"
+    assert capsys.readouterr().err == f"autotune: {said}\n"

@@ -1,5 +1,5 @@
 """The import direction between autotune's packages: each imports only the packages below it in the layer
-order of the README's Layout section, at module level, inside a function and under TYPE_CHECKING alike.
+order of docs/layout.md, at module level, inside a function and under TYPE_CHECKING alike.
 
 It reads the source with `ast` (scripts/import_layers.py, which also draws the whole graph); nothing is
 imported and no process starts.
@@ -32,8 +32,8 @@ def test_every_package_has_a_place_in_the_layer_order() -> None:
     order = layers.layer_order()
     packages = {layers.package_of(m) for m in layers.modules()} - {layers.PACKAGE}
     missing = sorted(packages - set(order))
-    assert not missing, f"README.md Layout: add {missing} to the line 'Layers, lowest first: ...'"
-    assert len(order) == len(set(order)), f"README.md Layout: a package stands twice in {order}"
+    assert not missing, f"docs/layout.md: add {missing} to the line 'Layers, lowest first: ...'"
+    assert len(order) == len(set(order)), f"docs/layout.md: a package stands twice in {order}"
 
 
 def test_no_import_goes_up_the_layer_order() -> None:
@@ -45,7 +45,7 @@ def test_no_import_goes_up_the_layer_order() -> None:
         for i in wrong
     ]
     assert not lines, (
-        f"imports against the layer order {' < '.join(order)} (README.md, Layout); move the shared code to"
+        f"imports against the layer order {' < '.join(order)} (docs/layout.md); move the shared code to"
         " the lower package, or hand it in from above (the CLI joins the layers):\n" + "\n".join(lines)
     )
 

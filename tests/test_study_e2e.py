@@ -131,7 +131,7 @@ def test_the_best_config_of_a_serving_study_is_compared_with_the_default(finishe
         and any(value is not None for value in t.params.values())
     )
     out = path.parent / "compare-2.json"
-    compare = ["compare", str(path), "--rounds", "2", "--trial", str(chosen), "--json", str(out)]
+    compare = ["compare", str(path), "--rounds", "2", "--trial", str(chosen), "--no-ray", "--out", str(out)]
     done = run_cli(*compare, cwd=path.parent)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())

@@ -4,8 +4,8 @@ Usage errors and bad files print one line and exit 2; a traceback appears only u
 
 The parser, `main` and its error handling are here; each command's code is in the module of its group:
 run.py (run, resume, remeasure, ablate, compare, enqueue: they change the study), answers.py (status,
-best: they read it), files.py (validate, diagnose, init), views.py (ui, report), console.py (the live
-progress), common.py (the exit statuses, opening an existing study).
+best: they read it), files.py (validate, diagnose, init), views.py (ui, report), studies.py (list,
+delete), console.py (the live progress), common.py (the exit statuses, opening an existing study).
 """
 
 from __future__ import annotations
@@ -13,19 +13,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.cli.answers import cmd_best, cmd_status
-from autotune.cli.common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+from autotune.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    exit_interrupted,
+    stop_signals_interrupt,
+)
 from autotune.cli.files import cmd_diagnose, cmd_init, cmd_validate
 from autotune.cli.run import cmd_ablate, cmd_compare, cmd_enqueue, cmd_remeasure, cmd_run
+from autotune.cli.studies import cmd_delete, cmd_list
 from autotune.cli.views import cmd_report, cmd_ui
 from autotune.config import load_study
 from autotune.config.init import DEFAULT_SERVER_COMMAND
-from autotune.errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError, ConfigError, stop_signal
 from autotune.trial.redaction import Secrets, redacted_output
 
 # Each command imports what it runs inside its function, on purpose: `--help`, `validate` and `diagnose`
@@ -46,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0], parents=[common])
+    parser.add_argument("--version", action="version", version=f"autotune {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
@@ -71,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     status = add("status", "a table of the study's trials")
     status.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--trial", type=int, metavar="N", help="only trial N's row and notes")
 
     best = add("best", "the best config, its gain over the baseline, how to launch it")
     best.add_argument("study_file", type=Path, metavar="STUDY.yaml")
@@ -120,9 +130,15 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("study_file", type=Path, metavar="STUDY.yaml")
     compare.add_argument("--rounds", type=int, default=8, help="runs of each config (default 8)")
     compare.add_argument("--trial", type=int, metavar="N", help="compare trial N instead of the best")
-    compare.add_argument("--json", type=Path, metavar="FILE", help="where to write the runs and summary")
-    compare.add_argument("--ray", action="store_true", help="run its rounds on Ray actors (default: here)")
-    compare.add_argument("--no-tracking", action="store_true", help="write no MLflow runs")
+    compare.add_argument("--json", action="store_true", help="print the runs and summary as JSON")
+    compare.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="where to write the runs and summary as JSON (default: compare.json in the study's work dir)",
+    )
+    _add_driver_options(compare)
+    compare.add_argument("--ray", action="store_true", help=argparse.SUPPRESS)  # before 0.2: Ray is default
 
     diagnose = add("diagnose", "classify an SGLang server log: what killed it, and what to do")
     diagnose.add_argument("log_file", type=Path, metavar="LOGFILE")
@@ -151,6 +167,19 @@ def _parser() -> argparse.ArgumentParser:
         help="the node's environment for SGLang, e.g. --env PYTHONPATH=/opt/sglang (repeatable; written to "
         "the study)",
     )
+    listing = add("list", "the study files in a folder and how far each study has run")
+    listing.add_argument(
+        "folder", type=Path, nargs="?", default=Path("."), metavar="FOLDER", help="where to look (default: .)"
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    delete = add(
+        "delete",
+        "delete a study's trials, MLflow runs and work dir (other studies and the study file stay)",
+    )
+    delete.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
+
     validate = add("validate", "check the study files; print the baseline launch")
     validate.add_argument("study_file", type=Path, metavar="STUDY.yaml")
 
@@ -175,11 +204,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autotune")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        return "(not installed)"
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of one command, whose usage an error in that command's arguments shows."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top-level usage: the command's says what it takes
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.debug = getattr(args, "debug", False)
-    with redacted_output(_secrets(args)):
+    with redacted_output(_secrets(args)), stop_signals_interrupt():
         try:
             code = int(COMMANDS[args.command](args))
             sys.stdout.flush()  # here, so that a reader gone before the last line is caught below
@@ -199,10 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"autotune: {exc}", file=sys.stderr)
             from autotune.study.loop import StudyInterrupted
 
-            return EXIT_INTERRUPTED if isinstance(exc, StudyInterrupted) else EXIT_FAILED
-        except KeyboardInterrupt:  # Ctrl-C outside a study's own handling (loading files, reading a study)
-            print("autotune: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return exit_interrupted(exc.signum) if isinstance(exc, StudyInterrupted) else EXIT_FAILED
+        except KeyboardInterrupt as exc:  # Ctrl-C outside a study's own handling (loading files, a study)
+            signum = stop_signal(exc)
+            how = "interrupted" if signum is signal.SIGINT else f"stopped by {signum.name}"
+            print(f"autotune: {how}", file=sys.stderr)
+            return exit_interrupted(signum)
         except Exception:
             traceback.print_exc()
             return EXIT_FAILED
@@ -238,4 +288,6 @@ COMMANDS = {
     "report": cmd_report,
     "ablate": cmd_ablate,
     "enqueue": cmd_enqueue,
+    "list": cmd_list,
+    "delete": cmd_delete,
 }

@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.common import existing_study
+from autotune.cli.common import existing_study, no_such_trial
 from autotune.cli.console import with_unit
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
@@ -177,7 +177,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     study = load_study(args.study_file, for_launch=False)
     ostudy = existing_study(study)
     trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
+    if args.trial is not None:
+        if args.trial not in {t["number"] for t in trials}:
+            raise no_such_trial(study.name, args.trial, [t["number"] for t in trials])
+        trials = [t for t in trials if t["number"] == args.trial]
     summary = study_summary(ostudy)
+    from autotune.views.status import fitted, nccl_stage, terminal_width, too_narrow
+
+    stage_lines, stage_held = nccl_stage(study, study.storage)
     if args.json:
         print(
             json.dumps(
@@ -188,6 +195,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "trials": trials,
                     "pareto": summary.pareto,
                     "remeasured": summary.remeasured,
+                    "nccl_stage": {"text": stage_lines, "held": stage_held},
                     **_trust_record(summary.answer),
                 },
                 indent=2,
@@ -195,22 +203,30 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    from autotune.views.status import fitted, terminal_width
-
     metrics, width = study.objective.metrics, terminal_width()
+    for line in stage_lines:  # once, above the table: the rows leave out the values the stage held
+        print("\n".join(fitted("", line, width)))
     heads = "  ".join(f"{m:>18}" for m in metrics)
-    print(f"{'#':>4}  {'state':<10} {heads}  {'failure':<18}  changed from the baseline")
+    kind = max([len("failure"), *(len(t["failure_kind"] or "") for t in trials)])  # room for the settings
+    head = f"{'#':>4}  {'state':<10} {heads}  {'failure':<{kind}}  "
+    print("\n".join(fitted(head, "changed from the baseline", width)))
+    changes = {
+        t["number"]: "baseline"
+        if t["baseline"]
+        else " ".join(
+            f"{k}={to_arg(v)}"
+            for k, v in t["params"].items()
+            if is_set(v) and (k not in stage_held or stage_held[k] != v)
+        )
+        for t in trials
+    }
+    under = any(too_narrow(head, text, width) for text in changes.values())  # every row, or none
     for t in trials:
         values = t["values"] or [None] * len(metrics)
         shown = "  ".join(f"{v:>18.2f}" if v is not None else f"{'-':>18}" for v in values)
-        changed = (
-            "baseline"
-            if t["baseline"]
-            else " ".join(f"{k}={to_arg(v)}" for k, v in t["params"].items() if is_set(v))
-        )
         state = "INFEASIBLE" if t["state"] == "COMPLETE" and not t["feasible"] else t["state"]
-        row = f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<18}  "
-        print("\n".join(fitted(row, changed, width)))  # full text in --json
+        row = f"{t['number']:>4}  {state:<10} {shown}  {t['failure_kind'] or '':<{kind}}  "
+        print("\n".join(fitted(row, changes[t["number"]], width, under)))  # full text in --json
         for note in _status_notes(t):
             print("\n".join(fitted(" " * 6, note, width)))
     over = [t for t in trials if t["over_limits"]]
@@ -284,7 +300,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.trial is not None:
         best = trials.get(args.trial)
         if best is None:
-            raise AutotuneError(f"study {study.name!r} has no trial {args.trial}")
+            raise no_such_trial(study.name, args.trial, list(trials))
     elif summary.pareto is not None:
         if args.json:
             print(json.dumps({"study": study.name, "pareto": summary.pareto}, indent=2))

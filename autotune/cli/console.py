@@ -136,7 +136,12 @@ class ConsoleReporter(StudyCallback):
         self._line(event.text)
 
     def study_interrupting(self, event: StudyInterrupting) -> None:
-        self._line(f"stopping trials {list(event.trials)} (Ctrl-C again to stop at once)")
+        numbers = ", ".join(map(str, event.trials))
+        if not event.trials:  # between two trials (an all-reduce job of the NCCL stage takes seconds)
+            self._line("stopping: no trial was running; a resume continues where the study stopped")
+        else:
+            trials = f"trial {numbers}" if len(event.trials) == 1 else f"trials {numbers}"
+            self._line(f"stopping {trials} (Ctrl-C again to stop at once)")
 
     def study_ended(self, event: StudyEnded) -> None:
         self._close_bar()

@@ -7,12 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from autotune.cli.common import EXIT_FAILED
 from autotune.config import load_study
 from autotune.errors import AutotuneError, ConfigError
 from autotune.trial.launch import describe_launch
 from autotune.trial.redaction import is_secret_name
+
+# Where init's own options come from, as its errors name it (the --out file does not exist yet).
+COMMAND_LINE = Path("autotune init")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -44,8 +48,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     if args.out.exists() and not args.force:
         raise ConfigError(args.out, "--out", str(args.out), "the file exists", "Pass --force to replace it.")
-    command, env = shlex.split(args.server_command), init.parse_env(args.env, args.out)
-    node = init.node_spec(args.node, args.out, key_file=args.key_file, known_hosts=args.known_hosts)
+    command, env = shlex.split(args.server_command), init.parse_env(args.env, COMMAND_LINE)
+    node = init.node_spec(args.node, COMMAND_LINE, key_file=args.key_file, known_hosts=args.known_hosts)
     local = node.address == "local"
     found, model, draft = inspect_node(
         runner_for(node),
@@ -66,7 +70,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         command=command,
         env=env,
         spec=node,
-        port=init.parse_port(args.port, args.out),
+        port=init.parse_port(args.port, COMMAND_LINE),
         written_on=f" on {date.today().isoformat()}",
     )
     choice = init.choose(found, model, draft)

@@ -209,8 +209,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ostudy = existing_study(study)
     metric = study.objective.metric
 
+    if args.ray:
+        print("autotune: compare --ray is the default now and will go: leave it out", file=sys.stderr)
+
     def run(total: int) -> Any:
-        args.no_ray = not args.ray  # from this process unless asked: as compare always ran
         driver = _driver(study, args)
         driver.queued_only = True  # its rounds, nothing the sampler proposes
         return driver.run(total)
@@ -223,7 +225,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),
         run=run,
     )
-    path = write(comparison, args.json or study.workdir / "compare.json")
+    path = write(comparison, args.out or study.workdir / "compare.json")
+    if args.json:
+        print(comparison.to_json())
+        return 0
     settings = [f"{k}={v}" for k, v in comparison.best_env.items()]
     settings += [flag if v is None else f"{flag} {v}" for flag, v in comparison.best_flags.items()]
     print(f"best: trial {comparison.best_trial}: {' '.join(settings) or 'nothing set (the default)'}")

@@ -52,8 +52,10 @@ DEFAULT_SERVER_COMMAND = ("python3", "-m", "sglang.launch_server")
 SIMULATED_SERVER = "autotune.sim.sglang_server"
 SIMULATED_NVIDIA_SMI = "autotune.sim.nvidia_smi"
 SIMULATED_NCCL_JOB = "autotune.sim.nccl_job"
-# search_spaces/ and objectives/ sit beside the package in a checkout.
-SHIPPED_DIR = Path(__file__).resolve().parents[2]
+# search_spaces/, objectives/ and examples/ sit beside the package in a checkout, and inside it once
+# installed from a wheel (autotune/shipped/: setup.py puts them there).
+_CHECKOUT = Path(__file__).resolve().parents[2]
+SHIPPED_DIR = _CHECKOUT if (_CHECKOUT / "search_spaces").is_dir() else _CHECKOUT / "autotune" / "shipped"
 OBJECTIVE = "serving-throughput.yaml"
 # The keys under which config.json files give the number of routed experts (Mixtral, DeepSeek, Qwen-MoE, ...).
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")

@@ -28,8 +28,9 @@ def _switch(value: Any, section: str, example: str) -> Any:
 class Confirm(BaseModel):
     """When the search ends, the `top` configs and SGLang's defaults are launched again in interleaved rounds
     (the order alternating per round) until the leader's paired gain over the defaults has a `confidence`
-    interval (Bonferroni over the `top` candidates) narrower than `target_pct` either side, or clear of
-    zero, after `min_rounds`; at most `max_rounds`."""
+    interval (Bonferroni over the `top` candidates and the rounds it is looked at, `min_rounds` to
+    `max_rounds`) narrower than `target_pct` either side, or clear of zero, after `min_rounds`; at most
+    `max_rounds`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -107,6 +107,8 @@ class NodeReport:
     server_version: str | None = None  # the SGLang version the server command runs, when it says
     # The flags the server command accepts: the committed table of its version, else read from its --help.
     server_flags: FlagTable | None = None
+    # Servers a dead actor or driver left running on the node, stopped before the check (process groups).
+    stopped_left_behind: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:

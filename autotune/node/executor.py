@@ -183,7 +183,7 @@ class TrialExecutor:
         )
         startup_s = time.monotonic() - started
         if outcome.status is StartupStatus.FAILED:
-            # It may linger after its fatal line, as the seed's server did (the calibration session, README).
+            # It may linger after its fatal line, as the seed's server did (docs/concepts.md, "The seed").
             process.stop(grace_s=FAILED_GRACE_S)
         if not outcome.ready:
             return self._result(
@@ -469,7 +469,7 @@ def check_executor_node(node: NodeSpec, executor: TrialExecutor, server: ServerS
         log_dir = _log_dir(runner, executor.workdir)
     except NodeUnreachableError:
         log_dir = str(executor.workdir)  # check_node reports why the node cannot be reached
-    return check_node(
+    report = check_node(
         node.name,
         runner,
         command=server.command,
@@ -481,6 +481,7 @@ def check_executor_node(node: NodeSpec, executor: TrialExecutor, server: ServerS
         nvidia_smi=node.nvidia_smi,
         model_path=server.model_path,
     )
+    return replace(report, stopped_left_behind=tuple(runner.stopped_left_behind))
 
 
 class NodeActor:
@@ -509,6 +510,10 @@ class NodeActor:
 
     def phase(self) -> str:
         return self._executor.phase
+
+    def stopped_left_behind(self) -> list[int]:
+        """The servers a dead actor or driver left running on this node, which this actor stopped on start."""
+        return self._executor.runner.stopped_left_behind
 
     def abort(self) -> None:
         self._executor.abort()

@@ -10,9 +10,12 @@ result, never an exception.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +29,8 @@ from autotune.trial.wire import TrialRequest, TrialResult
 
 GPU_NODE_RESOURCE = "gpu_node"
 DISCOVERY_S = 5.0  # how often a discovering pool looks for nodes that joined the cluster
+# A new actor starts in seconds, then stops what its dead predecessor left (SGLang's clean stop: 15 s).
+ACTOR_TAKEOVER_S = 60.0
 
 
 class Executor(Protocol):
@@ -122,6 +127,19 @@ class LocalNodePool(NodePool):
         self._threads.shutdown(wait=True)
 
 
+def say_left_behind(reports: Iterable[NodeReport]) -> None:
+    """One line per node whose check first stopped servers a dead driver or actor had left running."""
+    for report in reports:
+        if report.stopped_left_behind:
+            groups = ", ".join(str(g) for g in report.stopped_left_behind)
+            n = len(report.stopped_left_behind)
+            print(
+                f"autotune: node {report.node}: stopped {n} server{'s' * (n > 1)} that a dead driver or node "
+                f"actor left running (process group{'s' * (n > 1)} {groups})",
+                file=sys.stderr,
+            )
+
+
 def in_process_pool(study: Study) -> LocalNodePool:
     """The study's nodes as trial executors in this process, without Ray (`autotune run --no-ray`): each
     reaches its node as a Ray actor would (`runner_for`: a local process or SSH), with the same logs."""
@@ -141,6 +159,7 @@ def in_process_pool(study: Study) -> LocalNodePool:
     failed = [r for r in reports if not r.ok]
     if failed:
         raise NodeCheckError(failed)
+    say_left_behind(reports)
     return LocalNodePool(executors, {r.node: r for r in reports})
 
 
@@ -152,24 +171,32 @@ def connect_ray(study: Study) -> None:
         return
     address = study.file.ray.address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local runtime for one user needs no token
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            address="local",  # a runtime of our own, never another session's cluster on this machine
-            num_cpus=max(2, os.cpu_count() or 2),
-            resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+    # ray.init takes SIGTERM (its core worker then dumps and aborts on it): a handler the caller set stays.
+    kept = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(
+                address="local",  # a runtime of our own, never another session's cluster on this machine
+                num_cpus=max(2, os.cpu_count() or 2),
+                resources={GPU_NODE_RESOURCE: len(study.file.nodes)},
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+    finally:
+        if callable(kept):
+            signal.signal(signal.SIGTERM, kept)
 
 
 ACTOR_NAMESPACE = "autotune"
 
 
-def actor_name(study: str, node: str) -> str:
-    """The name of the actor that owns `node` for `study`, in the `autotune` Ray namespace."""
-    return f"{study}:{node}"
+def actor_name(study: str, node: str, generation: int = 1) -> str:
+    """The name of the actor that owns `node` for `study`, in the `autotune` Ray namespace; an actor that
+    takes over from a dead one has a name of its own (`#2`, ...): Ray frees a dead actor's name only some
+    time after its process died."""
+    return f"{study}:{node}" if generation == 1 else f"{study}:{node}#{generation}"
 
 
 class RayNodePool(NodePool):
@@ -189,6 +216,7 @@ class RayNodePool(NodePool):
         self._specs: dict[str, NodeSpec] = {}
         self._placement: dict[str, str] = {}  # node name -> Ray node id, when discovered
         self._actors: dict[str, Any] = {}
+        self._generations: dict[str, int] = {}  # node name -> how many actors it has had
         self._running: dict[Any, Submitted] = {}
         self._last_discovery = 0.0
         if self._discovering:
@@ -199,6 +227,7 @@ class RayNodePool(NodePool):
                 self._actors[spec.name] = self._new_actor(spec)
         # Before any trial: every problem, with its fix; and what each node is, for the study's records.
         self._reports = {r.node: r for r in check_nodes(study.file.server, self._actors)}
+        say_left_behind(self._reports.values())
         self._keep_required_hardware()
 
     def _keep_required_hardware(self) -> None:
@@ -226,7 +255,8 @@ class RayNodePool(NodePool):
             "num_cpus": 0,
             "resources": {GPU_NODE_RESOURCE: 1},
             "max_concurrency": 2,
-            "name": actor_name(self._study.name, spec.name),  # findable by operators (and tests)
+            # Findable by operators (and tests).
+            "name": actor_name(self._study.name, spec.name, self._generations.get(spec.name, 1)),
             "namespace": ACTOR_NAMESPACE,
         }
         if spec.name in self._placement:
@@ -283,14 +313,32 @@ class RayNodePool(NodePool):
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                result = lost(submitted.node, submitted.request, f"the node's actor died: {exc}"[:500])
-                if self._node_alive(submitted.node):
-                    # A new actor takes the node; on start it stops any server the dead one left behind.
-                    self._actors[submitted.node] = self._new_actor(self._specs[submitted.node])
-                else:
-                    del self._actors[submitted.node]
+                taken_over = self._take_over(submitted.node)
+                why = f"the node's actor died; {taken_over}: {' '.join(str(exc).split())}"
+                result = lost(submitted.node, submitted.request, why[:500])
             finished.append((submitted, result))
         return finished
+
+    def _take_over(self, node: str) -> str:
+        """After `node`'s actor died: a new actor for it, which first stops the server the dead one left
+        running (its process group outlives the actor's process), or none when the node left the cluster.
+        Says what happened, for the lost trial's record."""
+        import ray
+
+        if not self._node_alive(node):
+            del self._actors[node]
+            return "its node left the Ray cluster"
+        self._generations[node] = self._generations.get(node, 1) + 1
+        actor = self._actors[node] = self._new_actor(self._specs[node])
+        try:
+            stopped = ray.get(actor.stopped_left_behind.remote(), timeout=ACTOR_TAKEOVER_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            # It stops them before its first trial all the same (an actor's calls wait for its start).
+            return f"a new actor for the node did not start within {ACTOR_TAKEOVER_S:g} s"
+        if not stopped:
+            return "a new actor took the node; no server of the dead one was left running"
+        groups = ", ".join(str(g) for g in stopped)
+        return f"its server (process group {groups}) was stopped by the node's new actor"
 
     def phase(self, submitted: Submitted) -> str | None:
         import ray

@@ -216,6 +216,12 @@ class CommandRunner(ABC):
         """The URL at which this machine reaches the server `launch` starts."""
         return launch.base_url
 
+    @property
+    def stopped_left_behind(self) -> list[int]:
+        """Process groups of servers that a dead runner on the same records (a killed actor or driver) left
+        running, which this one stopped."""
+        return []
+
 
 class LocalServerProcess(ServerProcess):
     """A process group started on this machine by `LocalCommandRunner`."""
@@ -319,7 +325,11 @@ class LocalCommandRunner(CommandRunner):
 
     def __init__(self, state_dir: Path | None = None) -> None:
         self._records = ServerRecords(state_dir / SERVERS_FILE if state_dir is not None else None)
-        self.stopped_left_behind = self._records.stop_all(_stop_local_group)
+        self._stopped_left_behind = self._records.stop_all(_stop_local_group)
+
+    @property
+    def stopped_left_behind(self) -> list[int]:
+        return list(self._stopped_left_behind)
 
     def _start(
         self, argv: list[str], env: dict[str, str], log_path: Path, secrets: Secrets

@@ -223,6 +223,7 @@ class SSHCommandRunner(CommandRunner):
         # a live SSHServerProcess of this runner still owns.
         self._servers: list[dict[str, Any]] = self._load_servers()
         self._managed: set[str] = set()
+        self._stopped: list[int] = []  # servers left behind that a connection stopped
         self._failed_connects = 0
 
     # -- connection ----------------------------------------------------------------------------------
@@ -559,6 +560,11 @@ class SSHCommandRunner(CommandRunner):
             return False
 
     @property
+    def stopped_left_behind(self) -> list[int]:
+        with self._lock:
+            return list(self._stopped)
+
+    @property
     def left_behind(self) -> list[int]:
         """Process groups on the node that this runner started (or found recorded) and could not stop."""
         with self._lock:
@@ -580,7 +586,8 @@ class SSHCommandRunner(CommandRunner):
         with self._lock:
             pending = [e for e in self._servers if e["server_id"] not in self._managed]
         for entry in pending:
-            self._stop_group(int(entry["pgid"]), str(entry["server_id"]), LEFT_BEHIND_GRACE_S)
+            if self._stop_group(int(entry["pgid"]), str(entry["server_id"]), LEFT_BEHIND_GRACE_S) != "gone":
+                self._stopped.append(int(entry["pgid"]))
 
     def _servers_path(self) -> Path | None:
         return self.local_root / SERVERS_FILE if self.local_root is not None else None

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.dialect import Dialect, FlagTable
-from autotune.errors import AutotuneError, ForbiddenLaunchError
+from autotune.errors import STOP_SIGNALS, AutotuneError, ForbiddenLaunchError, interrupt, stop_signal
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
 from autotune.study import optuna_internals, outcome, samplers, screening, stages
@@ -96,7 +96,13 @@ INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not
 
 
 class StudyInterrupted(AutotuneError):
-    """Ctrl-C stopped the study; the running trials were stopped and recorded as interrupted."""
+    """Ctrl-C (or SIGTERM, SIGHUP: `signum`) stopped the study; the running trials were stopped and recorded
+    as interrupted."""
+
+    def __init__(self, what: str, signum: int = signal.SIGINT) -> None:
+        self.signum = signal.Signals(signum)
+        how = "interrupted" if self.signum is signal.SIGINT else f"stopped by {self.signum.name}"
+        super().__init__(f"{how}{what}")
 
 
 @dataclass
@@ -126,25 +132,35 @@ def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]
     return recovered
 
 
+class _Stop(threading.Event):
+    """Set by the first stop signal; `signum` says which."""
+
+    signum = signal.SIGINT
+
+
 @contextmanager
-def ctrl_c_remembered() -> Iterator[threading.Event]:
-    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered, so that code which swallows it
-    cannot make the study loop miss it (once a Ctrl-C between two trials was lost and the driver ran its
-    study to the end; the call that swallowed it was not found). Only the main thread takes signals."""
-    remembered = threading.Event()
+def ctrl_c_remembered() -> Iterator[_Stop]:
+    """Ctrl-C (and SIGTERM, SIGHUP: `STOP_SIGNALS`) raises KeyboardInterrupt as usual and is also
+    remembered, so that code which swallows it cannot make the study loop miss it (once a Ctrl-C between
+    two trials was lost and the driver ran its study to the end; the call that swallowed it was not found).
+    Only the main thread takes signals. Installed after Ray started: ray.init takes SIGTERM for itself."""
+    remembered = _Stop()
     if threading.current_thread() is not threading.main_thread():
         yield remembered
         return
 
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        if not remembered.is_set():
+            remembered.signum = signal.Signals(signum)
         remembered.set()
-        signal.default_int_handler(signum, frame)
+        interrupt(signum, frame)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_stop) for sig in STOP_SIGNALS}
     try:
         yield remembered
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StudyDriver:
@@ -212,9 +228,10 @@ class StudyDriver:
         self.observers.study_started(StudyStarted(study, tuple(recovered)))
         try:
             pool = self.make_pool(study)
-        except KeyboardInterrupt:  # Ctrl-C while Ray starts: no trial has started yet
+        except KeyboardInterrupt as exc:  # Ctrl-C while Ray starts: no trial has started yet
             self.observers.study_ended(StudyEnded(study, ostudy, None))
-            raise StudyInterrupted("interrupted while the nodes started; no trial was running") from None
+            signum = stop_signal(exc)
+            raise StudyInterrupted(" while the nodes started; no trial was running", signum) from None
         try:
             study.check_flags([t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))])
             held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
@@ -242,12 +259,12 @@ class StudyDriver:
                 for total in () if self.queued_only else confirmation_rounds(study, ostudy):  # study.confirm
                     self.total = total
                     self._trials(ostudy, pool, total, None, ctrl_c)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupt(ostudy, pool)
             self.observers.study_ended(StudyEnded(study, ostudy, None))
-            raise StudyInterrupted(
-                "interrupted: the running trials were stopped; resume to continue"
-            ) from None
+            # The signal remembered: a KeyboardInterrupt caught and raised again on the way lost it.
+            signum = ctrl_c.signum if ctrl_c.is_set() else stop_signal(exc)
+            raise StudyInterrupted(": the running trials were stopped; resume to continue", signum) from None
         finally:
             pool.close()
         self.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
@@ -259,13 +276,13 @@ class StudyDriver:
         pool: NodePool,
         budget: int | None,
         deadline: float | None,
-        ctrl_c: threading.Event,
+        ctrl_c: _Stop,
     ) -> None:
         """Run trials on every idle node until the budget or the deadline is reached and none runs."""
         last_beat = time.monotonic()
         while True:
             if ctrl_c.is_set():  # a Ctrl-C that something below turned into another error
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt(ctrl_c.signum)
             for node in pool.idle_nodes():
                 if not self._fill(ostudy, pool, node, budget, deadline):
                     break

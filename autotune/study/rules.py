@@ -8,6 +8,7 @@ types only for type checking), so each of them imports the rule from here instea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -20,6 +21,7 @@ from autotune.measure.stats import mean_ci
 from autotune.study.records import (
     ABLATION_OF_ATTR,
     BASELINE_ATTR,
+    FAILURE_KIND_ATTR,
     LAUNCH_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
@@ -27,6 +29,7 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SKIPPED_ATTR,
 )
+from autotune.trial.failures import FailureKind
 from autotune.trial.launch import argv_flags
 from autotune.trial.redaction import Secrets, is_secret_name
 
@@ -56,6 +59,15 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
 def config_key(params: Mapping[str, Any]) -> ConfigKey:
     """A config's parameters, comparable across trials: equal for the same config (True and 1 differ)."""
     return tuple(sorted((name, repr(value)) for name, value in params.items()))
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """Whether a trial counts against the budget: not when it was never launched (a known incompatible
+    proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
+    if trial.user_attrs.get(SKIPPED_ATTR):
+        return False
+    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
+    return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
 
 
 def deliberate(user_attrs: Mapping[str, Any]) -> bool:
@@ -239,8 +251,8 @@ def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) ->
 def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[ConfigMeasurements]:
     groups: dict[ConfigKey | str, list[FrozenTrial]] = {}
     for trial in sorted(trials, key=lambda t: t.number):
-        if trial.state.name in ("WAITING", "RUNNING") or trial.user_attrs.get(SKIPPED_ATTR):
-            continue
+        if trial.state.name in ("WAITING", "RUNNING") or not counts(trial):
+            continue  # an interrupted launch measured nothing: its retry is the config's measurement
         groups.setdefault(_config_of(trial), []).append(trial)
     out = []
     for members in groups.values():
@@ -261,6 +273,21 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
             )
         )
     return out
+
+
+def groups_by_trial(ostudy: optuna.Study) -> dict[int, ConfigMeasurements]:
+    """Each config's measurements under its first trial's number, and also under the number of a launch of
+    it that measured nothing (interrupted, node lost), as `of`: a store written before issue 41 named a
+    config by such a trial, and its confirmation rounds go on under that name."""
+    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    groups = measurement_groups(ostudy)
+    by_number = {g.of: g for g in groups}
+    by_config = {_config_of(trials[g.of]): g for g in groups}
+    for trial in trials.values():
+        if trial.number not in by_number and trial.state.is_finished() and not counts(trial):
+            if (group := by_config.get(_config_of(trial))) is not None:
+                by_number[trial.number] = dataclasses.replace(group, of=trial.number)
+    return by_number
 
 
 def remeasured_ranking(

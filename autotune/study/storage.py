@@ -36,13 +36,11 @@ from autotune.study.records import (
     CONFIG_ATTR,
     CONFIRM_ATTR,
     DRIVER_ATTR,
-    FAILURE_KIND_ATTR,
     QUEUED_ATTR,
     REMEASURE_OF_ATTR,
     RETRY_OF_ATTR,
-    SKIPPED_ATTR,
 )
-from autotune.trial.failures import FailureKind
+from autotune.study.rules import counts  # the rule is rules.py's; its users import it from here too
 
 HEARTBEAT_S = 10
 # Optuna warns that heartbeats are meant for Study.optimize; this ask/tell loop records its own.
@@ -233,15 +231,6 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
         )
     history = [*recorded.get("history", []), {k: v for k, v in recorded.items() if k != "history"}]
     ostudy.set_user_attr(CONFIG_ATTR, {**_study_record(study), "history": history})
-
-
-def counts(trial: FrozenTrial) -> bool:
-    """Whether a trial counts against the budget: not when it was never launched (a known incompatible
-    proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
-    if trial.user_attrs.get(SKIPPED_ATTR):
-        return False
-    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
-    return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
 
 
 def budget_used(ostudy: optuna.Study) -> int:

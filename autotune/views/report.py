@@ -229,7 +229,7 @@ figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee;
 
 PLOT_CAPTIONS = {
     "optimization_history.png": "Each trial's value, the best so far, and the baseline (SGLang's defaults).",
-    "param_importances.png": "Which parameters mattered (optuna.importance over completed trials).",
+    "param_importances.png": "Which parameters mattered: shares of the variance over the trials (fANOVA).",
     "objective_vs_params.png": "The objective against the most important parameters.",
     "memory_region.png": "Where the server starts: mem-fraction-static against cuda-graph-max-bs-decode.",
     "pareto_front.png": "The Pareto front of the first two objectives.",

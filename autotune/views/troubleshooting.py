@@ -1,10 +1,11 @@
-"""The README's troubleshooting section, written from the failure catalogue (`autotune.trial.failures`).
+"""docs/troubleshooting.md's failure kinds, written from the failure catalogue (`autotune.trial.failures`).
 
 One entry per `FailureKind`: what the user sees (SGLang's own log line, for the kinds the pattern table
 reads from a server log, or the sentence autotune records), what autotune does about it (from the kind's
 properties) and what to do (the kind's advice, the text MLflow and `autotune diagnose` show). A kind
-without an entry here is an error, and tests/views/test_troubleshooting.py checks that the README holds
-exactly what `section()` writes: `python scripts/troubleshooting.py` rewrites it.
+without an entry here is an error, and tests/views/test_troubleshooting.py checks that
+docs/troubleshooting.md holds exactly what `section()` writes: `python scripts/troubleshooting.py`
+rewrites it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ BEGIN = (
     "<!-- troubleshooting: written by `python scripts/troubleshooting.py` from autotune/trial/failures.py -->"
 )
 END = "<!-- end of troubleshooting -->"
-WIDTH = 110  # the README's line length
+WIDTH = 110  # the docs' line length
 
 
 class Seen(NamedTuple):
@@ -171,7 +172,7 @@ def _code(text: str) -> str:
 
 
 def section() -> str:
-    """The README's troubleshooting entries, one paragraph per kind in the catalogue's order, between the
+    """docs/troubleshooting.md's entries, one paragraph per kind in the catalogue's order, between the
     markers."""
     missing = [kind.value for kind in FailureKind if kind not in SEEN]
     if missing:

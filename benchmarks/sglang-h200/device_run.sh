@@ -72,7 +72,7 @@ if [ "$MODE" = study ] || [ "$MODE" = compare ]; then
       fi
       args=("$verb" "$STUDY" "${POOL[@]}" ${N_TRIALS:+--n-trials "$N_TRIALS"} ${ACCEPT_CHANGES:+--accept-changes})
     else
-      args=(compare "$STUDY" --rounds "${ROUNDS:-6}" --json $W/compare.json)
+      args=(compare "$STUDY" --rounds "${ROUNDS:-6}" "${POOL[@]}" --out $W/compare.json)
     fi
     rm -f $W/pid
     (cd $W && setsid nohup bash -c 'echo $$ > pid; exec python3 -m autotune "$@"' _ "${args[@]}" >> $W/$MODE.log 2>&1 < /dev/null &)

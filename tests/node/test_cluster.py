@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 from typing import Any
@@ -13,7 +14,8 @@ from optuna.trial import TrialState
 from ray.cluster_utils import Cluster
 
 from autotune.config import load_study
-from autotune.node.pool import ACTOR_NAMESPACE, GPU_NODE_RESOURCE
+from autotune.errors import interrupt
+from autotune.node.pool import ACTOR_NAMESPACE, GPU_NODE_RESOURCE, connect_ray
 from autotune.node.runner import _group_members
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import finished_count
@@ -50,6 +52,19 @@ def cluster_study(address: str, name: str, startup_scale: str = "0.002") -> dict
         sampler={"name": "random", "seed": 5},
         timeouts=SIM_TIMEOUTS,
     )
+
+
+def test_joining_the_cluster_keeps_the_sigterm_handler_set_before(cluster, study_file: StudyFiles) -> None:
+    # ray.init takes SIGTERM for itself (its core worker dumps and aborts on it): the CLI's, which stops
+    # a study as Ctrl-C does, must stay.
+    study = load_study(study_file(cluster_study(cluster.address, "sigterm")))
+    ray.shutdown()
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        connect_ray(study)
+        assert signal.getsignal(signal.SIGTERM) is interrupt
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_trials_run_in_parallel_on_every_node_and_none_twice(cluster, study_file: StudyFiles) -> None:

@@ -295,6 +295,7 @@ def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tm
         fresh.connect()
         wait_for(lambda: not _group(pgid), timeout_s=20)
         assert fresh.left_behind == [] and not (workdir / "servers.json").exists()
+        assert fresh.stopped_left_behind == [pgid]  # what a resume says it stopped
     finally:
         sshd.stop()
 

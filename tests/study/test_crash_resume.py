@@ -3,6 +3,8 @@
 The driver runs as `autotune run` in its own process group, on the simulated node, with a local Ray
 runtime or without (`--no-ray`); it is killed with SIGKILL (or interrupted with SIGINT) while a server
 loads its weights, while it is benchmarked, or just after a trial finished, and started again each time.
+The same driver also meets what a real node brings mid-trial: its Ray node actor's process killed, and the
+driver itself stopped with SIGTERM or SIGHUP (what `timeout`, systemd and Slurm send).
 """
 
 from __future__ import annotations
@@ -239,4 +241,123 @@ def test_two_drivers_on_one_postgresql_study_share_the_budget(
     assert len(drivers) == 2, "both drivers ran trials"
     logs = sorted((path.parent / ".autotune" / "two-drivers" / "nodes" / "local").glob("trial-*/server.log"))
     assert [int(p.parent.name.split("-")[1]) for p in logs] == sorted(t.number for t in counted)
+    assert servers_of(model_path) == []
+
+
+def session_processes(session: int, title: bytes) -> list[int]:
+    """Live processes of session `session` (a driver started in a session of its own, and what it started:
+    Ray's workers included) whose command line starts with `title` (Ray names a worker `ray::NodeActor`)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and cmdline.startswith(title) and fields[0] not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_until_loading(driver: subprocess.Popen[bytes], trials_dir: Path, log: Path, first: int = 1) -> None:
+    """Return once a server of trial `first` or later loads its weights (the driver still running)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert driver.poll() is None, log.read_text(errors="replace")[-3000:]
+        for server_log in trials_dir.glob("trial-*/server.log"):
+            if int(server_log.parent.name.split("-")[1]) < first:
+                continue
+            text = server_log.read_text(errors="replace")
+            if "Load weight begin" in text and "Load weight end" not in text:
+                return
+        time.sleep(0.05)
+    pytest.fail(f"no trial reached its weight load: {log.read_text(errors='replace')[-3000:]}")
+
+
+def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_trial_run_again(
+    study_file: StudyFiles,
+) -> None:
+    # The actor's worker process dies (kill -9), not ray.kill: Ray frees its name later, and its server,
+    # in a session of its own, outlives it.
+    model_path = f"/models/actor-{uuid.uuid4().hex[:8]}"
+    path = study_file(crash_study(None, model_path, budget=4))
+    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
+    log = path.parent / "driver.log"
+    driver = start_driver(path, log)
+    try:
+        wait_until_loading(driver, trials_dir, log)
+        actors = session_processes(driver.pid, b"ray::NodeActor")
+        assert len(actors) == 1, actors
+        os.kill(actors[0], signal.SIGKILL)
+        assert driver.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    finally:
+        if _group_alive(driver.pid):
+            os.killpg(driver.pid, signal.SIGKILL)
+
+    check_study(path, None, model_path, budget=4)  # nothing RUNNING, no server, every run closed
+    ostudy = optuna.load_study(
+        study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
+    )
+    lost = [t for t in ostudy.trials if t.user_attrs.get("failure_kind") == "node_lost"]
+    assert len(lost) == 1 and lost[0].state is TrialState.FAIL, [t.user_attrs for t in ostudy.trials]
+    # The new actor stopped the dead one's server before anything else ran, and the trial says so.
+    assert "its server (process group" in lost[0].user_attrs["failure"], lost[0].user_attrs["failure"]
+    retries = [t for t in ostudy.trials if t.user_attrs.get("retry_of") == lost[0].number]
+    assert len(retries) == 1 and retries[0].params == lost[0].params and retries[0].state.is_finished()
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
+    study_file: StudyFiles, sig: signal.Signals, status: int
+) -> None:
+    model_path = f"/models/term-{uuid.uuid4().hex[:8]}"
+    path = study_file(crash_study(None, model_path, budget=3))
+    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
+    log = path.parent / "driver.log"
+    driver = start_driver(path, log)
+    try:
+        wait_until_loading(driver, trials_dir, log)
+        os.kill(driver.pid, sig)  # the driver alone, as `timeout` or systemd stops it
+        assert driver.wait(timeout=90) == status, log.read_text(errors="replace")[-4000:]
+    finally:
+        if _group_alive(driver.pid):
+            os.killpg(driver.pid, signal.SIGKILL)  # what Ray's own processes leave stays in the group
+    text = log.read_text(errors="replace")
+    assert f"autotune: stopped by {sig.name}: the running trials were stopped; resume to continue" in text
+    assert "*** SIGTERM received" not in text and "Traceback" not in text, text[-4000:]
+    ostudy = optuna.load_study(
+        study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
+    )
+    assert not [t.number for t in ostudy.trials if t.state is TrialState.RUNNING]
+    stopped = [t for t in ostudy.trials if t.user_attrs.get("failure_kind") == "interrupted"]
+    assert len(stopped) == 1, [t.user_attrs for t in ostudy.trials]
+    client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("crash").experiment_id], max_results=100)
+    assert runs and not [r.info.run_id for r in runs if r.info.status == "RUNNING"]
+    assert servers_of(model_path) == [], "a server of the stopped trial is still alive"
+    assert not (trials_dir / "servers.json").exists()
+
+
+def test_resume_says_which_servers_a_killed_driver_left_running_it_stopped(study_file: StudyFiles) -> None:
+    model_path = f"/models/left-{uuid.uuid4().hex[:8]}"
+    path = study_file(crash_study(None, model_path, budget=2))
+    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
+    log = path.parent / "driver.log"
+    driver = start_driver(path, log, ray=False)
+    wait_until_loading(driver, trials_dir, log, first=0)
+    os.killpg(driver.pid, signal.SIGKILL)  # the server, in a session of its own, outlives its driver
+    driver.wait(timeout=30)
+    left = servers_of(model_path)
+    assert left, "the killed driver's server still runs"
+    pgid = os.getpgid(left[0])
+
+    resumed = start_driver(path, log, ray=False)
+    assert resumed.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    said = [line for line in log.read_text(errors="replace").splitlines() if "left running" in line]
+    assert said == [
+        "autotune: node local: stopped 1 server that a dead driver or node actor left running "
+        f"(process group {pgid})"
+    ]
     assert servers_of(model_path) == []

@@ -216,17 +216,19 @@ def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fi
         StudyDriver(study, pool=model_pool()).run()
 
 
-def test_a_ctrl_c_that_something_swallows_is_still_remembered() -> None:
-    # Some call below the study loop once swallowed a Ctrl-C; the loop must still see it.
-    before = signal.getsignal(signal.SIGINT)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_ctrl_c_that_something_swallows_is_still_remembered(sig: signal.Signals) -> None:
+    # Some call below the study loop once swallowed a Ctrl-C; the loop must still see it, and which
+    # signal it was (SIGTERM from `timeout` or systemd, SIGHUP from a closed terminal stop it the same way).
+    before = signal.getsignal(sig)
     with ctrl_c_remembered() as ctrl_c:
         try:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
             time.sleep(1)  # the handler runs here, between bytecodes
         except KeyboardInterrupt:
             pass  # swallowed, as that call did
-        assert ctrl_c.is_set()
-    assert signal.getsignal(signal.SIGINT) is before
+        assert ctrl_c.is_set() and ctrl_c.signum is sig
+    assert signal.getsignal(sig) is before
 
 
 class Recorder(StudyCallback):

@@ -5,6 +5,7 @@ the simulated node's model (with its run-to-run noise), real Optuna storage."""
 from __future__ import annotations
 
 import json
+import socket
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.cli import main
@@ -25,8 +27,9 @@ from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.confirm import confirmation, round_order
 from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.noise import noise_estimate, pooled
+from autotune.study.records import DRIVER_ATTR
 from autotune.study.rules import ConfigMeasurements, launch_identity, same_launch
-from autotune.study.storage import budget_used
+from autotune.study.storage import budget_used, open_study
 from autotune.study.summary import study_summary
 from autotune.trial.redaction import Secrets
 from tests.builders import StudyFiles
@@ -271,6 +274,37 @@ def test_confirmation_resumes_after_ctrl_c_where_it_stopped(study_file: StudyFil
     assert budget_used(ostudy) == 5 + 4  # no round measured twice, none lost
 
 
+def test_confirmation_credits_the_trial_that_measured_a_config_not_an_interrupted_one(
+    study_file: StudyFiles,
+) -> None:
+    """Issue 41, item 6: a driver died during a trial; the resume failed it as interrupted and ran its
+    config again. The confirmation rows and the answer name the retry, which measured it."""
+    trust = {"confirm": {"top": 3, "max_rounds": 2}, "stop_early": False, "screen": False}
+    study = load_study(study_file(n_trials=4, search_space=FLAT, trust=trust))
+    StudyDriver(study, pool=model_pool(noise=0.01)).run(n_trials=1)  # the baseline: nothing to confirm yet
+    stored = open_study(study)
+    stored.enqueue_trial({"--schedule-policy": "lpm", "--stream-interval": 4})  # a config the search chose
+    orphan = stored.ask(
+        {
+            "--schedule-policy": CategoricalDistribution([None, "lpm", "fcfs"]),
+            "--stream-interval": CategoricalDistribution([None, 2, 4, 16]),
+        }
+    )
+    orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")  # a driver on this host, gone
+
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+
+    assert ostudy.trials[orphan.number].user_attrs["failure_kind"] == "interrupted"
+    retry = next(t for t in ostudy.trials if t.user_attrs.get("retry_of") == orphan.number)
+    assert retry.state == TrialState.COMPLETE and retry.params == orphan.params
+    state = confirmation(ostudy)
+    assert state is not None and retry.number in state.configs and orphan.number not in state.configs
+    rows = [t for t in launched(ostudy) if "confirm" in t.user_attrs]
+    assert rows and {t.user_attrs["remeasure_of"] for t in rows} == {state.baseline, *state.configs}
+    answer = study_answer(ostudy)
+    assert answer is not None and f"trial {orphan.number}'s" not in answer.text
+
+
 def test_best_reports_the_confirmed_gain_with_its_interval(
     confirmed: tuple[Path, optuna.Study], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -392,12 +426,13 @@ def test_the_real_h200_trust_study_resumed_to_its_end_answers_that_the_defaults_
     tmp_path: Path,
 ) -> None:
     # run4 resumed on a fresh machine (a plain resume: no more search) ran rounds 2 to 5 and stopped once the
-    # leader's paired interval was narrower than +-1%: on this H200 nothing beats SGLang's defaults.
+    # leader's paired interval was narrower than +-1% at 97.5%; at 99.5% (the error spent over the candidates
+    # and the 5 looks, issue 41) it is wider and still holds zero: on this H200 nothing beats the defaults.
     answer = study_answer(run4(tmp_path, "study.tar.gz"))
     assert answer is not None and answer.verdict == "no gain" and answer.rounds == 5
     assert answer.beats_defaults is False and answer.trial == 0 and answer.gain_interval_pct is not None
     low, high = answer.gain_interval_pct
-    assert low < 0 < high and high - low < 2.0
+    assert low < 0 < high and "(99.5% CI" in answer.text
     assert answer.text.startswith("no config beat SGLang's defaults beyond run-to-run noise")
 
 
@@ -447,3 +482,114 @@ def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_d
     }
     gain, pairs = _gain(rounds, 0, 5, maximize=True, confidence=0.95)
     assert pairs == 2 and gain is not None and gain.pct == pytest.approx(100.0)
+
+
+# -- the confirmation's rule: its error spent across the rounds it looks at (issue 41, item 7) ------------
+CONFIRM_SETTINGS: dict[str, Any] = {
+    "enabled": True,
+    "top": 2,
+    "min_rounds": 2,
+    "max_rounds": 6,
+    "target_pct": 1.0,
+    "confidence": 0.95,
+    "baseline": 0,
+    "configs": [1, 8],
+    "since": -1,
+}
+
+
+def confirmation_study(rounds: list[dict[int, float]]) -> optuna.Study:
+    """An Optuna study holding only confirmation rounds, each config's value per round (0: the defaults)."""
+    ostudy = optuna.create_study(direction="maximize")
+    ostudy.set_user_attr("confirm", {**CONFIRM_SETTINGS, "queued": len(rounds)})
+    for index, values in enumerate(rounds):
+        for position, (of, value) in enumerate(values.items()):
+            attrs: dict[str, Any] = {"confirm": {"round": index, "position": position}, "remeasure_of": of}
+            ostudy.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs | {"baseline": of == 0}))
+    return ostudy
+
+
+# Rounds 1 and 2 of a flat L40S x4 study (benchmarks/trust.py, heldout-l40sx4-qwen32b, seed 7): every config
+# truly 162.34 tok/s; trial 8's config drew +0.34% and +0.35% over the defaults, both rounds on one lease.
+FLAT_L40S_SEED_7 = [
+    {0: 160.5187519336417, 1: 161.31301078841176, 8: 161.07332324038137},
+    {8: 161.43195203563553, 1: 160.95053011554594, 0: 160.86126126723943},
+]
+
+
+def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
+    """At 97.5% per look the first look (2 rounds) cleared zero, the rounds stopped and the answer claimed
+    +0.4% that is not there; spent over the 5 looks (99.5%) the interval holds zero (and is narrower than
+    +-1%: the rounds stop with no gain)."""
+    from autotune.study.confirm import _decided
+
+    ostudy = confirmation_study(FLAT_L40S_SEED_7)
+    state = confirmation(ostudy)
+    assert state is not None and state.leader == 8 and state.pairs == 2 and state.gain is not None
+    assert state.gain.verdict == "no gain"  # at 97.5%: "gain", +0.23% to +0.47%
+    assert state.gain.confidence == pytest.approx(1 - 0.05 / (2 * 5))
+    assert _decided(state, {**CONFIRM_SETTINGS, "queued": 2})
+    answer = study_answer(ostudy)
+    assert answer is not None and answer.beats_defaults is False and answer.trial == 0
+    assert "(99.5% CI" in answer.text
+
+
+def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
+    from autotune.study.confirm import _decided
+
+    ostudy = confirmation_study([{0: 100.0, 1: 150.2, 8: 101.0}, {8: 100.8, 1: 149.9, 0: 100.1}])  # +50%
+    state = confirmation(ostudy)
+    assert state is not None and state.leader == 1 and state.gain is not None
+    assert state.gain.verdict == "gain" and _decided(state, {**CONFIRM_SETTINGS, "queued": 2})
+    answer = study_answer(ostudy)
+    assert answer is not None and answer.beats_defaults is True and answer.trial == 1
+
+
+@pytest.mark.parametrize(
+    ("top", "min_rounds", "max_rounds", "expected"),
+    [(2, 2, 6, 1 - 0.05 / 10), (1, 2, 2, 0.95), (2, 3, 4, 1 - 0.05 / 4), (3, 2, 4, 1 - 0.05 / 9)],
+)
+def test_each_look_spends_the_confidence_over_the_candidates_and_the_looks(
+    top: int, min_rounds: int, max_rounds: int, expected: float
+) -> None:
+    from autotune.study.confirm import look_confidence
+
+    settings = {"confidence": 0.95, "min_rounds": min_rounds, "max_rounds": max_rounds}
+    assert look_confidence(settings, top) == pytest.approx(expected)
+
+
+def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmation(
+    study_file: StudyFiles,
+) -> None:
+    """A study confirming when autotune named a config by its interrupted first trial (before issue 41):
+    its next round is queued under that name, as its first round was, instead of ending in a KeyError."""
+    from autotune.study.confirm import confirmation_rounds
+
+    study = load_study(study_file(search_space=FLAT, trust={"confirm": {"top": 1, "max_rounds": 4}}))
+    space = {
+        "--schedule-policy": CategoricalDistribution([None, "lpm", "fcfs"]),
+        "--stream-interval": CategoricalDistribution([None, 2, 4, 16]),
+    }
+    chosen = {"--schedule-policy": "lpm", "--stream-interval": 4}
+    ostudy = optuna.create_study(direction="maximize")
+    runs: list[tuple[TrialState, float | None, dict[str, Any], dict[str, Any]]] = [
+        (TrialState.COMPLETE, 100.0, {}, {"baseline": True}),
+        (TrialState.FAIL, None, chosen, {"failure_kind": "interrupted"}),
+        (TrialState.COMPLETE, 101.0, chosen, {"retry_of": 1}),
+        (TrialState.COMPLETE, 100.2, {}, {"baseline": True, "remeasure_of": 0, "confirm": {"round": 0}}),
+        (TrialState.COMPLETE, 100.9, chosen, {"remeasure_of": 1, "confirm": {"round": 0}}),
+    ]
+    for state, value, params, attrs in runs:
+        distributions = {name: space[name] for name in params}
+        trial = optuna.trial.create_trial(
+            state=state, value=value, params=params, distributions=distributions, user_attrs=attrs
+        )
+        ostudy.add_trial(trial)
+    record = {**study.file.trust.confirm.model_dump(), "baseline": 0, "configs": [1], "queued": 1, "since": 2}
+    ostudy.set_user_attr("confirm", record)
+
+    next(confirmation_rounds(study, ostudy))
+
+    queued = ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 1]
+    assert all(t.user_attrs["confirm"]["round"] == 1 for t in queued)

@@ -176,3 +176,51 @@ def test_the_study_parent_run_carries_the_plots(finished_study) -> None:
     assert {"optimization_history.png", "param_importances.png", "memory_region.png"} <= names
     local = Path(client.download_artifacts(parent.info.run_id, "plots/optimization_history.png"))
     assert local.read_bytes().startswith(PNG)
+
+
+def switch_study(seed: int, n: int = 40) -> optuna.Study:
+    """A study where switching EAGLE-3 on carries the whole effect (+10.3 tok/s, as the quickstart's +11%),
+    its conditional child a little more, and two knobs none: the memory fraction (a continuous range) and
+    the prefill chunk (a categorical)."""
+    import random
+
+    rng = random.Random(seed)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed))
+    for _ in range(n):
+        trial = study.ask()
+        on = trial.suggest_categorical("--speculative-algorithm", [None, "EAGLE3"]) == "EAGLE3"
+        trial.suggest_float(MEM_FRACTION, 0.7, 0.9)
+        trial.suggest_categorical("--chunked-prefill-size", [None, 4096, 8192])
+        value = 92.7 + rng.gauss(0, 0.5)
+        if on:
+            value += 10.3 + 0.3 * trial.suggest_int("--speculative-num-steps", 1, 6)
+        study.tell(trial, value)
+    return study
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_switch_that_carries_the_effect_is_the_most_important_and_its_child_is_scored(seed: int) -> None:
+    # Optuna's default (PED-ANOVA) gave the switch 0.13 to 0.42 here and ranked the memory fraction, which
+    # does nothing, first on two of these seeds; the conditional child was left out.
+    data = plot_data(switch_study(seed), "output_throughput", "tok/s")
+    importances = param_importances(data)
+    assert importances is not None
+    assert max(importances, key=importances.__getitem__) == "--speculative-algorithm"
+    assert importances["--speculative-algorithm"] > 0.8
+    assert "--speculative-num-steps" in importances
+
+
+def test_a_range_that_follows_other_knobs_is_taken_whole() -> None:
+    # --speculative-num-draft-tokens' upper end follows the steps: its trials' distributions differ.
+    trials = [
+        create_trial(
+            params={"a": a, "d": d},
+            distributions={"a": FloatDistribution(0, 1), "d": optuna.distributions.IntDistribution(2, high)},
+            value=a + d,
+        )
+        for a, d, high in [(0.1, 2, 3), (0.5, 7, 16), (0.9, 12, 15), (0.3, 3, 16), (0.7, 9, 16)]
+    ]
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(trials)
+    importances = param_importances(plot_data(study, "output_throughput", "tok/s"))
+    assert importances is not None and set(importances) == {"a", "d"}

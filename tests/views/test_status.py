@@ -3,6 +3,9 @@ every failure, read from a real study run on the model node."""
 
 from __future__ import annotations
 
+import io
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,4 +76,138 @@ def test_every_failure_says_what_went_wrong_in_a_sentence(ran: Path) -> None:
 def test_a_long_word_is_cut_at_the_edge_and_goes_on() -> None:
     lines = fitted("  7  FAIL  ", "a " + "x" * 60 + " b", 40)
     assert all(len(line) <= 40 for line in lines)
-    assert "".join(line[len("  7  FAIL  ") :] for line in lines).replace(" ", "") == "a" + "x" * 60 + "b"
+    assert lines[0] == "  7  FAIL", "a word too wide beside the row goes under it"
+    assert "".join(lines[1:]).replace(" ", "") == "a" + "x" * 60 + "b"
+
+
+def test_at_80_columns_no_flag_is_cut_mid_word(
+    ran: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["status", str(ran)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    words = {word for line in lines for word in line.split()}
+    for name, value in WIDE.items():
+        assert f"{name}={value}" in words or f"{name}={str(value).lower()}" in words, (name, lines)
+    rows = [line for line in lines if re.match(r"\s+\d+  [A-Z]", line)]
+    assert len(rows) == 3 and not any("=" in row or "baseline" in row for row in rows), "one way a table"
+
+
+def staged(study_file: StudyFiles, trials: int | None) -> Path:
+    """A study with the NCCL stage on the seed's node: run whole, or (trials=N) stopped after N of the
+    stage's all-reduce trials, as a Ctrl-C during the stage leaves it (the study's baseline queued)."""
+    from autotune.study import stages
+
+    path = study_file(n_trials=3, nccl_stage={"hidden_size": 7168})
+    study = load_study(path)
+    if trials is None:
+        StudyDriver(study, pool=model_pool, tracking=False).run()
+        return path
+    stage = stages.stage_study(study, 96.0, None)
+    sampler = stages.CoordinateAscent(stages.stage_knobs(study))
+    StudyDriver(stage, pool=model_pool, sampler=sampler, tracking=False).run(trials)
+    open_study(study)
+    return path
+
+
+def test_the_values_the_nccl_stage_held_are_said_once_above_the_table(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    path = staged(study_file, None)
+    assert main(["status", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#  state"))
+    held = [line for line in lines[:table] if "held in every server trial" in line]
+    assert held, lines
+    end = next(i for i, line in enumerate(lines) if line.startswith("study t:"))  # the answer follows the table
+    assert not any("NCCL_" in line for line in lines[table:end]), "\n".join(lines)
+
+
+def test_status_after_a_ctrl_c_in_the_nccl_stage_shows_its_progress(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    path = staged(study_file, 5)
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"NCCL stage t\.nccl-stage: 5 of \d+ all-reduce trials measured", out), out
+    assert f"autotune resume {path}" in out
+    assert main(["status", str(path), "--json"]) == 0
+    stage = json.loads(capsys.readouterr().out)["nccl_stage"]
+    assert stage["text"][0].startswith("NCCL stage t.nccl-stage: 5") and stage["held"] == {}
+
+
+@pytest.mark.parametrize(
+    ("trials", "line"),
+    [
+        ((), "stopping: no trial was running; a resume continues where the study stopped"),
+        ((3,), "stopping trial 3 (Ctrl-C again to stop at once)"),
+        ((3, 4), "stopping trials 3, 4 (Ctrl-C again to stop at once)"),
+    ],
+)
+def test_a_ctrl_c_says_which_trials_it_stops_in_a_sentence(trials: tuple[int, ...], line: str) -> None:
+    from autotune.cli.console import ConsoleReporter
+    from autotune.study.callbacks import StudyInterrupting
+
+    stream = io.StringIO()
+    ConsoleReporter(stream).study_interrupting(StudyInterrupting(trials))
+    assert stream.getvalue() == line + "\n"
+
+
+@pytest.mark.integration  # the CLI, the simulated node's all-reduce jobs, a Ctrl-C
+def test_a_ctrl_c_in_the_nccl_stage_leaves_a_status_that_shows_the_stage(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    from tests.builders import SIM_TIMEOUTS, simulated_server
+
+    nvidia_smi = [sys.executable, "-m", "autotune.sim.nvidia_smi"]
+    path = study_file(
+        n_trials=3,
+        nodes=[{"name": "local", "address": "local", "nvidia_smi": nvidia_smi}],
+        server=simulated_server(model_weight_gb=547, draft_model_path="/models/Kimi-K2.5-EAGLE3"),
+        timeouts=SIM_TIMEOUTS,
+        nccl_stage={"hidden_size": 7168, "command": [sys.executable, "-m", "autotune.sim.nccl_job"]},
+    )
+    study = load_study(path)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "run", str(path), "--no-ray", "--no-tracking"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if not (study.workdir / "optuna.db").exists():
+                continue
+            try:
+                stage = optuna.load_study(study_name="t.nccl-stage", storage=study.storage)
+            except KeyError:
+                continue
+            if sum(t.state.is_finished() for t in stage.get_trials(deepcopy=False)) >= 3:
+                break
+        run.send_signal(signal.SIGINT)
+        _out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    assert "[]" not in err, err
+    assert re.search(r"stopping (trials? [\d, ]+ \(Ctrl-C|: no trial was running)", err), err
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["status", str(path)]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"NCCL stage t\.nccl-stage: (\d+) of 26 all-reduce trials measured", out)
+    assert found and int(found.group(1)) >= 3, out

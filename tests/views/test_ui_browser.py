@@ -248,7 +248,7 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
             # Each name whole: its text neither cut by an ellipsis nor running past its cell.
             cut = page.locator(".ag-row [col-id='attributes.`Run Name`']").evaluate_all(NAMES_CUT)
             assert not cut, cut
-            # The README's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
+            # docs/results.md's picture: AUTOTUNE_UI_SCREENSHOT=docs/autotune-ui.png
             page.screenshot(path=os.environ.get("AUTOTUNE_UI_SCREENSHOT") or tmp_path / "trials.png")
             assert not any(name.startswith("study ") for name in names), names
             assert len(names) == len(ran), names
