@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -475,3 +476,36 @@ def test_a_stop_signal_outside_a_study_ends_the_command_as_ctrl_c_does(
     assert cli.main(["status", str(tmp_path / "study.yaml")]) == status
     said = "interrupted" if sig == "SIGINT" else f"stopped by {sig}"
     assert capsys.readouterr().err == f"autotune: {said}\n"
+
+
+def test_an_unreachable_tracking_server_stops_validate_and_run_in_seconds(tmp_path: Path) -> None:
+    """Nothing listens on port 9: MLflow found out after four minutes of retries and a long traceback, with
+    the baseline left WAITING; the store is asked first, in seconds, before Ray or any trial starts."""
+    study_dir = _make_study(tmp_path)
+    study = study_dir / "study.yaml"
+    study.write_text(study.read_text() + "tracking_uri: http://127.0.0.1:9\n")
+    expected = (
+        f"autotune: error: {STUDY_ARG}: tracking_uri: no MLflow server answers there (Connection refused) "
+        "(got 'http://127.0.0.1:9'). Start that server or fix tracking_uri in the study file, or pass "
+        "--no-tracking to run without MLflow."
+    )
+    before = _listing(tmp_path)
+    for command in ("validate", "run"):
+        started = time.monotonic()
+        done = _autotune(tmp_path, command, STUDY_ARG, *(("--no-ray",) if command == "run" else ()))
+        assert time.monotonic() - started < 20, command
+        assert done.returncode == 2, done.stderr
+        # `run` says which store it uses first, then the error: no traceback, no trial
+        assert "Traceback" not in done.stderr and done.stderr.splitlines()[-1] == expected, done.stderr
+        assert len(done.stderr.splitlines()) <= 3, done.stderr
+        assert _listing(tmp_path) == before, "no study, no trial: nothing written"
+
+
+def test_a_tracking_store_in_a_folder_that_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    study_dir = _make_study(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    study = study_dir / "study.yaml"
+    study.write_text(study.read_text() + f"tracking_uri: sqlite:///{tmp_path}/a-file/mlflow.db\n")
+    done = _autotune(tmp_path, "validate", STUDY_ARG)
+    assert done.returncode == 2
+    assert f"tracking_uri: {tmp_path}/a-file is not a folder" in _one_line(done.stderr)

@@ -23,6 +23,7 @@ from autotune.cli.answers import cmd_best, cmd_status
 from autotune.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
+    EXIT_STATUSES,
     EXIT_USAGE,
     exit_interrupted,
     stop_signals_interrupt,
@@ -53,7 +54,13 @@ def _add_driver_options(command: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0], parents=[common])
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description=__doc__.splitlines()[0],
+        parents=[common],
+        epilog="exit statuses:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_STATUSES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"autotune {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

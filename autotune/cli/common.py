@@ -14,8 +14,24 @@ from autotune.errors import STOP_SIGNALS, AutotuneError, interrupt
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_NO_ANSWER = 3  # the study ran, but its baseline never completed: no gain to measure, no answer
 # The reader of stdout went away (`autotune status | head`): the status a Unix tool killed by SIGPIPE has.
 EXIT_BROKEN_PIPE = 141
+
+# What each exit status means: `autotune --help` prints it, the README's table holds the same rows.
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (0, "done: the command did what it was asked (a study: ran and printed its answer)"),
+    (
+        EXIT_FAILED,
+        "an error stopped it (a node check, a storage that cannot be written): its message says what to do",
+    ),
+    (EXIT_USAGE, "bad input: a study file, an option, or the tracking store it names; nothing was started"),
+    (EXIT_NO_ANSWER, "the study ran but has no answer: its baseline (SGLang's defaults) never completed"),
+    (130, "interrupted (Ctrl-C): the running trials were stopped; resume runs them again"),
+    (129, "stopped by SIGHUP (a closed terminal), as by Ctrl-C"),
+    (143, "stopped by SIGTERM (`timeout`, systemd, Slurm), as by Ctrl-C"),
+    (EXIT_BROKEN_PIPE, "the reader of its output went away (a `head` that stopped reading)"),
+)
 
 
 def exit_interrupted(signum: int) -> int:

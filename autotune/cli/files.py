@@ -12,6 +12,7 @@ from pathlib import Path
 from autotune.cli.common import EXIT_FAILED
 from autotune.config import load_study
 from autotune.errors import AutotuneError, ConfigError
+from autotune.tracking.store import check_store
 from autotune.trial.launch import describe_launch
 from autotune.trial.redaction import is_secret_name
 
@@ -22,6 +23,7 @@ COMMAND_LINE = Path("autotune init")
 def cmd_validate(args: argparse.Namespace) -> int:
     study = load_study(args.study_file, for_launch=False)
     study.check_flags()  # `run` checks again with the node's own flags, before any trial
+    check_store(study.tracking_uri, study.path)  # `run` checks again unless --no-tracking
     space = study.search_space
     print(f"study {study.name}: OK")
     for unset in study.unset_env:  # status, best, report need none of them; run does

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from autotune.cli.answers import summary_text
-from autotune.cli.common import existing_study
+from autotune.cli.common import EXIT_NO_ANSWER, existing_study
 from autotune.cli.console import ConsoleReporter
 from autotune.config import Study, load_study
 from autotune.errors import ConfigError
@@ -40,6 +40,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
         print(waiting)  # configs queued by hand that the spent budget left waiting
+    from autotune.study.node_failing import baseline_missing
+
+    if (missing := baseline_missing(ostudy, args.study_file)) is not None:
+        print(f"autotune: {missing}", file=sys.stderr)
+        return EXIT_NO_ANSWER
     print(next_commands(args.study_file))
     return 0
 
@@ -60,8 +65,11 @@ def next_commands(study_file: Any) -> str:
 def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
     """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
     from autotune.study.loop import StudyDriver
+    from autotune.tracking.store import check_store
     from autotune.views.tracked import study_tracker
 
+    if not args.no_tracking:  # in seconds, before Ray starts: MLflow's own retries take minutes
+        check_store(study.tracking_uri, study.path)
     driver = StudyDriver(study, [ConsoleReporter()], tracking=None if args.no_tracking else study_tracker)
     if args.no_ray:
         from autotune.node.pool import in_process_pool

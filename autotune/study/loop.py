@@ -46,6 +46,7 @@ from autotune.study.callbacks import (
 )
 from autotune.study.confirm import confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
+from autotune.study.node_failing import node_failing, requeue_baseline
 from autotune.study.noise import move_from, repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
@@ -80,6 +81,7 @@ from autotune.study.storage import (
     study_lock,
     trials_so_far,
 )
+from autotune.study.store_failure import storage_unwritable
 from autotune.study.summary import StudySummary, study_summary
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
@@ -223,6 +225,8 @@ class StudyDriver:
             tracker = [self.tracking(study)] if self.tracking else []
         self.observers = CallbackList([*tracker, *self.callbacks])
         recovered = self._recover(ostudy)
+        if not self.queued_only:
+            requeue_baseline(study, ostudy)  # its node may have been fixed since (study.node_failing)
         self.total, self.done = budget or 0, finished_count(ostudy)
         self._refresh_standing(ostudy)
         self.observers.study_started(StudyStarted(study, tuple(recovered)))
@@ -232,6 +236,9 @@ class StudyDriver:
             self.observers.study_ended(StudyEnded(study, ostudy, None))
             signum = stop_signal(exc)
             raise StudyInterrupted(" while the nodes started; no trial was running", signum) from None
+        except BaseException:  # a node check refused the start: no parent run left RUNNING
+            self.observers.study_ended(StudyEnded(study, ostudy, None))
+            raise
         try:
             study.check_flags([t for node in pool.idle_nodes() if (t := self._flag_table(pool, node))])
             held = self._nccl_stage(ostudy, pool, storage, deadline, accept_changes)
@@ -265,6 +272,12 @@ class StudyDriver:
             # The signal remembered: a KeyboardInterrupt caught and raised again on the way lost it.
             signum = ctrl_c.signum if ctrl_c.is_set() else stop_signal(exc)
             raise StudyInterrupted(": the running trials were stopped; resume to continue", signum) from None
+        except Exception as exc:
+            if (unwritable := storage_unwritable(study, exc)) is None:
+                raise
+            self._interrupt(ostudy, pool, record=False)  # the storage takes no more: a resume recovers them
+            self.observers.study_ended(StudyEnded(study, ostudy, None))
+            raise unwritable from exc
         finally:
             pool.close()
         self.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
@@ -409,6 +422,9 @@ class StudyDriver:
                 if self.queued_only and not ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     return False
                 if self.searching and self.stopped is None and not self.queued_only:
+                    if (dead := node_failing(ostudy, self.trials_before)) is not None:
+                        self.stopped = dead.text  # not recorded: a resume tries the node again
+                        return False
                     self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
                     if self.stopped is not None:
                         record_stop(ostudy, self.stopped)
@@ -641,9 +657,11 @@ class StudyDriver:
             enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=once)
         return learned
 
-    def _interrupt(self, ostudy: optuna.Study, pool: NodePool) -> None:
-        """First Ctrl-C: stop every running server, record the trials as interrupted, close their runs."""
-        self.observers.study_interrupting(StudyInterrupting(tuple(sorted(self.running))))
+    def _interrupt(self, ostudy: optuna.Study, pool: NodePool, *, record: bool = True) -> None:
+        """First Ctrl-C: stop every running server, record the trials as interrupted (not in a storage that
+        cannot be written: `record=False`), close their runs."""
+        if record:
+            self.observers.study_interrupting(StudyInterrupting(tuple(sorted(self.running))))
         pool.abort_all()
         logs: dict[int, str] = {}
         deadline = time.monotonic() + INTERRUPT_WAIT_S
@@ -651,6 +669,7 @@ class StudyDriver:
             for submitted, result in pool.wait(POLL_S):
                 logs[submitted.request.number] = result.log
         for number, entry in self.running.items():
-            ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
-            enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
+            if record:
+                ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
+                enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
             self.observers.trial_interrupted(TrialInterrupted(number, entry.baseline, logs.get(number, "")))

@@ -12,17 +12,19 @@ once more when it closes).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import sqlite3
+import sys
 import tempfile
 import time
-from collections.abc import Mapping
-from contextlib import closing
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from autotune.measure.metrics import BENCHMARK_FIGURES
 from autotune.study.answer import StudyAnswer, remeasured_record
@@ -37,18 +39,29 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.records import MLFLOW_RUN_ATTR
+from autotune.study.records import (
+    ADVICE_ATTR,
+    BASELINE_ATTR,
+    FAILURE_ATTR,
+    FAILURE_KIND_ATTR,
+    METRICS_ATTR,
+    MLFLOW_RUN_ATTR,
+    NODE_ATTR,
+)
+from autotune.study.store_failure import short_reason
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
 from autotune.trial.redaction import Secrets
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
     from autotune.config import Study
     from autotune.measure.client import BenchmarkResult
 
 log = logging.getLogger(__name__)
+_Event = TypeVar("_Event")
 
 STUDY_TAG = "autotune.study"
 TRIAL_TAG = "autotune.trial"
@@ -88,6 +101,9 @@ def _quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # A write its database refuses (a full disk) is logged with a traceback before it raises; the tracker
+    # says it once, in a line (StudyTracker._writing).
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def param_name(name: str, kind: str) -> str:
@@ -168,6 +184,17 @@ def anchor_artifacts(tracking_uri: str, folder: Path) -> int:
     return changed
 
 
+def _tolerant(hook: Callable[[StudyTracker, _Event], None]) -> Callable[[StudyTracker, _Event], None]:
+    """An event hook whose MLflow writes may fail without stopping the study (StudyTracker._writing)."""
+
+    @functools.wraps(hook)
+    def tolerant(self: StudyTracker, event: _Event) -> None:
+        with self._writing():
+            hook(self, event)
+
+    return tolerant
+
+
 class StudyTracker(StudyCallback):
     """Writes a study's runs to one MLflow tracking store, as the study loop tells it what happened."""
 
@@ -185,6 +212,7 @@ class StudyTracker(StudyCallback):
 
         _quiet_mlflow()
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
         self.secrets = secrets or Secrets()  # redacted from every param, tag and text it records
         self.study_name = study_name
         self.metric = metric
@@ -200,6 +228,9 @@ class StudyTracker(StudyCallback):
         self._plotted_at = time.monotonic()
         self._plot_s = 0.0  # how long the last draw took
         self._best_script: str | None = None
+        self._behind = True  # runs may be missing (a write failed, here or in an earlier driver): catch up
+        self._said_behind = False  # the console was told once that a write failed
+        self._run_of: dict[int, str] = {}  # trial number -> run id, as the catch-up found or wrote them
         self.experiment_id = self._experiment(study_name, artifact_root)
         self.client.set_experiment_tag(self.experiment_id, METRIC_TAG, metric)
         self.parent_run_id = self._parent_run()
@@ -447,7 +478,115 @@ class StudyTracker(StudyCallback):
             self._draw_plots()
         self.client.set_terminated(self.parent_run_id, status=status)
 
+    # -- a store that cannot be written -----------------------------------------------------------------
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Run one event's writes; a write that fails (a full disk, a server gone) does not stop the study:
+        the Optuna storage is its record, and the runs are written from it later (`catch_up`). Said once."""
+        from optuna.exceptions import StorageInternalError
+
+        try:
+            yield
+        except StorageInternalError:
+            raise  # the Optuna storage itself: the study cannot go on (study.store_failure)
+        except Exception as exc:
+            self._behind = True
+            log.debug("MLflow write failed", exc_info=True)
+            if not self._said_behind:
+                self._said_behind = True
+                reason = short_reason(exc)[:160]
+                print(
+                    f"autotune: MLflow could not write to {self.tracking_uri} ({reason}); the trials go on "
+                    "(the Optuna storage records them) and their runs are written once the store can be "
+                    "written again, at the latest when the study is resumed",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def catch_up(self, ostudy: optuna.Study, study: Study) -> int:
+        """Write the run of every launched, finished trial that has none, and close the runs still RUNNING
+        of trials that finished (their writes failed, or their driver died); returns how many runs it
+        wrote or closed. A caught-up run holds what the Optuna storage keeps (params, state, value,
+        metrics, failure), not the server log."""
+        from optuna.trial import TrialState
+
+        runs: dict[int, list[Any]] = {}
+        for run in self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`autotune.role` = 'trial'",
+            max_results=50000,
+        ):
+            number = run.data.tags.get(TRIAL_TAG, "")
+            if number.isdigit():
+                runs.setdefault(int(number), []).append(run)
+        mine = set(self._runs)  # trials this driver is running: their runs are open on purpose
+        written = 0
+        for trial in ostudy.get_trials(deepcopy=False):
+            if NODE_ATTR not in trial.user_attrs or trial.number in mine or not trial.state.is_finished():
+                continue
+            found = runs.get(trial.number, [])
+            if found:
+                self._run_of[trial.number] = found[0].info.run_id
+            open_runs = [r.info.run_id for r in found if r.info.status == "RUNNING"]
+            if found and not open_runs:
+                continue
+            run_id = open_runs[0] if open_runs else self._create_caught_up_run(trial, study)
+            self._run_of[trial.number] = run_id
+            kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+            tags = {"autotune.node": str(trial.user_attrs[NODE_ATTR]), "autotune.caught_up": "true"}
+            for tag, attr in (("failure_kind", FAILURE_KIND_ATTR), ("advice", ADVICE_ATTR)):
+                if trial.user_attrs.get(attr):
+                    tags[f"autotune.{tag}"] = str(trial.user_attrs[attr])
+            if trial.user_attrs.get(FAILURE_ATTR):
+                tags["autotune.failure"] = str(trial.user_attrs[FAILURE_ATTR])[:500]
+            metrics = {
+                k: float(v)
+                for k, v in (trial.user_attrs.get(METRICS_ATTR) or {}).items()
+                if isinstance(v, int | float)
+            }
+            value = trial.value if len(ostudy.directions) == 1 and trial.values else None
+            if value is not None and trial.state is TrialState.COMPLETE:
+                metrics.setdefault(self.metric, value)
+            self.finish_trial(
+                run_id,
+                number=trial.number,
+                state="INTERRUPTED" if kind == FailureKind.INTERRUPTED.value else trial.state.name,
+                value=value,
+                baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+                metrics=metrics,
+                tags=tags,
+                artifacts={},
+            )
+            written += 1
+        self._behind = False
+        return written
+
+    def _create_caught_up_run(self, trial: FrozenTrial, study: Study) -> str:
+        from mlflow.entities import Param
+
+        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name(trial.number, trial.state.name, None, baseline, self.unit),
+            tags={
+                PARENT_TAG: self.parent_run_id,
+                STUDY_TAG: self.study_name,
+                TRIAL_TAG: str(trial.number),
+                "autotune.role": "trial",
+                "autotune.baseline": str(baseline).lower(),
+            },
+        )
+        kinds = {name: p.kind for name, p in study.search_space.parameters.items()}
+        params = {param_name(k, kinds.get(k, "speculative")): _text(v) for k, v in trial.params.items()}
+        if params:
+            self.client.log_batch(
+                run.info.run_id,
+                params=[Param(k, self.secrets.redact(v)) for k, v in sorted(params.items())],
+            )
+        return str(run.info.run_id)
+
     # -- the study loop's events -----------------------------------------------------------------------
+    @_tolerant
     def study_started(self, event: StudyStarted) -> None:
         study = event.study
         self.log_study_files(
@@ -458,12 +597,14 @@ class StudyTracker(StudyCallback):
             }
         )
 
+    @_tolerant
     def trials_recovered(self, event: TrialsRecovered) -> None:
         for trial in event.trials:
             run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
             if run_id:
                 self.close_interrupted(run_id)
 
+    @_tolerant
     def trial_started(self, event: TrialStarted) -> None:
         trial = event.trial
         kinds = {name: p.kind for name, p in event.study.search_space.parameters.items()}
@@ -473,12 +614,14 @@ class StudyTracker(StudyCallback):
         trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)  # where a later driver finds the run to close
         self._runs[trial.number] = run_id
 
+    @_tolerant
     def trial_phase_changed(self, event: PhaseChanged) -> None:
         run_id = self._runs.get(event.number)
         if run_id is not None:
             self.set_phase(run_id, event.phase, None)
             self.phase_took(run_id, event.previous, event.previous_s)
 
+    @_tolerant
     def trial_finished(self, event: TrialFinished) -> None:
         run_id = self._runs.pop(event.number, None)
         result, outcome = event.result, event.outcome
@@ -533,6 +676,7 @@ class StudyTracker(StudyCallback):
             artifacts=artifacts,
         )
 
+    @_tolerant
     def trial_interrupted(self, event: TrialInterrupted) -> None:
         run_id = self._runs.pop(event.number, None)
         if run_id is None:
@@ -549,8 +693,15 @@ class StudyTracker(StudyCallback):
         )
 
     def summary_updated(self, event: SummaryUpdated) -> None:
-        """The parent run's metrics and tags from the study's summary and answer, its description and
-        plots."""
+        """The parent run's metrics and tags from the study's summary, its description and plots; first the
+        runs a failed write (or an earlier driver's) left missing."""
+        if self._behind:
+            with self._writing():
+                self.catch_up(event.ostudy, event.study)
+        with self._writing():
+            self._summary(event)
+
+    def _summary(self, event: SummaryUpdated) -> None:
         summary = event.summary
         metrics = {f"trials_{k.lower()}": float(v) for k, v in summary.states.items()}
         for key, value in (
@@ -573,11 +724,13 @@ class StudyTracker(StudyCallback):
         self.refresh_study_view(event.ostudy, event.study)  # description, best launch.sh, plots (throttled)
 
     def study_ended(self, event: StudyEnded) -> None:
-        if event.summary is None:  # interrupted
-            self.close("KILLED")
+        if event.summary is None:  # interrupted, or stopped by an error
+            with self._writing():
+                self.close("KILLED")
             return
         self.summary_updated(SummaryUpdated(event.study, event.ostudy, event.summary))
-        self.close()
+        with self._writing():
+            self.close()
 
     def _mark_best(self, ostudy: optuna.Study, best_trial: int | None) -> None:
         """Tag the best trial's run `autotune.best` true (a column of `autotune ui`'s run list), and the
@@ -585,7 +738,7 @@ class StudyTracker(StudyCallback):
         run_id = None
         if best_trial is not None:
             trial = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == best_trial), None)
-            run_id = None if trial is None else trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            run_id = None if trial is None else self._run_id(trial)
         if run_id == self._best:
             return
         marked = [self._best] if self._best is not None else self._marked_best()  # a resumed study's
@@ -607,15 +760,20 @@ class StudyTracker(StudyCallback):
         done = [
             t
             for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get(MLFLOW_RUN_ATTR) and t.values
+            if self._run_id(t) and t.values
         ]
         done.sort(key=lambda t: (t.number != best_trial, sign * t.values[0], t.number))
         now = _now_ms()
         for rank, trial in enumerate(done, start=1):
-            run_id = trial.user_attrs[MLFLOW_RUN_ATTR]
+            run_id = self._run_id(trial)
+            assert run_id is not None  # kept above
             if self._ranks.get(run_id) != rank:
                 self.client.log_batch(run_id, metrics=[Metric(RANK_METRIC, float(rank), now, 0)])
                 self._ranks[run_id] = rank
+
+    def _run_id(self, trial: FrozenTrial) -> str | None:
+        """The trial's run: the one it recorded when it started, else the one the catch-up wrote."""
+        return trial.user_attrs.get(MLFLOW_RUN_ATTR) or self._run_of.get(trial.number)
 
     def _marked_best(self) -> list[str]:
         runs = self.client.search_runs(
