@@ -36,7 +36,7 @@ from autotune.sim.model.noise import SimNoise
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
-from autotune.study.confirm import study_answer
+from autotune.study.answer import study_answer
 from autotune.study.loop import StudyDriver
 from autotune.study.rules import is_feasible, within_limits
 from autotune.study.storage import counts
@@ -325,7 +325,7 @@ class StudyRun:
     node_s: list[float]
     states: list[str]
     params: list[Params]
-    # The study's answer as `autotune best --json` gives it (autotune.study.confirm.study_answer): confirmed
+    # The study's answer as `autotune best --json` gives it (autotune.study.answer.study_answer): confirmed
     # or not, its value, gain and interval over SGLang's defaults, the noise estimate.
     answer: dict[str, Any] | None = None
     inspected: Any = None  # what run_study's `inspect` returned
@@ -403,7 +403,7 @@ def run_study(
         ],
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
-        answer=study_answer(ostudy),
+        answer=answer.record() if (answer := study_answer(ostudy)) is not None else None,
         inspected=inspected,
     )
 

@@ -16,7 +16,7 @@ the seed and H200 profiles and benchmarks/profiles/*.yaml, over several seeds. F
 single measurement (`autotune best`); a confirmed answer costs the study plus a separate `compare` of
 `COMPARE_ROUNDS` interleaved rounds on a later lease (as the real H200 run did), which confirms a gain when
 its 95% interval excludes zero. "after" is the product's own answer (`confirmed`, `gain_pct`,
-`gain_interval_pct`: study.confirm.study_answer) with the study file's trust defaults: the baseline
+`gain_interval_pct`: study.answer.study_answer) with the study file's trust defaults: the baseline
 repeated early, no launch made twice, the stopping rule, the winner confirmed in interleaved rounds; its
 node hours include every one of those launches. Both run on the same seeds.
 
@@ -66,8 +66,8 @@ from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
 from autotune.study import confirm as confirm_rule
+from autotune.study.answer import study_answer as product_answer
 from autotune.study.compare import compare
-from autotune.study.confirm import study_answer as product_answer
 from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
 
@@ -114,15 +114,15 @@ def single_measurement_answer(ostudy: optuna.Study) -> Answer:
 
 
 def study_answer(ostudy: optuna.Study) -> Answer:
-    """After: the product's own answer, what `autotune best --json` reports (study.confirm.study_answer)."""
-    record = product_answer(ostudy)
-    assert record is not None, "the study has no answer"
-    gain = record["gain_pct"]
-    if record["confirmed"]:
-        claims = bool(record["beats_defaults"])
+    """After: the product's own answer, what `autotune best --json` reports (study.answer.study_answer)."""
+    answer = product_answer(ostudy)
+    assert answer is not None, "the study has no answer"
+    gain = answer.gain_pct
+    if answer.confirmed:
+        claims = bool(answer.beats_defaults)
     else:  # an unconfirmed answer still names a config and a gain
-        claims = gain is not None and gain > 0 and not record.get("within_noise")
-    return Answer(record["trial"], gain, claims, bool(record["confirmed"]))
+        claims = gain is not None and gain > 0 and not answer.within_noise
+    return Answer(answer.trial, gain, claims, answer.confirmed)
 
 
 # The study file's `trust` section of each variant measured side by side: "before" is `trust: off` with a

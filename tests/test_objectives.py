@@ -513,7 +513,7 @@ def test_a_short_run_first_saves_node_time_and_keeps_the_answer(
     complete = [t for t in short.trials if t.state is TrialState.COMPLETE and t.number > 0]
     mean = lambda trials: sum(short_node.node_s[t.number] for t in trials) / len(trials)  # noqa: E731
     assert mean(pruned) < 0.7 * mean(complete)
-    assert study_summary(short)["best_value"] >= 0.95 * study_summary(plain)["best_value"]
+    assert study_summary(short).best_value >= 0.95 * study_summary(plain).best_value
 
 
 @pytest.fixture(scope="module")
@@ -669,7 +669,7 @@ def test_on_the_simulated_node_a_latency_limit_makes_trials_infeasible(
     study = run_sim_study(path)
     trials = [t for t in study.trials if t.state is TrialState.COMPLETE]
     assert len(trials) == 2 and all(t.constraints["p99_itl_ms"] > 0 for t in trials)
-    assert best_trial(study) is None and study_summary(study)["best_value"] is None
+    assert best_trial(study) is None and study_summary(study).best_value is None
     out = cli(capsys, "status", str(path))
     for trial in trials:
         note = trial.user_attrs["over_limits"]["p99_itl_ms"]

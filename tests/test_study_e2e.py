@@ -49,7 +49,7 @@ def test_every_trial_has_an_mlflow_child_run_with_params_metrics_and_artifacts(f
     assert len(parents) == 1
     parent = parents[0]
     assert parent.data.metrics["baseline_value"] > 0
-    # The noise estimate and the answer, confirmed in rounds (study.confirm.answer_for_tracking).
+    # The noise estimate and the answer, confirmed in rounds (tracking.tracker.answer_for_tracking).
     assert parent.data.metrics["noise_relative_sd_pct"] >= 0
     assert "run-to-run noise" in parent.data.tags["autotune.noise"]
     assert parent.data.tags["autotune.confirmed"] == "true" and "confirmed_gain_pct" in parent.data.metrics

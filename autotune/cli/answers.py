@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cli.common import existing_study, no_such_trial
+from autotune.cli.console import with_unit
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
@@ -31,25 +32,57 @@ from autotune.study.records import (
     SHORT_VALUE_ATTR,
     prefix_cache_text,
 )
-from autotune.study.rules import best_trial, is_feasible, trial_config
+from autotune.study.rules import is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, argv_secrets, is_secret_name
 
+if TYPE_CHECKING:  # the study's answer loads Optuna: only the commands that read a study import it
+    from autotune.study.answer import StudyAnswer
+    from autotune.study.remeasure import RemeasuredAnswer
+    from autotune.study.summary import StudySummary
 
-def summary_text(summary: dict[str, Any], study: Study) -> str:
-    metric = study.objective.metric
-    states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary["states"].items()))
+
+def summary_text(summary: StudySummary, study: Study) -> str:
+    """What `run`, `remeasure`, `best` and `status` say of a study: its trials by state, then its answer
+    (autotune.study.answer): the baseline, the verdict with its gain, interval and noise, and the value of
+    the config to use, each with its unit; or the Pareto front of a multi-objective study."""
+    states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary.states.items()))
     lines = [f"study {study.name}: {states}"]
-    if summary.get("pareto") is not None:
-        return "\n".join([*lines, *_pareto_lines(summary["pareto"], study)])
-    if summary.get("remeasured") is not None:
-        return "\n".join([*lines, *_remeasured_lines(summary["remeasured"], study)])
-    base, best = summary["baseline_value"], summary["best_value"]
-    lines.append(f"baseline {metric}: {base:.2f}" if base is not None else "baseline: did not complete")
-    if best is not None:
-        gain = f" ({summary['gain_pct']:+.1f}% over the baseline)" if summary["gain_pct"] is not None else ""
-        lines.append(f"best {metric}: {best:.2f} (trial {summary['best_trial']}){gain}")
-    return "\n".join(lines)
+    if summary.pareto is not None:
+        return "\n".join([*lines, *_pareto_lines(summary.pareto, study)])
+    return "\n".join([*lines, *answer_lines(summary.answer, study)])
+
+
+def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
+    """The study's answer for people: the baseline, `answer: <its sentence>`, the value of the config to
+    use (and how it was measured), the re-measured ranking behind it, the NCCL stage's values."""
+    metric = study.objective.metric
+    if answer is None:
+        return ["baseline: did not complete"]  # no feasible trial: not even the baseline's
+    remeasured = answer.remeasured
+    if remeasured is not None and remeasured.baseline is not None and remeasured.baseline.n:
+        lines = [_remeasured_lines(remeasured, study)[0]]  # the baseline's mean and interval
+    elif answer.baseline_value is not None:
+        how = ", the mean of its confirmation rounds" if answer.confirmed else ""
+        lines = [f"baseline {metric}: {with_unit(answer.baseline_value, metric)} (SGLang's defaults{how})"]
+    else:
+        lines = ["baseline: did not complete"]
+    lines.append(f"answer: {answer.text}")
+    if answer.value is not None:
+        how = (
+            "the mean of its confirmation rounds"
+            if answer.confirmed
+            else f"the mean of its {remeasured.best.n} launches"
+            if remeasured is not None
+            else "its best single measurement"
+        )
+        config = "SGLang's defaults" if answer.trial == answer.baseline else f"trial {answer.trial}'s config"
+        lines.append(f"        {metric} {with_unit(answer.value, metric)} with {config} ({how})")
+    if remeasured is not None:
+        lines += _remeasured_lines(remeasured, study)[1:]
+    if answer.nccl is not None:
+        lines.append(f"        {answer.nccl.text()} in every server trial")
+    return lines
 
 
 def _pareto_lines(front: list[dict[str, Any]], study: Study) -> list[str]:
@@ -71,52 +104,44 @@ def _pareto_lines(front: list[dict[str, Any]], study: Study) -> list[str]:
     return lines
 
 
-def _ci(low: float | None, high: float | None, pct: bool = False) -> str:
-    if low is None or high is None:
+def _ci(interval: tuple[float, float] | None, pct: bool = False) -> str:
+    if interval is None:
         return "no interval (measured once)"
-    unit = "%" if pct else ""
-    sign = "+" if pct else ""
-    return f"{low:{sign}.1f}{unit} to {high:{sign}.1f}{unit}" if pct else f"{low:.2f} to {high:.2f}"
+    low, high = interval
+    return f"{low:+.1f}% to {high:+.1f}%" if pct else f"{low:.2f} to {high:.2f}"
 
 
-def _remeasured_lines(answer: dict[str, Any], study: Study) -> list[str]:
-    """The re-measured answer: the best mean with its interval, and the gain over the baseline's mean."""
+def _remeasured_lines(answer: RemeasuredAnswer, study: Study) -> list[str]:
+    """The re-measured ranking behind the answer: the baseline's and the best's means with their intervals,
+    the gain between them, and the configs not ranked."""
     metric = study.objective.metric
-    level = f"{answer['confidence']:.0%}"
-    best, base = answer["best"], answer["baseline"]
+    best, base, gain = answer.best, answer.baseline, answer.gain
+    level = f"{best.confidence:.0%}"
     lines = []
-    if base is not None and base["n"]:
+    if base is not None and base.n:
         lines.append(
-            f"baseline {metric}: {base['mean']:.2f} (mean of {base['n']}, {level} CI "
-            f"{_ci(base['ci_low'], base['ci_high'])})"
+            f"baseline {metric}: {base.mean:.2f} (mean of {base.n}, {level} CI {_ci(base.interval)})"
         )
     else:
         lines.append("baseline: did not complete")
-    label = (
-        "the baseline"
-        if best["trial"] == 0 and base and best["trial"] == base["trial"]
-        else (f"trial {best['trial']}")
-    )
+    label = "the baseline" if best.of == 0 and base and best.of == base.of else f"trial {best.of}"
     lines.append(
-        f"best {metric}: {best['mean']:.2f} (mean of {best['n']}, {level} CI "
-        f"{_ci(best['ci_low'], best['ci_high'])}; {label}, re-measured on trials "
-        f"{', '.join(map(str, best['trials']))})"
+        f"best {metric}: {best.mean:.2f} (mean of {best.n}, {level} CI {_ci(best.interval)}; {label}, "
+        f"re-measured on trials {', '.join(map(str, best.trials))})"
     )
-    if answer["gain_pct"] is not None:
-        gain = (
-            f"gain over the baseline: {answer['gain_pct']:+.1f}% ({level} CI "
-            f"{_ci(answer['gain_ci_low_pct'], answer['gain_ci_high_pct'], pct=True)})"
-        )
-        if answer["within_noise"]:
-            gain += (
+    if gain is not None:
+        interval = None if gain.low_pct is None or gain.high_pct is None else (gain.low_pct, gain.high_pct)
+        said = f"gain over the baseline: {gain.pct:+.1f}% ({level} CI {_ci(interval, pct=True)})"
+        if gain.within_noise:
+            said += (
                 ": within noise, the interval reaches 0%, so these measurements cannot tell the best "
                 "config from SGLang's defaults"
             )
-        lines.append(gain)
-    for group in answer["unreliable"]:
+        lines.append(said)
+    for group in answer.unreliable:
         lines.append(
-            f"not ranked: trial {group['trial']}'s config failed or broke a limit when measured again "
-            f"(trials {', '.join(map(str, group['failed']))})"
+            f"not ranked: trial {group.of}'s config failed or broke a limit when measured again "
+            f"(trials {', '.join(map(str, group.failed))})"
         )
     return lines
 
@@ -171,10 +196,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "storage": study.storage,
                     "tracking_uri": study.tracking_uri,
                     "trials": trials,
-                    "pareto": summary["pareto"],
-                    "remeasured": summary["remeasured"],
+                    "pareto": summary.pareto,
+                    "remeasured": summary.remeasured,
                     "nccl_stage": {"text": stage_lines, "held": stage_held},
-                    **trust_record(ostudy),
+                    **_trust_record(summary.answer),
                 },
                 indent=2,
                 default=str,
@@ -216,31 +241,26 @@ def cmd_status(args: argparse.Namespace) -> int:
                 for m, v in study.objective.limits.items()
             )
         )
-    if summary["pareto"] is not None:
-        print("\n".join(_pareto_lines(summary["pareto"], study)))
-    elif summary["remeasured"] is not None:
-        print("\n".join(_remeasured_lines(summary["remeasured"], study)))
-    trust = trust_record(ostudy)
-    for line in (*trust["screened"], trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
-        if line:
-            print("\n".join(fitted("", line, width)))
+    answer = summary.answer
+    said = [*answer.screened, answer.stopped] if answer is not None else []
+    for text in filter(None, said):
+        print("\n".join(fitted("", text, width)))
+    for line in summary_text(summary, study).splitlines():
+        print("\n".join(fitted("", line, width)))
     return 0
 
 
-def trust_record(ostudy: Any) -> dict[str, Any]:
-    """What status and best show of the study's trust: its noise estimate, the knobs screening held, why
-    its search stopped early, and its answer (confirmed or not: study.confirm.study_answer)."""
-    from autotune.study.confirm import study_answer
-    from autotune.study.noise import noise_estimate
-    from autotune.study.screening import screened_lines
-    from autotune.study.stopping import stopped_early
-
-    noise = noise_estimate(ostudy)
+def _trust_record(answer: StudyAnswer | None) -> dict[str, Any]:
+    """`status --json`'s view of the study's trust: its noise estimate, the knobs screening held, why its
+    search stopped early, and its answer (autotune.study.answer)."""
+    if answer is None:
+        return {"noise": None, "screened": [], "stopped": None, "answer": None}
+    record = answer.record()
     return {
-        "noise": noise.record() if noise is not None else None,
-        "screened": screened_lines(ostudy),
-        "stopped": stopped_early(ostudy),
-        "answer": study_answer(ostudy),
+        "noise": record["noise"],
+        "screened": list(answer.screened),
+        "stopped": answer.stopped,
+        "answer": record,
     }
 
 
@@ -275,29 +295,28 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-
     from autotune.study.summary import study_summary
 
     study = load_study(args.study_file, for_launch=False)
     ostudy = existing_study(study)
     summary = study_summary(ostudy)
+    answer = summary.answer
+    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
     if args.trial is not None:
-        best = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == args.trial), None)
+        best = trials.get(args.trial)
         if best is None:
-            raise no_such_trial(study.name, args.trial, [t.number for t in ostudy.get_trials(deepcopy=False)])
-    elif summary["pareto"] is not None:
+            raise no_such_trial(study.name, args.trial, list(trials))
+    elif summary.pareto is not None:
         if args.json:
-            print(json.dumps({"study": study.name, "pareto": summary["pareto"]}, indent=2))
+            print(json.dumps({"study": study.name, "pareto": summary.pareto}, indent=2))
             return 0
         print(summary_text(summary, study))
         print("a multi-objective study has no single best: pick a trial of the front with --trial N")
         return 0
+    elif answer is not None:  # confirmed or not: maybe SGLang's defaults
+        best = trials[answer.trial]
     else:
-        best = best_trial(ostudy)
-        if (answer := trust_record(ostudy)["answer"]) is not None:  # confirmed: maybe SGLang's defaults
-            best = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer["trial"])
-    if best is None:
-        complete = summary["states"].get("COMPLETE", 0)
+        complete = summary.states.get("COMPLETE", 0)
         if complete:
             raise AutotuneError(
                 f"study {study.name!r} has no feasible trial: its {complete} complete trial(s) broke a limit "
@@ -306,14 +325,12 @@ def cmd_best(args: argparse.Namespace) -> int:
         raise AutotuneError(f"study {study.name!r} has no completed trial yet")
     config = trial_config(study, best)
     launch = study.server_launch(config)
-    trust = trust_record(ostudy) if args.trial is None else None
     if args.json:
-        print(json.dumps(_best_record(study, summary, best, config, launch, trust), indent=2))
+        the_answer = answer if args.trial is None else None
+        print(json.dumps(_best_record(study, answer, best, config, launch, the_answer), indent=2))
         return 0
     script = launch_script(launch)
     print(summary_text(summary, study))
-    if trust is not None and trust["answer"] is not None:
-        print(trust["answer"]["text"])
     if args.trial is not None:
         print(f"trial {best.number}:")
     print("settings:" if config.params else "settings: SGLang's defaults (the baseline)")
@@ -331,50 +348,46 @@ def cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
+# The answer's keys `best --json` adds to the config's record when it is the study's answer (not --trial).
+ANSWER_KEYS = (
+    "verdict",
+    "confirmed",
+    "beats_defaults",
+    "leader",
+    "rounds",
+    "noise",
+    "within_noise",
+    "baseline_value",
+    "trials",
+    "nccl_stage",
+    "text",
+)
+
+
 def _best_record(
     study: Study,
-    summary: dict[str, Any],
+    answer: StudyAnswer | None,
     best: Any,
     config: TrialConfig,
     launch: ServerLaunch,
-    trust: dict[str, Any] | None = None,
+    the_answer: StudyAnswer | None = None,
 ) -> dict[str, Any]:
-    """`autotune best --json`: the config, its value (the re-measured mean once there is one), the gain
-    over the baseline and its interval, and the launch with every secret redacted; with `trust` (the
-    study's answer, not a trial asked for), whether it is confirmed, its gain and interval from the
-    confirmation rounds, and the noise estimate (study.confirm.study_answer)."""
-    answer = summary["remeasured"]
-    chosen = answer is not None and answer["best"]["trial"] == best.number
-    measured = answer["best"] if chosen else None
-    confirmed = trust["answer"] if trust is not None and trust["answer"] is not None else None
-    verdict = (
-        {}
-        if confirmed is None
-        else {
-            key: confirmed[key]
-            for key in ("confirmed", "beats_defaults", "rounds", "noise", "text")
-            + (("value", "gain_pct", "gain_interval_pct") if confirmed["confirmed"] else ())
-        }
-    )
-    return {
+    """`autotune best --json`: the config, its value, its gain over the baseline with their intervals (the
+    answer's, autotune.study.answer, when the config is the answer's), and the launch with every secret
+    redacted; with `the_answer` (the study's answer, not a trial asked for), its verdict, sentence, noise
+    estimate, the trials it rests on and the NCCL stage's values as well."""
+    mine = answer is not None and answer.trial == best.number
+    record = {
         "study": study.name,
         "metric": study.objective.metric,
         "trial": best.number,
         "baseline": bool(best.user_attrs.get(BASELINE_ATTR)),
-        "value": measured["mean"] if measured else best.value,
-        "interval": [measured["ci_low"], measured["ci_high"]]
-        if measured and measured["ci_low"] is not None
-        else None,
-        "confidence": answer["confidence"] if chosen else None,
-        "gain_pct": answer["gain_pct"]
-        if chosen
-        else summary["gain_pct"]
-        if best.number == summary["best_trial"]
-        else None,
+        "value": answer.value if mine and answer is not None else best.value,
+        "interval": list(answer.value_interval) if mine and answer and answer.value_interval else None,
+        "confidence": answer.confidence if mine and answer is not None else None,
+        "gain_pct": answer.gain_pct if mine and answer is not None else None,
         "gain_interval_pct": (
-            [answer["gain_ci_low_pct"], answer["gain_ci_high_pct"]]
-            if chosen and answer["gain_ci_low_pct"] is not None
-            else None
+            list(answer.gain_interval_pct) if mine and answer and answer.gain_interval_pct else None
         ),
         "params": {name: value for name, value in config.params.items() if is_set(value)},
         "derived": dict(config.derived),
@@ -384,5 +397,8 @@ def _best_record(
                 k: REDACTED if is_secret_name(k) else study.secrets.redact(v) for k, v in launch.env.items()
             },
         },
-        **verdict,
     }
+    if the_answer is not None:
+        full = the_answer.record()
+        record.update({key: full[key] for key in ANSWER_KEYS})
+    return record

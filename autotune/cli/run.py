@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli.answers import summary_text, trust_record
+from autotune.cli.answers import summary_text
 from autotune.cli.common import EXIT_NO_ANSWER, existing_study
 from autotune.cli.console import ConsoleReporter
 from autotune.config import Study, load_study
@@ -35,14 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
     ostudy = _driver(study, args).run(args.n_trials, accept_changes=args.accept_changes)
     ostudy = _remeasure(study, ostudy, args)
-    summary = study_summary(ostudy)
-    answer = trust_record(ostudy)["answer"] if summary["pareto"] is None else None
-    if answer is None or summary.get("remeasured") is not None:
-        print(summary_text(summary, study))
-    else:  # the answer once: the trust answer stands for the best single measurement
-        print(answer_text(summary, study, answer))
-    if answer is not None and summary.get("remeasured") is not None:
-        print(answer["text"])
+    print(summary_text(study_summary(ostudy), study))
     from autotune.study.enqueue import waiting_line
 
     if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
@@ -54,28 +47,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_NO_ANSWER
     print(next_commands(args.study_file))
     return 0
-
-
-def answer_text(summary: dict[str, Any], study: Study, answer: dict[str, Any]) -> str:
-    """The end of a run: the trials by state, the baseline, and the study's answer (confirmed or not, with
-    its interval where confirmed), each value with its unit."""
-    from autotune.cli.console import with_unit
-
-    metric = study.objective.metric
-    states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary["states"].items()))
-    base = summary["baseline_value"]
-    lines = [f"study {study.name}: {states}"]
-    lines.append(
-        f"baseline {metric}: {with_unit(base, metric)} (SGLang's defaults)"
-        if base is not None
-        else "baseline: did not complete"
-    )
-    lines.append(f"answer: {answer['text']}")
-    if answer["value"] is not None:
-        how = "the mean of its confirmation rounds" if answer["confirmed"] else "its best single measurement"
-        config = "SGLang's defaults" if answer["trial"] == 0 else f"trial {answer['trial']}'s config"
-        lines.append(f"        {metric} {with_unit(answer['value'], metric)} with {config} ({how})")
-    return "\n".join(lines)
 
 
 def next_commands(study_file: Any) -> str:

@@ -61,10 +61,13 @@ class Proposer(Protocol):
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
 
-def same_value(a: object, b: object) -> bool:
-    """Equality that keeps YAML's types apart: `true` is not `1`, and `null` only equals `null`."""
+def same_value(a: object, b: object, *, tolerance: float = 0.0) -> bool:
+    """Whether two knob values are one: equality that keeps YAML's types apart (`true` is not `1`, and
+    `null` only equals `null`); numbers closer than `tolerance` are one value (0: only equal ones)."""
     if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
         return type(a) is type(b) and a == b
+    if tolerance and isinstance(a, int | float) and isinstance(b, int | float):
+        return abs(float(a) - float(b)) < tolerance
     return a == b
 
 

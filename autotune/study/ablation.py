@@ -32,9 +32,8 @@ from autotune.study.records import (
     RETRY_OF_ATTR,
     SERVER_CHOICES_ATTR,
 )
-from autotune.study.rules import best_trial, direction_sign
+from autotune.study.rules import baseline_trial, best_trial, direction_sign
 from autotune.study.samplers import default_of, nearest
-from autotune.study.summary import baseline_trial
 
 
 @dataclass(frozen=True)

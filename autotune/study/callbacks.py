@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import optuna
@@ -18,12 +18,9 @@ if TYPE_CHECKING:
     from autotune.config import Study
     from autotune.study.incompatible import Incompatibility
     from autotune.study.outcome import Outcome
+    from autotune.study.summary import StudySummary
     from autotune.trial.launch import ServerLaunch, TrialConfig
     from autotune.trial.wire import TrialResult
-
-# `autotune.study.summary.study_summary`: baseline, best, gain, trials by state and failure kind, Pareto
-# front.
-StudySummary = dict[str, Any]
 
 
 @dataclass(frozen=True)

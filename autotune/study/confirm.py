@@ -10,9 +10,7 @@ checked: the rounds stop once its interval is narrower than `target_pct` either 
 (after `min_rounds`), or at `max_rounds`. That interval is looked at after every round from `min_rounds` on,
 so its error is spent across the looks as across the candidates (`look_confidence`).
 
-`study_answer` is the study's answer as `autotune best --json` reports it: confirmed (with the paired
-gain and its interval) or not (the best single measurement, worded as unconfirmed, with the noise
-estimate the study has).
+The study's answer built on these rounds (and worded when there are none) is autotune.study.answer's.
 """
 
 from __future__ import annotations
@@ -26,31 +24,12 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.noise import noise_estimate
-from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import CONFIRM_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_measurement
-from autotune.study.rules import (
-    best_trial,
-    deliberate,
-    direction_sign,
-    groups_by_trial,
-    is_feasible,
-    maximizes,
-    measurement_groups,
-)
-from autotune.study.screening import screened_lines
-from autotune.study.stopping import stopped_early
+from autotune.study.rules import deliberate, groups_by_trial, is_feasible, maximizes, measurement_groups
 from autotune.study.storage import budget_used, counts
 
-__all__ = [
-    "Confirmation",
-    "answer_for_tracking",
-    "confirmation",
-    "confirmation_rounds",
-    "look_confidence",
-    "round_order",
-    "study_answer",
-]
+__all__ = ["Confirmation", "confirmation", "confirmation_rounds", "look_confidence", "round_order"]
 
 T = TypeVar("T")
 
@@ -199,120 +178,3 @@ def confirmation_rounds(study: Study, ostudy: optuna.Study) -> Iterator[int]:
         settings = {**settings, "queued": index + 1}
         ostudy.set_user_attr(CONFIRM_ATTR, settings)
         yield budget_used(ostudy) + len(state.configs) + 1
-
-
-def study_answer(ostudy: optuna.Study) -> dict[str, Any] | None:
-    """The study's answer (`autotune best --json`): `trial` (the config to use), `confirmed`, `value`,
-    `gain_pct` and `gain_interval_pct` over SGLang's defaults, `beats_defaults`, `rounds`, `noise` (the
-    estimate, or None) and `text`, a sentence for people. None for a multi-objective study or before
-    any feasible trial completed."""
-    if len(ostudy.directions) != 1:
-        return None
-    noise = noise_estimate(ostudy)
-    noise_record = noise.record() if noise is not None else None
-    noise_text = noise.describe() if noise is not None else "no config measured twice yet: noise unknown"
-    state = confirmation(ostudy)
-    if state is not None and state.gain is not None and state.leader is not None:
-        gain, leader = state.gain, state.leader
-        beats = gain.verdict == "gain"  # the whole interval above zero
-        chosen = leader if beats else state.baseline
-        values = [value for v in state.rounds.values() if (value := v.get(chosen)) is not None]
-        interval = [gain.low_pct, gain.high_pct]
-        shown = (
-            f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
-            f"{state.pairs} rounds)"
-        )
-        text = (
-            f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"
-            if beats
-            else f"no config beat SGLang's defaults beyond run-to-run noise (the best, trial {leader}'s "
-            f"config: {shown}); use SGLang's defaults"
-        )
-        return {
-            "confirmed": True,
-            "trial": chosen,
-            "leader": leader,
-            "beats_defaults": beats,
-            "value": sum(values) / len(values) if values else None,
-            "gain_pct": gain.pct,
-            "gain_interval_pct": interval,
-            "rounds": state.pairs,
-            "noise": noise_record,
-            "text": f"{text}; {noise_text}",
-        }
-    best = best_trial(ostudy)
-    if best is None or best.value is None:
-        return None
-    base = next(
-        (
-            t
-            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get(BASELINE_ATTR) and t.value is not None
-        ),
-        None,
-    )
-    gain_pct = None
-    if base is not None and base.value:
-        gain_pct = direction_sign(ostudy.direction) * (best.value - base.value) / abs(base.value) * 100
-    within = None if noise is None or gain_pct is None else abs(gain_pct) <= 100 * noise.band()
-    shown = f"{gain_pct:+.1f}%" if gain_pct is not None else "an unknown gain"
-    verdict = (
-        " (within the run-to-run noise band: it may be no gain at all)"
-        if within
-        else " (beyond the noise band, but not confirmed)"
-        if within is False
-        else ""
-    )
-    if best.user_attrs.get(BASELINE_ATTR):
-        said = f"unconfirmed: the best single measurement is SGLang's defaults (trial {best.number})"
-    else:
-        said = (
-            f"unconfirmed: trial {best.number}'s config measured {shown} over SGLang's defaults once, not "
-            f"confirmed in interleaved rounds{verdict}"
-        )
-    if state is not None:  # confirmation began but has not measured two rounds of a candidate yet
-        settings = _settings(ostudy) or {}
-        measured = sum(1 for values in state.rounds.values() if values.get(state.baseline) is not None)
-        said += (
-            f"; confirmation under way ({measured} of at least {settings.get('min_rounds', 2)} rounds "
-            f"measured): `autotune resume` finishes it"
-        )
-    return {
-        "confirmed": False,
-        "trial": best.number,
-        "leader": best.number,
-        "beats_defaults": None,
-        "value": best.value,
-        "gain_pct": gain_pct,
-        "gain_interval_pct": None,
-        "rounds": state.pairs if state is not None else 0,
-        "noise": noise_record,
-        "within_noise": within,
-        "text": f"{said}; {noise_text}",
-    }
-
-
-def answer_for_tracking(ostudy: optuna.Study) -> tuple[dict[str, float], dict[str, str]]:
-    """The MLflow parent run's metrics and tags of the study's trust: the noise estimate, the answer
-    (confirmed or not, its gain and interval) and why the search stopped early."""
-    metrics: dict[str, float] = {}
-    tags: dict[str, str] = {}
-    noise = noise_estimate(ostudy)
-    if noise is not None:
-        metrics["noise_relative_sd_pct"] = 100 * noise.relative_sd
-        metrics["noise_dof"] = float(noise.dof)
-        tags["autotune.noise"] = noise.describe()[:5000]
-    answer = study_answer(ostudy)
-    if answer is not None:
-        tags["autotune.confirmed"] = str(answer["confirmed"]).lower()
-        tags["autotune.answer"] = answer["text"][:5000]
-        if answer["confirmed"]:
-            metrics["confirmed_gain_pct"] = answer["gain_pct"]
-            low, high = answer["gain_interval_pct"]
-            metrics.update(confirmed_gain_ci_low_pct=low, confirmed_gain_ci_high_pct=high)
-    why = stopped_early(ostudy)
-    if why is not None:
-        tags["autotune.stopped_early"] = why[:5000]
-    if screened := screened_lines(ostudy):
-        tags["autotune.screened"] = "\n".join(screened)[:5000]
-    return metrics, tags

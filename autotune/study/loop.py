@@ -57,6 +57,7 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     HARDWARE_ATTR,
     LAUNCH_ATTR,
+    NCCL_STAGE_ATTR,
     NODE_ATTR,
     NODE_S_ATTR,
     QUEUED_ATTR,
@@ -81,7 +82,7 @@ from autotune.study.storage import (
     trials_so_far,
 )
 from autotune.study.store_failure import storage_unwritable
-from autotune.study.summary import study_summary
+from autotune.study.summary import StudySummary, study_summary
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
@@ -352,6 +353,7 @@ class StudyDriver:
                 return {}
         for line in result.lines(name):
             self.observers.knob_held(KnobHeld(line))
+        ostudy.set_user_attr(NCCL_STAGE_ATTR, result.record())  # the answer names the values it held
         return result.held
 
     def _holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
@@ -402,9 +404,9 @@ class StudyDriver:
             phases[launching] = "launching"
         return Progress(self.total, self.done, phases, best, baseline)
 
-    def _refresh_standing(self, ostudy: optuna.Study) -> dict[str, Any]:
+    def _refresh_standing(self, ostudy: optuna.Study) -> StudySummary:
         summary = study_summary(ostudy)
-        self.standing = (summary["best_value"], summary["baseline_value"])
+        self.standing = (summary.best_value, summary.baseline_value)
         return summary
 
     def _fill(

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.records import FAILURE_KIND_ATTR, HARDWARE_ATTR, SKIPPED_ATTR
 from autotune.trial.failures import STARTUP_OOMS, FailureKind
+from autotune.trial.launch import flag_value
 
 MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
@@ -30,17 +31,6 @@ LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
 SERVING_ONLY_FLAGS = frozenset({"--schedule-policy", "--schedule-conservativeness", "--stream-interval"})
 
 
-def _flag(argv: Sequence[str], *names: str) -> str | None:
-    value = None
-    for index, arg in enumerate(argv):
-        for name in names:
-            if arg == name and index + 1 < len(argv):
-                value = argv[index + 1]
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-    return value  # the last one wins, as in argparse
-
-
 # SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
 # `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
 TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
@@ -48,7 +38,7 @@ TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
 
 def tensor_parallel_size(argv: Sequence[str]) -> int:
     """The TP size `argv` gives SGLang (1 when unset); ValueError when it is not an integer."""
-    return int(_flag(argv, *TP_FLAGS) or 1)
+    return int(flag_value(argv, *TP_FLAGS) or 1)
 
 
 def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: float | None) -> str | None:
@@ -57,7 +47,7 @@ def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: f
     `gpu_memory_gb` is one GPU's memory and `weight_gb` the model's weights in all, both in GB; without
     either, or without an explicit --mem-fraction-static, nothing is predicted.
     """
-    fraction = _flag(argv, "--mem-fraction-static")
+    fraction = flag_value(argv, "--mem-fraction-static")
     if gpu_memory_gb is None or weight_gb is None or fraction is None:
         return None
     try:

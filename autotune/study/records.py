@@ -53,6 +53,7 @@ CONFIRM_ATTR = "confirm"  # a trial's: {round, position}; the study's: settings,
 COMPARE_ATTR = "compare"
 SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the defaults (study.screening)
 SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
+NCCL_STAGE_ATTR = "nccl_stage"  # a study attribute: the NCCL stage's held values (study.stages.StageResult)
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 

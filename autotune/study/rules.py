@@ -30,6 +30,7 @@ from autotune.study.records import (
     SKIPPED_ATTR,
 )
 from autotune.trial.failures import FailureKind
+from autotune.trial.launch import argv_flags
 from autotune.trial.redaction import Secrets, is_secret_name
 
 if TYPE_CHECKING:
@@ -85,23 +86,8 @@ def launch_identity(
     value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
     everything else (the command, positional words, the environment), so no secret is stored: the value
     of a secret flag, or one holding any of the study's `secrets` (a `${NAME}` it reads), is a digest too."""
-    flags: dict[str, str | None] = {}
-    words: list[str] = []
-    tokens = list(argv)
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
-        if not token.startswith("--"):
-            words.append(token)
-        elif "=" in token:
-            name, value = token.split("=", 1)
-            flags[name] = value
-        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
-            flags[token] = tokens[index + 1]
-            index += 1
-        else:
-            flags[token] = None
-        index += 1
+    pairs, words = argv_flags(argv)
+    flags = dict(pairs)  # the last one wins
     secret = {
         name: _digest(value)
         for name, value in flags.items()
@@ -177,6 +163,26 @@ def non_dominated(trials: Sequence[FrozenTrial], directions: Sequence[StudyDirec
         return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
 
     return [t for t in trials if not any(dominates(scores[o.number], scores[t.number]) for o in trials)]
+
+
+def gain_pct(value: float | None, baseline: float | None, direction: StudyDirection | str) -> float | None:
+    """How much better `value` is than the baseline's, in percent of the baseline's (positive: better);
+    None without both values or when the baseline's is 0."""
+    if value is None or not baseline:
+        return None
+    return direction_sign(direction) * (value - baseline) / abs(baseline) * 100
+
+
+def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
+    """The first completed baseline trial (SGLang's defaults), if there is one."""
+    return next(
+        (
+            t
+            for t in ostudy.get_trials(deepcopy=False)
+            if t.state.name == "COMPLETE" and t.user_attrs.get(BASELINE_ATTR)
+        ),
+        None,
+    )
 
 
 def best_measured(trials: Iterable[FrozenTrial], direction: StudyDirection | str) -> FrozenTrial | None:

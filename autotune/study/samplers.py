@@ -47,7 +47,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config.search_space import SpeculativeRules
+from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
 from autotune.study.preflight import MEM_FRACTION
@@ -327,7 +327,7 @@ def _best_of(study: Study, trials: list[FrozenTrial], rng: random.Random) -> Fro
 
 def _contains(distribution: BaseDistribution, value: Any) -> bool:
     if isinstance(distribution, CategoricalDistribution):
-        return any(_same(value, choice) for choice in distribution.choices)
+        return any(same_value(value, choice) for choice in distribution.choices)
     if isinstance(distribution, FloatDistribution | IntDistribution):
         return isinstance(value, int | float) and distribution.low <= value <= distribution.high
     return False
@@ -436,7 +436,7 @@ class IncumbentMoves(_Wrapper):
         for _ in range(20):  # a move that repeats a tried config is drawn again
             move = self._move(best, with_params)
             if _asked(move, best.params, with_params) not in tried:
-                changed = ", ".join(n for n in move if not _same(move[n], best.params.get(n)))
+                changed = ", ".join(n for n in move if not same_value(move[n], best.params.get(n)))
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
         return None
 
@@ -483,7 +483,7 @@ class IncumbentMoves(_Wrapper):
         ):
             return None
         for choice in distribution.choices:
-            ran = [t for t in finished if name in t.params and _same(t.params[name], choice)]
+            ran = [t for t in finished if name in t.params and same_value(t.params[name], choice)]
             ran_well = [t for t in ran if _feasible(t)]
             plan = {n: v for n, v in best.params.items() if not SpeculativeRules.is_speculative_flag(n)}
             plan[name] = choice
@@ -551,7 +551,7 @@ class IncumbentMoves(_Wrapper):
     def _changed(self, distribution: BaseDistribution, value: Any) -> Any:
         """Another value: any other choice, or a few steps away on a range."""
         if isinstance(distribution, CategoricalDistribution):
-            others = [c for c in distribution.choices if not _same(c, value)]
+            others = [c for c in distribution.choices if not same_value(c, value)]
             return self._rng.choice(others) if others else value
         if isinstance(distribution, FloatDistribution):
             step = distribution.step or (distribution.high - distribution.low) / 25
@@ -597,18 +597,14 @@ class IncumbentMoves(_Wrapper):
         self._rng.seed()  # a fresh seed from the OS, as Optuna reseeds its own samplers
 
 
-def _same(a: Any, b: Any) -> bool:
-    return bool(a == b) and type(a) is type(b)  # True == 1 in Python, but not as a knob's value
-
-
 def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial]) -> ConfigKey | None:
     """The key of the config a move will give once the search space asks for its knobs: a knob that only
     exists under some values of another (a speculative tree under an algorithm) is not asked when the move
     switches that other knob to a value without it. What each changed value brings is read from the trials
     that had it; None when a changed value is in no trial yet (the config cannot have been tried)."""
     names = set(move)
-    for name in (n for n in move if not _same(move[n], start.get(n))):
-        seen = [t for t in trials if name in t.params and _same(t.params[name], move[name])]
+    for name in (n for n in move if not same_value(move[n], start.get(n))):
+        seen = [t for t in trials if name in t.params and same_value(t.params[name], move[name])]
         if not seen:
             return None
         names &= set().union(*(t.params for t in seen))
@@ -630,7 +626,8 @@ def _numbers(distribution: BaseDistribution) -> list[float]:
 def _moved_from(best: FrozenTrial, trial: FrozenTrial) -> set[str]:
     """The knobs `trial` changed from `best` when it is a move of one or two knobs (a tree counts as one),
     else none."""
-    changed = {n for n in {*best.params, *trial.params} if not _same(trial.params.get(n), best.params.get(n))}
+    names = {*best.params, *trial.params}
+    changed = {n for n in names if not same_value(trial.params.get(n), best.params.get(n))}
     tree = changed & set(TREE_KNOBS)
     return changed if len(changed - tree) + bool(tree) <= 2 else set()
 
@@ -653,7 +650,7 @@ def _planned_tree(
             t.user_attrs[ACCEPT_LENGTH_ATTR]
             for t in ran
             if ACCEPT_LENGTH_ATTR in t.user_attrs
-            and all(_same(t.params.get(n), v) for n, v in DOCUMENTED_TREE.items())
+            and all(same_value(t.params.get(n), v) for n, v in DOCUMENTED_TREE.items())
         ]
         steps, topk = (adaptive_steps(lengths[0]) if lengths else steps), 1
     elif step == BRANCH_PLAN[2]:

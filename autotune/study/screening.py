@@ -35,6 +35,7 @@ from autotune.config.search_space import (
     FloatParameter,
     IntParameter,
     SpeculativeRules,
+    same_value,
 )
 from autotune.dialect import FlagTable, all_committed_tables
 from autotune.study.noise import noise_estimate
@@ -74,12 +75,12 @@ class Held:
     why: str
 
 
+# A parser's default (0.3) and a range's step in floats (0.1 * 3 = 0.30000000000000004) are one value.
+SAME_NUMBER_TOLERANCE = 1e-9
+
+
 def _same(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(float(a) - float(b)) < 1e-9
-    return a == b
+    return same_value(a, b, tolerance=SAME_NUMBER_TOLERANCE)
 
 
 def flag_defaults(tables: Sequence[FlagTable]) -> dict[str, Any]:

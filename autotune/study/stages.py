@@ -279,6 +279,15 @@ class StageResult:
     trials: int
     node_s: float
 
+    def record(self) -> dict[str, Any]:
+        """What the study stores of its stage (records.NCCL_STAGE_ATTR), for its answer."""
+        return {
+            "held": self.held,
+            "baseline_us": self.baseline_us,
+            "best_us": self.best_us if self.best_us is not None and math.isfinite(self.best_us) else None,
+            "trials": self.trials,
+        }
+
     def lines(self, name: str) -> list[str]:
         """What the console says: one summary line, then the knobs it changed."""
         gain = ""

@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
 
 from autotune.config import Study
 from autotune.study.noise import noise_estimate
 from autotune.study.records import STOPPED_ATTR
-from autotune.study.rules import deliberate, direction_sign, is_feasible
+from autotune.study.rules import best_measured, deliberate, direction_sign
 from autotune.study.storage import counts
 
 __all__ = ["record_stop", "stopped_early", "why_stop"]
@@ -41,13 +42,10 @@ def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     ]
 
 
-def _best(trials: Sequence[FrozenTrial], sign: float) -> float | None:
-    values = [
-        sign * t.value
-        for t in trials
-        if t.state == TrialState.COMPLETE and t.value is not None and is_feasible(t)
-    ]
-    return max(values, default=None)
+def _best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> float | None:
+    """The best measured value of `trials` (`rules.best_measured`), signed so that larger is better."""
+    best = best_measured(trials, direction)
+    return None if best is None or best.value is None else direction_sign(direction) * best.value
 
 
 def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
@@ -68,10 +66,9 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     noise = noise_estimate(ostudy)
     if noise is None or noise.dof < settings.min_noise_dof:
         return None
-    sign = direction_sign(ostudy.direction)
     recent = {t.number for t in search[-settings.patience :]}
-    before = _best([t for t in launched if t.number not in recent], sign)
-    now = _best(launched, sign)
+    before = _best([t for t in launched if t.number not in recent], ostudy.direction)
+    now = _best(launched, ostudy.direction)
     if before is None or now is None or before == 0:
         return None
     improvement = (now - before) / abs(before)

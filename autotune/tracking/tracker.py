@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from autotune.measure.metrics import BENCHMARK_FIGURES
+from autotune.study.answer import StudyAnswer, remeasured_record
 from autotune.study.callbacks import (
     PhaseChanged,
     StudyCallback,
@@ -38,7 +39,6 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.confirm import answer_for_tracking
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
@@ -703,19 +703,23 @@ class StudyTracker(StudyCallback):
 
     def _summary(self, event: SummaryUpdated) -> None:
         summary = event.summary
-        metrics = {f"trials_{k.lower()}": float(v) for k, v in summary["states"].items()}
-        for key in ("best_value", "baseline_value", "gain_pct"):
-            if summary[key] is not None:
-                metrics[key] = summary[key]
-        tags = {"autotune.best_trial": str(summary["best_trial"])}
-        tags.update({f"autotune.failures.{k}": str(v) for k, v in summary["failure_kinds"].items()})
-        tags.update(self._answer_tags(event, metrics))
-        self._mark_best(event.ostudy, summary["best_trial"])
-        self._rank(event.ostudy, summary["best_trial"])
-        if len(event.ostudy.directions) == 1:  # the noise, the answer confirmed or not, an early stop
-            trust_metrics, trust_tags = answer_for_tracking(event.ostudy)
-            metrics.update(trust_metrics)
-            tags.update(trust_tags)
+        metrics = {f"trials_{k.lower()}": float(v) for k, v in summary.states.items()}
+        for key, value in (
+            ("best_value", summary.best_value),
+            ("baseline_value", summary.baseline_value),
+            ("gain_pct", summary.gain_pct),
+        ):
+            if value is not None:
+                metrics[key] = value
+        tags = {"autotune.best_trial": str(summary.best_trial)}
+        tags.update({f"autotune.failures.{k}": str(v) for k, v in summary.failure_kinds.items()})
+        tags.update(self._pareto_tags(event))
+        self._mark_best(event.ostudy, summary.best_trial)
+        self._rank(event.ostudy, summary.best_trial)
+        if summary.answer is not None:  # the noise, the answer confirmed or not, an early stop
+            answer_metrics, answer_tags = answer_for_tracking(summary.answer)
+            metrics.update(answer_metrics)
+            tags.update(answer_tags)
         self.update_summary(metrics, tags)
         self.refresh_study_view(event.ostudy, event.study)  # description, best launch.sh, plots (throttled)
 
@@ -778,18 +782,11 @@ class StudyTracker(StudyCallback):
         )
         return [run.info.run_id for run in runs]
 
-    def _answer_tags(self, event: SummaryUpdated, metrics: dict[str, float]) -> dict[str, str]:
-        """The study's answer beyond one best value: the Pareto front (and each trial run tagged
-        `autotune.pareto` while it is on it), or the re-measured mean and gain."""
+    def _pareto_tags(self, event: SummaryUpdated) -> dict[str, str]:
+        """A multi-objective study's answer: the Pareto front (and each trial run tagged `autotune.pareto`
+        while it is on it)."""
         tags: dict[str, str] = {}
-        remeasured = event.summary.get("remeasured")
-        if remeasured is not None:
-            tags["autotune.remeasured"] = json.dumps(remeasured)[:5000]
-            for key in ("gain_ci_low_pct", "gain_ci_high_pct"):
-                if remeasured[key] is not None:
-                    metrics[key] = remeasured[key]
-            tags["autotune.within_noise"] = str(remeasured["within_noise"]).lower()
-        front = event.summary.get("pareto")
+        front = event.summary.pareto
         if front is None:
             return tags
         names = event.study.objective.metrics
@@ -803,6 +800,41 @@ class StudyTracker(StudyCallback):
                 self.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())
         self._pareto = members
         return tags
+
+
+def answer_for_tracking(answer: StudyAnswer) -> tuple[dict[str, float], dict[str, str]]:
+    """The MLflow parent run's metrics and tags of the study's answer: its verdict and sentence, its gain
+    and interval, the noise estimate, the re-measured ranking, why the search stopped early, the knobs
+    screening held and the NCCL stage's values."""
+    metrics: dict[str, float] = {}
+    tags = {
+        "autotune.verdict": answer.verdict,
+        "autotune.confirmed": str(answer.confirmed).lower(),
+        "autotune.answer": answer.text[:5000],
+    }
+    noise = answer.noise
+    if noise is not None:
+        metrics["noise_relative_sd_pct"] = 100 * noise.relative_sd
+        metrics["noise_dof"] = float(noise.dof)
+        tags["autotune.noise"] = noise.describe()[:5000]
+    if answer.confirmed and answer.gain_pct is not None and answer.gain_interval_pct is not None:
+        low, high = answer.gain_interval_pct
+        metrics.update(confirmed_gain_pct=answer.gain_pct, confirmed_gain_ci_low_pct=low)
+        metrics["confirmed_gain_ci_high_pct"] = high
+    if answer.remeasured is not None:
+        remeasured = remeasured_record(answer.remeasured)
+        tags["autotune.remeasured"] = json.dumps(remeasured)[:5000]
+        for key in ("gain_ci_low_pct", "gain_ci_high_pct"):
+            if remeasured[key] is not None:
+                metrics[key] = remeasured[key]
+        tags["autotune.within_noise"] = str(remeasured["within_noise"]).lower()
+    if answer.stopped is not None:
+        tags["autotune.stopped_early"] = answer.stopped[:5000]
+    if answer.screened:
+        tags["autotune.screened"] = "\n".join(answer.screened)[:5000]
+    if answer.nccl is not None:
+        tags["autotune.nccl_stage"] = json.dumps(dict(answer.nccl.held), default=str)[:5000]
+    return metrics, tags
 
 
 def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:

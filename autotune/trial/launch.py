@@ -30,6 +30,34 @@ def to_env_value(value: object) -> str:
     return to_arg(value)
 
 
+def argv_flags(argv: Sequence[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """A server argv read as argparse reads it: each `--flag` with its value in order (`--f=v`, or the next
+    token unless that is a flag; None for a switch), and the other words (the command, positionals)."""
+    flags: list[tuple[str, str | None]] = []
+    words: list[str] = []
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        if not token.startswith("--"):
+            words.append(token)
+        elif "=" in token:
+            name, value = token.split("=", 1)
+            flags.append((name, value))
+        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
+            flags.append((token, tokens[index + 1]))
+            index += 1
+        else:
+            flags.append((token, None))
+        index += 1
+    return flags, words
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value `argv` gives the flag spelled any of `names` (aliases): the last one, as in argparse."""
+    return next((value for name, value in reversed(argv_flags(argv)[0]) if name in names), None)
+
+
 def is_set(value: object) -> bool:
     """Whether a sampled value changes the launch: not None (unset) nor False (a switch off). 0 is set."""
     return value is not None and value is not False

@@ -24,9 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.metrics import maximizes
 from autotune.study.preflight import MEM_FRACTION
-from autotune.study.records import FAILURE_KIND_ATTR, SKIPPED_ATTR
-from autotune.study.rules import non_dominated
-from autotune.study.summary import baseline_trial
+from autotune.study.records import FAILURE_KIND_ATTR, REMEASURE_OF_ATTR, SKIPPED_ATTR
+from autotune.study.rules import baseline_trial, non_dominated
 from autotune.trial.failures import FailureKind
 
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
@@ -70,11 +69,15 @@ class PlotData:
 
 
 def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
-    """Read a study's trials once for all plots; proposals that never ran (skipped) are left out."""
+    """Read a study's trials once for all plots; proposals that never ran (skipped) are left out, and so are
+    the measurements of a config again (confirmation rounds, re-measurements, the baseline's repeats): no
+    search trial, so neither a point of the history nor a rise of its best so far."""
     trials = tuple(
         t
         for t in ostudy.get_trials(deepcopy=False)
-        if t.state.is_finished() and not t.user_attrs.get(SKIPPED_ATTR)
+        if t.state.is_finished()
+        and not t.user_attrs.get(SKIPPED_ATTR)
+        and REMEASURE_OF_ATTR not in t.user_attrs
     )
     base = baseline_trial(ostudy) if len(ostudy.directions) == 1 else None
     return PlotData(

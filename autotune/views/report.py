@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
+from autotune.study.answer import StudyAnswer
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
@@ -28,8 +29,8 @@ from autotune.study.records import (
     PREFIX_CACHE_ATTR,
     prefix_cache_text,
 )
-from autotune.study.rules import best_trial, trial_config
-from autotune.study.summary import study_summary
+from autotune.study.rules import trial_config
+from autotune.study.summary import StudySummary, study_summary
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
@@ -56,21 +57,65 @@ class StudyFindings:
     metric: str
     unit: str
     direction: str
-    summary: dict[str, Any]  # autotune.study.summary.study_summary
-    best: FrozenTrial | None
+    summary: StudySummary  # its `answer` is what every view leads with (autotune.study.answer)
+    best: FrozenTrial | None  # the answer's config: the one to use
     best_config: TrialConfig | None
     best_script: str | None
     failures: tuple[FailureGroup, ...]
     ablation: Ablation | None
     trials: tuple[FrozenTrial, ...]
 
+    @property
+    def answer(self) -> StudyAnswer | None:
+        return self.summary.answer
+
     def value_text(self, value: float | None) -> str:
         return "-" if value is None else f"{value:.2f} {self.unit}".strip()
 
+    def answer_rows(self) -> list[tuple[str, str]]:
+        """The answer, as the report's summary and the parent run's description show it, first: its
+        sentence, the config to use and its value, the gain and its interval, the baseline, the noise, the
+        NCCL stage's values and the trials it rests on."""
+        a = self.answer
+        if a is None:
+            return [("answer", "no feasible trial has completed yet")]
+        how = (
+            "the mean of its confirmation rounds"
+            if a.confirmed
+            else "the mean of its launches"
+            if a.remeasured is not None
+            else "its best single measurement"
+        )
+        config = "SGLang's defaults" if a.trial == a.baseline else f"trial {a.trial}'s config"
+        interval = ""
+        if a.gain_interval_pct is not None and a.confidence is not None:
+            low, high = a.gain_interval_pct
+            interval = f" ({a.confidence:.1%} CI {low:+.1f}% to {high:+.1f}%)"
+        gain = f"{a.gain_pct:+.1f}%{interval}" if a.gain_pct is not None else "-"
+        if a.trial != a.leader:
+            gain += f" (trial {a.leader}'s config, the best candidate)"
+        rows = [
+            ("answer", a.text),
+            ("use", f"{config}: {self.value_text(a.value)} ({how})"),
+            ("gain over SGLang's defaults", gain),
+            ("baseline (SGLang defaults)", self.value_text(a.baseline_value)),
+            (
+                "noise",
+                a.noise.describe() if a.noise is not None else "unknown: no config measured twice yet",
+            ),
+        ]
+        if a.nccl is not None:
+            rows.append(("NCCL stage", f"{a.nccl.text()} in every server trial"))
+        rows.append(("rests on trials", ", ".join(map(str, a.trials))))
+        return rows
+
 
 def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
-    """Read a study's summary, best config, failures and ablation from its Optuna storage."""
-    best = best_trial(ostudy)
+    """Read a study's summary and answer, the answer's config, failures and ablation from its Optuna
+    storage."""
+    summary = study_summary(ostudy)
+    answer = summary.answer
+    best = next((t for t in ostudy.get_trials(deepcopy=False) if answer and t.number == answer.trial), None)
     config = script = None
     if best is not None:
         config = trial_config(study, best)
@@ -81,7 +126,7 @@ def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
         metric=study.objective.metric,
         unit=metric_unit(study.objective.metric),
         direction=study.objective.goal,
-        summary=study_summary(ostudy),
+        summary=summary,
         best=best,
         best_config=config,
         best_script=script,
@@ -132,12 +177,12 @@ def changed_settings(config: TrialConfig) -> list[tuple[str, str]]:
 def summary_markdown(findings: StudyFindings) -> str:
     """The study summary as markdown: baseline, best, gain, trials by state and failure, how to launch."""
     s = findings.summary
-    states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(s["states"].items()))
-    lines = [f"### Study {findings.study}: {findings.direction} {findings.metric}", "", f"Trials: {states}."]
-    lines.append(f"- baseline (SGLang defaults): **{findings.value_text(s['baseline_value'])}**")
-    if s["best_value"] is not None:
-        gain = f", {s['gain_pct']:+.1f}% over the baseline" if s["gain_pct"] is not None else ""
-        lines.append(f"- best: **{findings.value_text(s['best_value'])}** (trial {s['best_trial']}{gain})")
+    states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(s.states.items()))
+    lines = [f"### Study {findings.study}: {findings.direction} {findings.metric}", ""]
+    rows = findings.answer_rows()
+    lines += [f"**{rows[0][1]}**", ""]  # the answer's sentence leads
+    lines += [f"- {name}: {value}" for name, value in rows[1:]]
+    lines += ["", f"Trials: {states}."]
     if findings.failures:
         kinds = ", ".join(f"{g.kind} ({len(g.trials)})" for g in findings.failures)
         lines.append(f"- failures: {kinds}")
@@ -224,17 +269,9 @@ def render_html(
 
 def _summary_html(f: StudyFindings) -> str:
     s = f.summary
-    rows = [
-        ("baseline (SGLang defaults)", f.value_text(s["baseline_value"])),
-        (
-            "best",
-            f.value_text(s["best_value"])
-            + (f" (trial {s['best_trial']})" if s["best_trial"] is not None else ""),
-        ),
-        ("gain over the baseline", f"{s['gain_pct']:+.1f}%" if s["gain_pct"] is not None else "-"),
-    ]
-    rows += [(f"trials {state.lower()}", str(count)) for state, count in sorted(s["states"].items())]
-    rows += [(f"failures: {kind}", str(count)) for kind, count in sorted(s["failure_kinds"].items())]
+    rows = f.answer_rows()
+    rows += [(f"trials {state.lower()}", str(count)) for state, count in sorted(s.states.items())]
+    rows += [(f"failures: {kind}", str(count)) for kind, count in sorted(s.failure_kinds.items())]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{body}</table></section>'
 
@@ -253,7 +290,8 @@ def _best_html(f: StudyFindings) -> str:
         table = "<p>The baseline: SGLang's and NCCL's own defaults won.</p>"
     return (
         '<section id="best-config"><h2>Best config</h2>'
-        f"<p>Trial {f.best.number}: {html.escape(f.value_text(f.best.value))}.</p>"
+        f"<p>Trial {f.best.number}: {html.escape(f.value_text(f.answer.value if f.answer else f.best.value))}"
+        ".</p>"
         + (
             f"<p>{html.escape(cache)}.</p>"
             if (cache := prefix_cache_text(f.best.user_attrs.get(PREFIX_CACHE_ATTR)))

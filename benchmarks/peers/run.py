@@ -65,7 +65,7 @@ from autotune.measure.plan import plan_for  # noqa: E402
 from autotune.sim.model.noise import SimNoise  # noqa: E402
 from autotune.sim.model_node import ModelNodeExecutor  # noqa: E402
 from autotune.sim.profiles import load_hardware_profile, load_model_profile  # noqa: E402
-from autotune.study.confirm import study_answer  # noqa: E402
+from autotune.study.answer import study_answer  # noqa: E402
 from autotune.study.rules import trial_config, within_limits  # noqa: E402
 from autotune.trial.launch import ServerLaunch, TrialConfig  # noqa: E402
 from autotune.trial.wire import TrialRequest  # noqa: E402
@@ -264,7 +264,7 @@ def run_autotune_job(job: Job) -> Outcome:
         seconds = [clock.seconds[t.number] for t in launched]
         if seconds:
             seconds[0] += clock.stage_s  # the NCCL stage ran before the first server trial
-        answer = known.of_config(trial_config(study, trials[record["trial"]])) if record else 0.0
+        answer = known.of_config(trial_config(study, trials[record.trial])) if record else 0.0
         return Outcome(
             job,
             answer,
@@ -273,7 +273,7 @@ def run_autotune_job(job: Job) -> Outcome:
             len(launched),
             sum(t.state is not TrialState.COMPLETE for t in launched),
             hours_to_within(values, seconds, answer),
-            "" if record is None else ("confirmed" if record["confirmed"] else "unconfirmed"),
+            "" if record is None else ("confirmed" if record.confirmed else "unconfirmed"),
             curve(values, seconds),
         )
 

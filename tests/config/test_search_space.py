@@ -18,6 +18,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
     parse_search_space,
+    same_value,
 )
 from autotune.errors import ConfigError
 from autotune.trial.launch import TrialConfig
@@ -502,3 +503,13 @@ def test_ngram_takes_draft_tokens_alone_and_eagle_keeps_its_tree(tmp_path: Path)
     eagle_only[DRAFT] = {**ngram_only[DRAFT], "when": {ALG: ["EAGLE3"]}}
     (tmp_path / "eagle").mkdir()
     assert "needs --speculative-num-steps declared before it" in str(_error(eagle_only, tmp_path / "eagle"))
+
+
+def test_one_rule_says_when_two_knob_values_are_one() -> None:
+    # YAML's types stay apart: `true` is not `1`, `null` only equals `null`; equal numbers are one value.
+    assert not same_value(True, 1) and not same_value(None, 0) and not same_value(0, False)
+    assert same_value(None, None) and same_value("lpm", "lpm") and same_value(8, 8.0)
+    # Screening's tolerance: a parser's default and a range's step computed in floats are one value.
+    assert not same_value(0.3, 0.1 * 3)
+    assert same_value(0.3, 0.1 * 3, tolerance=1e-9) and not same_value(0.3, 0.31, tolerance=1e-9)
+    assert not same_value(True, 1, tolerance=1e-9)

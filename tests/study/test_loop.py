@@ -151,7 +151,7 @@ def test_a_speculative_trial_keeps_the_servers_accept_length(study_of_30: optuna
 
 def test_complete_trials_are_feasible_and_the_best_beats_the_baseline(study_of_30: optuna.Study) -> None:
     summary = study_summary(study_of_30)
-    assert summary["best_value"] > summary["baseline_value"]
+    assert summary.best_value > summary.baseline_value
     for trial in study_of_30.trials:
         if trial.state is TrialState.COMPLETE:
             assert trial.constraints["memory"] == 0
@@ -252,10 +252,10 @@ class Recorder(StudyCallback):
         self.events.append(("incompatibility_learned", event.new))
 
     def summary_updated(self, event: SummaryUpdated) -> None:
-        self.events.append(("summary_updated", event.summary["best_trial"]))
+        self.events.append(("summary_updated", event.summary.best_trial))
 
     def study_ended(self, event: StudyEnded) -> None:
-        self.events.append(("study_ended", event.interrupted, event.summary and event.summary["best_value"]))
+        self.events.append(("study_ended", event.interrupted, event.summary and event.summary.best_value))
 
 
 def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_prints_them(
@@ -285,7 +285,7 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     )
     assert learned_at == events.index(finished[1]) + 1, "learned right after the failed trial is shown"
     best = study_summary(ostudy)
-    assert events[-1] == ("study_ended", False, best["best_value"])
+    assert events[-1] == ("study_ended", False, best.best_value)
 
     # Not a terminal: the study's heading, then one line per finished trial, no progress bar.
     heading, *lines = stream.getvalue().splitlines()

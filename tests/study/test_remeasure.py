@@ -98,7 +98,7 @@ def test_the_top_configs_and_the_baseline_are_measured_again(
     }
     top = sorted(single, key=single.__getitem__, reverse=True)[: REMEASURE["top"]]
     assert set(top) == set(of) - {0}
-    assert before["remeasured"] is None
+    assert before.remeasured is None
 
 
 def test_the_answer_is_the_best_mean_with_its_interval(
@@ -112,11 +112,11 @@ def test_the_answer_is_the_best_mean_with_its_interval(
     low, high = answer.best.interval or (0.0, 0.0)
     assert low < answer.best.mean < high
     summary = study_summary(study)
-    assert summary["best_value"] == pytest.approx(answer.best.mean)
-    assert summary["baseline_value"] == pytest.approx(answer.baseline.mean)
+    assert summary.best_value == pytest.approx(answer.best.mean)
+    assert summary.baseline_value == pytest.approx(answer.baseline.mean)
     best = best_trial(study)
     assert best is not None and best.number == answer.best.of
-    assert summary["remeasured"]["gain_pct"] == pytest.approx(
+    assert summary.remeasured["gain_pct"] == pytest.approx(
         (answer.best.mean - answer.baseline.mean) / answer.baseline.mean * 100
     )
 
@@ -134,7 +134,7 @@ def test_best_reports_the_gain_with_its_interval(
 ) -> None:
     path, study, _ = remeasured
     out = cli(capsys, "best", str(path))
-    answer = study_summary(study)["remeasured"]
+    answer = study_summary(study).remeasured
     best = answer["best"]
     assert f"best output_throughput: {best['mean']:.2f} (mean of 3, 95% CI {best['ci_low']:.2f} to " in out
     assert (
@@ -148,7 +148,7 @@ def test_best_json_gives_the_config_its_mean_gain_interval_and_launch(
 ) -> None:
     path, study, _ = remeasured
     record = json.loads(cli(capsys, "best", str(path), "--json"))
-    answer = study_summary(study)["remeasured"]
+    answer = study_summary(study).remeasured
     best = answer["best"]
     assert (record["trial"], record["value"], record["confidence"]) == (best["trial"], best["mean"], 0.95)
     assert record["interval"] == [best["ci_low"], best["ci_high"]] and best["ci_low"] < best["ci_high"]

@@ -22,6 +22,7 @@ from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.nccl_job import allreduce_payload
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import stages
+from autotune.study.answer import study_answer
 from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.loop import StudyDriver
 from autotune.study.stages import STAGE_SUFFIX, allreduce_messages, ascent, ascent_size, point_key
@@ -129,6 +130,9 @@ def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: Study
         assert {name: trial.params[name] for name in NCCL_KNOBS} == result.held
     assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: {len(stage)} all-reduce trials, 780 s")
     assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines
+    answer = study_answer(ostudy)  # the answer names the values the stage held
+    assert answer is not None and answer.nccl is not None and answer.nccl.held == result.held
+    assert answer.record()["nccl_stage"] == result.held and "NCCL_P2P_LEVEL=SYS" in answer.nccl.text()
 
 
 def test_a_resumed_study_reuses_a_finished_stage(files: StudyFiles) -> None:

@@ -10,9 +10,11 @@ from autotune.errors import ForbiddenLaunchError
 from autotune.trial.launch import (
     ServerLaunch,
     TrialConfig,
+    argv_flags,
     build_server_launch,
     check_never_launch,
     describe_launch,
+    flag_value,
     is_secret_name,
     launch_script,
     redact_argv,
@@ -184,3 +186,13 @@ def test_value_text() -> None:
     assert to_arg(2.0) == "2"
     assert to_arg(1e-5) == "1e-05"
     assert to_arg("EAGLE3") == "EAGLE3"
+
+
+def test_the_server_argv_is_read_once_as_argparse_reads_it() -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--tp", "4", "--trust-remote-code", "--tp-size=2", "--x"]
+    flags, words = argv_flags(argv)
+    assert flags == [("--tp", "4"), ("--trust-remote-code", None), ("--tp-size", "2"), ("--x", None)]
+    assert words == ["python", "-m", "sglang.launch_server"]
+    # Aliases: the last one given wins, whichever spelling it has.
+    assert flag_value(argv, "--tp-size", "--tp") == "2" and flag_value(argv[:5], "--tp-size", "--tp") == "4"
+    assert flag_value(argv, "--mem-fraction-static") is None

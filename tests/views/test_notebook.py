@@ -31,8 +31,8 @@ def test_analysis_notebook_runs_on_a_finished_study(finished_study, monkeypatch)
         output.get("text", "") + str(output.get("data", {}).get("text/plain", "")) for output in outputs
     )
     assert "study e2e:" in text
-    assert "baseline output_throughput:" in text
-    assert "best output_throughput:" in text
+    assert "baseline (SGLang defaults):" in text and "gain over SGLang's defaults:" in text
+    assert "answer: confirmed: " in text or "answer: no config beat SGLang's defaults" in text
     assert "#!/usr/bin/env bash" in text  # how to launch the best config
     assert "trial runs in MLflow experiment 'e2e'" in text
     assert "#000 baseline" in text  # the MLflow run names, joined to the trials

@@ -128,10 +128,12 @@ def test_report_is_one_self_contained_page_with_every_section(ablated_study) -> 
 def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated_study) -> None:
     path, _ = ablated_study
     html = (path.parent / "report" / "report.html").read_text()
-    from autotune.study.rules import best_trial
+    from autotune.study.answer import study_answer
 
     ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
-    winner = best_trial(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
+    answer = study_answer(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
+    assert answer is not None
+    winner = ostudy.trials[answer.trial]
     best = html.split('<section id="best-config">')[1].split("</section>")[0]
     assert f"Trial {winner.number}:" in best and "#!/usr/bin/env bash" in best
     for name, value in winner.params.items():
@@ -167,7 +169,10 @@ def test_parent_run_description_is_the_study_summary(finished_study) -> None:
     experiment = client.get_experiment_by_name("e2e")
     parent = client.search_runs([experiment.experiment_id], filter_string="tags.`autotune.role` = 'study'")[0]
     note = parent.data.tags["mlflow.note.content"]
-    assert "baseline (SGLang defaults)" in note and "best:" in note and "#!/usr/bin/env bash" in note
+    # It leads with the study's answer, the sentence `best` and the report print, confirmed in rounds.
+    assert note.split("\n")[2] == f"**{parent.data.tags['autotune.answer']}**"
+    assert parent.data.tags["autotune.verdict"] in ("confirmed", "no gain") and " CI " in note
+    assert "baseline (SGLang defaults)" in note and "- use: " in note and "#!/usr/bin/env bash" in note
     script = Path(client.download_artifacts(parent.info.run_id, "best/launch.sh")).read_text()
     assert script in note
 

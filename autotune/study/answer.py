@@ -1,0 +1,343 @@
+"""The study's answer: the config to use, its gain over SGLang's defaults, and how far that gain is to be
+trusted (its interval, the noise, the trials it rests on, the NCCL values the stage held).
+
+`study_answer` reads it from the Optuna study once; `best`, `run`, `status`, `report`, the MLflow parent run
+and the notebook render this one record, so no two of them can show different figures for one study.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.measure.stats import Gain
+from autotune.study.confirm import Confirmation, confirmation
+from autotune.study.noise import NoiseEstimate, noise_estimate
+from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, NCCL_STAGE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
+from autotune.study.rules import (
+    ConfigMeasurements,
+    baseline_trial,
+    best_trial,
+    gain_pct,
+    is_feasible,
+)
+from autotune.study.screening import screened_lines
+from autotune.study.stopping import stopped_early
+from autotune.study.storage import counts
+
+__all__ = ["NcclStageValues", "StudyAnswer", "Verdict", "remeasured_record", "study_answer"]
+
+# confirmed: the leader beat the defaults in interleaved rounds; no gain: the rounds say it did not (use the
+# defaults); unconfirmed: the best measurement(s) of the search, never measured side by side with the
+# defaults; under way: confirmation began and has not yet measured two rounds of a candidate.
+Verdict = Literal["confirmed", "no gain", "unconfirmed", "under way"]
+
+
+@dataclass(frozen=True)
+class NcclStageValues:
+    """What the NCCL all-reduce stage held in every server trial (autotune.study.stages.StageResult)."""
+
+    held: Mapping[str, Any]  # knob -> value; None: held at NCCL's default
+    baseline_us: float | None
+    best_us: float | None
+    trials: int
+
+    def text(self) -> str:
+        changed = ", ".join(f"{n}={v}" for n, v in self.held.items() if v is not None)
+        return f"NCCL stage held {changed}" if changed else "NCCL stage held NCCL's defaults"
+
+
+@dataclass(frozen=True)
+class StudyAnswer:
+    """The answer of a single-objective study: which config to use (`trial`, the baseline's when no
+    candidate beats SGLang's defaults), its value and gain over the defaults with their intervals, the noise
+    estimate, and the trials these figures rest on. `text` is the sentence every view leads with."""
+
+    verdict: Verdict
+    trial: int  # the config to use (its first trial)
+    leader: int  # the best candidate, the one the gain is of
+    value: (
+        float | None
+    )  # the config to use's value: its rounds' mean, its re-measured mean, or one measurement
+    value_interval: tuple[float, float] | None
+    baseline: int | None  # the baseline's first trial
+    baseline_value: float | None  # measured as `value` was: in the same rounds, re-measured, or once
+    gain_pct: float | None  # the leader's gain over the defaults, in percent (positive: better)
+    gain_interval_pct: tuple[float, float] | None
+    confidence: float | None  # of both intervals
+    within_noise: bool | None  # an unconfirmed gain inside the noise band (or a re-measured one reaching 0)
+    rounds: int  # the confirmation rounds its gain rests on (0 without confirmation)
+    trials: tuple[int, ...]  # the trials `value`, `baseline_value` and the gain were computed from
+    noise: NoiseEstimate | None
+    nccl: NcclStageValues | None
+    stopped: str | None  # why the search stopped early
+    screened: tuple[str, ...]  # why screening held each knob it held
+    text: str
+    remeasured: RemeasuredAnswer | None = field(default=None, compare=False)  # the ranking behind `value`
+
+    @property
+    def confirmed(self) -> bool:
+        """Measured side by side with the defaults in rounds (`best --json`'s `confirmed`): with or
+        without a gain."""
+        return self.verdict in ("confirmed", "no gain")
+
+    @property
+    def beats_defaults(self) -> bool | None:
+        """Whether the rounds say the leader beats the defaults; None while unconfirmed."""
+        return None if not self.confirmed else self.verdict == "confirmed"
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-ready record (`best --json`, `status --json`, benchmarks)."""
+        return {
+            "verdict": self.verdict,
+            "confirmed": self.confirmed,
+            "trial": self.trial,
+            "leader": self.leader,
+            "beats_defaults": self.beats_defaults,
+            "value": self.value,
+            "value_interval": list(self.value_interval) if self.value_interval else None,
+            "baseline_value": self.baseline_value,
+            "gain_pct": self.gain_pct,
+            "gain_interval_pct": list(self.gain_interval_pct) if self.gain_interval_pct else None,
+            "confidence": self.confidence,
+            "within_noise": self.within_noise,
+            "rounds": self.rounds,
+            "trials": list(self.trials),
+            "noise": self.noise.record() if self.noise is not None else None,
+            "nccl_stage": dict(self.nccl.held) if self.nccl is not None else None,
+            "text": self.text,
+        }
+
+
+def study_answer(ostudy: optuna.Study) -> StudyAnswer | None:
+    """The study's answer: confirmed in rounds (or not beaten), else the re-measured best mean, else the
+    best single measurement. None for a multi-objective study (its answer is the Pareto front) or before
+    any feasible trial completed."""
+    if len(ostudy.directions) != 1:
+        return None
+    noise = noise_estimate(ostudy)
+    context: dict[str, Any] = {
+        "noise": noise,
+        "nccl": _nccl_stage(ostudy),
+        "stopped": stopped_early(ostudy),
+        "screened": tuple(screened_lines(ostudy)),
+    }
+    state = confirmation(ostudy)
+    if state is not None and state.gain is not None and state.leader is not None:
+        return _confirmed(ostudy, state, context)
+    # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
+    remeasured = remeasured_answer(ostudy) if CONFIRM_ATTR not in ostudy.user_attrs else None
+    if remeasured is not None:
+        return _remeasured(ostudy, remeasured, context)
+    return _single(ostudy, state, context)
+
+
+def _noise_text(noise: NoiseEstimate | None) -> str:
+    return noise.describe() if noise is not None else "no config measured twice yet: noise unknown"
+
+
+def _confirmed(ostudy: optuna.Study, state: Confirmation, context: dict[str, Any]) -> StudyAnswer:
+    gain, leader = state.gain, state.leader
+    assert gain is not None and leader is not None  # the caller checked
+    beats = gain.verdict == "gain"  # the whole interval above zero
+    chosen = leader if beats else state.baseline
+
+    def mean(config: int) -> float | None:
+        values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
+        return sum(values) / len(values) if values else None
+
+    shown = (
+        f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
+        f"{state.pairs} rounds)"
+    )
+    text = (
+        f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"
+        if beats
+        else f"no config beat SGLang's defaults beyond run-to-run noise (the best, trial {leader}'s "
+        f"config: {shown}); use SGLang's defaults"
+    )
+    interval = (
+        (gain.low_pct, gain.high_pct) if gain.low_pct is not None and gain.high_pct is not None else None
+    )
+    return StudyAnswer(
+        verdict="confirmed" if beats else "no gain",
+        trial=chosen,
+        leader=leader,
+        value=mean(chosen),
+        value_interval=None,
+        baseline=state.baseline,
+        baseline_value=mean(state.baseline),
+        gain_pct=gain.pct,
+        gain_interval_pct=interval,
+        confidence=gain.confidence,
+        within_noise=None,
+        rounds=state.pairs,
+        trials=_round_trials(ostudy, {leader, state.baseline}),
+        text=f"{text}; {_noise_text(context['noise'])}",
+        **context,
+    )
+
+
+def _interval(gain: Gain) -> tuple[float, float] | None:
+    low, high = gain.low_pct, gain.high_pct
+    return (low, high) if low is not None and high is not None else None
+
+
+def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
+    """The complete confirmation-round trials of `configs` (the rounds after the confirmation started)."""
+    since = int((ostudy.user_attrs.get(CONFIRM_ATTR) or {}).get("since", -1))
+    return tuple(
+        t.number
+        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.number > since
+        and isinstance(t.user_attrs.get(CONFIRM_ATTR), dict)
+        and t.user_attrs.get(REMEASURE_OF_ATTR) in configs
+        and counts(t)
+        and is_feasible(t)
+    )
+
+
+def _remeasured(ostudy: optuna.Study, answer: RemeasuredAnswer, context: dict[str, Any]) -> StudyAnswer:
+    best, base, gain = answer.best, answer.baseline, answer.gain
+    measured = base is not None and base.n > 0
+    single = baseline_trial(ostudy)
+    within = gain.within_noise if gain is not None else None
+    shown = (
+        f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%)"
+        if gain is not None and gain.low_pct is not None and gain.high_pct is not None
+        else f"{gain.pct:+.1f}%"
+        if gain is not None
+        else "an unknown gain"
+    )
+    is_base = best.baseline
+    said = (
+        f"unconfirmed: the best mean is SGLang's defaults' (trial {best.of}, {best.n} launches)"
+        if is_base
+        else f"unconfirmed: trial {best.of}'s config measured {shown} over SGLang's defaults as the mean of "
+        f"{best.n} launches, not confirmed in interleaved rounds"
+        + (" (within noise: the interval reaches 0%)" if within else "")
+    )
+    interval = _interval(gain) if gain is not None else None
+    return StudyAnswer(
+        verdict="unconfirmed",
+        trial=best.of,
+        leader=best.of,
+        value=best.mean,
+        value_interval=best.interval,
+        baseline=base.of if base is not None else single.number if single is not None else None,
+        baseline_value=base.mean if measured and base is not None else _value(single),
+        gain_pct=gain.pct if gain is not None else None,
+        gain_interval_pct=interval,
+        confidence=best.confidence,
+        within_noise=within,
+        rounds=0,
+        trials=_measured_trials(best, base),
+        text=f"{said}; {_noise_text(context['noise'])}",
+        remeasured=answer,
+        **context,
+    )
+
+
+def _measured_trials(*groups: ConfigMeasurements | None) -> tuple[int, ...]:
+    return tuple(sorted({n for g in groups if g is not None for n in g.trials}))
+
+
+def _value(trial: FrozenTrial | None) -> float | None:
+    return None if trial is None else trial.value
+
+
+def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str, Any]) -> StudyAnswer | None:
+    best = best_trial(ostudy)
+    if best is None or best.value is None:
+        return None
+    base = baseline_trial(ostudy)
+    gain = gain_pct(best.value, _value(base), ostudy.direction)
+    noise: NoiseEstimate | None = context["noise"]
+    within = None if noise is None or gain is None else abs(gain) <= 100 * noise.band()
+    shown = f"{gain:+.1f}%" if gain is not None else "an unknown gain"
+    verdict = (
+        " (within the run-to-run noise band: it may be no gain at all)"
+        if within
+        else " (beyond the noise band, but not confirmed)"
+        if within is False
+        else ""
+    )
+    if best.user_attrs.get(BASELINE_ATTR):
+        said = f"unconfirmed: the best single measurement is SGLang's defaults (trial {best.number})"
+    else:
+        said = (
+            f"unconfirmed: trial {best.number}'s config measured {shown} over SGLang's defaults once, not "
+            f"confirmed in interleaved rounds{verdict}"
+        )
+    if state is not None:  # confirmation began but has not measured two rounds of a candidate yet
+        settings = ostudy.user_attrs.get(CONFIRM_ATTR) or {}
+        measured = sum(1 for values in state.rounds.values() if values.get(state.baseline) is not None)
+        said += (
+            f"; confirmation under way ({measured} of at least {settings.get('min_rounds', 2)} rounds "
+            f"measured): `autotune resume` finishes it"
+        )
+    return StudyAnswer(
+        verdict="under way" if state is not None else "unconfirmed",
+        trial=best.number,
+        leader=best.number,
+        value=best.value,
+        value_interval=None,
+        baseline=base.number if base is not None else None,
+        baseline_value=_value(base),
+        gain_pct=gain,
+        gain_interval_pct=None,
+        confidence=None,
+        within_noise=within,
+        rounds=state.pairs if state is not None else 0,
+        trials=tuple(sorted({best.number} | ({base.number} if base is not None else set()))),
+        text=f"{said}; {_noise_text(noise)}",
+        **context,
+    )
+
+
+def _nccl_stage(ostudy: optuna.Study) -> NcclStageValues | None:
+    record = ostudy.user_attrs.get(NCCL_STAGE_ATTR)
+    if not isinstance(record, dict):
+        return None
+    return NcclStageValues(
+        held=dict(record.get("held") or {}),
+        baseline_us=record.get("baseline_us"),
+        best_us=record.get("best_us"),
+        trials=int(record.get("trials", 0)),
+    )
+
+
+def remeasured_record(answer: RemeasuredAnswer) -> dict[str, Any]:
+    """A JSON-ready record of a re-measured study's ranking (`status --json`'s `remeasured`, MLflow)."""
+
+    def config(group: ConfigMeasurements | None) -> dict[str, Any] | None:
+        if group is None:
+            return None
+        interval = group.interval
+        return {
+            "trial": group.of,
+            "trials": list(group.trials),
+            "n": group.n,
+            "mean": group.mean if group.n else None,
+            "ci_low": interval[0] if interval else None,
+            "ci_high": interval[1] if interval else None,
+            "failed": list(group.failed),
+        }
+
+    gain = answer.gain
+    return {
+        "confidence": answer.best.confidence,
+        "best": config(answer.best),
+        "baseline": config(answer.baseline),
+        "gain_pct": gain.pct if gain else None,
+        "gain_ci_low_pct": gain.low_pct if gain else None,
+        "gain_ci_high_pct": gain.high_pct if gain else None,
+        "within_noise": gain.within_noise if gain else None,
+        "ranking": [config(g) for g in answer.ranking],
+        "unreliable": [config(g) for g in answer.unreliable],
+    }
