@@ -28,6 +28,7 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SAME_AS_ATTR,
     SHORT_VALUE_ATTR,
+    STARTUP_PHASES_ATTR,
 )
 from autotune.study.rules import best_trial, is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, to_arg
@@ -143,6 +144,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "failure": trial.user_attrs.get(FAILURE_ATTR),
         "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
+        "startup_phases": trial.user_attrs.get(STARTUP_PHASES_ATTR),
     }
 
 
@@ -201,6 +203,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\n".join(_pareto_lines(summary["pareto"], study)))
     elif summary["remeasured"] is not None:
         print("\n".join(_remeasured_lines(summary["remeasured"], study)))
+    from autotune.views.startup import startup_summary
+
+    startup = startup_summary(ostudy.get_trials(deepcopy=False))
+    if startup is not None:
+        print("\n".join(fitted("", startup, width)))
     trust = trust_record(ostudy)
     for line in (*trust["screened"], trust["stopped"], trust["answer"]["text"] if trust["answer"] else None):
         if line:

@@ -182,6 +182,7 @@ class TrialExecutor:
             on_phase=self._enter,
         )
         startup_s = time.monotonic() - started
+        phases = {**outcome.startup_phases, **({"ready_s": round(startup_s, 2)} if outcome.ready else {})}
         if outcome.status is StartupStatus.FAILED:
             # It may linger after its fatal line, as the seed's server did (docs/concepts.md, "The seed").
             process.stop(grace_s=FAILED_GRACE_S)
@@ -196,6 +197,7 @@ class TrialExecutor:
                 returncode=outcome.returncode,
                 server_choices=outcome.server_choices,
                 server_memory=outcome.server_memory,
+                startup_phases=phases,
             )
         self._enter("benchmarking")
         bench_started = time.monotonic()
@@ -211,6 +213,7 @@ class TrialExecutor:
             returncode=process.poll(),
             server_choices=outcome.server_choices,
             server_memory=outcome.server_memory,
+            startup_phases=phases,
         )
 
     def _run_job(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
@@ -356,6 +359,7 @@ class TrialExecutor:
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
             server_choices=extra.get("server_choices") or {},  # type: ignore[arg-type]
             server_memory=extra.get("server_memory") or {},  # type: ignore[arg-type]
+            startup_phases=extra.get("startup_phases") or {},  # type: ignore[arg-type]
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,

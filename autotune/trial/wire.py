@@ -67,6 +67,9 @@ class TrialResult:
     server_choices: dict[str, float] = field(default_factory=dict)
     # The server's memory report (KV cache tokens and GB, max_total_num_tokens, available_gpu_mem_gb, ...).
     server_memory: dict[str, float] = field(default_factory=dict)
+    # Where the start-up went, in seconds: init_s, weight_load_s, kv_pool_s, cuda_graph_s, ready_s (those the
+    # log showed; autotune.node.startup_phases).
+    startup_phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
