@@ -56,6 +56,25 @@ def startup_seconds(node: NodePerformanceModel) -> float:
     return init + load + prefill + capture  # ready, or dying on the warm-up request after start-up
 
 
+def startup_phases(node: NodePerformanceModel) -> dict[str, float]:
+    """The start-up phases the simulated server logs for this launch (node.startup_phases' names), up to
+    the phase its start-up failure dies in; ready_s only when it gets there."""
+    failure = node.startup_failure
+    phase = failure.phase if failure is not None else None
+    if phase == "init":
+        return {}
+    phases = {"init_s": node.init_seconds}
+    if phase != "load":
+        phases["weight_load_s"] = node.load_seconds
+    if phase not in ("load", "kv", "runner"):
+        phases["kv_pool_s"] = 0.0
+    if phase is None or phase == "warmup":
+        phases["cuda_graph_s"] = node.prefill_capture_seconds + node.capture_seconds
+    if phase is None:
+        phases["ready_s"] = startup_seconds(node)
+    return {name: round(seconds, 2) for name, seconds in phases.items()}
+
+
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
     """What the node check would find on a simulated node: its GPUs (as autotune.sim.nvidia_smi lists
     them) and the model's weights."""
@@ -115,7 +134,11 @@ class ModelNodeExecutor:
             version=sglang_version(os.environ),
             play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
         )
-        return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
+        return replace(
+            self._outcome(request, answer),
+            server_choices=server_choices(answer.plan),
+            startup_phases=startup_phases(answer.node),
+        )
 
     def _run_job(self, request: TrialRequest) -> TrialResult:
         """An NCCL all-reduce job (`autotune.measure.nccl`'s command line and env): the payload the simulated
