@@ -28,6 +28,7 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SAME_AS_ATTR,
     SHORT_VALUE_ATTR,
+    STARTUP_NOTES_ATTR,
     STARTUP_PHASES_ATTR,
 )
 from autotune.study.rules import best_trial, is_feasible, trial_config
@@ -145,6 +146,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
         "startup_phases": trial.user_attrs.get(STARTUP_PHASES_ATTR),
+        "startup_notes": trial.user_attrs.get(STARTUP_NOTES_ATTR) or [],
     }
 
 
@@ -235,6 +237,7 @@ def trust_record(ostudy: Any) -> dict[str, Any]:
 def _status_notes(t: dict[str, Any]) -> list[str]:
     """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement."""
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
+    notes += list(t.get("startup_notes") or [])
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t.get("load_warning"):
