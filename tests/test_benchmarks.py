@@ -220,3 +220,10 @@ def test_on_a_flat_landscape_with_noise_the_trusted_answer_claims_no_gain() -> N
     trusted = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2, trust=True))
     assert trusted.true_gain_pct == 0.0 and not trusted.confirmed_claims_gain and not trusted.claims_gain
     assert trusted.launches > trusted.trials  # the baseline's repeats and the confirmation rounds
+
+
+def test_startup_seed_prints_the_seed_with_and_without_the_weights_in_the_page_cache() -> None:
+    out = run_script("startup_seed.py")
+    assert "Host memory 512 GB: the weights do not fit the page cache" in out
+    assert "Host memory 1024 GB: the weights fit the page cache" in out
+    assert out == (BENCHMARKS / "startup_seed.txt").read_text()  # the committed figures are this model's

@@ -404,7 +404,9 @@ def test_start_up_phases_reach_the_report_and_each_trials_mlflow_run(ablated_stu
     assert re.search(r"<th>start-up \(median of \d+ launches\)</th><td>init \d+ s, weights \d+ s, ", summary)
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/ablated/mlflow.db'}")
     experiment = client.get_experiment_by_name("ablated")
-    baseline = client.search_runs([experiment.experiment_id], filter_string="tags.`autotune.baseline` = 'true'")
+    baseline = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`autotune.baseline` = 'true'"
+    )
     metrics = baseline[0].data.metrics
     assert {"startup.weight_load_s", "startup.cuda_graph_s", "startup.ready_s"} <= set(metrics)
     assert metrics["startup.weight_load_s"] > 0  # the log's elapsed=, in the simulated server's model seconds
