@@ -222,6 +222,7 @@ def test_on_a_flat_landscape_with_noise_the_trusted_answer_claims_no_gain() -> N
     assert trusted.launches > trusted.trials  # the baseline's repeats and the confirmation rounds
 
 
+@pytest.mark.integration
 def test_startup_seed_prints_the_seed_with_and_without_the_weights_in_the_page_cache() -> None:
     out = run_script("startup_seed.py")
     assert "Host memory 512 GB: the weights do not fit the page cache" in out
