@@ -70,3 +70,35 @@ def test_small_shards_keep_the_loader_and_the_cache_folder_is_set_where_unset(tm
     assert set(COMPILE_CACHE_ENV) <= set(launch.env)
     unchanged, _ = prepare_launch(LocalCommandRunner(), _launch(model, None), None)
     assert unchanged == _launch(model, None)  # no loader flag, no cache folder: nothing added
+
+
+@pytest.mark.integration
+def test_the_node_keeps_one_compile_cache_folder_and_the_second_launch_captures_warm(tmp_path: Path) -> None:
+    """Two trials on one node, each a real simulated server: the node points SGLANG_CACHE_DIR (and the
+    others) into its work folder, the first launch compiles there, the second finds it and captures its
+    graphs in WARM_COMPILE_SHARE of the time (the log's own `elapsed=`)."""
+    import sys
+
+    from autotune.measure.client import Workload
+    from autotune.node.executor import TrialExecutor
+    from autotune.node.runner import free_port
+    from autotune.sim.model.startup import WARM_COMPILE_SHARE
+    from autotune.trial.wire import TrialRequest
+
+    executor = TrialExecutor("local", LocalCommandRunner(), tmp_path, port_wait_s=5)
+    workload = Workload(num_prompts=2, input_len=100, output_len=8, concurrency=2)
+
+    def run(number: int) -> dict[str, float]:
+        port = free_port()
+        argv = (sys.executable, "-m", "autotune.sim.sglang_server", "--model-path", "/models/Kimi-K2.5")
+        argv += ("--tp-size", "8", "--host", "127.0.0.1", "--port", str(port))
+        env = {"SGLANG_SIM_TIME_SCALE": "0.001"}
+        result = executor.run(
+            TrialRequest(number, ServerLaunch(argv, env, "127.0.0.1", port), workload, 60, 60)
+        )
+        assert result.ok, result.failure
+        return result.startup_phases
+
+    first, second = run(1), run(2)
+    assert (tmp_path / "compile-cache" / "sglang").is_dir()
+    assert second["cuda_graph_s"] == pytest.approx(first["cuda_graph_s"] * WARM_COMPILE_SHARE, abs=0.02)
