@@ -27,8 +27,8 @@ from autotune.trial.wire import TrialRequest
 
 LAUNCHES = 35  # the seed profile's median study (issue 37: about 35 launches of 714 s)
 WORKLOAD = Workload(num_prompts=16, input_len=1000, output_len=200, concurrency=16)
-SINGLE = {"enable_multithread_load": False}
-THREADED = {"enable_multithread_load": True, "num_threads": 8}
+SINGLE: dict[str, object] = {"enable_multithread_load": False}
+THREADED: dict[str, object] = {"enable_multithread_load": True, "num_threads": 8}
 
 
 def phases(
@@ -50,7 +50,7 @@ def phases(
 
 def main() -> None:
     seed = load_hardware_profile("rtx-pro-6000-pcie-x8")
-    cases = [
+    cases: list[tuple[str, dict[str, object] | None, bool]] = [
         ("seed's SGLang: 1 loader thread, no cache folder", SINGLE, False),
         ("SGLang 0.5.17 default: 8 loader threads", None, False),
         ("autotune: 8 threads + compile cache kept", THREADED, True),
