@@ -57,9 +57,7 @@ def main() -> None:
     ]
     names = [p.removesuffix("_s") for p in STARTUP_PHASES]
     print("Seed profile (Kimi-K2.5 INT4, 547 GB in 64 shards, 8x RTX PRO 6000): start-up seconds per phase.")
-    print(
-        f"`later`: every launch after the first on the same node; `study`: {LAUNCHES} launches' start-ups."
-    )
+    print(f"`later`: every launch after the first on the same node; `study`: {LAUNCHES} launches' start-ups.")
     print("Without a cache folder the simulated node compiles at every launch (a real node's default")
     print("~/.cache/sglang persists too, unless its home does not outlive the launch, as in a container).")
     for memory in (512.0, 1024.0):
