@@ -227,3 +227,11 @@ def test_importance_vs_ablation_prints_both_per_setting() -> None:
     out = run_script("importance_vs_ablation.py", "--quick")
     assert "seed 1: best trial" in out and "ablation loss" in out and "fANOVA (now)" in out
     assert "--speculative-algorithm: rank " in out
+
+
+@pytest.mark.integration
+def test_startup_seed_prints_the_seed_with_and_without_the_weights_in_the_page_cache() -> None:
+    out = run_script("startup_seed.py")
+    assert "Host memory 512 GB: the weights do not fit the page cache" in out
+    assert "Host memory 1024 GB: the weights fit the page cache" in out
+    assert out == (BENCHMARKS / "startup_seed.txt").read_text()  # the committed figures are this model's

@@ -30,6 +30,8 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
     SAME_AS_ATTR,
     SHORT_VALUE_ATTR,
+    STARTUP_NOTES_ATTR,
+    STARTUP_PHASES_ATTR,
     prefix_cache_text,
 )
 from autotune.study.rules import is_feasible, trial_config
@@ -171,6 +173,8 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "failure": trial.user_attrs.get(FAILURE_ATTR),
         "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
+        "startup_phases": trial.user_attrs.get(STARTUP_PHASES_ATTR),
+        "startup_notes": trial.user_attrs.get(STARTUP_NOTES_ATTR) or [],
     }
 
 
@@ -241,6 +245,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 for m, v in study.objective.limits.items()
             )
         )
+    from autotune.views.startup import startup_summary
+
+    startup = startup_summary(ostudy.get_trials(deepcopy=False))
+    if startup is not None:
+        print("\n".join(fitted("", startup, width)))
     answer = summary.answer
     said = [*answer.screened, answer.stopped] if answer is not None else []
     for text in filter(None, said):
@@ -267,6 +276,7 @@ def _trust_record(answer: StudyAnswer | None) -> dict[str, Any]:
 def _status_notes(t: dict[str, Any]) -> list[str]:
     """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement."""
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
+    notes += list(t.get("startup_notes") or [])
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t.get("load_warning"):

@@ -44,6 +44,7 @@ from autotune.config.search_space import (
     SpeculativeRules,
     load_search_space,
 )
+from autotune.config.startup import Startup
 from autotune.config.trust import Trust
 from autotune.dialect import Dialect, FlagTable, all_committed_tables, unknown_flag
 from autotune.errors import ConfigError, did_you_mean
@@ -58,6 +59,7 @@ from autotune.trial.launch import (
     to_env_value,
 )
 from autotune.trial.redaction import Secrets
+from autotune.trial.startup import multithread_loading_flag
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 WORKDIR_NAME = ".autotune"
@@ -379,6 +381,7 @@ class StudyFile(BaseModel):
     ray: RaySpec = Field(default_factory=RaySpec)
     nccl_stage: NcclStage = Field(default_factory=NcclStage)
     trust: Trust = Field(default_factory=Trust)  # autotune.config.trust
+    startup: Startup = Field(default_factory=Startup)  # autotune.config.startup
 
     @field_validator("study")
     @classmethod
@@ -532,13 +535,19 @@ class Study:
             SpeculativeRules.ALGORITHM
         )
         draft = server.draft_model_path if SpeculativeRules.needs_draft_model(algorithm) else None
+        startup, set_flags = self.file.startup, {**server.flags, **config.flags}
+        loader = (
+            multithread_loading_flag(set_flags, dialect, startup.weight_loading_threads)
+            if startup.multithread_weight_loading
+            else {}
+        )
         launch = build_server_launch(
             command=server.command,
             model_path=server.model_path,
             config=config,
             host=server.host,
             port=(AUTO_PORT if server.port == "auto" else server.port) if port is None else port,
-            base_flags=server.flags,
+            base_flags={**server.flags, **loader},
             base_env=server.env,
             draft_model_path=draft,
             never_launch_env=self.file.never_launch.env,

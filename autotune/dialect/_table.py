@@ -77,6 +77,9 @@ class FlagTable:
     flags: tuple[Flag, ...]
     source: str
     _by_option: dict[str, Flag] = field(init=False, repr=False, compare=False)
+    # The keys SGLang's default model loader takes in --model-loader-extra-config, with its defaults (read
+    # from that version's source; None where not known, as for a table read from --help).
+    loader_defaults: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_option", {o: f for f in self.flags for o in f.options})
@@ -158,12 +161,15 @@ def load_table(path: Path | str) -> FlagTable:
         data = json.loads(path.read_text())
         flags = tuple(_flag_from_row(row) for row in data["flags"])
         version = data.get("sglang_version")
+        loader = data.get("model_loader_extra_config")
+        loader_defaults = dict(loader["defaults"]) if loader is not None else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise FlagTableError(
             f"{path}: not a flag table ({type(exc).__name__}: {exc}); write it again with "
             f"`python {DUMP_SCRIPT} -o {path}` where that SGLang is installed"
         ) from None
-    return FlagTable(str(version) if version is not None else None, flags, str(path))
+    version_name = str(version) if version is not None else None
+    return FlagTable(version_name, flags, str(path), loader_defaults=loader_defaults)
 
 
 def committed_versions() -> list[str]:

@@ -48,6 +48,7 @@ from autotune.node.runner import (
     NodeUnreachableError,
     ServerProcess,
 )
+from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import AUTO_PORT, ServerLaunch
 from autotune.trial.redaction import server_api_key
@@ -92,6 +93,7 @@ class TrialExecutor:
         self._phase_lock = threading.Lock()
         self._process: ServerProcess | None = None
         self._aborted = threading.Event()
+        self._startup_notes: list[str] = []  # what prepare_launch changed in the running trial's launch
 
     def _enter(self, phase: str) -> None:
         if phase not in TRIAL_PHASES:
@@ -104,6 +106,7 @@ class TrialExecutor:
         log_path = self.workdir / request.log_folder / f"trial-{request.number:04d}" / "server.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._aborted.clear()
+        self._startup_notes = []
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
                 return self._run_held(request, log_path)
@@ -165,7 +168,8 @@ class TrialExecutor:
             pass  # the trial already failed as unreachable, or the next one will
 
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
-        launch = request.launch
+        cache = self.workdir / COMPILE_CACHE_FOLDER if request.compile_cache and not request.job else None
+        launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache)
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
         return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)
@@ -182,6 +186,7 @@ class TrialExecutor:
             on_phase=self._enter,
         )
         startup_s = time.monotonic() - started
+        phases = {**outcome.startup_phases, **({"ready_s": round(startup_s, 2)} if outcome.ready else {})}
         if outcome.status is StartupStatus.FAILED:
             # It may linger after its fatal line, as the seed's server did (docs/concepts.md, "The seed").
             process.stop(grace_s=FAILED_GRACE_S)
@@ -196,6 +201,7 @@ class TrialExecutor:
                 returncode=outcome.returncode,
                 server_choices=outcome.server_choices,
                 server_memory=outcome.server_memory,
+                startup_phases=phases,
             )
         self._enter("benchmarking")
         bench_started = time.monotonic()
@@ -211,6 +217,7 @@ class TrialExecutor:
             returncode=process.poll(),
             server_choices=outcome.server_choices,
             server_memory=outcome.server_memory,
+            startup_phases=phases,
         )
 
     def _run_job(self, request: TrialRequest, process: ServerProcess, log_path: Path) -> TrialResult:
@@ -356,6 +363,8 @@ class TrialExecutor:
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
             server_choices=extra.get("server_choices") or {},  # type: ignore[arg-type]
             server_memory=extra.get("server_memory") or {},  # type: ignore[arg-type]
+            startup_phases=extra.get("startup_phases") or {},  # type: ignore[arg-type]
+            startup_notes=tuple(self._startup_notes),
             log=_tail(log_path),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,

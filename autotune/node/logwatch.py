@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from autotune.node.runner import ServerProcess, bytes_from
+from autotune.node.startup_phases import StartupPhaseReader
 from autotune.trial.failures import Failure, FailureKind, classify, is_fatal_line
 
 __all__ = [
@@ -232,6 +233,8 @@ class StartupOutcome:
     ready_via: str | None = None
     server_choices: dict[str, float] = field(default_factory=dict)  # see `server_choices`
     server_memory: dict[str, float] = field(default_factory=dict)  # see `server_memory`
+    # Seconds per start-up phase the log shows (autotune.node.startup_phases; no ready_s: the caller's).
+    startup_phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -269,6 +272,7 @@ def wait_until_ready(
     phase_times: dict[str, float] = {}
     choices: dict[str, float] = {}
     memory: dict[str, float] = {}
+    phases = StartupPhaseReader()
     last_marker: list[str] = ["none"]
     fatal_at: float | None = None
 
@@ -281,6 +285,7 @@ def wait_until_ready(
         ready = False
         for line in new_lines:
             lines.append(line)
+            phases.take(line, elapsed())
             if not choices:
                 choices.update(server_choices(line))
             if fatal_at is None and is_fatal_line(line):
@@ -305,7 +310,15 @@ def wait_until_ready(
         ready_via: str | None = None,
     ) -> StartupOutcome:
         return StartupOutcome(
-            status, elapsed(), failure, dict(phase_times), returncode, ready_via, choices, dict(memory)
+            status,
+            elapsed(),
+            failure,
+            dict(phase_times),
+            returncode,
+            ready_via,
+            choices,
+            dict(memory),
+            phases.phases(),
         )
 
     def failed(returncode: int | None) -> StartupOutcome:

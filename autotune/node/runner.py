@@ -216,6 +216,10 @@ class CommandRunner(ABC):
         """The URL at which this machine reaches the server `launch` starts."""
         return launch.base_url
 
+    def node_path(self, local: Path) -> str:
+        """Where the node keeps what this machine's `local` path stands for (the same path, here)."""
+        return str(local)
+
     @property
     def stopped_left_behind(self) -> list[int]:
         """Process groups of servers that a dead runner on the same records (a killed actor or driver) left

@@ -482,6 +482,9 @@ class SSHCommandRunner(CommandRunner):
         assert self._remote_root is not None  # connect() sets it or raises
         return self._remote_root
 
+    def node_path(self, local: Path) -> str:
+        return str(self.remote_path(local))
+
     def remote_path(self, local: Path) -> PurePosixPath:
         """Where the node keeps the file that `local` mirrors."""
         relative: Path | None = None

@@ -21,6 +21,7 @@ from autotune.node.check import GPU, NodeReport
 from autotune.sim.engine import input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
+from autotune.sim.model.startup import weights_fit_page_cache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
@@ -56,6 +57,25 @@ def startup_seconds(node: NodePerformanceModel) -> float:
     return init + load + prefill + capture  # ready, or dying on the warm-up request after start-up
 
 
+def startup_phases(node: NodePerformanceModel) -> dict[str, float]:
+    """The start-up phases the simulated server logs for this launch (node.startup_phases' names), up to
+    the phase its start-up failure dies in; ready_s only when it gets there."""
+    failure = node.startup_failure
+    phase = failure.phase if failure is not None else None
+    if phase == "init":
+        return {}
+    phases = {"init_s": node.init_seconds}
+    if phase != "load":
+        phases["weight_load_s"] = node.load_seconds
+    if phase not in ("load", "kv", "runner"):
+        phases["kv_pool_s"] = 0.0
+    if phase is None or phase == "warmup":
+        phases["cuda_graph_s"] = node.prefill_capture_seconds + node.capture_seconds
+    if phase is None:
+        phases["ready_s"] = startup_seconds(node)
+    return {name: round(seconds, 2) for name, seconds in phases.items()}
+
+
 def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> NodeReport:
     """What the node check would find on a simulated node: its GPUs (as autotune.sim.nvidia_smi lists
     them) and the model's weights."""
@@ -86,6 +106,7 @@ class ModelNodeExecutor:
         self.model = model
         self.noise = noise
         self.phase = "idle"
+        self._kept = NodeKeeps()
 
     def abort(self) -> None:
         """Nothing runs long enough to abort."""
@@ -115,7 +136,14 @@ class ModelNodeExecutor:
             version=sglang_version(os.environ),
             play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
         )
-        return replace(self._outcome(request, answer), server_choices=server_choices(answer.plan))
+        self._kept.apply(answer.node, request.compile_cache)
+        result = replace(
+            self._outcome(request, answer),
+            server_choices=server_choices(answer.plan),
+            startup_phases=startup_phases(answer.node),
+        )
+        self._kept.after(answer.node, request.compile_cache)
+        return result
 
     def _run_job(self, request: TrialRequest) -> TrialResult:
         """An NCCL all-reduce job (`autotune.measure.nccl`'s command line and env): the payload the simulated
@@ -241,7 +269,14 @@ class ModelNodeExecutor:
         except _RunFailed:
             benchmark = None
         benchmark_s = sum(r.benchmark_s or 0.0 for r in runs) if runs[-1].benchmark_s is not None else None
-        return replace(runs[-1], benchmark=benchmark, startup_s=runs[0].startup_s, benchmark_s=benchmark_s)
+        first = runs[0]  # the launch's start-up; later runs of the plan reuse the running server
+        return replace(
+            runs[-1],
+            benchmark=benchmark,
+            startup_s=first.startup_s,
+            benchmark_s=benchmark_s,
+            startup_phases=first.startup_phases,
+        )
 
     def _failed(
         self,
@@ -254,6 +289,28 @@ class ModelNodeExecutor:
         if failure is None:
             failure = Failure.of(FailureKind.UNKNOWN_CRASH, log, "no pattern matched the model's message")
         return TrialResult(request.number, self.node, None, failure, startup_s, benchmark_s, log=log)
+
+
+class NodeKeeps:
+    """What a simulated node keeps from one launch to the next: the weights in its page cache (when its
+    host memory holds them) and its JIT/compile caches (when the study keeps a cache folder)."""
+
+    def __init__(self) -> None:
+        self.page_cache: set[str] = set()  # the models whose weights the page cache holds
+        self.compiled = False
+
+    def apply(self, node: NodePerformanceModel, compile_cache: bool) -> None:
+        """Start `node`'s launch with what earlier launches left."""
+        node.weights_cached = node.model.name in self.page_cache
+        node.compile_cache_warm = compile_cache and self.compiled
+
+    def after(self, node: NodePerformanceModel, compile_cache: bool) -> None:
+        """Keep what `node`'s launch read and compiled, as far as its start-up got."""
+        phase = node.startup_failure.phase if node.startup_failure is not None else None
+        if phase not in ("init", "load") and weights_fit_page_cache(node.hw, node.model):
+            self.page_cache.add(node.model.name)
+        if compile_cache and phase in (None, "warmup"):
+            self.compiled = True
 
 
 class _RunFailed(Exception):

@@ -80,6 +80,17 @@ class HardwareProfile(_Profile):
     unsupported: list[
         Literal["flashinfer_allreduce_fusion", "torch_symm_mem", "expert_parallel_flashinfer_a2a", "fa3"]
     ] = []
+    host_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="the host's memory: the page cache keeps the weights between launches when they fit "
+        "(autotune.sim.model.startup); unset: never",
+    )
+    multithread_load_speedup: float = Field(
+        default=1.0,
+        ge=1,
+        description="cold weight loading with SGLang's 8 loader threads over one thread (1: not known)",
+    )
 
 
 class DraftProfile(_Profile):

@@ -287,6 +287,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer-mode", type=str, default="auto", choices=["auto", "slow"])
     parser.add_argument("--skip-tokenizer-init", action="store_true")
     parser.add_argument("--load-format", type=str, default="auto", choices=LOAD_FORMAT_CHOICES)
+    # JSON read by the default loader (model_loader/loader.py): enable_multithread_load, num_threads.
+    parser.add_argument("--model-loader-extra-config", type=str, default="{}")
     parser.add_argument("--trust-remote-code", action="store_true", help="Allow custom models from the Hub.")
     parser.add_argument(
         "--context-length", type=human_readable_int, default=None, help="The model's maximum context length."

@@ -497,6 +497,7 @@ class StudyDriver:
             seed=trial.number,
             plan=None if study.objective.is_job else self._measurement_plan(ostudy, trial, baseline),
             job=study.objective.is_job,  # the launch measures itself (autotune.node.job)
+            compile_cache=study.file.startup.compile_cache,
         )
         self.observers.trial_started(  # before the node has it: a run to follow its phases in
             TrialStarted(

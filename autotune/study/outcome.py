@@ -37,6 +37,8 @@ from autotune.study.records import (
     SHORT_CUTOFF_ATTR,
     SHORT_VALUE_ATTR,
     SKIPPED_ATTR,
+    STARTUP_NOTES_ATTR,
+    STARTUP_PHASES_ATTR,
 )
 from autotune.trial.failures import Failure, FailureKind
 from autotune.trial.wire import TrialResult
@@ -69,6 +71,10 @@ def judge(study: Study, trial: optuna.Trial, result: TrialResult) -> Outcome:
         trial.set_user_attr(SERVER_PGID_ATTR, result.server_pgid)
     if result.server_memory:
         trial.set_user_attr(SERVER_MEMORY_ATTR, result.server_memory)
+    if result.startup_phases:
+        trial.set_user_attr(STARTUP_PHASES_ATTR, result.startup_phases)
+    if result.startup_notes:
+        trial.set_user_attr(STARTUP_NOTES_ATTR, list(result.startup_notes))
     if result.server_choices:
         trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
     if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement

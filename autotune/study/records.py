@@ -25,6 +25,8 @@ LOAD_STOPPED_BY_ATTR = "load_stopped_by"
 LOAD_WARNING_ATTR = "load_warning"  # a load search that ran out of steps before its tolerance
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
+STARTUP_NOTES_ATTR = "startup_notes"  # what the node changed in the launch to start it faster, and why
+STARTUP_PHASES_ATTR = "startup_phases"  # seconds per start-up phase (node.startup_phases)
 ACCEPT_LENGTH_ATTR = "accept_length"  # tokens per speculative verify pass (avg_spec_accept_length)
 # A workload that shares prefixes: its cache hit rate, designed sharing, turns' TTFT (prefix_cache_text)
 PREFIX_CACHE_ATTR = "prefix_cache"

@@ -632,6 +632,7 @@ class StudyTracker(StudyCallback):
             metrics["startup_s"] = result.startup_s
         if result.benchmark_s is not None:
             metrics["benchmark_s"] = result.benchmark_s
+        metrics.update({f"startup.{phase}": seconds for phase, seconds in result.startup_phases.items()})
         if result.ok:  # a job's metrics are its measurement
             metrics.update(
                 result.metrics if result.benchmark is None else measurement_metrics(result.benchmark)

@@ -37,6 +37,8 @@ class TrialRequest:
     # Where its log goes in the node's folder: "" for the server study (trial-NNNN/), a subfolder for a
     # study of its own that shares the node (the NCCL stage: nccl-stage/trial-NNNN/), whose numbers repeat.
     log_folder: str = ""
+    # One JIT/compile cache folder per node, kept across trials (the study file's startup.compile_cache).
+    compile_cache: bool = True
 
     @property
     def serving_workload(self) -> Workload:
@@ -67,6 +69,11 @@ class TrialResult:
     server_choices: dict[str, float] = field(default_factory=dict)
     # The server's memory report (KV cache tokens and GB, max_total_num_tokens, available_gpu_mem_gb, ...).
     server_memory: dict[str, float] = field(default_factory=dict)
+    # Where the start-up went, in seconds: init_s, weight_load_s, kv_pool_s, cuda_graph_s, ready_s (those the
+    # log showed; autotune.node.startup_phases).
+    startup_phases: dict[str, float] = field(default_factory=dict)
+    # What the node changed in the launch to start it faster, in a sentence each (autotune.node.startup_prep).
+    startup_notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

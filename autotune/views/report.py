@@ -34,6 +34,7 @@ from autotune.study.summary import StudySummary, study_summary
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
+from autotune.views.startup import startup_summary
 
 REPORT_FILE = "report.html"
 
@@ -186,6 +187,8 @@ def summary_markdown(findings: StudyFindings) -> str:
     if findings.failures:
         kinds = ", ".join(f"{g.kind} ({len(g.trials)})" for g in findings.failures)
         lines.append(f"- failures: {kinds}")
+    if (startup := startup_summary(findings.trials)) is not None:
+        lines.append(f"- {startup}")
     if findings.best_config is not None:
         settings = changed_settings(findings.best_config)
         if settings:
@@ -272,6 +275,9 @@ def _summary_html(f: StudyFindings) -> str:
     rows = f.answer_rows()
     rows += [(f"trials {state.lower()}", str(count)) for state, count in sorted(s.states.items())]
     rows += [(f"failures: {kind}", str(count)) for kind, count in sorted(s.failure_kinds.items())]
+    if (startup := startup_summary(f.trials)) is not None:
+        head, _, text = startup.partition(": ")
+        rows.append((head, text))
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{body}</table></section>'
 

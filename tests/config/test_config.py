@@ -20,9 +20,10 @@ from autotune.config import (
     parse_objective,
 )
 from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
+from autotune.dialect import Dialect, committed_table, committed_versions, table_from_help
 from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.study import samplers
-from autotune.trial.launch import TrialConfig
+from autotune.trial.launch import TrialConfig, launch_script
 from tests.builders import REPO, StudyFiles, study_data
 
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -504,7 +505,7 @@ def test_server_launch_for_a_speculative_trial(project: Path) -> None:
     assert launch.argv == (
         "python", "-m", "sglang.launch_server",
         "--model-path", "/models/Kimi-K2.5",
-        "--tp-size", "8", "--trust-remote-code",
+        "--tp-size", "8", "--trust-remote-code", LOADER, THREADED,
         "--mem-fraction-static", "0.88", ALG, "EAGLE3", "--speculative-num-steps", "3",
         "--host", "127.0.0.1", "--port", "31001",
         "--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3",
@@ -518,9 +519,48 @@ def test_baseline_launch_has_only_base_settings(project: Path) -> None:
     launch = study.server_launch(study.search_space.baseline())
     assert launch.argv == (
         "python", "-m", "sglang.launch_server", "--model-path", "/models/Kimi-K2.5",
-        "--tp-size", "8", "--trust-remote-code", "--host", "127.0.0.1", "--port", "30000",
+        "--tp-size", "8", "--trust-remote-code", LOADER, THREADED, "--host", "127.0.0.1", "--port", "30000",
     )  # fmt: skip
     assert launch.env == {}
+
+
+# SGLang 0.5.17 to 0.5.23's own default loader settings, passed on so that the launch script keeps them.
+LOADER, THREADED = "--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}'
+
+
+def test_multithreaded_weight_loading_is_on_by_default_and_switchable(project: Path) -> None:
+    data = _study_data()
+    data["startup"] = {"weight_loading_threads": 16}
+    launch = load_study(_write(project, data)).server_launch(TrialConfig())
+    at = launch.argv.index(LOADER)
+    assert launch.argv[at + 1] == '{"enable_multithread_load": true, "num_threads": 16}'
+    assert f"{LOADER} '{launch.argv[at + 1]}'" in launch_script(launch)  # what `best --export` writes
+    data["startup"] = {"multithread_weight_loading": False}
+    assert LOADER not in load_study(_write(project, data)).server_launch(TrialConfig()).argv
+    data["startup"] = {}
+    data["server"]["flags"][LOADER] = '{"enable_multithread_load": false}'  # the user's own stands
+    argv = load_study(_write(project, data)).server_launch(TrialConfig()).argv
+    assert argv.count(LOADER) == 1 and argv[argv.index(LOADER) + 1] == '{"enable_multithread_load": false}'
+
+
+def test_multithreaded_weight_loading_only_where_the_version_takes_it(project: Path) -> None:
+    study = load_study(_write(project, _study_data()))
+    for version in committed_versions():  # read from each version's model_loader/loader.py
+        table = committed_table(version)
+        assert table is not None and table.loader_defaults == {
+            "enable_multithread_load": True,
+            "num_threads": 8,
+        }
+        assert LOADER in study.server_launch(TrialConfig(), dialect=Dialect(table)).argv
+    newer = table_from_help("  --model-loader-extra-config MODEL_LOADER_EXTRA_CONFIG\n", "0.6.0", "--help")
+    assert LOADER not in study.server_launch(TrialConfig(), dialect=Dialect(newer)).argv  # keys unknown
+
+
+def test_a_bad_startup_section_names_the_field(project: Path) -> None:
+    data = _study_data()
+    data["startup"] = {"weight_loading_threads": 0}
+    error = _study_error(project, data)
+    assert error.field == "startup.weight_loading_threads"
 
 
 def test_server_launch_guards_never_launch(project: Path) -> None:

@@ -88,7 +88,13 @@ def test_node_time_is_the_model_start_up_until_ready_or_failed_plus_the_benchmar
     assert no_kv.benchmark_s is None
     unsupported = node.run(TrialRequest(3, launch(("--ep-size", "8")), LONG, 60, 60))
     assert unsupported.startup_s == pytest.approx(baseline.init_seconds)  # dies as the load begins
-    assert startup_seconds(baseline) > 600  # ten minutes of weights before anything else
+    # Ten minutes of weights before anything else with the seed's single-threaded loader; SGLang 0.5.17's
+    # default 8 threads read them 4x faster on this node (its profile's figure, from SGLang PR 18124).
+    assert (
+        startup_seconds(NodePerformanceModel(hardware, model, LaunchSettings(tp_size=8, load_threads=1)))
+        > 600
+    )
+    assert baseline.load_seconds == pytest.approx(601.1 / 4, rel=0.01)
 
 
 def test_a_request_rate_is_played_as_arrivals_and_its_slo_attainment_falls_past_the_nodes_capacity() -> None:

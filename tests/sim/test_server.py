@@ -211,9 +211,10 @@ def test_startup_log_is_sglangs_in_order(served: tuple[SimServer, list[int | Non
         rf"^{DATE} TP0\] Custom allreduce is disabled because it's not supported on more than two PCIe",
         rf"^{DATE} TP0\] Init torch distributed ends\. elapsed=\d+\.\d\d s, mem usage=\d+\.\d\d GB$",
         rf"^{DATE} TP0\] Load weight begin\. avail mem=\d+\.\d\d GB$",
-        r"^Loading safetensors checkpoint shards:   0% Completed \| 0/64 \[00:00<\?, \?it/s\]$",
-        r"^Loading safetensors checkpoint shards:  19% Completed \| 12/64 \[01:5\d<0\d:\d\d,  \d\.\d\ds/it",
-        r"^Loading safetensors checkpoint shards: 100% Completed \| 64/64 \[",
+        # SGLang 0.5.17's default multithreaded loader (weight_utils.py: buffered_multi_thread_...iterator).
+        r"^Multi-thread loading shards:   0% Completed \| 0/64 \[00:00<\?, \?it/s\]$",
+        r"^Multi-thread loading shards:  19% Completed \| 12/64 \[00:2\d<0\d:\d\d,  \d\.\d\ds/it",
+        r"^Multi-thread loading shards: 100% Completed \| 64/64 \[",
         # SGLang 0.5.17: model_runner.py:1099-1106, memory_pool.py:1669-1681 (MLA: one KV size),
         # kv_cache_configurator.py:257-260, cuda_graph_setup.py:362-366 (prefill, first) and :429-456.
         rf"^{DATE} TP0\] Load weight end\. elapsed=\d+\.\d\d s, type=\w+, quant=compressed-tensors, "
@@ -474,7 +475,7 @@ def test_oom_under_load_kills_the_server(launch: Callable[..., SimServer]) -> No
 # -- faults and shutdown --------------------------------------------------------------------------------
 def test_hang_load_never_becomes_ready_and_sigterm_exits_0(launch: Callable[..., SimServer]) -> None:
     server = launch(env={"SGLANG_SIM_FAULT": "hang_load"})
-    server.wait_for("Loading safetensors checkpoint shards:  17% Completed | 11/64")
+    server.wait_for("Multi-thread loading shards:  17% Completed | 11/64")
     time.sleep(1.0)  # longer than the whole load would take at this time scale
     assert "Load weight end" not in server.log and READY_LINE not in server.log
     assert "12/64" not in server.log

@@ -398,3 +398,21 @@ def test_nothing_to_ablate_when_the_baseline_is_best() -> None:
     ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
     with pytest.raises(AutotuneError, match="is the baseline"):
         plan_ablation(ostudy)
+
+
+def test_start_up_phases_reach_the_report_and_each_trials_mlflow_run(ablated_study) -> None:
+    """Read by the node from the simulated server's log lines (SGLang's own: `Load weight end. elapsed=`,
+    `Capture target decode CUDA graph end. elapsed=`), recorded on the trial and its run."""
+    path, _ = ablated_study
+    html = (path.parent / "report" / "report.html").read_text()
+    summary = html.split('<section id="summary">')[1].split("</section>")[0]
+    assert re.search(r"<th>start-up \(median of \d+ launches\)</th><td>init \d+ s, weights \d+ s, ", summary)
+    client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/ablated/mlflow.db'}")
+    experiment = client.get_experiment_by_name("ablated")
+    baseline = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`autotune.baseline` = 'true'"
+    )
+    metrics = baseline[0].data.metrics
+    assert {"startup.weight_load_s", "startup.cuda_graph_s", "startup.ready_s"} <= set(metrics)
+    assert metrics["startup.weight_load_s"] > 0  # the log's elapsed=, in the simulated server's model seconds
+    assert 0 < metrics["startup.ready_s"] == pytest.approx(metrics["startup_s"], abs=0.01)

@@ -45,6 +45,9 @@ class NodePerformanceModel:
         self.version = version
         self._allreduce_us: dict[tuple[float, bool], float] = {}
         self.eager_host = 1.0  # this lease's host over the profile's eager dispatch (set by its noise)
+        # What the node kept from earlier launches (autotune.sim.model.startup; set by whoever runs them).
+        self.weights_cached = False  # the weights are in the host's page cache
+        self.compile_cache_warm = False  # the JIT/compile caches hold this launch's kernels
         self.tp = settings.tp_size
         self.warnings: list[str] = []
         self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments

@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autotune.sim.model.startup import DEFAULT_LOAD_THREADS, load_threads
 from autotune.sim.profiles import P2P_LEVELS
 
 GB = 1e9
@@ -86,6 +87,7 @@ class LaunchSettings:
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
     force_custom_allreduce: bool = False
+    load_threads: int = DEFAULT_LOAD_THREADS  # the weight loader's (--model-loader-extra-config)
     nccl: NcclSettings = field(default_factory=NcclSettings)
 
     @classmethod
@@ -127,6 +129,7 @@ class LaunchSettings:
             speculative_eagle_topk=getattr(ns, "speculative_eagle_topk", None),
             speculative_num_draft_tokens=getattr(ns, "speculative_num_draft_tokens", None),
             force_custom_allreduce=env.get("SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE") == "1",
+            load_threads=load_threads(getattr(ns, "model_loader_extra_config", None)),
             nccl=NcclSettings.from_env(env),
         )
 

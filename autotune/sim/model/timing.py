@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.sim.model import startup
 from autotune.sim.model.memory import kv_bytes_per_token
 from autotune.sim.model.settings import GB, MIB
 
@@ -19,16 +20,16 @@ def init_seconds(node: NodePerformanceModel) -> float:
 
 
 def load_seconds(node: NodePerformanceModel) -> float:
-    return node.model.weight_gb / node.model.load_gbps
+    return startup.load_seconds(node)
 
 
 def prefill_capture_seconds(node: NodePerformanceModel) -> float:
-    return 0.05 * len(node.plan.prefill_graph_sizes)
+    return 0.05 * len(node.plan.prefill_graph_sizes) * startup.compile_share(node)
 
 
 def capture_seconds(node: NodePerformanceModel) -> float:
     per_size = 0.4 * (1 + (node.spec.num_steps if node.spec else 0))
-    return per_size * len(node.plan.captured_batch_sizes)
+    return per_size * len(node.plan.captured_batch_sizes) * startup.compile_share(node)
 
 
 # -- performance ------------------------------------------------------------------------------------

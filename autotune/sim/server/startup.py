@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from aiohttp import ClientError, ClientSession, ClientTimeout
@@ -20,6 +21,14 @@ HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
 WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its first /get_model_info
 WARMUP_PROMPT = "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
+
+
+def compile_cache_marker() -> Path | None:
+    """What the simulated server leaves in SGLang's cache folder once it has compiled: the next launch with
+    the same folder captures its graphs warm. Only a folder the launch names (SGLANG_CACHE_DIR, as the
+    node sets it): real SGLang's default ~/.cache/sglang would tie every simulated launch on a machine."""
+    folder = os.environ.get("SGLANG_CACHE_DIR")
+    return Path(folder) / "autotune-sim-compiled" if folder else None
 
 
 class Startup(LaunchPart):
@@ -37,6 +46,8 @@ class Startup(LaunchPart):
         self.log.info(f"server_args={server_args_repr(self.args, self.options.version)}")
         failure = self.node.startup_failure
         phase = failure.phase if failure else None
+        marker = compile_cache_marker()
+        self.node.compile_cache_warm = marker is not None and marker.is_file()  # an earlier launch compiled
         await self._init_distributed(fail=phase == "init")
         await self._load_weights(fail=phase == "load")
         if phase == "kv" and failure:
@@ -46,6 +57,9 @@ class Startup(LaunchPart):
             self.ranks.die(failure.rank, failure.lines)
         await self._capture_prefill_graphs(fail=phase == "prefill_capture")  # first, as SGLang does
         await self._capture_cuda_graphs(fail=phase == "capture")
+        if marker is not None:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
         plan, chunked = self.plan, self.args["chunked_prefill_size"]
         self.ranks.all(
             f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={chunked}, "
@@ -81,7 +95,9 @@ class Startup(LaunchPart):
             self._fail_here()
         shards = model.num_shards
         per_shard = self.node.load_seconds / shards
-        desc = "Loading safetensors checkpoint shards"
+        # buffered_multi_thread_safetensors_weights_iterator's bar, or the single-threaded loader's.
+        threaded = self.node.settings.load_threads > 1
+        desc = "Multi-thread loading shards" if threaded else "Loading safetensors checkpoint shards"
         self.log.raw(tqdm_line(desc, 0, shards, 0.0))
         hang_at = int(shards * HANG_LOAD_FRACTION) if "hang_load" in self.options.faults else None
         for done in range(1, shards + 1):

@@ -1,0 +1,28 @@
+"""The study file's `startup:` section: what autotune does to make each server start faster."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+
+class Startup(BaseModel):
+    """Cheaper start-ups, each on by default and each switchable (docs/real-gpus.md, "Start-up").
+
+    `multithread_weight_loading`: pass `--model-loader-extra-config '{"enable_multithread_load": true,
+    "num_threads": N}'` where the node's SGLang version takes it (its dialect table says so), and the
+    exported launch script keeps it; the node turns it down (fewer threads, or off) when the largest
+    shard times its ranks and threads would not fit the host's free memory. False: autotune passes
+    nothing and SGLang's own default applies.
+    `weight_loading_threads`: N; unset: SGLang's own default for the version (8 in 0.5.17 to 0.5.23).
+    `compile_cache`: one JIT and compile cache folder per node (Triton, torch inductor, DeepGEMM,
+    FlashInfer, TVM FFI, CUDA), kept across trials in the node's work folder, so only the first launch
+    compiles.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    multithread_weight_loading: StrictBool = True
+    weight_loading_threads: Annotated[StrictInt, Field(gt=0, le=256)] | None = None
+    compile_cache: StrictBool = True

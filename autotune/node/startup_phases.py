@@ -1,0 +1,122 @@
+"""Where a server's start-up went, read from its log: distributed init, weight load, KV pool, CUDA-graph
+capture, and the time to ready.
+
+SGLang says how long some phases took (`elapsed=` on 0.5.17+, `Time elapsed:` on the old graph line);
+the others are read from the log's own timestamps (`[2026-12-01 10:00:09 TP0] ...`), which a remote log
+fetched in batches keeps, and from when the line was seen where a line has no timestamp. The lines
+(reference/sglang.md and sglang-versions.md, "Exact real log strings"):
+    Init torch distributed ends. elapsed=1.23 s, mem usage=0.75 GB             (0.5.17+; before: no elapsed)
+    Load weight begin. avail mem=139.20 GB
+    Load weight end. elapsed=4.12 s, type=LlamaForCausalLM, avail mem=...     (0.5.17+; 0.5.4: no elapsed)
+    KV Cache is allocated. dtype: torch.bfloat16, #tokens: 3806725, ...
+    Memory pool end. avail mem=20.71 GB
+    Capture target decode CUDA graph end. elapsed=72.68 s, mem usage=...      (0.5.17; 0.5.23 adds bs=[...])
+    Capture cuda graph end. Time elapsed: 88.12 s. mem usage=...              (0.5.4)
+    The server is fired up and ready to roll!
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+__all__ = ["STARTUP_PHASES", "StartupPhaseReader", "startup_phases_text"]
+
+# The phases, in start-up order, under the names the trial records them by (seconds).
+STARTUP_PHASES = ("init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s")
+_LABELS = {
+    "init_s": "init",
+    "weight_load_s": "weights",
+    "kv_pool_s": "KV pool",
+    "cuda_graph_s": "CUDA graphs",
+    "ready_s": "ready",
+}
+
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\]")
+_ELAPSED = r"(?:elapsed=|Time elapsed: )([0-9]+(?:\.[0-9]+)?) ?s"
+_INIT_BEGIN = re.compile(r"Init torch distributed begin\.")
+_INIT_END = re.compile(r"Init torch distributed ends\.")
+_LOAD_BEGIN = re.compile(r"Load weight begin\.")
+_LOAD_END = re.compile(r"Load weight end\.")
+_KV_ALLOCATED = re.compile(r"KV Cache is allocated\.")
+_KV_END = re.compile(r"Memory pool end\.")  # after the allocation line, where the version logs it
+# One graph's capture end; the name ("target decode", "draft decode", ...; "" on 0.5.4) tells graphs
+# apart, so each is counted once however many ranks log it.
+_GRAPH_END = re.compile(r"Capture ((?:[a-z]+ ){0,3})cuda graph end\b", re.IGNORECASE)
+_ELAPSED_IN = re.compile(_ELAPSED)
+# Phases timed between two markers where SGLang logs no `elapsed=` (before 0.5.17).
+_MEASURED_BETWEEN = (("init_s", "init_begin", "init_end"), ("weight_load_s", "load_begin", "load_end"))
+
+
+class StartupPhaseReader:
+    """Reads a starting server's log lines, one at a time, and says how long each start-up phase took."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}  # marker -> seconds (log timestamp, else when seen)
+        self._said: dict[str, float] = {}  # phase -> the seconds SGLang itself logged
+        self._graphs: dict[str, float] = {}  # graph name -> its capture's logged seconds
+        self._first_stamp: datetime | None = None
+        self._first_seen: float | None = None
+
+    def take(self, line: str, seen_s: float) -> None:
+        """One log line, seen `seen_s` seconds after the wait began."""
+        at = self._when(line, seen_s)
+        for name, marker in (
+            ("init_begin", _INIT_BEGIN),
+            ("init_end", _INIT_END),
+            ("load_begin", _LOAD_BEGIN),
+            ("load_end", _LOAD_END),
+            ("kv_allocated", _KV_ALLOCATED),
+            ("kv_end", _KV_END),
+        ):
+            if name in self._at or marker.search(line) is None:
+                continue
+            self._at[name] = at
+            said = _ELAPSED_IN.search(line)
+            if said is not None and name in ("init_end", "load_end"):
+                self._said["init_s" if name == "init_end" else "weight_load_s"] = float(said.group(1))
+        graph = _GRAPH_END.search(line)
+        if graph is not None:
+            said = _ELAPSED_IN.search(line)
+            key = graph.group(1).strip().lower()
+            if said is not None and key not in self._graphs:
+                self._graphs[key] = float(said.group(1))
+
+    def phases(self, ready_s: float | None = None) -> dict[str, float]:
+        """Seconds per phase seen (STARTUP_PHASES' names); `ready_s`, the launch-to-ready time the caller
+        measured, is recorded as given."""
+        found: dict[str, float] = {}
+        found.update(self._said)
+        for phase, (begin, end) in (
+            ("init_s", ("init_begin", "init_end")),
+            ("weight_load_s", ("load_begin", "load_end")),
+        ):
+            if phase not in found and begin in self._at and end in self._at:
+                found[phase] = self._at[end] - self._at[begin]
+        kv_end = self._at.get("kv_end", self._at.get("kv_allocated"))
+        if "load_end" in self._at and kv_end is not None:
+            found["kv_pool_s"] = max(kv_end - self._at["load_end"], 0.0)
+        if self._graphs:
+            found["cuda_graph_s"] = sum(self._graphs.values())
+        if ready_s is not None:
+            found["ready_s"] = ready_s
+        return {phase: round(found[phase], 2) for phase in STARTUP_PHASES if phase in found}
+
+    def _when(self, line: str, seen_s: float) -> float:
+        """Seconds since the first timestamped line, by the log's clock; else when the line was seen."""
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            return seen_s
+        try:
+            when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return seen_s
+        if self._first_stamp is None:
+            self._first_stamp, self._first_seen = when, seen_s
+        assert self._first_seen is not None  # set with the first stamp
+        return self._first_seen + (when - self._first_stamp).total_seconds()
+
+
+def startup_phases_text(phases: dict[str, float]) -> str:
+    """`weights 601 s, KV pool 1 s, CUDA graphs 67 s, ready 714 s` for the phases recorded."""
+    return ", ".join(f"{_LABELS[p]} {phases[p]:.0f} s" for p in STARTUP_PHASES if phases.get(p) is not None)

@@ -1,0 +1,114 @@
+"""What the node adds to a launch before it starts it, for a cheaper start-up: its JIT and compile cache
+folder (kept across trials), and multithreaded weight loading turned down where the host's free memory
+cannot hold the shards it reads at once."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autotune.node.runner import CommandRunner, NodeUnreachableError
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY, compile_cache_env
+
+__all__ = ["COMPILE_CACHE_FOLDER", "HostMemory", "loader_for_memory", "prepare_launch"]
+
+COMPILE_CACHE_FOLDER = "compile-cache"  # in the node's work folder, shared by every trial on it
+# The share of MemAvailable the loaders may fill: the rest is the page cache's and every other process's.
+HOST_MEMORY_SHARE = 0.9
+# MemAvailable in bytes, then the largest *.safetensors file under the model folder ($1), in bytes.
+_PROBE = (
+    "awk '/^MemAvailable:/ {printf \"%d\\n\", $2 * 1024}' /proc/meminfo; "
+    "find -L \"$1\" -maxdepth 1 -name '*.safetensors' -printf '%s\\n' 2>/dev/null | sort -n | tail -n 1"
+)
+_TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The node's free host memory and the model's largest weight shard, in bytes."""
+
+    available_bytes: int
+    largest_shard_bytes: int
+
+
+def prepare_launch(
+    runner: CommandRunner, launch: ServerLaunch, cache_folder: Path | None
+) -> tuple[ServerLaunch, list[str]]:
+    """`launch` with the node's compile caches under `cache_folder` (None: none) and its weight loading
+    fitted to the host's free memory; with a sentence for each change a user should know of."""
+    notes: list[str] = []
+    if cache_folder is not None:
+        launch = replace(
+            launch, env={**launch.env, **compile_cache_env(runner.node_path(cache_folder), launch.env)}
+        )
+    argv = list(launch.argv)
+    if LOADER_FLAG not in argv[:-1]:
+        return launch, notes
+    at = argv.index(LOADER_FLAG) + 1
+    try:
+        config = json.loads(argv[at])
+    except ValueError:
+        return launch, notes  # the user's own text: SGLang says what is wrong with it
+    if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
+        return launch, notes
+    memory = host_memory(runner, _flag_value(argv, ("--model-path", "--model")))
+    if memory is None:
+        return launch, notes
+    fitted, note = loader_for_memory(config, _ranks(argv), memory)
+    if note is not None:
+        argv[at] = json.dumps(fitted)
+        notes.append(note)
+    return replace(launch, argv=tuple(argv)), notes
+
+
+def loader_for_memory(
+    config: dict[str, object], ranks: int, memory: HostMemory
+) -> tuple[dict[str, object], str | None]:
+    """The loader settings that fit: as given when they do, fewer threads, or multithreading off, with
+    the sentence that says why. SGLang's multithreaded loader holds up to threads + 2 whole shards in host
+    memory per rank (buffered_multi_thread_safetensors_weights_iterator: "Peak CPU RAM ~ (max_workers + 2)
+    x shard_file_size")."""
+    threads = int(str(config.get(THREADS_KEY, 8)))
+    shard, budget = memory.largest_shard_bytes, memory.available_bytes * HOST_MEMORY_SHARE
+    if shard <= 0 or ranks * (threads + 2) * shard <= budget:
+        return config, None
+    fits = math.floor(budget / (ranks * shard)) - 2
+    need = ranks * (threads + 2) * shard
+    why = (
+        f"{ranks} rank(s) x ({threads} threads + 2) shards of {shard / 1e9:.1f} GB need "
+        f"{need / 1e9:.0f} GB of host memory and {memory.available_bytes / 1e9:.0f} GB is free"
+    )
+    if fits >= 1:
+        return {
+            **config,
+            THREADS_KEY: fits,
+        }, f"weight loading uses {fits} threads instead of {threads}: {why}"
+    return {MULTITHREAD_KEY: False}, f"multithreaded weight loading left off: {why}"
+
+
+def host_memory(runner: CommandRunner, model_path: str | None) -> HostMemory | None:
+    """The node's MemAvailable and the model folder's largest shard, or None where either is unknown."""
+    if model_path is None:
+        return None
+    try:
+        done = runner.run(["sh", "-c", _PROBE, "sh", model_path], {}, timeout_s=30)
+    except (NodeUnreachableError, TimeoutError):
+        return None
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+        return None
+    return HostMemory(int(words[0]), int(words[1]))
+
+
+def _flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    found = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token in names]
+    return found[-1] if found else None
+
+
+def _ranks(argv: list[str]) -> int:
+    """The server's tensor-parallel ranks: each runs a loader of its own over every shard."""
+    value = _flag_value(argv, _TP_FLAGS)
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else 1

@@ -1,0 +1,68 @@
+"""How a launch's start-up time depends on what the node kept from earlier launches and on the loader:
+weights read from cold disk or from the page cache, SGLang's multithreaded loader, and a warm JIT/compile
+cache. From published figures, each with its source beside it."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.sim.model.node import NodePerformanceModel
+    from autotune.sim.profiles import HardwareProfile, ModelProfile
+
+# SGLang 0.5.17 to 0.5.23's default loader: multithreaded, 8 threads, unless --model-loader-extra-config
+# says otherwise (model_loader/loader.py: DEFAULT_NUM_THREADS = 8,
+# extra_config.get("enable_multithread_load", True)).
+DEFAULT_LOAD_THREADS = 8
+# SGLang PR 18124: Kimi-K2.5, 64 shards of ~10 GB, loaded in 24m46s single-threaded and 6m11s multithreaded;
+# the hardware profile's `multithread_load_speedup` is that ratio where its storage is like theirs.
+PR_18124_SINGLE_S, PR_18124_THREADED_S = 24 * 60 + 46, 6 * 60 + 11
+# A Qwen3.5-122B FP8 server on 8x B200: ready in 695 s cold (531 s of it weights) against 88 s warm (31 s of
+# it weights): weights from the page cache load 531/31 = 17x faster, and the rest of start-up (compile and
+# CUDA-graph capture with its caches warm) takes (88 - 31) / (695 - 531) = 0.35 of its cold time.
+QWEN_COLD_S, QWEN_COLD_WEIGHTS_S, QWEN_WARM_S, QWEN_WARM_WEIGHTS_S = 695.0, 531.0, 88.0, 31.0
+PAGE_CACHE_SPEEDUP = QWEN_COLD_WEIGHTS_S / QWEN_WARM_WEIGHTS_S
+WARM_COMPILE_SHARE = (QWEN_WARM_S - QWEN_WARM_WEIGHTS_S) / (QWEN_COLD_S - QWEN_COLD_WEIGHTS_S)
+# The share of host memory the page cache may keep the weights in (the rest: processes, the loaders' buffers).
+PAGE_CACHE_SHARE = 0.8
+
+
+def load_threads(extra_config: str | None) -> int:
+    """The loader threads a `--model-loader-extra-config` value gives (1: single-threaded)."""
+    try:
+        config = json.loads(extra_config or "{}")
+    except ValueError:
+        config = {}
+    if not isinstance(config, dict) or not config.get("enable_multithread_load", True):
+        return 1
+    threads = config.get("num_threads", DEFAULT_LOAD_THREADS)
+    return max(int(threads), 1) if isinstance(threads, int | float) else DEFAULT_LOAD_THREADS
+
+
+def thread_speedup(hw: HardwareProfile, threads: int) -> float:
+    """The loader's speed-up over one thread on cold disk: the profile's measured figure at SGLang's 8
+    threads, less in proportion below that, no more above it (the disk is the limit there)."""
+    if threads <= 1:
+        return 1.0
+    share = min(threads, DEFAULT_LOAD_THREADS) / DEFAULT_LOAD_THREADS
+    return 1.0 + (hw.multithread_load_speedup - 1.0) * share
+
+
+def weights_fit_page_cache(hw: HardwareProfile, model: ModelProfile) -> bool:
+    """Whether the node's host memory keeps the weights in its page cache from one launch to the next."""
+    return hw.host_memory_gb is not None and model.weight_gb <= PAGE_CACHE_SHARE * hw.host_memory_gb
+
+
+def load_seconds(node: NodePerformanceModel) -> float:
+    """Weight loading: from the page cache when an earlier launch left the weights there (threads barely
+    matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed."""
+    cold_single = node.model.weight_gb / node.model.load_gbps
+    if node.weights_cached:
+        return cold_single / PAGE_CACHE_SPEEDUP
+    return cold_single / thread_speedup(node.hw, node.settings.load_threads)
+
+
+def compile_share(node: NodePerformanceModel) -> float:
+    """The share of its cold time CUDA-graph capture takes with the node's compile caches warm."""
+    return WARM_COMPILE_SHARE if node.compile_cache_warm else 1.0

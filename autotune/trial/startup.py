@@ -1,0 +1,59 @@
+"""Start-up settings autotune adds to every launch where they help: multithreaded weight loading (a flag
+the node's SGLang version must take), and one JIT/compile cache folder per node (env vars)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.dialect import Dialect, committed_table, committed_versions
+
+LOADER_FLAG = "--model-loader-extra-config"
+MULTITHREAD_KEY, THREADS_KEY = "enable_multithread_load", "num_threads"
+
+# The JIT and compile caches SGLang and its kernels read (sglang wheels 0.5.17 and 0.5.23):
+# SGLANG_CACHE_DIR (srt/environ.py; 0.5.23 also points the others under it: third_party_cache_defaults),
+# SGLANG_DG_CACHE_DIR (DeepGEMM: layers/deep_gemm_wrapper/compile_utils.py sets DG_JIT_CACHE_DIR from it),
+# FLASHINFER_WORKSPACE_BASE (FlashInfer appends .cache/flashinfer), TVM_FFI_CACHE_DIR
+# (kernels/jit/utils/compile.py), and Triton's, torch inductor's, TileLang's and the CUDA driver's own.
+# Name -> subfolder of the node's cache folder.
+COMPILE_CACHE_ENV = {
+    "SGLANG_CACHE_DIR": "sglang",
+    "SGLANG_DG_CACHE_DIR": "deep_gemm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    "TILELANG_CACHE_DIR": "tilelang",
+    "CUDA_CACHE_PATH": "nv",
+}
+
+
+def loader_defaults(dialect: Dialect | None) -> Mapping[str, Any] | None:
+    """What the node's SGLang takes in --model-loader-extra-config, with its defaults; None where it is not
+    known to take `enable_multithread_load` (a version autotune has no table for). Without a dialect (a
+    launch script written away from the node): the newest committed version's."""
+    table = dialect.table if dialect is not None else committed_table(committed_versions()[-1])
+    defaults = table.loader_defaults if table is not None else None
+    return defaults if defaults is not None and MULTITHREAD_KEY in defaults else None
+
+
+def multithread_loading_flag(
+    flags: Mapping[str, str | None], dialect: Dialect | None, threads: int | None
+) -> dict[str, str]:
+    """{--model-loader-extra-config: '{"enable_multithread_load": true, "num_threads": N}'} to add to a
+    launch whose flags do not set it already, where the version takes it; else {}. `threads` None: the
+    version's own default."""
+    if LOADER_FLAG in flags:
+        return {}  # the user's own loader settings stand
+    defaults = loader_defaults(dialect)
+    if defaults is None:
+        return {}
+    count = threads if threads is not None else int(defaults.get(THREADS_KEY, 8))
+    return {LOADER_FLAG: json.dumps({MULTITHREAD_KEY: True, THREADS_KEY: count})}
+
+
+def compile_cache_env(folder: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The cache env vars under `folder` (a node path) that `env` does not already set."""
+    return {name: f"{folder.rstrip('/')}/{sub}" for name, sub in COMPILE_CACHE_ENV.items() if name not in env}

@@ -1,0 +1,34 @@
+"""Where a study's start-ups went: each launch's phases (weight load, KV pool, CUDA graphs, ready) as its
+trial recorded them, summed up for status and the report."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from autotune.node.startup_phases import STARTUP_PHASES, startup_phases_text
+from autotune.study.records import STARTUP_PHASES_ATTR
+
+
+def trial_startup_phases(trial: FrozenTrial) -> dict[str, float]:
+    """The seconds per start-up phase `trial` recorded (empty when it never started a server)."""
+    phases: Any = trial.user_attrs.get(STARTUP_PHASES_ATTR) or {}
+    return {k: float(v) for k, v in phases.items() if k in STARTUP_PHASES and isinstance(v, int | float)}
+
+
+def startup_summary(trials: Sequence[FrozenTrial]) -> str | None:
+    """`start-up (median of 12 launches): weights 601 s, KV pool 1 s, CUDA graphs 44 s, ready 660 s`, from
+    the launches that reached ready; None when none did."""
+    ready = [p for p in map(trial_startup_phases, trials) if "ready_s" in p]
+    if not ready:
+        return None
+    medians = {
+        phase: statistics.median(values)
+        for phase in STARTUP_PHASES
+        if (values := [p[phase] for p in ready if phase in p])
+    }
+    launches = "launch" if len(ready) == 1 else f"median of {len(ready)} launches"
+    return f"start-up ({launches}): {startup_phases_text(medians)}"

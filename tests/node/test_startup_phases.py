@@ -1,0 +1,74 @@
+"""Start-up phases read from SGLang's own start-up lines (0.5.4, 0.5.17 on an H200, 0.5.23), as a trial
+records them."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.node.startup_phases import StartupPhaseReader, startup_phases_text
+from tests.node.test_logwatch import STARTUP, STARTUP_0517
+
+# 0.5.23's decode graph line names its batch sizes at the end (cuda_graph_setup.py:788-792), on two ranks.
+STARTUP_0523 = [
+    "[2026-12-01 10:00:00 TP0] Init torch distributed begin.",
+    "[2026-12-01 10:00:02 TP0] Init torch distributed ends. elapsed=1.87 s, mem usage=0.75 GB",
+    "[2026-12-01 10:00:02 TP0] Load weight begin. avail mem=139.20 GB",
+    "[2026-12-01 10:02:07 TP0] Load weight end. elapsed=125.40 s, type=Qwen3MoeForCausalLM, quant=fp8, "
+    "avail mem=76.20 GB, mem usage=63.00 GB.",
+    "[2026-12-01 10:02:09 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 903725, "
+    "K size: 25.10 GB, V size: 25.10 GB",
+    "[2026-12-01 10:02:10 TP0] Memory pool end. avail mem=24.71 GB",
+    "[2026-12-01 10:02:10 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+    "avail mem=24.44 GB",
+    "[2026-12-01 10:02:51 TP0] Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=40.50 s, "
+    "mem usage=0.30 GB, avail mem=24.14 GB.",
+    "[2026-12-01 10:02:51 TP1] Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=40.61 s, "
+    "mem usage=0.30 GB, avail mem=24.14 GB.",
+    "[2026-12-01 10:02:58] The server is fired up and ready to roll!",
+]
+
+
+def _read(lines: list[str]) -> dict[str, float]:
+    reader = StartupPhaseReader()
+    for seen, line in enumerate(lines):
+        if line != "{t}":
+            reader.take(line, seen_s=float(seen))
+    return reader.phases(ready_s=300.0)
+
+
+def test_sglang_0517_phases_from_its_elapsed_figures_and_timestamps() -> None:
+    phases = _read(STARTUP_0517)
+    # Load weight end's elapsed=4.12; KV pool 10:00:09 -> 10:00:10; prefill 1.02 s + decode 72.68 s graphs.
+    assert phases == {"weight_load_s": 4.12, "kv_pool_s": 1.0, "cuda_graph_s": 73.7, "ready_s": 300.0}
+
+
+def test_sglang_0523_counts_each_graph_once_across_ranks() -> None:
+    phases = _read(STARTUP_0523)
+    assert phases == {
+        "init_s": 1.87,
+        "weight_load_s": 125.4,
+        "kv_pool_s": 3.0,  # load end 10:02:07 -> memory pool end 10:02:10
+        "cuda_graph_s": 40.5,  # TP0's, not TP0's and TP1's together
+        "ready_s": 300.0,
+    }
+
+
+def test_sglang_054_without_elapsed_reads_the_log_clock() -> None:
+    phases = _read(STARTUP)
+    # No elapsed= on its load line: 11:50:33 -> 11:52:10 by the timestamps; the graph line's "Time elapsed".
+    assert phases["weight_load_s"] == pytest.approx(97.0)
+    assert phases["init_s"] == pytest.approx(1.0)
+    assert phases["cuda_graph_s"] == 88.12
+    assert phases["kv_pool_s"] == pytest.approx(1.0)
+
+
+def test_lines_without_timestamps_use_when_they_were_seen() -> None:
+    reader = StartupPhaseReader()
+    reader.take("Load weight begin. avail mem=10 GB", seen_s=2.0)
+    reader.take("Load weight end. type=X, avail mem=5 GB", seen_s=9.5)
+    assert reader.phases() == {"weight_load_s": 7.5}
+
+
+def test_text_names_the_phases_in_start_up_order() -> None:
+    text = startup_phases_text({"ready_s": 714.2, "weight_load_s": 601.0, "cuda_graph_s": 67.4})
+    assert text == "weights 601 s, CUDA graphs 67 s, ready 714 s"

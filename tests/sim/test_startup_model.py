@@ -1,0 +1,92 @@
+"""The simulated node's start-up from its published figures: cold disk against the page cache, the
+multithreaded loader, and warm compile caches; a second launch on the same node finds what the first left."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.measure.client import Workload
+from autotune.sim.model import LaunchSettings, NodePerformanceModel
+from autotune.sim.model.startup import (
+    PAGE_CACHE_SPEEDUP,
+    PR_18124_SINGLE_S,
+    PR_18124_THREADED_S,
+    WARM_COMPILE_SHARE,
+    load_threads,
+    weights_fit_page_cache,
+)
+from autotune.sim.model_node import ModelNodeExecutor
+from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest
+
+SEED_HW, SEED_MODEL = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+SHORT = Workload(num_prompts=8, input_len=200, output_len=32, concurrency=8)
+
+
+def test_the_published_figures() -> None:
+    assert PR_18124_SINGLE_S == 1486 and PR_18124_THREADED_S == 371  # 24m46s -> 6m11s
+    assert PAGE_CACHE_SPEEDUP == pytest.approx(531 / 31)
+    assert WARM_COMPILE_SHARE == pytest.approx((88 - 31) / (695 - 531))
+
+
+def test_loader_threads_as_sglang_reads_its_extra_config() -> None:
+    assert load_threads(None) == load_threads("{}") == 8  # multithreaded by default since SGLang PR 20289
+    assert load_threads('{"enable_multithread_load": false}') == 1
+    assert load_threads('{"enable_multithread_load": true, "num_threads": 32}') == 32
+
+
+def test_seed_weights_cold_single_threaded_threaded_and_from_the_page_cache() -> None:
+    def load(threads: int, cached: bool = False) -> float:
+        node = NodePerformanceModel(SEED_HW, SEED_MODEL, LaunchSettings(tp_size=8, load_threads=threads))
+        node.weights_cached = cached
+        return node.load_seconds
+
+    assert load(1) == pytest.approx(547 / 0.91)  # the seed's ten minutes
+    assert load(8) == pytest.approx(load(1) / 4.0)  # PR 18124's ratio, assumed for the seed's disk
+    assert load(4) == pytest.approx(load(1) / 2.5)
+    assert load(64) == load(8)  # the disk is the limit past SGLang's 8 threads
+    assert load(8, cached=True) == pytest.approx(load(1) * 31 / 531)
+
+
+def _launch(model: str = "/models/kimi") -> ServerLaunch:
+    argv = (
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--tp-size",
+        "8",
+        "--port",
+        "30000",
+    )
+    return ServerLaunch(argv, {}, "127.0.0.1", 30000)
+
+
+def _phases(node: ModelNodeExecutor, number: int, compile_cache: bool = True) -> dict[str, float]:
+    result = node.run(TrialRequest(number, _launch(), SHORT, 60, 60, compile_cache=compile_cache))
+    assert result.ok, result.failure
+    return result.startup_phases
+
+
+def test_a_second_launch_reads_the_weights_from_the_page_cache_only_where_host_memory_holds_them() -> None:
+    assert not weights_fit_page_cache(SEED_HW, SEED_MODEL)  # the seed profile's assumed 512 GB
+    small = ModelNodeExecutor("n", SEED_HW, SEED_MODEL)
+    assert (
+        _phases(small, 1)["weight_load_s"] == _phases(small, 2)["weight_load_s"] == pytest.approx(150.3, 0.01)
+    )
+    large_hw = SEED_HW.model_copy(update={"host_memory_gb": 1024.0})
+    large = ModelNodeExecutor("n", large_hw, SEED_MODEL)
+    first, second = _phases(large, 1), _phases(large, 2)
+    assert first["weight_load_s"] == pytest.approx(150.3, 0.01)
+    assert second["weight_load_s"] == pytest.approx(35.1, 0.01)
+    assert second["ready_s"] < first["ready_s"] - 100
+
+
+def test_a_kept_compile_cache_makes_every_launch_after_the_first_capture_faster() -> None:
+    node = ModelNodeExecutor("n", SEED_HW, SEED_MODEL)
+    first, second = _phases(node, 1), _phases(node, 2)
+    assert second["cuda_graph_s"] == pytest.approx(first["cuda_graph_s"] * WARM_COMPILE_SHARE, 0.01)
+    without = ModelNodeExecutor("n", SEED_HW, SEED_MODEL)
+    assert _phases(without, 1, compile_cache=False) == _phases(without, 2, compile_cache=False)
