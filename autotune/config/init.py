@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.config.hosts import AddressError, parse_ssh_address
 from autotune.config.search_space import SearchSpace
-from autotune.config.study import NodeSpec
+from autotune.config.study import NodeSpec, is_simulated
 from autotune.dialect import Dialect, FlagTable, Held
 from autotune.errors import AutotuneError, ConfigError
 from autotune.trial.launch import is_env_name, to_arg
@@ -48,8 +48,7 @@ __all__ = [
 ]
 
 DEFAULT_SERVER_COMMAND = ("python3", "-m", "sglang.launch_server")
-# The simulated node: its server module, and the modules that answer nvidia-smi and run the all-reduce job.
-SIMULATED_SERVER = "autotune.sim.sglang_server"
+# The simulated node's modules that answer nvidia-smi and run the all-reduce job.
 SIMULATED_NVIDIA_SMI = "autotune.sim.nvidia_smi"
 SIMULATED_NCCL_JOB = "autotune.sim.nccl_job"
 # search_spaces/ and objectives/ sit beside the package in a checkout.
@@ -64,6 +63,12 @@ TRIALS = 30
 STARTUP_BASE_S, STARTUP_S_PER_GB, STARTUP_MIN_S = 300.0, 2.0, 600.0
 BENCHMARK_S = 900.0
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+# The simulated node's clock, where --env sets none: a trial in seconds. Serving no faster than 5x: a faster
+# clock magnifies the client's own overhead (an 8B model on one H200 measured half its speed at 0.05).
+SIMULATED_CLOCK = {
+    "SGLANG_SIM_TIME_SCALE": ("0.2", "serving 5x faster than real time"),
+    "SGLANG_SIM_STARTUP_TIME_SCALE": ("0.001", "start-up 1000x faster: a minute's weight load takes 0.06 s"),
+}
 
 
 class InitError(AutotuneError):
@@ -277,11 +282,6 @@ def node_path(path: str, local: bool) -> str:
     return str(Path(path).expanduser().resolve()) if local else path
 
 
-def is_simulated(command: Sequence[str]) -> bool:
-    """Whether `command` starts the simulated SGLang node rather than SGLang."""
-    return SIMULATED_SERVER in command
-
-
 def simulated_nvidia_smi(command: Sequence[str]) -> list[str]:
     """The simulated node's nvidia-smi, run by the server command's Python."""
     return [command[0], "-m", SIMULATED_NVIDIA_SMI]
@@ -409,7 +409,11 @@ def study_text(
             "  # The node's Python with SGLang (found there by autotune init), as SGLang's own launcher."
         )
     lines.append(f"  command: {_y(list(command))}")
-    lines.append("  # The model's folder on the node.")
+    if simulated:
+        lines.append("  # The model's folder: the simulated node reads its config.json and weights' size")
+        lines.append("  # (not the weights) and serves that shape (unless SGLANG_SIM_MODEL names one).")
+    else:
+        lines.append("  # The model's folder on the node.")
     lines.append(f"  model_path: {_y(model.path)}")
     if draft is not None:
         lines.append(
@@ -463,7 +467,20 @@ def study_text(
     lines += [
         f"# When the study stops: {TRIALS} trials (each a server start and a benchmark), or add timeout_s.",
         f"budget: {{n_trials: {TRIALS}}}",
-        "# TPE, seeded so that a rerun proposes the same trials.",
+    ]
+    lines += (
+        [
+            "# TPE, seeded: a rerun proposes the same trials, and the simulated node draws each trial's",
+            "# noise from this seed and the trial's number (SGLANG_SIM_SEED), so it measures the same but",
+            "# for the client's own clock.",
+        ]
+        if simulated
+        else [
+            "# TPE, seeded: a rerun proposes the same first trials (its random start); later proposals",
+            "# follow the measurements, which differ a little from run to run on real GPUs.",
+        ]
+    )
+    lines += [
         "sampler: {name: tpe, seed: 1}",
     ]
     startup = _startup_s(weight_gb)
@@ -503,6 +520,12 @@ def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list
         else:
             why = "given with --env: the node needs it to run SGLang"
         lines.append(f"    {name}: {_y(value)}   # {why}")
+    if simulated:
+        lines += [
+            f"    {name}: {_y(value)}   # the simulated node's clock: {why}"
+            for name, (value, why) in SIMULATED_CLOCK.items()
+            if name not in env
+        ]
     if node.gpus > 1 and node.nvlink:
         # Each library's own switch for it, and whose it is.
         multicast = {

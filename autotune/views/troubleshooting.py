@@ -171,9 +171,8 @@ def entry(kind: FailureKind) -> str:
     """One kind's entry: a heading with its title, then what the user sees, what autotune does, what to do."""
     seen = SEEN[kind]
     if seen.log_line is not None and seen.frame is not None:
-        shown = f"You see, in the server log, a traceback through {_code(seen.frame.strip())} ending in " + _code(
-            seen.log_line
-        )
+        frame, line = _code(seen.frame.strip()), _code(seen.log_line)
+        shown = f"You see, in the server log, a traceback through {frame} ending in {line}"
     elif seen.log_line is not None:
         shown = f"You see, in the server log: {_code(seen.log_line)}"
     else:

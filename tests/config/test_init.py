@@ -170,6 +170,20 @@ def test_gpu_machine_settings_only_where_they_apply(tmp_path: Path) -> None:
     assert "TRITON_CACHE_DIR" not in passed and "nccl_stage" not in passed
 
 
+def test_the_simulated_node_runs_on_a_fast_clock_with_seeded_noise(tmp_path: Path) -> None:
+    out = tmp_path / "study.yaml"
+    sim = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=SIM, env={})
+    out.write_text(sim)
+    env = load_study(out).file.server.env
+    assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
+    assert "the simulated node draws each trial's" in sim and "(SGLANG_SIM_SEED)" in sim
+    clock = {"SGLANG_SIM_TIME_SCALE": "1"}
+    given = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=SIM, env=clock)
+    assert 'SGLANG_SIM_TIME_SCALE: "1"' in given and '"0.2"' not in given  # --env's own clock is kept
+    real = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=REAL, env={})
+    assert "SGLANG_SIM" not in real and "proposes the same first trials" in real
+
+
 def test_a_secret_given_with_env_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "study.yaml"
     env = {"HF_TOKEN": "hf_abcdef123456", "PYTHONPATH": "/tmp/site"}
