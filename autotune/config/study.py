@@ -164,6 +164,15 @@ class ServerSpec(BaseModel):
         """Whether `command` starts the simulated SGLang node rather than SGLang."""
         return is_simulated(self.command)
 
+    @property
+    def model_folders(self) -> dict[str, str]:
+        """The folders SGLang loads on the node, by field: the model's and the draft's (none for the
+        simulated node, which reads no weights)."""
+        if self.simulated:
+            return {}
+        named = {"server.model_path": self.model_path, "server.draft_model_path": self.draft_model_path}
+        return {field: path for field, path in named.items() if path}
+
     @field_validator("port", mode="before")
     @classmethod
     def _port(cls, port: Any) -> Any:

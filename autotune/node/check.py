@@ -9,6 +9,7 @@ benchmark runs on the node, can autotune's benchmark run there. Every problem co
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "check_node",
     "check_nodes",
     "gpu_problems",
+    "model_folder_problems",
     "parse_gpus",
     "server_flags",
     "visible_gpus",
@@ -69,6 +71,11 @@ _WEIGHT_BYTES = (
     'find "$1" -maxdepth 2 -name "*.safetensors" -printf "%s\\n" 2>/dev/null '
     '| awk "{s+=\\$1} END {print s+0}"'
 )
+
+# Exit 3: no such folder; 4: a folder without config.json.
+_MODEL_FOLDER = '[ -d "$1" ] || exit 3; [ -f "$1/config.json" ] || exit 4'
+# A Hugging Face id (org/name), which SGLang downloads where no folder of that name is on the node.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 _FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
 
@@ -158,11 +165,13 @@ def check_node(
     benchmark_on_node: bool = False,
     nvidia_smi: Sequence[str] = ("nvidia-smi",),
     model_path: str | None = None,
+    model_folders: Mapping[str, str] | None = None,
 ) -> NodeReport:
     """Check that `node` can start `command` with `env` on (host, port), logging to `log_dir` there.
 
     `nvidia_smi` is the command that answers nvidia-smi's GPU query there; the report also carries the
-    size of the safetensors weights under `model_path`, for the pre-flight memory check."""
+    size of the safetensors weights under `model_path`, for the pre-flight memory check; `model_folders`
+    (`ServerSpec.model_folders`) must be folders SGLang can load there."""
     problems: list[NodeProblem] = []
     gpus: tuple[GPU, ...] | None = None
     free: int | None = None
@@ -192,6 +201,7 @@ def check_node(
                     "earlier run?) or set server.port to a free port.",
                 )
             )
+        problems += model_folder_problems(runner, model_folders or {})
         gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
         problems += gpu_trouble
         if model_path:
@@ -208,6 +218,32 @@ def check_node(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
     return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
+
+
+def model_folder_problems(runner: CommandRunner, folders: Mapping[str, str]) -> list[NodeProblem]:
+    """The model folders (`ServerSpec.model_folders`: field -> path) that SGLang cannot load on the node:
+    missing there, or without config.json. A Hugging Face id that is no folder there is SGLang's to
+    download."""
+    problems = []
+    for field, path in folders.items():
+        done = _sh(runner, _MODEL_FOLDER, [path])
+        if done.returncode == 3 and not _HUB_ID.fullmatch(path):
+            problems.append(
+                NodeProblem(
+                    f"{field} {path} does not exist on the node",
+                    f"Set {field} to the model's folder there (the one with config.json and the "
+                    "*.safetensors files), or to a Hugging Face id (org/name) for SGLang to download",
+                )
+            )
+        elif done.returncode == 4:
+            problems.append(
+                NodeProblem(
+                    f"{field} {path} on the node has no config.json",
+                    f"Set {field} to the folder that holds config.json and the *.safetensors files (a "
+                    "Hugging Face model: `huggingface-cli download ID --local-dir DIR`)",
+                )
+            )
+    return problems
 
 
 def _sh(

@@ -19,8 +19,9 @@ from autotune.config.init import ModelFacts
 from autotune.node.inspect import read_model
 from autotune.node.runner import LocalCommandRunner
 from autotune.sim.profiles import PROFILE_DIR, ModelProfile, load_model_profile
+from autotune.sim.server.options import DEFAULT_MODEL
 
-__all__ = ["profile_from_config", "served_model", "shipped_profile_for"]
+__all__ = ["profile_from_config", "served_model", "shipped_profile_for", "what_is_served"]
 
 # A shipped profile stands for a folder whose weights are within this share of its own.
 WEIGHT_MATCH = 0.05
@@ -40,6 +41,20 @@ def served_model(model_path: str) -> ModelProfile | None:
     return profile_from_config(facts, config)
 
 
+def what_is_served(env: Mapping[str, str]) -> str:
+    """What the simulated server with `env` serves, for `autotune validate`: it loads no weights."""
+    named = env.get("SGLANG_SIM_MODEL")
+    if named:
+        return (
+            f"the simulated node reads no weights: it serves the profile SGLANG_SIM_MODEL names ({named}) "
+            "and does not read model_path"
+        )
+    return (
+        "the simulated node reads no weights: it serves a model of the shape model_path's config.json "
+        f"gives, where that folder is on the node, else the profile {DEFAULT_MODEL}"
+    )
+
+
 def _shipped() -> list[ModelProfile]:
     return [load_model_profile(path.stem) for path in sorted((PROFILE_DIR / "models").glob("*.yaml"))]
 
@@ -48,7 +63,7 @@ def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The text model's section of a multimodal config.json, else the file itself."""
     for key in ("text_config", "llm_config", "language_config"):
         if isinstance(config.get(key), Mapping):
-            return config[key]  # type: ignore[no-any-return]
+            return config[key]
     return config
 
 
