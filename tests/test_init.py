@@ -128,7 +128,9 @@ def test_the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
     init = ["init", "--model", str(MODELS / "llama-3-8b-shape"), "--server-command"]
     done = run_cli(*init, SIM_SERVER, "--env", "SGLANG_SIM_HARDWARE=h200-x1", "--out", "s.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    env = yaml.safe_load((tmp_path / "s.yaml").read_text())["server"]["env"]
+    server = yaml.safe_load((tmp_path / "s.yaml").read_text())["server"]
+    env = server["env"]
+    assert server["port"] == "auto"  # a free one for each launch: studies side by side
     assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
     started = time.monotonic()
     ran = run_cli("run", "s.yaml", "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)

@@ -76,7 +76,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         command=command,
         env=env,
         spec=node,
-        port=init.parse_port(args.port, args.out),
+        port=init.default_port(command) if args.port is None else init.parse_port(args.port, args.out),
         written_on=f" on {date.today().isoformat()}",
     )
     choice = init.choose(found, model, draft)

@@ -35,6 +35,7 @@ __all__ = [
     "ModelFacts",
     "NodeFacts",
     "choose",
+    "default_port",
     "held_knobs",
     "is_simulated",
     "model_facts",
@@ -259,6 +260,12 @@ def parse_port(port: str, out: Path) -> int | str:
     if port == "auto" or (port.isdigit() and 1 <= int(port) <= 65535):
         return port if port == "auto" else int(port)
     raise ConfigError(out, "--port", port, "not a TCP port", "Use 1..65535, or auto.")
+
+
+def default_port(command: Sequence[str]) -> int | str:
+    """The port a study gets without --port: a free one for each launch on the simulated node (studies on
+    one machine side by side), SGLang's own 30000 on a real one (a fixed port the node check can test)."""
+    return "auto" if is_simulated(command) else 30000
 
 
 def node_spec(address: str, out: Path, **login: str | None) -> NodeSpec:
