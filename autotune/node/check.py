@@ -30,6 +30,7 @@ __all__ = [
     "gpu_problems",
     "model_folder_problems",
     "parse_gpus",
+    "port_problems",
     "server_flags",
     "visible_gpus",
 ]
@@ -193,14 +194,7 @@ def check_node(
         problems += command_trouble
         if not command_trouble:
             flags = server_flags(runner, command, env, version)
-        if port is not None and not runner.wait_port_free(host, port, 0):
-            problems.append(
-                NodeProblem(
-                    f"port {port} is already in use on the node",
-                    f"Stop what listens there (ss -ltnp 'sport = :{port}' shows it; a server left from an "
-                    "earlier run?) or set server.port to a free port.",
-                )
-            )
+        problems += port_problems(runner, host, port)
         problems += model_folder_problems(runner, model_folders or {})
         gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
         problems += gpu_trouble
@@ -218,6 +212,19 @@ def check_node(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
     return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
+
+
+def port_problems(runner: CommandRunner, host: str, port: int | None) -> list[NodeProblem]:
+    """The server's fixed `port` taken on the node (None: a free one is found at each launch)."""
+    if port is None or runner.wait_port_free(host, port, 0):
+        return []
+    return [
+        NodeProblem(
+            f"port {port} is already in use on the node",
+            f"Stop what listens there (ss -ltnp 'sport = :{port}' shows it; a server left from an "
+            "earlier run?) or set server.port to a free port, or to auto.",
+        )
+    ]
 
 
 def model_folder_problems(runner: CommandRunner, folders: Mapping[str, str]) -> list[NodeProblem]:

@@ -44,6 +44,7 @@ from autotune.node.check import (
     benchmark_python,
     check_node,
     model_folder_problems,
+    port_problems,
 )
 from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
@@ -500,14 +501,8 @@ def quick_node_check(nodes: Sequence[NodeSpec], server: ServerSpec, *, port: boo
         runner = runner_for(node)
         problems: list[NodeProblem] = []
         try:
-            if port and server.port != "auto" and not runner.wait_port_free(server.host, server.port, 0):
-                problems.append(
-                    NodeProblem(
-                        f"port {server.port} is already in use on the node",
-                        f"Stop what listens there (ss -ltnp 'sport = :{server.port}' shows it; a server left "
-                        "from an earlier run?), or set server.port to a free port or auto",
-                    )
-                )
+            if port and server.port != "auto":
+                problems += port_problems(runner, server.host, server.port)
             problems += model_folder_problems(runner, server.model_folders)
         except NodeUnreachableError as exc:
             problems.append(NodeProblem(f"cannot reach the node: {exc.reason}", exc.fix))
