@@ -477,9 +477,10 @@ def study_text(
     ]
     lines += (
         [
-            "# TPE, seeded: a rerun proposes the same trials, and the simulated node draws each trial's",
-            "# noise from this seed and the trial's number (SGLANG_SIM_SEED), so it measures the same but",
-            "# for the client's own clock.",
+            "# TPE, seeded: a rerun proposes the same first trials (its random start). The simulated node",
+            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED), so a rerun",
+            "# measures them the same but for the client's own clock (a percent or two on a busy machine);",
+            "# later proposals follow the measurements, so they can part from the first run's.",
         ]
         if simulated
         else [

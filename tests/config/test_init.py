@@ -177,7 +177,7 @@ def test_the_simulated_node_runs_on_a_fast_clock_with_seeded_noise(tmp_path: Pat
     out.write_text(sim)
     env = load_study(out).file.server.env
     assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
-    assert "the simulated node draws each trial's" in sim and "(SGLANG_SIM_SEED)" in sim
+    assert "draws each trial's noise from this seed" in sim and "(SGLANG_SIM_SEED)" in sim
     clock = {"SGLANG_SIM_TIME_SCALE": "1"}
     given = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=SIM, env=clock)
     assert 'SGLANG_SIM_TIME_SCALE: "1"' in given and '"0.2"' not in given  # --env's own clock is kept
