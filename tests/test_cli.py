@@ -94,10 +94,10 @@ BAD_INPUTS = [
     pytest.param(
         BadInput(
             "study.yaml",
-            "\n  port: 30000\n",
-            "\n\tport: 30000\n",
+            "\n  port: auto\n",
+            "\n\tport: auto\n",
             "line {line}, column 1",
-            "port: 30000",
+            "port: auto",
             "Fix the YAML syntax there",
             "malformed YAML: found character '\\t' that cannot start any token",
         ),
@@ -380,7 +380,7 @@ def test_a_study_never_run_says_run_it_first(tmp_path: Path, args: list[str]) ->
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     study_dir = _make_study(tmp_path)
     study = study_dir / "study.yaml"
-    study.write_text(study.read_text().replace("\n  port: 30000\n", "\n\tport: 30000\n", 1))
+    study.write_text(study.read_text().replace("\n  port: auto\n", "\n\tport: auto\n", 1))
     before = _listing(tmp_path)
 
     result = _autotune(tmp_path, "--debug", "validate", STUDY_ARG)

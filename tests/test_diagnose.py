@@ -64,8 +64,10 @@ def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
             "Capture cuda graph failed",
         ),
         (("--attention-backend", "flash"), "invalid_arguments", "invalid choice: 'flash'"),
+        # 547 GB of weights on one 96 GB GPU: torch's OOM inside the model loader's traceback.
+        (("--tp-size", "1"), "weights_do_not_fit", "0.51 GiB is free"),
     ],
-    ids=["kv-pool", "fusion", "graph-oom", "argparse"],
+    ids=["kv-pool", "fusion", "graph-oom", "argparse", "weights"],
 )
 @pytest.mark.integration
 def test_diagnose_names_the_kind_the_line_and_the_advice(
@@ -77,6 +79,13 @@ def test_diagnose_names_the_kind_the_line_and_the_advice(
     assert f": {kind}:" in text.stdout and evidence in text.stdout and "advice:" in text.stdout
     data = json.loads(diagnose(str(log), "--json").stdout)
     assert data["failure"]["kind"] == kind and evidence in data["failure"]["line"]
+
+
+@pytest.mark.integration
+def test_weights_that_do_not_fit_are_not_cured_by_smaller_graphs(tmp_path: Path) -> None:
+    text = diagnose(str(sim_log(tmp_path, "--tp-size", "1"))).stdout
+    assert "weights_do_not_fit" in text and "--tp-size" in text and "quantized model" in text
+    assert "cuda-graph-max-bs" not in text and "cuda_graph_oom" not in text
 
 
 @pytest.mark.integration

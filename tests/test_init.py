@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,26 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     status = run_cli("status", str(out), "--json", cwd=tmp_path, env=secret)
     trials = json.loads(status.stdout)["trials"]
     assert [t["state"] for t in trials][:2] == ["COMPLETE", "COMPLETE"]
+
+
+def test_the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
+    # The README's no-GPU path, nothing added: the simulated node serves the model the study names (its
+    # config.json), on the clock init writes, so the baseline completes in seconds.
+    init = ["init", "--model", str(MODELS / "llama-3-8b-shape"), "--server-command"]
+    done = run_cli(*init, SIM_SERVER, "--env", "SGLANG_SIM_HARDWARE=h200-x1", "--out", "s.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    server = yaml.safe_load((tmp_path / "s.yaml").read_text())["server"]
+    env = server["env"]
+    assert server["port"] == "auto"  # a free one for each launch: studies side by side
+    assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
+    started = time.monotonic()
+    ran = run_cli("run", "s.yaml", "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert time.monotonic() - started < 120
+    trials = json.loads(run_cli("status", "s.yaml", "--json", cwd=tmp_path).stdout)["trials"]
+    assert trials[0]["state"] == "COMPLETE", trials[0]
+    log = next((tmp_path / ".autotune").glob("*/nodes/local/trial-0000/server.log")).read_text()
+    assert "type=LlamaForCausalLM" in log and "0.51 GiB is free" not in log
 
 
 def test_a_model_folder_without_config_json_is_refused_by_the_cli(tmp_path: Path) -> None:

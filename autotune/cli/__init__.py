@@ -158,7 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--known-hosts", metavar="FILE", help="the ssh:// node's host key (~/.ssh/known_hosts)")
     init.add_argument("--out", type=Path, default=Path("study.yaml"), metavar="STUDY.yaml", help="study.yaml")
     init.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    init.add_argument("--port", default="30000", help="the server's port on the node, or auto")
+    init.add_argument(
+        "--port",
+        help="the server's port on the node, or auto (default: auto for the simulated node, else 30000)",
+    )
     init.add_argument("--name", help="the study's name (default: from the model folder and the GPUs)")
     init.add_argument(
         "--server-command",

@@ -21,10 +21,16 @@ COMMAND_LINE = Path("autotune init")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from autotune.node.executor import quick_node_check
+    from autotune.node.pool import nodes_checked_here
+    from autotune.sim.model_folder import what_is_served
+
     study = load_study(args.study_file, for_launch=False)
     study.check_flags()  # `run` checks again with the node's own flags, before any trial
     check_store(study.tracking_uri, study.path)  # `run` checks again unless --no-tracking
-    space = study.search_space
+    server, space = study.file.server, study.search_space
+    if not server.simulated and not study.objective.is_job:  # SGLang's model folders, asked of each node
+        quick_node_check(nodes_checked_here(study), server, port=False)
     print(f"study {study.name}: OK")
     for unset in study.unset_env:  # status, best, report need none of them; run does
         print(f"  {unset.path}: {unset.field}: {unset.problem}: the commands that launch servers need it")
@@ -35,6 +41,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"  objective: {study.objective.goal} {study.objective.metric}")
     print(f"  storage: {study.storage}")
     print(f"  tracking: {study.tracking_uri}")
+    if server.simulated and not study.objective.is_job:
+        print(f"  model: {what_is_served(server.env)}")
+    elif server.model_folders:
+        print(f"  model: {', '.join(server.model_folders.values())}: config.json found on the node")
     print("baseline launch:")
     print("  " + describe_launch(study.server_launch(space.baseline())))
     return 0
@@ -72,7 +82,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         command=command,
         env=env,
         spec=node,
-        port=init.parse_port(args.port, COMMAND_LINE),
+        port=init.default_port(command) if args.port is None else init.parse_port(args.port, COMMAND_LINE),
         written_on=f" on {date.today().isoformat()}",
     )
     choice = init.choose(found, model, draft)

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.config.hosts import AddressError, parse_ssh_address
 from autotune.config.search_space import SearchSpace
-from autotune.config.study import NodeSpec
+from autotune.config.study import NodeSpec, is_simulated
 from autotune.dialect import Dialect, FlagTable, Held
 from autotune.errors import AutotuneError, ConfigError
 from autotune.trial.launch import is_env_name, to_arg
@@ -35,6 +35,7 @@ __all__ = [
     "ModelFacts",
     "NodeFacts",
     "choose",
+    "default_port",
     "held_knobs",
     "is_simulated",
     "model_facts",
@@ -48,8 +49,7 @@ __all__ = [
 ]
 
 DEFAULT_SERVER_COMMAND = ("python3", "-m", "sglang.launch_server")
-# The simulated node: its server module, and the modules that answer nvidia-smi and run the all-reduce job.
-SIMULATED_SERVER = "autotune.sim.sglang_server"
+# The simulated node's modules that answer nvidia-smi and run the all-reduce job.
 SIMULATED_NVIDIA_SMI = "autotune.sim.nvidia_smi"
 SIMULATED_NCCL_JOB = "autotune.sim.nccl_job"
 # search_spaces/, objectives/ and examples/ sit beside the package in a checkout, and inside it once
@@ -66,6 +66,12 @@ TRIALS = 30
 STARTUP_BASE_S, STARTUP_S_PER_GB, STARTUP_MIN_S = 300.0, 2.0, 600.0
 BENCHMARK_S = 900.0
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+# The simulated node's clock, where --env sets none: a trial in seconds. Serving no faster than 5x: a faster
+# clock magnifies the client's own overhead (an 8B model on one H200 measured half its speed at 0.05).
+SIMULATED_CLOCK = {
+    "SGLANG_SIM_TIME_SCALE": ("0.2", "serving 5x faster than real time"),
+    "SGLANG_SIM_STARTUP_TIME_SCALE": ("0.001", "start-up 1000x faster: a minute's weight load takes 0.06 s"),
+}
 
 
 class InitError(AutotuneError):
@@ -258,6 +264,12 @@ def parse_port(port: str, out: Path) -> int | str:
     raise ConfigError(out, "--port", port, "not a TCP port", "Use 1..65535, or auto.")
 
 
+def default_port(command: Sequence[str]) -> int | str:
+    """The port a study gets without --port: a free one for each launch on the simulated node (studies on
+    one machine side by side), SGLang's own 30000 on a real one (a fixed port the node check can test)."""
+    return "auto" if is_simulated(command) else 30000
+
+
 def node_spec(address: str, out: Path, **login: str | None) -> NodeSpec:
     """The study file's node for `--node`: `local`, or an ssh:// address with its `login` files
     (`key_file`, `known_hosts`: set ones are written to the study, as absolute paths)."""
@@ -277,11 +289,6 @@ def node_spec(address: str, out: Path, **login: str | None) -> NodeSpec:
 def node_path(path: str, local: bool) -> str:
     """A folder as the study names it: absolute on a local node; as given on an ssh:// node (its home)."""
     return str(Path(path).expanduser().resolve()) if local else path
-
-
-def is_simulated(command: Sequence[str]) -> bool:
-    """Whether `command` starts the simulated SGLang node rather than SGLang."""
-    return SIMULATED_SERVER in command
 
 
 def simulated_nvidia_smi(command: Sequence[str]) -> list[str]:
@@ -411,7 +418,11 @@ def study_text(
             "  # The node's Python with SGLang (found there by autotune init), as SGLang's own launcher."
         )
     lines.append(f"  command: {_y(list(command))}")
-    lines.append("  # The model's folder on the node.")
+    if simulated:
+        lines.append("  # The model's folder: the simulated node reads its config.json and weights' size")
+        lines.append("  # (not the weights) and serves that shape (unless SGLANG_SIM_MODEL names one).")
+    else:
+        lines.append("  # The model's folder on the node.")
     lines.append(f"  model_path: {_y(model.path)}")
     if draft is not None:
         lines.append(
@@ -465,7 +476,21 @@ def study_text(
     lines += [
         f"# When the study stops: {TRIALS} trials (each a server start and a benchmark), or add timeout_s.",
         f"budget: {{n_trials: {TRIALS}}}",
-        "# TPE, seeded so that a rerun proposes the same trials.",
+    ]
+    lines += (
+        [
+            "# TPE, seeded: a rerun proposes the same first trials (its random start). The simulated node",
+            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED), so a rerun",
+            "# measures them the same but for the client's own clock (a percent or two on a busy machine);",
+            "# later proposals follow the measurements, so they can part from the first run's.",
+        ]
+        if simulated
+        else [
+            "# TPE, seeded: a rerun proposes the same first trials (its random start); later proposals",
+            "# follow the measurements, which differ a little from run to run on real GPUs.",
+        ]
+    )
+    lines += [
         "sampler: {name: tpe, seed: 1}",
     ]
     startup = _startup_s(weight_gb)
@@ -505,6 +530,12 @@ def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list
         else:
             why = "given with --env: the node needs it to run SGLang"
         lines.append(f"    {name}: {_y(value)}   # {why}")
+    if simulated:
+        lines += [
+            f"    {name}: {_y(value)}   # the simulated node's clock: {why}"
+            for name, (value, why) in SIMULATED_CLOCK.items()
+            if name not in env
+        ]
     if node.gpus > 1 and node.nvlink:
         # Each library's own switch for it, and whose it is.
         multicast = {

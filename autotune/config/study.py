@@ -63,6 +63,15 @@ from autotune.trial.startup import multithread_loading_flag
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 WORKDIR_NAME = ".autotune"
+# The simulated node's server module, and the variable that seeds its run-to-run noise.
+SIMULATED_SERVER = "autotune.sim.sglang_server"
+SIM_SEED_VAR = "SGLANG_SIM_SEED"
+
+
+def is_simulated(command: Sequence[str]) -> bool:
+    """Whether `command` starts the simulated SGLang node rather than SGLang."""
+    return SIMULATED_SERVER in command
+
 
 # Both switch NVLink multicast (NVLS) on, which must stay off where the fabric cannot take it.
 DEFAULT_NEVER_LAUNCH_ENV: Mapping[str, tuple[str, ...]] = {"NCCL_NVLS_ENABLE": ("1", "2")}
@@ -151,6 +160,20 @@ class ServerSpec(BaseModel):
     port: int | Literal["auto"] = 30000
     flags: dict[str, str | None] = Field(default_factory=dict)  # None: a switch without a value
     env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def simulated(self) -> bool:
+        """Whether `command` starts the simulated SGLang node rather than SGLang."""
+        return is_simulated(self.command)
+
+    @property
+    def model_folders(self) -> dict[str, str]:
+        """The folders SGLang loads on the node, by field: the model's and the draft's (none for the
+        simulated node, which reads no weights)."""
+        if self.simulated:
+            return {}
+        named = {"server.model_path": self.model_path, "server.draft_model_path": self.draft_model_path}
+        return {field: path for field, path in named.items() if path}
 
     @field_validator("port", mode="before")
     @classmethod
@@ -555,6 +578,15 @@ class Study:
             dialect=dialect,
         )
         return replace(launch, secrets=self.secrets)
+
+    def seeded(self, launch: ServerLaunch, trial: int) -> ServerLaunch:
+        """`launch` with the simulated node's noise seeded from the study's seed and the trial number
+        (`SGLANG_SIM_SEED`), so that a seeded simulated study measures the same on a rerun; unchanged for a
+        real server (its noise is the hardware's), an unseeded study, or a seed server.env sets itself."""
+        seed = self.file.sampler.seed
+        if seed is None or not self.file.server.simulated or SIM_SEED_VAR in launch.env:
+            return launch
+        return replace(launch, env={**launch.env, SIM_SEED_VAR: str((seed * 1_000_003 + trial) % 2**31)})
 
     def check_launchable(self) -> None:
         """Raise the error of the first `${NAME}` of the study file that is not set (only a study loaded

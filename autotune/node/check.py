@@ -9,6 +9,7 @@ benchmark runs on the node, can autotune's benchmark run there. Every problem co
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ __all__ = [
     "check_node",
     "check_nodes",
     "gpu_problems",
+    "model_folder_problems",
     "parse_gpus",
+    "port_problems",
     "server_flags",
     "visible_gpus",
 ]
@@ -69,6 +72,11 @@ _WEIGHT_BYTES = (
     'find "$1" -maxdepth 2 -name "*.safetensors" -printf "%s\\n" 2>/dev/null '
     '| awk "{s+=\\$1} END {print s+0}"'
 )
+
+# Exit 3: no such folder; 4: a folder without config.json.
+_MODEL_FOLDER = '[ -d "$1" ] || exit 3; [ -f "$1/config.json" ] || exit 4'
+# A Hugging Face id (org/name), which SGLang downloads where no folder of that name is on the node.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 _FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
 
@@ -160,11 +168,13 @@ def check_node(
     benchmark_on_node: bool = False,
     nvidia_smi: Sequence[str] = ("nvidia-smi",),
     model_path: str | None = None,
+    model_folders: Mapping[str, str] | None = None,
 ) -> NodeReport:
     """Check that `node` can start `command` with `env` on (host, port), logging to `log_dir` there.
 
     `nvidia_smi` is the command that answers nvidia-smi's GPU query there; the report also carries the
-    size of the safetensors weights under `model_path`, for the pre-flight memory check."""
+    size of the safetensors weights under `model_path`, for the pre-flight memory check; `model_folders`
+    (`ServerSpec.model_folders`) must be folders SGLang can load there."""
     problems: list[NodeProblem] = []
     gpus: tuple[GPU, ...] | None = None
     free: int | None = None
@@ -186,14 +196,8 @@ def check_node(
         problems += command_trouble
         if not command_trouble:
             flags = server_flags(runner, command, env, version)
-        if port is not None and not runner.wait_port_free(host, port, 0):
-            problems.append(
-                NodeProblem(
-                    f"port {port} is already in use on the node",
-                    f"Stop what listens there (ss -ltnp 'sport = :{port}' shows it; a server left from an "
-                    "earlier run?) or set server.port to a free port.",
-                )
-            )
+        problems += port_problems(runner, host, port)
+        problems += model_folder_problems(runner, model_folders or {})
         gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
         problems += gpu_trouble
         if model_path:
@@ -210,6 +214,45 @@ def check_node(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
     return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
+
+
+def port_problems(runner: CommandRunner, host: str, port: int | None) -> list[NodeProblem]:
+    """The server's fixed `port` taken on the node (None: a free one is found at each launch)."""
+    if port is None or runner.wait_port_free(host, port, 0):
+        return []
+    return [
+        NodeProblem(
+            f"port {port} is already in use on the node",
+            f"Stop what listens there (ss -ltnp 'sport = :{port}' shows it; a server left from an "
+            "earlier run?) or set server.port to a free port, or to auto.",
+        )
+    ]
+
+
+def model_folder_problems(runner: CommandRunner, folders: Mapping[str, str]) -> list[NodeProblem]:
+    """The model folders (`ServerSpec.model_folders`: field -> path) that SGLang cannot load on the node:
+    missing there, or without config.json. A Hugging Face id that is no folder there is SGLang's to
+    download."""
+    problems = []
+    for field, path in folders.items():
+        done = _sh(runner, _MODEL_FOLDER, [path])
+        if done.returncode == 3 and not _HUB_ID.fullmatch(path):
+            problems.append(
+                NodeProblem(
+                    f"{field} {path} does not exist on the node",
+                    f"Set {field} to the model's folder there (the one with config.json and the "
+                    "*.safetensors files), or to a Hugging Face id (org/name) for SGLang to download",
+                )
+            )
+        elif done.returncode == 4:
+            problems.append(
+                NodeProblem(
+                    f"{field} {path} on the node has no config.json",
+                    f"Set {field} to the folder that holds config.json and the *.safetensors files (a "
+                    "Hugging Face model: `huggingface-cli download ID --local-dir DIR`)",
+                )
+            )
+    return problems
 
 
 def _sh(

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +37,15 @@ from autotune.measure.client import (
 )
 from autotune.measure.plan import MeasurementPlan, run_plan, run_seed
 from autotune.node.bench_serving import BenchServingRun
-from autotune.node.check import NodeReport, benchmark_python, check_node
+from autotune.node.check import (
+    NodeCheckError,
+    NodeProblem,
+    NodeReport,
+    benchmark_python,
+    check_node,
+    model_folder_problems,
+    port_problems,
+)
 from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
@@ -489,8 +497,29 @@ def check_executor_node(node: NodeSpec, executor: TrialExecutor, server: ServerS
         benchmark_on_node=executor.benchmark_on_node,
         nvidia_smi=node.nvidia_smi,
         model_path=server.model_path,
+        model_folders=server.model_folders,
     )
     return replace(report, stopped_left_behind=tuple(runner.stopped_left_behind))
+
+
+def quick_node_check(nodes: Sequence[NodeSpec], server: ServerSpec, *, port: bool = True) -> None:
+    """What fails a study at once, checked in seconds before anything slow (Ray's start, SGLang's import):
+    the server's fixed port taken on a node (`port`), and model folders SGLang cannot load there
+    (`ServerSpec.model_folders`). Raises NodeCheckError naming each, with its fix."""
+    reports = []
+    for node in nodes:
+        runner = runner_for(node)
+        problems: list[NodeProblem] = []
+        try:
+            if port and server.port != "auto":
+                problems += port_problems(runner, server.host, server.port)
+            problems += model_folder_problems(runner, server.model_folders)
+        except NodeUnreachableError as exc:
+            problems.append(NodeProblem(f"cannot reach the node: {exc.reason}", exc.fix))
+        if problems:
+            reports.append(NodeReport(node.name, tuple(problems)))
+    if reports:
+        raise NodeCheckError(reports)
 
 
 class NodeActor:

@@ -23,7 +23,13 @@ from typing import Any, Protocol
 from autotune.config import NodeSpec, Study
 from autotune.errors import AutotuneError
 from autotune.node.check import NodeCheckError, NodeReport, check_nodes
-from autotune.node.executor import NodeActor, TrialExecutor, check_executor_node, runner_for
+from autotune.node.executor import (
+    NodeActor,
+    TrialExecutor,
+    check_executor_node,
+    quick_node_check,
+    runner_for,
+)
 from autotune.trial.failures import Failure, FailureKind
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -163,6 +169,13 @@ def in_process_pool(study: Study) -> LocalNodePool:
     return LocalNodePool(executors, {r.node: r for r in reports})
 
 
+def nodes_checked_here(study: Study) -> list[NodeSpec]:
+    """The study's nodes that this machine can check before Ray starts: every ssh:// node, and a local
+    node unless the study joins a Ray cluster (whose actor may run it on another machine)."""
+    cluster = study.file.ray.address or os.environ.get("RAY_ADDRESS")
+    return [node for node in study.file.nodes if node.address != "local" or not cluster]
+
+
 def connect_ray(study: Study) -> None:
     """Join the study's Ray cluster, or start a local runtime whose nodes are the study's `gpu_node`s."""
     import ray
@@ -209,6 +222,8 @@ class RayNodePool(NodePool):
     def __init__(self, study: Study) -> None:
         import ray
 
+        if not study.file.ray.discover_nodes:  # the port and the model folders before Ray's minute
+            quick_node_check(nodes_checked_here(study), study.file.server)
         connect_ray(study)
         self._study = study
         self._actor_class = ray.remote(NodeActor)

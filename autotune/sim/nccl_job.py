@@ -23,7 +23,7 @@ from autotune.measure.result_line import print_result
 from autotune.sim.model import NodePerformanceModel
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
-from autotune.sim.server.options import SimOptions
+from autotune.sim.server.options import DEFAULT_MODEL, SimOptions
 
 # Node seconds one benchmark run takes on a node: process start, NCCL init, warm-up, capture, the replays.
 JOB_SECONDS = 30.0
@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def measure() -> dict[str, Any]:
         options = SimOptions.from_env(os.environ)
-        hardware, model = load_hardware_profile(options.hardware), load_model_profile(options.model)
+        hardware = load_hardware_profile(options.hardware)
+        model = load_model_profile(options.model or DEFAULT_MODEL)
         return allreduce_payload(hardware, model, settings, os.environ)
 
     # An unknown profile (ConfigError: only the profiles raise it) or more GPUs than the hardware has

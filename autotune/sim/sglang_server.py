@@ -10,7 +10,9 @@ Simulator-only settings come from the environment:
 - `SGLANG_SIM_VERSION`: the SGLang release to emulate, `0.5.17` (default) or `0.5.23`: its flags, its log
   wording and its behaviour (`autotune.sim.versions`).
 - `SGLANG_SIM_HARDWARE`: hardware profile name or YAML path (default `rtx-pro-6000-pcie-x8`).
-- `SGLANG_SIM_MODEL`: model profile name or YAML path (default `kimi-k2.5-int4`).
+- `SGLANG_SIM_MODEL`: model profile name or YAML path (default: the model at `--model-path`, as its
+  config.json and weights describe it, `autotune.sim.model_folder`; `kimi-k2.5-int4` where the folder has
+  no config.json).
 - `SGLANG_SIM_TIME_SCALE`: positive float, default 1.0; every modelled duration (init, weight loading,
   graph capture, each scheduler step) lasts its model length times this in real time. 0.001 makes a
   ten-minute weight load take 0.6 s.
@@ -64,6 +66,7 @@ import sys
 from autotune.errors import ConfigError
 from autotune.sim.logfmt import WARNING, SimLog
 from autotune.sim.model import LaunchSettings, NodePerformanceModel
+from autotune.sim.model_folder import served_model
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server.api import HttpApi
 from autotune.sim.server.launch import Launch
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = SimOptions.from_env(os.environ, default_seed=ns.random_seed)
         hardware = load_hardware_profile(options.hardware)
-        model = load_model_profile(options.model)
+        found = served_model(ns.model_path) if options.model is None else None
+        model = found or load_model_profile(options.model or DEFAULT_MODEL)
     except ConfigError as exc:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1

@@ -485,6 +485,7 @@ class StudyDriver:
             )
             return False
         self.skips = self.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
+        launch = study.seeded(launch, trial.number)  # after the same-launch check: the seed is no setting
         trial.set_user_attr(NODE_ATTR, node)
         if config.derived:
             trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})

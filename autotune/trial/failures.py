@@ -30,6 +30,7 @@ _PHASES: tuple[str, ...] = ("starting", "benchmarking")
 class FailureKind(StrEnum):
     """What went wrong with a trial, in the words a person tuning SGLang would use."""
 
+    WEIGHTS_DO_NOT_FIT = "weights_do_not_fit"
     KV_POOL_TOO_SMALL = "kv_pool_too_small"
     CUDA_GRAPH_OOM = "cuda_graph_oom"
     PREFILL_GRAPH_OOM = "prefill_graph_oom"
@@ -60,6 +61,7 @@ class FailureKind(StrEnum):
     def is_oom(self) -> bool:
         """True for the out-of-memory kinds (a penalized, pruned trial rather than a broken one)."""
         return self in (
+            FailureKind.WEIGHTS_DO_NOT_FIT,
             FailureKind.KV_POOL_TOO_SMALL,
             FailureKind.CUDA_GRAPH_OOM,
             FailureKind.PREFILL_GRAPH_OOM,
@@ -99,6 +101,11 @@ _FLAG_TO_LOWER: dict[FailureKind, str] = {
 }
 
 _ADVICE: dict[FailureKind, str] = {
+    FailureKind.WEIGHTS_DO_NOT_FIT: (
+        "The model's weights ran out of GPU memory while loading: they do not fit on these GPUs whatever "
+        "the memory flags say. Shard them over more GPUs (a larger --tp-size, on a node with more GPUs), "
+        "serve a quantized model (FP8, INT4), or a smaller model."
+    ),
     FailureKind.KV_POOL_TOO_SMALL: (
         "The weights leave no room for the KV cache inside --mem-fraction-static: raise "
         "--mem-fraction-static, or shard the weights over more GPUs (--tp-size)."
@@ -327,6 +334,17 @@ PATTERNS: tuple[FailurePattern, ...] = (
         ),
         FailureKind.LAUNCH_ERROR,
         "another process holds GPU memory",
+    ),
+    FailurePattern(
+        # An OOM raised inside SGLang's model loader (model_loader/loader.py load_model: the weights being
+        # allocated), at any depth of its traceback; real H200, 0.5.17 (the frames below loader.py are the
+        # model's layers and torch's). After the row above: another process's memory is the node's fault.
+        re.compile(
+            r'  File "[^"\n]*/model_loader/[^"\n]*", line \d+, in [^\n]*\n(?:[ \t][^\n]*\n)*'
+            + r"(?:[^\n]*\b(?:torch\.)?OutOfMemoryError\b|[^\n]*CUDA out of memory)"
+        ),
+        FailureKind.WEIGHTS_DO_NOT_FIT,
+        "the model's weights ran out of GPU memory while loading",
     ),
     FailurePattern(
         # 0.5.15+ (model_executor/runner/prefill_cuda_graph_runner.py), an OOM inside.

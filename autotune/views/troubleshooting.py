@@ -33,10 +33,26 @@ class Seen(NamedTuple):
     # Where there is no log line: the sentence autotune records (status, MLflow, the console).
     sentence: str | None = None
     phase: Phase = "starting"
+    # The traceback frame above `log_line` that tells its kind apart, where the line alone does not.
+    frame: str | None = None
+
+    @property
+    def log_text(self) -> str | None:
+        """What the pattern table reads: the frame (where there is one) and the log line."""
+        if self.log_line is None:
+            return None
+        return self.log_line if self.frame is None else f"{self.frame}\n{self.log_line}"
 
 
 # Real lines, each from tests/trial/test_failures.py (with the SGLang version and file that print it).
 SEEN: dict[FailureKind, Seen] = {
+    FailureKind.WEIGHTS_DO_NOT_FIT: Seen(
+        "the weights do not fit on the GPUs",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total capacity "
+        "of 140.40 GiB of which 0.51 GiB is free.",
+        frame='  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_loader/loader.py", line 601, '
+        "in load_model",
+    ),
     FailureKind.KV_POOL_TOO_SMALL: Seen(
         "the KV cache does not fit",
         "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.01. "
@@ -155,7 +171,10 @@ def what_autotune_does(kind: FailureKind) -> str:
 def entry(kind: FailureKind) -> str:
     """One kind's entry: a heading with its title, then what the user sees, what autotune does, what to do."""
     seen = SEEN[kind]
-    if seen.log_line is not None:
+    if seen.log_line is not None and seen.frame is not None:
+        frame, line = _code(seen.frame.strip()), _code(seen.log_line)
+        shown = f"You see, in the server log, a traceback through {frame} ending in {line}"
+    elif seen.log_line is not None:
         shown = f"You see, in the server log: {_code(seen.log_line)}"
     else:
         shown = f"autotune says: {_code(seen.sentence or '')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -585,3 +586,21 @@ def test_loading_shipped_files_leaves_the_repo_untouched(tmp_path: Path) -> None
     load_study(StudyFiles(tmp_path)(data, file="s.yaml"))
     assert not (REPO / "search_spaces" / ".autotune").exists()
     assert _tree(tmp_path) == ["s.yaml"]
+
+
+def test_a_seeded_simulated_launch_seeds_the_nodes_noise(project: Path) -> None:
+    sim = ["python", "-m", "autotune.sim.sglang_server"]
+    server = {"command": sim, "model_path": "/m", "draft_model_path": "/d"}
+    seeded = load_study(_write(project, _study_data(server=server, sampler={"seed": 1})))
+    launch = seeded.server_launch(seeded.search_space.baseline())
+    seeds = [seeded.seeded(launch, trial).env["SGLANG_SIM_SEED"] for trial in (0, 1, 0)]
+    assert seeds[0] == seeds[2] != seeds[1]  # the same trial, the same noise; the next trial, its own
+    other = load_study(_write(project, _study_data(server=server, sampler={"seed": 2})))
+    assert other.seeded(launch, 0).env["SGLANG_SIM_SEED"] != seeds[0]
+    # A real server's noise is the hardware's; an unseeded study's stays the OS's; a seed set by hand stays.
+    real = load_study(_write(project, _study_data(sampler={"seed": 1})))
+    assert real.seeded(launch, 0) == launch
+    unseeded = load_study(_write(project, _study_data(server=server)))
+    assert unseeded.seeded(launch, 0) == launch
+    own = replace(launch, env={"SGLANG_SIM_SEED": "5"})
+    assert seeded.seeded(own, 3).env["SGLANG_SIM_SEED"] == "5"

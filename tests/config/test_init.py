@@ -17,6 +17,7 @@ from autotune.config.init import (
     NodeFacts,
     check_fits,
     choose,
+    default_port,
     held_knobs,
     model_facts,
     node_spec,
@@ -168,6 +169,28 @@ def test_gpu_machine_settings_only_where_they_apply(tmp_path: Path) -> None:
     assert "nccl_stage: {hidden_size: 4096}" in pcie
     assert 'PYTHONPATH: "/tmp/site"   # given with --env' in passed
     assert "TRITON_CACHE_DIR" not in passed and "nccl_stage" not in passed
+
+
+def test_the_simulated_node_runs_on_a_fast_clock_with_seeded_noise(tmp_path: Path) -> None:
+    out = tmp_path / "study.yaml"
+    sim = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=SIM, env={})
+    out.write_text(sim)
+    env = load_study(out).file.server.env
+    assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
+    assert "draws each trial's noise from this seed" in sim and "(SGLANG_SIM_SEED)" in sim
+    clock = {"SGLANG_SIM_TIME_SCALE": "1"}
+    given = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=SIM, env=clock)
+    assert 'SGLANG_SIM_TIME_SCALE: "1"' in given and '"0.2"' not in given  # --env's own clock is kept
+    real = study_text(out=out, name="s", node=_node(1), model=DENSE, draft=None, command=REAL, env={})
+    assert "SGLANG_SIM" not in real and "proposes the same first trials" in real
+
+
+def test_a_simulated_study_takes_a_free_port_for_each_launch() -> None:
+    # Two quickstarts or init-written simulated studies on one machine: no fixed port to collide on.
+    assert default_port(SIM) == "auto" and default_port(REAL) == 30000
+    for example in ("quickstart", "goodput", "max-load-slo"):
+        study = load_study(REPO / "examples" / f"{example}.yaml")
+        assert study.file.server.simulated and study.file.server.port == "auto", example
 
 
 def test_a_secret_given_with_env_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -314,9 +315,10 @@ def test_benign_line_matches_no_pattern(line: str) -> None:
 
 
 def test_every_pattern_is_covered_by_a_real_message() -> None:
-    # Two are more than one line: a traceback's last frame, and a prefill backend's hint after the error.
+    # Three are more than one line: a traceback's last frame, a loader frame above an OOM, a prefill hint.
     breakable = (REAL_H200_LOGS / "prefill-capture-oom-breakable.log").read_text()
-    texts = [m for m, _ in REAL_MESSAGES] + [FLASHINFER_A2A_TRACEBACK, breakable]
+    held = (REAL_H200_LOGS / "oom-gpu-held-by-another-process.log").read_text()
+    texts = [m for m, _ in REAL_MESSAGES] + [FLASHINFER_A2A_TRACEBACK, breakable, held]
     for pattern in PATTERNS:
         assert any(pattern.regex.search(t) for t in texts), pattern.description
 
@@ -403,6 +405,7 @@ def test_clean_log_is_none_and_bad_phase_rejected() -> None:
 
 def test_kind_properties() -> None:
     assert {k for k in FailureKind if k.is_oom} == {
+        FailureKind.WEIGHTS_DO_NOT_FIT,
         FailureKind.KV_POOL_TOO_SMALL,
         FailureKind.CUDA_GRAPH_OOM,
         FailureKind.PREFILL_GRAPH_OOM,
@@ -620,6 +623,39 @@ def test_an_oom_with_another_process_holding_the_gpu_is_the_nodes_problem() -> N
     started, served = classify(contained, "starting"), classify(contained, "benchmarking")
     assert started is not None and started.kind is FailureKind.CUDA_GRAPH_OOM
     assert served is not None and served.kind is FailureKind.OOM_UNDER_LOAD
+
+
+def test_an_oom_while_loading_the_weights_is_weights_do_not_fit() -> None:
+    # Real H200, 0.5.17: the OOM raised in the model loader (loader.py load_model, then the model's layers
+    # and torch). Without the other process torch names, the weights are what does not fit.
+    held = (REAL_H200_LOGS / "oom-gpu-held-by-another-process.log").read_text()
+    alone = re.sub(r" Process 4306 has 129\.77 GiB memory in use\.", "", held)
+    assert alone != held
+    failure = classify(alone, "starting")
+    assert failure is not None and failure.kind is FailureKind.WEIGHTS_DO_NOT_FIT and failure.kind.is_oom
+    assert failure.line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB")
+    assert "--tp-size" in failure.advice and "quantized" in failure.advice
+    assert "--cuda-graph-max-bs" not in failure.advice
+    # The simulated node's load failure (autotune/sim/model/failures.py), as it prints it on one H200.
+    from autotune.sim.model import LaunchSettings, NodePerformanceModel
+    from autotune.sim.profiles import load_hardware_profile, load_model_profile
+    from autotune.sim.server_args import build_parser
+    from autotune.sim.versions import sglang_version
+
+    version = sglang_version({})
+    ns = build_parser(version).parse_args(["--model-path", "/m"])
+    settings = LaunchSettings.from_args(ns, {})
+    node = NodePerformanceModel(
+        load_hardware_profile("h200-x1"), load_model_profile("kimi-k2.5-int4"), settings, version
+    )
+    assert node.startup_failure is not None and node.startup_failure.phase == "load"
+    simulated = node.startup_failure.log
+    assert "GPU 0 has a total capacity of 140.40 GiB of which 0.51 GiB is free." in simulated
+    failure = classify(simulated, "starting")
+    assert failure is not None and failure.kind is FailureKind.WEIGHTS_DO_NOT_FIT
+    # A capture's OOM has no loader frame: still a graph OOM.
+    capture = classify(P + "Exception: Capture cuda graph failed: CUDA out of memory.", "starting")
+    assert capture is not None and capture.kind is FailureKind.CUDA_GRAPH_OOM
 
 
 def test_a_real_healthy_start_has_no_failure() -> None:

@@ -19,8 +19,8 @@ def test_every_failure_kind_has_an_entry() -> None:
 @pytest.mark.parametrize("kind", [kind for kind, seen in SEEN.items() if seen.log_line is not None])
 def test_each_log_line_shown_is_classified_as_its_kind(kind: FailureKind) -> None:
     seen = SEEN[kind]
-    assert seen.log_line is not None
-    failure = classify(seen.log_line, seen.phase)
+    assert seen.log_text is not None
+    failure = classify(seen.log_text, seen.phase)
     assert failure is not None and failure.kind is kind, failure
 
 

@@ -27,7 +27,7 @@ class SimOptions:
     """The simulator-only settings, read from `SGLANG_SIM_*` environment variables."""
 
     hardware: str = DEFAULT_HARDWARE
-    model: str = DEFAULT_MODEL
+    model: str | None = None  # None: the model at --model-path (sim.model_folder), else DEFAULT_MODEL
     time_scale: float = 1.0
     startup_time_scale: float = 1.0
     seed: int = 0
@@ -64,7 +64,7 @@ class SimOptions:
         faults, crash_after = _parse_faults(env.get("SGLANG_SIM_FAULT", ""))
         return cls(
             hardware=hardware,
-            model=env.get("SGLANG_SIM_MODEL") or DEFAULT_MODEL,
+            model=env.get("SGLANG_SIM_MODEL") or None,
             time_scale=scale,
             startup_time_scale=startup,
             seed=seed,
