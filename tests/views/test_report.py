@@ -16,7 +16,6 @@ from typing import Any
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
 
 from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from autotune.tracking.tracker import failure_note, metric_unit, run_name
@@ -98,6 +97,8 @@ def test_ablate_reverts_each_changed_setting_of_the_best_config_once(ablated_stu
 
 
 def test_ablation_runs_are_marked_in_mlflow(ablated_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = ablated_study
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/ablated/mlflow.db'}")
     experiment = client.get_experiment_by_name("ablated")
@@ -162,6 +163,8 @@ def test_report_before_any_ablation_says_how_to_run_one(finished_study, tmp_path
 
 
 def test_parent_run_description_is_the_study_summary(finished_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = finished_study
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/e2e/mlflow.db'}")
     experiment = client.get_experiment_by_name("e2e")
