@@ -18,7 +18,7 @@ import functools
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import yaml
@@ -238,7 +238,10 @@ def stored_trial(
 
 
 def optuna_study(
-    *trials: FrozenTrial, direction: str = "maximize", storage: str | None = None, **attrs: Any
+    *trials: FrozenTrial,
+    direction: Literal["maximize", "minimize"] = "maximize",
+    storage: str | None = None,
+    **attrs: Any,
 ) -> optuna.Study:
     """An Optuna study holding `trials` in order (in memory, or in `storage`), `attrs` its user attributes."""
     ostudy = optuna.create_study(storage=storage, direction=direction)
