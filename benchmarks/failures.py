@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5, help="trials per failure case and pool")
     parser.add_argument("--pools", default="local,ray", help="comma-separated: local, ray")
-    parser.add_argument("--seeds", type=int, default=20, help="seeds of the 50-trial studies")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds of the studies of part 2")
+    parser.add_argument("--study-trials", type=int, default=50, help="trials of each study of part 2")
     parser.add_argument("--configs", type=int, default=40000, help="configs sampled for false rejections")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="studies run in parallel")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 trials, local pool, 1 seed")
@@ -376,10 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     context = multiprocessing.get_context("fork")
     with context.Pool(args.jobs) as pool:
-        shares = pool.starmap(study_share, [(v, s, 50) for v in VARIANTS for s in range(args.seeds)])
+        shares = pool.starmap(
+            study_share, [(v, s, args.study_trials) for v in VARIANTS for s in range(args.seeds)]
+        )
         per_pair = max(1, args.configs // len(pairs))
         found = pool.starmap(sample_rejections, [(h, m, per_pair, i) for i, (h, m) in enumerate(pairs)])
-    print_shares(shares, 50)
+    print_shares(shares, args.study_trials)
     print_rejections(found)
     print(f"\n{time.monotonic() - started:.0f} s on {os.cpu_count()} CPU cores")
     return 0

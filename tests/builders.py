@@ -7,18 +7,29 @@ sets the budget. `simulated_server()` is a server section that launches the bund
 server on this machine, and `e2e_study()` the small study of it that the end-to-end tests run.
 `StudyFiles(folder)` (the `study_file` fixture, on the test's tmp_path) writes them; a search space or an
 objective given as a mapping is written beside the study file and named relatively, as in a user's project.
+
+`model_pool()` runs a study's trials on nodes the simulated node's model answers, at once and in this process.
+`stored_trial()` and `optuna_study()` write an Optuna study by hand, trial by trial, as the loop stores one.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import optuna
 import yaml
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from autotune.config import Study
+from autotune.node.pool import LocalNodePool, NodePool
 from autotune.node.runner import free_port
+from autotune.sim.model_node import ModelNodeExecutor, node_report
+from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -154,3 +165,87 @@ class StudyFiles:
 def _changed(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with `changes` applied, keys changed to None left out."""
     return {k: v for k, v in {**base, **changes}.items() if v is not None}
+
+
+# -- studies run on the simulated node's model, in this process ---------------------------------------------
+@functools.cache
+def seed_node() -> tuple[HardwareProfile, ModelProfile]:
+    """The seed's node (Kimi-K2.5 INT4 on eight RTX PRO 6000 over PCIe), its profiles read once a session
+    (they are frozen)."""
+    return load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+
+
+def model_pool(nodes: int = 1, *, noise: float = 0.0, checked: bool = True) -> Callable[[Study], NodePool]:
+    """`nodes` nodes (n0, n1, ...) answered by the model of the seed's node, with `noise` (relative SD) on
+    every launch; `checked`: with what a node check would have found (GPUs, weights)."""
+    hw, model = seed_node()
+    names = [f"n{i}" for i in range(nodes)]
+    facts = {name: node_report(name, hw, model) for name in names} if checked else {}
+    return lambda study: LocalNodePool(
+        {name: ModelNodeExecutor(name, hw, model, noise=noise) for name in names}, facts
+    )
+
+
+def launched(ostudy: optuna.Study) -> list[FrozenTrial]:
+    """The trials a node ran (not those answered without a launch)."""
+    return [t for t in ostudy.get_trials(deepcopy=False) if "node" in t.user_attrs]
+
+
+def one_value_space(name: str, value: object) -> dict[str, object]:
+    """A search space of one SGLang knob with one choice."""
+    return {"parameters": {name: {"kind": "sglang", "type": "categorical", "choices": [value]}}}
+
+
+# Every part of `trust` off, for a test to switch on the one it is about.
+TRUST_OFF: dict[str, Any] = {
+    "skip_same_launch": False,
+    "repeat_baseline_after": 0,
+    "confirm": False,
+    "stop_early": False,
+    "screen": False,
+}
+# Knobs the model's throughput does not depend on: a flat landscape, where only noise differs.
+FLAT = {
+    "parameters": {
+        "--schedule-policy": {"kind": "sglang", "type": "categorical", "choices": [None, "lpm", "fcfs"]},
+        "--stream-interval": {"kind": "sglang", "type": "categorical", "choices": [None, 2, 4, 16]},
+    }
+}
+
+
+# -- Optuna studies written by hand -------------------------------------------------------------------------
+def stored_trial(
+    params: Mapping[str, Any] | None = None,
+    value: float | None = 1.0,
+    *,
+    spaces: Mapping[str, BaseDistribution] | None = None,
+    constraints: dict[str, float] | None = None,
+    **attrs: Any,
+) -> FrozenTrial:
+    """A finished trial: COMPLETE with `value`, FAIL when it is None; each of `params` drawn from its
+    distribution in `spaces` (by default a categorical of that one value); `attrs` its user attributes."""
+    params = dict(params or {})
+    spaces = spaces or {}
+    distributions = {n: spaces.get(n) or CategoricalDistribution([v]) for n, v in params.items()}
+    return create_trial(
+        state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
+        value=value,
+        params=params,
+        distributions=distributions,
+        user_attrs=attrs,
+        constraints=constraints,
+    )
+
+
+def optuna_study(
+    *trials: FrozenTrial,
+    direction: Literal["maximize", "minimize"] = "maximize",
+    storage: str | None = None,
+    **attrs: Any,
+) -> optuna.Study:
+    """An Optuna study holding `trials` in order (in memory, or in `storage`), `attrs` its user attributes."""
+    ostudy = optuna.create_study(storage=storage, direction=direction)
+    for name, value in attrs.items():
+        ostudy.set_user_attr(name, value)
+    ostudy.add_trials(trials)
+    return ostudy

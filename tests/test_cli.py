@@ -423,11 +423,13 @@ def test_commands_that_launch_nothing_do_not_need_the_studys_secrets(tmp_path: P
     assert done.returncode == 0 and f"server.env.HF_TOKEN: reads ${{{unset}}}" in done.stdout, done.stderr
     assert "the commands that launch servers need it" in done.stdout
     assert _autotune(tmp_path, "enqueue", STUDY_ARG, "--set", "mem-fraction-static=0.9").returncode == 0
-    for args in (["status"], ["status", "--json"], ["best"]):
-        done = _autotune(tmp_path, *args, STUDY_ARG)
+    read = {
+        args: _autotune(tmp_path, *args, STUDY_ARG) for args in [("status",), ("status", "--json"), ("best",)]
+    }
+    for args, done in read.items():
         assert "is not set" not in done.stderr, args
-    assert _autotune(tmp_path, "status", STUDY_ARG).returncode == 0
-    assert "no completed trial yet" in _autotune(tmp_path, "best", STUDY_ARG).stderr
+    assert read[("status",)].returncode == 0
+    assert "no completed trial yet" in read[("best",)].stderr
     before = _listing(tmp_path)
     done = _autotune(tmp_path, "run", STUDY_ARG, "--no-ray")
     assert done.returncode == 2

@@ -8,7 +8,6 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 
 from tests.conftest import N_TRIALS, run_cli
 
@@ -38,6 +37,8 @@ def test_study_runs_every_trial_and_records_it_in_optuna(finished_study) -> None
 
 
 def test_every_trial_has_an_mlflow_child_run_with_params_metrics_and_artifacts(finished_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = finished_study
     workdir = path.parent / ".autotune" / "e2e"
     storage = f"sqlite:///{workdir / 'optuna.db'}"
@@ -77,6 +78,8 @@ def test_every_trial_has_an_mlflow_child_run_with_params_metrics_and_artifacts(f
 
 
 def test_secrets_never_reach_mlflow_or_launch_scripts(finished_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = finished_study
     workdir = path.parent / ".autotune" / "e2e"
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")

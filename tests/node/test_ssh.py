@@ -16,7 +16,6 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 
 from autotune.config import load_study
 from autotune.errors import ConfigError
@@ -306,6 +305,8 @@ def test_a_server_left_behind_by_a_dead_node_is_stopped_when_the_node_returns(tm
 def test_a_study_runs_on_an_ssh_node_and_is_recorded(
     sshd: SSHServer, tmp_path: Path, study_file: StudyFiles
 ) -> None:
+    from mlflow.tracking import MlflowClient
+
     node_home = tmp_path / "node-home"
     path = study_file(
         _study_on_node(

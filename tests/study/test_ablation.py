@@ -10,6 +10,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autotune.study.ablation import enqueue_ablation, plan_ablation
 from autotune.study.records import BASELINE_ATTR, SERVER_CHOICES_ATTR
+from tests.builders import optuna_study, stored_trial
 
 MEM, PROTO = "--mem-fraction-static", "NCCL_PROTO"
 DISTRIBUTIONS = {
@@ -21,18 +22,13 @@ DISTRIBUTIONS = {
 def study_with_best(
     tmp_path: Path, best_fraction: float, server_choices: dict[str, float] | None
 ) -> optuna.Study:
-    ostudy = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", direction="maximize")
-    if server_choices is not None:  # what the baseline's log said SGLang chose (the loop records it)
-        ostudy.set_user_attr(SERVER_CHOICES_ATTR, server_choices)
-    for params, value, attrs in (
-        ({MEM: 0.89, PROTO: None}, 100.0, {BASELINE_ATTR: True}),
-        ({MEM: best_fraction, PROTO: "LL"}, 130.0, {}),
-    ):
-        trial = optuna.trial.create_trial(
-            params=params, distributions=DISTRIBUTIONS, value=value, user_attrs=attrs
-        )
-        ostudy.add_trial(trial)
-    return ostudy
+    return optuna_study(
+        stored_trial({MEM: 0.89, PROTO: None}, 100.0, spaces=DISTRIBUTIONS, **{BASELINE_ATTR: True}),
+        stored_trial({MEM: best_fraction, PROTO: "LL"}, 130.0, spaces=DISTRIBUTIONS),
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        # What the baseline's log said SGLang chose (the loop records it), unless None.
+        **({} if server_choices is None else {SERVER_CHOICES_ATTR: server_choices}),
+    )
 
 
 def test_a_range_without_unset_reverts_to_sglangs_own_choice_in_the_baseline(tmp_path: Path) -> None:

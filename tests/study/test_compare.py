@@ -15,8 +15,7 @@ from autotune.study.loop import StudyDriver
 from autotune.study.noise import noise_estimate
 from autotune.study.records import COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.storage import budget_used
-from tests.builders import StudyFiles
-from tests.study.test_trust import OFF, model_pool, one_value_space
+from tests.builders import TRUST_OFF, StudyFiles, model_pool, one_value_space
 
 CHUNKED = "--chunked-prefill-size"
 
@@ -28,7 +27,7 @@ def _rerun(study: Study) -> object:
 @pytest.fixture
 def searched(study_file: StudyFiles) -> tuple[Study, optuna.Study]:
     # The baseline and one config of a knob with an effect (a 512-token chunk costs the seed's node a third).
-    path = study_file(n_trials=2, search_space=one_value_space(CHUNKED, 512), trust=OFF)
+    path = study_file(n_trials=2, search_space=one_value_space(CHUNKED, 512), trust=TRUST_OFF)
     study = load_study(path)
     return study, StudyDriver(study, pool=model_pool(noise=0.005)).run()
 

@@ -20,9 +20,8 @@ from autotune.study.loop import StudyDriver
 from autotune.study.records import DRIVER_ATTR, PROPOSED_ATTR, QUEUED_ATTR, SERVER_CHOICES_ATTR
 from autotune.study.samplers import nearest
 from autotune.study.storage import finished_count, open_study
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import StudyFiles, e2e_study, model_pool
 from tests.conftest import run_cli
-from tests.study.test_loop import model_pool
 
 MEM = "--mem-fraction-static"
 # The shipped search space's knobs of a config without speculation, each at the baseline's value.

@@ -15,8 +15,6 @@ from optuna.trial import TrialState
 from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import AutotuneError
-from autotune.node.pool import LocalNodePool
-from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
 from autotune.study.callbacks import (
@@ -33,19 +31,11 @@ from autotune.study.samplers import NEAR_STEPS, nearest
 from autotune.study.storage import open_study
 from autotune.study.summary import study_summary
 from autotune.views.tracked import study_tracker
-from tests.builders import StudyFiles
+from tests.builders import StudyFiles, model_pool
 
 SEED_HARDWARE = (
     "8x NVIDIA RTX PRO 6000 Blackwell Server Edition (89 GiB, driver 580.159.04-sim), SGLang 0.5.17"
 )
-
-
-def model_pool(nodes: int = 1, checked: bool = True):
-    """Nodes answered by the model; `checked`: with what a node check would have found (GPUs, weights)."""
-    hw, model = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
-    names = [f"n{i}" for i in range(nodes)]
-    facts = {name: node_report(name, hw, model) for name in names} if checked else {}
-    return lambda study: LocalNodePool({name: ModelNodeExecutor(name, hw, model) for name in names}, facts)
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ from autotune.errors import ConfigError
 from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.storage import finished_count, open_study
-from tests.builders import SHIPPED_SPACE, StudyFiles
-from tests.study.test_loop import model_pool
+from tests.builders import SHIPPED_SPACE, StudyFiles, model_pool
 
 
 def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(study_file: StudyFiles) -> None:

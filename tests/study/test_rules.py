@@ -7,19 +7,16 @@ from optuna.study._constrained_optimization import _get_feasible_trials
 from optuna.trial import TrialState, create_trial
 
 from autotune.study.rules import is_feasible, non_dominated, within_limits
-
-
-def _trial(constraints: dict[str, float] | None) -> optuna.trial.FrozenTrial:
-    return create_trial(state=TrialState.COMPLETE, value=1.0, constraints=constraints)
+from tests.builders import optuna_study, stored_trial
 
 
 def test_feasible_is_every_constraint_at_most_zero_as_in_optuna() -> None:
     trials = [
-        _trial(None),
-        _trial({}),
-        _trial({"ttft": 0.0}),
-        _trial({"ttft": -1.0, "oom": 0.5}),
-        _trial({"a": 2.0}),
+        stored_trial(constraints=None),
+        stored_trial(constraints={}),
+        stored_trial(constraints={"ttft": 0.0}),
+        stored_trial(constraints={"ttft": -1.0, "oom": 0.5}),
+        stored_trial(constraints={"a": 2.0}),
     ]
     assert [is_feasible(t) for t in trials] == [True, True, True, False, False]
     assert [t in _get_feasible_trials(trials) for t in trials] == [is_feasible(t) for t in trials]
@@ -45,8 +42,7 @@ def test_the_best_measured_trial_is_feasible_complete_and_first_among_equals() -
     from autotune.study.rules import best_measured
 
     values = [(3.0, {}), (9.0, {"ttft": 1.0}), (5.0, {}), (5.0, {}), (1.0, {})]
-    trials = [create_trial(state=TrialState.COMPLETE, value=v, constraints=c) for v, c in values]
-    trials += [create_trial(state=TrialState.FAIL)]
+    trials = [stored_trial(value=v, constraints=c) for v, c in values] + [stored_trial(value=None)]
     for number, trial in enumerate(trials):
         trial.number = number
     best, least = best_measured(trials, "maximize"), best_measured(trials, "minimize")
@@ -67,25 +63,19 @@ def test_addresses_and_env_names_have_one_rule_each() -> None:
     ] * 4
 
 
-def _study(direction: str = "maximize") -> optuna.Study:
-    return optuna.create_study(direction=direction)
+X = {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, True])}
 
 
 def _add(study: optuna.Study, x: object, value: float | None, **attrs: object) -> None:
-    """A trial of config `x` ({} for the baseline, which sets no parameter)."""
-    params = {} if x is None else {"x": x}
-    distributions = {} if x is None else {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, True])}
-    state = TrialState.COMPLETE if value is not None else TrialState.FAIL
-    study.add_trial(
-        create_trial(state=state, value=value, params=params, distributions=distributions, user_attrs=attrs)
-    )
+    """A trial of config `x` (None for the baseline, which sets no parameter)."""
+    study.add_trial(stored_trial({} if x is None else {"x": x}, value, spaces=X, **attrs))
 
 
 def test_the_best_trial_is_the_best_single_measurement_until_a_config_is_measured_again() -> None:
     from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = _study()
+    study = optuna_study()
     _add(study, None, 5.0, **{BASELINE_ATTR: True})
     _add(study, 1, 9.0)  # trial 1: the best single measurement
     _add(study, 2, 8.0)
@@ -104,7 +94,7 @@ def test_a_config_that_failed_once_is_not_the_best_however_good_its_mean() -> No
     from autotune.study.records import REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = _study("minimize")
+    study = optuna_study(direction="minimize")
     _add(study, 1, 3.0)  # trial 0
     _add(study, 2, 2.0)  # trial 1: lower is better
     _add(study, 2, 2.2, **{REMEASURE_OF_ATTR: 1})
@@ -118,7 +108,7 @@ def test_the_best_among_chosen_trials_and_none_for_several_objectives() -> None:
     from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = _study()
+    study = optuna_study()
     _add(study, None, 9.0, **{BASELINE_ATTR: True})  # the baseline is the best config by its mean
     _add(study, 1, 8.0)
     _add(study, None, 9.2, **{BASELINE_ATTR: True, REMEASURE_OF_ATTR: 0})
@@ -130,7 +120,7 @@ def test_the_best_among_chosen_trials_and_none_for_several_objectives() -> None:
     with_params = best_trial(study, [t for t in study.trials if t.params])
     assert with_params is not None and with_params.number == 1
     assert best_trial(optuna.create_study(directions=["maximize", "minimize"])) is None
-    assert best_trial(_study()) is None
+    assert best_trial(optuna_study()) is None
 
 
 def test_configs_compare_with_their_types() -> None:

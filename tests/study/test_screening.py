@@ -4,13 +4,12 @@ node's model, real Optuna storage."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState, create_trial
 
 from autotune.cli import main
 from autotune.config import load_study
@@ -20,8 +19,7 @@ from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, SCREEN_ATTR
 from autotune.study.screening import held_knobs, screen
 from autotune.study.storage import budget_used
-from tests.builders import StudyFiles
-from tests.study.test_trust import FLAT, launched, model_pool
+from tests.builders import FLAT, StudyFiles, launched, model_pool, optuna_study, stored_trial
 
 POLICY, STREAM, CHUNKED = "--schedule-policy", "--stream-interval", "--chunked-prefill-size"
 # Two knobs the model ignores and one it does not: a chunk of 512 tokens costs the seed's node a third.
@@ -129,24 +127,13 @@ def test_a_resumed_study_holds_its_screened_knobs_and_says_so(study_file: StudyF
 
 
 # -- the evidence, on a study written by hand (the `moves` method reads what the search launched) ----------
-def _study(trials: list[tuple[dict[str, Any], float | None, dict[str, Any]]]) -> optuna.Study:
-    ostudy = optuna.create_study(direction="maximize")
-    spaces = {
-        POLICY: CategoricalDistribution([None, "lpm", "dfs-weight"]),
-        STREAM: CategoricalDistribution([None, 2, 4, 16]),
-        CHUNKED: CategoricalDistribution([None, 512, 16384]),
-    }
-    for params, value, attrs in trials:
-        ostudy.add_trial(
-            create_trial(
-                params=params,
-                distributions={n: spaces[n] for n in params},
-                value=value,
-                state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
-                user_attrs={"node": "n0", **attrs},
-            )
-        )
-    return ostudy
+SPACES = {
+    POLICY: CategoricalDistribution([None, "lpm", "dfs-weight"]),
+    STREAM: CategoricalDistribution([None, 2, 4, 16]),
+    CHUNKED: CategoricalDistribution([None, 512, 16384]),
+}
+# A launch on node n0 of these knobs: measured a value, or failed (None).
+on_n0 = functools.partial(stored_trial, spaces=SPACES, node="n0")
 
 
 def test_moves_holds_a_knob_whose_moves_alone_stay_inside_the_noise_and_not_one_that_failed(
@@ -154,24 +141,23 @@ def test_moves_holds_a_knob_whose_moves_alone_stay_inside_the_noise_and_not_one_
 ) -> None:
     study = load_study(study_file(search_space=MIXED, trust={"screen": {"method": "moves"}}))
     base = {BASELINE_ATTR: True}
-    ostudy = _study(
-        [
-            ({}, 100.0, base),
-            ({}, 100.2, {**base, REMEASURE_OF_ATTR: 0}),
-            ({}, 99.8, {**base, REMEASURE_OF_ATTR: 0}),
-            ({POLICY: "lpm", STREAM: None, CHUNKED: None}, 100.1, {}),
-            ({POLICY: "dfs-weight", STREAM: None, CHUNKED: None}, 99.9, {}),
-            ({POLICY: None, STREAM: None, CHUNKED: 512}, 66.0, {}),
-            ({POLICY: None, STREAM: None, CHUNKED: 16384}, 100.1, {}),
-            ({POLICY: None, STREAM: 16, CHUNKED: None}, 100.0, {}),
-            ({POLICY: None, STREAM: 2, CHUNKED: None}, None, {}),  # a move that failed is an effect
-        ]
+    again = {**base, REMEASURE_OF_ATTR: 0}
+    ostudy = optuna_study(
+        on_n0({}, 100.0, **base),
+        on_n0({}, 100.2, **again),
+        on_n0({}, 99.8, **again),
+        on_n0({POLICY: "lpm", STREAM: None, CHUNKED: None}, 100.1),
+        on_n0({POLICY: "dfs-weight", STREAM: None, CHUNKED: None}, 99.9),
+        on_n0({POLICY: None, STREAM: None, CHUNKED: 512}, 66.0),
+        on_n0({POLICY: None, STREAM: None, CHUNKED: 16384}, 100.1),
+        on_n0({POLICY: None, STREAM: 16, CHUNKED: None}, 100.0),
+        on_n0({POLICY: None, STREAM: 2, CHUNKED: None}, None),  # a move that failed is an effect
     )
     found = screen(study, ostudy)
     assert [h.knob for h in found] == [POLICY]
     # lpm and dfs-weight against the defaults, and against each other.
     assert "moving it alone (3 times, to 'dfs-weight', 'lpm')" in found[0].why
     # Without a noise estimate of 2 degrees of freedom nothing is held.
-    policy = [({POLICY: "lpm"}, 100.1, {}), ({POLICY: "dfs-weight"}, 99.9, {})]
-    once = [({}, 100.0, base), ({}, 100.2, {**base, REMEASURE_OF_ATTR: 0})]
-    assert screen(study, _study([*once, *policy])) == []
+    policy = [on_n0({POLICY: "lpm"}, 100.1), on_n0({POLICY: "dfs-weight"}, 99.9)]
+    once = [on_n0({}, 100.0, **base), on_n0({}, 100.2, **again)]
+    assert screen(study, optuna_study(*once, *policy)) == []

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -166,6 +165,8 @@ def test_multi_objective_study_gets_a_pareto_front(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_the_study_parent_run_carries_the_plots(finished_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, proc = finished_study
     assert proc.returncode == 0, proc.stderr[-2000:]
     workdir = path.parent / ".autotune" / "e2e"

@@ -16,7 +16,6 @@ from typing import Any
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
 
 from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
 from autotune.tracking.tracker import failure_note, metric_unit, run_name
@@ -98,6 +97,8 @@ def test_ablate_reverts_each_changed_setting_of_the_best_config_once(ablated_stu
 
 
 def test_ablation_runs_are_marked_in_mlflow(ablated_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = ablated_study
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/ablated/mlflow.db'}")
     experiment = client.get_experiment_by_name("ablated")
@@ -164,6 +165,8 @@ def test_report_before_any_ablation_says_how_to_run_one(finished_study, tmp_path
 
 
 def test_parent_run_description_is_the_study_summary(finished_study) -> None:
+    from mlflow.tracking import MlflowClient
+
     path, _ = finished_study
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune/e2e/mlflow.db'}")
     experiment = client.get_experiment_by_name("e2e")
@@ -403,6 +406,8 @@ def test_nothing_to_ablate_when_the_baseline_is_best() -> None:
 def test_start_up_phases_reach_the_report_and_each_trials_mlflow_run(ablated_study) -> None:
     """Read by the node from the simulated server's log lines (SGLang's own: `Load weight end. elapsed=`,
     `Capture target decode CUDA graph end. elapsed=`), recorded on the trial and its run."""
+    from mlflow.tracking import MlflowClient
+
     path, _ = ablated_study
     html = (path.parent / "report" / "report.html").read_text()
     summary = html.split('<section id="summary">')[1].split("</section>")[0]

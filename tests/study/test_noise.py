@@ -1,0 +1,96 @@
+"""The run-to-run noise (autotune.study.noise): measured by launching the baseline again, pooled over the
+configs near the best, and read by the sampler (`trust.noise_ties`); real Optuna storage."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from autotune.config import load_study
+from autotune.study.loop import StudyDriver
+from autotune.study.noise import move_from, noise_estimate, pooled
+from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.rules import ConfigMeasurements
+from autotune.study.samplers import IncumbentMoves, _best_of
+from autotune.study.storage import budget_used
+from tests.builders import (
+    TRUST_OFF,
+    StudyFiles,
+    launched,
+    model_pool,
+    optuna_study,
+    stored_trial,
+)
+
+
+def group(of: int, values: list[float], baseline: bool = False) -> ConfigMeasurements:
+    trials = tuple(range(of, of + len(values)))
+    return ConfigMeasurements(of, baseline, {}, trials, tuple(values), ())
+
+
+def test_the_noise_is_the_pooled_relative_spread_of_the_configs_near_the_best() -> None:
+    # (100, 102): mean 101, squares (1/101)^2 * 2; (200, 196, 204): mean 200, squares (4/200)^2 * 2.
+    groups = [group(0, [100, 102], baseline=True), group(5, [200, 196, 204]), group(9, [180.0])]
+    near = pooled(groups)  # the baseline is 50% below the best: its spread is not the top's
+    assert near is not None and near.dof == 2 and [of for of, _ in near.configs] == [5]
+    assert near.relative_sd == pytest.approx(((2 * (4 / 200) ** 2) / 2) ** 0.5)
+    close = [group(0, [190, 194], baseline=True), group(5, [200, 196, 204])]
+    both = pooled(close)
+    assert both is not None and both.dof == 3 and [of for of, _ in both.configs] == [0, 5]
+    assert both.relative_sd == pytest.approx(((2 * (2 / 192) ** 2 + 2 * (4 / 200) ** 2) / 3) ** 0.5)
+    assert pooled([group(0, [1.0]), group(1, [2.0])]) is None
+
+
+def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=7, trust={**TRUST_OFF, "repeat_baseline_after": 3})
+    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    repeats = [t for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
+    assert [t.number for t in repeats] == [3] and repeats[0].user_attrs["remeasure_of"] == 0
+    noise = noise_estimate(ostudy)
+    assert noise is not None and noise.dof == 1 and noise.configs[0] == (0, (0, 3))
+    assert 0 < noise.relative_sd < 0.05  # the model's 1% noise, from one pair
+    assert budget_used(ostudy) == 7  # the repeat is a launch: it counts
+
+
+# -- the sampler reading it (`trust.noise_ties`) -----------------------------------------------------------
+# The default sampler's moves start from any config within the run-to-run noise band of the best, not always
+# from the best single draw.
+KNOB = "--stream-interval"
+SPACE = {KNOB: CategoricalDistribution([None, 1, 2, 4, 8, 16])}
+BASE, AGAIN = {BASELINE_ATTR: True}, {BASELINE_ATTR: True, REMEASURE_OF_ATTR: 0}
+# Three settings of the knob (trials 3, 4, 5 after a baseline measured three times; 2, 3, 4 after two).
+MOVES = ((1, 100.0), (2, 100.3), (4, 95.0))
+
+
+def test_moves_start_from_any_config_tied_with_the_best_within_the_noise_band() -> None:
+    # The baseline three times: 0.2% apart, a band of about 0.8%; 100.3 and 100.0 are tied, 95 is not.
+    baseline = [
+        stored_trial({}, 99.8, **BASE),
+        stored_trial({}, 100.0, **AGAIN),
+        stored_trial({}, 100.2, **AGAIN),
+    ]
+    ostudy = optuna_study(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
+    trials = [t for t in ostudy.get_trials() if t.params]
+    rng = random.Random(0)
+    starts = {move_from(ostudy, trials, rng).number for _ in range(40)}  # type: ignore[union-attr]
+    assert starts == {3, 4}
+
+
+def test_before_the_noise_is_measured_moves_start_from_the_best() -> None:
+    baseline = [stored_trial({}, 99.8, **BASE), stored_trial({}, 100.0, **AGAIN)]  # one degree of freedom
+    ostudy = optuna_study(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
+    trials = [t for t in ostudy.get_trials() if t.params]
+    rng = random.Random(0)
+    assert {move_from(ostudy, trials, rng).number for _ in range(20)} == {3}  # type: ignore[union-attr]
+
+
+def test_the_switch_gives_the_study_loop_s_sampler_the_rule(study_file: StudyFiles) -> None:
+    trust = {"repeat_baseline_after": 0, "confirm": False, "stop_early": False}
+    space = {"parameters": {KNOB: {"kind": "sglang", "type": "categorical", "choices": [2, 4]}}}
+    path = study_file(n_trials=2, search_space=space, trust={**trust, "noise_ties": True})
+    driver = StudyDriver(load_study(path), pool=model_pool())
+    driver.run()
+    assert isinstance(driver.base_sampler, IncumbentMoves) and driver.base_sampler.reference is move_from
+    assert IncumbentMoves(driver.base_sampler.base).reference is _best_of  # without the switch: the best
