@@ -1,0 +1,41 @@
+"""A launch's node time in the node's own clock, where that clock is not the driver's.
+
+A real node's start-up and benchmark seconds are the driver's stopwatch. A simulated node runs its clock
+scaled (SGLANG_SIM_TIME_SCALE, SGLANG_SIM_STARTUP_TIME_SCALE: a ten-minute weight load in 0.6 s), so the
+stopwatch says little about the hours a real node would have spent. Its log says them, as real SGLang's
+does: the `elapsed=` of each start-up phase (init, weight load, CUDA-graph capture), in the node's time;
+and its /server_info reports the serving clock's `time_scale` (real seconds per server second), which the
+benchmark's wall time is divided by. On a real node (no scale, phases inside the wall time) both give the
+stopwatch back, so the rule needs no switch.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["logged_startup_s", "node_seconds"]
+
+# "Load weight end. elapsed=601.23 s", "Capture cuda graph end. Time elapsed: 21.07 s" (SGLang's wordings).
+_ELAPSED = re.compile(r"^(?:\[[^\]]*\]\s*)?(?P<what>.*?)\belapsed(?:=|:\s*)(?P<s>\d+(?:\.\d+)?)\s*s\b")
+
+
+def logged_startup_s(log: str) -> float:
+    """The start-up phases' seconds the server's log reports, each phase once (every TP rank prints it)."""
+    phases: dict[str, float] = {}
+    for line in log.splitlines():
+        if (found := _ELAPSED.search(line)) is not None:
+            what = found["what"].strip()
+            phases[what] = max(phases.get(what, 0.0), float(found["s"]))
+    return sum(phases.values())
+
+
+def node_seconds(
+    startup_s: float | None, benchmark_s: float | None, log: str, time_scale: float | None
+) -> float | None:
+    """The launch's node seconds: start-up as the longer of the stopwatch and the phases the log reports,
+    the benchmark's stopwatch divided by the server's `time_scale` (None when unknown: 1)."""
+    if startup_s is None and benchmark_s is None:
+        return None
+    startup = max(startup_s or 0.0, logged_startup_s(log)) if startup_s is not None else 0.0
+    scale = time_scale if time_scale is not None and time_scale > 0 else 1.0
+    return startup + (benchmark_s or 0.0) / scale
