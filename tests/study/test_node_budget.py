@@ -6,6 +6,7 @@ and a real MLflow store."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from autotune.cli import main
+from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.node.node_time import logged_startup_s, node_seconds
@@ -84,7 +86,8 @@ def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_cost
 ) -> None:
     budget_h = 3.0
     study = load_study(study_file(budget={"node_hours": budget_h}, trust=CONFIRM))
-    driver = StudyDriver(study, pool=model_pool(noise=0.01))
+    console = io.StringIO()
+    driver = StudyDriver(study, [ConsoleReporter(console)], pool=model_pool(noise=0.01))
     ostudy = driver.run()
     assert driver.stopped is not None and "share of the node-hour budget is spent" in driver.stopped
     trials = sorted(launched(ostudy), key=lambda t: t.number)
@@ -99,6 +102,13 @@ def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_cost
     assert spent_s(ostudy) / 3600 <= budget_h + 0.05  # within the budget (a round's launches vary a little)
     answer = study_answer(ostudy)
     assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.reason is None
+    # The console: the hours spent and left after every trial, with an ETA at this run's pace.
+    lines = [
+        line.strip() for line in console.getvalue().splitlines() if line.strip().startswith("node hours")
+    ]
+    assert len(lines) == len(trials)
+    assert all(f"spent of {budget_h:.2f}" in line and "left" in line for line in lines)
+    assert "kept for confirmation" in lines[0] and "ETA ~" in lines[-1]
 
 
 def test_without_a_node_hour_budget_the_search_runs_its_trials(study_file: StudyFiles) -> None:
@@ -185,3 +195,26 @@ def test_a_scaled_node_is_counted_in_its_own_clock_and_a_real_one_by_the_stopwat
     # A real node: the phases lie within the stopwatch's start-up, and the time scale is 1.
     assert node_seconds(700.0, 90.0, SIM_LOG, 1.0) == pytest.approx(790)
     assert node_seconds(None, None, "", None) is None
+
+
+# -- the stopping rule in node hours (issue 37 item 2) ------------------------------------------------------
+def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_than_the_noise(
+    study_file: StudyFiles,
+) -> None:
+    from tests.study.test_trust import FLAT
+
+    trust = {
+        "repeat_baseline_after": 2,
+        "confirm": False,
+        "screen": False,  # the stopping rule alone (screening would hold both knobs)
+        # Seed-node launches of about 0.2 node h: a stretch of about 3 launches after 1 node h.
+        "stop_early": {"min_trials": 100, "patience": 100, "min_node_hours": 1.0, "patience_node_hours": 0.6},
+    }
+    study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust))
+    driver = StudyDriver(study, pool=model_pool(noise=0.01))
+    ostudy = driver.run()
+    assert driver.stopped is not None and "node hours of search" in driver.stopped
+    assert "within the run-to-run noise band" in driver.stopped
+    trials = launched(ostudy)
+    # The trial counts (100, 100) would never have stopped it: the hours did, soon after their minimum.
+    assert len(trials) < 15 and spent_s(ostudy) / 3600 >= 1.0
