@@ -376,6 +376,7 @@ class TrialExecutor:
             bench if isinstance(bench, float) else None,
             log,
             result.time_scale if result is not None else None,
+            result.duration_s if result is not None else None,
         )
 
 

@@ -190,10 +190,11 @@ Loading safetensors checkpoint shards: 100% Completed | 64/64 [10:01<00:00,  9.3
 def test_a_scaled_node_is_counted_in_its_own_clock_and_a_real_one_by_the_stopwatch() -> None:
     assert logged_startup_s(SIM_LOG) == pytest.approx(15 + 601 + 21)  # each phase once, not once a rank
     # A simulated node at a thousandth of real time: 0.7 s on the stopwatch, 637 s in its log; its benchmark
-    # of 2 s at a fiftieth of real time (its /server_info's time_scale) is 100 s of the node's.
-    assert node_seconds(0.7, 2.0, SIM_LOG, 0.02) == pytest.approx(637 + 100)
+    # took 2.5 s on the stopwatch, of which 100 s served at a fiftieth of real time (2 s) and 0.5 s the
+    # client's own: 100.5 s of the node's.
+    assert node_seconds(0.7, 2.5, SIM_LOG, 0.02, 100.0) == pytest.approx(637 + 100.5)
     # A real node: the phases lie within the stopwatch's start-up, and the time scale is 1.
-    assert node_seconds(700.0, 90.0, SIM_LOG, 1.0) == pytest.approx(790)
+    assert node_seconds(700.0, 90.0, SIM_LOG, 1.0, 85.0) == pytest.approx(790)
     assert node_seconds(None, None, "", None) is None
 
 
