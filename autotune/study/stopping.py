@@ -1,5 +1,9 @@
 """The stopping rule: a search ends early when further trials are unlikely to beat its best beyond noise.
 
+With `min_node_hours` and `patience_node_hours` set (the defaults), the same question is also asked of the
+last stretch of node hours instead of trials (issue 37), and whichever rule is met first stops the search
+(benchmarks/RESULTS.md, "the stopping rule in node hours").
+
 The rule (`trust.stop_early`): after `min_trials` launched trials, when the last `patience` search trials
 did not raise the best value by more than the noise band (two runs of one config differ by up to that at
 95%: `NoiseEstimate.band`), the search stops and the study goes on to confirmation; the rest of the budget

@@ -174,6 +174,15 @@ def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
     parent = next(r for r in runs if "autotune.trial" not in r.data.tags)
     assert parent.data.metrics["node_hours"] == pytest.approx(sum(seconds.values()) / 3600)
 
+    # The report: the hours in the answer's rows, and each trial's in its table.
+    from autotune.views.report import _trials_html, study_findings
+
+    findings = study_findings(study, ostudy)
+    assert dict(findings.answer_rows())["node hours"].startswith(f"{sum(seconds.values()) / 3600:.2f} spent")
+    table = _trials_html(findings)
+    assert "<th>node h</th>" in table
+    assert all(f"<td class='num'>{s / 3600:.2f}</td>" in table for s in seconds.values())
+
 
 # -- the node's own clock ---------------------------------------------------------------------------------
 SIM_LOG = """\
@@ -211,6 +220,10 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
         # Seed-node launches of about 0.2 node h: a stretch of about 3 launches after 1 node h.
         "stop_early": {"min_trials": 100, "patience": 100, "min_node_hours": 1.0, "patience_node_hours": 0.6},
     }
+    defaults = load_study(study_file(n_trials=30, trust=None)).file.trust.stop_early
+    assert (defaults.min_node_hours, defaults.patience_node_hours) == (2.5, 2.0)  # beside (20, 15)
+    off = load_study(study_file(n_trials=30, trust={"stop_early": {"patience_node_hours": None}}))
+    assert off.file.trust.stop_early.patience_node_hours is None
     study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust))
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
     ostudy = driver.run()
