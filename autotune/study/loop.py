@@ -215,8 +215,8 @@ class StudyDriver:
         self.trials_before = trials_so_far(storage, study.name)  # before a new study's baseline is queued
         ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=storage)
         if not self.queued_only:
+            node_budget.check_budget(study, ostudy, self.hours_from)  # before any launch or write
             node_budget.record_budget(study, ostudy)
-            node_budget.check_budget(study, ostudy, self.hours_from)  # before any launch
         self._ostudy = ostudy
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler

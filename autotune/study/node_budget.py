@@ -121,15 +121,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
-def node_hours(study: Study, ostudy: optuna.Study) -> NodeHours:
+def node_hours(study: Study, ostudy: optuna.Study, *, given: bool = False) -> NodeHours:
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
-    `budget.node_hours` or `--hours`), else the study file's."""
+    `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
     launch = launch_s(ostudy)
     rounds, per_round = _confirm_launches(study)
     rounds = max(rounds - _rounds_measured(ostudy), 0)
     reserve = rounds * per_round * launch if launch is not None else 0.0
     record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
-    budget = record["hours"] if "hours" in record else study.file.budget.node_hours
+    budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
     return NodeHours(budget, spent_s(ostudy), launch, reserve)
 
 
@@ -162,7 +162,7 @@ def _rounds_measured(ostudy: optuna.Study) -> int:
 def check_budget(study: Study, ostudy: optuna.Study, field: str) -> None:
     """Refuse, before any launch, a budget that cannot pay for one more launch than it spent (`field`: the
     file's `budget.node_hours` or `--hours`)."""
-    hours = node_hours(study, ostudy)
+    hours = node_hours(study, ostudy, given=True)
     if hours.budget_h is None or hours.launch_s is None or hours.left_s is None:
         return
     if hours.left_s < hours.launch_s:

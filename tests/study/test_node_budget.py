@@ -77,7 +77,8 @@ def test_a_budget_smaller_than_one_measured_launch_is_refused_before_a_launch(st
     assert "budget.node_hours" in message and "cannot pay for one launch" in message
     assert "autotune resume --hours" in message
     stored = optuna.load_study(study_name=small.name, storage=small.storage)
-    assert len(stored.trials) == 2  # no launch was made
+    assert len(stored.trials) == 2  # no launch was made, and the refused budget not kept
+    assert (stored.user_attrs.get("node_budget") or {}).get("hours") is None
 
 
 # -- the search ends with the confirmation's reserve kept --------------------------------------------------
