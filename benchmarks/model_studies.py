@@ -307,7 +307,7 @@ class NodeClock(ModelNodeExecutor):
             result = super().run(replace(request, seed=request.seed + 100_000 * self.noise_seed))
         finally:
             self._launch = None
-        seconds = (result.startup_s or 0.0) + (result.benchmark_s or 0.0)
+        seconds = result.node_seconds or 0.0  # the product's count (TrialResult.node_seconds)
         self.total_s += seconds
         if request.job:
             self.stage_s += seconds

@@ -136,6 +136,13 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "noise-ties": {"noise_ties": True},
     "no-noise-ties": {"noise_ties": False},
     "per-look": True,  # the defaults, under the confirmation rule before issue 41 (per_look_confidence)
+    # The stopping rule in node hours (issue 37 item 2), sized on the seed's node (a launch ~0.2 node h, its
+    # answer first launched at 2.8-4.7 h): after 2.5 node h, stop when the last 2 node h gained no more
+    # than the noise; alone (the rule in trials out of reach), or beside (20, 15), whichever is met first.
+    "stop-hours": {
+        "stop_early": {"min_node_hours": 2.5, "patience_node_hours": 2.0, "min_trials": 999, "patience": 999}
+    },
+    "stop-hours-or-trials": {"stop_early": {"min_node_hours": 2.5, "patience_node_hours": 2.0}},
 }
 
 

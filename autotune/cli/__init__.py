@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
             "--n-trials", type=int, help="the study's total trial budget (overrides the file)"
         )
         command.add_argument(
+            "--hours",
+            type=float,
+            metavar="H",
+            help="the study's total budget in node hours, spent ones included (overrides budget.node_hours)",
+        )
+        command.add_argument(
             "--accept-changes",
             action="store_true",
             help="continue even though the search space or objective changed since the study began (not "
@@ -153,7 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     init = add("init", "write a study for the node in front of you: inspects its GPUs, SGLang and the model")
     init.add_argument("--model", required=True, metavar="PATH", help="the model's folder on the node")
     init.add_argument("--draft", metavar="PATH", help="an EAGLE-3 draft head's folder: speculative knobs too")
-    init.add_argument("--node", default="local", metavar="ADDRESS", help="local (default) or ssh://user@host:port")
+    init.add_argument(
+        "--node", default="local", metavar="ADDRESS", help="local (default) or ssh://user@host:port"
+    )
     init.add_argument("--key-file", metavar="FILE", help="the private key that logs in to an ssh:// node")
     init.add_argument("--known-hosts", metavar="FILE", help="the ssh:// node's host key (~/.ssh/known_hosts)")
     init.add_argument("--out", type=Path, default=Path("study.yaml"), metavar="STUDY.yaml", help="study.yaml")

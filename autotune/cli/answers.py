@@ -22,6 +22,7 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     LOAD_WARNING_ATTR,
     MLFLOW_RUN_ATTR,
+    NODE_S_ATTR,
     OVER_LIMITS_ATTR,
     PREFIX_CACHE_ATTR,
     PROPOSED_ATTR,
@@ -175,6 +176,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
         "startup_phases": trial.user_attrs.get(STARTUP_PHASES_ATTR),
         "startup_notes": trial.user_attrs.get(STARTUP_NOTES_ATTR) or [],
+        "node_s": trial.user_attrs.get(NODE_S_ATTR),  # in the node's own clock (study.node_budget)
     }
 
 
@@ -192,6 +194,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from autotune.views.status import fitted, nccl_stage, terminal_width, too_narrow
 
     stage_lines, stage_held = nccl_stage(study, study.storage)
+    from autotune.study.node_budget import node_hours, node_hours_record
+
     if args.json:
         print(
             json.dumps(
@@ -204,6 +208,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "remeasured": summary.remeasured,
                     "nccl_stage": {"text": stage_lines, "held": stage_held},
                     **_trust_record(summary.answer),
+                    "node_hours": node_hours_record(study, ostudy),
                 },
                 indent=2,
                 default=str,
@@ -250,6 +255,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     startup = startup_summary(ostudy.get_trials(deepcopy=False))
     if startup is not None:
         print("\n".join(fitted("", startup, width)))
+    print(node_hours(study, ostudy).text())
     answer = summary.answer
     said = [*answer.screened, answer.stopped] if answer is not None else []
     for text in filter(None, said):

@@ -8,6 +8,7 @@ output stays plain lines.
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from autotune.measure.metrics import CATALOGUE
@@ -20,6 +21,7 @@ from autotune.study.callbacks import (
     StudyEnded,
     StudyInterrupting,
     StudyStarted,
+    SummaryUpdated,
     TrialFinished,
     TrialStarted,
 )
@@ -48,7 +50,7 @@ def with_unit(value: float | None, metric: str) -> str:
 
 
 def describe_metric(study: Study) -> str:
-    """"output_throughput in tok/s, higher is better": what a stage's rows measure."""
+    """ "output_throughput in tok/s, higher is better": what a stage's rows measure."""
     objective = study.objective
     parts = []
     for metric, direction in zip(objective.metrics, objective.directions, strict=True):
@@ -86,8 +88,11 @@ class ConsoleReporter(StudyCallback):
         self.announced: set[tuple[str, bool]] = set()
         self.confirm_labels: dict[int, str] = {}  # trial number -> "confirm r1 · trial 9's config"
         self.bar: tqdm[Any] | None = None
+        self.spent_at_start: float | None = None  # node seconds before this run's first trial
 
     def study_started(self, event: StudyStarted) -> None:
+        self.started = time.monotonic()
+        self.spent_at_start = None
         if event.recovered:
             self._line(f"recovered interrupted trials {list(event.recovered)}: marked FAIL and queued again")
 
@@ -142,6 +147,22 @@ class ConsoleReporter(StudyCallback):
         else:
             trials = f"trial {numbers}" if len(event.trials) == 1 else f"trials {numbers}"
             self._line(f"stopping {trials} (Ctrl-C again to stop at once)")
+
+    def summary_updated(self, event: SummaryUpdated) -> None:
+        """The node hours spent and left after each server trial, with an ETA at this run's pace."""
+        if event.study.objective.kind == "nccl_allreduce":  # the stage's jobs: counted in the study's
+            return
+        from autotune.study.node_budget import node_hours
+
+        hours = node_hours(event.study, event.ostudy)
+        if hours.budget_h is None:
+            return
+        started = getattr(self, "started", None)
+        if self.spent_at_start is None:  # the pace from this run's trials on, not an earlier run's
+            self.spent_at_start = hours.spent_s - float(hours.launch_s or 0.0)
+        spent = hours.spent_s - self.spent_at_start
+        pace = (time.monotonic() - started) / spent if started is not None and spent > 0 else None
+        self._line(f"      {hours.text(pace)}")
 
     def study_ended(self, event: StudyEnded) -> None:
         self._close_bar()

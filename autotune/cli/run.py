@@ -5,7 +5,9 @@ study, by running trials, launching servers or queueing configs; they share the 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.cli.answers import summary_text
@@ -31,11 +33,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             "the budget must be positive",
             "Pass --n-trials 1 or more.",
         )
+    study = with_hours(study, args)
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
-    ostudy = _driver(study, args).run(args.n_trials, accept_changes=args.accept_changes)
+    driver = _driver(study, args)
+    if getattr(args, "hours", None) is not None:
+        driver.hours_from = "--hours"
+    ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
     ostudy = _remeasure(study, ostudy, args)
     print(summary_text(study_summary(ostudy), study))
+    from autotune.study.node_budget import node_hours
+
+    print(node_hours(study, ostudy).text())  # in the node's own clock (docs/study-file.md, "budget")
     from autotune.study.enqueue import waiting_line
 
     if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
@@ -47,6 +56,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_NO_ANSWER
     print(next_commands(args.study_file))
     return 0
+
+
+def with_hours(study: Study, args: argparse.Namespace) -> Study:
+    """The study with `--hours` as its node-hour budget (a bad value refused before anything starts)."""
+    hours = getattr(args, "hours", None)
+    if hours is None:
+        return study
+    if not (math.isfinite(hours) and hours > 0):
+        raise ConfigError(
+            args.study_file,
+            "--hours",
+            hours,
+            "a node-hour budget must be a positive number of hours",
+            "Pass e.g. --hours 2 (the study's total, the hours it spent included).",
+        )
+    budget = study.file.budget.model_copy(update={"node_hours": hours})
+    return replace(study, file=study.file.model_copy(update={"budget": budget}))
 
 
 def next_commands(study_file: Any) -> str:

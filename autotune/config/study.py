@@ -7,6 +7,7 @@ a `Study`. Loading creates nothing on disk; whoever runs the study calls `Study.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import shlex
@@ -248,18 +249,43 @@ class ServerSpec(BaseModel):
 
 
 class Budget(BaseModel):
-    """When the study stops: after `n_trials` trials or `timeout_s` seconds, whichever comes first."""
+    """When the study stops: after `n_trials` trials, `timeout_s` seconds or `node_hours` of the node's
+    time (start-up, benchmark and failed launches alike; the confirmation's cost kept back: study.budget),
+    whichever comes first. With `node_hours` alone, the trial count does not bound the search."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     n_trials: Annotated[StrictInt, Field(gt=0)] | None = 20
     timeout_s: PositiveFloat | None = None
+    node_hours: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hours_alone(cls, data: Any) -> Any:
+        # `budget: {node_hours: H}` means H hours, not H hours or the default 20 trials, whichever first.
+        if isinstance(data, dict) and data.get("node_hours") is not None and "n_trials" not in data:
+            return {**data, "n_trials": None}
+        return data
+
+    @field_validator("node_hours")
+    @classmethod
+    def _positive_hours(cls, hours: float | None) -> float | None:
+        if hours is not None and not (hours > 0 and math.isfinite(hours)):
+            raise rule_error(
+                "a node-hour budget must be a positive number of hours",
+                value=hours,
+                fix="Set node_hours to e.g. 2.0 (two hours of the node's time), or remove it.",
+            )
+        return hours
 
     @model_validator(mode="after")
     def _bounded(self) -> Budget:
-        if self.n_trials is None and self.timeout_s is None:
+        if self.n_trials is None and self.timeout_s is None and self.node_hours is None:
             raise rule_error(
-                "the study would never stop", loc=("n_trials",), value=None, fix="Set n_trials or timeout_s."
+                "the study would never stop",
+                loc=("n_trials",),
+                value=None,
+                fix="Set n_trials or timeout_s (or node_hours: a budget in node hours).",
             )
         return self
 

@@ -49,6 +49,7 @@ from autotune.node.check import (
 from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
+from autotune.node.node_time import node_seconds
 from autotune.node.runner import (
     CommandRunner,
     LaunchError,
@@ -374,9 +375,25 @@ class TrialExecutor:
             startup_phases=extra.get("startup_phases") or {},  # type: ignore[arg-type]
             startup_notes=tuple(self._startup_notes),
             log=_tail(log_path),
+            node_s=self._node_s(result, log_path, extra),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,
             port=request.launch.port or None,
+        )
+
+    @staticmethod
+    def _node_s(result: BenchmarkResult | None, log_path: Path, extra: dict[str, object]) -> float | None:
+        """The launch's seconds in the node's own clock (autotune.node.node_time), not the stopwatch's."""
+        startup, bench = extra.get("startup_s"), extra.get("benchmark_s")
+        if not isinstance(startup, float) and not isinstance(bench, float):
+            return None
+        log = log_path.read_text(errors="replace") if startup is not None and log_path.exists() else ""
+        return node_seconds(
+            startup if isinstance(startup, float) else None,
+            bench if isinstance(bench, float) else None,
+            log,
+            result.time_scale if result is not None else None,
+            result.duration_s if result is not None else None,
         )
 
 

@@ -82,6 +82,11 @@ class StartupPhaseReader:
             if said is not None and key not in self._graphs:
                 self._graphs[key] = float(said.group(1))
 
+    def logged_s(self) -> float:
+        """The seconds SGLang itself logged for its phases (`elapsed=`), each phase and graph once: the
+        node's own clock, where the driver's stopwatch runs another (a simulated node's scaled time)."""
+        return sum(self._said.values()) + sum(self._graphs.values())
+
     def phases(self, ready_s: float | None = None) -> dict[str, float]:
         """Seconds per phase seen (STARTUP_PHASES' names); `ready_s`, the launch-to-ready time the caller
         measured, is recorded as given."""

@@ -7,8 +7,9 @@ and the notebook render this one record, so no two of them can show different fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import optuna
@@ -16,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.stats import Gain
 from autotune.study.confirm import Confirmation, confirmation
+from autotune.study.node_budget import ran_out_text
 from autotune.study.noise import NoiseEstimate, noise_estimate
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, NCCL_STAGE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
@@ -79,6 +81,8 @@ class StudyAnswer:
     screened: tuple[str, ...]  # why screening held each knob it held
     text: str
     remeasured: RemeasuredAnswer | None = field(default=None, compare=False)  # the ranking behind `value`
+    # Why an answer is unconfirmed when it is not the search's own: "budget ran out" (study.node_budget).
+    reason: str | None = None
 
     @property
     def confirmed(self) -> bool:
@@ -111,13 +115,25 @@ class StudyAnswer:
             "noise": self.noise.record() if self.noise is not None else None,
             "nccl_stage": dict(self.nccl.held) if self.nccl is not None else None,
             "text": self.text,
+            "reason": self.reason,
         }
 
 
 def study_answer(ostudy: optuna.Study) -> StudyAnswer | None:
     """The study's answer: confirmed in rounds (or not beaten), else the re-measured best mean, else the
     best single measurement. None for a multi-objective study (its answer is the Pareto front) or before
-    any feasible trial completed."""
+    any feasible trial completed. Rounds the node-hour budget cut short make it unconfirmed, saying so."""
+    answer = _answer(ostudy)
+    said = ran_out_text(ostudy)
+    if answer is None or said is None or answer.confirmed:
+        return answer
+    # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
+    best = re.sub(r"; confirmation under way \([^)]*\): [^;]*", "", answer.text.removeprefix("unconfirmed: "))
+    text = f"{said}; the best so far: {best}"
+    return replace(answer, verdict="unconfirmed", reason="budget ran out", text=text)
+
+
+def _answer(ostudy: optuna.Study) -> StudyAnswer | None:
     if len(ostudy.directions) != 1:
         return None
     noise = noise_estimate(ostudy)

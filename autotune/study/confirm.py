@@ -15,7 +15,7 @@ The study's answer built on these rounds (and worded when there are none) is aut
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -152,9 +152,12 @@ def _searched_since(ostudy: optuna.Study, since: int) -> bool:
     )
 
 
-def confirmation_rounds(study: Study, ostudy: optuna.Study) -> Iterator[int]:
+def confirmation_rounds(
+    study: Study, ostudy: optuna.Study, affordable: Callable[[int], bool] | None = None
+) -> Iterator[int]:
     """Queue the confirmation's rounds one at a time; yields the budget the study loop runs to for each
-    (every trial of the round: budget used plus the queued). A resumed study continues its rounds."""
+    (every trial of the round: budget used plus the queued). A resumed study continues its rounds.
+    `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not."""
     if not study.file.trust.confirm.enabled or len(ostudy.directions) != 1:
         return
     settings = _settings(ostudy)
@@ -171,6 +174,8 @@ def confirmation_rounds(study: Study, ostudy: optuna.Study) -> Iterator[int]:
             yield budget_used(ostudy) + waiting
             continue
         if _decided(state, settings):
+            return
+        if affordable is not None and not affordable(len(state.configs) + 1):
             return
         index = state.queued
         for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):

@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import STOP_SIGNALS, AutotuneError, ForbiddenLaunchError, interrupt, stop_signal
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import optuna_internals, outcome, samplers, screening, stages
+from autotune.study import node_budget, optuna_internals, outcome, samplers, screening, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -44,7 +44,7 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.confirm import confirmation_rounds
+from autotune.study.confirm import confirmation, confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.node_failing import node_failing, requeue_baseline
 from autotune.study.noise import move_from, repeat_baseline
@@ -199,6 +199,7 @@ class StudyDriver:
         self.preflight = preflight
         self.remember_incompatible = remember_incompatible
         self.memory_edge = memory_edge
+        self.hours_from = "budget.node_hours"  # where the node-hour budget was given: `--hours` from the CLI
         self.queued_only = queued_only
         self._hardware_by_node: dict[str, str | None] = {}
         self._dialects: dict[tuple[str | None, str], Dialect] = {}  # one per server flag set: one notice each
@@ -213,6 +214,10 @@ class StudyDriver:
         storage = self.storage if self.storage is not None else rdb_storage(study.storage)
         self.trials_before = trials_so_far(storage, study.name)  # before a new study's baseline is queued
         ostudy = open_study(study, accept_changes=accept_changes, sampler=self.sampler, storage=storage)
+        if not self.queued_only:
+            node_budget.check_budget(study, ostudy, self.hours_from)  # before any launch or write
+            node_budget.record_budget(study, ostudy)
+        self._ostudy = ostudy
         self.known = KnownIncompatibilities(ostudy, study.search_space)
         self.base_sampler = ostudy.sampler
         self.skips = self.same_in_a_row = 0
@@ -263,8 +268,9 @@ class StudyDriver:
                 self.searching = False
                 if self.stopped is not None:
                     self.observers.knob_held(KnobHeld(self.stopped))
-                for total in () if self.queued_only else confirmation_rounds(study, ostudy):  # study.confirm
-                    self.total = total
+                node_budget.clear_ran_out(ostudy)
+                for total in () if self.queued_only else confirmation_rounds(study, ostudy, self._affordable):
+                    self.total = total  # a round at a time (study.confirm), while the node hours pay for it
                     self._trials(ostudy, pool, total, None, ctrl_c)
         except KeyboardInterrupt as exc:
             self._interrupt(ostudy, pool)
@@ -356,6 +362,15 @@ class StudyDriver:
         ostudy.set_user_attr(NCCL_STAGE_ATTR, result.record())  # the answer names the values it held
         return result.held
 
+    def _affordable(self, launches: int) -> bool:
+        """Whether the node hours left pay for a confirmation round of `launches`; recorded when not."""
+        ostudy = self._ostudy
+        if node_budget.round_fits(self.study, ostudy, launches):
+            return True
+        state = confirmation(ostudy)
+        node_budget.record_ran_out(self.study, ostudy, state.pairs if state is not None else 0)
+        return False
+
     def _holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
         """The study's sampler, holding the NCCL stage's values (and the knobs screening held): the study
         file's, built with them (tpe keeps them out of its moves), or the sampler given, with them fixed."""
@@ -424,6 +439,14 @@ class StudyDriver:
                 if self.searching and self.stopped is None and not self.queued_only:
                     if (dead := node_failing(ostudy, self.trials_before)) is not None:
                         self.stopped = dead.text  # not recorded: a resume tries the node again
+                        return False
+                    hours = node_budget.node_hours(self.study, ostudy)
+                    if not hours.search_may_launch(len(self.running)):
+                        self.stopped = (  # recorded: a resume given more hours goes on to confirm
+                            f"search ended: its share of the node-hour budget is spent ("
+                            f"{hours.text().removeprefix('node hours: ')}); the rest pays for confirmation"
+                        )
+                        record_stop(ostudy, self.stopped)
                         return False
                     self.stopped = why_stop(self.study, ostudy)  # the stopping rule (study.stopping)
                     if self.stopped is not None:
@@ -619,8 +642,8 @@ class StudyDriver:
             # SGLang's own values: where the sampler starts the knobs with no "unset".
             ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
         learned = self._learn(ostudy, trial, judged, result.node) if judged.failure is not None else None
-        if result.startup_s is not None or result.benchmark_s is not None:
-            trial.set_user_attr(NODE_S_ATTR, (result.startup_s or 0.0) + (result.benchmark_s or 0.0))
+        if (node_s := result.node_seconds) is not None:
+            trial.set_user_attr(NODE_S_ATTR, node_s)
         ostudy.tell(trial, judged.values, state=judged.state)
         self.done = finished_count(ostudy)
         summary = self._refresh_standing(ostudy)

@@ -286,6 +286,7 @@ class StageResult:
             "baseline_us": self.baseline_us,
             "best_us": self.best_us if self.best_us is not None and math.isfinite(self.best_us) else None,
             "trials": self.trials,
+            "node_s": self.node_s,  # counted in the study's node hours (study.node_budget)
         }
 
     def lines(self, name: str) -> list[str]:

@@ -1,5 +1,9 @@
 """The stopping rule: a search ends early when further trials are unlikely to beat its best beyond noise.
 
+With `min_node_hours` and `patience_node_hours` set (the defaults), the same question is also asked of the
+last stretch of node hours instead of trials (issue 37), and whichever rule is met first stops the search
+(benchmarks/RESULTS.md, "the stopping rule in node hours").
+
 The rule (`trust.stop_early`): after `min_trials` launched trials, when the last `patience` search trials
 did not raise the best value by more than the noise band (two runs of one config differ by up to that at
 95%: `NoiseEstimate.band`), the search stops and the study goes on to confirmation; the rest of the budget
@@ -26,7 +30,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config import Study
 from autotune.study.noise import noise_estimate
-from autotune.study.records import STOPPED_ATTR
+from autotune.study.records import NODE_S_ATTR, STOPPED_ATTR
 from autotune.study.rules import best_measured, deliberate, direction_sign
 from autotune.study.storage import counts
 
@@ -53,6 +57,8 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     settings = study.file.trust.stop_early
     if not settings.enabled or len(ostudy.directions) != 1:
         return None
+    if settings.patience_node_hours is not None and (why := _why_stop_in_hours(study, ostudy)) is not None:
+        return why  # else the rule in trials may stop it: whichever is met first
     trials = ostudy.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
@@ -78,6 +84,49 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     return (
         f"stopped early: the last {settings.patience} search trials raised the best by {improvement:.2%}, "
         f"within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
+        "`autotune resume --n-trials N` continues the search"
+    )
+
+
+def _node_h(trial: FrozenTrial) -> float:
+    return float(trial.user_attrs.get(NODE_S_ATTR) or 0.0) / 3600
+
+
+def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
+    """The rule with its stretch in node hours: after `min_node_hours` of launches, the last
+    `patience_node_hours` of search launches did not raise the best beyond the noise band."""
+    settings = study.file.trust.stop_early
+    patience_h, min_h = float(settings.patience_node_hours or 0.0), float(settings.min_node_hours or 0.0)
+    trials = ostudy.get_trials(deepcopy=False)
+    launched = [t for t in trials if t.state.is_finished() and counts(t)]
+    search = _search_trials(trials)
+    since = int((ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("after_trial", -1))
+    if (
+        sum(map(_node_h, launched)) < min_h
+        or sum(_node_h(t) for t in search if t.number > since) < patience_h
+    ):
+        return None
+    noise = noise_estimate(ostudy)
+    if noise is None or noise.dof < settings.min_noise_dof:
+        return None
+    recent: set[int] = set()
+    stretch = 0.0
+    for trial in reversed(search):  # the last search launches that together took `patience_h`
+        if stretch >= patience_h:
+            break
+        recent.add(trial.number)
+        stretch += _node_h(trial)
+    before = _best([t for t in launched if t.number not in recent], ostudy.direction)
+    now = _best(launched, ostudy.direction)
+    if before is None or now is None or before == 0:
+        return None
+    improvement = (now - before) / abs(before)
+    band = noise.band(spread_known=True)
+    if improvement > band:
+        return None
+    return (
+        f"stopped early: the last {stretch:.2f} node hours of search ({len(recent)} trials) raised the best "
+        f"by {improvement:.2%}, within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
         "`autotune resume --n-trials N` continues the search"
     )
 

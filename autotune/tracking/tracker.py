@@ -39,6 +39,7 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
+from autotune.study.node_budget import spent_s
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
@@ -633,6 +634,8 @@ class StudyTracker(StudyCallback):
         if result.benchmark_s is not None:
             metrics["benchmark_s"] = result.benchmark_s
         metrics.update({f"startup.{phase}": seconds for phase, seconds in result.startup_phases.items()})
+        if (node_s := result.node_seconds) is not None:  # in the node's own clock (the study's node hours)
+            metrics["node_s"] = node_s
         if result.ok:  # a job's metrics are its measurement
             metrics.update(
                 result.metrics if result.benchmark is None else measurement_metrics(result.benchmark)
@@ -712,6 +715,7 @@ class StudyTracker(StudyCallback):
         ):
             if value is not None:
                 metrics[key] = value
+        metrics["node_hours"] = spent_s(event.ostudy) / 3600  # the study's, its NCCL stage's included
         tags = {"autotune.best_trial": str(summary.best_trial)}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary.failure_kinds.items()})
         tags.update(self._pareto_tags(event))

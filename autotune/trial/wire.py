@@ -74,10 +74,23 @@ class TrialResult:
     startup_phases: dict[str, float] = field(default_factory=dict)
     # What the node changed in the launch to start it faster, in a sentence each (autotune.node.startup_prep).
     startup_notes: tuple[str, ...] = ()
+    # The node's own seconds for the launch where its clock is not the driver's (a simulated node's scaled
+    # time: autotune.node.node_time); None where start-up and benchmark seconds are the node's.
+    node_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.failure is None and (self.benchmark is not None or bool(self.metrics))
+
+    @property
+    def node_seconds(self) -> float | None:
+        """The node time this launch spent (start-up, benchmark, or both until it failed), in the node's
+        own clock: the one count of node hours that budgets, status, MLflow and the benchmarks share."""
+        if self.node_s is not None:
+            return self.node_s
+        if self.startup_s is None and self.benchmark_s is None:
+            return None
+        return (self.startup_s or 0.0) + (self.benchmark_s or 0.0)
 
     def summary(self) -> dict[str, object]:
         """A JSON-ready record of the result (the log left out)."""

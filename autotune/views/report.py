@@ -21,11 +21,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
 from autotune.study.answer import StudyAnswer
+from autotune.study.node_budget import node_hours
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
     FAILURE_ATTR,
     FAILURE_KIND_ATTR,
+    NODE_S_ATTR,
     PREFIX_CACHE_ATTR,
     prefix_cache_text,
 )
@@ -65,6 +67,7 @@ class StudyFindings:
     failures: tuple[FailureGroup, ...]
     ablation: Ablation | None
     trials: tuple[FrozenTrial, ...]
+    node_hours: str = ""  # spent, and left of the budget (study.node_budget.NodeHours.text)
 
     @property
     def answer(self) -> StudyAnswer | None:
@@ -108,6 +111,8 @@ class StudyFindings:
         if a.nccl is not None:
             rows.append(("NCCL stage", f"{a.nccl.text()} in every server trial"))
         rows.append(("rests on trials", ", ".join(map(str, a.trials))))
+        if self.node_hours:
+            rows.append(("node hours", self.node_hours.removeprefix("node hours: ")))
         return rows
 
 
@@ -134,6 +139,7 @@ def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
         failures=failure_groups(trials),
         ablation=ablation_results(ostudy),
         trials=trials,
+        node_hours=node_hours(study, ostudy).text(),
     )
 
 
@@ -404,17 +410,24 @@ def _trials_html(f: StudyFindings) -> str:
         )
         rows.append(
             f"<tr><td class='num'>{t.number}</td><td>{t.state.name}</td><td class='num'>{value}</td>"
+            f"<td class='num'>{_node_h(t)}</td>"
             f"<td>{html.escape(str(t.user_attrs.get('failure_kind') or ''))}</td>"
             + (f"<td class='num'>{hit}</td>" if caching else "")
             + f"<td><code>{html.escape(changed)}</code></td></tr>"
         )
     return (
         '<section id="trials"><h2>Every trial</h2><table><tr><th>#</th><th>state</th>'
-        f"<th>{html.escape(f.metric)}</th><th>failure</th>"
+        f"<th>{html.escape(f.metric)}</th><th>node h</th><th>failure</th>"
         + ("<th>prefix cache hit (of designed)</th>" if caching else "")
         + "<th>changed from the baseline</th></tr>"
         f"{''.join(rows)}</table></section>"
     )
+
+
+def _node_h(trial: FrozenTrial) -> str:
+    """The node hours a trial spent (records.NODE_S_ATTR), "-" for one never launched."""
+    seconds = trial.user_attrs.get(NODE_S_ATTR)
+    return f"{float(seconds) / 3600:.2f}" if seconds else "-"
 
 
 def write_report(study: Study, ostudy: optuna.Study, out: Path) -> Path:

@@ -231,3 +231,26 @@ def test_the_in_process_pool_checks_its_nodes_as_the_ray_pool_does(study_file: S
     path = study_file(data)
     with pytest.raises(NodeCheckError, match="no_such_server"):
         in_process_pool(load_study(path))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "flags", [(), ("--mem-fraction-static", "0.55", "--cuda-graph-max-bs-decode", "128")]
+)
+def test_a_scaled_simulated_node_is_counted_in_the_node_hours_a_real_one_would_spend(
+    executor: TrialExecutor, flags: tuple[str, ...]
+) -> None:
+    from autotune.sim.model_node import ModelNodeExecutor
+    from autotune.sim.profiles import load_hardware_profile, load_model_profile
+
+    # The seed's node (the simulated server's default profiles) at a thousandth of real time: a launch of
+    # about a second on the stopwatch, minutes of weight loading in the node's own clock (SGLang's 8 loader
+    # threads: 150 s of the seed's 601).
+    req = request(*flags)
+    result = executor.run(req)
+    model = ModelNodeExecutor(
+        "local", load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+    ).run(req)
+    assert (result.startup_s or 0) < 30 and result.node_seconds is not None
+    assert model.node_seconds is not None and model.node_seconds > 150
+    assert result.node_seconds == pytest.approx(model.node_seconds, rel=0.1)

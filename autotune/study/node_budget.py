@@ -1,0 +1,237 @@
+"""A study's budget in node hours: what it spent, what its confirmation will cost, when the search ends.
+
+Every launch records its node seconds (`records.NODE_S_ATTR`, counted by `TrialResult.node_seconds` in the
+node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation's cost is kept back: its
+`min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured. The search ends
+when its next launch would eat into that reserve; a confirmation round starts only when the hours left
+pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because the
+budget ran out after k of n rounds (recorded in `BUDGET_ATTR`, worded by `ran_out_text`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import Study
+from autotune.errors import ConfigError
+from autotune.study.confirm import confirmation
+from autotune.study.records import NCCL_STAGE_ATTR, NODE_S_ATTR, REMEASURE_OF_ATTR
+from autotune.study.storage import counts
+
+__all__ = [
+    "BUDGET_ATTR",
+    "NodeHours",
+    "check_budget",
+    "node_hours",
+    "node_hours_record",
+    "ran_out",
+    "ran_out_text",
+    "record_budget",
+    "record_ran_out",
+]
+
+BUDGET_ATTR = "node_budget"  # a study attribute: {hours, ran_out: {rounds, of, round_h}} when it ran out
+
+
+def spent_s(ostudy: optuna.Study) -> float:
+    """The node seconds the study spent: every finished launch's, and its NCCL stage's."""
+    stage = ostudy.user_attrs.get(NCCL_STAGE_ATTR)
+    stage_s = float(stage.get("node_s") or 0.0) if isinstance(stage, dict) else 0.0
+    trials = ostudy.get_trials(deepcopy=False)
+    return stage_s + math.fsum(float(t.user_attrs.get(NODE_S_ATTR) or 0.0) for t in trials)
+
+
+def launch_s(ostudy: optuna.Study) -> float | None:
+    """The median node seconds of a launch that ran to its measurement (as every confirmation launch is:
+    its configs completed before); of any launch before one completed; None before the first."""
+    finished = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished() and counts(t)]
+    complete = [t for t in finished if t.state == TrialState.COMPLETE and t.user_attrs.get(NODE_S_ATTR)]
+    seconds = [
+        float(t.user_attrs[NODE_S_ATTR]) for t in complete or finished if t.user_attrs.get(NODE_S_ATTR)
+    ]
+    return statistics.median(seconds) if seconds else None
+
+
+def dearest_launch_s(ostudy: optuna.Study) -> float | None:
+    """The node seconds of the dearest launch that ran to its measurement: what the confirmation's reserve
+    prices each launch at, as a round is priced at each config's dearest launch (a config's first launch
+    compiles, later ones find the node's caches warm, so the median would leave the reserve short)."""
+    seconds = [
+        float(t.user_attrs[NODE_S_ATTR])
+        for t in ostudy.get_trials(deepcopy=False)
+        if t.state == TrialState.COMPLETE and counts(t) and t.user_attrs.get(NODE_S_ATTR)
+    ]
+    return max(seconds) if seconds else launch_s(ostudy)
+
+
+def round_s(ostudy: optuna.Study) -> float | None:
+    """What a confirmation round costs: each of its configs' dearest launch so far; None before it began."""
+    state = confirmation(ostudy)
+    if state is None:
+        return None
+    configs = {state.baseline, *state.configs}
+    dearest: dict[int, float] = {}
+    for trial in ostudy.get_trials(deepcopy=False):
+        of = trial.user_attrs.get(REMEASURE_OF_ATTR, trial.number)
+        if of in configs and (seconds := trial.user_attrs.get(NODE_S_ATTR)):
+            dearest[of] = max(dearest.get(of, 0.0), float(seconds))
+    median = launch_s(ostudy) or 0.0
+    return math.fsum(dearest.get(config, median) for config in configs)
+
+
+def _confirm_launches(study: Study) -> tuple[int, int]:
+    """(rounds, launches a round) the confirmation needs at least: (0, 0) without one."""
+    confirm = study.file.trust.confirm
+    return (confirm.min_rounds, confirm.top + 1) if confirm.enabled else (0, 0)
+
+
+@dataclass(frozen=True)
+class NodeHours:
+    """Where a study stands against its node-hour budget (`budget_h` None: no budget)."""
+
+    budget_h: float | None
+    spent_s: float
+    launch_s: float | None  # the median launch measured
+    reserve_s: float  # kept back for the confirmation
+
+    @property
+    def left_s(self) -> float | None:
+        return None if self.budget_h is None else self.budget_h * 3600 - self.spent_s
+
+    def search_may_launch(self, running: int = 0) -> bool:
+        """Whether one more search launch (with `running` ones under way) leaves the reserve whole."""
+        if self.left_s is None or self.launch_s is None:
+            return True  # no budget, or nothing measured yet: the baseline runs first
+        return (running + 1) * self.launch_s + self.reserve_s <= self.left_s
+
+    def text(self, pace: float | None = None) -> str:
+        """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
+        spent = self.spent_s / 3600
+        if self.budget_h is None or self.left_s is None:
+            return f"node hours: {spent:.2f} spent"
+        left = max(self.left_s, 0.0) / 3600
+        line = f"node hours: {spent:.2f} spent of {self.budget_h:.2f}, {left:.2f} left"
+        if self.reserve_s:
+            line += f" ({self.reserve_s / 3600:.2f} kept for confirmation)"
+        if pace is not None and pace > 0:  # wall seconds per node second, as measured so far
+            line += f", ETA ~{_duration(max(self.left_s, 0.0) * pace)}"
+        return line
+
+
+def _up(hours: float) -> float:
+    """Hours rounded up to the hundredth a user passes to --hours."""
+    return math.ceil(hours * 100) / 100
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def node_hours(study: Study, ostudy: optuna.Study, *, given: bool = False) -> NodeHours:
+    """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
+    `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
+    launch = launch_s(ostudy)
+    rounds, per_round = _confirm_launches(study)
+    rounds = max(rounds - _rounds_measured(ostudy), 0)
+    dearest = dearest_launch_s(ostudy)
+    reserve = rounds * per_round * dearest if dearest is not None else 0.0
+    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
+    return NodeHours(budget, spent_s(ostudy), launch, reserve)
+
+
+def record_budget(study: Study, ostudy: optuna.Study) -> None:
+    """Remember the node-hour budget this run was given (None: none), for `status` and the report."""
+    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    if record.get("hours", "unset") != study.file.budget.node_hours:
+        ostudy.set_user_attr(BUDGET_ATTR, {**record, "hours": study.file.budget.node_hours})
+
+
+def node_hours_record(study: Study, ostudy: optuna.Study) -> dict[str, Any]:
+    """`status --json`'s node hours: spent, the budget, left, kept for confirmation, a launch's median."""
+    hours = node_hours(study, ostudy)
+    return {
+        "spent": hours.spent_s / 3600,
+        "budget": hours.budget_h,
+        "left": None if hours.left_s is None else hours.left_s / 3600,
+        "kept_for_confirmation": hours.reserve_s / 3600,
+        "launch_median": None if hours.launch_s is None else hours.launch_s / 3600,
+        "ran_out": ran_out(ostudy),
+    }
+
+
+def _rounds_measured(ostudy: optuna.Study) -> int:
+    """The confirmation rounds queued so far (each paid for as it runs), 0 before it began."""
+    state = confirmation(ostudy)
+    return state.queued if state is not None else 0
+
+
+def check_budget(study: Study, ostudy: optuna.Study, field: str) -> None:
+    """Refuse, before any launch, a budget that cannot pay for one more launch than it spent (`field`: the
+    file's `budget.node_hours` or `--hours`)."""
+    hours = node_hours(study, ostudy, given=True)
+    if hours.budget_h is None or hours.launch_s is None or hours.left_s is None:
+        return
+    if hours.left_s < hours.launch_s:
+        need = (hours.spent_s + hours.launch_s * (1 + _confirm_launches(study)[1])) / 3600
+        raise ConfigError(
+            study.path,
+            field,
+            hours.budget_h,
+            f"the budget cannot pay for one launch: {hours.spent_s / 3600:.2f} node h spent, a launch "
+            f"costs {hours.launch_s / 3600:.2f} node h (the median this study measured)",
+            f"Give at least {need:.2f} hours in total, e.g. `autotune resume --hours {_up(need):.2f}`.",
+        )
+
+
+def round_fits(study: Study, ostudy: optuna.Study, launches: int) -> bool:
+    """Whether the hours left pay for the next confirmation round (of `launches`)."""
+    hours = node_hours(study, ostudy)
+    if hours.left_s is None or hours.launch_s is None:
+        return True
+    cost = round_s(ostudy)
+    return (cost if cost is not None else launches * hours.launch_s) <= hours.left_s
+
+
+def record_ran_out(study: Study, ostudy: optuna.Study, rounds: int) -> None:
+    """Remember that the budget ran out after `rounds` confirmation rounds, and what a round costs."""
+    need, per_round = _confirm_launches(study)
+    cost = round_s(ostudy)
+    cost = cost if cost is not None else per_round * (launch_s(ostudy) or 0.0)
+    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    ran = {"rounds": rounds, "of": max(need, rounds + 1), "round_h": cost / 3600}
+    ostudy.set_user_attr(BUDGET_ATTR, {**record, "spent_h": spent_s(ostudy) / 3600, "ran_out": ran})
+
+
+def clear_ran_out(ostudy: optuna.Study) -> None:
+    """Forget an earlier run's ran-out record: this run's rounds decide again."""
+    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    if record.get("ran_out"):
+        ostudy.set_user_attr(BUDGET_ATTR, {k: v for k, v in record.items() if k != "ran_out"})
+
+
+def ran_out(ostudy: optuna.Study) -> dict[str, Any] | None:
+    """The record of a budget that ran out before the confirmation's rounds, or None."""
+    return (ostudy.user_attrs.get(BUDGET_ATTR) or {}).get("ran_out") or None
+
+
+def ran_out_text(ostudy: optuna.Study) -> str | None:
+    """ "unconfirmed: the budget ran out after 1 of 2 rounds; `autotune resume --hours 2.31` buys ..."."""
+    record = ran_out(ostudy)
+    if record is None:
+        return None
+    spent = float((ostudy.user_attrs.get(BUDGET_ATTR) or {}).get("spent_h") or 0.0)
+    rounds, of, round_h = int(record["rounds"]), int(record["of"]), float(record["round_h"])
+    missing = of - rounds
+    total = _up(spent + missing * round_h)
+    return (
+        f"unconfirmed: the budget ran out after {rounds} of {of} rounds; "
+        f"`autotune resume --hours {total:.2f}` buys the {missing} round{'s' if missing != 1 else ''} left "
+        f"({round_h:.2f} node h each)"
+    )

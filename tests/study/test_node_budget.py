@@ -1,0 +1,235 @@
+"""A budget in node hours (issue 37, item 1): the study file's `budget.node_hours` and `--hours`, each
+launch's node seconds in the study, status and MLflow, the search ended with the confirmation's cost kept
+back, and the answer when the hours ran out. Run fast on the seed's node answered by the simulated node's
+model (its launches cost what the model says a real one would: about 0.2 node h each), real Optuna storage
+and a real MLflow store."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from autotune.cli import main
+from autotune.cli.console import ConsoleReporter
+from autotune.config import load_study
+from autotune.errors import ConfigError
+from autotune.node.node_time import logged_startup_s, node_seconds
+from autotune.study.answer import study_answer
+from autotune.study.loop import StudyDriver
+from autotune.study.node_budget import launch_s, node_hours, spent_s
+from autotune.study.records import NODE_S_ATTR
+from autotune.views.tracked import study_tracker
+from tests.builders import FLAT, StudyFiles
+from tests.study.test_trust import launched, model_pool
+
+# Confirmation kept short: 2 rounds of the leader and the defaults (2 launches a round).
+CONFIRM = {"repeat_baseline_after": 0, "confirm": {"top": 1, "min_rounds": 2, "max_rounds": 2}}
+CONFIRM_OFF = {"repeat_baseline_after": 0, "confirm": False}
+
+
+# -- the study file and the flag ---------------------------------------------------------------------------
+@pytest.mark.parametrize("hours", [0, -1.5, float("inf")])
+def test_a_budget_of_no_hours_names_the_file_the_field_the_value_and_the_fix(
+    study_file: StudyFiles, hours: Any
+) -> None:
+    path = study_file(budget={"node_hours": hours})
+    with pytest.raises(ConfigError) as error:
+        load_study(path)
+    message = str(error.value)
+    assert path.name in message and "budget.node_hours" in message
+    assert "positive number of hours" in message and "Set node_hours to" in message
+
+
+def test_node_hours_alone_bound_the_search_and_both_may_be_given(study_file: StudyFiles) -> None:
+    alone = load_study(study_file(budget={"node_hours": 2})).file.budget
+    assert alone.node_hours == 2 and alone.n_trials is None  # not "2 hours or the default 20 trials"
+    both = load_study(study_file(budget={"node_hours": 2, "n_trials": 7})).file.budget
+    assert both.node_hours == 2 and both.n_trials == 7
+
+
+@pytest.mark.parametrize("hours", ["0", "-2", "nan"])
+def test_hours_on_the_command_line_are_refused_before_anything_starts(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str], hours: str
+) -> None:
+    path = study_file(n_trials=2)
+    assert main(["run", str(path), "--hours", hours, "--no-ray", "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert "--hours" in err and "positive number of hours" in err and "Pass e.g. --hours 2" in err
+    study = load_study(path)
+    assert not study.workdir.exists() or not (study.workdir / "optuna.db").exists()  # nothing launched
+
+
+def test_a_budget_smaller_than_one_measured_launch_is_refused_before_a_launch(study_file: StudyFiles) -> None:
+    path = study_file(n_trials=2)
+    first = StudyDriver(load_study(path), pool=model_pool()).run()
+    launch = launch_s(first)
+    assert launch is not None and launch > 0
+    spent = spent_s(first)
+    small = load_study(study_file(budget={"node_hours": (spent + launch / 2) / 3600, "n_trials": 4}))
+    with pytest.raises(ConfigError) as error:
+        StudyDriver(small, pool=model_pool()).run()
+    message = str(error.value)
+    assert "budget.node_hours" in message and "cannot pay for one launch" in message
+    assert "autotune resume --hours" in message
+    stored = optuna.load_study(study_name=small.name, storage=small.storage)
+    assert len(stored.trials) == 2  # no launch was made, and the refused budget not kept
+    assert (stored.user_attrs.get("node_budget") or {}).get("hours") is None
+
+
+# -- the search ends with the confirmation's reserve kept --------------------------------------------------
+def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_costs(
+    study_file: StudyFiles,
+) -> None:
+    budget_h = 3.0
+    study = load_study(study_file(budget={"node_hours": budget_h}, trust=CONFIRM))
+    console = io.StringIO()
+    driver = StudyDriver(study, [ConsoleReporter(console)], pool=model_pool(noise=0.01))
+    ostudy = driver.run()
+    assert driver.stopped is not None and "share of the node-hour budget is spent" in driver.stopped
+    trials = sorted(launched(ostudy), key=lambda t: t.number)
+    search = [t for t in trials if "confirm" not in t.user_attrs]
+    rounds = [t for t in trials if "confirm" in t.user_attrs]
+    search_s = sum(t.user_attrs[NODE_S_ATTR] for t in search)
+    median = launch_s(optuna.load_study(study_name=study.name, storage=study.storage))
+    assert median is not None
+    # Where it stopped: one more search launch would have eaten into the 2 rounds x 2 launches kept back.
+    assert search_s / 3600 <= budget_h
+    assert len(rounds) == 4  # both rounds ran: the reserve paid for them
+    assert spent_s(ostudy) / 3600 <= budget_h + 0.05  # within the budget (a round's launches vary a little)
+    answer = study_answer(ostudy)
+    assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.reason is None
+    # The console: the hours spent and left after every trial, with an ETA at this run's pace.
+    lines = [
+        line.strip() for line in console.getvalue().splitlines() if line.strip().startswith("node hours")
+    ]
+    assert len(lines) == len(trials)
+    assert all(f"spent of {budget_h:.2f}" in line and "left" in line for line in lines)
+    assert "kept for confirmation" in lines[0] and "ETA ~" in lines[-1]
+
+
+def test_without_a_node_hour_budget_the_search_runs_its_trials(study_file: StudyFiles) -> None:
+    study = load_study(study_file(n_trials=5, trust=CONFIRM_OFF))
+    driver = StudyDriver(study, pool=model_pool())
+    ostudy = driver.run()
+    assert len(launched(ostudy)) == 5 and driver.stopped is None
+    assert node_hours(study, ostudy).budget_h is None
+
+
+# -- the budget ran out -------------------------------------------------------------------------------------
+def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_resume_buys(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A search of 4 launches, then confirmation asked for with a budget that does not pay for one round.
+    path = study_file(n_trials=4, trust=CONFIRM_OFF)
+    searched = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    spent_h, launch_h = spent_s(searched) / 3600, (launch_s(searched) or 0.0) / 3600
+    path = study_file(budget={"n_trials": 4, "node_hours": spent_h + 1.5 * launch_h}, trust=CONFIRM)
+    study = load_study(path)
+    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    assert len(launched(ostudy)) == 4  # no round: a round is 2 launches
+    answer = study_answer(ostudy)
+    assert answer is not None and answer.verdict == "unconfirmed" and answer.reason == "budget ran out"
+    said = "unconfirmed: the budget ran out after 0 of 2 rounds; `autotune resume --hours"
+    assert answer.text.startswith(said)
+    assert "under way" not in answer.text
+    assert main(["best", str(path)]) == 0
+    assert "the budget ran out after 0 of 2 rounds" in capsys.readouterr().out
+    # What it says a resume buys is what a resume with those hours does: both rounds, an answer.
+    hours = float(answer.text.split("--hours ")[1].split("`")[0])
+    again = load_study(study_file(budget={"n_trials": 4, "node_hours": hours}, trust=CONFIRM))
+    ostudy = StudyDriver(again, pool=model_pool(noise=0.01)).run()
+    answer = study_answer(ostudy)
+    assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.rounds == 2
+    assert answer.reason is None and spent_s(ostudy) / 3600 <= hours
+
+
+# -- node seconds in the study, status and MLflow -----------------------------------------------------------
+def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = study_file(budget={"n_trials": 3, "node_hours": 5}, trust=CONFIRM_OFF)
+    study = load_study(path)
+    ostudy = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()
+    seconds = {t.number: t.user_attrs[NODE_S_ATTR] for t in launched(ostudy)}
+    assert len(seconds) == 3 and max(seconds.values()) > 150  # the model's seconds, not the test's clock
+
+    assert main(["status", str(path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert {t["number"]: t["node_s"] for t in status["trials"]} == seconds
+    assert status["node_hours"]["spent"] == pytest.approx(sum(seconds.values()) / 3600)
+    assert status["node_hours"]["budget"] == 5
+    assert main(["status", str(path)]) == 0
+    assert f"node hours: {sum(seconds.values()) / 3600:.2f} spent of 5.00" in capsys.readouterr().out
+
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    experiment = client.get_experiment_by_name(study.name)
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    trials = {int(r.data.tags["autotune.trial"]): r for r in runs if "autotune.trial" in r.data.tags}
+    assert {n: trials[n].data.metrics["node_s"] for n in seconds} == pytest.approx(seconds)
+    parent = next(r for r in runs if "autotune.trial" not in r.data.tags)
+    assert parent.data.metrics["node_hours"] == pytest.approx(sum(seconds.values()) / 3600)
+
+    # The report: the hours in the answer's rows, and each trial's in its table.
+    from autotune.views.report import _trials_html, study_findings
+
+    findings = study_findings(study, ostudy)
+    assert dict(findings.answer_rows())["node hours"].startswith(f"{sum(seconds.values()) / 3600:.2f} spent")
+    table = _trials_html(findings)
+    assert "<th>node h</th>" in table
+    assert all(f"<td class='num'>{s / 3600:.2f}</td>" in table for s in seconds.values())
+
+
+# -- the node's own clock ---------------------------------------------------------------------------------
+SIM_LOG = """\
+[2026-12-05 00:40:01 TP0] Init torch distributed ends. elapsed=15.00 s, mem usage=0.51 GB
+[2026-12-05 00:40:01 TP1] Init torch distributed ends. elapsed=15.00 s, mem usage=0.51 GB
+Loading safetensors checkpoint shards: 100% Completed | 64/64 [10:01<00:00,  9.39s/it]
+[2026-12-05 00:40:02 TP0] Load weight end. elapsed=601.00 s, type=KimiK25ForConditionalGeneration
+[2026-12-05 00:40:02 TP1] Load weight end. elapsed=600.50 s, type=KimiK25ForConditionalGeneration
+[2026-12-05 00:40:02 TP0] Capture cuda graph end. Time elapsed: 21.00 s. mem usage=1.20 GB
+[2026-12-05 00:40:03] The server is fired up and ready to roll!
+"""
+
+
+def test_a_scaled_node_is_counted_in_its_own_clock_and_a_real_one_by_the_stopwatch() -> None:
+    assert logged_startup_s(SIM_LOG) == pytest.approx(15 + 601 + 21)  # each phase once, not once a rank
+    # A simulated node at a thousandth of real time: 0.7 s on the stopwatch, 637 s in its log; its benchmark
+    # took 2.5 s on the stopwatch, of which 100 s served at a fiftieth of real time (2 s) and 0.5 s the
+    # client's own: 100.5 s of the node's.
+    assert node_seconds(0.7, 2.5, SIM_LOG, 0.02, 100.0) == pytest.approx(637 + 100.5)
+    # A real node: the phases lie within the stopwatch's start-up, and the time scale is 1.
+    assert node_seconds(700.0, 90.0, SIM_LOG, 1.0, 85.0) == pytest.approx(790)
+    assert node_seconds(None, None, "", None) is None
+
+
+# -- the stopping rule in node hours (issue 37 item 2) ------------------------------------------------------
+def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_than_the_noise(
+    study_file: StudyFiles,
+) -> None:
+    trust = {
+        "repeat_baseline_after": 2,
+        "confirm": False,
+        "screen": False,  # the stopping rule alone (screening would hold both knobs)
+        # Seed-node launches of about 0.2 node h: a stretch of about 3 launches after 1 node h.
+        "stop_early": {"min_trials": 100, "patience": 100, "min_node_hours": 1.0, "patience_node_hours": 0.6},
+    }
+    defaults = load_study(study_file(n_trials=30, trust=None)).file.trust.stop_early
+    assert (defaults.min_node_hours, defaults.patience_node_hours) == (2.5, 2.0)  # beside (20, 15)
+    off = load_study(study_file(n_trials=30, trust={"stop_early": {"patience_node_hours": None}}))
+    assert off.file.trust.stop_early.patience_node_hours is None
+    # One loader thread, as the seed's SGLang loaded: launches of about 0.2 node h (8 threads: 0.08).
+    startup = {"weight_loading_threads": 1}
+    study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust, startup=startup))
+    driver = StudyDriver(study, pool=model_pool(noise=0.01))
+    ostudy = driver.run()
+    assert driver.stopped is not None and "node hours of search" in driver.stopped
+    assert "within the run-to-run noise band" in driver.stopped
+    trials = launched(ostudy)
+    # The trial counts (100, 100) would never have stopped it: the hours did, soon after their minimum.
+    assert len(trials) < 15 and spent_s(ostudy) / 3600 >= 1.0
