@@ -143,6 +143,7 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
         "stop_early": {"min_node_hours": 2.5, "patience_node_hours": 2.0, "min_trials": 999, "patience": 999}
     },
     "stop-hours-or-trials": {"stop_early": {"min_node_hours": 2.5, "patience_node_hours": 2.0}},
+    "stop-trials": {"stop_early": {"patience_node_hours": None}},  # (20, 15) alone, as before issue 37
 }
 
 
