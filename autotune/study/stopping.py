@@ -69,10 +69,20 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
         return None
     if len(fresh) < settings.patience:
         return None
-    noise = noise_estimate(ostudy)
-    if noise is None or noise.dof < settings.min_noise_dof:
-        return None
     recent = {t.number for t in search[-settings.patience :]}
+    if (gain := _within_noise(ostudy, launched, recent, settings.min_noise_dof)) is None:
+        return None
+    return f"stopped early: the last {settings.patience} search trials raised the best by {gain}"
+
+
+def _within_noise(
+    ostudy: optuna.Study, launched: list[FrozenTrial], recent: set[int], min_noise_dof: int
+) -> str | None:
+    """How far the `recent` launches raised the best, with the noise band it stayed within and the way
+    on, when they raised it no more than that band; None when they did, or the noise is not known yet."""
+    noise = noise_estimate(ostudy)
+    if noise is None or noise.dof < min_noise_dof:
+        return None
     before = _best([t for t in launched if t.number not in recent], ostudy.direction)
     now = _best(launched, ostudy.direction)
     if before is None or now is None or before == 0:
@@ -82,8 +92,7 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     if improvement > band:
         return None
     return (
-        f"stopped early: the last {settings.patience} search trials raised the best by {improvement:.2%}, "
-        f"within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
+        f"{improvement:.2%}, within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
         "`autotune resume --n-trials N` continues the search"
     )
 
@@ -106,9 +115,6 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
         or sum(_node_h(t) for t in search if t.number > since) < patience_h
     ):
         return None
-    noise = noise_estimate(ostudy)
-    if noise is None or noise.dof < settings.min_noise_dof:
-        return None
     recent: set[int] = set()
     stretch = 0.0
     for trial in reversed(search):  # the last search launches that together took `patience_h`
@@ -116,19 +122,10 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
             break
         recent.add(trial.number)
         stretch += _node_h(trial)
-    before = _best([t for t in launched if t.number not in recent], ostudy.direction)
-    now = _best(launched, ostudy.direction)
-    if before is None or now is None or before == 0:
+    if (gain := _within_noise(ostudy, launched, recent, settings.min_noise_dof)) is None:
         return None
-    improvement = (now - before) / abs(before)
-    band = noise.band(spread_known=True)
-    if improvement > band:
-        return None
-    return (
-        f"stopped early: the last {stretch:.2f} node hours of search ({len(recent)} trials) raised the best "
-        f"by {improvement:.2%}, within the run-to-run noise band of {band:.2%} ({noise.describe()}); "
-        "`autotune resume --n-trials N` continues the search"
-    )
+    stretch_text = f"the last {stretch:.2f} node hours of search ({len(recent)} trials)"
+    return f"stopped early: {stretch_text} raised the best by {gain}"
 
 
 def record_stop(ostudy: optuna.Study, why: str) -> None:
