@@ -440,8 +440,9 @@ class ServerRecords:
         self.path.write_text(json.dumps(entries, indent=2))
 
     def add(self, pgid: int, server_id: str) -> None:
+        owner = {"owner_pid": os.getpid(), "owner_started": _started(os.getpid())}
         with self._lock:
-            self._save([*self._load(), {"pgid": pgid, "server_id": server_id}])
+            self._save([*self._load(), {"pgid": pgid, "server_id": server_id, **owner}])
 
     def remove(self, server_id: str) -> None:
         with self._lock:
@@ -451,10 +452,32 @@ class ServerRecords:
         """Stop every recorded server with `stop(pgid, server_id)`; returns the groups it stopped."""
         stopped = []
         for entry in self._load():
+            if _owner_alive(entry):
+                continue  # another live driver's or actor's server on this node (two drivers share a study)
             if stop(int(entry["pgid"]), str(entry["server_id"])):
                 stopped.append(int(entry["pgid"]))
             self.remove(str(entry["server_id"]))
         return stopped
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc's starttime): tells a live owner from
+    a later process that took its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner_alive(entry: dict[str, Any]) -> bool:
+    """Whether the process that started a recorded server still runs, and is not this one (a runner that
+    replaces another in this process stops what the old one left). Records without an owner: not alive."""
+    owner = entry.get("owner_pid")
+    if not isinstance(owner, int) or owner == os.getpid():
+        return False
+    started = _started(owner)
+    return started is not None and started == entry.get("owner_started")
 
 
 def _carries(pid: int, marker: bytes) -> bool:

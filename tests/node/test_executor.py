@@ -198,6 +198,34 @@ def test_a_server_left_by_a_dead_runner_is_stopped_by_the_next_one(tmp_path: Pat
 
 
 @pytest.mark.integration
+def test_a_server_whose_driver_still_runs_is_left_to_it(tmp_path: Path) -> None:
+    """Two drivers on one study share the node's folder: the second's runner stopped the first's baseline
+    (it failed as unknown_crash). A server is left behind only when the process that started it is gone."""
+    import json
+    import subprocess
+
+    from autotune.node.runner import _started
+
+    port = free_port()
+    process = LocalCommandRunner(tmp_path).start(
+        request(port=port).launch.argv, {"SGLANG_SIM_TIME_SCALE": "0.001"}, tmp_path / "a.log"
+    )
+    owner = subprocess.Popen(["sleep", "60"])  # stands for the other driver (or actor) that started it
+    try:
+        records = json.loads((tmp_path / "servers.json").read_text())
+        records[0].update(owner_pid=owner.pid, owner_started=_started(owner.pid))
+        (tmp_path / "servers.json").write_text(json.dumps(records))
+        assert LocalCommandRunner(tmp_path).stopped_left_behind == []  # its driver runs: not left behind
+        assert _group_members(process.pgid) and (tmp_path / "servers.json").is_file()
+        owner.kill()
+        owner.wait()
+        assert LocalCommandRunner(tmp_path).stopped_left_behind == [process.pgid]  # its driver died
+    finally:
+        owner.kill()
+        process.stop(grace_s=1)
+
+
+@pytest.mark.integration
 def test_an_unrelated_process_group_is_never_stopped(tmp_path: Path) -> None:
     import json
     import subprocess

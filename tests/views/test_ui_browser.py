@@ -20,7 +20,7 @@ import optuna
 import pytest
 
 from autotune.node.runner import port_is_free
-from autotune.study.rules import best_trial
+from autotune.study.answer import study_answer
 from tests.builders import StudyFiles, e2e_study
 from tests.conftest import run_cli
 
@@ -231,8 +231,10 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
         study_name="e2e", storage=f"sqlite:///{path.parent / '.autotune/e2e/optuna.db'}"
     )
     ran = [t for t in ostudy.get_trials() if not t.user_attrs.get("skipped")]
-    best = best_trial(ostudy)
-    assert best is not None
+    answer = study_answer(ostudy)  # study_rank 1 is the answer's trial, as `autotune best` gives it
+    assert answer is not None and answer.trial is not None
+    best = ostudy.trials[answer.trial]
+    assert best.value is not None
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
