@@ -19,8 +19,8 @@ from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, REMEASURE_OF_ATTR
 from autotune.study.summary import study_summary
 from autotune.views.plots import optimization_history, plot_data
-from tests.builders import StudyFiles
-from tests.study.test_trust import model_pool, run4
+from tests.builders import StudyFiles, model_pool
+from tests.study.test_confirm import run4
 
 # What `best --json` and benchmarks read before the answer was one typed record: still in its record.
 OLD_KEYS = {"confirmed", "trial", "leader", "beats_defaults", "value", "gain_pct", "gain_interval_pct"}

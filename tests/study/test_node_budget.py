@@ -24,8 +24,7 @@ from autotune.study.loop import StudyDriver
 from autotune.study.node_budget import launch_s, node_hours, spent_s
 from autotune.study.records import NODE_S_ATTR
 from autotune.views.tracked import study_tracker
-from tests.builders import FLAT, StudyFiles
-from tests.study.test_trust import launched, model_pool
+from tests.builders import FLAT, StudyFiles, launched, model_pool
 
 # Confirmation kept short: 2 rounds of the leader and the defaults (2 launches a round).
 CONFIRM = {"repeat_baseline_after": 0, "confirm": {"top": 1, "min_rounds": 2, "max_rounds": 2}}

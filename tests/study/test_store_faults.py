@@ -22,8 +22,7 @@ from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.loop import StudyDriver
 from autotune.study.store_failure import StorageUnwritable
 from autotune.views.tracked import study_tracker
-from tests.builders import StudyFiles
-from tests.study.test_loop import model_pool
+from tests.builders import StudyFiles, model_pool
 
 
 @contextlib.contextmanager
