@@ -9,7 +9,6 @@ serve, which a trial records beside what the server reports it served (`Benchmar
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
 from collections.abc import Mapping
@@ -61,19 +60,10 @@ def load_trace(path: str, block_size: int = 512) -> tuple[TraceRow, ...]:
             f"cannot read the trace ({exc.strerror or exc})",
             "Set workload.trace.path to a JSONL file (the shipped one: traces/agentic-sessions.jsonl).",
         ) from None
+    from autotune.measure.workloads import jsonl_objects
+
     rows = []
-    for number, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"line {number}"
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise ConfigError(
-                path, where, line[:60], f"not JSON ({exc})", "Write one JSON object a line."
-            ) from None
-        if not isinstance(row, dict):
-            raise ConfigError(path, where, line[:60], "not a JSON object", "Write one JSON object a line.")
+    for where, row in jsonl_objects(path, content):
         stamp, ilen, olen, ids = (
             row.get(k) for k in ("timestamp", "input_length", "output_length", "hash_ids")
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -248,8 +249,11 @@ def _bad(path: str | Path, where: str, value: object, problem: str, fix: str) ->
     return ConfigError(path, where, value, problem, fix)
 
 
-def _jsonl(path: str | Path, content: str) -> list[Prompt]:
-    prompts = []
+def jsonl_objects(
+    path: str | Path, content: str, object_fix: str = "Write one JSON object a line."
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each non-blank line of a JSONL file as ("line N", its object); a line that is not a JSON object is
+    a ConfigError naming the file and the line (`object_fix` says what a line should hold)."""
     for number, line in enumerate(content.splitlines(), 1):
         if not line.strip():
             continue
@@ -259,7 +263,13 @@ def _jsonl(path: str | Path, content: str) -> list[Prompt]:
         except ValueError as exc:
             raise _bad(path, where, line[:60], f"not JSON ({exc})", "Write one JSON object a line.") from None
         if not isinstance(row, dict):
-            raise _bad(path, where, line[:60], "not a JSON object", 'Write {"text": "..."} a line.')
+            raise _bad(path, where, line[:60], "not a JSON object", object_fix)
+        yield where, row
+
+
+def _jsonl(path: str | Path, content: str) -> list[Prompt]:
+    prompts = []
+    for where, row in jsonl_objects(path, content, 'Write {"text": "..."} a line.'):
         text, ids, out = row.get("text"), row.get("input_ids"), row.get("output_len")
         if (text is None) == (ids is None):
             raise _bad(
