@@ -68,6 +68,7 @@ STOP_GRACE_S = 15.0
 FAILED_GRACE_S = 0.5  # a server that logged a fatal line has nothing left to shut down cleanly
 PORT_FREE_TIMEOUT_S = 30.0
 WATCH_POLL_S = 0.2
+DEATH_SETTLE_S = 3.0  # how long a benchmark's failed requests wait for their server's exit to show
 LOG_TAIL_BYTES = 4 << 20  # what travels back to the driver for MLflow
 
 
@@ -255,8 +256,11 @@ class TrialExecutor:
         follower = follow_log(process, from_end=True)
         with _BenchmarkThread(self._measurement_job(request)) as job:
             future = job.future
+            settled_by: float | None = None
             try:
-                while not future.done():
+                while not future.done() or _may_be_dying(future, settled_by):
+                    if future.done() and settled_by is None:
+                        settled_by = time.monotonic() + DEATH_SETTLE_S
                     new_lines = follower.poll_new_lines()
                     died = process.poll() is not None
                     failure = classify("\n".join(new_lines), "benchmarking") if new_lines else None
@@ -395,6 +399,16 @@ class TrialExecutor:
             result.time_scale if result is not None else None,
             result.duration_s if result is not None else None,
         )
+
+
+def _may_be_dying(future: Future[BenchmarkResult], settled_by: float | None) -> bool:
+    """A benchmark that ended with failed requests may have ended because its server is going down, and
+    the server's exit can lag its clients' errors: watch on until `settled_by`."""
+    error = future.exception()
+    failed = error.failed if isinstance(error, BenchmarkError) else 0 if error else future.result().failed
+    if not failed:
+        return False
+    return settled_by is None or time.monotonic() < settled_by
 
 
 class _BenchmarkThread:
