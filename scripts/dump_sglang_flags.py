@@ -259,6 +259,42 @@ def flag_table(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
     return rows
 
 
+# In DefaultModelLoader (sglang/srt/model_loader/loader.py): the keys --model-loader-extra-config takes,
+# the default thread count, and the multithreaded loader's on/off default.
+_ALLOWED_KEYS = re.compile(r"allowed_keys\s*=\s*\{([^}]*)\}")
+_NUM_THREADS = re.compile(r"DEFAULT_NUM_THREADS\s*=\s*(\d+)")
+_MULTITHREAD = re.compile(
+    r"""extra_config\.get\(\s*["']enable_multithread_load["']\s*,\s*(True|False)\s*\)"""
+)
+
+
+def loader_defaults(source: str) -> dict[str, Any] | None:
+    """The default model loader's `--model-loader-extra-config` keys with SGLang's defaults, read from
+    loader.py's text, with the lines read; None where the version has no multithreaded loader."""
+    found = {
+        name: pattern.search(source)
+        for name, pattern in (
+            ("allowed_keys", _ALLOWED_KEYS),
+            ("DEFAULT_NUM_THREADS", _NUM_THREADS),
+            ("_get_weights_iterator", _MULTITHREAD),
+        )
+    }
+    if any(match is None for match in found.values()):
+        return None
+    keys = {key.strip().strip("\"'") for key in found["allowed_keys"].group(1).split(",")}  # type: ignore[union-attr]
+    if "enable_multithread_load" not in keys:
+        return None
+    lines = ",".join(str(source.count("\n", 0, match.start()) + 1) for match in found.values())  # type: ignore[union-attr]
+    return {
+        "defaults": {
+            "enable_multithread_load": found["_get_weights_iterator"].group(1) == "True",  # type: ignore[union-attr]
+            "num_threads": int(found["DEFAULT_NUM_THREADS"].group(1)),  # type: ignore[union-attr]
+        },
+        "read_from": f"sglang/srt/model_loader/loader.py:{lines} (DefaultModelLoader: {', '.join(found)}) in "
+        "the sglang wheel",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--sglang-path", help="a folder holding the sglang package (an unpacked wheel)")
@@ -297,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "flags": flag_table(parser),
     }
+    loader_py = source / "srt" / "model_loader" / "loader.py"
+    loader = loader_defaults(loader_py.read_text()) if loader_py.is_file() else None
+    if loader is not None:
+        table["model_loader_extra_config"] = loader
     out = Path(args.output) if args.output else DEFAULT_OUT_DIR / f"sglang-{version}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")

@@ -380,6 +380,47 @@ def test_the_dump_script_needs_only_the_standard_library() -> None:
     assert TABLES_DIR == REPO / "autotune" / "dialect" / "tables"
 
 
+# SGLang 0.5.17's DefaultModelLoader, the lines the dump reads (sglang/srt/model_loader/loader.py).
+_LOADER_0_5_17 = """
+class DefaultModelLoader(BaseModelLoader):
+    DEFAULT_NUM_THREADS = 8
+
+    def __init__(self, load_config: LoadConfig):
+        extra_config = load_config.model_loader_extra_config
+        allowed_keys = {"enable_multithread_load", "num_threads"}
+
+    def _get_weights_iterator(self, source):
+        extra_config = self.load_config.model_loader_extra_config
+        use_multithread = extra_config.get("enable_multithread_load", True)
+"""
+
+
+@pytest.mark.integration
+def test_the_dump_writes_the_loaders_keys_and_defaults_read_from_sglangs_source(tmp_path: Path) -> None:
+    # A table without them made autotune leave multithreaded loading off for that version.
+    package = tmp_path / "src" / "sglang"
+    (package / "srt" / "model_loader").mkdir(parents=True)
+    for init in (package, package / "srt", package / "srt" / "model_loader"):
+        (init / "__init__.py").write_text("")
+    (package / "version.py").write_text('__version__ = "9.9.9"\n')
+    (package / "srt" / "server_args.py").write_text(
+        "class ServerArgs:\n    @staticmethod\n    def add_cli_args(parser):\n"
+        "        parser.add_argument('--model-loader-extra-config', type=str, default='{}')\n"
+    )
+    (package / "srt" / "model_loader" / "loader.py").write_text(_LOADER_0_5_17)
+    out = tmp_path / "sglang-9.9.9.json"
+    script = REPO / "scripts" / "dump_sglang_flags.py"
+    args = [sys.executable, str(script), "--sglang-path", str(tmp_path / "src"), "-o", str(out)]
+    subprocess.run(args, check=True, capture_output=True, timeout=60)
+    table = load_table(out)
+    assert table.loader_defaults == {"enable_multithread_load": True, "num_threads": 8}
+    assert table.loader_defaults == load_table(TABLES_DIR / "sglang-0.5.17.json").loader_defaults
+
+    (package / "srt" / "model_loader" / "loader.py").write_text("class DefaultModelLoader:\n    pass\n")
+    subprocess.run(args, check=True, capture_output=True, timeout=60)
+    assert load_table(out).loader_defaults is None, "a version without the multithreaded loader"
+
+
 # ---- the EAGLE draft tree (sglang-versions.md A4) ----
 
 
