@@ -110,6 +110,7 @@ VARIANTS: Mapping[str, Callable[[int | None], optuna.samplers.BaseSampler]] = {
     "tpe/moves0.5": _tpe_variant(moves=0.5),
     "tpe/no-branches": _tpe_variant(branch_trials=0),  # without speculation's own trials
     "tpe/no-floor": _tpe_variant(floor=False),  # without the floor on the memory fraction
+    "tpe/no-climb": _tpe_variant(climb=False),  # without the line search along range knobs (issue 37)
     # Oracles, not methods: the default told the seed's best known speculative mode, and its NCCL transport.
     "tpe/oracle-eagle3": lambda seed: optuna.samplers.PartialFixedSampler(
         {"--speculative-algorithm": "EAGLE3"}, samplers.tpe(seed)
