@@ -74,6 +74,7 @@ BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right aft
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
+LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSED_ATTR)
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
 EDGE_KNOBS = {FailureKind.OOM_UNDER_LOAD.value: "--chunked-prefill-size"}
@@ -462,6 +463,8 @@ class IncumbentMoves(_Wrapper):
             flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
             if flag is None or flag not in failed.params or flag in self.held:
                 continue
+            if str(failed.system_attrs.get(PROPOSED_ATTR, "")).startswith(LINE_SEARCH):
+                continue  # past the edge on purpose: the line search goes back, and moves the edge itself
             # Unset means SGLang's own value, which the server logged before it failed.
             current = failed.params[flag]
             if current is None:
@@ -530,7 +533,7 @@ class IncumbentMoves(_Wrapper):
         in that knob lie on a line through it. With none there yet, a probe one step up. Where the nearest
         one on one side is worse by more than `CLIMB_MARGIN`, the slope points the other way: the next trial
         goes twice that distance further (an expanding step, so a fraction near SGLang's choice reaches the
-        edge in a few trials), but not past the nearest value another config ran out of memory at; where
+        edge in a few trials), but short of the nearest value another config ran out of memory at; where
         the nearest one that way failed (out of memory), half the way to it, rounded towards the best; and
         at the edge itself, the failed config with less of the memory that ran out (`_edge_shift`). The best
         configs sit next to the memory limit, and that limit moves with the prefill chunk, the graphs and
@@ -561,33 +564,42 @@ class IncumbentMoves(_Wrapper):
                 )
                 for side in (-1, 1)
             }
+            # The nearest value above and below the best that any config ran out of memory at.
+            edges = {
+                side: min(
+                    (
+                        t.params[name]
+                        for t in finished
+                        if _infeasible(t)
+                        and isinstance(t.params.get(name), int | float)
+                        and side * (t.params[name] - value) > 0
+                    ),
+                    key=lambda edge: abs(edge - value),
+                    default=None,
+                )
+                for side in (-1, 1)
+            }
             targets = []
-            if not line:
-                targets.append(value + step)  # a probe: which way the line goes from this best
+            up = edges[1]
+            if not line and (up is None or up - value > step * 1.5):
+                targets.append(value + step)  # a probe of which way the line goes, short of a known edge
             for side in (-1, 1):
                 behind, ahead = sides[-side], sides[side]
                 if not behind or not _feasible(behind[0]) or not worse(behind[0]):
                     continue
                 if not ahead:
                     target = value + 2 * (value - behind[0].params[name])
-                    # Not past the nearest value any other config ran out of memory at: there first.
-                    edges = [
-                        t.params[name]
-                        for t in finished
-                        if _infeasible(t)
-                        and isinstance(t.params.get(name), int | float)
-                        and side * (t.params[name] - value) > 0
-                    ]
-                    edge = min(edges, key=lambda e: abs(e - value), default=target)
-                    targets.append(edge if side * (target - edge) > 0 else target)
+                    edge = edges[side]  # short of the nearest value another config ran out of memory at
+                    if edge is not None and side * (target - (edge - side * step)) > 0:
+                        target = edge - side * step
+                    targets.append(target)
                 elif not _feasible(ahead[0]):
                     halves = math.floor(abs(ahead[0].params[name] - value) / step / 2 + 1e-9)
                     if halves == 0:  # the edge: move it, with less of what ran out of memory there
                         shift = _edge_shift(ahead[0], tried, self.held)
                         if shift is not None:
-                            return shift[
-                                0
-                            ], f"a line search from trial {best.number}, the best so far: {shift[1]}"
+                            plan, why = shift
+                            return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {why}"
                     targets.append(value + side * halves * step)
             for target in targets:
                 moved = nearest(distribution, target)
@@ -599,7 +611,7 @@ class IncumbentMoves(_Wrapper):
                     continue  # at the range's end, or no step left between the best and the edge
                 plan = {**best.params, name: moved}
                 if config_key(plan) not in tried:
-                    return plan, f"a line search from trial {best.number}, the best so far: {name} {moved}"
+                    return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
         return None
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:

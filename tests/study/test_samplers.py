@@ -686,21 +686,22 @@ def test_ngram_gets_draft_tokens_on_purpose_not_an_eagle_tree() -> None:
     assert tree(eagle[0])[:2] == (5, 4)
 
 
-def climb_study(trials: list[tuple[float, float | None]], climb: bool = True) -> optuna.Study:
+def climb_study(trials: list[tuple[float, float | None]], climb: bool = True, other: int = 0) -> optuna.Study:
     """A study of the memory fraction and one other knob whose trials ran at these (fraction, value) pairs
-    (None: ran out of memory), the other knob alike in all; moves off (`share=0`), no start."""
+    (None: ran out of memory), the other knob alike in all but the last `other` trials (NCCL_ALGO Ring
+    there); moves off (`share=0`), no start."""
     sampler = IncumbentMoves(
         optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, branch_trials=0, climb=climb
     )
     study = optuna.create_study(direction="maximize", sampler=sampler)
     distributions = {
         MEM: FloatDistribution(0.70, 0.95, step=0.01),
-        "NCCL_ALGO": CategoricalDistribution([None]),
+        "NCCL_ALGO": CategoricalDistribution([None, "Ring"]),
     }
-    for fraction, value in trials:
+    for number, (fraction, value) in enumerate(trials):
         failed = {"state": optuna.trial.TrialState.PRUNED, "system_attrs": {"constraints": [1.0]}}
         done = {"value": value} if value is not None else failed
-        params = {MEM: fraction, "NCCL_ALGO": None}
+        params = {MEM: fraction, "NCCL_ALGO": "Ring" if number >= len(trials) - other else None}
         study.add_trial(create_trial(params=params, distributions=distributions, **done))
     return study
 
@@ -708,14 +709,23 @@ def climb_study(trials: list[tuple[float, float | None]], climb: bool = True) ->
 def ask_fraction(study: optuna.Study) -> float:
     trial = study.ask()
     fraction = trial.suggest_float(MEM, 0.70, 0.95, step=0.01)
-    trial.suggest_categorical("NCCL_ALGO", [None])
+    trial.suggest_categorical("NCCL_ALGO", [None, "Ring"])
     return fraction
+
+
+def planned_by_line_search(study: optuna.Study) -> bool:
+    ask_fraction(study)
+    return "a line search" in str(study.trials[-1].system_attrs.get(PROPOSED_ATTR))
 
 
 def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_out() -> None:
     # A best with no trial on its line: a probe one step up.
     study = climb_study([(0.82, 700.0)])
     assert ask_fraction(study) == pytest.approx(0.83)
+    # Not where another config ran out of memory one step up already; and expanding steps stop there too.
+    assert not planned_by_line_search(climb_study([(0.82, 700.0), (0.83, None)], other=1))
+    study = climb_study([(0.84, 700.0), (0.85, 720.0), (0.88, None)], other=1)
+    assert ask_fraction(study) == pytest.approx(0.87)
     # 0.84 did worse than 0.85: the next goes twice as far the other way, then twice again.
     study = climb_study([(0.84, 700.0), (0.85, 720.0)])
     assert ask_fraction(study) == pytest.approx(0.87)
@@ -784,3 +794,19 @@ def test_at_the_edge_the_config_that_ran_out_of_memory_under_load_runs_with_a_sm
     )
     ask()
     assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # once: the next is the base sampler's
+
+
+def test_a_line_searchs_launch_past_the_edge_is_not_repaired() -> None:
+    """The line search went past the edge on purpose: it goes back itself, and at the edge runs the failed
+    config with the next smaller graph batch, so the repair's smallest one would be a launch too many."""
+    from autotune.study import optuna_internals
+
+    study = repairs_study()
+    study.enqueue_trial({ALGO: "EAGLE3", GRAPH_BS: 128})
+    trial = ask_launch(study)
+    optuna_internals.set_system_attr(
+        study, trial, PROPOSED_ATTR, "a line search from trial 0, the best so far"
+    )
+    tell_failed(study, trial, "cuda_graph_oom")
+    ask_launch(study)
+    assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # the base sampler's, not a repair
