@@ -25,7 +25,7 @@ from model_studies import (  # noqa: E402
     search_space_for,
     write_study,
 )
-from sample_efficiency import grid_plan  # noqa: E402
+from sample_efficiency import BestKnown, grid_plan, plan_jobs  # noqa: E402
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes  # noqa: E402
 
 from autotune.config import Study, parse_search_space  # noqa: E402
@@ -192,6 +192,16 @@ def test_a_profile_yaml_with_replicas_and_one_that_does_not_fit(tmp_path: Path) 
     (tmp_path / "typo.yaml").write_text(text + "tp: 4\n")
     with pytest.raises(ConfigError, match=r"typo.yaml: tp: Extra inputs"):
         load_profile(str(tmp_path / "typo.yaml"))
+
+
+def test_samplers_only_plans_autotunes_samplers_and_nothing_else() -> None:
+    best = {"seed": BestKnown(100.0, {}, 50.0, 0.85, "given")}
+    every = plan_jobs([PROFILES["seed"]], [20, 40], 2, ["tpe/no-climb"], best)
+    assert {job.method for job in every} == {"tpe", "tpe/no-climb", "random", "groups", "grid"}
+    alone = plan_jobs([PROFILES["seed"]], [20, 40], 2, ["tpe/no-climb"], best, others=False)
+    assert sorted((job.method, job.seed, job.n_trials) for job in alone) == [
+        ("tpe", 0, 40), ("tpe", 1, 40), ("tpe/no-climb", 0, 40), ("tpe/no-climb", 1, 40)
+    ]  # fmt: skip
 
 
 CODER = BENCHMARKS / "profiles" / "h100x8-qwen3coder480b.yaml"
