@@ -530,7 +530,8 @@ class IncumbentMoves(_Wrapper):
         self, study: Study, best: FrozenTrial, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> _Planned | None:
         """A line search along a range knob (the memory fraction): the trials that differ from the best only
-        in that knob lie on a line through it. With none there yet, a probe one step up. Where the nearest
+        in that knob lie on a line through it. With none there yet, a probe one step up, once two configs
+        that differ in that knob alone showed it matters. Where the nearest
         one on one side is worse by more than `CLIMB_MARGIN`, the slope points the other way: the next trial
         goes twice that distance further (an expanding step, so a fraction near SGLang's choice reaches the
         edge in a few trials), but short of the nearest value another config ran out of memory at; where
@@ -581,7 +582,11 @@ class IncumbentMoves(_Wrapper):
             }
             targets = []
             up = edges[1]
-            if not line and (up is None or up - value > step * 1.5):
+            if (
+                not line
+                and (up is None or up - value > step * 1.5)
+                and _matters(name, finished, CLIMB_MARGIN)
+            ):
                 targets.append(value + step)  # a probe of which way the line goes, short of a known edge
             for side in (-1, 1):
                 behind, ahead = sides[-side], sides[side]
@@ -736,6 +741,20 @@ def _edge_shift(
     if config_key(plan) in tried:
         return None
     return plan, f"trial {failed.number}'s config ({kind}) with {flag} {max(smaller)}"
+
+
+def _matters(name: str, trials: Sequence[FrozenTrial], margin: float) -> bool:
+    """Whether two measured configs that differ in `name` alone differ in value by more than `margin` of
+    the larger: evidence that the knob moves the objective in this study, somewhere."""
+    measured = [t for t in trials if _feasible(t) and isinstance(t.params.get(name), int | float)]
+    for i, one in enumerate(measured):
+        for other in measured[i + 1 :]:
+            assert one.value is not None and other.value is not None
+            if abs(one.value - other.value) > margin * max(abs(one.value), abs(other.value)) and _on_line(
+                other, one, name
+            ):
+                return True
+    return False
 
 
 def _on_line(trial: FrozenTrial, best: FrozenTrial, name: str) -> bool:

@@ -719,8 +719,10 @@ def planned_by_line_search(study: optuna.Study) -> bool:
 
 
 def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_out() -> None:
-    # A best with no trial on its line: a probe one step up.
-    study = climb_study([(0.82, 700.0)])
+    # A best with no trial on its line: a probe one step up, once two configs that differ in the fraction
+    # alone differ by more than the margin (here under another NCCL_ALGO); before, none.
+    assert not planned_by_line_search(climb_study([(0.82, 700.0)]))
+    study = climb_study([(0.82, 700.0), (0.80, 600.0), (0.81, 650.0)], other=2)
     assert ask_fraction(study) == pytest.approx(0.83)
     # Not where another config ran out of memory one step up already; and expanding steps stop there too.
     assert not planned_by_line_search(climb_study([(0.82, 700.0), (0.83, None)], other=1))
