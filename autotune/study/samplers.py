@@ -541,11 +541,12 @@ class IncumbentMoves(_Wrapper):
         the draft tree, so the edge is looked for again from each new best rather than learnt once."""
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         assert best.value is not None  # the best trial is a feasible COMPLETE one
+        top = best.value
 
         def worse(trial: FrozenTrial) -> bool:
             assert trial.value is not None
-            gap = (best.value - trial.value) if maximize else (trial.value - best.value)
-            return gap > CLIMB_MARGIN * abs(best.value)
+            gap = (top - trial.value) if maximize else (trial.value - top)
+            return gap > CLIMB_MARGIN * abs(top)
 
         for name, distribution in sorted(best.distributions.items()):
             value = best.params.get(name)
