@@ -4,6 +4,7 @@ do what their names say."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,15 @@ BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from failures import sample_rejections  # noqa: E402
-from model_studies import PROFILES, load_profile, run_study, search_space_for, write_study  # noqa: E402
-from sample_efficiency import grid_plan  # noqa: E402
+from model_studies import (  # noqa: E402
+    PROFILES,
+    Landscape,
+    load_profile,
+    run_study,
+    search_space_for,
+    write_study,
+)
+from sample_efficiency import BestKnown, grid_plan, plan_jobs  # noqa: E402
 from tuning_methods import OneGroupAtATime, TwoFlagGrid, grid_points, stage_sizes  # noqa: E402
 
 from autotune.config import Study, parse_search_space  # noqa: E402
@@ -184,6 +192,43 @@ def test_a_profile_yaml_with_replicas_and_one_that_does_not_fit(tmp_path: Path) 
     (tmp_path / "typo.yaml").write_text(text + "tp: 4\n")
     with pytest.raises(ConfigError, match=r"typo.yaml: tp: Extra inputs"):
         load_profile(str(tmp_path / "typo.yaml"))
+
+
+def test_samplers_only_plans_autotunes_samplers_and_nothing_else() -> None:
+    best = {"seed": BestKnown(100.0, {}, 50.0, 0.85, "given")}
+    every = plan_jobs([PROFILES["seed"]], [20, 40], 2, ["tpe/no-climb"], best)
+    assert {job.method for job in every} == {"tpe", "tpe/no-climb", "random", "groups", "grid"}
+    alone = plan_jobs([PROFILES["seed"]], [20, 40], 2, ["tpe/no-climb"], best, others=False)
+    assert sorted((job.method, job.seed, job.n_trials) for job in alone) == [
+        ("tpe", 0, 40), ("tpe", 1, 40), ("tpe/no-climb", 0, 40), ("tpe/no-climb", 1, 40)
+    ]  # fmt: skip
+
+
+CODER = BENCHMARKS / "profiles" / "h100x8-qwen3coder480b.yaml"
+CHUNK = "--chunked-prefill-size"
+
+
+def test_the_moe_coder_profile_loads_and_its_prefill_chunk_and_memory_fraction_interact(
+    tmp_path: Path,
+) -> None:
+    """The class where the search was weakest (issue 37, item 7): 32 prompts of 12k tokens on a 480B FP8 MoE
+    whose weights leave 25 GB of each 85.5 GB GPU, shared by the KV pool, the graphs and the prefill chunk's
+    activations. The best chunk depends on the memory fraction: no knob can be tuned alone."""
+    profile = load_profile(str(CODER))
+    assert profile.tp == 8 and write_study(tmp_path, profile, 2).file.server.flags == {"--tp-size": "8"}
+    landscape = Landscape(profile, tmp_path)
+
+    def value(fraction: float, chunk: int) -> float:
+        return landscape.value(landscape.complete({MEM: fraction, CHUNK: chunk}))
+
+    # A larger KV pool holds more of the 32 long prompts at once.
+    assert value(0.88, 8192) > 1.3 * value(0.80, 8192)
+    # At 0.88 the largest prefill chunk is the best; at 0.92 it runs out of memory, and 8192 beats them all.
+    assert value(0.88, 16384) > value(0.88, 8192) > value(0.88, 2048)
+    assert value(0.92, 16384) == 0.0 and value(0.92, 8192) > value(0.88, 16384)
+    # SGLang's own choices give about half of the best known (best_known.json).
+    best = json.loads((BENCHMARKS / "best_known.json").read_text())["profiles"][profile.key]["tok_s"]
+    assert landscape.value_of(landscape.space.baseline()) < 0.55 * best
 
 
 def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:

@@ -123,3 +123,29 @@ def test_the_config_keeps_the_cookbook_entry_with_the_profiles_layout_and_worklo
     assert config["benchmark"]["max_concurrency"] == [WORKLOAD.concurrency]
     assert config["benchmark"]["qps"] == float("inf")
     assert not config["speculative"]["enabled"]
+
+
+def test_the_moe_coder_profile_runs_auto_benchmark_with_its_own_cookbook_entry(tmp_path: Path) -> None:
+    """Every benchmarks/profiles/*.yaml runs in run.py: the Qwen3-Coder profile with SGLang's entry for that
+    model, whose base flags (expert parallelism 2, the Triton MoE runner) and searched memory fraction reach
+    the model node and start there."""
+    from model_studies import load_profile
+
+    profile = load_profile(str(REPO / "benchmarks" / "profiles" / "h100x8-qwen3coder480b.yaml"))
+    workload = Workload(num_prompts=4, input_len=12000, output_len=400, concurrency=4, warmup_requests=1)
+    config = harness.auto_benchmark_config(profile, workload, harness.VARIANTS[0], tmp_path)
+    server = config["server"]
+    assert server["base_flags"]["ep_size"] == 2 and server["base_flags"]["tp_size"] == 8
+    assert server["search_space"]["mem_fraction_static"] == [0.82, 0.85, 0.88]
+    assert config["search"]["max_candidates"] == 24
+
+    clock = NodeClock(NODE, load_hardware_profile(profile.hardware), load_model_profile(profile.model))
+    node = harness.ModelSubprocess(clock, workload)
+    flags = {**server["base_flags"], "mem_fraction_static": 0.88, "chunked_prefill_size": 8192}
+    command = launch_command(**flags, prefill_attention_backend="flashinfer", host="127.0.0.1", port=30000)
+    with open(tmp_path / "server.log", "w") as log:
+        node.Popen(command, stdout=log, env=dict(os.environ))
+        rows = [{"prompt": [1] * 12000, "prompt_len": 12000, "output_len": 400}] * 4
+        done = node.run(bench_command(tmp_path, rows, concurrency=4), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + (tmp_path / "server.log").read_text()[-2000:]
+    assert not node.launches[0].failed

@@ -20,7 +20,9 @@ trial with it switched on: SGLang's documented tree, the chain its adaptive mode
 keeps for the accept length the server reported, the documented tree with twice the draft tokens); moves
 sweep the knobs the best has not been moved in, and move a tree to a neighbouring tree; no proposal's
 memory fraction is below the minimum that a KV-pool-too-small message of the server named; values a
-cheaper staged study measured on the node (`staged`: an NCCL all-reduce study's best) are held.
+cheaper staged study measured on the node (`staged`: an NCCL all-reduce study's best) are held. From each
+new best a line search walks a range knob (the memory fraction) up to the edge where it runs out of memory:
+with long prompts the KV pool sets throughput, and the edge moves with every other memory knob.
 benchmarks/RESULTS.md has the measurements behind each of these choices.
 
 `WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
@@ -69,6 +71,13 @@ NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the
 # 1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted."
 _MINIMUM_VIABLE = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
+# A line search goes on past a neighbour worse than the best by more than this share of the best's value:
+# less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
+CLIMB_MARGIN = 0.005
+LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSED_ATTR)
+# Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
+# it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
+EDGE_KNOBS = {FailureKind.OOM_UNDER_LOAD.value: "--chunked-prefill-size"}
 # SGLang's documented defaults for an EAGLE tree, "the same for EAGLE-2 and EAGLE-3": num_steps 5,
 # eagle_topk 4, num_draft_tokens 8 (docs.sglang.io/advanced_features/speculative_decoding.html), where
 # a branch's first trial starts; the docs send the user on to bench_speculative.py, as the moves do.
@@ -352,6 +361,8 @@ class IncumbentMoves(_Wrapper):
       TPE's trials in between keep the search global.
     - A branch trial: right after the start, speculation switched off and on, each tree of BRANCH_PLAN
       once (`_branch`).
+    - A line search (`climb`): the best with one range knob moved along the line its neighbours show
+      rising, in growing steps, then halfway back towards where it ran out of memory (`_climb`).
 
     A config that already ran is not planned again. Multi-objective studies get `base` alone: they have
     no single best trial to move from.
@@ -366,6 +377,7 @@ class IncumbentMoves(_Wrapper):
         second: float = 0.3,
         branch_trials: int = BRANCH_TRIALS,
         floor: bool = True,
+        climb: bool = True,
         staged: Mapping[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
@@ -378,6 +390,7 @@ class IncumbentMoves(_Wrapper):
         self.second = second
         self.branch_trials = branch_trials
         self.floor = floor
+        self.climb = climb
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any] | None] = {}
@@ -431,8 +444,11 @@ class IncumbentMoves(_Wrapper):
         if best is None:
             return None
         branch = self._branch(best, finished, with_params, tried)
-        if branch is not None or self._rng.random() >= self.share:
+        if branch is not None:
             return branch
+        climb = self._climb(study, best, finished, tried) if self.climb else None
+        if climb is not None or self._rng.random() >= self.share:
+            return climb
         for _ in range(20):  # a move that repeats a tried config is drawn again
             move = self._move(best, with_params)
             if _asked(move, best.params, with_params) not in tried:
@@ -447,6 +463,8 @@ class IncumbentMoves(_Wrapper):
             flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
             if flag is None or flag not in failed.params or flag in self.held:
                 continue
+            if str(failed.system_attrs.get(PROPOSED_ATTR, "")).startswith(LINE_SEARCH):
+                continue  # past the edge on purpose: the line search goes back, and moves the edge itself
             # Unset means SGLang's own value, which the server logged before it failed.
             current = failed.params[flag]
             if current is None:
@@ -506,6 +524,100 @@ class IncumbentMoves(_Wrapper):
                     moved = {**plan, **_planned_ngram(step, ranges)}
                 if _asked(moved, best.params, with_params) not in tried:
                     return moved, f"{why}: trial {best.number} with {step}"
+        return None
+
+    def _climb(
+        self, study: Study, best: FrozenTrial, finished: list[FrozenTrial], tried: set[ConfigKey]
+    ) -> _Planned | None:
+        """A line search along a range knob (the memory fraction): the trials that differ from the best only
+        in that knob lie on a line through it. With none there yet, a probe one step up, once two configs
+        that differ in that knob alone showed it matters. Where the nearest
+        one on one side is worse by more than `CLIMB_MARGIN`, the slope points the other way: the next trial
+        goes twice that distance further (an expanding step, so a fraction near SGLang's choice reaches the
+        edge in a few trials), but short of the nearest value another config ran out of memory at; where
+        the nearest one that way failed (out of memory), half the way to it, rounded towards the best; and
+        at the edge itself, the failed config with less of the memory that ran out (`_edge_shift`). The best
+        configs sit next to the memory limit, and that limit moves with the prefill chunk, the graphs and
+        the draft tree, so the edge is looked for again from each new best rather than learnt once."""
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        assert best.value is not None  # the best trial is a feasible COMPLETE one
+        top = best.value
+
+        def worse(trial: FrozenTrial) -> bool:
+            assert trial.value is not None
+            gap = (top - trial.value) if maximize else (trial.value - top)
+            return gap > CLIMB_MARGIN * abs(top)
+
+        for name, distribution in sorted(best.distributions.items()):
+            value = best.params.get(name)
+            if (
+                name in self.held
+                or name in TREE_KNOBS
+                or not isinstance(distribution, FloatDistribution | IntDistribution)
+                or not isinstance(value, int | float)
+            ):
+                continue
+            step = distribution.step or (distribution.high - distribution.low) / 25
+            line = [t for t in finished if t.number != best.number and _on_line(t, best, name)]
+            sides = {
+                side: sorted(
+                    (t for t in line if side * (t.params[name] - value) > 0),
+                    key=lambda t: abs(t.params[name] - value),
+                )
+                for side in (-1, 1)
+            }
+            # The nearest value above and below the best that any config ran out of memory at.
+            edges = {
+                side: min(
+                    (
+                        t.params[name]
+                        for t in finished
+                        if _infeasible(t)
+                        and isinstance(t.params.get(name), int | float)
+                        and side * (t.params[name] - value) > 0
+                    ),
+                    key=lambda edge: abs(edge - value),
+                    default=None,
+                )
+                for side in (-1, 1)
+            }
+            targets = []
+            up = edges[1]
+            if (
+                not line
+                and (up is None or up - value > step * 1.5)
+                and _matters(name, finished, CLIMB_MARGIN)
+            ):
+                targets.append(value + step)  # a probe of which way the line goes, short of a known edge
+            for side in (-1, 1):
+                behind, ahead = sides[-side], sides[side]
+                if not behind or not _feasible(behind[0]) or not worse(behind[0]):
+                    continue
+                if not ahead:
+                    target = value + 2 * (value - behind[0].params[name])
+                    edge = edges[side]  # short of the nearest value another config ran out of memory at
+                    if edge is not None and side * (target - (edge - side * step)) > 0:
+                        target = edge - side * step
+                    targets.append(target)
+                elif not _feasible(ahead[0]):
+                    halves = math.floor(abs(ahead[0].params[name] - value) / step / 2 + 1e-9)
+                    if halves == 0:  # the edge: move it, with less of what ran out of memory there
+                        shift = _edge_shift(ahead[0], tried, self.held)
+                        if shift is not None:
+                            plan, why = shift
+                            return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {why}"
+                    targets.append(value + side * halves * step)
+            for target in targets:
+                moved = nearest(distribution, target)
+                side = 1 if moved > value else -1
+                ahead = sides[side]
+                if same_value(moved, value, tolerance=step / 2) or (
+                    ahead and side * (ahead[0].params[name] - moved) <= 0
+                ):
+                    continue  # at the range's end, or no step left between the best and the edge
+                plan = {**best.params, name: moved}
+                if config_key(plan) not in tried:
+                    return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
         return None
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
@@ -609,6 +721,49 @@ def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial
             return None
         names &= set().union(*(t.params for t in seen))
     return config_key({n: move[n] for n in names})
+
+
+def _edge_shift(
+    failed: FrozenTrial, tried: set[ConfigKey], held: Mapping[str, Any]
+) -> tuple[dict[str, Any], str] | None:
+    """The config that ran out of memory next to the best, with the next smaller value of the flag whose
+    memory ran out (EDGE_KNOBS, else the one SGLang's message names), when it has not run."""
+    kind = str(failed.user_attrs.get(FAILURE_KIND_ATTR))
+    flag = EDGE_KNOBS.get(kind) or _FLAG_TO_LOWER.get(kind)
+    if flag is None or flag not in failed.params or flag in held:
+        return None
+    current = failed.params[flag]
+    if current is None:  # SGLang's own value, which the server logged choosing
+        current = (failed.user_attrs.get(SERVER_CHOICES_ATTR) or {}).get(flag)
+    smaller = [c for c in _numbers(failed.distributions[flag]) if current is not None and c < current]
+    if not smaller:
+        return None
+    plan = {**failed.params, flag: max(smaller)}
+    if config_key(plan) in tried:
+        return None
+    return plan, f"trial {failed.number}'s config ({kind}) with {flag} {max(smaller)}"
+
+
+def _matters(name: str, trials: Sequence[FrozenTrial], margin: float) -> bool:
+    """Whether two measured configs that differ in `name` alone differ in value by more than `margin` of
+    the larger: evidence that the knob moves the objective in this study, somewhere."""
+    measured = [t for t in trials if _feasible(t) and isinstance(t.params.get(name), int | float)]
+    for i, one in enumerate(measured):
+        for other in measured[i + 1 :]:
+            assert one.value is not None and other.value is not None
+            if abs(one.value - other.value) > margin * max(abs(one.value), abs(other.value)) and _on_line(
+                other, one, name
+            ):
+                return True
+    return False
+
+
+def _on_line(trial: FrozenTrial, best: FrozenTrial, name: str) -> bool:
+    """Whether `trial` is `best` with only `name` changed (a finished launch: measured, or failed)."""
+    if name not in trial.params or trial.state is TrialState.RUNNING:
+        return False
+    names = {*best.params, *trial.params} - {name}
+    return all(same_value(trial.params.get(n), best.params.get(n)) for n in names)
 
 
 def _feasible(trial: FrozenTrial) -> bool:
@@ -716,6 +871,7 @@ def tpe(
     moves: float = 0.8,
     branch_trials: int = BRANCH_TRIALS,
     floor: bool = True,
+    climb: bool = True,
     start_values: Mapping[str, Any] | None = None,
     staged: Mapping[str, Any] | None = None,
     **options: Any,
@@ -742,6 +898,7 @@ def tpe(
         share=moves,
         branch_trials=branch_trials,
         floor=floor,
+        climb=climb,
         staged=staged,
         seed=seed,
     )

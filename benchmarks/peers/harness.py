@@ -152,7 +152,7 @@ def _speculative(topk: list[int]) -> dict[str, list[int]]:
     }
 
 
-_BASELINE = {"mem_fraction_static": 0.82, "schedule_policy": "lpm"}  # every entry's, kept from its command
+_BASELINE = {"mem_fraction_static": 0.82, "schedule_policy": "lpm"}  # the first three entries'
 COOKBOOK: Mapping[str, CookbookEntry] = {
     "kimi-k2.5": CookbookEntry(
         f"{_COOKBOOK_DIR}/cookbook-llm/kimi-k2.5.yaml",
@@ -179,6 +179,25 @@ COOKBOOK: Mapping[str, CookbookEntry] = {
         _speculative([1, 4]),
         (1.0, 12.0),
     ),
+    # Its own space: the memory fraction and expert parallelism searched, not pinned (the cookbook's B200
+    # baseline; it gives no H100 or H200 default for this model).
+    "qwen3-coder-480b-a35b-instruct": CookbookEntry(
+        f"{_COOKBOOK_DIR}/cookbook-llm/qwen3-coder-480b-a35b-instruct.yaml",
+        "3c9b183ebeefa49a2b771a092aa5a13189b8447e",
+        {"tp_size": 8, "ep_size": 2, "moe_runner_backend": "triton"},
+        {
+            "mem_fraction_static": [0.82, 0.85, 0.88],
+            "prefill_attention_backend": ["flashinfer"],
+            "decode_attention_backend": ["flashinfer"],
+            "chunked_prefill_size": [4096, 8192],
+            "max_running_requests": [32, 48, 64],
+            "schedule_policy": ["lpm", "fcfs"],
+            "ep_size": [1, 2],
+        },
+        _speculative([1, 2]),
+        (0.25, 4.0),
+        max_candidates=24,
+    ),
 }
 # The cookbook's SLA, every entry's: a QPS passes when the mean TTFT and the mean TPOT are under these.
 SLA = {"max_ttft_ms": 1500, "max_tpot_ms": 30}
@@ -188,6 +207,7 @@ PROFILE_COOKBOOK = {
     "h200": "llama-3.1-70b-instruct",
     "h100x4-llama70b": "llama-3.1-70b-instruct",
     "heldout-l40sx4-qwen32b": "qwen3-32b",
+    "h100x8-qwen3coder480b": "qwen3-coder-480b-a35b-instruct",
 }
 
 

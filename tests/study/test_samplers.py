@@ -684,3 +684,131 @@ def test_ngram_gets_draft_tokens_on_purpose_not_an_eagle_tree() -> None:
     eagle = [t for t in planned if t.params[ALGO] == "EAGLE3"]
     assert eagle and "SGLang's documented tree" in eagle[0].system_attrs[PROPOSED_ATTR]
     assert tree(eagle[0])[:2] == (5, 4)
+
+
+def climb_study(trials: list[tuple[float, float | None]], climb: bool = True, other: int = 0) -> optuna.Study:
+    """A study of the memory fraction and one other knob whose trials ran at these (fraction, value) pairs
+    (None: ran out of memory), the other knob alike in all but the last `other` trials (NCCL_ALGO Ring
+    there); moves off (`share=0`), no start."""
+    sampler = IncumbentMoves(
+        optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, branch_trials=0, climb=climb
+    )
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    distributions = {
+        MEM: FloatDistribution(0.70, 0.95, step=0.01),
+        "NCCL_ALGO": CategoricalDistribution([None, "Ring"]),
+    }
+    for number, (fraction, value) in enumerate(trials):
+        failed = {"state": optuna.trial.TrialState.PRUNED, "system_attrs": {"constraints": [1.0]}}
+        done = {"value": value} if value is not None else failed
+        params = {MEM: fraction, "NCCL_ALGO": "Ring" if number >= len(trials) - other else None}
+        study.add_trial(create_trial(params=params, distributions=distributions, **done))
+    return study
+
+
+def ask_fraction(study: optuna.Study) -> float:
+    trial = study.ask()
+    fraction = trial.suggest_float(MEM, 0.70, 0.95, step=0.01)
+    trial.suggest_categorical("NCCL_ALGO", [None, "Ring"])
+    return fraction
+
+
+def planned_by_line_search(study: optuna.Study) -> bool:
+    ask_fraction(study)
+    return "a line search" in str(study.trials[-1].system_attrs.get(PROPOSED_ATTR))
+
+
+def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_out() -> None:
+    # A best with no trial on its line: a probe one step up, once two configs that differ in the fraction
+    # alone differ by more than the margin (here under another NCCL_ALGO); before, none.
+    assert not planned_by_line_search(climb_study([(0.82, 700.0)]))
+    study = climb_study([(0.82, 700.0), (0.80, 600.0), (0.81, 650.0)], other=2)
+    assert ask_fraction(study) == pytest.approx(0.83)
+    # Not where another config ran out of memory one step up already; and expanding steps stop there too.
+    assert not planned_by_line_search(climb_study([(0.82, 700.0), (0.83, None)], other=1))
+    study = climb_study([(0.84, 700.0), (0.85, 720.0), (0.88, None)], other=1)
+    assert ask_fraction(study) == pytest.approx(0.87)
+    # 0.84 did worse than 0.85: the next goes twice as far the other way, then twice again.
+    study = climb_study([(0.84, 700.0), (0.85, 720.0)])
+    assert ask_fraction(study) == pytest.approx(0.87)
+    assert "a line search from trial 1" in study.trials[-1].system_attrs[PROPOSED_ATTR]
+    study = climb_study([(0.84, 700.0), (0.85, 720.0), (0.87, 760.0)])
+    assert ask_fraction(study) == pytest.approx(0.91)
+    # Past the edge (out of memory at 0.95): halfway back, then the last step between.
+    study = climb_study([(0.87, 760.0), (0.91, 800.0), (0.95, None)])
+    assert ask_fraction(study) == pytest.approx(0.93)
+    study = climb_study([(0.87, 760.0), (0.91, 800.0), (0.93, None), (0.95, None)])
+    assert ask_fraction(study) == pytest.approx(0.92)
+
+
+def test_a_line_search_stops_where_the_slope_is_within_noise_or_the_best_is_bracketed() -> None:
+    def planned(trials: list[tuple[float, float | None]]) -> bool:
+        study = climb_study(trials)
+        ask_fraction(study)
+        return PROPOSED_ATTR in study.trials[-1].system_attrs
+
+    assert not planned([(0.84, 719.0), (0.85, 720.0)])  # 0.14% worse: within CLIMB_MARGIN
+    assert not planned([(0.84, 700.0), (0.85, 720.0), (0.86, 710.0)])  # worse either side
+    assert not planned([(0.91, 700.0), (0.92, 720.0), (0.93, None)])  # no step between the best and the edge
+    assert not planned([(0.93, 700.0), (0.95, 720.0)])  # at the range's end
+    # Without the line search (`climb=False`) the same trials leave the proposal to the base sampler.
+    study = climb_study([(0.84, 700.0), (0.85, 720.0)], climb=False)
+    ask_fraction(study)
+    assert PROPOSED_ATTR not in study.trials[-1].system_attrs
+
+
+def test_at_the_edge_the_config_that_ran_out_of_memory_under_load_runs_with_a_smaller_prefill_chunk() -> None:
+    """0.93 ran out of memory while serving (a prefill batch's activations); 0.92 is the best: the line search
+    runs 0.93 again with the next smaller chunk than the 8192 the server chose, and only once."""
+    chunk = "--chunked-prefill-size"
+    sampler = IncumbentMoves(
+        optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, branch_trials=0
+    )
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    distributions = {
+        MEM: FloatDistribution(0.70, 0.95, step=0.01),
+        chunk: CategoricalDistribution([None, 2048, 4096]),
+    }
+    for fraction, value in ((0.91, 760.0), (0.92, 800.0), (0.93, None)):
+        failed = {
+            "state": optuna.trial.TrialState.PRUNED,
+            "system_attrs": {"constraints": [1.0]},
+            "user_attrs": {"failure_kind": "oom_under_load", SERVER_CHOICES_ATTR: {chunk: 8192.0}},
+        }
+        done = {"value": value} if value is not None else failed
+        study.add_trial(
+            create_trial(params={MEM: fraction, chunk: None}, distributions=distributions, **done)
+        )
+
+    def ask() -> dict[str, object]:
+        trial = study.ask()
+        params = {
+            MEM: trial.suggest_float(MEM, 0.70, 0.95, step=0.01),
+            chunk: trial.suggest_categorical(chunk, [None, 2048, 4096]),
+        }
+        study.tell(trial, 700.0)
+        return params
+
+    assert ask() == {MEM: pytest.approx(0.93), chunk: 4096}
+    assert (
+        "trial 2's config (oom_under_load) with --chunked-prefill-size 4096"
+        in study.trials[-1].system_attrs[PROPOSED_ATTR]
+    )
+    ask()
+    assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # once: the next is the base sampler's
+
+
+def test_a_line_searchs_launch_past_the_edge_is_not_repaired() -> None:
+    """The line search went past the edge on purpose: it goes back itself, and at the edge runs the failed
+    config with the next smaller graph batch, so the repair's smallest one would be a launch too many."""
+    from autotune.study import optuna_internals
+
+    study = repairs_study()
+    study.enqueue_trial({ALGO: "EAGLE3", GRAPH_BS: 128})
+    trial = ask_launch(study)
+    optuna_internals.set_system_attr(
+        study, trial, PROPOSED_ATTR, "a line search from trial 0, the best so far"
+    )
+    tell_failed(study, trial, "cuda_graph_oom")
+    ask_launch(study)
+    assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # the base sampler's, not a repair
