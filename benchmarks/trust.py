@@ -155,9 +155,10 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "no-nccl-stage": True,  # the defaults without the NCCL stage (NO_STAGE): what the stage buys, per profile
     # The confirmation as issue 41 left it (issue 37 item 4's "before"): the runner-up always confirmed, and
     # the rounds' width judged at the confidence spent over the looks too (OLD_CONFIRMATION).
-    "confirm-41": True,
+    "confirm-41": {"confirm": {"pair_search_launches": False}},
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
-    "no-search-rounds": True,  # the defaults, no launch of the search counted as a confirmation round
+    # The defaults, no launch of the search counted as a confirmation round.
+    "no-search-rounds": {"confirm": {"pair_search_launches": False}},
 }
 NO_STAGE = ("no-nccl-stage",)
 NO_STAGE = ("no-nccl-stage",)
@@ -187,8 +188,6 @@ def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]
         stack.enter_context(mock.patch.object(confirm_rule, "look_confidence", per_look_confidence))
     if variant in ("confirm-41", "keep-runner-up"):
         stack.enter_context(mock.patch.object(confirm_rule, "contenders", every_candidate))
-    if variant in ("confirm-41", "no-search-rounds"):
-        stack.enter_context(mock.patch.object(confirm_rule, "search_rounds", lambda *_: []))
     if variant == "confirm-41":
         stack.enter_context(
             mock.patch.object(confirm_rule, "precision_confidence", confirm_rule.look_confidence)

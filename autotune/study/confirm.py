@@ -17,7 +17,8 @@ measure a config the search already ranked below the leader beyond noise.
 Launches the search made count as a round where they are paired in time (`search_rounds`): a launch of the
 baseline (its early repeats) and a launch of a candidate one right after the other on one node, as a
 round's own launches are, so that a drift of the node falls on both alike; at most `min_rounds` - 1 of
-them, so that at least one round is launched after the search chose its candidates.
+them, so that at least one round is launched after the search chose its candidates
+(`pair_search_launches: false` counts none).
 
 The study's answer built on these rounds (and worded when there are none) is autotune.study.answer's.
 """
@@ -232,7 +233,11 @@ def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
         LEFT_OUT_KEY: [g.of for g in left_out],
         # At most min_rounds - 1, the latest: the confirmation's own launches always have a say, as the
         # candidates were chosen by the search's (they drew high).
-        SEARCH_ROUNDS_KEY: search_rounds(ostudy, base, top)[-(settings.min_rounds - 1) :],
+        SEARCH_ROUNDS_KEY: [
+            [list(pair) for pair in paired]  # as JSON stores it
+            for paired in search_rounds(ostudy, base, top)[-(settings.min_rounds - 1) :]
+            if settings.pair_search_launches
+        ],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }
