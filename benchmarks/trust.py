@@ -23,7 +23,13 @@ node hours include every one of those launches. Both run on the same seeds.
 `--variants` measures other trust sections side by side on the same seeds (VARIANTS: screening's two
 methods, `noise_ties`), with the search launches spent on knobs without effect; `per-look` is the trust
 defaults under the confirmation rule before issue 41 (each look's interval at the confidence split over the
-candidates only, not over the rounds it is looked at).
+candidates only, not over the rounds it is looked at); `confirm-41` the confirmation as issue 41 left it,
+before issue 37 item 4 (every candidate confirmed, no search launch counted as a round, the rounds' width
+judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage.
+
+A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
+baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
+answer sets add to its true tok/s.
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """

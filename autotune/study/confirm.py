@@ -198,7 +198,8 @@ def search_rounds(
     for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
         if trial.state.is_finished() and counts(trial) and NODE_ATTR in trial.user_attrs:
             by_node.setdefault(str(trial.user_attrs[NODE_ATTR]), []).append(trial.number)
-    rounds, used = [], set()
+    rounds: list[list[tuple[int, int]]] = []
+    used: set[int] = set()
     for launches in by_node.values():
         for i, number in enumerate(launches):
             if number not in baseline.trials:
@@ -208,7 +209,7 @@ def search_rounds(
             used.update(paired.values())  # a launch is one draw: it pairs once
             if paired:
                 rounds.append([(baseline.of, number), *sorted(paired.items())])
-    return rounds
+    return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
 def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
