@@ -22,6 +22,7 @@ from autotune.study.answer import study_answer
 from autotune.study.callbacks import StudyCallback, TrialFinished
 from autotune.study.confirm import confirmation, round_order
 from autotune.study.loop import StudyDriver, StudyInterrupted
+from autotune.study.node_budget import node_hours
 from autotune.study.noise import noise_estimate
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.rules import measurement_groups
@@ -384,9 +385,9 @@ def _search_study(values: dict[int, float], baselines: tuple[int, ...] = (0, 3, 
     for number, value in sorted(values.items()):
         if number in baselines:
             repeat = {"remeasure_of": baselines[0]} if number != baselines[0] else {}
-            trials.append(stored_trial({}, value, node="n", baseline=True, **repeat))
+            trials.append(stored_trial({}, value, node="n", node_s=600.0, baseline=True, **repeat))
         else:
-            trials.append(stored_trial({"--stream-interval": number}, value, node="n"))
+            trials.append(stored_trial({"--stream-interval": number}, value, node="n", node_s=600.0))
     return optuna_study(*trials)
 
 
@@ -445,6 +446,8 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     rounds = confirmation_rounds(study, ostudy)
     next(rounds)
     assert ostudy.user_attrs["confirm"][SEARCH_ROUNDS_KEY] == [[[0, 3], [4, 4]]]
+    # With the round queued and the search's, min_rounds are paid for: a node-hour budget keeps nothing back.
+    assert node_hours(study, ostudy).reserve_s == 0.0
     _run_round(ostudy, {0: 100.2, 4: 150.5})
     with pytest.raises(StopIteration):  # decided: +50% over 2 rounds, one of them the search's
         next(rounds)
