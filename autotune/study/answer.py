@@ -167,9 +167,11 @@ def _confirmed(ostudy: optuna.Study, state: Confirmation, context: dict[str, Any
         values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
         return sum(values) / len(values) if values else None
 
+    # Rounds made of the search's own launches paired in time (study.confirm.search_rounds) are said so.
+    searched = f", {state.searched} of them the search's launches paired in time" if state.searched else ""
     shown = (
         f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
-        f"{state.pairs} rounds)"
+        f"{state.pairs} rounds{searched})"
     )
     text = (
         f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"

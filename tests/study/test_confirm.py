@@ -456,6 +456,7 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     answer = study_answer(ostudy)
     assert answer is not None and answer.beats_defaults is True and answer.trial == 4
     assert {3, 4} <= set(answer.trials) and len(answer.trials) == 4
+    assert "2 rounds, 1 of them the search's launches paired in time)" in answer.text
 
 
 def test_the_rounds_stop_when_the_gain_is_known_within_the_target_without_claiming_it() -> None:
