@@ -23,7 +23,13 @@ node hours include every one of those launches. Both run on the same seeds.
 `--variants` measures other trust sections side by side on the same seeds (VARIANTS: screening's two
 methods, `noise_ties`), with the search launches spent on knobs without effect; `per-look` is the trust
 defaults under the confirmation rule before issue 41 (each look's interval at the confidence split over the
-candidates only, not over the rounds it is looked at).
+candidates only, not over the rounds it is looked at); `confirm-41` the confirmation as issue 41 left it,
+before issue 37 item 4 (every candidate confirmed, no search launch counted as a round, the rounds' width
+judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage.
+
+A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
+baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
+answer sets add to its true tok/s.
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import statistics
@@ -45,6 +52,7 @@ from typing import Any
 
 import optuna
 import yaml
+from optuna.trial import TrialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,8 +76,14 @@ from autotune.sim.profiles import load_hardware_profile
 from autotune.study import confirm as confirm_rule
 from autotune.study.answer import study_answer as product_answer
 from autotune.study.compare import compare
-from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
-from autotune.study.rules import best_trial, trial_config
+from autotune.study.records import (
+    BASELINE_ATTR,
+    COMPARE_ATTR,
+    CONFIRM_ATTR,
+    NODE_ATTR,
+    REMEASURE_OF_ATTR,
+)
+from autotune.study.rules import best_trial, is_feasible, trial_config
 
 N_TRIALS = 40
 LEASE_EVERY = 10  # the real study: 31 trials over four sessions
@@ -144,7 +158,16 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     },
     "stop-hours-or-trials": {"stop_early": {"min_node_hours": 2.5, "patience_node_hours": 2.0}},
     "stop-trials": {"stop_early": {"patience_node_hours": None}},  # (20, 15) alone, as before issue 37
+    "no-nccl-stage": True,  # the defaults without the NCCL stage (NO_STAGE): what the stage buys, per profile
+    # The confirmation as issue 41 left it (issue 37 item 4's "before"): the runner-up always confirmed, and
+    # the rounds' width judged at the confidence spent over the looks too (OLD_CONFIRMATION).
+    "confirm-41": {"confirm": {"pair_search_launches": False}},
+    "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
+    # The defaults, no launch of the search counted as a confirmation round.
+    "no-search-rounds": {"confirm": {"pair_search_launches": False}},
 }
+NO_STAGE = ("no-nccl-stage",)
+NO_STAGE = ("no-nccl-stage",)
 
 
 def per_look_confidence(settings: dict[str, Any], candidates: int) -> float:
@@ -153,13 +176,29 @@ def per_look_confidence(settings: dict[str, Any], candidates: int) -> float:
     return 1 - (1 - float(settings.get("confidence", 0.95))) / max(candidates, 1)
 
 
+def every_candidate(
+    top: Sequence[Any], noise: Any, maximize: bool, confidence: float
+) -> tuple[list[Any], list[Any]]:
+    """The confirmation before issue 37 item 4: every one of the `top` candidates confirmed."""
+    return list(top), []
+
+
 def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]:
-    """The product's rule (study.confirm.look_confidence), or today's before issue 41 for `per-look`."""
-    if variant != "per-look":
-        return contextlib.nullcontext()
+    """The product's rule (study.confirm), or an earlier one: before issue 41 for `per-look`; as issue 41
+    left it for `confirm-41` (every candidate confirmed, no search launch counted as a round, the width
+    judged at the looks' confidence); `keep-runner-up` and `no-search-rounds` one part of it as then."""
     from unittest import mock
 
-    return mock.patch.object(confirm_rule, "look_confidence", per_look_confidence)
+    stack = contextlib.ExitStack()
+    if variant == "per-look":
+        stack.enter_context(mock.patch.object(confirm_rule, "look_confidence", per_look_confidence))
+    if variant in ("confirm-41", "keep-runner-up"):
+        stack.enter_context(mock.patch.object(confirm_rule, "contenders", every_candidate))
+    if variant == "confirm-41":
+        stack.enter_context(
+            mock.patch.object(confirm_rule, "precision_confidence", confirm_rule.look_confidence)
+        )
+    return stack
 
 
 @dataclass(frozen=True)
@@ -192,6 +231,37 @@ class Outcome:
     node_h: float  # to a confirmed answer: the study (and, before, its compare)
     # Search launches that differed from an earlier launch only in knobs without effect.
     inert_launches: int = 0
+    parts: tuple[tuple[str, float], ...] = ()  # node h by part (PARTS), summing to node_h
+    # The answer's true value over the same config with NCCL's defaults, in percent: what the NCCL stage's
+    # held values add to it (0 when the answer sets no NCCL knob).
+    nccl_gain_pct: float = 0.0
+
+
+# Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
+# jobs, the baseline and its repeats, the search's launches that measured a value, those that failed or broke
+# a limit, and the confirmation rounds.
+PARTS = ("NCCL stage", "baseline + repeats", "search", "failed", "confirmation")
+
+
+def parts(ostudy: optuna.Study, clock: NodeClock) -> tuple[tuple[str, float], ...]:
+    """The study's node hours by part (PARTS): every launch the clock timed, in one part each."""
+    hours = dict.fromkeys(PARTS, 0.0)
+    hours["NCCL stage"] = clock.stage_s / 3600
+    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    for number, seconds in clock.seconds.items():
+        trial = trials.get(number)
+        if trial is None or COMPARE_ATTR in trial.user_attrs:
+            part = "confirmation"  # `before`'s separate compare
+        elif CONFIRM_ATTR in trial.user_attrs:
+            part = "confirmation"
+        elif trial.user_attrs.get(BASELINE_ATTR):
+            part = "baseline + repeats"
+        elif trial.state is not TrialState.COMPLETE or not is_feasible(trial):
+            part = "failed"
+        else:
+            part = "search"
+        hours[part] += seconds / 3600
+    return tuple(hours.items())
 
 
 _LANDSCAPES: dict[str, Landscape] = {}
@@ -278,7 +348,12 @@ def run_job(job: Job) -> Outcome:
     ) -> Outcome:
         answer = study_answer(ostudy) if job.trust is not False else single_measurement_answer(ostudy)
         chosen = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.trial)
-        true_value = truth.value_of(trial_config(study, chosen))
+        config = trial_config(study, chosen)
+        true_value = truth.value_of(config)
+        nccl_defaults = dataclasses.replace(
+            config, env={k: v for k, v in config.env.items() if not k.startswith("NCCL_")}
+        )
+        without_nccl = truth.value_of(nccl_defaults)
         confirmed_claims = answer.confirmed and answer.claims_gain
         if job.trust is False and answer.claims_gain:
             # The separate compare, as the real run's: on the next lease, with draws of its own.
@@ -302,6 +377,8 @@ def run_job(job: Job) -> Outcome:
             true_value=true_value,
             node_h=clock.total_s / 3600,
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
+            parts=parts(ostudy, clock),
+            nccl_gain_pct=(true_value / without_nccl - 1) * 100 if without_nccl else 0.0,
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -313,7 +390,8 @@ def run_job(job: Job) -> Outcome:
             noise=noise,
             lease_every=LEASE_EVERY,
             search_space=search_space(profile, job.flat),
-            nccl_stage=not job.flat and profile.tp > 1,  # one GPU has no all-reduces to tune
+            # One GPU has no all-reduces to tune.
+            nccl_stage=not job.flat and profile.tp > 1 and job.variant not in NO_STAGE,
             trust=job.trust,
             inspect=inspect,
         )
@@ -437,6 +515,29 @@ def table(outcomes: Sequence[Outcome], best_known: dict[str, float]) -> list[str
     return lines
 
 
+def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """Where the node hours go, per profile and variant (not the flat landscapes): the median of each part
+    over the seeds, and the median total (the medians of the parts need not add up to it); and what the
+    NCCL values the answer sets add to its true tok/s (those the stage held, or the search chose)."""
+    lines = [
+        "| profile | variant | "
+        + " | ".join(PARTS)
+        + " | total, median | NCCL values' gain in the answer, median |",
+        "|" + "---|" * (len(PARTS) + 4),
+    ]
+    rows: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        if not o.job.flat:
+            rows.setdefault((o.job.profile.key, o.job.name), []).append(o)
+    for (key, name), group in rows.items():
+        medians = [statistics.median(dict(o.parts)[part] for o in group) for part in PARTS]
+        total = statistics.median(o.node_h for o in group)
+        gain = statistics.median(o.nccl_gain_pct for o in group)
+        cells = " | ".join(f"{h:.2f}" for h in medians)
+        lines.append(f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: one profile, one seed, 6 trials")
@@ -481,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "after: the trust defaults; the others: the defaults with one part changed (VARIANTS)\n"
     )
     print("\n".join(table(outcomes, best_known)))
+    print("\nNode hours by part, median over the seeds (where gains exist)\n")
+    print("\n".join(parts_table(outcomes)))
     print(f"\n{len(outcomes)} studies in {time.monotonic() - started:.0f} s on {args.jobs} processes")
     return 0
 

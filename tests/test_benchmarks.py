@@ -74,8 +74,18 @@ def test_sample_efficiency_reports_a_workers_error_instead_of_hanging(tmp_path: 
         f"objective: {BENCHMARKS / 'objectives/rag-4k.yaml'}\nmodel_path: /m\ndraft_model_path: /d\n"
     )
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "sample_efficiency.py"), "--profiles", str(profile),
-         "--budgets", "4", "--seeds", "1", "--jobs", "2"],
+        [
+            sys.executable,
+            str(BENCHMARKS / "sample_efficiency.py"),
+            "--profiles",
+            str(profile),
+            "--budgets",
+            "4",
+            "--seeds",
+            "1",
+            "--jobs",
+            "2",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -266,6 +276,25 @@ def test_on_a_flat_landscape_with_noise_the_trusted_answer_claims_no_gain() -> N
     trusted = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=True, compare_rounds=2, trust=True))
     assert trusted.true_gain_pct == 0.0 and not trusted.confirmed_claims_gain and not trusted.claims_gain
     assert trusted.launches > trusted.trials  # the baseline's repeats and the confirmation rounds
+
+
+def test_trust_splits_a_studys_node_hours_by_part_and_measures_what_the_nccl_values_add() -> None:
+    """Issue 37's decomposition of the seed profile (NCCL stage, baseline and its repeats, search, failed,
+    confirmation): the parts add up to the study's node hours, and the answer's NCCL values are priced."""
+    from trust import PARTS, Job, parts_table, run_job
+
+    from autotune.sim.nccl_job import JOB_SECONDS
+
+    done = run_job(Job(PROFILES["h200"], seed=0, n_trials=6, flat=False, compare_rounds=2, trust=True))
+    parts = dict(done.parts)
+    assert tuple(parts) == PARTS and sum(parts.values()) == pytest.approx(done.node_h)
+    assert parts["NCCL stage"] == pytest.approx(26 * JOB_SECONDS / 3600)  # its 26 all-reduce jobs
+    assert parts["baseline + repeats"] > 0 and parts["search"] > 0 and parts["confirmation"] > 0
+    assert done.nccl_gain_pct >= 0.0
+    table = parts_table([done])
+    assert table[0].startswith("| profile | variant | NCCL stage |") and table[2].startswith(
+        "| h200 | after | 0.22 |"
+    )
 
 
 @pytest.mark.integration

@@ -41,6 +41,9 @@ class Confirm(BaseModel):
     max_rounds: Annotated[StrictInt, Field(ge=2)] = 6
     target_pct: Annotated[float, Field(gt=0)] = 1.0
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    # The search's launches of the baseline and a candidate made one right after the other count as a round
+    # (at most min_rounds - 1 of them: study.confirm.search_rounds); benchmarks/RESULTS.md, issue 37 item 4.
+    pair_search_launches: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod

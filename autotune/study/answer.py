@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.stats import Gain
-from autotune.study.confirm import Confirmation, confirmation
+from autotune.study.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation
 from autotune.study.node_budget import ran_out_text
 from autotune.study.noise import NoiseEstimate, noise_estimate
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, NCCL_STAGE_ATTR, REMEASURE_OF_ATTR
@@ -167,9 +167,11 @@ def _confirmed(ostudy: optuna.Study, state: Confirmation, context: dict[str, Any
         values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
         return sum(values) / len(values) if values else None
 
+    # Rounds made of the search's own launches paired in time (study.confirm.search_rounds) are said so.
+    searched = f", {state.searched} of them the search's launches paired in time" if state.searched else ""
     shown = (
         f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
-        f"{state.pairs} rounds)"
+        f"{state.pairs} rounds{searched})"
     )
     text = (
         f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"
@@ -205,9 +207,12 @@ def _interval(gain: Gain) -> tuple[float, float] | None:
 
 
 def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
-    """The complete confirmation-round trials of `configs` (the rounds after the confirmation started)."""
-    since = int((ostudy.user_attrs.get(CONFIRM_ATTR) or {}).get("since", -1))
-    return tuple(
+    """The complete confirmation-round trials of `configs` (the rounds after the confirmation started, and
+    the search's launches paired in time that count as rounds: study.confirm.search_rounds)."""
+    settings = ostudy.user_attrs.get(CONFIRM_ATTR) or {}
+    since = int(settings.get("since", -1))
+    searched = {int(n) for pairs in settings.get(SEARCH_ROUNDS_KEY) or [] for of, n in pairs if of in configs}
+    rounds = tuple(
         t.number
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.number > since
@@ -216,6 +221,7 @@ def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
         and counts(t)
         and is_feasible(t)
     )
+    return tuple(sorted(searched)) + rounds
 
 
 def _remeasured(ostudy: optuna.Study, answer: RemeasuredAnswer, context: dict[str, Any]) -> StudyAnswer:

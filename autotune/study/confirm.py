@@ -7,8 +7,18 @@ at a time, each round launching every one of them once, in an order that alterna
 (`remeasure_of` and `confirm` attributes): in the Optuna storage and MLflow, each its own launch,
 resumable after Ctrl-C. After each round the leader's paired gain over the defaults (`paired_gain`) is
 checked: the rounds stop once its interval is narrower than `target_pct` either side or clear of zero
-(after `min_rounds`), or at `max_rounds`. That interval is looked at after every round from `min_rounds` on,
-so its error is spent across the looks as across the candidates (`look_confidence`).
+(after `min_rounds`), or at `max_rounds`. The interval that claims a gain is looked at after every round
+from `min_rounds` on, so its error is spent across the looks as across the candidates (`look_confidence`);
+the one that stops the rounds for being narrow claims nothing (stopping sooner only takes looks away), so
+it is spent across the candidates alone (`precision_confidence`). The runner-up is confirmed only when its
+search measurements lie within the noise band of the leader's (`contenders`): else its launches would
+measure a config the search already ranked below the leader beyond noise.
+
+Launches the search made count as a round where they are paired in time (`search_rounds`): a launch of the
+baseline (its early repeats) and a launch of a candidate one right after the other on one node, as a
+round's own launches are, so that a drift of the node falls on both alike; at most `min_rounds` - 1 of
+them, so that at least one round is launched after the search chose its candidates
+(`pair_search_launches: false` counts none).
 
 The study's answer built on these rounds (and worded when there are none) is autotune.study.answer's.
 """
@@ -24,12 +34,33 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.records import CONFIRM_ATTR, REMEASURE_OF_ATTR
+from autotune.study.noise import NoiseEstimate, noise_estimate
+from autotune.study.records import CONFIRM_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_measurement
-from autotune.study.rules import deliberate, groups_by_trial, is_feasible, maximizes, measurement_groups
+from autotune.study.rules import (
+    ConfigMeasurements,
+    deliberate,
+    groups_by_trial,
+    is_feasible,
+    maximizes,
+    measurement_groups,
+)
 from autotune.study.storage import budget_used, counts
 
-__all__ = ["Confirmation", "confirmation", "confirmation_rounds", "look_confidence", "round_order"]
+__all__ = [
+    "Confirmation",
+    "confirmation",
+    "confirmation_rounds",
+    "contenders",
+    "look_confidence",
+    "precision_confidence",
+    "round_order",
+]
+
+LEFT_OUT_KEY = "left_out"  # in the study's CONFIRM_ATTR record: the candidates beyond noise of the leader
+# In the study's CONFIRM_ATTR record: the search's launches paired in time, each a round of
+# [config (its first trial), the trial that measured it] pairs, the baseline's first.
+SEARCH_ROUNDS_KEY = "search_rounds"
 
 T = TypeVar("T")
 
@@ -51,6 +82,9 @@ class Confirmation:
     leader: int | None
     gain: Gain | None  # the leader's paired gain over the baseline
     pairs: int  # the rounds where both the leader and the baseline were measured
+    # The leader's gain at `precision_confidence`: whether the rounds know it well enough to stop.
+    precision: Gain | None = None
+    searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
 
 
 def look_confidence(settings: dict[str, Any], candidates: int) -> float:
@@ -60,6 +94,13 @@ def look_confidence(settings: dict[str, Any], candidates: int) -> float:
     gain that is not there more often with every look: 2 of 10 flat L40S studies at 97.5% per look)."""
     looks = int(settings["max_rounds"]) - int(settings["min_rounds"]) + 1
     return 1 - (1 - float(settings.get("confidence", 0.95))) / (max(candidates, 1) * max(looks, 1))
+
+
+def precision_confidence(settings: dict[str, Any], candidates: int) -> float:
+    """The confidence of the interval whose width stops the rounds: the study's `confidence` split over the
+    `candidates` alone. It claims no gain (the verdict is `look_confidence`'s), so the looks need no share:
+    rounds that stop sooner give a false gain fewer looks, not more."""
+    return 1 - (1 - float(settings.get("confidence", 0.95))) / max(candidates, 1)
 
 
 def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
@@ -100,6 +141,11 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
         rounds.setdefault(int(mark["round"]), {})[int(trial.user_attrs[REMEASURE_OF_ATTR])] = (
             float(trial.value) if good and trial.value is not None else None
         )
+    searched = settings.get(SEARCH_ROUNDS_KEY) or []
+    if searched:
+        values = {t.number: t.value for t in ostudy.get_trials(deepcopy=False)}
+        for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
+            rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
     maximize = maximizes(ostudy.direction)
     confidence = look_confidence(settings, len(configs))
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
@@ -107,17 +153,63 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
         gain, pairs = _gain(rounds, base, config, maximize, confidence)
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
             best = (config, gain, pairs)
-    return Confirmation(base, configs, rounds, int(settings.get("queued", 0)), *best)
+    precision = None
+    if best[0] is not None:
+        precision, _ = _gain(rounds, base, best[0], maximize, precision_confidence(settings, len(configs)))
+    queued = int(settings.get("queued", 0))
+    return Confirmation(base, configs, rounds, queued, *best, precision=precision, searched=len(searched))
 
 
 def _decided(state: Confirmation, settings: dict[str, Any]) -> bool:
-    """The leader's interval is narrow enough or clear of zero, after the first rounds; or rounds ran out."""
-    if state.queued >= int(settings["max_rounds"]):
+    """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
+    after the first rounds; or rounds ran out."""
+    if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
     gain = state.gain
     if gain is None or state.pairs < int(settings["min_rounds"]):
         return False
-    return gain.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
+    narrow = state.precision if state.precision is not None else gain
+    return narrow.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
+
+
+def contenders(
+    top: Sequence[ConfigMeasurements], noise: NoiseEstimate | None, maximize: bool, confidence: float
+) -> tuple[list[ConfigMeasurements], list[ConfigMeasurements]]:
+    """The candidates worth confirming (`top`, best mean first): the leader, and each other whose mean lies
+    within the noise band (`NoiseEstimate.band` at `confidence`) of the leader's; and those left out. With
+    the noise unknown every one is kept."""
+    if not top or noise is None:
+        return list(top), []
+    sign = 1.0 if maximize else -1.0
+    leader = top[0]
+    floor = sign * leader.mean - noise.band(confidence) * abs(leader.mean)
+    kept = [leader, *(g for g in top[1:] if sign * g.mean >= floor)]
+    return kept, [g for g in top[1:] if sign * g.mean < floor]
+
+
+def search_rounds(
+    ostudy: optuna.Study, baseline: ConfigMeasurements, candidates: Sequence[ConfigMeasurements]
+) -> list[list[tuple[int, int]]]:
+    """The search's launches that make a round (paired in time): each measurement of the baseline with
+    the candidates' measurements launched right before or after it on the same node, as
+    [(config, trial)] with the baseline's first; a baseline launch with no such neighbour makes none."""
+    config_of = {n: g.of for g in candidates for n in g.trials}
+    by_node: dict[str, list[int]] = {}
+    for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
+        if trial.state.is_finished() and counts(trial) and NODE_ATTR in trial.user_attrs:
+            by_node.setdefault(str(trial.user_attrs[NODE_ATTR]), []).append(trial.number)
+    rounds: list[list[tuple[int, int]]] = []
+    used: set[int] = set()
+    for launches in by_node.values():
+        for i, number in enumerate(launches):
+            if number not in baseline.trials:
+                continue
+            near = [n for n in launches[max(i - 1, 0) : i + 2] if n in config_of and n not in used]
+            paired = {config_of[n]: n for n in near}  # a config on both sides: its later launch
+            used.update(paired.values())  # a launch is one draw: it pairs once
+            if paired:
+                rounds.append([(baseline.of, number), *sorted(paired.items())])
+    return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
 def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
@@ -128,15 +220,25 @@ def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
     base = next((g for g in groups if g.baseline), None)
     if base is None:
         return None
-    sign = 1.0 if maximizes(ostudy.direction) else -1.0
+    maximize = maximizes(ostudy.direction)
+    sign = 1.0 if maximize else -1.0
     top = sorted((g for g in groups if not g.baseline), key=lambda g: -sign * g.mean)[: settings.top]
     if not top:
         return None
+    top, left_out = contenders(top, noise_estimate(ostudy), maximize, settings.confidence)
     since = max((t.number for t in ostudy.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
         "baseline": base.of,
         "configs": [g.of for g in top],
+        LEFT_OUT_KEY: [g.of for g in left_out],
+        # At most min_rounds - 1, the latest: the confirmation's own launches always have a say, as the
+        # candidates were chosen by the search's (they drew high).
+        SEARCH_ROUNDS_KEY: [
+            [list(pair) for pair in paired]  # as JSON stores it
+            for paired in search_rounds(ostudy, base, top)[-(settings.min_rounds - 1) :]
+            if settings.pair_search_launches
+        ],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }

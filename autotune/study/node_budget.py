@@ -167,9 +167,10 @@ def node_hours_record(study: Study, ostudy: optuna.Study) -> dict[str, Any]:
 
 
 def _rounds_measured(ostudy: optuna.Study) -> int:
-    """The confirmation rounds queued so far (each paid for as it runs), 0 before it began."""
+    """The confirmation rounds queued so far (each paid for as it runs) and those the search's launches
+    made (study.confirm.search_rounds), 0 before it began."""
     state = confirmation(ostudy)
-    return state.queued if state is not None else 0
+    return state.queued + state.searched if state is not None else 0
 
 
 def check_budget(study: Study, ostudy: optuna.Study, field: str) -> None:

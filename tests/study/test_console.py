@@ -26,7 +26,9 @@ def model_pool() -> Callable[[Study], NodePool]:
 
 
 def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(tmp_path: Path) -> None:
-    trust = {"repeat_baseline_after": 2, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
+    # Two rounds launched (none made of the search's launches), so both rounds' labels show.
+    confirm = {"top": 1, "max_rounds": 2, "pair_search_launches": False}
+    trust = {"repeat_baseline_after": 2, "confirm": confirm, "stop_early": False}
     path = StudyFiles(tmp_path)(n_trials=4, nccl_stage={"hidden_size": 7168}, trust=trust)
     stream = io.StringIO()
     StudyDriver(load_study(path), [ConsoleReporter(stream)], pool=model_pool(), tracking=None).run()
