@@ -56,8 +56,8 @@ def _mlflow(module: ModuleType) -> None:
 
     def from_a_copy(self: Any, db_uri: str, *args: Any, **kwargs: Any) -> None:
         new = _sqlite_file(db_uri)
-        if new is not None:
-            _copy_of_empty("mlflow.db", build, new)
+        if new is not None:  # by version: a test may start a process of another virtualenv
+            _copy_of_empty(f"mlflow-{sys.modules['mlflow'].__version__}.db", build, new)
         init(self, db_uri, *args, **kwargs)
 
     from_a_copy.copies_an_empty_store = True  # type: ignore[attr-defined]
@@ -84,7 +84,7 @@ def _optuna(module: ModuleType) -> None:
     def from_a_copy(self: Any, url: str, *args: Any, **kwargs: Any) -> None:
         new = _sqlite_file(url)
         if new is not None:
-            _copy_of_empty("optuna.db", build, new)
+            _copy_of_empty(f"optuna-{sys.modules['optuna'].__version__}.db", build, new)
         init(self, url, *args, **kwargs)
 
     from_a_copy.copies_an_empty_store = True  # type: ignore[attr-defined]
