@@ -25,8 +25,9 @@ STORES = "AUTOTUNE_TEST_STORES"  # the session's folder of empty stores
 
 
 def _sqlite_file(url: str) -> Path | None:
-    """The file of a new store at a `sqlite:///` URL (None for another store, or a file that exists)."""
-    if not url.startswith("sqlite:///") or "?" in url:
+    """The file of a new store at a `sqlite:///` URL (None for another store, a file that exists, or
+    outside a test session)."""
+    if not url.startswith("sqlite:///") or "?" in url or not os.environ.get(STORES):
         return None
     path = Path(url.removeprefix("sqlite:///"))
     return path if path.name != ":memory:" and path.parent.is_dir() and not path.exists() else None
