@@ -76,8 +76,8 @@ def test_bad_ssh_addresses_say_what_is_wrong(address: str, problem: str) -> None
     assert info.value.fix
 
 
-def _study_on_node(node: dict[str, Any], n_trials: int = 5, **server: Any) -> dict[str, Any]:
-    data = e2e_study(n_trials, nodes=[node])
+def _study_on_node(node: dict[str, Any], **server: Any) -> dict[str, Any]:
+    data = e2e_study(5, nodes=[node])
     data["server"].update(server)
     data["server"]["env"]["SGLANG_SIM_STARTUP_TIME_SCALE"] = "0.0002"  # start-up is not what is tested
     return data
@@ -318,7 +318,6 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(
                 "remote_dir": str(node_home),
                 "benchmark_from": "node",  # the driver-side benchmark is what the other tests use
             },
-            n_trials=3,  # the baseline and two sampled configs: each runs as the others would
         )
     )
     proc = run_cli("run", str(path), cwd=tmp_path)
@@ -327,7 +326,7 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(
     workdir = tmp_path / ".autotune" / "e2e"
     trials = optuna.load_study(study_name="e2e", storage=f"sqlite:///{workdir / 'optuna.db'}").get_trials()
     counted = [t for t in trials if not t.user_attrs.get("skipped")]
-    assert len(counted) == 3 and all(t.state.is_finished() for t in trials)
+    assert len(counted) == 5 and all(t.state.is_finished() for t in trials)
     assert counted[0].user_attrs.get("baseline") and counted[0].state == optuna.trial.TrialState.COMPLETE
     assert all(t.user_attrs["node"] == "ssh-sim" for t in counted)
     assert not any(t.user_attrs.get("failure_kind") == "node_unreachable" for t in counted)
