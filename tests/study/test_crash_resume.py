@@ -31,18 +31,14 @@ SIGKILL, SIGINT = signal.SIGKILL, signal.SIGINT
 
 
 def crash_study(
-    storage: str | None,
-    model_path: str,
-    name: str = "crash",
-    budget: int = BUDGET,
-    startup_scale: float = 0.004,
+    storage: str | None, model_path: str, name: str = "crash", budget: int = BUDGET
 ) -> dict[str, Any]:
     server = simulated_server(
         model_path=model_path,
         draft_model_path="/models/eagle3",
         port="auto",
         # A 2.4 s weight load and a short benchmark: time to kill the driver inside either.
-        env={"SGLANG_SIM_TIME_SCALE": "0.002", "SGLANG_SIM_STARTUP_TIME_SCALE": str(startup_scale)},
+        env={"SGLANG_SIM_TIME_SCALE": "0.002", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.004"},
     )
     return study_data(
         study=name,
@@ -192,20 +188,18 @@ def check_study(path: Path, storage: str | None, model_path: str, budget: int = 
     assert not (workdir / "nodes" / "local" / "servers.json").exists()
 
 
-# Each (point, signal) once without Ray: a SIGKILL at each point, a SIGINT while loading and while
-# benchmarking; through Ray (its start costs a driver 10 to 30 s here) what Ray adds: a SIGKILL that leaves
-# its node actor's server behind, and a SIGINT whose trial is stopped through the actor. (Ten kills repeated
-# some; a SIGINT through Ray while loading stopped its trial through the same actor call as this one.)
+# Each (point, signal, pool) once: without Ray a SIGKILL at each point and a SIGINT while benchmarking;
+# through Ray a SIGKILL while loading and a SIGINT while loading and benchmarking. (Ten kills repeated some.)
 KILLS = [
     ("loading", SIGKILL),  # Ray
     ("benchmarking", SIGKILL),
     ("between", SIGKILL),
-    ("loading", SIGINT),
+    ("loading", SIGINT),  # Ray
     ("loading", SIGKILL),
     ("benchmarking", SIGINT),  # Ray
     ("benchmarking", SIGINT),
 ]
-THROUGH_RAY = {0, 5}
+THROUGH_RAY = {0, 3, 5}
 
 
 def test_sigkill_and_sigint_at_varied_points_then_resume_on_sqlite(study_file: StudyFiles) -> None:
@@ -232,8 +226,7 @@ def test_two_drivers_on_one_postgresql_study_share_the_budget(
     tmp_path: Path, study_file: StudyFiles, postgres_url: str
 ) -> None:
     model_path = f"/models/two-{uuid.uuid4().hex[:8]}"
-    # Nothing is killed here: a 0.6 s weight load (the node's lock runs the ten trials one at a time).
-    path = study_file(crash_study(postgres_url, model_path, name="two-drivers", startup_scale=0.001))
+    path = study_file(crash_study(postgres_url, model_path, name="two-drivers"))
     first = start_driver(path, tmp_path / "first.log")
     time.sleep(3)  # the first creates the study and its baseline; the second joins it
     second = start_driver(path, tmp_path / "second.log", ray=False)  # one with each pool
