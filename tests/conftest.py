@@ -4,6 +4,7 @@ tests that read it; and the rule that only a test marked `integration` starts a 
 from __future__ import annotations
 
 import _posixsubprocess
+import importlib.util
 import os
 import platform
 import shutil
@@ -20,6 +21,7 @@ from autotune.node.runner import ServerProcess
 from tests.builders import StudyFiles, e2e_study
 
 N_TRIALS = 6
+STARTUP = Path(__file__).resolve().parent / "startup"  # run by the Python processes the tests start
 # The temporary folder of this host's other processes (another test run, a benchmark), before this session
 # takes one of its own (`_a_temporary_folder_of_this_session`).
 HOST_TMP = Path(tempfile.gettempdir())
@@ -128,30 +130,18 @@ def _a_temporary_folder_of_this_session(tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _new_mlflow_stores_from_a_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """MLflow spends seconds building a new SQLite store's tables, and most studies in these tests start
-    one: a tracker in this process starts from a copy of an empty store built once, which MLflow opens
-    as its own (a CLI run in a subprocess still builds its store)."""
-    from autotune.tracking.tracker import StudyTracker
-
-    init = StudyTracker.__init__
-    empty: list[Path] = []
-
-    def from_a_copy(self: StudyTracker, tracking_uri: str, *args: Any, **kwargs: Any) -> None:
-        db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
-        if db is not None and not db.exists():
-            if not empty:
-                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-                folder = tmp_path_factory.mktemp("empty-mlflow-store")
-                SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri())
-                empty.append(folder / "mlflow.db")
-            db.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(empty[0], db)
-        init(self, tracking_uri, *args, **kwargs)
-
+def _new_stores_from_a_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A new MLflow store or Optuna storage, in this process and in every Python process a test starts,
+    is a copy of an empty one built once this session (tests/startup/sitecustomize.py says why)."""
+    spec = importlib.util.spec_from_file_location("autotune_test_stores", STARTUP / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    stores = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stores)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(StudyTracker, "__init__", from_a_copy)
+        patch.setenv(stores.STORES, str(tmp_path_factory.mktemp("empty-stores")))
+        path = [str(STARTUP), *filter(None, [os.environ.get("PYTHONPATH")])]
+        patch.setenv("PYTHONPATH", os.pathsep.join(path))
+        stores.install()
         yield
 
 

@@ -380,8 +380,8 @@ def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, stud
     study["nccl_stage"] = False  # the objective is what is under test, not the NCCL stage's 26 jobs
     study["server"]["port"] = free_port()
     study_file(study)
-    done = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "study.yaml"],
+    done = subprocess.run(  # --no-ray: nor the Ray pool's start (its own tests start it)
+        [sys.executable, "-m", "autotune", "run", "study.yaml", "--no-ray"],
         cwd=tmp_path,
         env=dict(os.environ, RAY_AUTH_MODE="disabled"),
         capture_output=True,

@@ -17,6 +17,7 @@ from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
+from autotune.study import loop
 from autotune.study.callbacks import (
     IncompatibilityLearned,
     StudyCallback,
@@ -197,13 +198,17 @@ def test_without_the_memory_an_unsupported_flag_is_launched_every_time(study_fil
 
 
 def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fix(
-    study_file: StudyFiles,
+    study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Each proposal is refused at no cost; without a limit the study would never end.
+    # Each proposal is refused at no cost; without a limit the study would never end. The rule, not the
+    # product's 200 (each skip a stored trial: 10 s of SQLite), is what this checks.
+    monkeypatch.setattr(loop, "MAX_CONSECUTIVE_SKIPS", 12)
     space = one_value_space("--mem-fraction-static", 0.6)
     study = load_study(study_file(n_trials=3, search_space=space))
-    with pytest.raises(AutotuneError, match=r"in a row that cannot run .*predicted OOM.*remove the failing"):
+    stops = r"12 trials in a row that cannot run .*predicted OOM.*remove the failing"
+    with pytest.raises(AutotuneError, match=stops):
         StudyDriver(study, pool=model_pool()).run()
+    assert len(open_study(study).trials) == 1 + 12 + 1  # the baseline, then skips to one past the limit
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
