@@ -152,7 +152,9 @@ class BenchmarkResult:
 
 @dataclass
 class RequestOutcome:
-    """One request as the client saw it, in real (wall-clock) seconds."""
+    """One request as the client saw it, in real (wall-clock) seconds; on a simulated server that reports
+    its model clock (`server_clock`), in that clock's seconds times the time scale, so in the same units.
+    `sent_at` and `ended_at` are on the clock it was timed by."""
 
     success: bool = False
     prompt_tokens: int = 0
@@ -165,6 +167,9 @@ class RequestOutcome:
     cached_tokens: int | None = (
         None  # prompt tokens the server served from its cache (meta_info.cached_tokens)
     )
+    server_clock: bool = False
+    sent_at: float = 0.0
+    ended_at: float = 0.0
 
 
 class SSEParser:
@@ -308,9 +313,17 @@ def _error_text(e: BaseException) -> str:
 
 
 async def _generate(
-    session: aiohttp.ClientSession, url: str, prompt: Request, max_new_tokens: int
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: Request,
+    max_new_tokens: int,
+    time_scale: float = 1.0,
 ) -> RequestOutcome:
-    """Send one streaming /generate request and time it; never raises for server or network errors."""
+    """Send one streaming /generate request and time it; never raises for server or network errors.
+
+    Timed by the client's clock, as bench_serving does; a simulated server's chunks carry its model clock
+    (`meta_info.sim_received`, `sim_time`: real SGLang sends neither), and then the request is timed by
+    that, since at a clock sped up 50 times a client's few milliseconds late are seconds of server time."""
     out = RequestOutcome(prompt_tokens=prompt.prompt_tokens, turn=prompt.turn)
     payload = {
         **({"text": prompt.text} if prompt.input_ids is None else {"input_ids": prompt.input_ids}),
@@ -321,7 +334,7 @@ async def _generate(
     done = False
     last_tokens = 0
     most_recent = 0.0
-    st = time.perf_counter()
+    st = ended = time.perf_counter()
     try:
         async with session.post(url, json=payload) as resp:
             if resp.status != 200:
@@ -341,6 +354,11 @@ async def _generate(
                         return out
                     now = time.perf_counter()
                     meta = chunk.get("meta_info") or {}
+                    if meta.get("sim_time") is not None and meta.get("sim_received") is not None:
+                        if not out.server_clock and last_tokens == 0:
+                            out.server_clock, st = True, float(meta["sim_received"]) * time_scale
+                        if out.server_clock:
+                            now = ended = float(meta["sim_time"]) * time_scale
                     reason = meta.get("finish_reason")
                     if isinstance(reason, dict) and reason.get("type") == "abort":
                         out.error = f"request aborted: {reason.get('message', '')}"[:_ERROR_TEXT_MAX]
@@ -373,7 +391,9 @@ async def _generate(
             if not done:
                 for event in parser.close():
                     done = done or event == SSE_DONE
-            out.latency_s = time.perf_counter() - st
+            if not out.server_clock:
+                ended = time.perf_counter()
+            out.sent_at, out.ended_at, out.latency_s = st, ended, ended - st
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
         # ValueError covers malformed JSON and UTF-8 in the stream; the rest are network and server deaths.
         out.error = _error_text(e)
@@ -492,7 +512,7 @@ async def run_benchmark(
                     # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
                     await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
                     async with semaphore:
-                        outcomes.append(await _generate(session, url, prompt, prompt.output_len))
+                        outcomes.append(await _generate(session, url, prompt, prompt.output_len, scale))
 
                 async def conversation(turns: list[Request]) -> None:
                     # A session's next turn follows its previous answer, after the user's think time.
@@ -500,7 +520,7 @@ async def run_benchmark(
                         if index and workload.sessions is not None:
                             await asyncio.sleep(workload.sessions.think_time_s * scale)
                         async with semaphore:
-                            outcome = await _generate(session, url, prompt, prompt.output_len)
+                            outcome = await _generate(session, url, prompt, prompt.output_len, scale)
                             outcomes.append(outcome)
                         if not outcome.success:
                             break  # the later turns would re-send a context the server never answered
@@ -514,6 +534,9 @@ async def run_benchmark(
                 else:
                     await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
                 duration = time.perf_counter() - start
+                if outcomes and all(o.server_clock for o in outcomes):
+                    # From the first request's arrival to the last one's end, on the server's clock.
+                    duration = max(o.ended_at for o in outcomes) - min(o.sent_at for o in outcomes)
                 after = await _server_info(session, base_url)
         except TimeoutError:
             completed = sum(o.success for o in outcomes)

@@ -236,6 +236,7 @@ class HttpApi(LaunchPart):
         )
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        received = asyncio.get_running_loop().time()  # before its body is read and parsed
         try:
             body = await _json_body(request)
             prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
@@ -253,6 +254,7 @@ class HttpApi(LaunchPart):
                 rid=str(rid) if rid is not None else None,
                 predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
                 tokens=prompt_ids(text, body.get("input_ids")),
+                received=received,
             )
         except BadRequest as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
@@ -282,6 +284,7 @@ class HttpApi(LaunchPart):
         return response
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
+        received = asyncio.get_running_loop().time()  # before its body is read and parsed
         try:
             body = await _json_body(request)
             prompt = body.get("prompt")
@@ -298,6 +301,7 @@ class HttpApi(LaunchPart):
                 prompt_tokens,
                 _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
                 tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
+                received=received,
             )
         except BadRequest as exc:
             return _openai_error(str(exc))
@@ -308,6 +312,7 @@ class HttpApi(LaunchPart):
         return await self._complete_openai(job, base, lambda text: {"text": text})
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
+        received = asyncio.get_running_loop().time()  # before its body is read and parsed
         try:
             body = await _json_body(request)
             messages = body.get("messages")
@@ -317,7 +322,9 @@ class HttpApi(LaunchPart):
             prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
             limit = body.get("max_completion_tokens", body.get("max_tokens"))
             job = self.serving.submit(
-                prompt_tokens, _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens")
+                prompt_tokens,
+                _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"),
+                received=received,
             )
         except BadRequest as exc:
             return _openai_error(str(exc))

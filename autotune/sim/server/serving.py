@@ -18,6 +18,11 @@ from autotune.sim.server.launch import Launch, LaunchPart
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
+# How long (wall seconds) the engine waits for the requests a client sends when one of its requests ends,
+# and for the rest of a burst that woke it; the model clock does not wait (see Serving.run_engine). A
+# session's think time shorter than this (1 s of server time at 50x) is taken as a closed loop's none.
+REPLY_WINDOW_S = 0.05
+BURST_GAP_S = 0.02  # a burst has ended when no request came for this long
 FAKE_WORDS = (
     "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by",
     "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had",
@@ -49,13 +54,14 @@ class ClientRequest:
     rid: str
     prompt_tokens: int
     max_new_tokens: int
-    started: float
     queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     generated: int = 0
     verify_ct: int = 0
     abort_message: str | None = None
-    finished_at: float | None = None
     cached_tokens: int = 0  # prompt tokens the prefix cache served (meta_info.cached_tokens)
+    # On the server's model clock (Serving.model_now): when it came, and when its latest tokens were made.
+    received_at: float = 0.0
+    delivered_at: float = 0.0
 
 
 @dataclass
@@ -85,6 +91,11 @@ class Serving(LaunchPart):
         self._decode_steps = 0
         self._interval_tokens = 0
         self._interval_model_s = 0.0
+        self._arrivals = 0  # requests submitted since the launch
+        self._arrived = asyncio.Event()
+        self._woke_at = 0.0  # when the request that woke the idle engine came (the event loop's time)
+        self._idle_since = time.monotonic()  # when the engine last went idle (asyncio's clock)
+        self.model_now = 0.0  # model seconds since the launch at the engine's latest delivered step
 
     def submit(
         self,
@@ -93,9 +104,11 @@ class Serving(LaunchPart):
         rid: str | None = None,
         predictability: float = 0.0,
         tokens: list[int] | None = None,
+        received: float | None = None,
     ) -> ClientRequest:
         """Queue one generation on the engine and return the request its tokens will be delivered to;
-        its prompt's `tokens` let the prefix cache match it."""
+        its prompt's `tokens` let the prefix cache match it. `received` (the event loop's time, default
+        now) is when the request came, before its body was parsed: the engine's clock counts from there."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
             raise BadRequest(
@@ -112,19 +125,37 @@ class Serving(LaunchPart):
         rid = rid or uuid.uuid4().hex
         if rid in self.requests:
             raise BadRequest(f"Duplicate request ID: {rid}")
-        request = ClientRequest(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
+        request = ClientRequest(rid, prompt_tokens, max_new_tokens)
         self.requests[rid] = request
         self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens)
-        self._work.set()
+        self._arrivals += 1
+        self._arrived.set()
+        if not self._work.is_set():
+            # Idle time passes on the model clock at the wall clock's pace (scaled): nothing ran to time it.
+            now = asyncio.get_running_loop().time()
+            self._woke_at = max(received if received is not None else now, self._idle_since)
+            self.model_now += (self._woke_at - self._idle_since) / self.scale
+            self._work.set()
+        request.received_at = request.delivered_at = self.model_now
         return request
 
     async def run_engine(self) -> None:
-        """Step the engine while it has work, each step ending at its absolute wall-clock deadline."""
+        """Step the engine while it has work, each step ending at its absolute wall-clock deadline.
+
+        What the engine runs is decided in model time, never by when a request happened to arrive: a client
+        that answers a finished request with its next one (a closed loop) takes no model time to do so, as
+        a client's millisecond is nothing beside a step on a real server but is many steps of a clock sped
+        up 50 times. So when requests end, the next step waits (up to REPLY_WINDOW_S of wall time) for as
+        many new requests, and a burst of requests is let in whole; the steps' deadlines stay where the
+        model clock puts them, and the engine catches up by running late steps back to back.
+        A seeded launch then serves the same requests in the same batches on every run.
+        """
         loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
-            anchor, model_clock = loop.time(), 0.0
-            last_yield = anchor
+            anchor, model_clock, woke_model = self._woke_at, 0.0, self.model_now
+            await self._await_arrivals(self._arrivals)
+            last_yield = loop.time()
             while self.engine.has_work:
                 step = self.engine.step()
                 if step.oom_lines:
@@ -138,11 +169,35 @@ class Serving(LaunchPart):
                     # SGLang's are when clients are slow; yielding now and then keeps the HTTP side alive.
                     await asyncio.sleep(max(delay, 0.0))
                     last_yield = loop.time()
+                arrived = self._arrivals
+                self.model_now = woke_model + model_clock
                 self._deliver(step)
+                ended = len(step.finished) + len(step.aborted)
+                if ended:
+                    await self._await_arrivals(arrived + ended)
+                    last_yield = loop.time()
                 if step.kind == "prefill" and step.emitted:
                     await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
                     last_yield = loop.time()
             self._work.clear()
+            self._idle_since = max(loop.time(), anchor + model_clock * self.scale)
+
+    async def _await_arrivals(self, count: int) -> None:
+        """Wait until `count` requests have arrived since the launch, then until none has come for
+        BURST_GAP_S; REPLY_WINDOW_S at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLY_WINDOW_S
+        while True:
+            left = deadline - loop.time()
+            if self._arrivals >= count:
+                left = min(left, BURST_GAP_S)
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
     def _deliver(self, step: Step) -> None:
         kind, emitted, finished, aborted = step.kind, step.emitted, step.finished, step.aborted
@@ -154,6 +209,7 @@ class Serving(LaunchPart):
             if hit is not None:
                 request.cached_tokens = hit
             request.generated += count
+            request.delivered_at = self.model_now
             if kind == "decode":
                 request.verify_ct += 1
             request.queue.put_nowait(count)
@@ -165,7 +221,7 @@ class Serving(LaunchPart):
         for rid in [*finished, *aborted]:
             request = self.requests.pop(rid, None)
             if request is not None:
-                request.finished_at = time.monotonic()
+                request.delivered_at = self.model_now
                 request.queue.put_nowait(None)
         if self.ready and emitted:
             self.tokens_after_ready += sum(emitted.values())
@@ -268,6 +324,11 @@ class Serving(LaunchPart):
             "weight_version": "default",
             "completion_tokens": completion_tokens,
             "cached_tokens": request.cached_tokens,
+            # Not SGLang's: the model clock, in server seconds since the launch, when the request came and
+            # when this chunk's tokens were made. A client times a simulated server by it, as no wall clock
+            # can at a clock sped up 50 times on a busy machine (autotune.measure.client).
+            "sim_received": request.received_at,
+            "sim_time": request.delivered_at,
         }
         if finished:
             if request.abort_message is not None:
@@ -279,8 +340,7 @@ class Serving(LaunchPart):
                 }
             else:
                 meta["finish_reason"] = {"type": "length", "length": completion_tokens}
-            end = request.finished_at or time.monotonic()
-            meta["e2e_latency"] = (end - request.started) / self.scale
+            meta["e2e_latency"] = request.delivered_at - request.received_at
         if self.node.spec is not None:
             meta["spec_verify_ct"] = request.verify_ct
             # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
