@@ -8,7 +8,8 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -18,17 +19,26 @@ from autotune.sim.server.launch import Launch, LaunchPart
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
-# How long (wall seconds) the engine waits for the requests a client sends when one of its requests ends,
-# and for the rest of a burst that woke it; the model clock does not wait (see Serving.run_engine). A
-# session's think time shorter than this (1 s of server time at 50x) is taken as a closed loop's none.
+# How the engine waits for requests on their way (see Serving.run_engine), in wall seconds: a hold ends
+# once nothing has happened for REPLY_WINDOW_S (a session's think time shorter than this counts as none: 2.5
+# s of server time at 50x), a burst once no request has come for BURST_GAP_S, either after MAX_HOLD_S.
 REPLY_WINDOW_S = 0.05
-BURST_GAP_S = 0.02  # a burst has ended when no request came for this long
+BURST_GAP_S = 0.03
+MAX_HOLD_S = 1.0
+# The model clock counts in ticks of 2**-20 s (about a microsecond): sums and differences of its readings are
+# then exact, so a reading does not depend on how much idle time (wall time, scaled) came before it.
+TICKS_PER_S = 2**20
 FAKE_WORDS = (
     "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by",
     "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had",
     "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if",
     "more", "when", "will", "would", "who", "so", "no", "model", "token", "server", "batch", "graph",
 )  # fmt: skip
+
+
+def _ticks(seconds: float) -> float:
+    """`seconds` on the model clock's grid (TICKS_PER_S)."""
+    return round(seconds * TICKS_PER_S) / TICKS_PER_S
 
 
 # -- fake tokenizer ----------------------------------------------------------------------------------------
@@ -92,10 +102,23 @@ class Serving(LaunchPart):
         self._interval_tokens = 0
         self._interval_model_s = 0.0
         self._arrivals = 0  # requests submitted since the launch
-        self._arrived = asyncio.Event()
+        self._incoming = 0  # requests whose body is being read and parsed
+        self._arrived = asyncio.Event()  # set when a request starts arriving or is submitted
         self._woke_at = 0.0  # when the request that woke the idle engine came (the event loop's time)
         self._idle_since = time.monotonic()  # when the engine last went idle (asyncio's clock)
         self.model_now = 0.0  # model seconds since the launch at the engine's latest delivered step
+
+    @contextmanager
+    def arriving(self) -> Iterator[float]:
+        """Around reading, parsing and submitting one request: the time it came (the event loop's); the
+        engine waits for a request on its way as for one submitted (see `run_engine`)."""
+        self._incoming += 1
+        self._arrived.set()
+        try:
+            yield asyncio.get_running_loop().time()
+        finally:
+            self._incoming -= 1
+            self._arrived.set()
 
     def submit(
         self,
@@ -134,7 +157,7 @@ class Serving(LaunchPart):
             # Idle time passes on the model clock at the wall clock's pace (scaled): nothing ran to time it.
             now = asyncio.get_running_loop().time()
             self._woke_at = max(received if received is not None else now, self._idle_since)
-            self.model_now += (self._woke_at - self._idle_since) / self.scale
+            self.model_now += _ticks((self._woke_at - self._idle_since) / self.scale)
             self._work.set()
         request.received_at = request.delivered_at = self.model_now
         return request
@@ -145,16 +168,16 @@ class Serving(LaunchPart):
         What the engine runs is decided in model time, never by when a request happened to arrive: a client
         that answers a finished request with its next one (a closed loop) takes no model time to do so, as
         a client's millisecond is nothing beside a step on a real server but is many steps of a clock sped
-        up 50 times. So when requests end, the next step waits (up to REPLY_WINDOW_S of wall time) for as
-        many new requests, and a burst of requests is let in whole; the steps' deadlines stay where the
-        model clock puts them, and the engine catches up by running late steps back to back.
+        up 50 times. So when requests end, the next step waits for as many new ones, and an idle engine
+        woken by a request waits for the rest of its burst (`_await_arrivals`); the steps' deadlines stay
+        where the model clock puts them, and the engine catches up by running late steps back to back.
         A seeded launch then serves the same requests in the same batches on every run.
         """
         loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
             anchor, model_clock, woke_model = self._woke_at, 0.0, self.model_now
-            await self._await_arrivals(self._arrivals)
+            await self._await_arrivals(self._arrivals, burst=True)
             last_yield = loop.time()
             while self.engine.has_work:
                 step = self.engine.step()
@@ -170,11 +193,12 @@ class Serving(LaunchPart):
                     await asyncio.sleep(max(delay, 0.0))
                     last_yield = loop.time()
                 arrived = self._arrivals
-                self.model_now = woke_model + model_clock
+                self.model_now = woke_model + _ticks(model_clock)
                 self._deliver(step)
                 ended = len(step.finished) + len(step.aborted)
                 if ended:
-                    await self._await_arrivals(arrived + ended)
+                    # Without other work, what the replies bring is a burst, as when the engine wakes.
+                    await self._await_arrivals(arrived + ended, burst=not self.engine.has_work)
                     last_yield = loop.time()
                 if step.kind == "prefill" and step.emitted:
                     await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
@@ -182,14 +206,17 @@ class Serving(LaunchPart):
             self._work.clear()
             self._idle_since = max(loop.time(), anchor + model_clock * self.scale)
 
-    async def _await_arrivals(self, count: int) -> None:
-        """Wait until `count` requests have arrived since the launch, then until none has come for
-        BURST_GAP_S; REPLY_WINDOW_S at most."""
+    async def _await_arrivals(self, count: int, burst: bool) -> None:
+        """Wait until `count` requests have been submitted since the launch and none is on its way, and
+        with `burst` until none has come for BURST_GAP_S; or until nothing has happened for REPLY_WINDOW_S;
+        MAX_HOLD_S at most."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPLY_WINDOW_S
+        end = loop.time() + MAX_HOLD_S
         while True:
-            left = deadline - loop.time()
-            if self._arrivals >= count:
+            left = min(end - loop.time(), REPLY_WINDOW_S)
+            if self._arrivals >= count and not self._incoming:
+                if not burst:
+                    return
                 left = min(left, BURST_GAP_S)
             if left <= 0:
                 return
