@@ -480,9 +480,9 @@ def study_text(
     lines += (
         [
             "# TPE, seeded: a rerun runs the same trials and gives the same answer. The simulated node",
-            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED) and is timed",
-            "# by its own clock, so a rerun measures every trial the same and TPE proposes the same next ones",
-            "# (a workload at a request_rate is paced by the client's clock: its figures vary a little).",
+            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED) and is",
+            "# timed by its own clock, so a rerun measures every trial the same and TPE proposes the same",
+            "# next ones (a workload at a request_rate is sent by the client's clock: it varies a little).",
         ]
         if simulated
         else [

@@ -20,9 +20,10 @@ from autotune.sim.server.launch import Launch, LaunchPart
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
 # How the engine waits for requests on their way (see Serving.run_engine), in wall seconds: a hold ends
-# once nothing has happened for REPLY_WINDOW_S (a session's think time shorter than this counts as none: 2.5
-# s of server time at 50x), a burst once no request has come for BURST_GAP_S, either after MAX_HOLD_S.
-REPLY_WINDOW_S = 0.05
+# once nothing has happened for REPLY_WINDOW_S (a client busy on a loaded machine replies in tens of ms; a
+# session's think time shorter than this counts as none: 12.5 s of server time at 50x, 5 s at 20x), a
+# burst once no request has come for BURST_GAP_S, either after MAX_HOLD_S.
+REPLY_WINDOW_S = 0.25
 BURST_GAP_S = 0.03
 MAX_HOLD_S = 1.0
 # The model clock counts in ticks of 2**-20 s (about a microsecond): sums and differences of its readings are
