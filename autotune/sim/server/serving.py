@@ -105,6 +105,7 @@ class Serving(LaunchPart):
         self._arrivals = 0  # requests submitted since the launch
         self._incoming = 0  # requests whose body is being read and parsed
         self._arrived = asyncio.Event()  # set when a request starts arriving or is submitted
+        self._replying = True  # False once a client let requests end without sending more (a run's tail)
         self._woke_at = 0.0  # when the request that woke the idle engine came (the event loop's time)
         self._idle_since = time.monotonic()  # when the engine last went idle (asyncio's clock)
         self.model_now = 0.0  # model seconds since the launch at the engine's latest delivered step
@@ -114,6 +115,7 @@ class Serving(LaunchPart):
         """Around reading, parsing and submitting one request: the time it came (the event loop's); the
         engine waits for a request on its way as for one submitted (see `run_engine`)."""
         self._incoming += 1
+        self._replying = True
         self._arrived.set()
         try:
             yield asyncio.get_running_loop().time()
@@ -197,9 +199,12 @@ class Serving(LaunchPart):
                 self.model_now = woke_model + _ticks(model_clock)
                 self._deliver(step)
                 ended = len(step.finished) + len(step.aborted)
-                if ended:
+                if ended and self._replying:
                     # Without other work, what the replies bring is a burst, as when the engine wakes.
                     await self._await_arrivals(arrived + ended, burst=not self.engine.has_work)
+                    # None came: the client has sent its last request, and the rest of the run's tail
+                    # ends without waiting (until a request comes).
+                    self._replying = self._arrivals > arrived
                     last_yield = loop.time()
                 if step.kind == "prefill" and step.emitted:
                     await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
