@@ -328,10 +328,10 @@ async def _generate(
     url: str,
     prompt: Request,
     max_new_tokens: int,
-    body: bytes | None = None,
+    encoded: bytes | None = None,
     time_scale: float = 1.0,
 ) -> RequestOutcome:
-    """Send one streaming /generate request (its JSON `body` encoded beforehand, so that a benchmark's
+    """Send one streaming /generate request (its JSON body `encoded` beforehand, so that a benchmark's
     requests leave together and the clock times the server, not the encoding of long prompts) and time it;
     never raises for server or network errors.
 
@@ -339,7 +339,7 @@ async def _generate(
     (`meta_info.sim_received`, `sim_time`: real SGLang sends neither), and then the request is timed by
     that, since at a clock sped up 50 times a client's few milliseconds late are seconds of server time."""
     out = RequestOutcome(prompt_tokens=prompt.prompt_tokens, turn=prompt.turn)
-    data = body if body is not None else _body(prompt, max_new_tokens)
+    request_body = encoded if encoded is not None else _body(prompt, max_new_tokens)
     unit = 1.0  # real seconds per second of the clock that times this request
     parser = SSEParser()
     done = False
@@ -347,7 +347,7 @@ async def _generate(
     most_recent = 0.0
     st = ended = time.perf_counter()
     try:
-        async with session.post(url, data=data, headers=_JSON) as resp:
+        async with session.post(url, data=request_body, headers=_JSON) as resp:
             if resp.status != 200:
                 body = await resp.text(errors="replace")
                 out.error = f"HTTP {resp.status} {resp.reason or ''}: {body}"[:_ERROR_TEXT_MAX]

@@ -142,7 +142,7 @@ class HttpApi(LaunchPart):
             await asyncio.sleep(SLOW_HEALTH_S)
         if not self.serving.engine.has_work:
             # Idle: SGLang proves health by generating one token; busy, the running batch proves it.
-            health = self.serving.submit(1, 1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+            health = self.serving.submit(1, 1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", probe=True)
             await self.serving.collect(health)
         return web.Response(status=200)
 

@@ -70,6 +70,7 @@ class ClientRequest:
     verify_ct: int = 0
     abort_message: str | None = None
     cached_tokens: int = 0  # prompt tokens the prefix cache served (meta_info.cached_tokens)
+    probe: bool = False  # a health check's
     # On the server's model clock (Serving.model_now): when it came, and when its latest tokens were made.
     received_at: float = 0.0
     delivered_at: float = 0.0
@@ -131,10 +132,12 @@ class Serving(LaunchPart):
         predictability: float = 0.0,
         tokens: list[int] | None = None,
         received: float | None = None,
+        probe: bool = False,
     ) -> ClientRequest:
         """Queue one generation on the engine and return the request its tokens will be delivered to;
         its prompt's `tokens` let the prefix cache match it. `received` (the event loop's time, default
-        now) is when the request came, before its body was parsed: the engine's clock counts from there."""
+        now) is when the request came, before its body was parsed: the engine's clock counts from there.
+        A `probe` (a health check) is no client's request: nothing waits for it, and it draws no noise."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
             raise BadRequest(
@@ -151,11 +154,12 @@ class Serving(LaunchPart):
         rid = rid or uuid.uuid4().hex
         if rid in self.requests:
             raise BadRequest(f"Duplicate request ID: {rid}")
-        request = ClientRequest(rid, prompt_tokens, max_new_tokens)
+        request = ClientRequest(rid, prompt_tokens, max_new_tokens, probe=probe)
         self.requests[rid] = request
-        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens)
-        self._arrivals += 1
-        self._arrived.set()
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens, probe)
+        if not probe:
+            self._arrivals += 1
+            self._arrived.set()
         if not self._work.is_set():
             # Idle time passes on the model clock at the wall clock's pace (scaled): nothing ran to time it.
             now = asyncio.get_running_loop().time()
@@ -197,8 +201,9 @@ class Serving(LaunchPart):
                     last_yield = loop.time()
                 arrived = self._arrivals
                 self.model_now = woke_model + _ticks(model_clock)
+                ends = [self.requests.get(rid) for rid in (*step.finished, *step.aborted)]
+                ended = sum(request is None or not request.probe for request in ends)
                 self._deliver(step)
-                ended = len(step.finished) + len(step.aborted)
                 if ended and self._replying:
                     # Without other work, what the replies bring is a burst, as when the engine wakes.
                     await self._await_arrivals(arrived + ended, burst=not self.engine.has_work)
