@@ -132,6 +132,8 @@ def test_the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
     env = server["env"]
     assert server["port"] == "auto"  # a free one for each launch: studies side by side
     assert env["SGLANG_SIM_TIME_SCALE"] == "0.2" and env["SGLANG_SIM_STARTUP_TIME_SCALE"] == "0.001"
+    # Noise as on real GPUs: the simulated server is timed exactly, so without it any gain would hold up.
+    assert env["SGLANG_SIM_NOISE"] == "calibrated"
     started = time.monotonic()
     ran = run_cli("run", "s.yaml", "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr

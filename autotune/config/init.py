@@ -66,12 +66,15 @@ TRIALS = 30
 STARTUP_BASE_S, STARTUP_S_PER_GB, STARTUP_MIN_S = 300.0, 2.0, 600.0
 BENCHMARK_S = 900.0
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
-# The simulated node's clock, where --env sets none: a trial in seconds. Serving no faster than 5x: a faster
-# clock magnifies the client's own overhead (an 8B model on one H200 measured half its speed at 0.05).
+# The simulated node's clock, where --env sets none: a trial in seconds. The client times a simulated server
+# by its model clock, so the clock sets how long a trial takes, not what it measures.
 SIMULATED_CLOCK = {
     "SGLANG_SIM_TIME_SCALE": ("0.2", "serving 5x faster than real time"),
     "SGLANG_SIM_STARTUP_TIME_SCALE": ("0.001", "start-up 1000x faster: a minute's weight load takes 0.06 s"),
 }
+# Its run-to-run noise, where --env sets none: measured exactly, a simulated node without noise would have
+# a gain of 0.02% confirmed as an answer.
+SIMULATED_NOISE = ("SGLANG_SIM_NOISE", "calibrated", "the simulated node's run-to-run noise, as on H200s")
 
 
 class InitError(AutotuneError):
@@ -479,10 +482,10 @@ def study_text(
     ]
     lines += (
         [
-            "# TPE, seeded: a rerun proposes the same first trials (its random start). The simulated node",
-            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED), so a rerun",
-            "# measures them the same but for the client's own clock (a percent or two on a busy machine);",
-            "# later proposals follow the measurements, so they can part from the first run's.",
+            "# TPE, seeded: a rerun runs the same trials and gives the same answer. The simulated node",
+            "# draws each trial's noise from this seed and the trial's number (SGLANG_SIM_SEED) and is",
+            "# timed by its own clock, so a rerun measures every trial the same and TPE proposes the same",
+            "# next ones (a workload at a request_rate is sent by the client's clock: it varies a little).",
         ]
         if simulated
         else [
@@ -536,6 +539,9 @@ def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list
             for name, (value, why) in SIMULATED_CLOCK.items()
             if name not in env
         ]
+        name, value, why = SIMULATED_NOISE
+        if name not in env:
+            lines.append(f"    {name}: {_y(value)}   # {why}")
     if node.gpus > 1 and node.nvlink:
         # Each library's own switch for it, and whose it is.
         multicast = {

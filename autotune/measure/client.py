@@ -45,6 +45,7 @@ SSE_DONE = "[DONE]"
 # Warm-up only needs to touch the prefill and decode paths once, not to decode the full length.
 _WARMUP_MAX_NEW_TOKENS = 16
 _ERROR_TEXT_MAX = 500
+_JSON = {"Content-Type": "application/json"}
 
 
 class BenchmarkError(AutotuneError):
@@ -152,7 +153,9 @@ class BenchmarkResult:
 
 @dataclass
 class RequestOutcome:
-    """One request as the client saw it, in real (wall-clock) seconds."""
+    """One request as the client saw it, in real (wall-clock) seconds; on a simulated server that reports
+    its model clock (`server_clock`), in that clock's seconds times the time scale, so in the same units.
+    `sent_at` and `ended_at` are readings of the clock it was timed by (the server's in server seconds)."""
 
     success: bool = False
     prompt_tokens: int = 0
@@ -165,6 +168,9 @@ class RequestOutcome:
     cached_tokens: int | None = (
         None  # prompt tokens the server served from its cache (meta_info.cached_tokens)
     )
+    server_clock: bool = False
+    sent_at: float = 0.0
+    ended_at: float = 0.0
 
 
 class SSEParser:
@@ -307,23 +313,41 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:_ERROR_TEXT_MAX]
 
 
-async def _generate(
-    session: aiohttp.ClientSession, url: str, prompt: Request, max_new_tokens: int
-) -> RequestOutcome:
-    """Send one streaming /generate request and time it; never raises for server or network errors."""
-    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens, turn=prompt.turn)
+def _body(prompt: Request, max_new_tokens: int) -> bytes:
+    """One streaming /generate request's JSON body."""
     payload = {
         **({"text": prompt.text} if prompt.input_ids is None else {"input_ids": prompt.input_ids}),
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
         "stream": True,
     }
+    return json.dumps(payload).encode()
+
+
+async def _generate(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: Request,
+    max_new_tokens: int,
+    encoded: bytes | None = None,
+    time_scale: float = 1.0,
+) -> RequestOutcome:
+    """Send one streaming /generate request (its JSON body `encoded` beforehand, so that a benchmark's
+    requests leave together and the clock times the server, not the encoding of long prompts) and time it;
+    never raises for server or network errors.
+
+    Timed by the client's clock, as bench_serving does; a simulated server's chunks carry its model clock
+    (`meta_info.sim_received`, `sim_time`: real SGLang sends neither), and then the request is timed by
+    that, since at a clock sped up 50 times a client's few milliseconds late are seconds of server time."""
+    out = RequestOutcome(prompt_tokens=prompt.prompt_tokens, turn=prompt.turn)
+    request_body = encoded if encoded is not None else _body(prompt, max_new_tokens)
+    unit = 1.0  # real seconds per second of the clock that times this request
     parser = SSEParser()
     done = False
     last_tokens = 0
     most_recent = 0.0
-    st = time.perf_counter()
+    st = ended = time.perf_counter()
     try:
-        async with session.post(url, json=payload) as resp:
+        async with session.post(url, data=request_body, headers=_JSON) as resp:
             if resp.status != 200:
                 body = await resp.text(errors="replace")
                 out.error = f"HTTP {resp.status} {resp.reason or ''}: {body}"[:_ERROR_TEXT_MAX]
@@ -341,6 +365,11 @@ async def _generate(
                         return out
                     now = time.perf_counter()
                     meta = chunk.get("meta_info") or {}
+                    if meta.get("sim_time") is not None and meta.get("sim_received") is not None:
+                        if not out.server_clock and last_tokens == 0:
+                            out.server_clock, st, unit = True, float(meta["sim_received"]), time_scale
+                        if out.server_clock:
+                            now = ended = float(meta["sim_time"])
                     reason = meta.get("finish_reason")
                     if isinstance(reason, dict) and reason.get("type") == "abort":
                         out.error = f"request aborted: {reason.get('message', '')}"[:_ERROR_TEXT_MAX]
@@ -359,13 +388,13 @@ async def _generate(
                     if new <= 0:
                         continue
                     if out.ttft_s is None:
-                        out.ttft_s = now - st
+                        out.ttft_s = (now - st) * unit
                     else:
                         # A chunk with k new tokens (speculative decoding accepts several per step, and
                         # the server may batch stream output) counts as k gaps of chunk_gap / k, as
                         # sglang.bench_serving does: ITL stays per token, comparable with and without
                         # speculation and with bench_serving's own numbers.
-                        out.itl_s.extend([(now - most_recent) / new] * new)
+                        out.itl_s.extend([(now - most_recent) * unit / new] * new)
                     most_recent = now
                     last_tokens = tokens
                 if done:
@@ -373,7 +402,9 @@ async def _generate(
             if not done:
                 for event in parser.close():
                     done = done or event == SSE_DONE
-            out.latency_s = time.perf_counter() - st
+            if not out.server_clock:
+                ended = time.perf_counter()
+            out.sent_at, out.ended_at, out.latency_s = st, ended, (ended - st) * unit
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as e:
         # ValueError covers malformed JSON and UTF-8 in the stream; the rest are network and server deaths.
         out.error = _error_text(e)
@@ -478,6 +509,7 @@ async def run_benchmark(
 
                 semaphore = asyncio.Semaphore(workload.concurrency)
                 prompts = requests_for(workload, "bench", seed, workload.num_prompts)
+                bodies = {id(p): _body(p, p.output_len) for p in prompts}  # before the clock starts
                 scale = _time_scale(info) or 1.0
                 if workload.sharing is not None:
                     await _flush_cache(session, base_url)
@@ -492,7 +524,11 @@ async def run_benchmark(
                     # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
                     await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
                     async with semaphore:
-                        outcomes.append(await _generate(session, url, prompt, prompt.output_len))
+                        outcomes.append(
+                            await _generate(
+                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale
+                            )
+                        )
 
                 async def conversation(turns: list[Request]) -> None:
                     # A session's next turn follows its previous answer, after the user's think time.
@@ -500,7 +536,9 @@ async def run_benchmark(
                         if index and workload.sessions is not None:
                             await asyncio.sleep(workload.sessions.think_time_s * scale)
                         async with semaphore:
-                            outcome = await _generate(session, url, prompt, prompt.output_len)
+                            outcome = await _generate(
+                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale
+                            )
                             outcomes.append(outcome)
                         if not outcome.success:
                             break  # the later turns would re-send a context the server never answered
@@ -514,6 +552,10 @@ async def run_benchmark(
                 else:
                     await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
                 duration = time.perf_counter() - start
+                if outcomes and all(o.server_clock for o in outcomes):
+                    # From the first request's arrival to the last one's end, on the server's clock.
+                    clock = max(o.ended_at for o in outcomes) - min(o.sent_at for o in outcomes)
+                    duration = clock * scale
                 after = await _server_info(session, base_url)
         except TimeoutError:
             completed = sum(o.success for o in outcomes)

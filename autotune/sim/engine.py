@@ -42,6 +42,7 @@ class _Request:
         int, ...
     ] = ()  # its prompt's block hashes (autotune.sim.radix); () when its ids are unknown
     cached: int = 0  # prompt tokens the cache served when it was admitted
+    probe: bool = False  # a health check's: its steps draw no noise, so it does not shift a run's draws
 
     @property
     def tokens(self) -> int:
@@ -99,6 +100,7 @@ class Engine:
         max_new_tokens: int,
         predictability: float = 0.0,
         tokens: Sequence[int] | None = None,
+        probe: bool = False,
     ) -> bool:
         """Queue a request; False (and nothing queued) when its prompt can never fit, as SGLang rejects it.
         `predictability` (autotune.sim.predictability) raises its draft acceptance above the node's; the
@@ -114,7 +116,9 @@ class Engine:
         blocks = (
             block_hashes(tokens, self.cache.block) if tokens is not None and self.cache is not None else ()
         )
-        self.waiting.append(_Request(rid, input_len, max_new_tokens, accept=accept, blocks=blocks))
+        self.waiting.append(
+            _Request(rid, input_len, max_new_tokens, accept=accept, blocks=blocks, probe=probe)
+        )
         return True
 
     @property
@@ -191,9 +195,11 @@ class Engine:
             )
             self.cache.evict_to(self.node.plan.kv_tokens - own)
 
-    def _jitter(self, seconds: float) -> float:
+    def _jitter(self, seconds: float, batch: Sequence[_Request]) -> float:
         if not self.noise.on:
             return seconds
+        if all(r.probe for r in batch):
+            return seconds * self.run_factor
         return seconds * self.run_factor * max(0.5, self.rng.gauss(1.0, self.noise.step))
 
     def step(self) -> Step:
@@ -224,7 +230,7 @@ class Engine:
             self._evict()
             starting = [r for r in batch if r.rid in self._starting]
             self._starting.difference_update(r.rid for r in starting)
-            duration = self._jitter(node.prefill_step_s(batch_tokens, context))
+            duration = self._jitter(node.prefill_step_s(batch_tokens, context), batch)
             cached = sum(r.cached for r in starting)
             return Step(
                 duration,
@@ -242,7 +248,7 @@ class Engine:
         if not batch:
             return Step(0.0, "decode", {}, [], aborted)
         context = sum(r.tokens for r in batch)
-        duration = self._jitter(node.decode_step_s(len(batch), context))
+        duration = self._jitter(node.decode_step_s(len(batch), context), batch)
         node_accept = node.accept_length or 1.0
         emitted = {}
         accepted = 0.0

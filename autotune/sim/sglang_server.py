@@ -18,7 +18,7 @@ Simulator-only settings come from the environment:
   ten-minute weight load take 0.6 s.
 - `SGLANG_SIM_STARTUP_TIME_SCALE`: the scale of start-up alone (init, weight loading, graph capture),
   default `SGLANG_SIM_TIME_SCALE`. Start-up does not enter the benchmark, so it can run faster than
-  serving, whose client-side overhead grows relative to a fast clock (about 4% at 0.05, 10% at 0.01).
+  serving.
 - `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else a fresh seed per
   launch, as two launches of a real server differ).
 - `SGLANG_SIM_NOISE`: run-to-run noise: `off` (the default: deterministic), `calibrated` (the hardware
@@ -36,15 +36,21 @@ Simulator-only settings come from the environment:
 
 Conventions. Durations the server reports (log lines, `e2e_latency`, `last_gen_throughput`) are in model
 time, what the real node would report; a client's own clock sees them multiplied by the time scale, which
-`/get_server_info` returns as `time_scale`. SGLang's warm-up waits one real second (a host-side sleep, not
+`/get_server_info` returns as `time_scale`. Each streamed chunk's `meta_info` also carries the model clock
+(`sim_received`, `sim_time`: seconds since the launch when the request came and when the chunk's tokens were
+made; not SGLang's). SGLang's warm-up waits one real second (a host-side sleep, not
 GPU work) before its first request, so that wait is not scaled. The fake tokenizer counts one token per
 whitespace-separated word of a text prompt; `input_ids` count as given. There is no EOS: every request
 generates exactly its `max_new_tokens`.
 
-Fidelity of measured throughput: a client measures wall time, which includes its own HTTP overhead
-(about a millisecond per request and a little per chunk) magnified by 1 / time scale. At 0.05 a
-benchmark of the default launch lands within about 4% of the model's answer, at 0.01 within about 10%;
-0.001 is for startup and failure tests, not for throughput.
+Fidelity of measured throughput: a client that times the server by its own clock adds its own overhead
+(about a millisecond per request, more on a busy machine) magnified by 1 / time scale: at 0.05 a benchmark
+of the default launch lands within about 4% of the model's answer, at 0.01 within about 10%. autotune's
+client times a simulated server by the chunks' model clock instead, so its figures are the model's at any
+scale, the same on every run of a seeded launch: when requests end, the next step waits (until nothing has
+happened for 0.25 s of wall time) for the client's next ones, so a closed loop's reply takes no model time and
+the batches do not depend on when a request happened to arrive (`serving.Serving.run_engine`); a session's
+think time shorter than that wait counts as none. 0.001 is for startup and failure tests.
 
 Exit statuses: 0 after SIGTERM or SIGINT; -9 (SIGKILL of itself, as SGLang's launcher kills its own
 tree) after a startup failure or an out-of-memory under load; 1 for `crash_benchmark`, for a `ValueError`

@@ -192,6 +192,9 @@ class FakeSGLang:
     accept_length: float | None = 2.5
     fail_every: int = 0  # every n-th /generate answers HTTP 500
     die_after_chunks: int | None = None  # close the stream without [DONE]
+    # As the simulated server: each chunk carries its model clock, request k arriving at 10 k server
+    # seconds and each chunk 0.1 s after the one before.
+    sim_clock: bool = False
     requests: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -221,6 +224,9 @@ class FakeSGLang:
                     "completion_tokens": done,
                     "finish_reason": {"type": "length", "length": max_new} if done == max_new else None,
                 }
+                if self.sim_clock:
+                    received = 10.0 * (len(self.requests) - 1)
+                    meta |= {"sim_received": received, "sim_time": received + 0.1 * (chunks + 1)}
                 data = (
                     b"data: "
                     + json.dumps({"text": "x" * done, "output_ids": [7] * new, "meta_info": meta}).encode()
@@ -345,6 +351,21 @@ def test_timeout_raises_with_partial_counts(fake: tuple[str, FakeSGLang]) -> Non
     assert time.monotonic() - t0 < 2
     e = info.value
     assert e.completed >= 2 and e.completed + e.failed + e.unfinished == 6 and e.unfinished >= 2
+
+
+def test_a_simulated_server_is_timed_by_its_model_clock(fake: tuple[str, FakeSGLang]) -> None:
+    """Where the chunks carry the server's model clock (only the simulated server's do), every time is
+    read from it: what a busy client's own clock adds at a sped-up clock cannot change a measurement."""
+    url, server = fake
+    server.sim_clock = True
+    wl = Workload(num_prompts=3, input_len=4, output_len=4, concurrency=1, warmup_requests=0)
+    result = benchmark(url, wl, timeout_s=30)
+    # Two chunks of two tokens a request, 0.1 server seconds apart; requests at 0, 10 and 20 s.
+    assert result.mean_ttft_ms == pytest.approx(100.0) and result.p99_ttft_ms == pytest.approx(100.0)
+    assert result.mean_itl_ms == pytest.approx(50.0) and result.p99_itl_ms == pytest.approx(50.0)
+    assert result.mean_e2e_latency_ms == pytest.approx(200.0)
+    assert result.duration_s == pytest.approx(20.2)
+    assert result.output_throughput == pytest.approx(12 / 20.2)
 
 
 def test_real_sglang_reports_no_time_scale(fake: tuple[str, FakeSGLang]) -> None:

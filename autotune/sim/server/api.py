@@ -142,7 +142,7 @@ class HttpApi(LaunchPart):
             await asyncio.sleep(SLOW_HEALTH_S)
         if not self.serving.engine.has_work:
             # Idle: SGLang proves health by generating one token; busy, the running batch proves it.
-            health = self.serving.submit(1, 1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+            health = self.serving.submit(1, 1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", probe=True)
             await self.serving.collect(health)
         return web.Response(status=200)
 
@@ -236,26 +236,28 @@ class HttpApi(LaunchPart):
         )
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await _json_body(request)
-            prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
-            params = body.get("sampling_params") or {}
-            if not isinstance(params, dict):
-                raise BadRequest("sampling_params must be an object.")
-            max_new = _non_negative_int(
-                params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
-            )
-            rid = body.get("rid")
-            text = body.get("text")
-            job = self.serving.submit(
-                prompt_tokens,
-                max_new,
-                rid=str(rid) if rid is not None else None,
-                predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
-                tokens=prompt_ids(text, body.get("input_ids")),
-            )
-        except BadRequest as exc:
-            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        with self.serving.arriving() as received:  # from before its body is read and parsed
+            try:
+                body = await _json_body(request)
+                prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
+                params = body.get("sampling_params") or {}
+                if not isinstance(params, dict):
+                    raise BadRequest("sampling_params must be an object.")
+                max_new = _non_negative_int(
+                    params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
+                )
+                rid = body.get("rid")
+                text = body.get("text")
+                job = self.serving.submit(
+                    prompt_tokens,
+                    max_new,
+                    rid=str(rid) if rid is not None else None,
+                    predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
+                    tokens=prompt_ids(text, body.get("input_ids")),
+                    received=received,
+                )
+            except BadRequest as exc:
+                return web.json_response({"error": {"message": str(exc)}}, status=400)
         if body.get("stream"):
             return await self._stream_generate(request, job)
         ids = await self.serving.collect(job)
@@ -282,25 +284,27 @@ class HttpApi(LaunchPart):
         return response
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await _json_body(request)
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-                prompt_tokens = _prompt_tokens(None, prompt)
-            elif isinstance(prompt, str):
-                prompt_tokens = _prompt_tokens(prompt, None)
-            else:
-                raise BadRequest(
-                    "prompt must be a string or a list of token ids (batches are not simulated)."
+        with self.serving.arriving() as received:  # from before its body is read and parsed
+            try:
+                body = await _json_body(request)
+                prompt = body.get("prompt")
+                if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+                    prompt_tokens = _prompt_tokens(None, prompt)
+                elif isinstance(prompt, str):
+                    prompt_tokens = _prompt_tokens(prompt, None)
+                else:
+                    raise BadRequest(
+                        "prompt must be a string or a list of token ids (batches are not simulated)."
+                    )
+                limit = body.get("max_tokens")
+                job = self.serving.submit(
+                    prompt_tokens,
+                    _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
+                    tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
+                    received=received,
                 )
-            limit = body.get("max_tokens")
-            job = self.serving.submit(
-                prompt_tokens,
-                _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
-                tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
-            )
-        except BadRequest as exc:
-            return _openai_error(str(exc))
+            except BadRequest as exc:
+                return _openai_error(str(exc))
         base = {"id": f"cmpl-{job.rid}", "object": "text_completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
         if body.get("stream"):
@@ -308,19 +312,22 @@ class HttpApi(LaunchPart):
         return await self._complete_openai(job, base, lambda text: {"text": text})
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await _json_body(request)
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise BadRequest("messages must be a non-empty list.")
-            # Each message costs its words plus the chat template's few role and separator tokens.
-            prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
-            limit = body.get("max_completion_tokens", body.get("max_tokens"))
-            job = self.serving.submit(
-                prompt_tokens, _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens")
-            )
-        except BadRequest as exc:
-            return _openai_error(str(exc))
+        with self.serving.arriving() as received:  # from before its body is read and parsed
+            try:
+                body = await _json_body(request)
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise BadRequest("messages must be a non-empty list.")
+                # Each message costs its words plus the chat template's few role and separator tokens.
+                prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
+                limit = body.get("max_completion_tokens", body.get("max_tokens"))
+                job = self.serving.submit(
+                    prompt_tokens,
+                    _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"),
+                    received=received,
+                )
+            except BadRequest as exc:
+                return _openai_error(str(exc))
         base = {"id": job.rid, "object": "chat.completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
         if body.get("stream"):

@@ -8,7 +8,8 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -18,12 +19,27 @@ from autotune.sim.server.launch import Launch, LaunchPart
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
+# How the engine waits for requests on their way (see Serving.run_engine), in wall seconds: a hold ends
+# once nothing has happened for REPLY_WINDOW_S (a client busy on a loaded machine replies in tens of ms; a
+# session's think time shorter than this counts as none: 12.5 s of server time at 50x, 5 s at 20x), a
+# burst once no request has come for BURST_GAP_S, either after MAX_HOLD_S.
+REPLY_WINDOW_S = 0.25
+BURST_GAP_S = 0.03
+MAX_HOLD_S = 1.0
+# The model clock counts in ticks of 2**-20 s (about a microsecond): sums and differences of its readings are
+# then exact, so a reading does not depend on how much idle time (wall time, scaled) came before it.
+TICKS_PER_S = 2**20
 FAKE_WORDS = (
     "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by",
     "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had",
     "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if",
     "more", "when", "will", "would", "who", "so", "no", "model", "token", "server", "batch", "graph",
 )  # fmt: skip
+
+
+def _ticks(seconds: float) -> float:
+    """`seconds` on the model clock's grid (TICKS_PER_S)."""
+    return round(seconds * TICKS_PER_S) / TICKS_PER_S
 
 
 # -- fake tokenizer ----------------------------------------------------------------------------------------
@@ -49,13 +65,15 @@ class ClientRequest:
     rid: str
     prompt_tokens: int
     max_new_tokens: int
-    started: float
     queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     generated: int = 0
     verify_ct: int = 0
     abort_message: str | None = None
-    finished_at: float | None = None
     cached_tokens: int = 0  # prompt tokens the prefix cache served (meta_info.cached_tokens)
+    probe: bool = False  # a health check's
+    # On the server's model clock (Serving.model_now): when it came, and when its latest tokens were made.
+    received_at: float = 0.0
+    delivered_at: float = 0.0
 
 
 @dataclass
@@ -85,6 +103,26 @@ class Serving(LaunchPart):
         self._decode_steps = 0
         self._interval_tokens = 0
         self._interval_model_s = 0.0
+        self._arrivals = 0  # requests submitted since the launch
+        self._incoming = 0  # requests whose body is being read and parsed
+        self._arrived = asyncio.Event()  # set when a request starts arriving or is submitted
+        self._replying = True  # False once a client let requests end without sending more (a run's tail)
+        self._woke_at = 0.0  # when the request that woke the idle engine came (the event loop's time)
+        self._idle_since = time.monotonic()  # when the engine last went idle (asyncio's clock)
+        self.model_now = 0.0  # model seconds since the launch at the engine's latest delivered step
+
+    @contextmanager
+    def arriving(self) -> Iterator[float]:
+        """Around reading, parsing and submitting one request: the time it came (the event loop's); the
+        engine waits for a request on its way as for one submitted (see `run_engine`)."""
+        self._incoming += 1
+        self._replying = True
+        self._arrived.set()
+        try:
+            yield asyncio.get_running_loop().time()
+        finally:
+            self._incoming -= 1
+            self._arrived.set()
 
     def submit(
         self,
@@ -93,9 +131,13 @@ class Serving(LaunchPart):
         rid: str | None = None,
         predictability: float = 0.0,
         tokens: list[int] | None = None,
+        received: float | None = None,
+        probe: bool = False,
     ) -> ClientRequest:
         """Queue one generation on the engine and return the request its tokens will be delivered to;
-        its prompt's `tokens` let the prefix cache match it."""
+        its prompt's `tokens` let the prefix cache match it. `received` (the event loop's time, default
+        now) is when the request came, before its body was parsed: the engine's clock counts from there.
+        A `probe` (a health check) is no client's request: nothing waits for it, and it draws no noise."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
             raise BadRequest(
@@ -112,19 +154,38 @@ class Serving(LaunchPart):
         rid = rid or uuid.uuid4().hex
         if rid in self.requests:
             raise BadRequest(f"Duplicate request ID: {rid}")
-        request = ClientRequest(rid, prompt_tokens, max_new_tokens, started=time.monotonic())
+        request = ClientRequest(rid, prompt_tokens, max_new_tokens, probe=probe)
         self.requests[rid] = request
-        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens)
-        self._work.set()
+        self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens, probe)
+        if not probe:
+            self._arrivals += 1
+            self._arrived.set()
+        if not self._work.is_set():
+            # Idle time passes on the model clock at the wall clock's pace (scaled): nothing ran to time it.
+            now = asyncio.get_running_loop().time()
+            self._woke_at = max(received if received is not None else now, self._idle_since)
+            self.model_now += _ticks((self._woke_at - self._idle_since) / self.scale)
+            self._work.set()
+        request.received_at = request.delivered_at = self.model_now
         return request
 
     async def run_engine(self) -> None:
-        """Step the engine while it has work, each step ending at its absolute wall-clock deadline."""
+        """Step the engine while it has work, each step ending at its absolute wall-clock deadline.
+
+        What the engine runs is decided in model time, never by when a request happened to arrive: a client
+        that answers a finished request with its next one (a closed loop) takes no model time to do so, as
+        a client's millisecond is nothing beside a step on a real server but is many steps of a clock sped
+        up 50 times. So when requests end, the next step waits for as many new ones, and an idle engine
+        woken by a request waits for the rest of its burst (`_await_arrivals`); the steps' deadlines stay
+        where the model clock puts them, and the engine catches up by running late steps back to back.
+        A seeded launch then serves the same requests in the same batches on every run.
+        """
         loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
-            anchor, model_clock = loop.time(), 0.0
-            last_yield = anchor
+            anchor, model_clock, woke_model = self._woke_at, 0.0, self.model_now
+            await self._await_arrivals(self._arrivals, burst=True)
+            last_yield = loop.time()
             while self.engine.has_work:
                 step = self.engine.step()
                 if step.oom_lines:
@@ -138,11 +199,43 @@ class Serving(LaunchPart):
                     # SGLang's are when clients are slow; yielding now and then keeps the HTTP side alive.
                     await asyncio.sleep(max(delay, 0.0))
                     last_yield = loop.time()
+                arrived = self._arrivals
+                self.model_now = woke_model + _ticks(model_clock)
+                ends = [self.requests.get(rid) for rid in (*step.finished, *step.aborted)]
+                ended = sum(request is None or not request.probe for request in ends)
                 self._deliver(step)
+                if ended and self._replying:
+                    # Without other work, what the replies bring is a burst, as when the engine wakes.
+                    await self._await_arrivals(arrived + ended, burst=not self.engine.has_work)
+                    # None came: the client has sent its last request, and the rest of the run's tail
+                    # ends without waiting (until a request comes).
+                    self._replying = self._arrivals > arrived
+                    last_yield = loop.time()
                 if step.kind == "prefill" and step.emitted:
                     await asyncio.sleep(0)  # first tokens go out on their own, so time to first token holds
                     last_yield = loop.time()
             self._work.clear()
+            self._idle_since = max(loop.time(), anchor + model_clock * self.scale)
+
+    async def _await_arrivals(self, count: int, burst: bool) -> None:
+        """Wait until `count` requests have been submitted since the launch and none is on its way, and
+        with `burst` until none has come for BURST_GAP_S; or until nothing has happened for REPLY_WINDOW_S;
+        MAX_HOLD_S at most."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + MAX_HOLD_S
+        while True:
+            left = min(end - loop.time(), REPLY_WINDOW_S)
+            if self._arrivals >= count and not self._incoming:
+                if not burst:
+                    return
+                left = min(left, BURST_GAP_S)
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
     def _deliver(self, step: Step) -> None:
         kind, emitted, finished, aborted = step.kind, step.emitted, step.finished, step.aborted
@@ -154,6 +247,7 @@ class Serving(LaunchPart):
             if hit is not None:
                 request.cached_tokens = hit
             request.generated += count
+            request.delivered_at = self.model_now
             if kind == "decode":
                 request.verify_ct += 1
             request.queue.put_nowait(count)
@@ -165,7 +259,7 @@ class Serving(LaunchPart):
         for rid in [*finished, *aborted]:
             request = self.requests.pop(rid, None)
             if request is not None:
-                request.finished_at = time.monotonic()
+                request.delivered_at = self.model_now
                 request.queue.put_nowait(None)
         if self.ready and emitted:
             self.tokens_after_ready += sum(emitted.values())
@@ -268,6 +362,11 @@ class Serving(LaunchPart):
             "weight_version": "default",
             "completion_tokens": completion_tokens,
             "cached_tokens": request.cached_tokens,
+            # Not SGLang's: the model clock, in server seconds since the launch, when the request came and
+            # when this chunk's tokens were made. A client times a simulated server by it, as no wall clock
+            # can at a clock sped up 50 times on a busy machine (autotune.measure.client).
+            "sim_received": request.received_at,
+            "sim_time": request.delivered_at,
         }
         if finished:
             if request.abort_message is not None:
@@ -279,8 +378,7 @@ class Serving(LaunchPart):
                 }
             else:
                 meta["finish_reason"] = {"type": "length", "length": completion_tokens}
-            end = request.finished_at or time.monotonic()
-            meta["e2e_latency"] = (end - request.started) / self.scale
+            meta["e2e_latency"] = request.delivered_at - request.received_at
         if self.node.spec is not None:
             meta["spec_verify_ct"] = request.verify_ct
             # completion_tokens / verify_ct, the prefill's token included (tokenizer_manager.py:2767-2769).
