@@ -462,10 +462,12 @@ class ServerRecords:
 
 def _started(pid: int) -> int | None:
     """When process `pid` started, in clock ticks since boot (/proc's starttime): tells a live owner from
-    a later process that took its pid."""
+    a later process that took its pid. None when it is gone, or dead and not yet reaped (a zombie: a
+    killed actor stays one until Ray's raylet reaps it, seconds later on a loaded machine)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 

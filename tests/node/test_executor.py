@@ -229,9 +229,13 @@ def test_a_server_whose_driver_still_runs_is_left_to_it(tmp_path: Path) -> None:
         (tmp_path / "servers.json").write_text(json.dumps(records))
         assert LocalCommandRunner(tmp_path).stopped_left_behind == []  # its driver runs: not left behind
         assert _group_members(process.pgid) and (tmp_path / "servers.json").is_file()
-        owner.kill()
-        owner.wait()
+        owner.kill()  # not reaped yet: a killed Ray actor stays a zombie until its raylet reaps it
+        stat = Path(f"/proc/{owner.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert LocalCommandRunner(tmp_path).stopped_left_behind == [process.pgid]  # its driver died
+        owner.wait()
     finally:
         owner.kill()
         process.stop(grace_s=1)
