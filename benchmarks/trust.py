@@ -65,11 +65,11 @@ from sample_efficiency import BEST_KNOWN
 from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
-from autotune.study import confirm as confirm_rule
-from autotune.study.answer import study_answer as product_answer
 from autotune.study.compare import compare
 from autotune.study.records import BASELINE_ATTR, COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import best_trial, trial_config
+from autotune.study.trust import confirm as confirm_rule
+from autotune.study.trust.answer import study_answer as product_answer
 
 N_TRIALS = 40
 LEASE_EVERY = 10  # the real study: 31 trials over four sessions

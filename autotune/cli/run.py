@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
     ostudy = _remeasure(study, ostudy, args)
     print(summary_text(study_summary(ostudy), study))
-    from autotune.study.node_budget import node_hours
+    from autotune.study.trust.node_budget import node_hours
 
     print(node_hours(study, ostudy).text())  # in the node's own clock (docs/study-file.md, "budget")
     from autotune.study.enqueue import waiting_line

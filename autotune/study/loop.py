@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import STOP_SIGNALS, AutotuneError, ForbiddenLaunchError, interrupt, stop_signal
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
-from autotune.study import node_budget, optuna_internals, outcome, samplers, screening, stages
+from autotune.study import optuna_internals, outcome, samplers, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.callbacks import (
     CallbackList,
@@ -44,10 +44,8 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.confirm import confirmation, confirmation_rounds
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.node_failing import node_failing, requeue_baseline
-from autotune.study.noise import move_from, repeat_baseline
 from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
@@ -66,7 +64,6 @@ from autotune.study.records import (
     SHORT_CUTOFF_ATTR,
 )
 from autotune.study.rules import deliberate, earlier_launch, launch_identity
-from autotune.study.stopping import record_stop, stopped_early, why_stop
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
@@ -83,6 +80,10 @@ from autotune.study.storage import (
 )
 from autotune.study.store_failure import storage_unwritable
 from autotune.study.summary import StudySummary, study_summary
+from autotune.study.trust import node_budget, screening
+from autotune.study.trust.confirm import confirmation, confirmation_rounds
+from autotune.study.trust.noise import move_from, repeat_baseline
+from autotune.study.trust.stopping import record_stop, stopped_early, why_stop
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult

@@ -1,6 +1,7 @@
-"""The confirmation (autotune.study.confirm): the best configs and SGLang's defaults run again in interleaved
-rounds, and the answer says whether a gain survives the noise; run fast on nodes answered by the simulated
-node's model (with its run-to-run noise), on real Optuna storage, and on the real H200 studies' stores."""
+"""The confirmation (autotune.study.trust.confirm): the best configs and SGLang's defaults run again in
+interleaved rounds, and the answer says whether a gain survives the noise; run fast on nodes answered by the
+simulated node's model (with its run-to-run noise), on real Optuna storage, and on the real H200 studies'
+stores."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from optuna.trial import TrialState
 
 from autotune.cli import main
 from autotune.config import Study, load_study
-from autotune.study.answer import study_answer
 from autotune.study.callbacks import StudyCallback, TrialFinished
-from autotune.study.confirm import confirmation, round_order
 from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.storage import budget_used, open_study
 from autotune.study.summary import study_summary
+from autotune.study.trust.answer import study_answer
+from autotune.study.trust.confirm import confirmation, round_order
 from tests.builders import FLAT, TRUST_OFF, StudyFiles, launched, model_pool
 
 
@@ -219,7 +220,7 @@ def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confir
 def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_divided_by() -> None:
     """A max_load study whose defaults met the SLO at no rate tried measured 0 for them: the gain, in percent
     of that, has no value there (it raised ZeroDivisionError, ending a study of benchmarks/peers/run.py)."""
-    from autotune.study.confirm import _gain
+    from autotune.study.trust.confirm import _gain
 
     rounds: dict[int, dict[int, float | None]] = {
         1: {0: 0.0, 5: 2.0},
@@ -295,7 +296,7 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
     """At 97.5% per look the first look (2 rounds) cleared zero, the rounds stopped and the answer claimed
     +0.4% that is not there; spent over the 5 looks (99.5%) the interval holds zero (and is narrower than
     +-1%: the rounds stop with no gain)."""
-    from autotune.study.confirm import _decided
+    from autotune.study.trust.confirm import _decided
 
     ostudy = confirmation_study(FLAT_L40S_SEED_7)
     state = confirmation(ostudy)
@@ -309,7 +310,7 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
 
 
 def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
-    from autotune.study.confirm import _decided
+    from autotune.study.trust.confirm import _decided
 
     ostudy = confirmation_study([{0: 100.0, 1: 150.2, 8: 101.0}, {8: 100.8, 1: 149.9, 0: 100.1}])  # +50%
     state = confirmation(ostudy)
@@ -326,7 +327,7 @@ def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
 def test_each_look_spends_the_confidence_over_the_candidates_and_the_looks(
     top: int, min_rounds: int, max_rounds: int, expected: float
 ) -> None:
-    from autotune.study.confirm import look_confidence
+    from autotune.study.trust.confirm import look_confidence
 
     settings = {"confidence": 0.95, "min_rounds": min_rounds, "max_rounds": max_rounds}
     assert look_confidence(settings, top) == pytest.approx(expected)
@@ -337,7 +338,7 @@ def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmatio
 ) -> None:
     """A study confirming when autotune named a config by its interrupted first trial (before issue 41):
     its next round is queued under that name, as its first round was, instead of ending in a KeyError."""
-    from autotune.study.confirm import confirmation_rounds
+    from autotune.study.trust.confirm import confirmation_rounds
 
     study = load_study(study_file(search_space=FLAT, trust={"confirm": {"top": 1, "max_rounds": 4}}))
     space = {

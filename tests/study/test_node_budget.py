@@ -19,10 +19,10 @@ from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.node.node_time import logged_startup_s, node_seconds
-from autotune.study.answer import study_answer
 from autotune.study.loop import StudyDriver
-from autotune.study.node_budget import launch_s, node_hours, spent_s
 from autotune.study.records import NODE_S_ATTR
+from autotune.study.trust.answer import study_answer
+from autotune.study.trust.node_budget import launch_s, node_hours, spent_s
 from autotune.views.tracked import study_tracker
 from tests.builders import FLAT, StudyFiles, launched, model_pool
 

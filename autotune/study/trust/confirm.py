@@ -10,7 +10,7 @@ checked: the rounds stop once its interval is narrower than `target_pct` either 
 (after `min_rounds`), or at `max_rounds`. That interval is looked at after every round from `min_rounds` on,
 so its error is spent across the looks as across the candidates (`look_confidence`).
 
-The study's answer built on these rounds (and worded when there are none) is autotune.study.answer's.
+The study's answer built on these rounds (and worded when there are none) is autotune.study.trust.answer's.
 """
 
 from __future__ import annotations
