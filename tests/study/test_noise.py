@@ -92,5 +92,7 @@ def test_the_switch_gives_the_study_loop_s_sampler_the_rule(study_file: StudyFil
     path = study_file(n_trials=2, search_space=space, trust={**trust, "noise_ties": True})
     driver = StudyDriver(load_study(path), pool=model_pool())
     driver.run()
-    assert isinstance(driver.base_sampler, IncumbentMoves) and driver.base_sampler.reference is move_from
-    assert IncumbentMoves(driver.base_sampler.base).reference is _best_of  # without the switch: the best
+    assert driver.state is not None
+    sampler = driver.state.base_sampler
+    assert isinstance(sampler, IncumbentMoves) and sampler.reference is move_from
+    assert IncumbentMoves(sampler.base).reference is _best_of  # without the switch: the best
