@@ -81,9 +81,9 @@ def knobs_screened(run: RunState) -> SearchEnds | None:
 STEPS: tuple[Step, ...] = (nodes_failing, node_hours_spent, stopping_rule, noise_measured, knobs_screened)
 
 
-def between_trials(run: RunState, steps: tuple[Step, ...] = STEPS) -> None:
+def between_trials(run: RunState) -> None:
     """Take the steps in order; the last `SearchEnds` is why the search stopped (`run.stopped`)."""
-    for step in steps:
+    for step in STEPS:
         ends = step(run)
         if ends is None:
             continue

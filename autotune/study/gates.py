@@ -166,9 +166,9 @@ GATES: tuple[Gate, ...] = (
 )
 
 
-def first_verdict(proposal: Proposal, gates: tuple[Gate, ...] = GATES) -> Verdict | None:
+def first_verdict(proposal: Proposal) -> Verdict | None:
     """The first gate's verdict against launching `proposal`; None: launch it."""
-    for gate in gates:
+    for gate in GATES:
         if (verdict := gate(proposal)) is not None:
             return verdict
     return None

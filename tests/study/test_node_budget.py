@@ -80,6 +80,19 @@ def test_a_budget_smaller_than_one_measured_launch_is_refused_before_a_launch(st
     assert (stored.user_attrs.get("node_budget") or {}).get("hours") is None
 
 
+def test_hours_too_few_on_the_command_line_are_refused_naming_the_option(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = study_file(n_trials=2)
+    first = StudyDriver(load_study(path), pool=model_pool()).run()
+    launch = launch_s(first)
+    assert launch is not None
+    hours = (spent_s(first) + launch / 2) / 3600
+    assert main(["resume", str(path), "--hours", f"{hours:.6f}", "--no-ray", "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert "--hours" in err and "cannot pay for one launch" in err and "budget.node_hours" not in err
+
+
 # -- the search ends with the confirmation's reserve kept --------------------------------------------------
 def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_costs(
     study_file: StudyFiles,
