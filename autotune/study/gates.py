@@ -110,9 +110,8 @@ def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
 
 def past_memory_edge(proposal: Proposal) -> PastMemoryEdge | None:
     # A config queued by hand runs as asked, even past the edge (a user may want to see it again).
-    if not (proposal.run.preflight and proposal.run.memory_edge) or proposal.trial.user_attrs.get(
-        QUEUED_ATTR
-    ):
+    options = proposal.run.options
+    if not (options.preflight and options.memory_edge) or proposal.trial.user_attrs.get(QUEUED_ATTR):
         return None
     pruned = [t for t in proposal.trials if t.state is TrialState.PRUNED]
     edge = beyond_memory_edge(proposal.trial.params, proposal.hardware, pruned)
@@ -143,7 +142,7 @@ def same_launch(proposal: Proposal) -> SameLaunch | None:
 
 def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
     """Why this launch would certainly run out of memory on the node, from the node check's facts."""
-    if not proposal.run.preflight:
+    if not proposal.run.options.preflight:
         return None
     facts = proposal.facts
     declared = proposal.run.study.file.server.model_weight_gb

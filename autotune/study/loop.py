@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import STOP_SIGNALS, AutotuneError, interrupt, stop_signal
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool
-from autotune.study import optuna_internals, outcome, stages
+from autotune.study import nccl_stage, optuna_internals, outcome, stages
 from autotune.study.ablation import ablation_of
 from autotune.study.between_trials import between_trials
 from autotune.study.callbacks import (
@@ -57,14 +57,13 @@ from autotune.study.records import (
     FAILURE_KIND_ATTR,
     HARDWARE_ATTR,
     LAUNCH_ATTR,
-    NCCL_STAGE_ATTR,
     NODE_ATTR,
     NODE_S_ATTR,
     REMEASURE_OF_ATTR,
     SERVER_CHOICES_ATTR,
     SHORT_CUTOFF_ATTR,
 )
-from autotune.study.run_state import RunningTrial, RunState
+from autotune.study.run_state import RunningTrial, RunOptions, RunState
 from autotune.study.storage import (
     HEARTBEAT_S,
     abandoned_trials,
@@ -93,6 +92,7 @@ MAX_CONSECUTIVE_SKIPS = 200
 # Proposals in a row of configs launched before: the sampler has nothing new to try, the search ends.
 MAX_SAME_IN_A_ROW = 20
 POLL_S = 0.5
+STAGE_OPTIONS = RunOptions(preflight=False)  # the NCCL stage's jobs load no weights
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
 
 
@@ -188,11 +188,7 @@ class StudyDriver:
         self.sampler = sampler
         self.storage = storage
         self.tracking = tracking
-        self.preflight = preflight
-        self.remember_incompatible = remember_incompatible
-        self.memory_edge = memory_edge
-        self.queued_only = queued_only
-        self.hours_from = hours_from
+        self.options = RunOptions(preflight, memory_edge, remember_incompatible, queued_only, hours_from)
         self.state: RunState | None = None
 
     @property
@@ -210,16 +206,12 @@ class StudyDriver:
             accept_changes,
             self.storage,
             self.sampler,
-            preflight=self.preflight,
-            memory_edge=self.memory_edge,
-            remember_incompatible=self.remember_incompatible,
-            queued_only=self.queued_only,
-            hours_from=self.hours_from,
+            self.options,
         )
         pool = self._start_pool(run, self.make_pool)
         try:
             run.study.check_flags(self._flag_tables(pool))
-            held = self._nccl_stage(run, pool)
+            held = nccl_stage.held_values(run, pool, partial(self._run_stage, run, pool))
         except BaseException:
             pool.close()
             raise
@@ -234,12 +226,7 @@ class StudyDriver:
         accept_changes: bool,
         storage: optuna.storages.BaseStorage | None,
         sampler: optuna.samplers.BaseSampler | None,
-        *,
-        preflight: bool,
-        memory_edge: bool,
-        remember_incompatible: bool,
-        queued_only: bool,
-        hours_from: str,
+        options: RunOptions,
     ) -> RunState:
         """Open or resume the study, recover what a dead driver left, and tell the observers it started."""
         study.check_launchable()
@@ -249,8 +236,8 @@ class StudyDriver:
         storage = storage if storage is not None else rdb_storage(study.storage)
         trials_before = trials_so_far(storage, study.name)  # before a new study's baseline is queued
         ostudy = open_study(study, accept_changes=accept_changes, sampler=sampler, storage=storage)
-        if not queued_only:
-            node_budget.check_budget(study, ostudy, hours_from)  # before any launch or write
+        if not options.queued_only:
+            node_budget.check_budget(study, ostudy, options.hours_from)  # before any launch or write
             node_budget.record_budget(study, ostudy)
         known = KnownIncompatibilities(ostudy, study.search_space)
         base_sampler = ostudy.sampler
@@ -266,10 +253,7 @@ class StudyDriver:
             observers=CallbackList([*tracker, *self.callbacks]),
             known=known,
             sampler=sampler,
-            preflight=preflight,
-            memory_edge=memory_edge,
-            remember_incompatible=remember_incompatible,
-            queued_only=queued_only,
+            options=options,
             accept_changes=accept_changes,
             trials_before=trials_before,
             budget=budget,
@@ -280,7 +264,7 @@ class StudyDriver:
             base_sampler=base_sampler,
         )
         recovered = self._recover(run)
-        if not queued_only:
+        if not options.queued_only:
             requeue_baseline(study, ostudy)  # its node may have been fixed since (study.node_failing)
         run.done = finished_count(ostudy)
         self._refresh_standing(run)
@@ -321,7 +305,8 @@ class StudyDriver:
                     run.observers.knob_held(KnobHeld(run.stopped))
                 node_budget.clear_ran_out(ostudy)
                 affordable = partial(self._affordable, run)
-                for total in () if run.queued_only else confirmation_rounds(study, ostudy, affordable):
+                rounds = () if run.options.queued_only else confirmation_rounds(study, ostudy, affordable)
+                for total in rounds:
                     run.total = total  # a round at a time (study.confirm), while the node hours pay for it
                     self._trials(run, pool, total, None, ctrl_c)
         except KeyboardInterrupt as exc:
@@ -340,57 +325,24 @@ class StudyDriver:
             pool.close()
         run.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
 
-    def _nccl_stage(self, run: RunState, pool: NodePool) -> dict[str, Any]:
-        """Run the study's NCCL all-reduce stage on the pool (autotune.study.stages) as a run of its own,
-        or reuse the finished one a resumed study has; the NCCL values every server trial then holds ({}
-        without a stage)."""
-        study = run.study
-        reason = stages.why_not(study)
-        if reason is not None:
-            if reason.startswith("skipped"):
-                run.observers.knob_held(KnobHeld(f"NCCL stage {reason}"))
-            return {}
-        result = stages.finished_stage(study, run.storage)
-        name = study.name + stages.STAGE_SUFFIX
-        if result is None:
-            # Its time counts against the study's: the stage gets what is left of it.
-            left = None if run.deadline is None else max(run.deadline - time.monotonic(), 1e-3)
-            stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left)
+    def _run_stage(
+        self, run: RunState, pool: NodePool, stage: Study, sampler: optuna.samplers.BaseSampler
+    ) -> optuna.Study:
+        """A stage's study (autotune.study.nccl_stage) run to its end before `run`'s search, on its pool,
+        lent: a run of its own, with its own tracker."""
+        try:
+            stage_run = self._open(stage, None, run.accept_changes, run.storage, sampler, STAGE_OPTIONS)
+            lent = self._start_pool(stage_run, lambda _stage: stages.LentPool(pool))
             try:
-                stage_run = self._open(
-                    stage,
-                    None,
-                    run.accept_changes,
-                    run.storage,
-                    stages.CoordinateAscent(stages.stage_knobs(study)),
-                    preflight=False,  # a job loads no weights
-                    memory_edge=True,
-                    remember_incompatible=True,
-                    queued_only=False,
-                    hours_from="budget.node_hours",
-                )
-                lent = self._start_pool(stage_run, lambda _stage: stages.LentPool(pool))
-                try:
-                    stage.check_flags(self._flag_tables(lent))
-                except BaseException:
-                    lent.close()
-                    raise
-                self._drive(stage_run, lent, {})  # a stage's study runs no stage of its own (nccl_stage off)
-            except StudyInterrupted:
-                run.observers.study_ended(StudyEnded(study, run.ostudy, None))
+                stage.check_flags(self._flag_tables(lent))
+            except BaseException:
+                lent.close()
                 raise
-            result = stages.stage_result(
-                stages.stage_knobs(study), stage_run.ostudy.get_trials(deepcopy=False)
-            )
-            if result is None:
-                run.observers.knob_held(
-                    KnobHeld(f"NCCL stage {name}: not finished in the study's time; no NCCL value is held")
-                )
-                return {}
-        for line in result.lines(name):
-            run.observers.knob_held(KnobHeld(line))
-        run.ostudy.set_user_attr(NCCL_STAGE_ATTR, result.record())  # the answer names the values it held
-        return result.held
+            self._drive(stage_run, lent, {})  # a stage's study runs no stage of its own (nccl_stage off)
+        except StudyInterrupted:
+            run.observers.study_ended(StudyEnded(run.study, run.ostudy, None))
+            raise
+        return stage_run.ostudy
 
     def _affordable(self, run: RunState, launches: int) -> bool:
         """Whether the node hours left pay for a confirmation round of `launches`; recorded when not."""
@@ -470,9 +422,10 @@ class StudyDriver:
             return False
         if budget is not None and budget_used(run.ostudy) >= budget:
             return False
-        if run.queued_only and not run.ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        waiting = (TrialState.WAITING,)
+        if run.options.queued_only and not run.ostudy.get_trials(deepcopy=False, states=waiting):
             return False
-        if run.searching and run.stopped is None and not run.queued_only:
+        if run.searching and run.stopped is None and not run.options.queued_only:
             between_trials(run)
         return not (run.searching and run.stopped is not None)
 
@@ -672,7 +625,7 @@ class StudyDriver:
         failure = judged.failure
         assert failure is not None
         hardware = run.hardware_by_node.get(node)
-        learn = run.remember_incompatible and failure.kind.deterministic
+        learn = run.options.remember_incompatible and failure.kind.deterministic
         learned = None
         if learn and (new := run.known.learn(trial.params, failure, hardware)):
             run.ostudy.sampler = run.current_sampler()

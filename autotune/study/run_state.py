@@ -20,6 +20,18 @@ from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.trust.noise import move_from
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run treats what Optuna proposes. All but the defaults are for measuring the tuner itself
+    (benchmarks/), `compare`'s rounds (`queued_only`) and the NCCL stage (`preflight=False`)."""
+
+    preflight: bool = True  # predicted OOMs are recorded, never launched
+    memory_edge: bool = True  # proposals past the memory edge the study met are recorded, never launched
+    remember_incompatible: bool = True  # settings that failed on a hardware are not proposed again on it
+    queued_only: bool = False  # the trials queued in the study and nothing else
+    hours_from: str = "budget.node_hours"  # where the node-hour budget was given, for its error
+
+
 @dataclass
 class RunningTrial:
     """A trial handed to a node, and the phase it was last seen in."""
@@ -42,10 +54,7 @@ class RunState:
     observers: CallbackList
     known: KnownIncompatibilities
     sampler: optuna.samplers.BaseSampler | None  # the one given, replacing the study file's
-    preflight: bool  # predicted OOMs are recorded, never launched
-    memory_edge: bool  # proposals past the memory edge the study met are recorded, never launched
-    remember_incompatible: bool  # settings that failed on a hardware are not proposed again on it
-    queued_only: bool  # the trials queued in the study and nothing else (`compare`'s rounds)
+    options: RunOptions
     accept_changes: bool
     trials_before: int  # trials the study had before this run queued its baseline
     budget: int | None  # the search's trials, all drivers' counted
