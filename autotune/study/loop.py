@@ -26,7 +26,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.errors import STOP_SIGNALS, AutotuneError, interrupt, stop_signal
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool
-from autotune.study import nccl_stage, optuna_internals, outcome, stages
+from autotune.study import nccl_stage, optuna_internals, outcome, stages, unlaunched
 from autotune.study.ablation import ablation_of
 from autotune.study.between_trials import between_trials
 from autotune.study.callbacks import (
@@ -34,7 +34,6 @@ from autotune.study.callbacks import (
     IncompatibilityLearned,
     KnobHeld,
     PhaseChanged,
-    Progress,
     StudyCallback,
     StudyEnded,
     StudyInterrupting,
@@ -45,7 +44,7 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.gates import Forbidden, Proposal, SameLaunch, first_verdict
+from autotune.study.gates import Proposal, first_verdict
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.node_failing import requeue_baseline
 from autotune.study.optuna_internals import reads_once
@@ -81,16 +80,13 @@ from autotune.study.store_failure import storage_unwritable
 from autotune.study.summary import StudySummary, study_summary
 from autotune.study.trust import node_budget, screening
 from autotune.study.trust.confirm import confirmation, confirmation_rounds
-from autotune.study.trust.stopping import record_stop, stopped_early
+from autotune.study.trust.stopping import stopped_early
 from autotune.trial.failures import FailureKind
 from autotune.trial.wire import TrialRequest, TrialResult
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-MAX_CONSECUTIVE_SKIPS = 200
-# Proposals in a row of configs launched before: the sampler has nothing new to try, the search ends.
-MAX_SAME_IN_A_ROW = 20
 POLL_S = 0.5
 STAGE_OPTIONS = RunOptions(preflight=False)  # the NCCL stage's jobs load no weights
 INTERRUPT_WAIT_S = 60.0  # SGLang needs 10 to 15 s to stop; a node that does not answer is left to resume
@@ -359,15 +355,6 @@ class StudyDriver:
         return [trial.number for trial in recovered]
 
     @staticmethod
-    def _progress(run: RunState, launching: int | None = None) -> Progress:
-        """What a display shows now; `launching`: a trial about to be handed to its node."""
-        best, baseline = run.standing
-        phases = {number: entry.phase for number, entry in run.running.items()}
-        if launching is not None:
-            phases[launching] = "launching"
-        return Progress(run.total, run.done, phases, best, baseline)
-
-    @staticmethod
     def _refresh_standing(run: RunState) -> StudySummary:
         summary = study_summary(run.ostudy)
         run.standing = (summary.best_value, summary.baseline_value)
@@ -440,18 +427,10 @@ class StudyDriver:
             trial.set_user_attr(HARDWARE_ATTR, hardware)
         proposal = Proposal(run, trial, config, hardware, pool.facts(node), self._dialect(run, pool, node))
         verdict = first_verdict(proposal)
-        if proposal.built() is not None:
-            trial.set_user_attr(
-                LAUNCH_ATTR, proposal.identity
-            )  # what later proposals' same-launch check reads
-        if isinstance(verdict, Forbidden):
-            self._refused(run, trial, baseline, verdict.why)
-            return False
-        if isinstance(verdict, SameLaunch):
-            self._same(run, trial, verdict.earlier)
-            return False
+        if proposal.built() is not None:  # what later proposals' same-launch check reads
+            trial.set_user_attr(LAUNCH_ATTR, proposal.identity)
         if verdict is not None:
-            self._skip(run, trial, verdict.why, oom=verdict.oom)
+            unlaunched.record(run, trial, baseline, verdict)
             return False
         run.skips = run.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
         launch = study.seeded(
@@ -480,7 +459,7 @@ class StudyDriver:
                 config=config,
                 launch=launch,
                 ablation=ablation_of(trial, ostudy),
-                progress=self._progress(run, launching=trial.number),
+                progress=run.progress(launching=trial.number),
             )
         )
         run.running[trial.number] = RunningTrial(
@@ -500,52 +479,6 @@ class StudyDriver:
             if cutoff is not None:
                 trial.set_user_attr(SHORT_CUTOFF_ATTR, cutoff)
         return plan_for(objective, short=not again, cutoff=cutoff)
-
-    def _refused(self, run: RunState, trial: optuna.Trial, baseline: bool, why: str) -> None:
-        """Record a launch the study file forbids (`never_launch`), told to the observers as a trial."""
-        judged = outcome.refused(trial, FailureKind.FORBIDDEN, why)
-        run.ostudy.tell(trial, state=judged.state)
-        run.done = finished_count(run.ostudy)
-        run.observers.trial_finished(
-            TrialFinished(
-                study=run.study,
-                number=trial.number,
-                baseline=baseline,
-                outcome=judged,
-                result=None,
-                launch=None,
-                elapsed_s=0.0,
-                progress=self._progress(run),
-            )
-        )
-
-    def _skip(self, run: RunState, trial: optuna.Trial, why: str, *, oom: bool = False) -> None:
-        """Record a proposal that is never launched (`outcome.skipped`); too many in a row stop the study."""
-        self._skip_counted(run, why)
-        run.ostudy.tell(trial, state=outcome.skipped(run.study, trial, why, oom=oom).state)
-
-    @staticmethod
-    def _skip_counted(run: RunState, why: str) -> None:
-        run.skips += 1
-        if run.skips > MAX_CONSECUTIVE_SKIPS:
-            raise AutotuneError(
-                f"the sampler proposed {MAX_CONSECUTIVE_SKIPS} trials in a row that cannot run ({why}): "
-                "remove the failing values from the search space"
-            )
-
-    def _same(self, run: RunState, trial: optuna.Trial, earlier: FrozenTrial) -> None:
-        """Record a proposal of a launch made before with that launch's result, without node time or budget
-        (`outcome.same_as`); too many in a row stop the study as skips do."""
-        self._skip_counted(run, f"the same launch as trial {earlier.number}")
-        judged = outcome.same_as(trial, earlier)
-        run.ostudy.tell(trial, judged.values, state=judged.state)
-        run.same_in_a_row += 1
-        if run.same_in_a_row >= MAX_SAME_IN_A_ROW and run.stopped is None:
-            run.stopped = (
-                f"stopped early: the sampler proposed {run.same_in_a_row} configs in a row that were "
-                "launched before; the search space has nothing new to try"
-            )
-            record_stop(run.ostudy, run.stopped)
 
     # -- what the nodes are --------------------------------------------------------------------------------
     @staticmethod
@@ -581,9 +514,7 @@ class StudyDriver:
             now = time.monotonic()
             previous, took = entry.phase, now - entry.phase_started
             entry.phase, entry.phase_started = phase, now
-            run.observers.trial_phase_changed(
-                PhaseChanged(number, phase, previous, took, self._progress(run))
-            )
+            run.observers.trial_phase_changed(PhaseChanged(number, phase, previous, took, run.progress()))
 
     def _finish(self, run: RunState, entry: RunningTrial, result: TrialResult) -> None:
         """Judge the node's result, learn from a failure, tell Optuna, then the observers."""
@@ -608,7 +539,7 @@ class StudyDriver:
                 result=result,
                 launch=entry.submitted.request.launch,
                 elapsed_s=time.monotonic() - entry.started,
-                progress=self._progress(run),
+                progress=run.progress(),
             )
         )
         if learned is not None:  # after the failed trial's row, so that it does not read as skipped

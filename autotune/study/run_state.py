@@ -15,7 +15,7 @@ from autotune.config import Study
 from autotune.dialect import Dialect
 from autotune.node.pool import Submitted
 from autotune.study import samplers
-from autotune.study.callbacks import CallbackList
+from autotune.study.callbacks import CallbackList, Progress
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.trust.noise import move_from
 
@@ -73,6 +73,14 @@ class RunState:
     hardware: set[str | None] = field(default_factory=set)
     hardware_by_node: dict[str, str | None] = field(default_factory=dict)
     dialects: dict[tuple[str | None, str], Dialect] = field(default_factory=dict)  # one notice each
+
+    def progress(self, launching: int | None = None) -> Progress:
+        """What a display shows now; `launching`: a trial about to be handed to its node."""
+        best, baseline = self.standing
+        phases = {number: entry.phase for number, entry in self.running.items()}
+        if launching is not None:
+            phases[launching] = "launching"
+        return Progress(self.total, self.done, phases, best, baseline)
 
     def holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
         """The study's sampler, holding the NCCL stage's values (and the knobs screening held): the study
