@@ -73,8 +73,7 @@ def one_seed(seed: int, n_trials: int) -> dict[str, Any]:
         ostudy = StudyDriver(load_study(path), pool=model_pool, tracking=None).run()
         plan = plan_ablation(ostudy)
         enqueue_ablation(ostudy, plan)
-        driver = StudyDriver(load_study(path), pool=model_pool, tracking=None)
-        driver.queued_only = True
+        driver = StudyDriver(load_study(path), pool=model_pool, tracking=None, queued_only=True)
         ostudy = driver.run(len(ostudy.trials) + len(plan.reverts))
         ablation = ablation_results(ostudy)
         search = optuna.create_study(direction="maximize")

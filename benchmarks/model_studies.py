@@ -36,10 +36,10 @@ from autotune.sim.model.noise import SimNoise
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.predict import settings_for
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
-from autotune.study.answer import study_answer
 from autotune.study.loop import StudyDriver
 from autotune.study.rules import is_feasible, within_limits
 from autotune.study.storage import counts
+from autotune.study.trust.answer import study_answer
 from autotune.trial.launch import TrialConfig
 from autotune.trial.wire import TrialRequest, TrialResult
 
@@ -325,8 +325,8 @@ class StudyRun:
     node_s: list[float]
     states: list[str]
     params: list[Params]
-    # The study's answer as `autotune best --json` gives it (autotune.study.answer.study_answer): confirmed
-    # or not, its value, gain and interval over SGLang's defaults, the noise estimate.
+    # The study's answer as `autotune best --json` gives it (autotune.study.trust.answer.study_answer):
+    # confirmed or not, its value, gain and interval over SGLang's defaults, the noise estimate.
     answer: dict[str, Any] | None = None
     inspected: Any = None  # what run_study's `inspect` returned
 

@@ -73,8 +73,6 @@ from sample_efficiency import BEST_KNOWN
 from autotune.config import Study
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
-from autotune.study import confirm as confirm_rule
-from autotune.study.answer import study_answer as product_answer
 from autotune.study.compare import compare
 from autotune.study.records import (
     BASELINE_ATTR,
@@ -84,6 +82,8 @@ from autotune.study.records import (
     REMEASURE_OF_ATTR,
 )
 from autotune.study.rules import best_trial, is_feasible, trial_config
+from autotune.study.trust import confirm as confirm_rule
+from autotune.study.trust.answer import study_answer as product_answer
 
 N_TRIALS = 40
 LEASE_EVERY = 10  # the real study: 31 trials over four sessions

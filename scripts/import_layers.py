@@ -23,6 +23,10 @@ PACKAGE = "autotune"
 # docs/layout.md states the order once, in a line of this shape.
 LAYOUT = Path("docs") / "layout.md"
 ORDER_LINE = re.compile(r"^Layers, lowest first: (.+)$", re.MULTILINE)
+# And the rooms inside study/: the ground (modules it lists), the trust subpackage, the loop (the rest).
+ROOMS_LINE = re.compile(r"^Rooms of study, lowest first: (.+)$", re.MULTILINE)
+GROUND_LINE = re.compile(r"^The study's ground: (.+)$", re.MULTILINE)
+STUDY = f"{PACKAGE}.study"
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,42 @@ def against_order(found: list[Import], order: list[str]) -> list[Import]:
     return wrong
 
 
+def study_rooms(page: Path = ROOT / LAYOUT) -> tuple[list[str], list[str]]:
+    """The rooms of study lowest first, and the modules of its ground, as docs/layout.md writes them."""
+    text = page.read_text()
+    rooms, ground = ROOMS_LINE.search(text), GROUND_LINE.search(text)
+    if rooms is None or ground is None:
+        raise SystemExit(f"{page}: no line 'Rooms of study, lowest first: ...' and 'The study's ground: ...'")
+    order = [name.strip().strip("`") for name in rooms.group(1).split("<")]
+    return order, [name.strip().strip("`") for name in ground.group(1).split(",")]
+
+
+def room_of(module: str, ground: list[str]) -> str | None:
+    """The room of study/ a module stands in: a folder of study/ (trust), the ground, or the loop (the
+    rest); None outside study/."""
+    if module != STUDY and not module.startswith(STUDY + "."):
+        return None
+    parts = module.split(".")[2:]
+    if not parts:
+        return "loop"  # study/__init__.py
+    if len(parts) > 1 or (ROOT / PACKAGE / "study" / parts[0]).is_dir():
+        return parts[0]  # a folder of study/ is a room of its own
+    return "ground" if parts[0] in ground else "loop"
+
+
+def against_rooms(found: list[Import], order: list[str], ground: list[str]) -> list[Import]:
+    """The imports inside study/ whose imported room is above the importer's in `order`."""
+    rank = {name: i for i, name in enumerate(order)}
+    wrong = []
+    for imp in found:
+        low, high = room_of(imp.imported, ground), room_of(imp.importer, ground)
+        if low is None or high is None or low == high:
+            continue
+        if rank.get(low, len(order)) > rank.get(high, len(order)):
+            wrong.append(imp)
+    return wrong
+
+
 def _cycles(arrows: set[tuple[str, str]]) -> list[list[str]]:
     """The elementary cycles of a small directed graph, each from its smallest node."""
     successors: dict[str, list[str]] = {}
@@ -226,6 +266,21 @@ def report(root: Path = ROOT, order: list[str] | None = None, show_arrows: bool 
         f" of autotune's modules {len(in_functions)}, {len(across)} across packages"
     )
     lines += [f"  {i.importer}:{i.line} -> {i.imported}" for i in across]
+    try:
+        rooms, ground = study_rooms(root / LAYOUT)
+    except SystemExit as missing:
+        rooms, ground = [], []
+        print(missing, file=sys.stderr)
+    room_arrows: dict[tuple[str, str], int] = {}
+    for i in found:
+        a, b = room_of(i.importer, ground), room_of(i.imported, ground)
+        if a is not None and b is not None and a != b:
+            room_arrows[(a, b)] = room_arrows.get((a, b), 0) + 1
+    lines.append(f"rooms of study: {' < '.join(rooms) if rooms else '(none in docs/layout.md)'}")
+    lines += [f"  {a} -> {b}: {n} imports" for (a, b), n in sorted(room_arrows.items())]
+    against = against_rooms(found, rooms, ground)
+    lines.append(f"imports up the rooms of study: {len(against)}")
+    lines += [f"  {i.importer}:{i.line} -> {i.imported}" for i in against]
     under_type_checking = [i for i in found if i.where == "type_checking"]
     lines.append(f"imports under TYPE_CHECKING: {len(under_type_checking)}")
     if show_arrows:

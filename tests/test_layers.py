@@ -1,5 +1,6 @@
 """The import direction between autotune's packages: each imports only the packages below it in the layer
-order of docs/layout.md, at module level, inside a function and under TYPE_CHECKING alike.
+order of docs/layout.md, at module level, inside a function and under TYPE_CHECKING alike; inside study/,
+the loop may import the trust room and never the reverse.
 
 It reads the source with `ast` (scripts/import_layers.py, which also draws the whole graph); nothing is
 imported and no process starts.
@@ -48,6 +49,41 @@ def test_no_import_goes_up_the_layer_order() -> None:
         f"imports against the layer order {' < '.join(order)} (docs/layout.md); move the shared code to"
         " the lower package, or hand it in from above (the CLI joins the layers):\n" + "\n".join(lines)
     )
+
+
+def test_study_s_ground_names_modules_that_exist() -> None:
+    order, ground = layers.study_rooms()
+    assert order == ["ground", "trust", "loop"], f"docs/layout.md: the rooms of study are {order}"
+    known = set(layers.modules())
+    missing = [name for name in ground if f"{layers.STUDY}.{name}" not in known]
+    assert not missing, f"docs/layout.md: the study's ground names {missing}, which are no modules of study/"
+
+
+def test_no_import_goes_up_the_rooms_of_study() -> None:
+    order, ground = layers.study_rooms()
+    wrong = layers.against_rooms(layers.imports(), order, ground)
+    lines = [
+        f"{i.importer} imports {i.imported} (line {i.line}): "
+        f"{layers.room_of(i.importer, ground)} is below {layers.room_of(i.imported, ground)}"
+        for i in wrong
+    ]
+    assert not lines, (
+        f"imports against the rooms of study {' < '.join(order)} (docs/layout.md): the trust room answers"
+        " questions the loop asks, it never drives; move the shared code to the ground:\n" + "\n".join(lines)
+    )
+
+
+def test_the_rooms_of_study_are_read_from_the_code() -> None:
+    _, ground = layers.study_rooms()
+    assert layers.room_of("autotune.study.trust.noise", ground) == "trust"
+    assert layers.room_of("autotune.study.trust", ground) == "trust"
+    assert layers.room_of("autotune.study.records", ground) == "ground"
+    assert layers.room_of("autotune.study.loop", ground) == "loop"
+    assert layers.room_of("autotune.cli", ground) is None
+    found = {(i.importer, i.imported) for i in layers.imports()}
+    # One arrow of each kind the rule allows, so that it cannot pass by reading nothing.
+    assert ("autotune.study.loop", "autotune.study.trust.node_budget") in found
+    assert ("autotune.study.trust.noise", "autotune.study.records") in found
 
 
 def test_the_graph_reads_imports_at_module_level_in_functions_and_for_type_checks() -> None:

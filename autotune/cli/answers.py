@@ -40,15 +40,15 @@ from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_scri
 from autotune.trial.redaction import REDACTED, argv_secrets, is_secret_name
 
 if TYPE_CHECKING:  # the study's answer loads Optuna: only the commands that read a study import it
-    from autotune.study.answer import StudyAnswer
     from autotune.study.remeasure import RemeasuredAnswer
     from autotune.study.summary import StudySummary
+    from autotune.study.trust.answer import StudyAnswer
 
 
 def summary_text(summary: StudySummary, study: Study) -> str:
     """What `run`, `remeasure`, `best` and `status` say of a study: its trials by state, then its answer
-    (autotune.study.answer): the baseline, the verdict with its gain, interval and noise, and the value of
-    the config to use, each with its unit; or the Pareto front of a multi-objective study."""
+    (autotune.study.trust.answer): the baseline, the verdict with its gain, interval and noise, and the value
+    of the config to use, each with its unit; or the Pareto front of a multi-objective study."""
     states = ", ".join(f"{v} {k.lower()}" for k, v in sorted(summary.states.items()))
     lines = [f"study {study.name}: {states}"]
     if summary.pareto is not None:
@@ -194,7 +194,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from autotune.views.status import fitted, nccl_stage, terminal_width, too_narrow
 
     stage_lines, stage_held = nccl_stage(study, study.storage)
-    from autotune.study.node_budget import node_hours, node_hours_record
+    from autotune.study.trust.node_budget import node_hours, node_hours_record
 
     if args.json:
         print(
@@ -267,7 +267,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _trust_record(answer: StudyAnswer | None) -> dict[str, Any]:
     """`status --json`'s view of the study's trust: its noise estimate, the knobs screening held, why its
-    search stopped early, and its answer (autotune.study.answer)."""
+    search stopped early, and its answer (autotune.study.trust.answer)."""
     if answer is None:
         return {"noise": None, "screened": [], "stopped": None, "answer": None}
     record = answer.record()
@@ -389,7 +389,7 @@ def _best_record(
     the_answer: StudyAnswer | None = None,
 ) -> dict[str, Any]:
     """`autotune best --json`: the config, its value, its gain over the baseline with their intervals (the
-    answer's, autotune.study.answer, when the config is the answer's), and the launch with every secret
+    answer's, autotune.study.trust.answer, when the config is the answer's), and the launch with every secret
     redacted; with `the_answer` (the study's answer, not a trial asked for), its verdict, sentence, noise
     estimate, the trials it rests on and the NCCL stage's values as well."""
     mine = answer is not None and answer.trial == best.number

@@ -152,7 +152,7 @@ class ConsoleReporter(StudyCallback):
         """The node hours spent and left after each server trial, with an ETA at this run's pace."""
         if event.study.objective.kind == "nccl_allreduce":  # the stage's jobs: counted in the study's
             return
-        from autotune.study.node_budget import node_hours
+        from autotune.study.trust.node_budget import node_hours
 
         hours = node_hours(event.study, event.ostudy)
         if hours.budget_h is None:

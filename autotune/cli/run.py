@@ -36,13 +36,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = with_hours(study, args)
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
-    driver = _driver(study, args)
-    if getattr(args, "hours", None) is not None:
-        driver.hours_from = "--hours"
+    hours_from = "--hours" if getattr(args, "hours", None) is not None else "budget.node_hours"
+    driver = _driver(study, args, hours_from=hours_from)
     ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
     ostudy = _remeasure(study, ostudy, args)
     print(summary_text(study_summary(ostudy), study))
-    from autotune.study.node_budget import node_hours
+    from autotune.study.trust.node_budget import node_hours
 
     print(node_hours(study, ostudy).text())  # in the node's own clock (docs/study-file.md, "budget")
     from autotune.study.enqueue import waiting_line
@@ -88,20 +87,23 @@ def next_commands(study_file: Any) -> str:
     return "\n".join(["next:", *(f"  {command:<{width}}  # {what}" for command, what in rows)])
 
 
-def _driver(study: Study, args: argparse.Namespace) -> StudyDriver:
-    """The driver for every phase a command runs (trials, re-measurement, ablation), with its options."""
+def _driver(study: Study, args: argparse.Namespace, **options: Any) -> StudyDriver:
+    """The driver for every phase a command runs (trials, re-measurement, ablation), with its options
+    (`options`: StudyDriver's keywords a command adds)."""
+    from autotune.node.pool import RayNodePool, in_process_pool
     from autotune.study.loop import StudyDriver
     from autotune.tracking.store import check_store
     from autotune.views.tracked import study_tracker
 
     if not args.no_tracking:  # in seconds, before Ray starts: MLflow's own retries take minutes
         check_store(study.tracking_uri, study.path)
-    driver = StudyDriver(study, [ConsoleReporter()], tracking=None if args.no_tracking else study_tracker)
-    if args.no_ray:
-        from autotune.node.pool import in_process_pool
-
-        driver.make_pool = in_process_pool
-    return driver
+    return StudyDriver(
+        study,
+        [ConsoleReporter()],
+        pool=in_process_pool if args.no_ray else RayNodePool,
+        tracking=None if args.no_tracking else study_tracker,
+        **options,
+    )
 
 
 def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
@@ -247,9 +249,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("autotune: compare --ray is the default now and will go: leave it out", file=sys.stderr)
 
     def run(total: int) -> Any:
-        driver = _driver(study, args)
-        driver.queued_only = True  # its rounds, nothing the sampler proposes
-        return driver.run(total)
+        return _driver(study, args, queued_only=True).run(total)  # its rounds, nothing the sampler proposes
 
     comparison = compare(
         study,

@@ -91,10 +91,11 @@ class StopEarly(BaseModel):
 
 
 class Screen(BaseModel):
-    """Knobs shown to have no effect beyond noise are held at SGLang's default (autotune.study.screening):
-    `min_pairs` launches moving a knob alone, to at least two values, all within the noise band of
-    `min_noise_dof` degrees of freedom. `method`: `alone` moves each knob alone to its extremes right after
-    the baseline (launches of its own); `moves` reads the one-knob moves the search makes anyway."""
+    """Knobs shown to have no effect beyond noise are held at SGLang's default
+    (autotune.study.trust.screening): `min_pairs` launches moving a knob alone, to at least two values, all
+    within the noise band of `min_noise_dof` degrees of freedom. `method`: `alone` moves each knob alone to
+    its extremes right after the baseline (launches of its own); `moves` reads the one-knob moves the search
+    makes anyway."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

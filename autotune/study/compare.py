@@ -28,11 +28,11 @@ from autotune.config import Study
 from autotune.errors import AutotuneError
 from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
-from autotune.study.confirm import round_order
 from autotune.study.records import COMPARE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR, METRICS_ATTR, NODE_S_ATTR
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import best_trial, is_feasible, measurement_groups, trial_config
 from autotune.study.storage import budget_used, counts
+from autotune.study.trust.confirm import round_order
 
 __all__ = ["Comparison", "Run", "compare", "comparison_of", "order_of_round", "queue_rounds"]
 

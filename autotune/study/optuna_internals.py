@@ -7,7 +7,8 @@ fails naming its version and the hook, and pyproject.toml pins the Optuna versio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
@@ -17,7 +18,7 @@ from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.study import Study
-from optuna.trial import FrozenTrial, Trial
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 ParzenEstimator = _ParzenEstimator  # what TPE's density is: `log_pdf(samples)` scores candidates
 
@@ -54,9 +55,53 @@ def storage_of(study: Study) -> BaseStorage:
 def rdb_storage_of(study: Study) -> RDBStorage | None:
     """The RDB storage under a study (Optuna wraps one in a cache), or None for another kind."""
     storage = study._storage
+    if isinstance(storage, _ReadsOnce):
+        storage = storage.storage
     if isinstance(storage, _CachedStorage):
         storage = storage._backend
     return storage if isinstance(storage, RDBStorage) else None
+
+
+class _ReadsOnce:
+    """A study's storage that answers the study's trials and user attributes from one read until the
+    next write through it (any call but a get_/check_/is_ one)."""
+
+    def __init__(self, storage: BaseStorage) -> None:
+        self.storage = storage
+        self._trials: dict[int, list[FrozenTrial]] = {}
+        self._attrs: dict[int, dict[str, Any]] = {}
+
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        if deepcopy:
+            return self.storage.get_all_trials(study_id, deepcopy=True, states=states)
+        if study_id not in self._trials:
+            self._trials[study_id] = self.storage.get_all_trials(study_id, deepcopy=False)
+        return [t for t in self._trials[study_id] if states is None or t.state in states]
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        if study_id not in self._attrs:
+            self._attrs[study_id] = self.storage.get_study_user_attrs(study_id)
+        return self._attrs[study_id]
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith(("get_", "check_", "is_")):
+            self._trials.clear()
+            self._attrs.clear()
+        return getattr(self.storage, name)
+
+
+@contextmanager
+def reads_once(study: Study) -> Iterator[Study]:
+    """`study` reading its trials and user attributes once while nothing writes through it: the driver's
+    checks between two trials each read them, and each read is a query of the whole study."""
+    storage = study._storage
+    study._storage = cast(BaseStorage, _ReadsOnce(storage))
+    try:
+        yield study
+    finally:
+        study._storage = storage
 
 
 def set_user_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:

@@ -1,5 +1,5 @@
 """The read-only questions about a study that the loop, the CLI and the views ask: its Pareto front, and
-its summary (trials by state and failure kind, and its answer: autotune.study.answer)."""
+its summary (trials by state and failure kind, and its answer: autotune.study.trust.answer)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.answer import StudyAnswer, remeasured_record, study_answer
 from autotune.study.records import FAILURE_KIND_ATTR
 from autotune.study.rules import is_feasible, non_dominated
+from autotune.study.trust.answer import StudyAnswer, remeasured_record, study_answer
 
 __all__ = ["StudySummary", "pareto_front", "study_summary"]
 

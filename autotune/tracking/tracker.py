@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from autotune.measure.metrics import BENCHMARK_FIGURES
-from autotune.study.answer import StudyAnswer, remeasured_record
 from autotune.study.callbacks import (
     PhaseChanged,
     StudyCallback,
@@ -39,7 +38,6 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.node_budget import spent_s
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
@@ -50,6 +48,8 @@ from autotune.study.records import (
     NODE_ATTR,
 )
 from autotune.study.store_failure import short_reason
+from autotune.study.trust.answer import StudyAnswer, remeasured_record
+from autotune.study.trust.node_budget import spent_s
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import ServerLaunch, TrialConfig, launch_script, redact_argv, redact_env
 from autotune.trial.redaction import Secrets

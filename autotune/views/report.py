@@ -20,8 +20,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
-from autotune.study.answer import StudyAnswer
-from autotune.study.node_budget import node_hours
 from autotune.study.records import (
     ADVICE_ATTR,
     BASELINE_ATTR,
@@ -33,6 +31,8 @@ from autotune.study.records import (
 )
 from autotune.study.rules import trial_config
 from autotune.study.summary import StudySummary, study_summary
+from autotune.study.trust.answer import StudyAnswer
+from autotune.study.trust.node_budget import node_hours
 from autotune.tracking.tracker import metric_unit
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import TrialConfig, is_set, launch_script, to_arg
@@ -60,7 +60,7 @@ class StudyFindings:
     metric: str
     unit: str
     direction: str
-    summary: StudySummary  # its `answer` is what every view leads with (autotune.study.answer)
+    summary: StudySummary  # its `answer` is what every view leads with (autotune.study.trust.answer)
     best: FrozenTrial | None  # the answer's config: the one to use
     best_config: TrialConfig | None
     best_script: str | None

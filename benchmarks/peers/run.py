@@ -65,8 +65,8 @@ from autotune.measure.plan import plan_for  # noqa: E402
 from autotune.sim.model.noise import SimNoise  # noqa: E402
 from autotune.sim.model_node import ModelNodeExecutor  # noqa: E402
 from autotune.sim.profiles import load_hardware_profile, load_model_profile  # noqa: E402
-from autotune.study.answer import study_answer  # noqa: E402
 from autotune.study.rules import trial_config, within_limits  # noqa: E402
+from autotune.study.trust.answer import study_answer  # noqa: E402
 from autotune.trial.launch import ServerLaunch, TrialConfig  # noqa: E402
 from autotune.trial.wire import TrialRequest  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""The study's one answer (autotune.study.answer.StudyAnswer): each verdict read from real stores and from
-studies run on nodes answered by the simulated node's model, and `best`, `status` and `report` rendering
+"""The study's one answer (autotune.study.trust.answer.StudyAnswer): each verdict read from real stores and
+from studies run on nodes answered by the simulated node's model, and `best`, `status` and `report` rendering
 that one answer alike; confirmation rounds are no search trials in the plots."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import load_study
-from autotune.study.answer import StudyAnswer, study_answer
 from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, REMEASURE_OF_ATTR
 from autotune.study.summary import study_summary
+from autotune.study.trust.answer import StudyAnswer, study_answer
 from autotune.views.plots import optimization_history, plot_data
 from tests.builders import StudyFiles, model_pool
 from tests.study.test_confirm import run4

@@ -12,9 +12,9 @@ from autotune.cli import main
 from autotune.config import Study, load_study
 from autotune.study.compare import compare, queue_rounds
 from autotune.study.loop import StudyDriver
-from autotune.study.noise import noise_estimate
 from autotune.study.records import COMPARE_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.storage import budget_used
+from autotune.study.trust.noise import noise_estimate
 from tests.builders import TRUST_OFF, StudyFiles, model_pool, one_value_space
 
 CHUNKED = "--chunked-prefill-size"

@@ -1,6 +1,7 @@
-"""The confirmation (autotune.study.confirm): the best configs and SGLang's defaults run again in interleaved
-rounds, and the answer says whether a gain survives the noise; run fast on nodes answered by the simulated
-node's model (with its run-to-run noise), on real Optuna storage, and on the real H200 studies' stores."""
+"""The confirmation (autotune.study.trust.confirm): the best configs and SGLang's defaults run again in
+interleaved rounds, and the answer says whether a gain survives the noise; run fast on nodes answered by the
+simulated node's model (with its run-to-run noise), on real Optuna storage, and on the real H200 studies'
+stores."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ from optuna.trial import TrialState
 
 from autotune.cli import main
 from autotune.config import Study, load_study
-from autotune.study.answer import study_answer
 from autotune.study.callbacks import StudyCallback, TrialFinished
-from autotune.study.confirm import confirmation, round_order
 from autotune.study.loop import StudyDriver, StudyInterrupted
-from autotune.study.node_budget import node_hours
-from autotune.study.noise import noise_estimate
 from autotune.study.records import DRIVER_ATTR
 from autotune.study.rules import measurement_groups
 from autotune.study.storage import budget_used, open_study
 from autotune.study.summary import study_summary
+from autotune.study.trust.answer import study_answer
+from autotune.study.trust.confirm import confirmation, round_order
+from autotune.study.trust.node_budget import node_hours
+from autotune.study.trust.noise import noise_estimate
 from tests.builders import FLAT, TRUST_OFF, StudyFiles, launched, model_pool
 
 
@@ -225,7 +226,7 @@ def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confir
 def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_divided_by() -> None:
     """A max_load study whose defaults met the SLO at no rate tried measured 0 for them: the gain, in percent
     of that, has no value there (it raised ZeroDivisionError, ending a study of benchmarks/peers/run.py)."""
-    from autotune.study.confirm import _gain
+    from autotune.study.trust.confirm import _gain
 
     rounds: dict[int, dict[int, float | None]] = {
         1: {0: 0.0, 5: 2.0},
@@ -301,7 +302,7 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
     """At 97.5% per look the first look (2 rounds) cleared zero, the rounds stopped and the answer claimed
     +0.4% that is not there; spent over the 5 looks (99.5%) the interval holds zero (and is narrower than
     +-1%: the rounds stop with no gain)."""
-    from autotune.study.confirm import _decided
+    from autotune.study.trust.confirm import _decided
 
     ostudy = confirmation_study(FLAT_L40S_SEED_7)
     state = confirmation(ostudy)
@@ -315,7 +316,7 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
 
 
 def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
-    from autotune.study.confirm import _decided
+    from autotune.study.trust.confirm import _decided
 
     ostudy = confirmation_study([{0: 100.0, 1: 150.2, 8: 101.0}, {8: 100.8, 1: 149.9, 0: 100.1}])  # +50%
     state = confirmation(ostudy)
@@ -332,7 +333,7 @@ def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
 def test_each_look_spends_the_confidence_over_the_candidates_and_the_looks(
     top: int, min_rounds: int, max_rounds: int, expected: float
 ) -> None:
-    from autotune.study.confirm import look_confidence
+    from autotune.study.trust.confirm import look_confidence
 
     settings = {"confidence": 0.95, "min_rounds": min_rounds, "max_rounds": max_rounds}
     assert look_confidence(settings, top) == pytest.approx(expected)
@@ -343,7 +344,7 @@ def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmatio
 ) -> None:
     """A study confirming when autotune named a config by its interrupted first trial (before issue 41):
     its next round is queued under that name, as its first round was, instead of ending in a KeyError."""
-    from autotune.study.confirm import confirmation_rounds
+    from autotune.study.trust.confirm import confirmation_rounds
 
     study = load_study(study_file(search_space=FLAT, trust={"confirm": {"top": 1, "max_rounds": 4}}))
     space = {
@@ -405,7 +406,7 @@ def test_the_runner_up_is_confirmed_only_within_the_noise_of_the_leader(study_fi
     """The baseline's repeats put the noise at about 0.4%; the runner-up measured 6% below the leader, far
     beyond the noise band: its launches in every round would measure a config already ranked below. Only
     the leader and the defaults are launched, and its interval is split over one candidate."""
-    from autotune.study.confirm import LEFT_OUT_KEY, confirmation_rounds, contenders
+    from autotune.study.trust.confirm import LEFT_OUT_KEY, confirmation_rounds, contenders
 
     study = load_study(study_file(n_trials=8, search_space=FLAT, trust={"confirm": {"top": 2}}))
     ostudy = _search_study({0: 100.0, 1: 101.0, 2: 150.0, 3: 100.5, 4: 141.0, 5: 99.0, 6: 99.8})
@@ -432,7 +433,7 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     """Trial 3 (the baseline's repeat) ran right before trial 4, the leader: one round already measured,
     paired in time. With min_rounds 2 one launched round decides a large gain, not two; the answer rests
     on both rounds' trials."""
-    from autotune.study.confirm import SEARCH_ROUNDS_KEY, confirmation_rounds, search_rounds
+    from autotune.study.trust.confirm import SEARCH_ROUNDS_KEY, confirmation_rounds, search_rounds
 
     trust = {"confirm": {"top": 1, "min_rounds": 2, "max_rounds": 6}}
     study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
@@ -464,7 +465,7 @@ def test_the_rounds_stop_when_the_gain_is_known_within_the_target_without_claimi
     narrower than +-1%, so the rounds stop with no gain, though the interval that could claim a gain
     (99.5%, spent over the looks too) is still wider: stopping sooner only takes looks away from a false
     gain. Rounds that went on to their sixth look cost 3 launches a round on every flat study."""
-    from autotune.study.confirm import _decided
+    from autotune.study.trust.confirm import _decided
 
     ostudy = confirmation_study(
         [{0: 100.0, 1: 100.2, 8: 99.0}, {8: 99.1, 1: 99.9, 0: 100.0}, {8: 99.0, 1: 100.1, 0: 100.0}]

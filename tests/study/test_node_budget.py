@@ -19,10 +19,10 @@ from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.node.node_time import logged_startup_s, node_seconds
-from autotune.study.answer import study_answer
 from autotune.study.loop import StudyDriver
-from autotune.study.node_budget import launch_s, node_hours, spent_s
 from autotune.study.records import NODE_S_ATTR
+from autotune.study.trust.answer import study_answer
+from autotune.study.trust.node_budget import launch_s, node_hours, spent_s
 from autotune.views.tracked import study_tracker
 from tests.builders import FLAT, StudyFiles, launched, model_pool
 
@@ -78,6 +78,19 @@ def test_a_budget_smaller_than_one_measured_launch_is_refused_before_a_launch(st
     stored = optuna.load_study(study_name=small.name, storage=small.storage)
     assert len(stored.trials) == 2  # no launch was made, and the refused budget not kept
     assert (stored.user_attrs.get("node_budget") or {}).get("hours") is None
+
+
+def test_hours_too_few_on_the_command_line_are_refused_naming_the_option(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = study_file(n_trials=2)
+    first = StudyDriver(load_study(path), pool=model_pool()).run()
+    launch = launch_s(first)
+    assert launch is not None
+    hours = (spent_s(first) + launch / 2) / 3600
+    assert main(["resume", str(path), "--hours", f"{hours:.6f}", "--no-ray", "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert "--hours" in err and "cannot pay for one launch" in err and "budget.node_hours" not in err
 
 
 # -- the search ends with the confirmation's reserve kept --------------------------------------------------

@@ -1,5 +1,5 @@
-"""The run-to-run noise (autotune.study.noise): measured by launching the baseline again, pooled over the
-configs near the best, and read by the sampler (`trust.noise_ties`); real Optuna storage."""
+"""The run-to-run noise (autotune.study.trust.noise): measured by launching the baseline again, pooled over
+the configs near the best, and read by the sampler (`trust.noise_ties`); real Optuna storage."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from optuna.distributions import CategoricalDistribution
 
 from autotune.config import load_study
 from autotune.study.loop import StudyDriver
-from autotune.study.noise import move_from, noise_estimate, pooled
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import ConfigMeasurements
 from autotune.study.samplers import IncumbentMoves, _best_of
 from autotune.study.storage import budget_used
+from autotune.study.trust.noise import move_from, noise_estimate, pooled
 from tests.builders import (
     TRUST_OFF,
     StudyFiles,
@@ -92,5 +92,7 @@ def test_the_switch_gives_the_study_loop_s_sampler_the_rule(study_file: StudyFil
     path = study_file(n_trials=2, search_space=space, trust={**trust, "noise_ties": True})
     driver = StudyDriver(load_study(path), pool=model_pool())
     driver.run()
-    assert isinstance(driver.base_sampler, IncumbentMoves) and driver.base_sampler.reference is move_from
-    assert IncumbentMoves(driver.base_sampler.base).reference is _best_of  # without the switch: the best
+    assert driver.state is not None
+    sampler = driver.state.base_sampler
+    assert isinstance(sampler, IncumbentMoves) and sampler.reference is move_from
+    assert IncumbentMoves(sampler.base).reference is _best_of  # without the switch: the best

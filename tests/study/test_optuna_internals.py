@@ -92,6 +92,45 @@ def test_the_storage_helpers_reach_the_rdb_storage(tmp_path: Path) -> None:
     assert optuna_internals.stale_trial_ids(in_memory) == set()
 
 
+def test_a_study_reads_its_trials_and_attributes_once_until_something_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.create_study(storage=storage, direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    study.enqueue_trial({"x": 1})
+    reads = {"trials": 0, "attrs": 0}
+    cache = study._storage
+    get_trials, get_attrs = cache.get_all_trials, cache.get_study_user_attrs
+
+    def counted_trials(*args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        reads["trials"] += 1
+        return get_trials(*args, **kwargs)
+
+    def counted_attrs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        reads["attrs"] += 1
+        return get_attrs(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "get_all_trials", counted_trials)
+    monkeypatch.setattr(cache, "get_study_user_attrs", counted_attrs)
+    with optuna_internals.reads_once(study) as same:
+        assert same is study
+        assert len(study.get_trials(deepcopy=False)) == 2
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        assert [t.number for t in waiting] == [1]
+        assert study.user_attrs == {} and study.user_attrs == {}
+        assert reads == {"trials": 1, "attrs": 1}
+        study.set_user_attr("stopped", {"why": "a write"})  # a write: the next reads see it
+        study.enqueue_trial({"x": 2})
+        assert study.user_attrs == {"stopped": {"why": "a write"}}
+        assert len(study.get_trials(deepcopy=False)) == 3
+        assert reads == {"trials": 2, "attrs": 2}
+        assert optuna_internals.rdb_storage_of(study) is storage  # heartbeats still reach the RDB storage
+    assert study._storage is cache
+    study.get_trials(deepcopy=False)
+    assert reads["trials"] == 3  # outside, every read queries the storage
+
+
 class _Recording(HookedTPESampler):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -17,8 +17,8 @@ from autotune.errors import ConfigError
 from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, SCREEN_ATTR
-from autotune.study.screening import held_knobs, screen
 from autotune.study.storage import budget_used
+from autotune.study.trust.screening import held_knobs, screen
 from tests.builders import FLAT, StudyFiles, launched, model_pool, optuna_study, stored_trial
 
 POLICY, STREAM, CHUNKED = "--schedule-policy", "--stream-interval", "--chunked-prefill-size"

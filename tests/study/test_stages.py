@@ -22,10 +22,10 @@ from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.nccl_job import allreduce_payload
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import stages
-from autotune.study.answer import study_answer
 from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.loop import StudyDriver
 from autotune.study.stages import STAGE_SUFFIX, allreduce_messages, ascent, ascent_size, point_key
+from autotune.study.trust.answer import study_answer
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, model_server, simulated_server, small_objective
 
 HARDWARE, MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"

@@ -1,12 +1,12 @@
-"""The stopping rule (autotune.study.stopping, `trust.stop_early`): a search that stops finding stops, and a
-resume given a larger budget continues it; run fast on nodes answered by the simulated node's model."""
+"""The stopping rule (autotune.study.trust.stopping, `trust.stop_early`): a search that stops finding stops,
+and a resume given a larger budget continues it; run fast on nodes answered by the simulated node's model."""
 
 from __future__ import annotations
 
 from autotune.config import load_study
 from autotune.study.loop import StudyDriver
-from autotune.study.noise import noise_estimate
 from autotune.study.storage import budget_used
+from autotune.study.trust.noise import noise_estimate
 from tests.builders import FLAT, StudyFiles, launched, model_pool
 
 

@@ -14,9 +14,9 @@ from autotune.cli import main
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.study.loop import StudyDriver
-from autotune.study.noise import noise_estimate
 from autotune.study.rules import launch_identity, same_launch
 from autotune.study.storage import budget_used
+from autotune.study.trust.noise import noise_estimate
 from autotune.trial.redaction import Secrets
 from tests.builders import TRUST_OFF, StudyFiles, launched, model_pool, one_value_space
 

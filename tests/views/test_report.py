@@ -129,7 +129,7 @@ def test_report_is_one_self_contained_page_with_every_section(ablated_study) -> 
 def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated_study) -> None:
     path, _ = ablated_study
     html = (path.parent / "report" / "report.html").read_text()
-    from autotune.study.answer import study_answer
+    from autotune.study.trust.answer import study_answer
 
     ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
     answer = study_answer(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it

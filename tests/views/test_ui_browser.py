@@ -20,7 +20,7 @@ import optuna
 import pytest
 
 from autotune.node.runner import port_is_free
-from autotune.study.answer import study_answer
+from autotune.study.trust.answer import study_answer
 from tests.builders import StudyFiles, e2e_study
 from tests.conftest import run_cli
 

@@ -20,9 +20,9 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.errors import ConfigError
-from autotune.study.confirm import confirmation
 from autotune.study.records import NCCL_STAGE_ATTR, NODE_S_ATTR, REMEASURE_OF_ATTR
 from autotune.study.storage import counts
+from autotune.study.trust.confirm import confirmation
 
 __all__ = [
     "BUDGET_ATTR",

@@ -20,7 +20,7 @@ round's own launches are, so that a drift of the node falls on both alike; at mo
 them, so that at least one round is launched after the search chose its candidates
 (`pair_search_launches: false` counts none).
 
-The study's answer built on these rounds (and worded when there are none) is autotune.study.answer's.
+The study's answer built on these rounds (and worded when there are none) is autotune.study.trust.answer's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.noise import NoiseEstimate, noise_estimate
 from autotune.study.records import CONFIRM_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
@@ -46,6 +45,7 @@ from autotune.study.rules import (
     measurement_groups,
 )
 from autotune.study.storage import budget_used, counts
+from autotune.study.trust.noise import NoiseEstimate, noise_estimate
 
 __all__ = [
     "Confirmation",

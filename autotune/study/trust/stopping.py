@@ -29,10 +29,10 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from autotune.config import Study
-from autotune.study.noise import noise_estimate
 from autotune.study.records import NODE_S_ATTR, STOPPED_ATTR
 from autotune.study.rules import best_measured, deliberate, direction_sign
 from autotune.study.storage import counts
+from autotune.study.trust.noise import noise_estimate
 
 __all__ = ["record_stop", "stopped_early", "why_stop"]
 

@@ -38,7 +38,6 @@ from autotune.config.search_space import (
     same_value,
 )
 from autotune.dialect import FlagTable, all_committed_tables
-from autotune.study.noise import noise_estimate
 from autotune.study.records import (
     BASELINE_ATTR,
     SAME_AS_ATTR,
@@ -49,6 +48,7 @@ from autotune.study.records import (
 )
 from autotune.study.rules import is_feasible
 from autotune.study.storage import counts
+from autotune.study.trust.noise import noise_estimate
 
 __all__ = [
     "Held",

@@ -16,9 +16,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.stats import Gain
-from autotune.study.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation
-from autotune.study.node_budget import ran_out_text
-from autotune.study.noise import NoiseEstimate, noise_estimate
 from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, NCCL_STAGE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
 from autotune.study.rules import (
@@ -28,9 +25,12 @@ from autotune.study.rules import (
     gain_pct,
     is_feasible,
 )
-from autotune.study.screening import screened_lines
-from autotune.study.stopping import stopped_early
 from autotune.study.storage import counts
+from autotune.study.trust.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation
+from autotune.study.trust.node_budget import ran_out_text
+from autotune.study.trust.noise import NoiseEstimate, noise_estimate
+from autotune.study.trust.screening import screened_lines
+from autotune.study.trust.stopping import stopped_early
 
 __all__ = ["NcclStageValues", "StudyAnswer", "Verdict", "remeasured_record", "study_answer"]
 

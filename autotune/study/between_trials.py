@@ -1,0 +1,94 @@
+"""The steps the search takes before it asks Optuna for each trial, in order (`STEPS`): a node on which
+nothing starts, the node hours spent, the stopping rule, the noise measured, knobs screened out. A step
+returns `SearchEnds` to end the search, or None; the rules themselves live in autotune.study.trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.study.callbacks import KnobHeld
+from autotune.study.node_failing import node_failing
+from autotune.study.run_state import RunState
+from autotune.study.trust import node_budget, screening
+from autotune.study.trust.noise import repeat_baseline
+from autotune.study.trust.stopping import record_stop, why_stop
+
+
+@dataclass(frozen=True)
+class SearchEnds:
+    """Why the search ends; `recorded`: kept in the study (a plain resume stays stopped); `at_once`: the
+    steps after this one are not taken."""
+
+    why: str
+    recorded: bool = True
+    at_once: bool = False
+
+
+Step = Callable[[RunState], SearchEnds | None]
+
+
+def nodes_failing(run: RunState) -> SearchEnds | None:
+    """Nothing starts on the node (study.node_failing); not recorded: a resume tries the node again."""
+    dead = node_failing(run.ostudy, run.trials_before)
+    return None if dead is None else SearchEnds(dead.text, recorded=False, at_once=True)
+
+
+def node_hours_spent(run: RunState) -> SearchEnds | None:
+    """The search's share of the node-hour budget is spent; recorded: a resume given more hours goes on
+    to confirm."""
+    hours = node_budget.node_hours(run.study, run.ostudy)
+    if hours.search_may_launch(len(run.running)):
+        return None
+    return SearchEnds(
+        f"search ended: its share of the node-hour budget is spent ("
+        f"{hours.text().removeprefix('node hours: ')}); the rest pays for confirmation",
+        at_once=True,
+    )
+
+
+def stopping_rule(run: RunState) -> SearchEnds | None:
+    """The stopping rule (study.trust.stopping)."""
+    why = why_stop(run.study, run.ostudy)
+    return None if why is None else SearchEnds(why)
+
+
+def noise_measured(run: RunState) -> None:
+    """The baseline launched again while the noise is not known well enough (study.trust.noise)."""
+    repeat_baseline(run.study, run.ostudy)
+
+
+def knobs_screened(run: RunState) -> SearchEnds | None:
+    """Queue screening's own launches when its method has them, hold the knobs it shows to have no
+    effect beyond noise (said to the observers, kept in the study), and end the search when no knob is
+    left to search (study.trust.screening)."""
+    study, ostudy = run.study, run.ostudy
+    screening.plan_alone(study, ostudy, run.stage_held, run.flag_defaults)
+    found = screening.screen(study, ostudy, run.stage_held, run.flag_defaults)
+    if found:
+        screening.record(ostudy, found)
+        for held in found:
+            run.observers.knob_held(KnobHeld(held.why))
+        # A new seed from the trials so far: the file's again would replay the first proposals.
+        held_now = {**run.stage_held, **screening.held_knobs(ostudy)}
+        run.base_sampler = run.holding(held_now, len(ostudy.get_trials(deepcopy=False)))
+        ostudy.sampler = run.current_sampler()
+    why = screening.why_all_held(study, ostudy, run.stage_held)
+    return None if why is None else SearchEnds(why)
+
+
+STEPS: tuple[Step, ...] = (nodes_failing, node_hours_spent, stopping_rule, noise_measured, knobs_screened)
+
+
+def between_trials(run: RunState) -> None:
+    """Take the steps in order; the last `SearchEnds` is why the search stopped (`run.stopped`)."""
+    for step in STEPS:
+        ends = step(run)
+        if ends is None:
+            continue
+        run.stopped = ends.why
+        if ends.recorded:
+            record_stop(run.ostudy, ends.why)
+        if ends.at_once:
+            return

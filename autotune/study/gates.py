@@ -1,0 +1,173 @@
+"""The checks before a launch: each looks at one proposal and returns why it must not be launched, as a
+typed verdict, or None. The driver runs `GATES` in order and acts on the first verdict; a new check is a
+function here and a line in `GATES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.dialect import Dialect
+from autotune.errors import ForbiddenLaunchError
+from autotune.node.check import NodeReport
+from autotune.study.preflight import beyond_memory_edge, predicted_oom
+from autotune.study.records import QUEUED_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.rules import deliberate, earlier_launch, launch_identity
+from autotune.study.run_state import RunState
+from autotune.study.storage import counts
+from autotune.trial.launch import ServerLaunch, TrialConfig
+
+
+@dataclass(frozen=True)
+class KnownIncompatible:
+    """The node's hardware failed on one of these settings before (autotune.study.incompatible)."""
+
+    why: str
+    oom: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class PastMemoryEdge:
+    """Further past the memory edge than a launch that ran out of memory (preflight.beyond_memory_edge)."""
+
+    why: str
+    oom: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class PredictedOom:
+    """The pre-flight memory estimate says the launch cannot fit (preflight.predicted_oom)."""
+
+    why: str
+    oom: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """The study file's `never_launch` refuses the launch; `why` is redacted of secrets."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class SameLaunch:
+    """An earlier trial launched the same server; its result stands for this proposal."""
+
+    earlier: FrozenTrial
+
+
+Skipped = KnownIncompatible | PastMemoryEdge | PredictedOom  # recorded by outcome.skipped, never launched
+Verdict = Skipped | Forbidden | SameLaunch
+
+
+@dataclass
+class Proposal:
+    """A trial Optuna proposed, on the node it would run on, with what the checks read of the run."""
+
+    run: RunState
+    trial: optuna.Trial
+    config: TrialConfig
+    hardware: str | None
+    facts: NodeReport | None
+    dialect: Dialect | None
+
+    @cached_property
+    def launch(self) -> ServerLaunch:
+        """The server launch; raises ForbiddenLaunchError where the study file forbids it."""
+        return self.run.study.server_launch(self.config, dialect=self.dialect)
+
+    def built(self) -> ServerLaunch | None:
+        """The launch, when a check built it (the checks before the launch is built do not)."""
+        return self.__dict__.get("launch")
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        """What makes two launches the same (rules.launch_identity), recorded on the trial."""
+        return launch_identity(self.launch.argv, self.launch.env, self.run.study.secrets)
+
+    @cached_property
+    def trials(self) -> list[FrozenTrial]:
+        """The study's trials, read once for every check."""
+        return self.run.ostudy.get_trials(deepcopy=False)
+
+
+Gate = Callable[[Proposal], Verdict | None]
+
+
+def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
+    blocked = proposal.run.known.blocking(proposal.trial.params, proposal.hardware)
+    if blocked is None:
+        return None
+    where = f" ({proposal.hardware})" if proposal.hardware else ""
+    return KnownIncompatible(f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
+
+
+def past_memory_edge(proposal: Proposal) -> PastMemoryEdge | None:
+    # A config queued by hand runs as asked, even past the edge (a user may want to see it again).
+    options = proposal.run.options
+    if not (options.preflight and options.memory_edge) or proposal.trial.user_attrs.get(QUEUED_ATTR):
+        return None
+    pruned = [t for t in proposal.trials if t.state is TrialState.PRUNED]
+    edge = beyond_memory_edge(proposal.trial.params, proposal.hardware, pruned)
+    return None if edge is None else PastMemoryEdge(edge)
+
+
+def forbidden_launch(proposal: Proposal) -> Forbidden | None:
+    try:
+        _ = proposal.launch  # the study file may forbid it
+    except ForbiddenLaunchError as exc:
+        return Forbidden(proposal.run.study.secrets.redact(str(exc)))
+    return None
+
+
+def same_launch(proposal: Proposal) -> SameLaunch | None:
+    """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
+    launch it again: not a measurement asked for on purpose (`rules.deliberate`)."""
+    study, trial = proposal.run.study, proposal.trial
+    identity = proposal.identity
+    if not study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
+        return None
+    counted = [t for t in proposal.trials if counts(t)]
+    # A flag left unset is the server's own choice in the baseline, else its parser's default.
+    unset = {**proposal.run.flag_defaults, **(proposal.run.ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+    earlier = earlier_launch(identity, counted, unset)
+    return None if earlier is None else SameLaunch(earlier)
+
+
+def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
+    """Why this launch would certainly run out of memory on the node, from the node check's facts."""
+    if not proposal.run.options.preflight:
+        return None
+    facts = proposal.facts
+    declared = proposal.run.study.file.server.model_weight_gb
+    weights = (
+        declared
+        if declared is not None
+        else (facts.weight_bytes / 1e9 if facts is not None and facts.weight_bytes else None)
+    )
+    reason = predicted_oom(proposal.launch.argv, facts.gpu_memory_gb if facts is not None else None, weights)
+    return None if reason is None else PredictedOom(reason)
+
+
+# In order: the cheap checks on the settings first, then those that need the launch built.
+GATES: tuple[Gate, ...] = (
+    known_incompatible,
+    past_memory_edge,
+    forbidden_launch,
+    same_launch,
+    predicted_oom_on_node,
+)
+
+
+def first_verdict(proposal: Proposal) -> Verdict | None:
+    """The first gate's verdict against launching `proposal`; None: launch it."""
+    for gate in GATES:
+        if (verdict := gate(proposal)) is not None:
+            return verdict
+    return None
