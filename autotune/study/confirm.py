@@ -15,7 +15,7 @@ The study's answer built on these rounds (and worded when there are none) is aut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,9 +24,9 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.records import CONFIRM_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
-from autotune.study.rules import deliberate, groups_by_trial, is_feasible, maximizes, measurement_groups
+from autotune.study.rules import groups_by_trial, is_feasible, maximizes, measurement_groups
 from autotune.study.storage import budget_used, counts
 
 __all__ = ["Confirmation", "confirmation", "confirmation_rounds", "look_confidence", "round_order"]
@@ -53,7 +53,7 @@ class Confirmation:
     pairs: int  # the rounds where both the leader and the baseline were measured
 
 
-def look_confidence(settings: dict[str, Any], candidates: int) -> float:
+def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     """The confidence of the leader's interval at each look: the study's `confidence` split (Bonferroni)
     over the `candidates` (the leader is the best of them) and over the looks, one after each round from
     `min_rounds` to `max_rounds` (rounds that stop at the first interval clear of zero otherwise claim a
@@ -62,8 +62,8 @@ def look_confidence(settings: dict[str, Any], candidates: int) -> float:
     return 1 - (1 - float(settings.get("confidence", 0.95))) / (max(candidates, 1) * max(looks, 1))
 
 
-def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
-    return ostudy.user_attrs.get(CONFIRM_ATTR)
+def _settings(ostudy: optuna.Study) -> Mapping[str, Any] | None:
+    return StudyRecord.of(ostudy).confirm
 
 
 def _gain(
@@ -91,13 +91,14 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
     rounds: dict[int, dict[int, float | None]] = {}
     since = int(settings.get("since", -1))
     for trial in ostudy.get_trials(deepcopy=False):
-        mark = trial.user_attrs.get(CONFIRM_ATTR)
-        if not isinstance(mark, dict) or trial.number <= since:
+        record = TrialRecord.of(trial)
+        mark, of = record.confirm, record.remeasure_of
+        if mark is None or of is None or trial.number <= since:
             continue
         if not trial.state.is_finished() or not counts(trial):
             continue
         good = trial.state == TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
-        rounds.setdefault(int(mark["round"]), {})[int(trial.user_attrs[REMEASURE_OF_ATTR])] = (
+        rounds.setdefault(mark["round"], {})[of] = (
             float(trial.value) if good and trial.value is not None else None
         )
     maximize = maximizes(ostudy.direction)
@@ -110,7 +111,7 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
     return Confirmation(base, configs, rounds, int(settings.get("queued", 0)), *best)
 
 
-def _decided(state: Confirmation, settings: dict[str, Any]) -> bool:
+def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough or clear of zero, after the first rounds; or rounds ran out."""
     if state.queued >= int(settings["max_rounds"]):
         return True
@@ -120,7 +121,7 @@ def _decided(state: Confirmation, settings: dict[str, Any]) -> bool:
     return gain.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
 
 
-def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
+def _start(study: Study, ostudy: optuna.Study) -> Mapping[str, Any] | None:
     """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
     and the baseline, and remember them in the study; None when there is nothing to confirm."""
     settings = study.file.trust.confirm
@@ -140,14 +141,14 @@ def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }
-    ostudy.set_user_attr(CONFIRM_ATTR, record)
+    record_confirm(ostudy, record)
     return record
 
 
 def _searched_since(ostudy: optuna.Study, since: int) -> bool:
     """A trial the search launched after the confirmation started (a resume with a larger budget)."""
     return any(
-        t.number > since and not deliberate(t.user_attrs) and t.state.is_finished() and counts(t)
+        t.number > since and not TrialRecord.of(t).deliberate and t.state.is_finished() and counts(t)
         for t in ostudy.get_trials(deepcopy=False)
     )
 
@@ -179,7 +180,7 @@ def confirmation_rounds(
             return
         index = state.queued
         for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):
-            enqueue_measurement(ostudy, groups[of], {CONFIRM_ATTR: {"round": index, "position": position}})
+            enqueue_measurement(ostudy, groups[of], confirm=ConfirmMark(round=index, position=position))
         settings = {**settings, "queued": index + 1}
-        ostudy.set_user_attr(CONFIRM_ATTR, settings)
+        record_confirm(ostudy, settings)
         yield budget_used(ostudy) + len(state.configs) + 1
