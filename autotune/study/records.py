@@ -192,8 +192,9 @@ class TrialRecord:
 
     @property
     def deliberate(self) -> bool:
-        """Queued on purpose (the baseline, a re-measurement, a config queued by hand, a retry, an
-        ablation), not proposed by the search (study.rules.deliberate)."""
+        """Asked for on purpose, not proposed by the sampler: the baseline (and its repeats), a
+        re-measurement or confirmation round, a retry, an ablation, a config queued by hand. It runs even
+        when its launch ran before, and is no trial of the search the stopping rule watches."""
         return self.baseline or any(
             key in self.user for key in (REMEASURE_OF_ATTR, QUEUED_ATTR, RETRY_OF_ATTR, ABLATION_OF_ATTR)
         )

@@ -61,9 +61,7 @@ def counts(trial: FrozenTrial) -> bool:
 
 
 def deliberate(user_attrs: Mapping[str, Any]) -> bool:
-    """A trial asked for on purpose, not proposed by the sampler: the baseline (and its repeats), a
-    re-measurement or confirmation round, a retry, an ablation, a config queued by hand. It runs even when
-    its launch ran before, and is no trial of the search the stopping rule watches."""
+    """A trial asked for on purpose (`TrialRecord.deliberate`, where the rule lives)."""
     return TrialRecord(user_attrs).deliberate
 
 

@@ -38,7 +38,7 @@ __all__ = ["record_stop", "stopped_early", "why_stop"]
 
 
 def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The finished launches the sampler proposed (`rules.deliberate`: not one asked for on purpose)."""
+    """The finished launches the sampler proposed (`TrialRecord.deliberate`: not one asked for on purpose)."""
     return [
         t
         for t in sorted(trials, key=lambda t: t.number)
