@@ -52,20 +52,18 @@ from autotune.study.outcome import Outcome
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.pruning import short_cutoff, short_pruner
 from autotune.study.records import (
-    BASELINE_ATTR,
-    DERIVED_ATTR,
-    FAILURE_KIND_ATTR,
-    HARDWARE_ATTR,
-    LAUNCH_ATTR,
-    NCCL_STAGE_ATTR,
-    NODE_ATTR,
-    NODE_S_ATTR,
-    QUEUED_ATTR,
-    REMEASURE_OF_ATTR,
-    SERVER_CHOICES_ATTR,
-    SHORT_CUTOFF_ATTR,
+    StudyRecord,
+    TrialRecord,
+    record_failure,
+    record_hardware,
+    record_launch,
+    record_nccl_stage,
+    record_node,
+    record_node_s,
+    record_server_choices,
+    record_short_cutoff,
 )
-from autotune.study.rules import deliberate, earlier_launch, launch_identity
+from autotune.study.rules import earlier_launch, launch_identity
 from autotune.study.stopping import record_stop, stopped_early, why_stop
 from autotune.study.storage import (
     HEARTBEAT_S,
@@ -124,12 +122,12 @@ def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]
     with study_lock(study) as locked:
         abandoned = abandoned_trials(ostudy, locked=locked)
     for trial in abandoned:
-        optuna_internals.set_user_attr(ostudy, trial, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
+        record_failure(optuna_internals.StoredTrial(ostudy, trial), FailureKind.INTERRUPTED)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         # The queued values too: a trial enqueued (the baseline, a retry, a config queued by hand) and asked
         # for by a driver that died before suggesting them holds no params yet.
         params = {**optuna_internals.fixed_params(trial), **trial.params}
-        enqueue_retry(ostudy, trial.number, params, trial.user_attrs, once=False)
+        enqueue_retry(ostudy, trial.number, params, TrialRecord.of(trial), once=False)
         recovered.append(trial)
     return recovered
 
@@ -359,7 +357,7 @@ class StudyDriver:
                 return {}
         for line in result.lines(name):
             self.observers.knob_held(KnobHeld(line))
-        ostudy.set_user_attr(NCCL_STAGE_ATTR, result.record())  # the answer names the values it held
+        record_nccl_stage(ostudy, result.record())  # the answer names the values it held
         return result.held
 
     def _affordable(self, launches: int) -> bool:
@@ -464,18 +462,19 @@ class StudyDriver:
     def _start(self, ostudy: optuna.Study, pool: NodePool, node: str, trial: optuna.Trial) -> bool:
         """Launch `trial` on `node`, or record it at once when it must not be launched."""
         study = self.study
-        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        record = TrialRecord.of(trial)
+        baseline = record.baseline
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
         hardware = self._hardware(pool, node)
         if hardware is not None:
-            trial.set_user_attr(HARDWARE_ATTR, hardware)
+            record_hardware(trial, hardware)
         blocked = self.known.blocking(trial.params, hardware)
         if blocked is not None:
             where = f" ({hardware})" if hardware else ""
             self._skip(ostudy, trial, f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
             return False
         # A config queued by hand runs as asked, even past the edge (a user may want to see it again).
-        if self.preflight and self.memory_edge and not trial.user_attrs.get(QUEUED_ATTR):
+        if self.preflight and self.memory_edge and record.queued is None:
             pruned = ostudy.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
             edge = beyond_memory_edge(trial.params, hardware, pruned)
             if edge is not None:
@@ -509,9 +508,7 @@ class StudyDriver:
             return False
         self.skips = self.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
         launch = study.seeded(launch, trial.number)  # after the same-launch check: the seed is no setting
-        trial.set_user_attr(NODE_ATTR, node)
-        if config.derived:
-            trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})
+        record_node(trial, node, config.derived)
         request = TrialRequest(
             number=trial.number,
             launch=launch,
@@ -542,12 +539,12 @@ class StudyDriver:
         """What the node measures: the objective's ladder, its short run first with the pruner's cutoff now
         (never for the baseline, whose short value is a reference, nor for a re-measurement)."""
         objective = self.study.objective
-        again = REMEASURE_OF_ATTR in trial.user_attrs
+        again = TrialRecord.of(trial).remeasure_of is not None
         cutoff = None
         if objective.short_first is not None and not (baseline or again):
             cutoff = short_cutoff(ostudy, short_pruner(objective.short_first))
             if cutoff is not None:
-                trial.set_user_attr(SHORT_CUTOFF_ATTR, cutoff)
+                record_short_cutoff(trial, cutoff)
         return plan_for(objective, short=not again, cutoff=cutoff)
 
     def _skip(self, ostudy: optuna.Study, trial: optuna.Trial, why: str, *, oom: bool = False) -> None:
@@ -559,15 +556,15 @@ class StudyDriver:
         self, ostudy: optuna.Study, trial: optuna.Trial, launch: ServerLaunch
     ) -> FrozenTrial | None:
         """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
-        launch it again: not a measurement asked for on purpose (`rules.deliberate`); records the launch on
-        the trial."""
+        launch it again: not a measurement asked for on purpose (`TrialRecord.deliberate`); records the
+        launch on the trial."""
         identity = launch_identity(launch.argv, launch.env, self.study.secrets)
-        trial.set_user_attr(LAUNCH_ATTR, identity)
-        if not self.study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
+        record_launch(trial, identity)
+        if not self.study.file.trust.skip_same_launch or TrialRecord.of(trial).deliberate:
             return None
         counted = [t for t in ostudy.get_trials(deepcopy=False) if counts(t)]
         # A flag left unset is the server's own choice in the baseline, else its parser's default.
-        unset = {**self.flag_defaults, **(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+        unset = {**self.flag_defaults, **StudyRecord.of(ostudy).server_choices}
         return earlier_launch(identity, counted, unset)
 
     def _skip_counted(self, why: str) -> None:
@@ -640,10 +637,10 @@ class StudyDriver:
         judged = outcome.judge(self.study, trial, result)
         if result.server_choices and entry.baseline:
             # SGLang's own values: where the sampler starts the knobs with no "unset".
-            ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
+            record_server_choices(ostudy, result.server_choices)
         learned = self._learn(ostudy, trial, judged, result.node) if judged.failure is not None else None
         if (node_s := result.node_seconds) is not None:
-            trial.set_user_attr(NODE_S_ATTR, node_s)
+            record_node_s(trial, node_s)
         ostudy.tell(trial, judged.values, state=judged.state)
         self.done = finished_count(ostudy)
         summary = self._refresh_standing(ostudy)
@@ -679,7 +676,7 @@ class StudyDriver:
             learned = IncompatibilityLearned(tuple(new), tuple(self.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED
-            enqueue_retry(ostudy, trial.number, trial.params, trial.user_attrs, once=once)
+            enqueue_retry(ostudy, trial.number, trial.params, TrialRecord.of(trial), once=once)
         return learned
 
     def _interrupt(self, ostudy: optuna.Study, pool: NodePool, *, record: bool = True) -> None:
@@ -696,5 +693,5 @@ class StudyDriver:
         for number, entry in self.running.items():
             if record:
                 ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
-                enqueue_retry(ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
+                enqueue_retry(ostudy, number, entry.trial.params, TrialRecord.of(entry.trial), once=False)
             self.observers.trial_interrupted(TrialInterrupted(number, entry.baseline, logs.get(number, "")))

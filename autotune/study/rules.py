@@ -60,11 +60,6 @@ def counts(trial: FrozenTrial) -> bool:
     return not (kind is not None and kind.retried_once)
 
 
-def deliberate(user_attrs: Mapping[str, Any]) -> bool:
-    """A trial asked for on purpose (`TrialRecord.deliberate`, where the rule lives)."""
-    return TrialRecord(user_attrs).deliberate
-
-
 def launch_identity(
     argv: Sequence[str], env: Mapping[str, str], secrets: Secrets | None = None
 ) -> dict[str, Any]:

@@ -282,17 +282,16 @@ def enqueue_retry(
     ostudy: optuna.Study,
     number: int,
     params: dict[str, Any],
-    retried: TrialRecord | Mapping[str, Any],
+    retried: TrialRecord,
     *,
     once: bool = True,
 ) -> bool:
     """Queue a trial's parameters again. With `once` (a node lost or unreachable), not when it already
     was a retry: a config that keeps killing nodes is not retried forever. A trial interrupted by its
     driver (a crash, Ctrl-C) is always run again: that said nothing about its settings."""
-    record = retried if isinstance(retried, TrialRecord) else TrialRecord(retried)
-    if once and record.retry_of is not None:
+    if once and retried.retry_of is not None:
         return False
-    ostudy.enqueue_trial(dict(params), user_attrs=retry_marks(record, number))
+    ostudy.enqueue_trial(dict(params), user_attrs=retry_marks(retried, number))
     return True
 
 
