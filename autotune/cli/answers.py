@@ -13,28 +13,7 @@ from autotune.cli.console import with_unit
 from autotune.config import Study, load_study
 from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
-from autotune.study.records import (
-    BASELINE_ATTR,
-    COMPARE_ATTR,
-    CONFIRM_ATTR,
-    FAILURE_ATTR,
-    FAILURE_DESCRIPTION_ATTR,
-    FAILURE_KIND_ATTR,
-    LOAD_WARNING_ATTR,
-    MLFLOW_RUN_ATTR,
-    NODE_S_ATTR,
-    OVER_LIMITS_ATTR,
-    PREFIX_CACHE_ATTR,
-    PROPOSED_ATTR,
-    PRUNED_BY_ATTR,
-    QUEUED_ATTR,
-    REMEASURE_OF_ATTR,
-    SAME_AS_ATTR,
-    SHORT_VALUE_ATTR,
-    STARTUP_NOTES_ATTR,
-    STARTUP_PHASES_ATTR,
-    prefix_cache_text,
-)
+from autotune.study.records import TrialRecord, prefix_cache_text
 from autotune.study.rules import is_feasible, trial_config
 from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, to_arg
 from autotune.trial.redaction import REDACTED, argv_secrets, is_secret_name
@@ -151,32 +130,33 @@ def _remeasured_lines(answer: RemeasuredAnswer, study: Study) -> list[str]:
 
 def _trial_record(trial: Any) -> dict[str, Any]:
     values = trial.values
+    record = TrialRecord.of(trial)
     return {
         "number": trial.number,
         "state": trial.state.name,
         "value": values[0] if values else None,
         "values": list(values) if values else None,
         "feasible": is_feasible(trial),
-        "over_limits": trial.user_attrs.get(OVER_LIMITS_ATTR),
-        "pruned_by": trial.user_attrs.get(PRUNED_BY_ATTR),
-        "load_warning": trial.user_attrs.get(LOAD_WARNING_ATTR),
-        "prefix_cache": trial.user_attrs.get(PREFIX_CACHE_ATTR),
-        "short_value": trial.user_attrs.get(SHORT_VALUE_ATTR),
-        "remeasure_of": trial.user_attrs.get(REMEASURE_OF_ATTR),
-        "same_as": trial.user_attrs.get(SAME_AS_ATTR),
-        "confirm": trial.user_attrs.get(CONFIRM_ATTR),
-        "compare": trial.user_attrs.get(COMPARE_ATTR),
-        "proposed": trial.system_attrs.get(PROPOSED_ATTR),
-        "queued": trial.user_attrs.get(QUEUED_ATTR),
+        "over_limits": dict(record.over_limits) or None,
+        "pruned_by": record.pruned_by,
+        "load_warning": record.load_warning,
+        "prefix_cache": record.prefix_cache,
+        "short_value": record.short_value,
+        "remeasure_of": record.remeasure_of,
+        "same_as": record.same_as,
+        "confirm": record.confirm,
+        "compare": record.compare,
+        "proposed": record.proposed,
+        "queued": record.queued,
         "params": dict(trial.params),
-        "baseline": bool(trial.user_attrs.get(BASELINE_ATTR)),
-        "failure_kind": trial.user_attrs.get(FAILURE_KIND_ATTR),
-        "failure": trial.user_attrs.get(FAILURE_ATTR),
-        "failure_description": trial.user_attrs.get(FAILURE_DESCRIPTION_ATTR),
-        "mlflow_run_id": trial.user_attrs.get(MLFLOW_RUN_ATTR),
-        "startup_phases": trial.user_attrs.get(STARTUP_PHASES_ATTR),
-        "startup_notes": trial.user_attrs.get(STARTUP_NOTES_ATTR) or [],
-        "node_s": trial.user_attrs.get(NODE_S_ATTR),  # in the node's own clock (study.node_budget)
+        "baseline": record.baseline,
+        "failure_kind": record.failure_kind_text,
+        "failure": record.failure,
+        "failure_description": record.failure_description,
+        "mlflow_run_id": record.mlflow_run_id,
+        "startup_phases": dict(record.startup_phases) or None,
+        "startup_notes": record.startup_notes,
+        "node_s": record.node_s,  # in the node's own clock (study.node_budget)
     }
 
 
@@ -397,7 +377,7 @@ def _best_record(
         "study": study.name,
         "metric": study.objective.metric,
         "trial": best.number,
-        "baseline": bool(best.user_attrs.get(BASELINE_ATTR)),
+        "baseline": TrialRecord.of(best).baseline,
         "value": answer.value if mine and answer is not None else best.value,
         "interval": list(answer.value_interval) if mine and answer and answer.value_interval else None,
         "confidence": answer.confidence if mine and answer is not None else None,

@@ -25,14 +25,13 @@ from autotune.study.callbacks import (
     TrialFinished,
     TrialStarted,
 )
+from autotune.study.records import TrialRecord
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
     from autotune.config import Study
 
-# The trial attributes of a confirmation round (autotune.study.records, which loads Optuna: named here).
-CONFIRM_ATTR, REMEASURE_OF_ATTR = "confirm", "remeasure_of"
 BETTER = {"maximize": "higher is better", "minimize": "lower is better"}
 
 
@@ -97,12 +96,10 @@ class ConsoleReporter(StudyCallback):
             self._line(f"recovered interrupted trials {list(event.recovered)}: marked FAIL and queued again")
 
     def trial_started(self, event: TrialStarted) -> None:
-        attrs = event.trial.user_attrs
-        confirm = attrs.get(CONFIRM_ATTR)
-        if isinstance(confirm, dict):
-            of = attrs.get(REMEASURE_OF_ATTR)
-            config = "SGLang's defaults" if event.baseline else f"trial {of}'s config"
-            round_ = int(confirm.get("round", 0)) + 1
+        record = TrialRecord.of(event.trial)
+        if (confirm := record.confirm) is not None:
+            config = "SGLang's defaults" if event.baseline else f"trial {record.remeasure_of}'s config"
+            round_ = confirm["round"] + 1
             self.confirm_labels[event.trial.number] = f"confirm r{round_} · {config}"
         self._announce(event.study, event.progress, event.trial.number in self.confirm_labels)
         self._running(event.progress)

@@ -18,22 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
-from autotune.study.records import (
-    ABLATION_OF_ATTR,
-    ABLATION_PARAM_ATTR,
-    BASELINE_ATTR,
-    FAILURE_KIND_ATTR,
-    RETRY_OF_ATTR,
-    SERVER_CHOICES_ATTR,
-)
+from autotune.study.records import StudyRecord, TrialRecord, marks
 from autotune.study.rules import baseline_trial, best_trial, direction_sign
 from autotune.study.samplers import default_of, nearest
+from autotune.trial.failures import FailureKind
 
 
 @dataclass(frozen=True)
@@ -100,7 +93,7 @@ def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     best = best_trial(ostudy)
     if best is None:
         raise AutotuneError(f"study {ostudy.study_name!r} has no completed trial yet: nothing to ablate")
-    if best.user_attrs.get(BASELINE_ATTR) or not changed_params(best):
+    if TrialRecord.of(best).baseline or not changed_params(best):
         raise AutotuneError(
             f"the best trial of study {ostudy.study_name!r} is the baseline (SGLang's defaults): "
             "no setting to revert"
@@ -112,7 +105,7 @@ def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     }
     reverts: dict[str, object] = {}
     not_ablated: dict[str, str] = {}
-    chosen = dict(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+    chosen = StudyRecord.of(ostudy).server_choices
     server_chosen = []
     for name in changed_params(best):
         possible, value = revert_value(best, name, chosen)
@@ -146,7 +139,7 @@ def enqueue_ablation(ostudy: optuna.Study, plan: AblationPlan) -> list[str]:
         # A parameter whose `when` no longer holds is simply not suggested: its fixed value goes unused.
         ostudy.enqueue_trial(
             {**best.params, name: value},
-            user_attrs={ABLATION_OF_ATTR: plan.of, ABLATION_PARAM_ATTR: name},
+            user_attrs=marks(ablation_of=plan.of, ablation_param=name),
         )
         queued.append(name)
     return queued
@@ -160,7 +153,7 @@ def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[
     by_number = {t.number: t for t in trials}
     found = []
     for trial in trials:
-        ablated = _ablation_of(trial.user_attrs, by_number)
+        ablated = _ablation_of(TrialRecord.of(trial), by_number)
         if ablated is not None:
             found.append((trial, ablated))
     return found
@@ -168,25 +161,26 @@ def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[
 
 def ablation_of(trial: FrozenTrial | optuna.Trial, ostudy: optuna.Study) -> tuple[int, str] | None:
     """(the ablated trial, the reverted parameter) when `trial` is an ablation trial or a retry of one."""
-    if ABLATION_OF_ATTR not in trial.user_attrs and RETRY_OF_ATTR not in trial.user_attrs:
+    record = TrialRecord.of(trial)
+    if record.ablation_of is None and record.retry_of is None:
         return None  # neither: no need to read the study's trials
-    return _ablation_of(trial.user_attrs, {t.number: t for t in ostudy.get_trials(deepcopy=False)})
+    return _ablation_of(record, {t.number: t for t in ostudy.get_trials(deepcopy=False)})
 
 
-def _ablation_of(attrs: Mapping[str, Any], by_number: Mapping[int, FrozenTrial]) -> tuple[int, str] | None:
+def _ablation_of(record: TrialRecord, by_number: Mapping[int, FrozenTrial]) -> tuple[int, str] | None:
     for _ in range(len(by_number) + 1):  # follow retry_of back to the enqueued ablation trial
-        if ABLATION_OF_ATTR in attrs:
-            return int(attrs[ABLATION_OF_ATTR]), str(attrs.get(ABLATION_PARAM_ATTR))
-        retry_of = attrs.get(RETRY_OF_ATTR)
-        source = by_number.get(retry_of) if isinstance(retry_of, int) else None
+        if record.ablation_of is not None:
+            return record.ablation_of, str(record.ablation_param)
+        retry_of = record.retry_of
+        source = by_number.get(retry_of) if retry_of is not None else None
         if source is None:
             return None
-        attrs = source.user_attrs
+        record = TrialRecord.of(source)
     return None
 
 
 def _interrupted(trial: FrozenTrial) -> bool:
-    return trial.state == TrialState.FAIL and trial.user_attrs.get(FAILURE_KIND_ATTR) == "interrupted"
+    return trial.state == TrialState.FAIL and TrialRecord.of(trial).failure_kind == FailureKind.INTERRUPTED
 
 
 def ablation_results(ostudy: optuna.Study) -> Ablation | None:
@@ -227,7 +221,7 @@ def ablation_results(ostudy: optuna.Study) -> Ablation | None:
                 trial=trial.number,
                 state=trial.state.name,
                 value=value,
-                failure_kind=trial.user_attrs.get(FAILURE_KIND_ATTR),
+                failure_kind=TrialRecord.of(trial).failure_kind_text,
                 loss=loss,
                 loss_pct=loss / abs(target.value) * 100 if loss is not None and target.value else None,
                 share_of_gain=loss / gain if loss is not None and gain else None,

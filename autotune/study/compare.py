@@ -28,7 +28,7 @@ from autotune.config import Study
 from autotune.errors import AutotuneError
 from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain
-from autotune.study.records import COMPARE_ATTR, FAILURE_ATTR, FAILURE_KIND_ATTR, METRICS_ATTR, NODE_S_ATTR
+from autotune.study.records import CompareMark, StudyRecord, TrialRecord, record_compares
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import best_trial, is_feasible, measurement_groups, trial_config
 from autotune.study.storage import budget_used, counts
@@ -171,7 +171,7 @@ def queue_rounds(study: Study, ostudy: optuna.Study, rounds: int, trial: int | N
     if rounds < 2:
         raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
     chosen = _chosen_trial(ostudy, trial)
-    records = list(ostudy.user_attrs.get(COMPARE_ATTR) or [])
+    records = StudyRecord.of(ostudy).compares
     if records and (last := records[-1])["trial"] == chosen.number and last["rounds"] == rounds:
         if len(_rounds_of(ostudy, int(last["id"]))) < 2 * rounds:
             return dict(last)  # cut short: its queued (or interrupted, queued again) rounds run on
@@ -183,9 +183,9 @@ def queue_rounds(study: Study, ostudy: optuna.Study, rounds: int, trial: int | N
     record = {"id": len(records), "trial": chosen.number, "rounds": rounds}
     for index in range(rounds):
         for position, name in enumerate(order_of_round(index)):
-            mark = {"id": record["id"], "round": index, "position": position, "config": name}
-            enqueue_measurement(ostudy, base if name == DEFAULT else best, {COMPARE_ATTR: mark})
-    ostudy.set_user_attr(COMPARE_ATTR, [*records, record])
+            mark = CompareMark(id=len(records), round=index, position=position, config=name)
+            enqueue_measurement(ostudy, base if name == DEFAULT else best, compare=mark)
+    record_compares(ostudy, [*records, record])
     return record
 
 
@@ -194,7 +194,8 @@ def _rounds_of(ostudy: optuna.Study, compare_id: int) -> list[FrozenTrial]:
     return [
         t
         for t in ostudy.get_trials(deepcopy=False)
-        if (t.user_attrs.get(COMPARE_ATTR) or {}).get("id") == compare_id
+        if (mark := TrialRecord.of(t).compare) is not None
+        and mark["id"] == compare_id
         and t.state.is_finished()
         and counts(t)
     ]
@@ -208,7 +209,7 @@ def comparison_of(study: Study, ostudy: optuna.Study, record: dict[str, Any]) ->
         study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
     )
     measured = _rounds_of(ostudy, int(record["id"]))
-    for trial in sorted(measured, key=lambda t: (t.user_attrs[COMPARE_ATTR]["round"], t.number)):
+    for trial in sorted(measured, key=lambda t: (_mark(t)["round"], t.number)):
         comparison.runs.append(_run_of(study, trial))
     return comparison
 
@@ -255,25 +256,32 @@ def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
     return trials[0]
 
 
+def _mark(trial: FrozenTrial) -> CompareMark:
+    mark = TrialRecord.of(trial).compare
+    assert mark is not None  # one of a comparison's measurements (_rounds_of)
+    return mark
+
+
 def _run_of(study: Study, trial: FrozenTrial) -> Run:
-    mark = trial.user_attrs[COMPARE_ATTR]
+    mark = _mark(trial)
     value = trial.value if trial.state == TrialState.COMPLETE and is_feasible(trial) else None
-    metrics = {study.objective.metric: value, **(trial.user_attrs.get(METRICS_ATTR) or {})}
+    metrics = {study.objective.metric: value, **TrialRecord.of(trial).metrics} if value is not None else {}
     return Run(
-        round=int(mark["round"]),
-        config=str(mark["config"]),
-        position=int(mark["position"]),
-        metrics=metrics if value is not None else {},
+        round=mark["round"],
+        config=mark["config"],
+        position=mark["position"],
+        metrics=metrics,
+
         failure=None if value is not None else _failure_text(trial),
-        elapsed_s=float(trial.user_attrs.get(NODE_S_ATTR) or 0.0),
+        elapsed_s=TrialRecord.of(trial).node_s or 0.0,
     )
 
 
 def _failure_text(trial: FrozenTrial) -> str:
-    kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
-    if kind is None:
+    record = TrialRecord.of(trial)
+    if record.failure_kind_text is None:
         return "broke a limit" if trial.state == TrialState.COMPLETE else "no result"
-    return f"{kind}: {trial.user_attrs.get(FAILURE_ATTR, '')}"
+    return f"{record.failure_kind_text}: {record.failure or ''}"
 
 
 def write(comparison: Comparison, path: Path) -> Path:

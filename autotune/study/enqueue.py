@@ -33,7 +33,7 @@ from autotune.config import SearchSpace, Study, load_yaml
 from autotune.config.search_space import BoolParameter, same_value
 from autotune.errors import ConfigError, ForbiddenLaunchError, did_you_mean
 from autotune.study import optuna_internals
-from autotune.study.records import QUEUED_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.records import StudyRecord, marks
 from autotune.study.samplers import default_of, nearest
 from autotune.study.storage import budget_used
 from autotune.trial.launch import TrialConfig, to_arg
@@ -372,7 +372,7 @@ def stored_study(study: Study) -> optuna.Study | None:
 def plan_all(study: Study, requests: Sequence[Request], ostudy: optuna.Study | None) -> list[Queued]:
     """Every request checked against the study as it is now (none queued yet)."""
     trials = ostudy.get_trials(deepcopy=False) if ostudy is not None else []
-    server = dict(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {}) if ostudy is not None else {}
+    server = StudyRecord.of(ostudy).server_choices if ostudy is not None else {}
     return [plan(study, request, trials, server) for request in requests]
 
 
@@ -395,6 +395,6 @@ def enqueue(ostudy: optuna.Study, queued: Sequence[Queued]) -> list[int]:
     """Queue the checked configs, in order; returns the numbers of their trials."""
     numbers = []
     for entry in queued:
-        ostudy.enqueue_trial(dict(entry.params), user_attrs={QUEUED_ATTR: entry.user_attr})
+        ostudy.enqueue_trial(dict(entry.params), user_attrs=marks(queued=entry.user_attr))
         numbers.append(ostudy.get_trials(deepcopy=False)[-1].number)
     return numbers

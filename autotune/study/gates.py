@@ -17,8 +17,8 @@ from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 from autotune.node.check import NodeReport
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
-from autotune.study.records import QUEUED_ATTR, SERVER_CHOICES_ATTR
-from autotune.study.rules import deliberate, earlier_launch, launch_identity
+from autotune.study.records import StudyRecord, TrialRecord
+from autotune.study.rules import earlier_launch, launch_identity
 from autotune.study.run_state import RunState
 from autotune.study.storage import counts
 from autotune.trial.launch import ServerLaunch, TrialConfig
@@ -111,7 +111,7 @@ def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
 def past_memory_edge(proposal: Proposal) -> PastMemoryEdge | None:
     # A config queued by hand runs as asked, even past the edge (a user may want to see it again).
     options = proposal.run.options
-    if not (options.preflight and options.memory_edge) or proposal.trial.user_attrs.get(QUEUED_ATTR):
+    if not (options.preflight and options.memory_edge) or TrialRecord.of(proposal.trial).queued is not None:
         return None
     pruned = [t for t in proposal.trials if t.state is TrialState.PRUNED]
     edge = beyond_memory_edge(proposal.trial.params, proposal.hardware, pruned)
@@ -128,14 +128,14 @@ def forbidden_launch(proposal: Proposal) -> Forbidden | None:
 
 def same_launch(proposal: Proposal) -> SameLaunch | None:
     """The earlier trial that launched the same server (rules.same_launch), when this proposal must not
-    launch it again: not a measurement asked for on purpose (`rules.deliberate`)."""
+    launch it again: not a measurement asked for on purpose (`TrialRecord.deliberate`)."""
     study, trial = proposal.run.study, proposal.trial
     identity = proposal.identity
-    if not study.file.trust.skip_same_launch or deliberate(trial.user_attrs):
+    if not study.file.trust.skip_same_launch or TrialRecord.of(trial).deliberate:
         return None
     counted = [t for t in proposal.trials if counts(t)]
     # A flag left unset is the server's own choice in the baseline, else its parser's default.
-    unset = {**proposal.run.flag_defaults, **(proposal.run.ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+    unset = {**proposal.run.flag_defaults, **StudyRecord.of(proposal.run.ostudy).server_choices}
     earlier = earlier_launch(identity, counted, unset)
     return None if earlier is None else SameLaunch(earlier)
 

@@ -15,12 +15,10 @@ from collections.abc import Mapping
 import optuna
 
 from autotune.config import SearchSpace
+from autotune.study.records import StudyRecord, record_incompatible
 from autotune.study.samplers import IncumbentMoves
 from autotune.trial.failures import Failure
 from autotune.trial.launch import is_set
-
-STUDY_ATTR = "incompatible"
-
 
 Incompatibility = tuple[str, object, str | None]  # parameter, value, hardware fingerprint
 
@@ -31,10 +29,7 @@ class KnownIncompatibilities:
     def __init__(self, ostudy: optuna.Study, space: SearchSpace) -> None:
         self._study = ostudy
         self._space = space
-        self.pairs: list[Incompatibility] = [
-            (entry[0], entry[1], entry[2] if len(entry) > 2 else None)
-            for entry in ostudy.user_attrs.get(STUDY_ATTR, [])
-        ]
+        self.pairs: list[Incompatibility] = StudyRecord.of(ostudy).incompatible
 
     def learn(
         self, params: Mapping[str, object], failure: Failure, hardware: str | None
@@ -47,7 +42,7 @@ class KnownIncompatibilities:
         ]
         if new:
             self.pairs.extend(new)
-            self._study.set_user_attr(STUDY_ATTR, [list(pair) for pair in self.pairs])
+            record_incompatible(self._study, self.pairs)
         return new
 
     def blocking(self, params: Mapping[str, object], hardware: str | None) -> Incompatibility | None:

@@ -51,16 +51,14 @@ from autotune.study.optuna_internals import reads_once
 from autotune.study.outcome import Outcome
 from autotune.study.pruning import short_cutoff, short_pruner
 from autotune.study.records import (
-    BASELINE_ATTR,
-    DERIVED_ATTR,
-    FAILURE_KIND_ATTR,
-    HARDWARE_ATTR,
-    LAUNCH_ATTR,
-    NODE_ATTR,
-    NODE_S_ATTR,
-    REMEASURE_OF_ATTR,
-    SERVER_CHOICES_ATTR,
-    SHORT_CUTOFF_ATTR,
+    TrialRecord,
+    record_failure,
+    record_hardware,
+    record_launch,
+    record_node,
+    record_node_s,
+    record_server_choices,
+    record_short_cutoff,
 )
 from autotune.study.run_state import RunningTrial, RunOptions, RunState
 from autotune.study.storage import (
@@ -109,12 +107,12 @@ def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]
     with study_lock(study) as locked:
         abandoned = abandoned_trials(ostudy, locked=locked)
     for trial in abandoned:
-        optuna_internals.set_user_attr(ostudy, trial, FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
+        record_failure(optuna_internals.StoredTrial(ostudy, trial), FailureKind.INTERRUPTED)
         ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         # The queued values too: a trial enqueued (the baseline, a retry, a config queued by hand) and asked
         # for by a driver that died before suggesting them holds no params yet.
         params = {**optuna_internals.fixed_params(trial), **trial.params}
-        enqueue_retry(ostudy, trial.number, params, trial.user_attrs, once=False)
+        enqueue_retry(ostudy, trial.number, params, TrialRecord.of(trial), once=False)
         recovered.append(trial)
     return recovered
 
@@ -420,15 +418,15 @@ class StudyDriver:
         """Launch `trial` on `node`, or record it at once when a gate says it must not be launched
         (autotune.study.gates)."""
         study, ostudy = run.study, run.ostudy
-        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        baseline = TrialRecord.of(trial).baseline
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
         hardware = self._hardware(run, pool, node)
         if hardware is not None:
-            trial.set_user_attr(HARDWARE_ATTR, hardware)
+            record_hardware(trial, hardware)
         proposal = Proposal(run, trial, config, hardware, pool.facts(node), self._dialect(run, pool, node))
         verdict = first_verdict(proposal)
         if proposal.built() is not None:  # what later proposals' same-launch check reads
-            trial.set_user_attr(LAUNCH_ATTR, proposal.identity)
+            record_launch(trial, proposal.identity)
         if verdict is not None:
             unlaunched.record(run, trial, baseline, verdict)
             return False
@@ -436,9 +434,7 @@ class StudyDriver:
         launch = study.seeded(
             proposal.launch, trial.number
         )  # after the same-launch check: the seed is no setting
-        trial.set_user_attr(NODE_ATTR, node)
-        if config.derived:
-            trial.set_user_attr(DERIVED_ATTR, {k: v for k, v in config.derived.items()})
+        record_node(trial, node, config.derived)
         request = TrialRequest(
             number=trial.number,
             launch=launch,
@@ -472,12 +468,12 @@ class StudyDriver:
         """What the node measures: the objective's ladder, its short run first with the pruner's cutoff now
         (never for the baseline, whose short value is a reference, nor for a re-measurement)."""
         objective = run.study.objective
-        again = REMEASURE_OF_ATTR in trial.user_attrs
+        again = TrialRecord.of(trial).remeasure_of is not None
         cutoff = None
         if objective.short_first is not None and not (baseline or again):
             cutoff = short_cutoff(run.ostudy, short_pruner(objective.short_first))
             if cutoff is not None:
-                trial.set_user_attr(SHORT_CUTOFF_ATTR, cutoff)
+                record_short_cutoff(trial, cutoff)
         return plan_for(objective, short=not again, cutoff=cutoff)
 
     # -- what the nodes are --------------------------------------------------------------------------------
@@ -522,10 +518,10 @@ class StudyDriver:
         judged = outcome.judge(study, trial, result)
         if result.server_choices and entry.baseline:
             # SGLang's own values: where the sampler starts the knobs with no "unset".
-            ostudy.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
+            record_server_choices(ostudy, result.server_choices)
         learned = self._learn(run, trial, judged, result.node) if judged.failure is not None else None
         if (node_s := result.node_seconds) is not None:
-            trial.set_user_attr(NODE_S_ATTR, node_s)
+            record_node_s(trial, node_s)
         ostudy.tell(trial, judged.values, state=judged.state)
         with reads_once(ostudy):  # the count and the summary read the same trials
             run.done = finished_count(ostudy)
@@ -563,7 +559,7 @@ class StudyDriver:
             learned = IncompatibilityLearned(tuple(new), tuple(run.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED
-            enqueue_retry(run.ostudy, trial.number, trial.params, trial.user_attrs, once=once)
+            enqueue_retry(run.ostudy, trial.number, trial.params, TrialRecord.of(trial), once=once)
         return learned
 
     def _interrupt(self, run: RunState, pool: NodePool, *, record: bool = True) -> None:
@@ -580,5 +576,5 @@ class StudyDriver:
         for number, entry in run.running.items():
             if record:
                 run.ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
-                enqueue_retry(run.ostudy, number, entry.trial.params, entry.trial.user_attrs, once=False)
+                enqueue_retry(run.ostudy, number, entry.trial.params, TrialRecord.of(entry.trial), once=False)
             run.observers.trial_interrupted(TrialInterrupted(number, entry.baseline, logs.get(number, "")))

@@ -16,7 +16,7 @@ from autotune.config import Study
 from autotune.node.pool import NodePool
 from autotune.study import stages
 from autotune.study.callbacks import KnobHeld
-from autotune.study.records import NCCL_STAGE_ATTR
+from autotune.study.records import record_nccl_stage
 from autotune.study.run_state import RunState
 
 RunStage = Callable[[Study, optuna.samplers.BaseSampler], optuna.Study]  # the stage's study, run to its end
@@ -47,5 +47,5 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
             return {}
     for line in result.lines(name):
         run.observers.knob_held(KnobHeld(line))
-    run.ostudy.set_user_attr(NCCL_STAGE_ATTR, result.record())
+    record_nccl_stage(run.ostudy, result.record())  # the answer names the values it held
     return result.held

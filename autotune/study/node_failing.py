@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
-from autotune.study.records import BASELINE_ATTR, FAILURE_KIND_ATTR, NODE_ATTR
+from autotune.study.records import TrialRecord
 from autotune.study.storage import enqueue_retry, study_lock
 from autotune.trial.failures import FailureKind
 
@@ -67,8 +67,7 @@ def _lowered(sentence: str) -> str:
 
 
 def _kind(trial: FrozenTrial) -> FailureKind | None:
-    kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
-    return FailureKind(str(kind)) if kind in FailureKind.__members__.values() else None
+    return TrialRecord.of(trial).failure_kind
 
 
 def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
@@ -77,7 +76,7 @@ def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
     first launch and at least FAILED_LAUNCHES_TO_STOP launches failed with a NODE_LEVEL kind, one of them
     numbered `since` or later (a resume launches once more before it stops: the node may have been fixed),
     and no trial still runs on a node that has not failed yet (another node may serve)."""
-    launched = [t for t in ostudy.get_trials(deepcopy=False) if NODE_ATTR in t.user_attrs]
+    launched = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).launched]
     failed: list[FrozenTrial] = []
     for trial in launched:
         kind = _kind(trial)
@@ -85,12 +84,12 @@ def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
             return None  # a server ran and was measured: the node can serve
         if trial.state.is_finished() and kind in NODE_LEVEL:
             failed.append(trial)
-    if len(failed) < FAILED_LAUNCHES_TO_STOP or not failed[0].user_attrs.get(BASELINE_ATTR):
+    if len(failed) < FAILED_LAUNCHES_TO_STOP or not TrialRecord.of(failed[0]).baseline:
         return None
     if all(t.number < since for t in failed):
         return None
-    failed_nodes = {str(t.user_attrs[NODE_ATTR]) for t in failed}
-    running = {str(t.user_attrs[NODE_ATTR]) for t in launched if t.state is TrialState.RUNNING}
+    failed_nodes = {str(TrialRecord.of(t).node) for t in failed}
+    running = {str(TrialRecord.of(t).node) for t in launched if t.state is TrialState.RUNNING}
     if running - failed_nodes:
         return None
     kinds = Counter(_kind(t) for t in failed)
@@ -106,21 +105,21 @@ def requeue_baseline(study: Study, ostudy: optuna.Study) -> int | None:
     (a resume after the node was fixed); returns the failed trial's number. A baseline that failed for its
     settings (out of memory) would fail again: not queued."""
     with study_lock(study):
-        baselines = [t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)]
+        baselines = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
         done = [t for t in baselines if t.state.is_finished() and t.state is not TrialState.COMPLETE]
         if not baselines or len(done) < len(baselines):  # none yet, one completed, or one waiting or running
             return None
         last = baselines[-1]
         if _kind(last) not in NODE_LEVEL:
             return None
-        enqueue_retry(ostudy, last.number, {}, last.user_attrs, once=False)
+        enqueue_retry(ostudy, last.number, {}, TrialRecord.of(last), once=False)
         return last.number
 
 
 def baseline_missing(ostudy: optuna.Study, study_file: Path) -> str | None:
     """The sentence that ends a run whose baseline never completed (None when it did): the study has no
     reference to measure a gain against, so it has no answer."""
-    baselines = [t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)]
+    baselines = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
     if any(t.state is TrialState.COMPLETE for t in baselines):
         return None
     last = next((t for t in reversed(baselines) if t.state.is_finished()), None)

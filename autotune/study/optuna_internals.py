@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -113,6 +114,20 @@ def set_user_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> Non
 def set_system_attr(study: Study, trial: FrozenTrial, key: str, value: Any) -> None:
     """A system attribute set by a sampler, as Optuna's own samplers record theirs: no public API sets one."""
     study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+@dataclass(frozen=True)
+class StoredTrial:
+    """A trial written through its study's storage (the `record_*` writers of study.records take it)."""
+
+    study: Study
+    trial: FrozenTrial
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        set_user_attr(self.study, self.trial, key, value)
+
+    def set_system_attr(self, key: str, value: Any) -> None:
+        set_system_attr(self.study, self.trial, key, value)
 
 
 def fixed_params(trial: FrozenTrial) -> dict[str, Any]:

@@ -17,28 +17,15 @@ from autotune.measure.client import BenchmarkResult
 from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.study.pruning import SHORT_STEP
 from autotune.study.records import (
-    ACCEPT_LENGTH_ATTR,
-    ADVICE_ATTR,
-    COMPARE_ATTR,
-    CULPRITS_ATTR,
-    FAILURE_ATTR,
-    FAILURE_DESCRIPTION_ATTR,
-    FAILURE_KIND_ATTR,
-    LOAD_STOPPED_BY_ATTR,
-    LOAD_WARNING_ATTR,
-    METRICS_ATTR,
-    OVER_LIMITS_ATTR,
-    PREFIX_CACHE_ATTR,
-    PRUNED_BY_ATTR,
-    SAME_AS_ATTR,
-    SERVER_CHOICES_ATTR,
-    SERVER_MEMORY_ATTR,
-    SERVER_PGID_ATTR,
-    SHORT_CUTOFF_ATTR,
-    SHORT_VALUE_ATTR,
-    SKIPPED_ATTR,
-    STARTUP_NOTES_ATTR,
-    STARTUP_PHASES_ATTR,
+    TrialRecord,
+    record_failure,
+    record_measurement,
+    record_metrics,
+    record_pruned_by,
+    record_same_as,
+    record_server,
+    record_short,
+    record_skipped,
 )
 from autotune.trial.failures import Failure, FailureKind
 from autotune.trial.wire import TrialResult
@@ -67,16 +54,14 @@ class Outcome:
 def judge(study: Study, trial: optuna.Trial, result: TrialResult) -> Outcome:
     """A node's result: a job's metrics or a measurement (COMPLETE, or PRUNED after the short run), or a
     failure (FAIL, or PRUNED with the penalty for an out-of-memory, so samplers learn the region is bad)."""
-    if result.server_pgid is not None:
-        trial.set_user_attr(SERVER_PGID_ATTR, result.server_pgid)
-    if result.server_memory:
-        trial.set_user_attr(SERVER_MEMORY_ATTR, result.server_memory)
-    if result.startup_phases:
-        trial.set_user_attr(STARTUP_PHASES_ATTR, result.startup_phases)
-    if result.startup_notes:
-        trial.set_user_attr(STARTUP_NOTES_ATTR, list(result.startup_notes))
-    if result.server_choices:
-        trial.set_user_attr(SERVER_CHOICES_ATTR, result.server_choices)
+    record_server(
+        trial,
+        pgid=result.server_pgid,
+        memory=result.server_memory,
+        startup_phases=result.startup_phases,
+        startup_notes=result.startup_notes,
+        server_choices=result.server_choices,
+    )
     if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement
         return _job(study, trial, result.metrics)
     if result.ok:
@@ -102,38 +87,36 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
                 "concurrency": check.concurrency,
                 "text": check.describe(),
             }
-    if over:
-        trial.set_user_attr(OVER_LIMITS_ATTR, over)
-    if measured.accept_length is not None:  # the default sampler steers the speculative tree by it
-        trial.set_user_attr(ACCEPT_LENGTH_ATTR, measured.accept_length)
-    if measured.load_stopped_by is not None:
-        trial.set_user_attr(LOAD_STOPPED_BY_ATTR, measured.load_stopped_by)
-    if measured.load_warning is not None:
-        trial.set_user_attr(LOAD_WARNING_ATTR, measured.load_warning)
-    if measured.cache_hit_rate is not None or measured.designed_hit_rate is not None:
-        trial.set_user_attr(
-            PREFIX_CACHE_ATTR,
-            {
-                "hit_rate": measured.cache_hit_rate,
-                "designed": measured.designed_hit_rate,
-                "ttft_first_turn_ms": measured.mean_ttft_first_turn_ms,
-                "ttft_later_turns_ms": measured.mean_ttft_later_turns_ms,
-            },
-        )
+    caching = measured.cache_hit_rate is not None or measured.designed_hit_rate is not None
+    record_measurement(
+        trial,
+        over_limits=over,
+        accept_length=measured.accept_length,  # the default sampler steers the speculative tree by it
+        load_stopped_by=measured.load_stopped_by,
+        load_warning=measured.load_warning,
+        prefix_cache={
+            "hit_rate": measured.cache_hit_rate,
+            "designed": measured.designed_hit_rate,
+            "ttft_first_turn_ms": measured.mean_ttft_first_turn_ms,
+            "ttft_later_turns_ms": measured.mean_ttft_later_turns_ms,
+        }
+        if caching
+        else None,
+    )
     broken = tuple(str(v["text"]) for v in over.values())
     stopped_by = measured.load_stopped_by
     short = measured if measured.stopped_early else measured.short
     if short is not None and not objective.is_multi_objective:
         short_value = objective.value(short)
-        trial.set_user_attr(SHORT_VALUE_ATTR, short_value)
+        record_short(trial, short_value)
         trial.report(short_value, SHORT_STEP)
         if measured.stopped_early:
-            cutoff = trial.user_attrs.get(SHORT_CUTOFF_ATTR)
+            cutoff = TrialRecord.of(trial).short_cutoff
             why = (
                 f"short measurement: {objective.metric} {short_value:.4g} worse than the pruner's "
                 f"cutoff {cutoff:.4g}"
             )
-            trial.set_user_attr(PRUNED_BY_ATTR, why)
+            record_pruned_by(trial, why)
             # Told PRUNED without values: the stored value is the short one, reported above.
             return Outcome(
                 TrialState.PRUNED,
@@ -144,8 +127,8 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
                 load_warning=measured.load_warning,
                 pruned_by=why,
             )
-    if COMPARE_ATTR in trial.user_attrs:  # `compare` shows every figure of its rounds, read from the trial
-        trial.set_user_attr(METRICS_ATTR, benchmark_figures(measured))
+    if TrialRecord.of(trial).compare is not None:  # `compare` shows every figure of its rounds
+        record_metrics(trial, benchmark_figures(measured))
     values = tuple(objective.values(measured))
     return Outcome(
         TrialState.COMPLETE,
@@ -170,7 +153,7 @@ def benchmark_figures(benchmark: BenchmarkResult) -> dict[str, float]:
 def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outcome:
     """A job's metrics (kept as the `metrics` attribute, intervals included), its limits as constraints."""
     objective = study.objective
-    trial.set_user_attr(METRICS_ATTR, measured)
+    record_metrics(trial, measured)
     trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
     for key, amount in objective.constraints(measured).items():
         trial.set_constraint(key, amount)
@@ -179,12 +162,14 @@ def _job(study: Study, trial: optuna.Trial, measured: dict[str, float]) -> Outco
 
 
 def _failed(study: Study, trial: optuna.Trial, failure: Failure) -> Outcome:
-    trial.set_user_attr(FAILURE_KIND_ATTR, failure.kind.value)
-    trial.set_user_attr(FAILURE_ATTR, study.secrets.redact(failure.line)[:500])
-    trial.set_user_attr(FAILURE_DESCRIPTION_ATTR, study.secrets.redact(failure.description))
-    trial.set_user_attr(ADVICE_ATTR, failure.advice)
-    if failure.culprits:
-        trial.set_user_attr(CULPRITS_ATTR, list(failure.culprits))
+    record_failure(
+        trial,
+        failure.kind,
+        study.secrets.redact(failure.line)[:500],
+        description=study.secrets.redact(failure.description),
+        advice=failure.advice,
+        culprits=failure.culprits,
+    )
     if not failure.kind.is_oom:
         return Outcome(TrialState.FAIL, None, None, failure.kind, failure)
     # Penalized and pruned: TPE learns the region is bad, constraint-aware samplers learn why.
@@ -200,8 +185,7 @@ def _failed(study: Study, trial: optuna.Trial, failure: Failure) -> Outcome:
 
 def refused(trial: optuna.Trial, kind: FailureKind, why: str) -> Outcome:
     """A launch the study's `never_launch` forbids: FAIL, never run."""
-    trial.set_user_attr(FAILURE_KIND_ATTR, kind.value)
-    trial.set_user_attr(FAILURE_ATTR, why)
+    record_failure(trial, kind, why)
     return Outcome(TrialState.FAIL, None, None, kind, refusal=why)
 
 
@@ -209,9 +193,8 @@ def skipped(study: Study, trial: optuna.Trial, why: str, *, oom: bool) -> Outcom
     """A proposal never launched, costing no node time nor budget: a known incompatibility (FAIL), or a
     predicted OOM (PRUNED with the penalty, so samplers learn from it)."""
     kind = FailureKind.PREDICTED_OOM if oom else FailureKind.KNOWN_INCOMPATIBLE
-    trial.set_user_attr(SKIPPED_ATTR, True)
-    trial.set_user_attr(FAILURE_KIND_ATTR, kind.value)
-    trial.set_user_attr(FAILURE_ATTR, why)
+    record_skipped(trial)
+    record_failure(trial, kind, why)
     if not oom:
         return Outcome(TrialState.FAIL, None, None, kind, refusal=why)
     penalty = study.file.failures.oom_penalty
@@ -224,11 +207,7 @@ def same_as(trial: optuna.Trial, earlier: FrozenTrial) -> Outcome:
     """A proposal of a launch made before (`earlier`): never launched, costing no node time nor budget,
     told with the earlier launch's result (state, values, constraints, failure) so the sampler learns, and
     marked `same_as` (skipped: never a second measurement of the config)."""
-    trial.set_user_attr(SKIPPED_ATTR, True)
-    trial.set_user_attr(SAME_AS_ATTR, earlier.number)
-    for key in (FAILURE_KIND_ATTR, FAILURE_ATTR, OVER_LIMITS_ATTR):
-        if key in earlier.user_attrs:
-            trial.set_user_attr(key, earlier.user_attrs[key])
+    record_same_as(trial, earlier)
     for key, amount in earlier.constraints.items():
         trial.set_constraint(key, amount)
     why = f"the same launch as trial {earlier.number}: not launched again"
@@ -242,5 +221,5 @@ def same_as(trial: optuna.Trial, earlier: FrozenTrial) -> Outcome:
 
 def interrupted(trial: optuna.Trial) -> Outcome:
     """A trial a Ctrl-C stopped: FAIL, saying nothing about its settings (it runs again)."""
-    trial.set_user_attr(FAILURE_KIND_ATTR, FailureKind.INTERRUPTED.value)
+    record_failure(trial, FailureKind.INTERRUPTED)
     return Outcome(TrialState.FAIL, None, None, FailureKind.INTERRUPTED)

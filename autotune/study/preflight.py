@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.records import FAILURE_KIND_ATTR, HARDWARE_ATTR, SKIPPED_ATTR
+from autotune.study.records import TrialRecord
 from autotune.trial.failures import STARTUP_OOMS, FailureKind
 from autotune.trial.launch import flag_value
 
@@ -80,15 +80,16 @@ def beyond_memory_edge(
         return {name: value for name, value in values.items() if name != MEM_FRACTION and name not in ignored}
 
     for trial in trials:
-        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+        record = TrialRecord.of(trial)
+        kind = record.failure_kind_text
         met = trial.params.get(MEM_FRACTION)
         at_startup = kind in STARTUP_OOM_KINDS
         ignored = SERVING_ONLY_FLAGS if at_startup else frozenset()
         if (
             trial.state != TrialState.PRUNED
-            or trial.user_attrs.get(SKIPPED_ATTR)  # a prediction, not a launch that met the edge
+            or record.skipped  # a prediction, not a launch that met the edge
             or kind not in LAUNCH_OOM_KINDS
-            or trial.user_attrs.get(HARDWARE_ATTR) != hardware
+            or record.hardware != hardware
             or not isinstance(met, int | float)
             or met > fraction
             or others(trial.params, ignored) != others(params, ignored)

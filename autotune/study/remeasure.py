@@ -21,12 +21,11 @@ from autotune.config import Study
 from autotune.config.objective import Remeasure
 from autotune.measure.metrics import maximizes
 from autotune.measure.stats import Gain, welch_gain
-from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, REMEASURE_SETTINGS_ATTR
+from autotune.study.records import CompareMark, ConfirmMark, TrialRecord, marks, record_remeasure
 from autotune.study.rules import ConfigMeasurements, measurement_groups, remeasured_ranking
 from autotune.study.storage import budget_used
 
 __all__ = [
-    "REMEASURE_OF_ATTR",
     "RemeasuredAnswer",
     "enqueue_remeasurement",
     "remeasure",
@@ -60,7 +59,7 @@ def _maximize(ostudy: optuna.Study) -> bool:
 def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int]:
     """Queue the measurements the top configs and the baseline still need; returns the configs' first trial
     numbers. Configs are ranked by their best single value, as a single-measurement study would rank them."""
-    ostudy.set_user_attr(REMEASURE_SETTINGS_ATTR, settings.model_dump())
+    record_remeasure(ostudy, settings.model_dump())
     maximize = _maximize(ostudy)
     groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n]
     candidates = sorted(
@@ -68,27 +67,31 @@ def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int
     )[::-1][: settings.top]
     candidates += [g for g in groups if g.baseline]
     queued = [
-        t
+        of
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-        if REMEASURE_OF_ATTR in t.user_attrs
+        if (of := TrialRecord.of(t).remeasure_of) is not None
     ]
     chosen = []
     for group in candidates:
-        waiting = sum(1 for t in queued if t.user_attrs[REMEASURE_OF_ATTR] == group.of)
+        waiting = queued.count(group.of)
         missing = settings.repeats - len(group.trials) - len(group.failed) - waiting
         for _ in range(max(0, missing)):
-            enqueue_measurement(ostudy, group, {})
+            enqueue_measurement(ostudy, group)
         chosen.append(group.of)
     return chosen
 
 
-def enqueue_measurement(ostudy: optuna.Study, group: ConfigMeasurements, attrs: dict[str, object]) -> None:
+def enqueue_measurement(
+    ostudy: optuna.Study,
+    group: ConfigMeasurements,
+    *,
+    confirm: ConfirmMark | None = None,
+    compare: CompareMark | None = None,
+) -> None:
     """Queue one more measurement of `group`'s config, a fresh launch through the study loop: the one way
     re-measurement, the baseline's repeat and confirmation rounds measure a config again."""
-    marks: dict[str, object] = {**attrs, REMEASURE_OF_ATTR: group.of}
-    if group.baseline:
-        marks[BASELINE_ATTR] = True
-    ostudy.enqueue_trial(dict(group.params), user_attrs=marks)
+    attrs = marks(remeasure_of=group.of, baseline=group.baseline, confirm=confirm, compare=compare)
+    ostudy.enqueue_trial(dict(group.params), user_attrs=attrs)
 
 
 def remeasured_answer(ostudy: optuna.Study) -> RemeasuredAnswer | None:

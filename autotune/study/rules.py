@@ -18,18 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from autotune.measure.metrics import maximizes
 from autotune.measure.stats import mean_ci
-from autotune.study.records import (
-    ABLATION_OF_ATTR,
-    BASELINE_ATTR,
-    FAILURE_KIND_ATTR,
-    LAUNCH_ATTR,
-    QUEUED_ATTR,
-    REMEASURE_OF_ATTR,
-    REMEASURE_SETTINGS_ATTR,
-    RETRY_OF_ATTR,
-    SKIPPED_ATTR,
-)
-from autotune.trial.failures import FailureKind
+from autotune.study.records import StudyRecord, TrialRecord
 from autotune.trial.launch import argv_flags
 from autotune.trial.redaction import Secrets, is_secret_name
 
@@ -51,7 +40,7 @@ def trial_config(study: Study, trial: FrozenTrial) -> TrialConfig:
     """The settings a finished trial ran with, rebuilt from its parameters through the search space."""
     from optuna.trial import FixedTrial
 
-    if trial.user_attrs.get(BASELINE_ATTR):
+    if TrialRecord.of(trial).baseline:
         return study.search_space.baseline()
     return study.search_space.suggest(FixedTrial(dict(trial.params), trial.number))
 
@@ -64,19 +53,11 @@ def config_key(params: Mapping[str, Any]) -> ConfigKey:
 def counts(trial: FrozenTrial) -> bool:
     """Whether a trial counts against the budget: not when it was never launched (a known incompatible
     proposal) or said nothing about its settings (interrupted, node lost: those run again)."""
-    if trial.user_attrs.get(SKIPPED_ATTR):
+    record = TrialRecord.of(trial)
+    if record.skipped:
         return False
-    kind = str(trial.user_attrs.get(FAILURE_KIND_ATTR))
-    return not (kind in FailureKind.__members__.values() and FailureKind(kind).retried_once)
-
-
-def deliberate(user_attrs: Mapping[str, Any]) -> bool:
-    """A trial asked for on purpose, not proposed by the sampler: the baseline (and its repeats), a
-    re-measurement or confirmation round, a retry, an ablation, a config queued by hand. It runs even when
-    its launch ran before, and is no trial of the search the stopping rule watches."""
-    return bool(user_attrs.get(BASELINE_ATTR)) or any(
-        key in user_attrs for key in (REMEASURE_OF_ATTR, QUEUED_ATTR, RETRY_OF_ATTR, ABLATION_OF_ATTR)
-    )
+    kind = record.failure_kind
+    return not (kind is not None and kind.retried_once)
 
 
 def launch_identity(
@@ -127,7 +108,7 @@ def earlier_launch(
     """The first finished trial of `trials` that launched the same server as `identity`, or None. The
     caller passes the measurements that count (`storage.counts`: not a launch a Ctrl-C cut short)."""
     for trial in sorted(trials, key=lambda t: t.number):
-        launched = trial.user_attrs.get(LAUNCH_ATTR)
+        launched = TrialRecord.of(trial).launch
         if launched is None or not trial.state.is_finished():
             continue
         if same_launch(identity, launched, server_choices):
@@ -179,7 +160,7 @@ def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
         (
             t
             for t in ostudy.get_trials(deepcopy=False)
-            if t.state.name == "COMPLETE" and t.user_attrs.get(BASELINE_ATTR)
+            if t.state.name == "COMPLETE" and TrialRecord.of(t).baseline
         ),
         None,
     )
@@ -237,13 +218,13 @@ class ConfigMeasurements:
 
 def _config_of(trial: FrozenTrial) -> ConfigKey | str:
     # The sampler's key: a config it does not propose twice is not grouped here as re-measured.
-    return "baseline" if trial.user_attrs.get(BASELINE_ATTR) else config_key(trial.params)
+    return "baseline" if TrialRecord.of(trial).baseline else config_key(trial.params)
 
 
 def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
     """Every config the study measured, with all its measurements; the first trial of each names it."""
     if confidence is None:
-        settings = ostudy.user_attrs.get(REMEASURE_SETTINGS_ATTR) or {}
+        settings = StudyRecord.of(ostudy).remeasure
         confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
     return _measurements(ostudy.get_trials(deepcopy=False), confidence)
 
@@ -258,18 +239,19 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
     for members in groups.values():
         good = [t for t in members if t.state.name == "COMPLETE" and t.value is not None and is_feasible(t)]
         # A first trial that failed says the config failed; only failures among measurements that count.
-        counted = [t for t in members if t.state.name == "COMPLETE" or REMEASURE_OF_ATTR in t.user_attrs]
+        again = [TrialRecord.of(t).remeasure_of is not None for t in members]
+        counted = [t for t, a in zip(members, again, strict=True) if t.state.name == "COMPLETE" or a]
         bad = [t.number for t in counted if t not in good]
         out.append(
             ConfigMeasurements(
                 of=members[0].number,
-                baseline=bool(members[0].user_attrs.get(BASELINE_ATTR)),
+                baseline=TrialRecord.of(members[0]).baseline,
                 params=dict(members[0].params),
                 trials=tuple(t.number for t in good),
                 values=tuple(float(t.value) for t in good if t.value is not None),
                 failed=tuple(bad),
                 confidence=confidence,
-                remeasured=any(REMEASURE_OF_ATTR in t.user_attrs for t in members),
+                remeasured=any(again),
             )
         )
     return out

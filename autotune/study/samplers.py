@@ -53,13 +53,7 @@ from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
 from autotune.study.preflight import MEM_FRACTION
-from autotune.study.records import (
-    ACCEPT_LENGTH_ATTR,
-    FAILURE_ATTR,
-    FAILURE_KIND_ATTR,
-    PROPOSED_ATTR,
-    SERVER_CHOICES_ATTR,
-)
+from autotune.study.records import StudyRecord, TrialRecord, record_proposed
 from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
 from autotune.trial.failures import FailureKind
 
@@ -166,7 +160,7 @@ class DefaultsStartSampler(_Wrapper):
         if trial.number not in self._decided:
             self._decided = {trial.number: len(_finished(study)) < self.n_startup_trials}
             if self._decided[trial.number]:
-                self._server_choices = dict(study.user_attrs.get(SERVER_CHOICES_ATTR) or {})
+                self._server_choices = StudyRecord.of(study).server_choices
         return self._decided[trial.number]
 
     def _default(self, name: str, distribution: BaseDistribution) -> Any:
@@ -217,9 +211,10 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
     such trial. Draft weights raise the minimum, so the largest over the trials is kept."""
     floors = []
     for trial in trials:
-        if trial.user_attrs.get(FAILURE_KIND_ATTR) != FailureKind.KV_POOL_TOO_SMALL.value:
+        record = TrialRecord.of(trial)
+        if record.failure_kind != FailureKind.KV_POOL_TOO_SMALL:
             continue
-        line = str(trial.user_attrs.get(FAILURE_ATTR, ""))
+        line = record.failure or ""
         named = _MINIMUM_VIABLE.search(line)
         failed = trial.params.get(MEM_FRACTION)
         above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
@@ -418,7 +413,7 @@ class IncumbentMoves(_Wrapper):
         if trial.number not in self._plans:
             plan, why = self._new_plan(study) or (None, "")
             if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
-                optuna_internals.set_system_attr(study, trial, PROPOSED_ATTR, why)
+                record_proposed(optuna_internals.StoredTrial(study, trial), why)
             self._plans = {trial.number: plan}
             self._floor = _finished(study)
         return self._plans[trial.number]
@@ -460,20 +455,21 @@ class IncumbentMoves(_Wrapper):
         self, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> tuple[dict[str, Any], str] | None:
         for failed in sorted(finished, key=lambda t: -t.number):
-            flag = _FLAG_TO_LOWER.get(str(failed.user_attrs.get(FAILURE_KIND_ATTR)))
+            record = TrialRecord.of(failed)
+            flag = _FLAG_TO_LOWER.get(str(record.failure_kind_text))
             if flag is None or flag not in failed.params or flag in self.held:
                 continue
-            if str(failed.system_attrs.get(PROPOSED_ATTR, "")).startswith(LINE_SEARCH):
+            if str(record.proposed or "").startswith(LINE_SEARCH):
                 continue  # past the edge on purpose: the line search goes back, and moves the edge itself
             # Unset means SGLang's own value, which the server logged before it failed.
             current = failed.params[flag]
             if current is None:
-                current = (failed.user_attrs.get(SERVER_CHOICES_ATTR) or {}).get(flag)
+                current = record.server_choices.get(flag)
             smaller = [c for c in _numbers(failed.distributions[flag]) if current is None or c < current]
             if smaller:
                 repaired = {**failed.params, flag: min(smaller)}
                 if config_key(repaired) not in tried:
-                    kind = failed.user_attrs[FAILURE_KIND_ATTR]
+                    kind = record.failure_kind_text
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
         return None
 
@@ -510,7 +506,7 @@ class IncumbentMoves(_Wrapper):
                     return plan, f"exploring {name} off: trial {best.number} without it"
                 continue
             why = f"exploring {name} {choice}"
-            planned = [t for t in ran if str(t.system_attrs.get(PROPOSED_ATTR, "")).startswith(why)]
+            planned = [t for t in ran if (TrialRecord.of(t).proposed or "").startswith(why)]
             if len(planned) >= self.branch_trials or len(ran) - len(ran_well) >= 2 * self.branch_trials:
                 continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
             # The ranges of the tree's knobs, from any trial that had them (the best may have none).
@@ -645,8 +641,8 @@ class IncumbentMoves(_Wrapper):
         draft = int(p.get(SpeculativeRules.DRAFT_TOKENS, steps + 1))
         if knob == SpeculativeRules.STEPS:
             options = {steps - 1, steps + 1}
-            accept_length = best.user_attrs.get(ACCEPT_LENGTH_ATTR)
-            if topk == 1 and isinstance(accept_length, int | float):
+            accept_length = TrialRecord.of(best).accept_length
+            if topk == 1 and accept_length is not None:
                 options.add(adaptive_steps(accept_length))
             steps = self._rng.choice(sorted(options - {steps}))
         elif knob == SpeculativeRules.TOPK:
@@ -728,13 +724,14 @@ def _edge_shift(
 ) -> tuple[dict[str, Any], str] | None:
     """The config that ran out of memory next to the best, with the next smaller value of the flag whose
     memory ran out (EDGE_KNOBS, else the one SGLang's message names), when it has not run."""
-    kind = str(failed.user_attrs.get(FAILURE_KIND_ATTR))
+    record = TrialRecord.of(failed)
+    kind = str(record.failure_kind_text)
     flag = EDGE_KNOBS.get(kind) or _FLAG_TO_LOWER.get(kind)
     if flag is None or flag not in failed.params or flag in held:
         return None
     current = failed.params[flag]
     if current is None:  # SGLang's own value, which the server logged choosing
-        current = (failed.user_attrs.get(SERVER_CHOICES_ATTR) or {}).get(flag)
+        current = record.server_choices.get(flag)
     smaller = [c for c in _numbers(failed.distributions[flag]) if current is not None and c < current]
     if not smaller:
         return None
@@ -802,9 +799,9 @@ def _planned_tree(
     steps, topk, draft = (DOCUMENTED_TREE[n] for n in TREE_KNOBS)
     if step == BRANCH_PLAN[1]:
         lengths = [
-            t.user_attrs[ACCEPT_LENGTH_ATTR]
+            length
             for t in ran
-            if ACCEPT_LENGTH_ATTR in t.user_attrs
+            if (length := TrialRecord.of(t).accept_length) is not None
             and all(same_value(t.params.get(n), v) for n, v in DOCUMENTED_TREE.items())
         ]
         steps, topk = (adaptive_steps(lengths[0]) if lengths else steps), 1

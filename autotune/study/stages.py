@@ -44,7 +44,7 @@ from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
 from autotune.study.preflight import TP_FLAGS
-from autotune.study.records import NODE_S_ATTR
+from autotune.study.records import TrialRecord
 from autotune.study.rules import is_feasible
 from autotune.trial.launch import to_env_value
 from autotune.trial.wire import TrialRequest, TrialResult
@@ -314,7 +314,7 @@ def stage_result(knobs: Knobs, trials: Sequence[FrozenTrial]) -> StageResult | N
         return None
     baseline = values.get(())
     best_us = values.get(point_key(best))
-    node_s = math.fsum(float(t.user_attrs.get(NODE_S_ATTR) or 0.0) for t in trials)
+    node_s = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
     if best_us is None or not math.isfinite(best_us):
         best = {}  # nothing completed: hold nothing
     return StageResult(best, baseline, best_us, len(trials), node_s)

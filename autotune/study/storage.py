@@ -13,7 +13,7 @@ import os
 import socket
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,12 @@ from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.study import optuna_internals, samplers
 from autotune.study.records import (
-    BASELINE_ATTR,
-    CONFIG_ATTR,
-    CONFIRM_ATTR,
-    DRIVER_ATTR,
-    QUEUED_ATTR,
-    REMEASURE_OF_ATTR,
-    RETRY_OF_ATTR,
+    StudyRecord,
+    TrialRecord,
+    marks,
+    record_driver,
+    record_study_config,
+    retry_marks,
 )
 from autotune.study.rules import counts  # the rule is rules.py's; its users import it from here too
 
@@ -94,7 +93,7 @@ def _study_record(study: Study) -> dict[str, Any]:
     }
 
 
-def config_changes(recorded: dict[str, Any], study: Study) -> list[str]:
+def config_changes(recorded: Mapping[str, Any], study: Study) -> list[str]:
     """What differs between the search space and objective a study was created with and the current ones."""
     changes = []
     old_space = (yaml.safe_load(recorded.get("search_space") or "") or {}).get("parameters") or {}
@@ -177,9 +176,9 @@ def open_study(
         ostudy = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
         _check_unchanged(ostudy, study, accept_changes)
         return ostudy
-    ostudy.set_user_attr(CONFIG_ATTR, _study_record(study))
+    record_study_config(ostudy, _study_record(study))
     # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
-    ostudy.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    ostudy.enqueue_trial({}, user_attrs=marks(baseline=True))
     return ostudy
 
 
@@ -203,7 +202,7 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
             f"the study was created to {' and '.join(created)}, its directions cannot change",
             "Use a new study name for other directions or another number of objectives.",
         )
-    recorded = ostudy.user_attrs.get(CONFIG_ATTR) or {}
+    recorded = StudyRecord.of(ostudy).config
     changes = config_changes(recorded, study)
     if not changes:
         return
@@ -230,7 +229,7 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
             "or name a new study (`study:` in the study file) for the new ones.",
         )
     history = [*recorded.get("history", []), {k: v for k, v in recorded.items() if k != "history"}]
-    ostudy.set_user_attr(CONFIG_ATTR, {**_study_record(study), "history": history})
+    record_study_config(ostudy, {**_study_record(study), "history": history})
 
 
 def budget_used(ostudy: optuna.Study) -> int:
@@ -254,7 +253,7 @@ def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[Froz
     now = datetime.now()
     abandoned = []
     for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = trial.user_attrs.get(DRIVER_ATTR)
+        owner = TrialRecord.of(trial).driver
         if owner == DRIVER_ID:
             continue
         alive = driver_alive(owner) if owner else None
@@ -270,7 +269,7 @@ def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[Froz
 
 def claim(ostudy: optuna.Study, trial: optuna.Trial) -> None:
     """Mark a trial as this driver's and record its first heartbeat."""
-    trial.set_user_attr(DRIVER_ATTR, DRIVER_ID)
+    record_driver(trial, DRIVER_ID)
     heartbeat(ostudy, [trial])
 
 
@@ -283,24 +282,16 @@ def enqueue_retry(
     ostudy: optuna.Study,
     number: int,
     params: dict[str, Any],
-    user_attrs: dict[str, Any],
+    retried: TrialRecord,
     *,
     once: bool = True,
 ) -> bool:
     """Queue a trial's parameters again. With `once` (a node lost or unreachable), not when it already
     was a retry: a config that keeps killing nodes is not retried forever. A trial interrupted by its
     driver (a crash, Ctrl-C) is always run again: that said nothing about its settings."""
-    if once and RETRY_OF_ATTR in user_attrs:
+    if once and retried.retry_of is not None:
         return False
-    attrs: dict[str, Any] = {RETRY_OF_ATTR: number}
-    if user_attrs.get(BASELINE_ATTR):
-        attrs[BASELINE_ATTR] = True
-    if user_attrs.get(QUEUED_ATTR):  # still the user's config: `autotune status` says so
-        attrs[QUEUED_ATTR] = user_attrs[QUEUED_ATTR]
-    for kept in (REMEASURE_OF_ATTR, CONFIRM_ATTR):  # still a measurement of that config, in its round
-        if kept in user_attrs:
-            attrs[kept] = user_attrs[kept]
-    ostudy.enqueue_trial(dict(params), user_attrs=attrs)
+    ostudy.enqueue_trial(dict(params), user_attrs=retry_marks(retried, number))
     return True
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.records import FAILURE_KIND_ATTR
+from autotune.study.records import TrialRecord
 from autotune.study.rules import is_feasible, non_dominated
 from autotune.study.trust.answer import StudyAnswer, remeasured_record, study_answer
 
@@ -70,7 +70,7 @@ def study_summary(ostudy: optuna.Study) -> StudySummary:
     kinds: dict[str, int] = {}
     for trial in ostudy.get_trials(deepcopy=False):
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
-        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+        kind = TrialRecord.of(trial).failure_kind_text
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
     if len(ostudy.directions) > 1:

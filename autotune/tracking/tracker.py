@@ -38,15 +38,7 @@ from autotune.study.callbacks import (
     TrialsRecovered,
     TrialStarted,
 )
-from autotune.study.records import (
-    ADVICE_ATTR,
-    BASELINE_ATTR,
-    FAILURE_ATTR,
-    FAILURE_KIND_ATTR,
-    METRICS_ATTR,
-    MLFLOW_RUN_ATTR,
-    NODE_ATTR,
-)
+from autotune.study.records import TrialRecord, record_mlflow_run
 from autotune.study.store_failure import short_reason
 from autotune.study.trust.answer import StudyAnswer, remeasured_record
 from autotune.study.trust.node_budget import spent_s
@@ -523,7 +515,8 @@ class StudyTracker(StudyCallback):
         mine = set(self._runs)  # trials this driver is running: their runs are open on purpose
         written = 0
         for trial in ostudy.get_trials(deepcopy=False):
-            if NODE_ATTR not in trial.user_attrs or trial.number in mine or not trial.state.is_finished():
+            record = TrialRecord.of(trial)
+            if not record.launched or trial.number in mine or not trial.state.is_finished():
                 continue
             found = runs.get(trial.number, [])
             if found:
@@ -533,18 +526,14 @@ class StudyTracker(StudyCallback):
                 continue
             run_id = open_runs[0] if open_runs else self._create_caught_up_run(trial, study)
             self._run_of[trial.number] = run_id
-            kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
-            tags = {"autotune.node": str(trial.user_attrs[NODE_ATTR]), "autotune.caught_up": "true"}
-            for tag, attr in (("failure_kind", FAILURE_KIND_ATTR), ("advice", ADVICE_ATTR)):
-                if trial.user_attrs.get(attr):
-                    tags[f"autotune.{tag}"] = str(trial.user_attrs[attr])
-            if trial.user_attrs.get(FAILURE_ATTR):
-                tags["autotune.failure"] = str(trial.user_attrs[FAILURE_ATTR])[:500]
-            metrics = {
-                k: float(v)
-                for k, v in (trial.user_attrs.get(METRICS_ATTR) or {}).items()
-                if isinstance(v, int | float)
-            }
+            kind = record.failure_kind_text
+            tags = {"autotune.node": str(record.node), "autotune.caught_up": "true"}
+            for tag, text in (("failure_kind", kind), ("advice", record.advice)):
+                if text:
+                    tags[f"autotune.{tag}"] = str(text)
+            if record.failure:
+                tags["autotune.failure"] = record.failure[:500]
+            metrics = {k: float(v) for k, v in record.metrics.items() if isinstance(v, int | float)}
             value = trial.value if len(ostudy.directions) == 1 and trial.values else None
             if value is not None and trial.state is TrialState.COMPLETE:
                 metrics.setdefault(self.metric, value)
@@ -553,7 +542,7 @@ class StudyTracker(StudyCallback):
                 number=trial.number,
                 state="INTERRUPTED" if kind == FailureKind.INTERRUPTED.value else trial.state.name,
                 value=value,
-                baseline=bool(trial.user_attrs.get(BASELINE_ATTR)),
+                baseline=record.baseline,
                 metrics=metrics,
                 tags=tags,
                 artifacts={},
@@ -565,7 +554,7 @@ class StudyTracker(StudyCallback):
     def _create_caught_up_run(self, trial: FrozenTrial, study: Study) -> str:
         from mlflow.entities import Param
 
-        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        baseline = TrialRecord.of(trial).baseline
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name(trial.number, trial.state.name, None, baseline, self.unit),
@@ -601,7 +590,7 @@ class StudyTracker(StudyCallback):
     @_tolerant
     def trials_recovered(self, event: TrialsRecovered) -> None:
         for trial in event.trials:
-            run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            run_id = TrialRecord.of(trial).mlflow_run_id
             if run_id:
                 self.close_interrupted(run_id)
 
@@ -612,7 +601,7 @@ class StudyTracker(StudyCallback):
         run_id = self.start_trial(
             trial.number, event.config, kinds, event.launch, event.baseline, event.node, event.ablation
         )
-        trial.set_user_attr(MLFLOW_RUN_ATTR, run_id)  # where a later driver finds the run to close
+        record_mlflow_run(trial, run_id)
         self._runs[trial.number] = run_id
 
     @_tolerant
@@ -778,7 +767,7 @@ class StudyTracker(StudyCallback):
 
     def _run_id(self, trial: FrozenTrial) -> str | None:
         """The trial's run: the one it recorded when it started, else the one the catch-up wrote."""
-        return trial.user_attrs.get(MLFLOW_RUN_ATTR) or self._run_of.get(trial.number)
+        return TrialRecord.of(trial).mlflow_run_id or self._run_of.get(trial.number)
 
     def _marked_best(self) -> list[str]:
         runs = self.client.search_runs(
@@ -800,7 +789,7 @@ class StudyTracker(StudyCallback):
         )[:5000]
         members = {p["number"] for p in front}
         for trial in event.ostudy.get_trials(deepcopy=False):
-            run_id = trial.user_attrs.get(MLFLOW_RUN_ATTR)
+            run_id = TrialRecord.of(trial).mlflow_run_id
             if run_id and (trial.number in members) != (trial.number in self._pareto):
                 self.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())
         self._pareto = members

@@ -24,9 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.metrics import maximizes
 from autotune.study.preflight import MEM_FRACTION
-from autotune.study.records import FAILURE_KIND_ATTR, REMEASURE_OF_ATTR, SKIPPED_ATTR
+from autotune.study.records import TrialRecord
 from autotune.study.rules import baseline_trial, non_dominated
-from autotune.trial.failures import FailureKind
 
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
 OLD_CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs"  # SGLang's name before 0.5.15: a study that tuned it
@@ -76,8 +75,8 @@ def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = 
         t
         for t in ostudy.get_trials(deepcopy=False)
         if t.state.is_finished()
-        and not t.user_attrs.get(SKIPPED_ATTR)
-        and REMEASURE_OF_ATTR not in t.user_attrs
+        and not TrialRecord.of(t).skipped
+        and TrialRecord.of(t).remeasure_of is None
     )
     base = baseline_trial(ostudy) if len(ostudy.directions) == 1 else None
     return PlotData(
@@ -93,10 +92,8 @@ def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = 
 
 def is_oom(trial: FrozenTrial) -> bool:
     """True when the trial ran out of GPU memory (by its recorded failure kind)."""
-    try:
-        return FailureKind(trial.user_attrs.get(FAILURE_KIND_ATTR, "")).is_oom
-    except ValueError:  # no failure
-        return False
+    kind = TrialRecord.of(trial).failure_kind
+    return kind is not None and kind.is_oom
 
 
 def draw_plots(data: PlotData) -> dict[str, Figure]:

@@ -20,15 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.study.ablation import Ablation, ablation_results
-from autotune.study.records import (
-    ADVICE_ATTR,
-    BASELINE_ATTR,
-    FAILURE_ATTR,
-    FAILURE_KIND_ATTR,
-    NODE_S_ATTR,
-    PREFIX_CACHE_ATTR,
-    prefix_cache_text,
-)
+from autotune.study.records import TrialRecord, prefix_cache_text
 from autotune.study.rules import trial_config
 from autotune.study.summary import StudySummary, study_summary
 from autotune.study.trust.answer import StudyAnswer
@@ -147,9 +139,9 @@ def failure_groups(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
     """Failed and pruned trials grouped by failure kind, most frequent first, each with its advice."""
     groups: dict[str, list[FrozenTrial]] = {}
     for trial in trials:
-        kind = trial.user_attrs.get(FAILURE_KIND_ATTR)
+        kind = TrialRecord.of(trial).failure_kind_text
         if kind and trial.state in (TrialState.FAIL, TrialState.PRUNED):
-            groups.setdefault(str(kind), []).append(trial)
+            groups.setdefault(kind, []).append(trial)
     out = []
     for kind, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         out.append(
@@ -158,15 +150,15 @@ def failure_groups(trials: Sequence[FrozenTrial]) -> tuple[FailureGroup, ...]:
                 trials=tuple(t.number for t in members),
                 states=tuple(sorted({t.state.name for t in members})),
                 advice=_advice(kind, members[0]),
-                example=str(members[0].user_attrs.get(FAILURE_ATTR, "")),
+                example=TrialRecord.of(members[0]).failure or "",
             )
         )
     return tuple(out)
 
 
 def _advice(kind: str, trial: FrozenTrial) -> str:
-    if trial.user_attrs.get(ADVICE_ATTR):
-        return str(trial.user_attrs[ADVICE_ATTR])
+    if advice := TrialRecord.of(trial).advice:
+        return str(advice)
     try:
         return FailureKind(kind).advice
     except ValueError:  # a kind no longer known
@@ -306,7 +298,7 @@ def _best_html(f: StudyFindings) -> str:
         ".</p>"
         + (
             f"<p>{html.escape(cache)}.</p>"
-            if (cache := prefix_cache_text(f.best.user_attrs.get(PREFIX_CACHE_ATTR)))
+            if (cache := prefix_cache_text(TrialRecord.of(f.best).prefix_cache))
             else ""
         )
         + f"{table}"
@@ -394,10 +386,11 @@ def _ablation_html(f: StudyFindings) -> str:
 def _trials_html(f: StudyFindings) -> str:
     rows = []
     # A workload that shares prefixes: each trial's cache hit rate beside the workload's designed sharing.
-    caching = any(t.user_attrs.get(PREFIX_CACHE_ATTR) for t in f.trials)
+    caching = any(TrialRecord.of(t).prefix_cache for t in f.trials)
     for t in f.trials:
+        record = TrialRecord.of(t)
         value = f"{t.value:.2f}" if t.value is not None and t.state == TrialState.COMPLETE else "-"
-        cache = t.user_attrs.get(PREFIX_CACHE_ATTR) or {}
+        cache = record.prefix_cache or {}
         hit = (
             f"{cache['hit_rate']:.0%} of {cache['designed']:.0%}"
             if cache.get("hit_rate") is not None
@@ -405,13 +398,13 @@ def _trials_html(f: StudyFindings) -> str:
         )
         changed = (
             "baseline"
-            if t.user_attrs.get(BASELINE_ATTR)
+            if record.baseline
             else " ".join(f"{k}={to_arg(v)}" for k, v in t.params.items() if is_set(v))
         )
         rows.append(
             f"<tr><td class='num'>{t.number}</td><td>{t.state.name}</td><td class='num'>{value}</td>"
             f"<td class='num'>{_node_h(t)}</td>"
-            f"<td>{html.escape(str(t.user_attrs.get('failure_kind') or ''))}</td>"
+            f"<td>{html.escape(record.failure_kind_text or '')}</td>"
             + (f"<td class='num'>{hit}</td>" if caching else "")
             + f"<td><code>{html.escape(changed)}</code></td></tr>"
         )
@@ -425,9 +418,9 @@ def _trials_html(f: StudyFindings) -> str:
 
 
 def _node_h(trial: FrozenTrial) -> str:
-    """The node hours a trial spent (records.NODE_S_ATTR), "-" for one never launched."""
-    seconds = trial.user_attrs.get(NODE_S_ATTR)
-    return f"{float(seconds) / 3600:.2f}" if seconds else "-"
+    """The node hours a trial spent (TrialRecord.node_s), "-" for one never launched."""
+    seconds = TrialRecord.of(trial).node_s
+    return f"{seconds / 3600:.2f}" if seconds else "-"
 
 
 def write_report(study: Study, ostudy: optuna.Study, out: Path) -> Path:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from optuna.trial import FrozenTrial
 
 from autotune.node.startup_phases import STARTUP_PHASES, startup_phases_text
-from autotune.study.records import STARTUP_PHASES_ATTR
+from autotune.study.records import TrialRecord
 
 
 def trial_startup_phases(trial: FrozenTrial) -> dict[str, float]:
     """The seconds per start-up phase `trial` recorded (empty when it never started a server)."""
-    phases: Any = trial.user_attrs.get(STARTUP_PHASES_ATTR) or {}
+    phases = TrialRecord.of(trial).startup_phases
     return {k: float(v) for k, v in phases.items() if k in STARTUP_PHASES and isinstance(v, int | float)}
 
 

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.stats import Gain
-from autotune.study.records import BASELINE_ATTR, CONFIRM_ATTR, NCCL_STAGE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
 from autotune.study.rules import (
     ConfigMeasurements,
@@ -147,7 +147,7 @@ def _answer(ostudy: optuna.Study) -> StudyAnswer | None:
     if state is not None and state.gain is not None and state.leader is not None:
         return _confirmed(ostudy, state, context)
     # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
-    remeasured = remeasured_answer(ostudy) if CONFIRM_ATTR not in ostudy.user_attrs else None
+    remeasured = remeasured_answer(ostudy) if not StudyRecord.of(ostudy).confirming else None
     if remeasured is not None:
         return _remeasured(ostudy, remeasured, context)
     return _single(ostudy, state, context)
@@ -208,16 +208,16 @@ def _interval(gain: Gain) -> tuple[float, float] | None:
 
 def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
     """The complete confirmation-round trials of `configs` (the rounds after the confirmation started, and
-    the search's launches paired in time that count as rounds: study.confirm.search_rounds)."""
-    settings = ostudy.user_attrs.get(CONFIRM_ATTR) or {}
+    the search's launches paired in time that count as rounds: study.trust.confirm.search_rounds)."""
+    settings = StudyRecord.of(ostudy).confirm or {}
     since = int(settings.get("since", -1))
     searched = {int(n) for pairs in settings.get(SEARCH_ROUNDS_KEY) or [] for of, n in pairs if of in configs}
     rounds = tuple(
         t.number
         for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.number > since
-        and isinstance(t.user_attrs.get(CONFIRM_ATTR), dict)
-        and t.user_attrs.get(REMEASURE_OF_ATTR) in configs
+        and TrialRecord.of(t).confirm is not None
+        and TrialRecord.of(t).remeasure_of in configs
         and counts(t)
         and is_feasible(t)
     )
@@ -289,7 +289,7 @@ def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str,
         if within is False
         else ""
     )
-    if best.user_attrs.get(BASELINE_ATTR):
+    if TrialRecord.of(best).baseline:
         said = f"unconfirmed: the best single measurement is SGLang's defaults (trial {best.number})"
     else:
         said = (
@@ -297,7 +297,7 @@ def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str,
             f"confirmed in interleaved rounds{verdict}"
         )
     if state is not None:  # confirmation began but has not measured two rounds of a candidate yet
-        settings = ostudy.user_attrs.get(CONFIRM_ATTR) or {}
+        settings = StudyRecord.of(ostudy).confirm or {}
         measured = sum(1 for values in state.rounds.values() if values.get(state.baseline) is not None)
         said += (
             f"; confirmation under way ({measured} of at least {settings.get('min_rounds', 2)} rounds "
@@ -323,8 +323,8 @@ def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str,
 
 
 def _nccl_stage(ostudy: optuna.Study) -> NcclStageValues | None:
-    record = ostudy.user_attrs.get(NCCL_STAGE_ATTR)
-    if not isinstance(record, dict):
+    record = StudyRecord.of(ostudy).nccl_stage
+    if record is None:
         return None
     return NcclStageValues(
         held=dict(record.get("held") or {}),

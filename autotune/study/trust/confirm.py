@@ -25,7 +25,7 @@ The study's answer built on these rounds (and worded when there are none) is aut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,11 +34,10 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.records import CONFIRM_ATTR, NODE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
-    deliberate,
     groups_by_trial,
     is_feasible,
     maximizes,
@@ -87,7 +86,7 @@ class Confirmation:
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
 
 
-def look_confidence(settings: dict[str, Any], candidates: int) -> float:
+def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     """The confidence of the leader's interval at each look: the study's `confidence` split (Bonferroni)
     over the `candidates` (the leader is the best of them) and over the looks, one after each round from
     `min_rounds` to `max_rounds` (rounds that stop at the first interval clear of zero otherwise claim a
@@ -96,15 +95,15 @@ def look_confidence(settings: dict[str, Any], candidates: int) -> float:
     return 1 - (1 - float(settings.get("confidence", 0.95))) / (max(candidates, 1) * max(looks, 1))
 
 
-def precision_confidence(settings: dict[str, Any], candidates: int) -> float:
+def precision_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     """The confidence of the interval whose width stops the rounds: the study's `confidence` split over the
     `candidates` alone. It claims no gain (the verdict is `look_confidence`'s), so the looks need no share:
     rounds that stop sooner give a false gain fewer looks, not more."""
     return 1 - (1 - float(settings.get("confidence", 0.95))) / max(candidates, 1)
 
 
-def _settings(ostudy: optuna.Study) -> dict[str, Any] | None:
-    return ostudy.user_attrs.get(CONFIRM_ATTR)
+def _settings(ostudy: optuna.Study) -> Mapping[str, Any] | None:
+    return StudyRecord.of(ostudy).confirm
 
 
 def _gain(
@@ -132,13 +131,14 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
     rounds: dict[int, dict[int, float | None]] = {}
     since = int(settings.get("since", -1))
     for trial in ostudy.get_trials(deepcopy=False):
-        mark = trial.user_attrs.get(CONFIRM_ATTR)
-        if not isinstance(mark, dict) or trial.number <= since:
+        record = TrialRecord.of(trial)
+        mark, of = record.confirm, record.remeasure_of
+        if mark is None or of is None or trial.number <= since:
             continue
         if not trial.state.is_finished() or not counts(trial):
             continue
         good = trial.state == TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
-        rounds.setdefault(int(mark["round"]), {})[int(trial.user_attrs[REMEASURE_OF_ATTR])] = (
+        rounds.setdefault(mark["round"], {})[of] = (
             float(trial.value) if good and trial.value is not None else None
         )
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
@@ -160,7 +160,7 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
     return Confirmation(base, configs, rounds, queued, *best, precision=precision, searched=len(searched))
 
 
-def _decided(state: Confirmation, settings: dict[str, Any]) -> bool:
+def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
     after the first rounds; or rounds ran out."""
     if state.queued + state.searched >= int(settings["max_rounds"]):
@@ -196,8 +196,9 @@ def search_rounds(
     config_of = {n: g.of for g in candidates for n in g.trials}
     by_node: dict[str, list[int]] = {}
     for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
-        if trial.state.is_finished() and counts(trial) and NODE_ATTR in trial.user_attrs:
-            by_node.setdefault(str(trial.user_attrs[NODE_ATTR]), []).append(trial.number)
+        node = TrialRecord.of(trial).node
+        if trial.state.is_finished() and counts(trial) and node is not None:
+            by_node.setdefault(node, []).append(trial.number)
     rounds: list[list[tuple[int, int]]] = []
     used: set[int] = set()
     for launches in by_node.values():
@@ -212,7 +213,7 @@ def search_rounds(
     return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
-def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
+def _start(study: Study, ostudy: optuna.Study) -> Mapping[str, Any] | None:
     """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
     and the baseline, and remember them in the study; None when there is nothing to confirm."""
     settings = study.file.trust.confirm
@@ -242,14 +243,14 @@ def _start(study: Study, ostudy: optuna.Study) -> dict[str, Any] | None:
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }
-    ostudy.set_user_attr(CONFIRM_ATTR, record)
+    record_confirm(ostudy, record)
     return record
 
 
 def _searched_since(ostudy: optuna.Study, since: int) -> bool:
     """A trial the search launched after the confirmation started (a resume with a larger budget)."""
     return any(
-        t.number > since and not deliberate(t.user_attrs) and t.state.is_finished() and counts(t)
+        t.number > since and not TrialRecord.of(t).deliberate and t.state.is_finished() and counts(t)
         for t in ostudy.get_trials(deepcopy=False)
     )
 
@@ -281,7 +282,7 @@ def confirmation_rounds(
             return
         index = state.queued
         for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):
-            enqueue_measurement(ostudy, groups[of], {CONFIRM_ATTR: {"round": index, "position": position}})
+            enqueue_measurement(ostudy, groups[of], confirm=ConfirmMark(round=index, position=position))
         settings = {**settings, "queued": index + 1}
-        ostudy.set_user_attr(CONFIRM_ATTR, settings)
+        record_confirm(ostudy, settings)
         yield budget_used(ostudy) + len(state.configs) + 1

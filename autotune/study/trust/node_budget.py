@@ -5,7 +5,7 @@ node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation'
 `min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured. The search ends
 when its next launch would eat into that reserve; a confirmation round starts only when the hours left
 pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because the
-budget ran out after k of n rounds (recorded in `BUDGET_ATTR`, worded by `ran_out_text`).
+budget ran out after k of n rounds (recorded in `records.BUDGET_ATTR`, worded by `ran_out_text`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.errors import ConfigError
-from autotune.study.records import NCCL_STAGE_ATTR, NODE_S_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation
 
 __all__ = [
-    "BUDGET_ATTR",
     "NodeHours",
     "check_budget",
     "node_hours",
@@ -36,25 +35,21 @@ __all__ = [
     "record_ran_out",
 ]
 
-BUDGET_ATTR = "node_budget"  # a study attribute: {hours, ran_out: {rounds, of, round_h}} when it ran out
-
 
 def spent_s(ostudy: optuna.Study) -> float:
     """The node seconds the study spent: every finished launch's, and its NCCL stage's."""
-    stage = ostudy.user_attrs.get(NCCL_STAGE_ATTR)
-    stage_s = float(stage.get("node_s") or 0.0) if isinstance(stage, dict) else 0.0
+    stage = StudyRecord.of(ostudy).nccl_stage
+    stage_s = float(stage.get("node_s") or 0.0) if stage is not None else 0.0
     trials = ostudy.get_trials(deepcopy=False)
-    return stage_s + math.fsum(float(t.user_attrs.get(NODE_S_ATTR) or 0.0) for t in trials)
+    return stage_s + math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
 
 
 def launch_s(ostudy: optuna.Study) -> float | None:
     """The median node seconds of a launch that ran to its measurement (as every confirmation launch is:
     its configs completed before); of any launch before one completed; None before the first."""
     finished = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished() and counts(t)]
-    complete = [t for t in finished if t.state == TrialState.COMPLETE and t.user_attrs.get(NODE_S_ATTR)]
-    seconds = [
-        float(t.user_attrs[NODE_S_ATTR]) for t in complete or finished if t.user_attrs.get(NODE_S_ATTR)
-    ]
+    complete = [t for t in finished if t.state == TrialState.COMPLETE and TrialRecord.of(t).node_s]
+    seconds = [s for t in complete or finished if (s := TrialRecord.of(t).node_s)]
     return statistics.median(seconds) if seconds else None
 
 
@@ -63,9 +58,9 @@ def dearest_launch_s(ostudy: optuna.Study) -> float | None:
     prices each launch at, as a round is priced at each config's dearest launch (a config's first launch
     compiles, later ones find the node's caches warm, so the median would leave the reserve short)."""
     seconds = [
-        float(t.user_attrs[NODE_S_ATTR])
+        s
         for t in ostudy.get_trials(deepcopy=False)
-        if t.state == TrialState.COMPLETE and counts(t) and t.user_attrs.get(NODE_S_ATTR)
+        if t.state == TrialState.COMPLETE and counts(t) and (s := TrialRecord.of(t).node_s)
     ]
     return max(seconds) if seconds else launch_s(ostudy)
 
@@ -78,9 +73,10 @@ def round_s(ostudy: optuna.Study) -> float | None:
     configs = {state.baseline, *state.configs}
     dearest: dict[int, float] = {}
     for trial in ostudy.get_trials(deepcopy=False):
-        of = trial.user_attrs.get(REMEASURE_OF_ATTR, trial.number)
-        if of in configs and (seconds := trial.user_attrs.get(NODE_S_ATTR)):
-            dearest[of] = max(dearest.get(of, 0.0), float(seconds))
+        record = TrialRecord.of(trial)
+        of = record.remeasure_of if record.remeasure_of is not None else trial.number
+        if of in configs and (seconds := record.node_s):
+            dearest[of] = max(dearest.get(of, 0.0), seconds)
     median = launch_s(ostudy) or 0.0
     return math.fsum(dearest.get(config, median) for config in configs)
 
@@ -141,16 +137,16 @@ def node_hours(study: Study, ostudy: optuna.Study, *, given: bool = False) -> No
     rounds = max(rounds - _rounds_measured(ostudy), 0)
     dearest = dearest_launch_s(ostudy)
     reserve = rounds * per_round * dearest if dearest is not None else 0.0
-    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    record = StudyRecord.of(ostudy).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
     return NodeHours(budget, spent_s(ostudy), launch, reserve)
 
 
 def record_budget(study: Study, ostudy: optuna.Study) -> None:
     """Remember the node-hour budget this run was given (None: none), for `status` and the report."""
-    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    record = StudyRecord.of(ostudy).budget
     if record.get("hours", "unset") != study.file.budget.node_hours:
-        ostudy.set_user_attr(BUDGET_ATTR, {**record, "hours": study.file.budget.node_hours})
+        record_node_budget(ostudy, {**record, "hours": study.file.budget.node_hours})
 
 
 def node_hours_record(study: Study, ostudy: optuna.Study) -> dict[str, Any]:
@@ -205,21 +201,21 @@ def record_ran_out(study: Study, ostudy: optuna.Study, rounds: int) -> None:
     need, per_round = _confirm_launches(study)
     cost = round_s(ostudy)
     cost = cost if cost is not None else per_round * (launch_s(ostudy) or 0.0)
-    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    record = StudyRecord.of(ostudy).budget
     ran = {"rounds": rounds, "of": max(need, rounds + 1), "round_h": cost / 3600}
-    ostudy.set_user_attr(BUDGET_ATTR, {**record, "spent_h": spent_s(ostudy) / 3600, "ran_out": ran})
+    record_node_budget(ostudy, {**record, "spent_h": spent_s(ostudy) / 3600, "ran_out": ran})
 
 
 def clear_ran_out(ostudy: optuna.Study) -> None:
     """Forget an earlier run's ran-out record: this run's rounds decide again."""
-    record = ostudy.user_attrs.get(BUDGET_ATTR) or {}
+    record = StudyRecord.of(ostudy).budget
     if record.get("ran_out"):
-        ostudy.set_user_attr(BUDGET_ATTR, {k: v for k, v in record.items() if k != "ran_out"})
+        record_node_budget(ostudy, {k: v for k, v in record.items() if k != "ran_out"})
 
 
 def ran_out(ostudy: optuna.Study) -> dict[str, Any] | None:
     """The record of a budget that ran out before the confirmation's rounds, or None."""
-    return (ostudy.user_attrs.get(BUDGET_ATTR) or {}).get("ran_out") or None
+    return StudyRecord.of(ostudy).budget.get("ran_out") or None
 
 
 def ran_out_text(ostudy: optuna.Study) -> str | None:
@@ -227,7 +223,7 @@ def ran_out_text(ostudy: optuna.Study) -> str | None:
     record = ran_out(ostudy)
     if record is None:
         return None
-    spent = float((ostudy.user_attrs.get(BUDGET_ATTR) or {}).get("spent_h") or 0.0)
+    spent = float(StudyRecord.of(ostudy).budget.get("spent_h") or 0.0)
     rounds, of, round_h = int(record["rounds"]), int(record["of"]), float(record["round_h"])
     missing = of - rounds
     total = _up(spent + missing * round_h)

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import t_quantile
-from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
+from autotune.study.records import TrialRecord
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
@@ -122,13 +122,14 @@ def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
     if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
         return None
     trials = ostudy.get_trials(deepcopy=False)
-    repeats = sum(1 for t in trials if t.user_attrs.get(BASELINE_ATTR) and REMEASURE_OF_ATTR in t.user_attrs)
+    records = [TrialRecord.of(t) for t in trials]
+    repeats = sum(1 for r in records if r.baseline and r.remeasure_of is not None)
     if repeats >= wanted or budget_used(ostudy) < after * (repeats + 1):
         return None
     base = next((g for g in measurement_groups(ostudy) if g.baseline and g.n), None)
     if base is None:
         return None
-    enqueue_measurement(ostudy, base, {})
+    enqueue_measurement(ostudy, base)
     return base.of
 
 

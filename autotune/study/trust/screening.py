@@ -38,14 +38,7 @@ from autotune.config.search_space import (
     same_value,
 )
 from autotune.dialect import FlagTable, all_committed_tables
-from autotune.study.records import (
-    BASELINE_ATTR,
-    SAME_AS_ATTR,
-    SCREEN_ATTR,
-    SCREENED_ATTR,
-    SERVER_CHOICES_ATTR,
-    SKIPPED_ATTR,
-)
+from autotune.study.records import StudyRecord, TrialRecord, marks, record_screened
 from autotune.study.rules import is_feasible
 from autotune.study.storage import counts
 from autotune.study.trust.noise import noise_estimate
@@ -151,7 +144,7 @@ def extremes(parameter: Any, default: Any, also: Any = None) -> list[Any]:
 
 
 def _known(ostudy: optuna.Study, flags: Mapping[str, Any]) -> dict[str, Any]:
-    return {**flags, **(ostudy.user_attrs.get(SERVER_CHOICES_ATTR) or {})}
+    return {**flags, **StudyRecord.of(ostudy).server_choices}
 
 
 def plan_alone(
@@ -164,16 +157,16 @@ def plan_alone(
     if not settings.enabled or settings.method != "alone" or len(ostudy.directions) != 1:
         return 0
     trials = ostudy.get_trials(deepcopy=False)
-    if any(SCREEN_ATTR in t.user_attrs for t in trials):
+    if any(TrialRecord.of(t).screen is not None for t in trials):
         return 0
-    if not any(t.user_attrs.get(BASELINE_ATTR) and t.state == TrialState.COMPLETE for t in trials):
+    if not any(TrialRecord.of(t).baseline and t.state == TrialState.COMPLETE for t in trials):
         return 0
     known = _known(ostudy, flags or {})
     defaults = knob_defaults(study, known, held)
     queued = 0
     for knob, default in defaults.items():
         for value in extremes(study.search_space.parameters[knob], default, known.get(knob)):
-            ostudy.enqueue_trial({**defaults, knob: value}, user_attrs={SCREEN_ATTR: {knob: value}})
+            ostudy.enqueue_trial({**defaults, knob: value}, user_attrs=marks(screen={knob: value}))
             queued += 1
     return queued
 
@@ -192,9 +185,10 @@ def _measured(
     or the value SGLang takes when unset, `known`) left out."""
     groups: dict[tuple[tuple[str, str], ...], _Measured] = {}
     for trial in sorted(trials, key=lambda t: t.number):
-        if not trial.state.is_finished() or SAME_AS_ATTR in trial.user_attrs:
+        record = TrialRecord.of(trial)
+        if not trial.state.is_finished() or record.same_as is not None:
             continue
-        if not counts(trial) and not trial.user_attrs.get(SKIPPED_ATTR):
+        if not counts(trial) and not record.skipped:
             continue  # interrupted, node lost: says nothing about its settings
         config = {
             n: v
@@ -253,7 +247,7 @@ def screen(
         return []
     trials = ostudy.get_trials(deepcopy=False)
     if settings.method == "alone" and any(
-        SCREEN_ATTR in t.user_attrs and not t.state.is_finished() for t in trials
+        TrialRecord.of(t).screen is not None and not t.state.is_finished() for t in trials
     ):
         return []  # every knob's extremes first
     # The t quantile of the estimate's degrees of freedom: "no effect shown" at 95% with the spread itself
@@ -288,20 +282,20 @@ def _times(count: int) -> str:
 
 def record(ostudy: optuna.Study, found: Sequence[Held]) -> None:
     """Remember the screened-out knobs in the study, so that a resumed study holds them too."""
-    kept = dict(ostudy.user_attrs.get(SCREENED_ATTR) or {})
+    kept = dict(StudyRecord.of(ostudy).screened)
     for held in found:
         kept[held.knob] = {"value": held.value, "why": held.why}
-    ostudy.set_user_attr(SCREENED_ATTR, kept)
+    record_screened(ostudy, kept)
 
 
 def held_knobs(ostudy: optuna.Study) -> dict[str, Any]:
     """The knobs the study's screening holds, with their values."""
-    return {k: v["value"] for k, v in (ostudy.user_attrs.get(SCREENED_ATTR) or {}).items()}
+    return {k: v["value"] for k, v in StudyRecord.of(ostudy).screened.items()}
 
 
 def screened_lines(ostudy: optuna.Study) -> list[str]:
     """Why each screened-out knob is held, for the console, status and MLflow."""
-    return [v["why"] for v in (ostudy.user_attrs.get(SCREENED_ATTR) or {}).values()]
+    return [v["why"] for v in StudyRecord.of(ostudy).screened.values()]
 
 
 def why_all_held(study: Study, ostudy: optuna.Study, held: Iterable[str] = ()) -> str | None:

@@ -29,8 +29,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from autotune.config import Study
-from autotune.study.records import NODE_S_ATTR, STOPPED_ATTR
-from autotune.study.rules import best_measured, deliberate, direction_sign
+from autotune.study.records import StudyRecord, TrialRecord, record_stopped
+from autotune.study.rules import best_measured, direction_sign
 from autotune.study.storage import counts
 from autotune.study.trust.noise import noise_estimate
 
@@ -38,11 +38,11 @@ __all__ = ["record_stop", "stopped_early", "why_stop"]
 
 
 def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
-    """The finished launches the sampler proposed (`rules.deliberate`: not one asked for on purpose)."""
+    """The finished launches the sampler proposed (`TrialRecord.deliberate`: not one asked for on purpose)."""
     return [
         t
         for t in sorted(trials, key=lambda t: t.number)
-        if t.state.is_finished() and counts(t) and not deliberate(t.user_attrs)
+        if t.state.is_finished() and counts(t) and not TrialRecord.of(t).deliberate
     ]
 
 
@@ -63,7 +63,7 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
     # After an earlier stop, a resumed search gets `patience` trials of its own before the rule looks again.
-    since = int((ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("after_trial", -1))
+    since = _stopped_after(ostudy)
     fresh = [t for t in search if t.number > since]
     if len(launched) < settings.min_trials or len(search) <= settings.patience:
         return None
@@ -98,7 +98,7 @@ def _within_noise(
 
 
 def _node_h(trial: FrozenTrial) -> float:
-    return float(trial.user_attrs.get(NODE_S_ATTR) or 0.0) / 3600
+    return (TrialRecord.of(trial).node_s or 0.0) / 3600
 
 
 def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
@@ -109,7 +109,7 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
     trials = ostudy.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
-    since = int((ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("after_trial", -1))
+    since = _stopped_after(ostudy)
     if (
         sum(map(_node_h, launched)) < min_h
         or sum(_node_h(t) for t in search if t.number > since) < patience_h
@@ -131,9 +131,16 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
 def record_stop(ostudy: optuna.Study, why: str) -> None:
     """Remember in the study that its search stopped early, why, and after which trial."""
     last = max((t.number for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()), default=-1)
-    ostudy.set_user_attr(STOPPED_ATTR, {"why": why, "after_trial": last})
+    record_stopped(ostudy, why, last)
 
 
 def stopped_early(ostudy: optuna.Study) -> str | None:
     """Why the study's search last stopped early, or None when it never did."""
-    return (ostudy.user_attrs.get(STOPPED_ATTR) or {}).get("why")
+    stopped = StudyRecord.of(ostudy).stopped
+    return (stopped["why"] or None) if stopped is not None else None
+
+
+def _stopped_after(ostudy: optuna.Study) -> int:
+    """The last trial before an earlier early stop; -1 when the search never stopped early."""
+    stopped = StudyRecord.of(ostudy).stopped
+    return stopped["after_trial"] if stopped is not None else -1
