@@ -17,7 +17,7 @@ from autotune.config import load_study
 from autotune.errors import AutotuneError
 from autotune.sim.predict import predict
 from autotune.sim.profiles import StandardWorkload, load_hardware_profile, load_model_profile
-from autotune.study import loop
+from autotune.study import unlaunched
 from autotune.study.callbacks import (
     IncompatibilityLearned,
     StudyCallback,
@@ -202,7 +202,7 @@ def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fi
 ) -> None:
     # Each proposal is refused at no cost; without a limit the study would never end. The rule, not the
     # product's 200 (each skip a stored trial: 10 s of SQLite), is what this checks.
-    monkeypatch.setattr(loop, "MAX_CONSECUTIVE_SKIPS", 12)
+    monkeypatch.setattr(unlaunched, "MAX_CONSECUTIVE_SKIPS", 12)
     space = one_value_space("--mem-fraction-static", 0.6)
     study = load_study(study_file(n_trials=3, search_space=space))
     stops = r"12 trials in a row that cannot run .*predicted OOM.*remove the failing"
