@@ -28,6 +28,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
 from autotune.study import node_budget, optuna_internals, outcome, samplers, screening, stages
 from autotune.study.ablation import ablation_of
+from autotune.study.before_launch import known_before_launch, remember_gpu_cannot_run
 from autotune.study.callbacks import (
     CallbackList,
     IncompatibilityLearned,
@@ -260,6 +261,10 @@ class StudyDriver:
             for line in screening.screened_lines(ostudy):
                 self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
+        for node in pool.idle_nodes() if self.remember_incompatible else ():  # known before any launch
+            facts, space = pool.facts(node), study.search_space
+            if notice := remember_gpu_cannot_run(self.known, space, facts, self._hardware_by_node[node]):
+                self.observers.knob_held(KnobHeld(notice))
         ostudy.sampler = self._sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:
@@ -469,6 +474,13 @@ class StudyDriver:
         hardware = self._hardware(pool, node)
         if hardware is not None:
             trial.set_user_attr(HARDWARE_ATTR, hardware)
+        # Known before a launch (study.before_launch): a flag this GPU cannot run, a KV pool too small.
+        refused = known_before_launch(
+            study, ostudy, trial, pool.facts(node), gpu=self.remember_incompatible, memory=self.preflight
+        )
+        if refused is not None:
+            self._skip(ostudy, trial, refused.why, oom=refused.oom)
+            return False
         blocked = self.known.blocking(trial.params, hardware)
         if blocked is not None:
             where = f" ({hardware})" if hardware else ""
