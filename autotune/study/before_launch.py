@@ -27,6 +27,7 @@ from autotune.node.check import NodeReport
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.records import BASELINE_ATTR, HARDWARE_ATTR, SERVER_CHOICES_ATTR, SERVER_MEMORY_ATTR
 from autotune.study.rules import deliberate
+from autotune.study.warm_start import known_failures
 
 MEM_FRACTION = "--mem-fraction-static"
 # Memory other settings may free before SGLang sizes the pool, as a share of the static pool's memory (the
@@ -107,18 +108,32 @@ def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> list[
     ]
 
 
-def remember_gpu_cannot_run(
-    known: KnownIncompatibilities, space: SearchSpace, facts: NodeReport | None, hardware: str | None
+def remember_known_failures(
+    known: KnownIncompatibilities,
+    ostudy: optuna.Study,
+    space: SearchSpace,
+    facts: NodeReport | None,
+    hardware: str | None,
 ) -> str | None:
-    """Record with `known` the values of `space` the node's GPU cannot run, before any launch (the sampler
-    then holds a parameter left with one value, as after a failure); what to tell the user, when new."""
-    new = known.add(gpu_cannot_run_values(space, facts), hardware)
-    if not new or facts is None or not facts.gpus:
-        return None
-    values = ", ".join(f"{name}={value}" for name, value, _ in new)
-    return (
-        f"not proposed on this node's GPU ({facts.gpus[0].name}), which SGLang cannot run them on: {values}"
+    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run and those the
+    earlier study this one started from (`--from`) could not run on the same GPUs (the sampler then holds a
+    parameter left with one value, as after a failure); what to tell the user, when something is new."""
+    unrunnable = known.add(gpu_cannot_run_values(space, facts), hardware)
+    earlier = known.add(
+        [(name, value) for name, value in known_failures(ostudy, hardware) if name in space], hardware
     )
+    lines = []
+    if unrunnable and facts is not None and facts.gpus:
+        values = ", ".join(f"{name}={value}" for name, value, _ in unrunnable)
+        gpu = facts.gpus[0].name
+        lines.append(f"not proposed on this node's GPU ({gpu}), which SGLang cannot run them on: {values}")
+    if earlier:
+        values = ", ".join(f"{name}={value}" for name, value, _ in earlier)
+        lines.append(
+            f"not proposed: the earlier study failed them on these GPUs: {values} (start without --from to "
+            "try them on this SGLang)"
+        )
+    return "\n".join(lines) or None
 
 
 def longest_prompt(study: Study) -> int | None:

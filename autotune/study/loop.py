@@ -28,7 +28,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool, Submitted
 from autotune.study import node_budget, optuna_internals, outcome, samplers, screening, stages
 from autotune.study.ablation import ablation_of
-from autotune.study.before_launch import known_before_launch, remember_gpu_cannot_run
+from autotune.study.before_launch import known_before_launch, remember_known_failures
 from autotune.study.callbacks import (
     CallbackList,
     IncompatibilityLearned,
@@ -262,8 +262,8 @@ class StudyDriver:
                 self.observers.knob_held(KnobHeld(line))
         self.hardware = {self._hardware(pool, node) for node in pool.idle_nodes()}
         for node in pool.idle_nodes() if self.remember_incompatible else ():  # known before any launch
-            facts, space = pool.facts(node), study.search_space
-            if notice := remember_gpu_cannot_run(self.known, space, facts, self._hardware_by_node[node]):
+            facts, hardware = pool.facts(node), self._hardware_by_node[node]
+            if notice := remember_known_failures(self.known, ostudy, study.search_space, facts, hardware):
                 self.observers.knob_held(KnobHeld(notice))
         ostudy.sampler = self._sampler()
         try:

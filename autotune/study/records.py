@@ -57,6 +57,9 @@ SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the 
 SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
 NCCL_STAGE_ATTR = "nccl_stage"  # a study attribute: the NCCL stage's held values (study.stages.StageResult)
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
+# A study attribute: the earlier study it started from (`run --from`: study.warm_start); a trial's: which
+# of that study's configs it launches.
+WARM_START_ATTR = "warm_start"
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 
 
