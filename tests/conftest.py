@@ -171,9 +171,10 @@ def finished_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subp
     tmp_path = tmp_path_factory.mktemp("study")
     # The product's trust on (a repeat of the baseline, the winner confirmed), the confirmation kept short.
     path = StudyFiles(tmp_path)(e2e_study(N_TRIALS, trust={"confirm": {"top": 1, "max_rounds": 2}}))
-    # A trial that fails on the simulated SM120 node every time (FlashInfer's all-reduce fusion needs SM90
-    # or SM10X), so the finished study has a failure to explain whatever the sampler proposes.
-    open_study(load_study(path)).enqueue_trial({"--enable-flashinfer-allreduce-fusion": True})
+    # A trial that fails on the simulated SM120 node every time (expert parallelism's assertion; a flag the
+    # GPU cannot run by its architecture is refused before a launch), so the finished study has a failure to
+    # explain whatever the sampler proposes.
+    open_study(load_study(path)).enqueue_trial({"--ep-size": 8})
     return path, run_cli("run", str(path), cwd=tmp_path)
 
 

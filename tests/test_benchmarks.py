@@ -151,7 +151,10 @@ def test_one_group_at_a_time_changes_only_the_group_of_its_stage() -> None:
         kinds.update({name: p.kind for name, p in study.search_space.parameters.items()})
         return OneGroupAtATime(kinds, ("nccl", "sglang", "speculative"), [3, 3, 3], {MEM: 0.85}, seed=1)
 
-    run = run_study(PROFILES["seed"], 10, sampler=sampler, seed=1, nccl_stage=False, trust=False)
+    # Every proposal launched (preflight off): a stage's proposals refused before a launch would not count.
+    run = run_study(
+        PROFILES["seed"], 10, sampler=sampler, seed=1, nccl_stage=False, trust=False, preflight=False
+    )
     assert len(run.params) == 10 and run.params[0] == {}  # the baseline first
     changed = [{kinds[n] for n, v in p.items() if v not in (None, False, 0.85)} for p in run.params[1:]]
     assert all(groups <= {"nccl"} for groups in changed[:3]) and any(changed[:3])

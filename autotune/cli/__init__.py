@@ -88,6 +88,17 @@ def _parser() -> argparse.ArgumentParser:
             help="continue even though the search space or objective changed since the study began (not "
             "other choices or another type for a knob the study has tried: Optuna keeps those per study)",
         )
+        if name == "run":
+            command.add_argument(
+                "--from",
+                type=Path,
+                dest="from_study",
+                metavar="OLD.yaml",
+                help="start a new study from an earlier one (after an SGLang upgrade, a new model revision, "
+                "a new node of the same kind): its answer and runner-up run first, after the baseline; what "
+                "its nodes could not run is not proposed on the same GPUs; its noise stands in until this "
+                "study measured its own",
+            )
         _add_driver_options(command)
 
     status = add("status", "a table of the study's trials")

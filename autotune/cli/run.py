@@ -36,6 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = with_hours(study, args)
     print(f"autotune: study {study.name!r}: storage {study.storage}", file=sys.stderr)
     print(f"autotune: MLflow tracking {study.tracking_uri}", file=sys.stderr)
+    if getattr(args, "from_study", None) is not None:
+        _start_from(study, args)
     hours_from = "--hours" if getattr(args, "hours", None) is not None else "budget.node_hours"
     driver = _driver(study, args, hours_from=hours_from)
     ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
@@ -55,6 +57,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_NO_ANSWER
     print(next_commands(args.study_file))
     return 0
+
+
+def _start_from(study: Study, args: argparse.Namespace) -> None:
+    """`run --from OLD.yaml`: the earlier study checked, then its configs queued first (study.warm_start)."""
+    from autotune.study.warm_start import read_earlier, start_from
+
+    earlier = read_earlier(args.from_study, study)  # every check before anything is written
+    numbers = start_from(study, earlier, accept_changes=args.accept_changes)
+    for number, (role, old_trial, _) in zip(numbers, earlier.configs, strict=False):
+        print(
+            f"autotune: trial {number} launches the earlier study {earlier.name!r}'s {role} (its trial "
+            f"{old_trial})",
+            file=sys.stderr,
+        )
+    if numbers and earlier.noise is not None:
+        print(
+            f"autotune: its noise ({earlier.noise['relative_sd']:.2%} of a measurement) stands in until this "
+            "study measured its own",
+            file=sys.stderr,
+        )
 
 
 def with_hours(study: Study, args: argparse.Namespace) -> Study:

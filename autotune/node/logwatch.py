@@ -179,7 +179,10 @@ def server_choices(line: str) -> dict[str, float]:
 #   (MLA: "..., #tokens: N, KV size: X GB"; srt/mem_cache/memory_pool.py)
 #   max_total_num_tokens=3806725, chunked_prefill_size=8192, max_prefill_tokens=16384,
 #   max_running_requests=4096, context_len=8192, available_gpu_mem=20.35 GB  (srt/managers/scheduler.py)
+#   Load weight end. elapsed=4.12 s, type=LlamaForCausalLM, avail mem=136.90 GB, mem usage=13.51 GB.
+#   (srt/model_executor/model_runner.py; the weights one GPU holds, in SGLang's GB: GiB)
 _KV_ALLOCATED = re.compile(r"KV Cache is allocated\. [^\n]*?#tokens: (\d+)")
+_WEIGHTS = re.compile(r"Load weight end\. [^\n]*?\bmem usage=([0-9.]+) GB")
 _KV_SIZES = re.compile(r"\b(?:K|V|KV) size: ([0-9.]+) GB")
 _SCHEDULER_MEMORY = {
     "max_total_num_tokens": re.compile(r"\bmax_total_num_tokens=(\d+)"),
@@ -187,13 +190,16 @@ _SCHEDULER_MEMORY = {
     "context_len": re.compile(r"\bmax_total_num_tokens=\d+,[^\n]*?\bcontext_len=(\d+)"),
     "available_gpu_mem_gb": re.compile(r"\bmax_total_num_tokens=\d+,[^\n]*?\bavailable_gpu_mem=([0-9.]+) GB"),
 }
-_MEMORY_KEYS = ("kv_cache_tokens", "kv_cache_gb", *_SCHEDULER_MEMORY)
+_MEMORY_KEYS = ("weights_gb", "kv_cache_tokens", "kv_cache_gb", *_SCHEDULER_MEMORY)
 
 
 def server_memory(line: str) -> dict[str, float]:
-    """What one log line of the server's memory report says: `kv_cache_tokens`, `kv_cache_gb` (K and V
-    together), `max_total_num_tokens`, `max_running_requests`, `context_len`, `available_gpu_mem_gb`."""
+    """What one log line of the server's memory report says: `weights_gb` (one GPU's), `kv_cache_tokens`,
+    `kv_cache_gb` (K and V together), `max_total_num_tokens`, `max_running_requests`, `context_len`,
+    `available_gpu_mem_gb`."""
     found: dict[str, float] = {}
+    if (weights := _WEIGHTS.search(line)) is not None:
+        found["weights_gb"] = float(weights.group(1))
     if (kv := _KV_ALLOCATED.search(line)) is not None:
         found["kv_cache_tokens"] = float(kv.group(1))
         sizes = _KV_SIZES.findall(line[kv.end() :])

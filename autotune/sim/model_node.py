@@ -84,6 +84,20 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)
 
 
+def server_memory(node: NodePerformanceModel) -> dict[str, float]:
+    """The memory report the simulated server logs (logwatch.server_memory's keys), as far as its start-up
+    gets: the weights once loaded, the KV pool once allocated."""
+    failure, plan = node.startup_failure, node.plan
+    phase = failure.phase if failure is not None else None
+    memory: dict[str, float] = {}
+    if phase not in ("init", "load"):
+        memory["weights_gb"] = round(plan.weights_gb, 2)
+    if phase not in ("init", "load", "kv", "runner"):
+        memory["kv_cache_tokens"] = float(plan.kv_tokens)
+        memory["kv_cache_gb"] = round(plan.kv_gb, 2)
+    return memory
+
+
 def server_choices(plan: MemoryPlan) -> dict[str, float]:
     """What SGLang logs in `server_args=` for the flags autotune reads back (logwatch.CHOSEN_BY_SERVER):
     0.5.17 logs the graphs' batch limits inside `cuda_graph_config=`, per phase."""
@@ -140,6 +154,7 @@ class ModelNodeExecutor:
         result = replace(
             self._outcome(request, answer),
             server_choices=server_choices(answer.plan),
+            server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
         )
         self._kept.after(answer.node, request.compile_cache)

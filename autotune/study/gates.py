@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 from autotune.node.check import NodeReport
+from autotune.study.before_launch import Refusal, known_before_launch
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.rules import earlier_launch, launch_identity
@@ -62,7 +63,8 @@ class SameLaunch:
     earlier: FrozenTrial
 
 
-Skipped = KnownIncompatible | PastMemoryEdge | PredictedOom  # recorded by outcome.skipped, never launched
+# Recorded by outcome.skipped, never launched (a Refusal: a flag the GPU cannot run, a KV pool too small).
+Skipped = Refusal | KnownIncompatible | PastMemoryEdge | PredictedOom
 Verdict = Skipped | Forbidden | SameLaunch
 
 
@@ -155,8 +157,17 @@ def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
     return None if reason is None else PredictedOom(reason)
 
 
+def known_before(proposal: Proposal) -> Refusal | None:
+    """A flag the node's GPU cannot run, or a KV pool the baseline's memory report says is too small for
+    the longest prompt (autotune.study.before_launch)."""
+    options, run = proposal.run.options, proposal.run
+    gpu, memory = options.remember_incompatible, options.preflight
+    return known_before_launch(run.study, run.ostudy, proposal.trial, proposal.facts, gpu=gpu, memory=memory)
+
+
 # In order: the cheap checks on the settings first, then those that need the launch built.
 GATES: tuple[Gate, ...] = (
+    known_before,
     known_incompatible,
     past_memory_edge,
     forbidden_launch,

@@ -10,7 +10,7 @@ node is of that hardware.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import optuna
 
@@ -35,10 +35,16 @@ class KnownIncompatibilities:
         self, params: Mapping[str, object], failure: Failure, hardware: str | None
     ) -> list[Incompatibility]:
         """Record the trial's values of the flags the failure names; returns what was new."""
+        culprits = [(flag, params[flag]) for flag in failure.culprits if flag in params]
+        return self.add(culprits, hardware)
+
+    def add(self, values: Iterable[tuple[str, object]], hardware: str | None) -> list[Incompatibility]:
+        """Record (parameter, value) pairs that fail on `hardware` (a failure's, or known before any
+        launch: study.before_launch); returns what was new."""
         new = [
-            (flag, params[flag], hardware)
-            for flag in failure.culprits
-            if flag in params and is_set(params[flag]) and (flag, params[flag], hardware) not in self.pairs
+            (name, value, hardware)
+            for name, value in dict.fromkeys(values)
+            if is_set(value) and (name, value, hardware) not in self.pairs
         ]
         if new:
             self.pairs.extend(new)

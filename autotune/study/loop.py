@@ -28,6 +28,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.node.pool import NodePool, RayNodePool
 from autotune.study import nccl_stage, optuna_internals, outcome, stages, unlaunched
 from autotune.study.ablation import ablation_of
+from autotune.study.before_launch import remember_known_failures
 from autotune.study.between_trials import between_trials
 from autotune.study.callbacks import (
     CallbackList,
@@ -289,6 +290,10 @@ class StudyDriver:
             for line in screening.screened_lines(ostudy):
                 run.observers.knob_held(KnobHeld(line))
         run.hardware = {self._hardware(run, pool, node) for node in pool.idle_nodes()}
+        for node in pool.idle_nodes() if self.options.remember_incompatible else ():  # known before a launch
+            facts, hardware = pool.facts(node), run.hardware_by_node[node]
+            if notice := remember_known_failures(run.known, ostudy, study.search_space, facts, hardware):
+                run.observers.knob_held(KnobHeld(notice))
         ostudy.sampler = run.current_sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:

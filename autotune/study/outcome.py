@@ -199,6 +199,8 @@ def skipped(study: Study, trial: optuna.Trial, why: str, *, oom: bool) -> Outcom
         return Outcome(TrialState.FAIL, None, None, kind, refusal=why)
     penalty = study.file.failures.oom_penalty
     trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+    if study.objective.is_multi_objective:  # multi-objective trials cannot report(): pruned without a value
+        return Outcome(TrialState.PRUNED, None, None, kind, refusal=why)
     trial.report(penalty, 0)
     return Outcome(TrialState.PRUNED, None, penalty, kind, refusal=why)
 

@@ -64,6 +64,9 @@ SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the 
 SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
 NCCL_STAGE_ATTR = "nccl_stage"  # a study attribute: the NCCL stage's held values (study.stages.StageResult)
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
+# A study attribute: the earlier study it started from (`run --from`: study.warm_start); a trial's: which
+# of that study's configs it launches.
+WARM_START_ATTR = "warm_start"
 PROPOSED_ATTR = "autotune:proposed"  # a trial's system attribute: the move or repair that proposed it
 INCOMPATIBLE_ATTR = "incompatible"  # a study attribute: [parameter, value, hardware] (study.incompatible)
 BUDGET_ATTR = "node_budget"  # a study attribute: {hours, spent_h, ran_out: {rounds, of, round_h}}
@@ -184,6 +187,11 @@ class TrialRecord:
     def screen(self) -> Mapping[str, Any] | None:
         """The knob moved alone from the defaults, {knob: value}, when screening queued it."""
         return self.user.get(SCREEN_ATTR)
+
+    @property
+    def warm_start(self) -> Mapping[str, Any] | None:
+        """{study, trial, role}: the earlier study's config it runs again (`run --from`)."""
+        return self.user.get(WARM_START_ATTR)
 
     @property
     def proposed(self) -> str | None:
@@ -408,6 +416,11 @@ class StudyRecord:
         """The node-hour budget's {hours, spent_h, ran_out} (study.node_budget); empty before one."""
         return self.attrs.get(BUDGET_ATTR) or {}
 
+    @property
+    def warm_start(self) -> Mapping[str, Any] | None:
+        """The earlier study this one started from (`run --from`, study.warm_start); None: none."""
+        return self.attrs.get(WARM_START_ATTR)
+
 
 # -- writing -----------------------------------------------------------------------------------------
 def marks(
@@ -421,6 +434,7 @@ def marks(
     screen: Mapping[str, Any] | None = None,
     ablation_of: int | None = None,
     ablation_param: str | None = None,
+    warm_start: Mapping[str, Any] | None = None,
 ) -> dict[str, object]:
     """The user attributes a trial is queued with (`enqueue_trial(params, user_attrs=marks(...))`)."""
     given: dict[str, object] = {
@@ -433,6 +447,7 @@ def marks(
         SCREEN_ATTR: dict(screen) if screen is not None else None,
         ABLATION_OF_ATTR: ablation_of,
         ABLATION_PARAM_ATTR: ablation_param,
+        WARM_START_ATTR: dict(warm_start) if warm_start is not None else None,
     }
     return {key: value for key, value in given.items() if value is not None}
 
@@ -610,6 +625,10 @@ def record_incompatible(ostudy: optuna.Study, pairs: Sequence[tuple[str, object,
 
 def record_node_budget(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
     ostudy.set_user_attr(BUDGET_ATTR, dict(record))
+
+
+def record_warm_start(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
+    ostudy.set_user_attr(WARM_START_ATTR, dict(record))
 
 
 def prefix_cache_text(record: Mapping[str, Any] | None) -> str | None:

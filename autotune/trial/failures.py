@@ -173,12 +173,15 @@ _ADVICE: dict[FailureKind, str] = {
     ),
     FailureKind.PREDICTED_OOM: (
         "Not launched: the weights per GPU would not fit inside --mem-fraction-static of the node's GPU "
-        "memory (autotune.study.preflight), so SGLang would fail with kv_pool_too_small: raise "
-        "--mem-fraction-static, or shard the weights over more GPUs (--tp-size)."
+        "memory (autotune.study.preflight), or the baseline's memory report shows the KV pool left at this "
+        "--mem-fraction-static cannot hold the workload's longest prompt (autotune.study.before_launch), so "
+        "SGLang would fail with kv_pool_too_small: raise --mem-fraction-static, or shard the weights over "
+        "more GPUs (--tp-size)."
     ),
     FailureKind.KNOWN_INCOMPATIBLE: (
-        "Not launched: a setting in it failed deterministically on this hardware before, so the proposal "
-        "was recorded without running (it costs no node time)."
+        "Not launched: a setting in it failed deterministically on this hardware before, or SGLang cannot "
+        "run it on this GPU's architecture (autotune.dialect.gpu_support), so the proposal was recorded "
+        "without running (it costs no node time)."
     ),
 }
 

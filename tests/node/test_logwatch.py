@@ -225,6 +225,7 @@ def test_0517_phase_markers_and_memory_report(tmp_path: Path, started: list[Serv
         "ready",
     ]
     assert out.server_memory == {
+        "weights_gb": 2.30,
         "kv_cache_tokens": 3806725.0,
         "kv_cache_gb": 116.18,
         "max_total_num_tokens": 3806725.0,
@@ -262,6 +263,18 @@ def test_every_capture_marker_starts_the_capturing_phase(line: str) -> None:
     names = [name for regex, name in _MARKERS if regex.search("[2026-12-01 10:00:12 TP0] " + line)]
     assert names == ["capture_cuda_graph_begin"]
     assert not any(regex.search("Exception: Capture cuda graph failed: x") for regex, _ in _MARKERS)
+
+
+def test_the_weights_one_gpu_holds_are_read_from_the_real_load_line() -> None:
+    from autotune.node.logwatch import server_memory
+
+    # Real 0.5.17 on an H200 (tests/data/sglang-0.5.17-h200/start-ready.log), and 0.5.13's older wording.
+    real = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h200" / "start-ready.log"
+    line = real.read_text().splitlines()[13]
+    assert server_memory(line) == {"weights_gb": 13.51}
+    old = "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=6.1 GB, mem usage=14.99 GB"
+    assert server_memory(old) == {"weights_gb": 14.99}
+    assert server_memory("Load weight begin. avail mem=139.20 GB") == {}
 
 
 def test_the_memory_report_of_an_mla_model() -> None:

@@ -257,10 +257,8 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     study_file: StudyFiles,
 ) -> None:
     study = load_study(study_file(n_trials=4, nccl_stage=False))  # the console's trial lines alone
-    # Unsupported on the seed node's SM120 GPUs; the static pool set so that the weights fit.
-    open_study(study).enqueue_trial(
-        {"--enable-flashinfer-allreduce-fusion": True, "--mem-fraction-static": 0.85}
-    )
+    # Fails on the simulated SM120 node's GPUs (not known before a launch); the static pool fits the weights.
+    open_study(study).enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})
     recorder, stream = Recorder(), io.StringIO()
     ostudy = StudyDriver(study, [recorder, ConsoleReporter(stream)], pool=model_pool(), tracking=False).run()
 
@@ -276,14 +274,18 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
         learned = events[done + 1][0] == "incompatibility_learned"
         assert started < done and events[done + 1 + learned][0] == "summary_updated"
     learned_at = events.index(
-        ("incompatibility_learned", (("--enable-flashinfer-allreduce-fusion", True, SEED_HARDWARE),))
+        ("incompatibility_learned", (("--ep-size", 8, SEED_HARDWARE),))
     )
     assert learned_at == events.index(finished[1]) + 1, "learned right after the failed trial is shown"
     best = study_summary(ostudy)
     assert events[-1] == ("study_ended", False, best.best_value)
 
     # Not a terminal: the study's heading, then one line per finished trial, no progress bar.
-    heading, *lines = stream.getvalue().splitlines()
+    known, heading, *lines = stream.getvalue().splitlines()
+    assert known == (  # known before any launch (study.before_launch): the sampler never proposes it
+        "not proposed on this node's GPU (NVIDIA RTX PRO 6000 Blackwell Server Edition), which SGLang cannot "
+        "run them on: --enable-flashinfer-allreduce-fusion=True"
+    )
     assert heading.startswith("== study t: 4 trials of the server")
     baseline = ostudy.trials[0].value
     assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f} tok/s")
@@ -291,7 +293,8 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     assert lines[1].startswith("[  2/4] trial 1   FAIL                  - (unsupported)")
     assert (
         lines[2]
-        == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True"
+        == "known incompatible on this hardware, not tried again: --enable-flashinfer-allreduce-fusion=True, "
+        "--ep-size=8"
     )
     assert len(lines) == 5 and lines[-1].startswith("[  4/4] trial ")
     assert not (study.workdir / "mlflow.db").exists(), "no tracker registered: no MLflow store"

@@ -40,11 +40,14 @@ NCCL_KNOBS = (
 
 
 class Lines(StudyCallback):
+    """The NCCL stage's notices (not the others a study gives: what the node's GPU cannot run, ...)."""
+
     def __init__(self) -> None:
         self.lines: list[str] = []
 
     def knob_held(self, event: KnobHeld) -> None:
-        self.lines.append(event.text)
+        if event.text.startswith("NCCL stage"):
+            self.lines.append(event.text)
 
 
 def model_pool() -> Callable[[Study], LocalNodePool]:

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR
+from autotune.study.records import ABLATION_OF_ATTR, ABLATION_PARAM_ATTR, QUEUED_ATTR
 from autotune.tracking.tracker import failure_note, metric_unit, run_name
 from tests.builders import StudyFiles, e2e_study, random_sim_study
 from tests.conftest import run_cli
@@ -65,7 +65,8 @@ def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     study.ensure_workdir()
     ostudy = open_study(study)  # trial 0: the baseline
     ostudy.enqueue_trial(BEST)
-    ostudy.enqueue_trial(OOM)
+    # Queued as `autotune enqueue` does: run as asked, though the baseline's memory report says it fails.
+    ostudy.enqueue_trial(OOM, user_attrs={QUEUED_ATTR: {"set": OOM, "from_trial": None}})
     # Without Ray (its pool has tests of its own): what is tested here is the ablation and the report.
     run = run_cli("run", str(path), "--no-ray", cwd=folder)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import t_quantile
-from autotune.study.records import TrialRecord
+from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
@@ -46,6 +46,7 @@ class NoiseEstimate:
     relative_sd: float
     dof: int
     configs: tuple[tuple[int, tuple[int, ...]], ...]  # (first trial, its measured trials) of each config
+    earlier: str | None = None  # the earlier study it comes from, until this one measured its own
 
     def band(self, confidence: float = 0.95, *, spread_known: bool = False) -> float:
         """The relative difference two single measurements of one config stay within at `confidence`:
@@ -58,6 +59,12 @@ class NoiseEstimate:
 
     def describe(self) -> str:
         """`run-to-run noise: 0.62% (pooled relative SD, 3 degrees of freedom, from trials 0, 4 and 9)`."""
+        if self.earlier is not None:
+            return (
+                f"run-to-run noise: {self.relative_sd:.2%} of a measurement, the earlier study "
+                f"{self.earlier!r}'s ({self.dof} degree{'s' if self.dof != 1 else ''} of freedom) until this "
+                f"study measured its own; two runs of one config differ by up to {self.band():.2%} (95%)"
+            )
         sources = "; ".join(
             f"trial {of}'s config ({', '.join(map(str, trials))})" for of, trials in self.configs
         )
@@ -74,6 +81,7 @@ class NoiseEstimate:
             "band_pct": 100 * self.band(),
             "dof": self.dof,
             "configs": [{"trial": of, "trials": list(trials)} for of, trials in self.configs],
+            **({"earlier_study": self.earlier} if self.earlier is not None else {}),
         }
 
 
@@ -101,11 +109,21 @@ def pooled(groups: list[ConfigMeasurements], maximize: bool = True) -> NoiseEsti
 
 
 def noise_estimate(ostudy: optuna.Study) -> NoiseEstimate | None:
-    """The study's noise estimate from every config it measured more than once; None before any was, and
-    for a multi-objective study."""
+    """The study's noise estimate from every config it measured more than once; before any was, the earlier
+    study's it started from (`--from`), else None; None for a multi-objective study."""
     if len(ostudy.directions) != 1:
         return None
-    return pooled(measurement_groups(ostudy), maximizes(ostudy.direction))
+    own = pooled(measurement_groups(ostudy), maximizes(ostudy.direction))
+    return own if own is not None else _earlier(ostudy)
+
+
+def _earlier(ostudy: optuna.Study) -> NoiseEstimate | None:
+    """The noise of the study this one started from (`autotune run --from`: study.warm_start), if any."""
+    record = StudyRecord.of(ostudy).warm_start or {}
+    noise = record.get("noise")
+    if not noise:
+        return None
+    return NoiseEstimate(float(noise["relative_sd"]), int(noise["dof"]), (), earlier=str(record.get("study")))
 
 
 def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:

@@ -4,6 +4,10 @@ With `min_node_hours` and `patience_node_hours` set (the defaults), the same que
 last stretch of node hours instead of trials (issue 37), and whichever rule is met first stops the search
 (benchmarks/RESULTS.md, "the stopping rule in node hours").
 
+A study started from an earlier one (`run --from`: study.warm_start) launched that study's answer first: the
+minimums (`min_trials`, `min_node_hours`), which give a sampler room to explore after its start, are the
+earlier study's, spent already; the patience stretch still applies.
+
 The rule (`trust.stop_early`): after `min_trials` launched trials, when the last `patience` search trials
 did not raise the best value by more than the noise band (two runs of one config differ by up to that at
 95%: `NoiseEstimate.band`), the search stops and the study goes on to confirmation; the rest of the budget
@@ -65,7 +69,8 @@ def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
     # After an earlier stop, a resumed search gets `patience` trials of its own before the rule looks again.
     since = _stopped_after(ostudy)
     fresh = [t for t in search if t.number > since]
-    if len(launched) < settings.min_trials or len(search) <= settings.patience:
+    min_trials = 0 if StudyRecord.of(ostudy).warm_start is not None else settings.min_trials
+    if len(launched) < min_trials or len(search) <= settings.patience:
         return None
     if len(fresh) < settings.patience:
         return None
@@ -106,6 +111,8 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
     `patience_node_hours` of search launches did not raise the best beyond the noise band."""
     settings = study.file.trust.stop_early
     patience_h, min_h = float(settings.patience_node_hours or 0.0), float(settings.min_node_hours or 0.0)
+    if StudyRecord.of(ostudy).warm_start is not None:
+        min_h = 0.0
     trials = ostudy.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)

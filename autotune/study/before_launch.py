@@ -1,0 +1,190 @@
+"""Failures known before a launch, without having met them: a flag value the node's GPU architecture cannot
+run (autotune.dialect.gpu_support), and a KV pool too small for the workload's longest prompt, from the
+baseline's own memory report. A proposal either rule refuses is recorded without a launch, as a known
+incompatibility or a predicted OOM; what neither is certain of is left to the launch.
+
+The KV pool, as SGLang sizes it (profile_max_num_token): what the static pool (`--mem-fraction-static` of the
+memory available before loading, P) holds beyond the weights and what was allocated before it, so at a
+fraction m below the baseline's m0 it is smaller by (m0 - m) * P. P is not logged, but the baseline's static
+pool held its weights and its KV pool, so P >= (weights + KV) / m0; that lower bound gives an upper bound on
+the smaller pool, so a pool predicted too small certainly is. A speculative draft only adds weights and KV
+per token (the bound still holds); other settings may free a little memory before the pool is sized (NCCL's
+buffers, custom all-reduce's workspace, the request-to-token table), hence SLACK_SHARE; a launch with another
+TP size, KV cache dtype, quantization, model or context length is not predicted from the baseline at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import SearchSpace, Study
+from autotune.dialect.gpu_support import cannot_run, compute_capability
+from autotune.node.check import NodeReport
+from autotune.study.incompatible import KnownIncompatibilities
+from autotune.study.records import StudyRecord, TrialRecord
+from autotune.study.warm_start import known_failures
+
+MEM_FRACTION = "--mem-fraction-static"
+# Memory other settings may free before SGLang sizes the pool, as a share of the static pool's memory (the
+# simulated node's NCCL buffers and custom all-reduce workspace take 0.3-0.4 GB of 96 GB; 2% is 1.9 GB).
+SLACK_SHARE = 0.02
+# Settings that change the weights or the KV bytes per token: a launch setting one is not the baseline's.
+LAYOUT_FLAGS = frozenset(
+    {
+        "--tp-size", "--tensor-parallel-size", "--tp", "--dp-size", "--data-parallel-size", "--dp",
+        "--pp-size", "--pipeline-parallel-size", "--kv-cache-dtype", "--quantization", "--model-path",
+        "--context-length",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a proposal is not launched: `oom` for a predicted out-of-memory (pruned with the penalty),
+    else a known incompatibility (failed)."""
+
+    why: str
+    oom: bool
+
+
+def known_before_launch(
+    study: Study,
+    ostudy: optuna.Study,
+    trial: optuna.Trial | FrozenTrial,
+    facts: NodeReport | None,
+    *,
+    gpu: bool = True,
+    memory: bool = True,
+) -> Refusal | None:
+    """Why `trial`'s proposal certainly fails on the node the check found `facts` on (`gpu`: a flag its GPU
+    cannot run; `memory`: a KV pool too small), or None. A trial asked for on purpose (the baseline, a
+    config queued by hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
+    if TrialRecord.of(trial).deliberate:
+        return None
+    if gpu and (refused := gpu_cannot_run(trial.params, facts)) is not None:
+        return refused
+    if not memory:
+        return None
+    return kv_pool_too_small(
+        trial.params,
+        TrialRecord.of(trial).hardware,
+        ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+        StudyRecord.of(ostudy).server_choices,
+        longest_prompt(study),
+    )
+
+
+def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> Refusal | None:
+    """A flag value among `params` that the node's GPU architecture cannot run (gpu_support.REQUIREMENTS)."""
+    if facts is None or not facts.gpus:
+        return None
+    name = facts.gpus[0].name
+    capability = compute_capability(name)
+    if capability is None:
+        return None
+    found = cannot_run(params, capability)
+    if found is None:
+        return None
+    flag, value, requirement = found
+    return Refusal(
+        f"known incompatible with this node ({name}, SM{capability[0]}{capability[1]}): {flag}={value}: "
+        f"{requirement.needs} (SGLang {requirement.source})",
+        oom=False,
+    )
+
+
+def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> list[tuple[str, object]]:
+    """The (parameter, value) pairs of `space` the node's GPU architecture cannot run."""
+    return [
+        (name, value)
+        for name in space.spec.parameters
+        for value in space.possible_values(name) or ()
+        if gpu_cannot_run({name: value}, facts) is not None
+    ]
+
+
+def remember_known_failures(
+    known: KnownIncompatibilities,
+    ostudy: optuna.Study,
+    space: SearchSpace,
+    facts: NodeReport | None,
+    hardware: str | None,
+) -> str | None:
+    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run and those the
+    earlier study this one started from (`--from`) could not run on the same GPUs (the sampler then holds a
+    parameter left with one value, as after a failure); what to tell the user, when something is new."""
+    unrunnable = known.add(gpu_cannot_run_values(space, facts), hardware)
+    earlier = known.add(
+        [(name, value) for name, value in known_failures(ostudy, hardware) if name in space], hardware
+    )
+    lines = []
+    if unrunnable and facts is not None and facts.gpus:
+        values = ", ".join(f"{name}={value}" for name, value, _ in unrunnable)
+        gpu = facts.gpus[0].name
+        lines.append(f"not proposed on this node's GPU ({gpu}), which SGLang cannot run them on: {values}")
+    if earlier:
+        values = ", ".join(f"{name}={value}" for name, value, _ in earlier)
+        lines.append(
+            f"not proposed: the earlier study failed them on these GPUs: {values} (start without --from to "
+            "try them on this SGLang)"
+        )
+    return "\n".join(lines) or None
+
+
+def longest_prompt(study: Study) -> int | None:
+    """The longest prompt the objective's workload sends, in tokens, when the study file says it (random
+    prompts of at most `input_len`); None for prompts from a file or shared prefixes."""
+    workload = study.objective.workload
+    if workload is None or workload.prompts is not None or workload.sharing is not None:
+        return None
+    return workload.input_len
+
+
+def kv_pool_too_small(
+    params: Mapping[str, object],
+    hardware: object,
+    trials: list[FrozenTrial],
+    server_choices: Mapping[str, float],
+    longest: int | None,
+) -> Refusal | None:
+    """Why a proposal with `params` on `hardware` certainly leaves SGLang a KV pool with no room for the
+    longest prompt (`longest` tokens; None: for one token), from the memory report of a baseline among
+    `trials` on that hardware (its fraction: its own value, else `server_choices`, SGLang's), or None."""
+    fraction = params.get(MEM_FRACTION)
+    if not isinstance(fraction, int | float) or any(params.get(flag) is not None for flag in LAYOUT_FLAGS):
+        return None
+    for baseline in trials:
+        record = TrialRecord.of(baseline)
+        memory = record.server_memory
+        weights, kv_gb, kv_tokens = (memory.get(k) for k in ("weights_gb", "kv_cache_gb", "kv_cache_tokens"))
+        own = baseline.params.get(MEM_FRACTION)
+        m0 = own if isinstance(own, int | float) else server_choices.get(MEM_FRACTION)
+        if (
+            not record.baseline
+            or record.hardware != hardware
+            or not weights
+            or not kv_gb
+            or not kv_tokens
+            or not m0
+            or fraction >= m0
+        ):
+            continue
+        per_token_gb = kv_gb / kv_tokens
+        available = (weights + kv_gb) / m0  # at least the memory the static pool is a share of
+        most = kv_gb - (m0 - fraction) * available + SLACK_SHARE * available
+        needed = (longest or 0) + 1
+        if most >= needed * per_token_gb:
+            return None
+        room = max(int(most / per_token_gb), 0)
+        prompt = f"the longest prompt's {longest} tokens" if longest else "one token"
+        return Refusal(
+            f"predicted OOM: trial {baseline.number} (the baseline) held {weights:.1f} GB of weights and a "
+            f"KV pool of {int(kv_tokens)} tokens ({kv_gb:.2f} GB) per GPU at --mem-fraction-static {m0:g}; "
+            f"at {fraction:g} the pool holds at most {room} tokens, not {prompt} (kv_pool_too_small)",
+            oom=True,
+        )
+    return None
