@@ -143,7 +143,8 @@ class ConsoleReporter(StudyCallback):
             self._line("stopping: no trial was running; a resume continues where the study stopped")
         else:
             trials = f"trial {numbers}" if len(event.trials) == 1 else f"trials {numbers}"
-            self._line(f"stopping {trials} (Ctrl-C again to stop at once)")
+            again = "Ctrl-C" if event.signal == "SIGINT" else event.signal  # a second one stops at once too
+            self._line(f"stopping {trials} ({again} again to stop at once)")
 
     def summary_updated(self, event: SummaryUpdated) -> None:
         """The node hours spent and left after each server trial, with an ETA at this run's pace."""

@@ -123,9 +123,10 @@ class SummaryUpdated:
 
 @dataclass(frozen=True)
 class StudyInterrupting:
-    """The first Ctrl-C: the running trials are being stopped."""
+    """The first Ctrl-C (or SIGTERM, SIGHUP: `signal`): the running trials are being stopped."""
 
     trials: tuple[int, ...]
+    signal: str = "SIGINT"
 
 
 @dataclass(frozen=True)

@@ -309,10 +309,10 @@ class StudyDriver:
                     run.total = total  # a round at a time (study.confirm), while the node hours pay for it
                     self._trials(run, pool, total, None, ctrl_c)
         except KeyboardInterrupt as exc:
-            self._interrupt(run, pool)
-            run.observers.study_ended(StudyEnded(study, ostudy, None))
             # The signal remembered: a KeyboardInterrupt caught and raised again on the way lost it.
             signum = ctrl_c.signum if ctrl_c.is_set() else stop_signal(exc)
+            self._interrupt(run, pool, signum=signum)
+            run.observers.study_ended(StudyEnded(study, ostudy, None))
             raise StudyInterrupted(": the running trials were stopped; resume to continue", signum) from None
         except Exception as exc:
             if (unwritable := storage_unwritable(study, exc)) is None:
@@ -567,11 +567,14 @@ class StudyDriver:
             enqueue_retry(run.ostudy, trial.number, trial.params, TrialRecord.of(trial), once=once)
         return learned
 
-    def _interrupt(self, run: RunState, pool: NodePool, *, record: bool = True) -> None:
-        """First Ctrl-C: stop every running server, record the trials as interrupted (not in a storage that
-        cannot be written: `record=False`), close their runs."""
+    def _interrupt(
+        self, run: RunState, pool: NodePool, *, record: bool = True, signum: int = signal.SIGINT
+    ) -> None:
+        """First Ctrl-C (or `signum`): stop every running server, record the trials as interrupted (not in a
+        storage that cannot be written: `record=False`), close their runs."""
         if record:
-            run.observers.study_interrupting(StudyInterrupting(tuple(sorted(run.running))))
+            running = tuple(sorted(run.running))
+            run.observers.study_interrupting(StudyInterrupting(running, signal.Signals(signum).name))
         pool.abort_all()
         logs: dict[int, str] = {}
         deadline = time.monotonic() + INTERRUPT_WAIT_S

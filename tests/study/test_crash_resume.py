@@ -328,6 +328,7 @@ def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
             os.killpg(driver.pid, signal.SIGKILL)  # what Ray's own processes leave stays in the group
     text = log.read_text(errors="replace")
     assert f"autotune: stopped by {sig.name}: the running trials were stopped; resume to continue" in text
+    assert f"({sig.name} again to stop at once)" in text and "Ctrl-C again" not in text, text[-4000:]
     assert "*** SIGTERM received" not in text and "Traceback" not in text, text[-4000:]
     ostudy = optuna.load_study(
         study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"

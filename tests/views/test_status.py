@@ -156,6 +156,16 @@ def test_a_ctrl_c_says_which_trials_it_stops_in_a_sentence(trials: tuple[int, ..
     assert stream.getvalue() == line + "\n"
 
 
+def test_a_sigterm_says_what_stops_at_once_in_its_own_words() -> None:
+    # After `timeout` sent SIGTERM on the H200 the console still said "Ctrl-C again to stop at once".
+    from autotune.cli.console import ConsoleReporter
+    from autotune.study.callbacks import StudyInterrupting
+
+    stream = io.StringIO()
+    ConsoleReporter(stream).study_interrupting(StudyInterrupting((8,), "SIGTERM"))
+    assert stream.getvalue() == "stopping trial 8 (SIGTERM again to stop at once)\n"
+
+
 @pytest.mark.integration  # the CLI, the simulated node's all-reduce jobs, a Ctrl-C
 def test_a_ctrl_c_in_the_nccl_stage_leaves_a_status_that_shows_the_stage(
     study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
