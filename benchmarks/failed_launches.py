@@ -49,8 +49,8 @@ class Spent:
 
 
 def one_study(profile: Profile, seed: int) -> Spent:
-    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: object) -> Spent:
-        trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    def inspect(study: Study, optuna_study: optuna.Study, clock: NodeClock, rerun: object) -> Spent:
+        trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
         failed: Counter[str] = Counter()
         failed_s = 0.0
         for number, seconds in clock.seconds.items():

@@ -183,14 +183,14 @@ def measure_latency(case: Case, pool_kind: str, n_trials: int) -> Latency:
         watch = FatalLineWatch(Path(folder))
         watch.start()
         try:
-            ostudy = StudyDriver(study, pool=pool, preflight=False).run()
+            optuna_study = StudyDriver(study, pool=pool, preflight=False).run()
         finally:
             watch.stop()
             if pool_kind == "ray":
                 import ray
 
                 ray.shutdown()
-        kinds = {t.number: t.user_attrs.get(FAILURE_KIND_ATTR, t.state.name) for t in ostudy.trials}
+        kinds = {t.number: t.user_attrs.get(FAILURE_KIND_ATTR, t.state.name) for t in optuna_study.trials}
     missing = sorted(set(told) - set(watch.seen))
     if missing:
         raise RuntimeError(f"{case.label}: trials {missing} were told with no fatal line in their logs")

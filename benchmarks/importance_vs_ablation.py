@@ -59,25 +59,29 @@ def model_pool(_study: Study) -> NodePool:
     return LocalNodePool({"n": executor}, {"n": node_report("n", hw, model)})
 
 
-def old_importances(ostudy: optuna.Study) -> dict[str, float]:
+def old_importances(optuna_study: optuna.Study) -> dict[str, float]:
     """What the plot drew before: Optuna's default evaluator over the parameters every trial has."""
-    trials = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished() and t.values and t.params]
+    trials = [
+        t for t in optuna_study.get_trials(deepcopy=False) if t.state.is_finished() and t.values and t.params
+    ]
     common = set.intersection(*(set(t.params) for t in trials))
     varied = sorted(n for n in common if len({repr(t.params[n]) for t in trials}) > 1)
-    return dict(optuna.importance.get_param_importances(ostudy, params=varied))
+    return dict(optuna.importance.get_param_importances(optuna_study, params=varied))
 
 
 def one_seed(seed: int, n_trials: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         path = study_file(Path(folder), seed, n_trials)
-        ostudy = StudyDriver(load_study(path), pool=model_pool, tracking=None).run()
-        plan = plan_ablation(ostudy)
-        enqueue_ablation(ostudy, plan)
+        optuna_study = StudyDriver(load_study(path), pool=model_pool, tracking=None).run()
+        plan = plan_ablation(optuna_study)
+        enqueue_ablation(optuna_study, plan)
         driver = StudyDriver(load_study(path), pool=model_pool, tracking=None, queued_only=True)
-        ostudy = driver.run(len(ostudy.trials) + len(plan.reverts))
-        ablation = ablation_results(ostudy)
+        optuna_study = driver.run(len(optuna_study.trials) + len(plan.reverts))
+        ablation = ablation_results(optuna_study)
         search = optuna.create_study(direction="maximize")
-        search.add_trials([t for t in ostudy.get_trials(deepcopy=False) if ablation_of(t, ostudy) is None])
+        search.add_trials(
+            [t for t in optuna_study.get_trials(deepcopy=False) if ablation_of(t, optuna_study) is None]
+        )
         new = param_importances(plot_data(search, "output_throughput", "tok/s")) or {}
         return {"ablation": ablation, "new": new, "old": old_importances(search)}
 

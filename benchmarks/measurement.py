@@ -121,11 +121,11 @@ def short_first(profile: Profile, seed: int, n_trials: int, short: bool, ladder:
     with tempfile.TemporaryDirectory() as folder:
         study = write_study(Path(folder), profile, n_trials, seed, objective)
         node = ClockedNode(profile)
-        ostudy = run(study, node)
-    best = best_trial(ostudy)
+        optuna_study = run(study, node)
+    best = best_trial(optuna_study)
     return ShortFirstRow(
         node_h=sum(node.seconds.values()) / 3600,
-        pruned_by_short=sum(1 for t in ostudy.trials if t.user_attrs.get(PRUNED_BY_ATTR)),
+        pruned_by_short=sum(1 for t in optuna_study.trials if t.user_attrs.get(PRUNED_BY_ATTR)),
         best=best.value if best is not None and best.value is not None else 0.0,
     )
 
@@ -160,22 +160,22 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
     with tempfile.TemporaryDirectory() as folder:
         study = write_study(Path(folder), profile, n_trials, seed, objective)
         node = ClockedNode(profile, noise, noise_seed=seed)
-        ostudy = run(study, node)
-        single = best_trial(ostudy)
-        ostudy = remeasure(study, ostudy, lambda total: _run_to(study, node, ostudy, total))
-        answer = remeasured_answer(ostudy)
+        optuna_study = run(study, node)
+        single = best_trial(optuna_study)
+        optuna_study = remeasure(study, optuna_study, lambda total: _run_to(study, node, optuna_study, total))
+        answer = remeasured_answer(optuna_study)
     if single is None or answer is None or answer.baseline is None or answer.gain is None:
         return None
-    by_number = {t.number: t for t in ostudy.trials}
+    by_number = {t.number: t for t in optuna_study.trials}
     base_true = true_value(study, profile, None)
-    base_single = next(t for t in ostudy.trials if t.user_attrs.get(BASELINE_ATTR)).value or 0.0
+    base_single = next(t for t in optuna_study.trials if t.user_attrs.get(BASELINE_ATTR)).value or 0.0
 
     def true_gain(number: int) -> float:
         trial = by_number[number]
         params = None if trial.user_attrs.get(BASELINE_ATTR) else dict(trial.params)
         return (true_value(study, profile, params) / base_true - 1) * 100
 
-    groups = {g.of: g for g in measurement_groups(ostudy)}
+    groups = {g.of: g for g in measurement_groups(optuna_study)}
     single_group = next(g for g in groups.values() if single.number in g.trials)
     interval = answer.best.interval or (answer.best.mean, answer.best.mean)
     return RemeasureRow(
@@ -186,16 +186,16 @@ def remeasured(profile: Profile, seed: int, n_trials: int, noise: float) -> Reme
         remeasured_claimed_gain=answer.gain.pct,
         within_noise=answer.gain.within_noise,
         ci_width_pct=(interval[1] - interval[0]) / answer.best.mean * 100,
-        extra_trials=sum(1 for t in ostudy.trials if REMEASURE_OF_ATTR in t.user_attrs),
+        extra_trials=sum(1 for t in optuna_study.trials if REMEASURE_OF_ATTR in t.user_attrs),
     )
 
 
-def _run_to(study: Study, node: ClockedNode, ostudy: optuna.Study, total: int) -> optuna.Study:
+def _run_to(study: Study, node: ClockedNode, optuna_study: optuna.Study, total: int) -> optuna.Study:
     """Continue the same in-memory study to `total` trials (the re-measurements queued in it)."""
     driver = StudyDriver(
         study,
         pool=lambda _: LocalNodePool({NODE: node}),
-        storage=optuna_internals.storage_of(ostudy),
+        storage=optuna_internals.storage_of(optuna_study),
     )
     return driver.run(total)
 

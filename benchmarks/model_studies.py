@@ -364,7 +364,7 @@ def run_study(
     on or off, `nccl_stage` its NCCL all-reduce stage, whose node time counts with the first trial's;
     `trust` is the study file's section (True: the product's defaults; False: no baseline repeat, no
     confirmation, no stopping rule, every proposal launched). With `noise`, the node measures with
-    run-to-run noise drawn from `seed` (NodeClock); `inspect(study, ostudy, clock, rerun)` runs on the
+    run-to-run noise drawn from `seed` (NodeClock); `inspect(study, optuna_study, clock, rerun)` runs on the
     finished study before its files go, its answer kept in `inspected` (`rerun(total)` runs the trials it
     queued, as `autotune compare` does)."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
@@ -388,13 +388,13 @@ def run_study(
             remember_incompatible=remember_incompatible,
             memory_edge=memory_edge,
         )
-        ostudy = driver.run()
+        optuna_study = driver.run()
 
         def rerun(total: int) -> optuna.Study:  # the trials queued since, on the same node and storage
             return StudyDriver(study, pool=pool, storage=storage, queued_only=True).run(total)
 
-        inspected = inspect(study, ostudy, clock, rerun) if inspect is not None else None
-    trials = sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number)
+        inspected = inspect(study, optuna_study, clock, rerun) if inspect is not None else None
+    trials = sorted(optuna_study.get_trials(deepcopy=False), key=lambda t: t.number)
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(
         values=[_feasible_value(t) for t in used],
@@ -403,7 +403,7 @@ def run_study(
         ],
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
-        answer=answer.record() if (answer := study_answer(ostudy)) is not None else None,
+        answer=answer.record() if (answer := study_answer(optuna_study)) is not None else None,
         inspected=inspected,
     )
 

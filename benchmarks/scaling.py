@@ -111,18 +111,18 @@ def measure(nodes: int, n_trials: int, startup_scale: float) -> Scaled:
 
         with tempfile.TemporaryDirectory(prefix="autotune-scaling-") as folder:
             study = write_study(Path(folder), n_trials, cluster.address, startup_scale)
-            ostudy = StudyDriver(study, [Marks()], pool=pool, tracking=study_tracker).run()
+            optuna_study = StudyDriver(study, [Marks()], pool=pool, tracking=study_tracker).run()
             # Each launch leaves its trial's folder on the node that ran it: a trial run twice shows twice.
             runs = Counter(int(p.name.split("-")[1]) for p in (study.workdir / "nodes").glob("*/trial-*"))
             nodes_used = sum(1 for p in (study.workdir / "nodes").iterdir() if any(p.glob("trial-*")))
-        launched = [t for t in ostudy.trials if t.state.is_finished() and t.user_attrs.get(NODE_ATTR)]
+        launched = [t for t in optuna_study.trials if t.state.is_finished() and t.user_attrs.get(NODE_ATTR)]
         seen: set[tuple[tuple[str, str], ...]] = set()
         repeated = 0
         for trial in launched:
             key = tuple(sorted((k, repr(v)) for k, v in trial.params.items()))
             repeated += key in seen and not trial.user_attrs.get(BASELINE_ATTR)
             seen.add(key)
-        states = Counter(t.state.name for t in ostudy.trials if t.state is not TrialState.WAITING)
+        states = Counter(t.state.name for t in optuna_study.trials if t.state is not TrialState.WAITING)
         spans = [
             (t.datetime_complete - t.datetime_start).total_seconds()
             for t in launched

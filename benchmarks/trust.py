@@ -116,20 +116,20 @@ class Answer:
     confirmed: bool  # the product's own answer says it measured the gain in interleaved rounds
 
 
-def single_measurement_answer(ostudy: optuna.Study) -> Answer:
+def single_measurement_answer(optuna_study: optuna.Study) -> Answer:
     """Before: the best single measurement and its gain over the baseline's single measurement, as
     `autotune best` answered before the study confirmed anything."""
-    best = best_trial(ostudy)
+    best = best_trial(optuna_study)
     assert best is not None and best.value is not None, "the study has no completed trial"
-    base = next(t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR))
+    base = next(t for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR))
     gain = (best.value / base.value - 1) * 100 if base.value else None
     is_base = bool(best.user_attrs.get(BASELINE_ATTR))
     return Answer(best.number, gain, not is_base and gain is not None and gain > 0, False)
 
 
-def study_answer(ostudy: optuna.Study) -> Answer:
+def study_answer(optuna_study: optuna.Study) -> Answer:
     """After: the product's own answer, what `autotune best --json` reports (study.answer.study_answer)."""
-    answer = product_answer(ostudy)
+    answer = product_answer(optuna_study)
     assert answer is not None, "the study has no answer"
     gain = answer.gain_pct
     if answer.confirmed:
@@ -243,11 +243,11 @@ class Outcome:
 PARTS = ("NCCL stage", "baseline + repeats", "search", "failed", "confirmation")
 
 
-def parts(ostudy: optuna.Study, clock: NodeClock) -> tuple[tuple[str, float], ...]:
+def parts(optuna_study: optuna.Study, clock: NodeClock) -> tuple[tuple[str, float], ...]:
     """The study's node hours by part (PARTS): every launch the clock timed, in one part each."""
     hours = dict.fromkeys(PARTS, 0.0)
     hours["NCCL stage"] = clock.stage_s / 3600
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
     for number, seconds in clock.seconds.items():
         trial = trials.get(number)
         if trial is None or COMPARE_ATTR in trial.user_attrs:
@@ -344,10 +344,11 @@ def run_job(job: Job) -> Outcome:
     base_true = truth.value_of(truth.space.baseline())
 
     def inspect(
-        study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: Callable[[int], optuna.Study]
+        study: Study, optuna_study: optuna.Study, clock: NodeClock, rerun: Callable[[int], optuna.Study]
     ) -> Outcome:
-        answer = study_answer(ostudy) if job.trust is not False else single_measurement_answer(ostudy)
-        chosen = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == answer.trial)
+        single = job.trust is False
+        answer = single_measurement_answer(optuna_study) if single else study_answer(optuna_study)
+        chosen = next(t for t in optuna_study.get_trials(deepcopy=False) if t.number == answer.trial)
         config = trial_config(study, chosen)
         true_value = truth.value_of(config)
         nccl_defaults = dataclasses.replace(
@@ -359,11 +360,11 @@ def run_job(job: Job) -> Outcome:
             # The separate compare, as the real run's: on the next lease, with draws of its own.
             clock.lease, clock.lease_every = 1 + job.n_trials // LEASE_EVERY, 0
             clock.noise_seed += 5000
-            gain = compare(study, ostudy, job.compare_rounds, trial=answer.trial, run=rerun).gain()
+            gain = compare(study, optuna_study, job.compare_rounds, trial=answer.trial, run=rerun).gain()
             confirmed_claims = gain is not None and gain.verdict == "gain"
         launched = [  # the study's: the separate compare's apart (its node time counts in node_h)
             t
-            for t in ostudy.get_trials(deepcopy=False)
+            for t in optuna_study.get_trials(deepcopy=False)
             if NODE_ATTR in t.user_attrs and COMPARE_ATTR not in t.user_attrs
         ]
         return Outcome(
@@ -377,7 +378,7 @@ def run_job(job: Job) -> Outcome:
             true_value=true_value,
             node_h=clock.total_s / 3600,
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
-            parts=parts(ostudy, clock),
+            parts=parts(optuna_study, clock),
             nccl_gain_pct=(true_value / without_nccl - 1) * 100 if without_nccl else 0.0,
         )
 

@@ -71,8 +71,8 @@ def tune(
     study = write_study(folder, profile, N_TRIALS, seed=seed, nccl_stage=profile.tp > 1, trust=True)
     if from_study is not None:
         start_from(study, read_earlier(from_study, study))
-    ostudy = StudyDriver(study, pool=pool).run()
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    optuna_study = StudyDriver(study, pool=pool).run()
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
     spent, reached = clock.stage_s, None
     for number, seconds in clock.seconds.items():  # in the order they ran
         spent += seconds
@@ -83,7 +83,7 @@ def tune(
         )
         if good and reached is None:
             reached = spent / 3600
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     value = landscape.value_of(trial_config(study, trials[answer.trial])) if answer is not None else 0.0
     verdict = answer.verdict if answer is not None else "none"
     return study, Tune(clock.total_s / 3600, len(clock.seconds), reached, value, verdict)

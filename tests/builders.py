@@ -9,7 +9,8 @@ server on this machine, and `e2e_study()` the small study of it that the end-to-
 objective given as a mapping is written beside the study file and named relatively, as in a user's project.
 
 `model_pool()` runs a study's trials on nodes the simulated node's model answers, at once and in this process.
-`stored_trial()` and `optuna_study()` write an Optuna study by hand, trial by trial, as the loop stores one.
+`stored_trial()` and `study_of_trials()` write an Optuna study by hand, trial by trial, as the loop stores
+one.
 """
 
 from __future__ import annotations
@@ -186,9 +187,9 @@ def model_pool(nodes: int = 1, *, noise: float = 0.0, checked: bool = True) -> C
     )
 
 
-def launched(ostudy: optuna.Study) -> list[FrozenTrial]:
+def launched(optuna_study: optuna.Study) -> list[FrozenTrial]:
     """The trials a node ran (not those answered without a launch)."""
-    return [t for t in ostudy.get_trials(deepcopy=False) if "node" in t.user_attrs]
+    return [t for t in optuna_study.get_trials(deepcopy=False) if "node" in t.user_attrs]
 
 
 def one_value_space(name: str, value: object) -> dict[str, object]:
@@ -237,15 +238,15 @@ def stored_trial(
     )
 
 
-def optuna_study(
+def study_of_trials(
     *trials: FrozenTrial,
     direction: Literal["maximize", "minimize"] = "maximize",
     storage: str | None = None,
     **attrs: Any,
 ) -> optuna.Study:
     """An Optuna study holding `trials` in order (in memory, or in `storage`), `attrs` its user attributes."""
-    ostudy = optuna.create_study(storage=storage, direction=direction)
+    optuna_study = optuna.create_study(storage=storage, direction=direction)
     for name, value in attrs.items():
-        ostudy.set_user_attr(name, value)
-    ostudy.add_trials(trials)
-    return ostudy
+        optuna_study.set_user_attr(name, value)
+    optuna_study.add_trials(trials)
+    return optuna_study

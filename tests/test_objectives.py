@@ -640,9 +640,9 @@ def run_sim_study(
     from autotune.study.storage import open_study
 
     study = load_study(path)
-    ostudy = open_study(study)
+    optuna_study = open_study(study)
     for params in enqueue:
-        ostudy.enqueue_trial(params)
+        optuna_study.enqueue_trial(params)
 
     def pool(s: Any) -> LocalNodePool:
         node = TrialExecutor("local", LocalCommandRunner(), s.workdir / "nodes", port_wait_s=5)

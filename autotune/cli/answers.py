@@ -164,13 +164,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from autotune.study.summary import study_summary
 
     study = load_study(args.study_file, for_launch=False)
-    ostudy = existing_study(study)
-    trials = [_trial_record(t) for t in ostudy.get_trials(deepcopy=False)]
+    optuna_study = existing_study(study)
+    trials = [_trial_record(t) for t in optuna_study.get_trials(deepcopy=False)]
     if args.trial is not None:
         if args.trial not in {t["number"] for t in trials}:
             raise no_such_trial(study.name, args.trial, [t["number"] for t in trials])
         trials = [t for t in trials if t["number"] == args.trial]
-    summary = study_summary(ostudy)
+    summary = study_summary(optuna_study)
     from autotune.views.status import fitted, nccl_stage, terminal_width, too_narrow
 
     stage_lines, stage_held = nccl_stage(study, study.storage)
@@ -188,7 +188,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "remeasured": summary.remeasured,
                     "nccl_stage": {"text": stage_lines, "held": stage_held},
                     **_trust_record(summary.answer),
-                    "node_hours": node_hours_record(study, ostudy),
+                    "node_hours": node_hours_record(study, optuna_study),
                 },
                 indent=2,
                 default=str,
@@ -232,10 +232,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     from autotune.views.startup import startup_summary
 
-    startup = startup_summary(ostudy.get_trials(deepcopy=False))
+    startup = startup_summary(optuna_study.get_trials(deepcopy=False))
     if startup is not None:
         print("\n".join(fitted("", startup, width)))
-    print(node_hours(study, ostudy).text())
+    print(node_hours(study, optuna_study).text())
     answer = summary.answer
     said = [*answer.screened, answer.stopped] if answer is not None else []
     for text in filter(None, said):
@@ -294,10 +294,10 @@ def cmd_best(args: argparse.Namespace) -> int:
     from autotune.study.summary import study_summary
 
     study = load_study(args.study_file, for_launch=False)
-    ostudy = existing_study(study)
-    summary = study_summary(ostudy)
+    optuna_study = existing_study(study)
+    summary = study_summary(optuna_study)
     answer = summary.answer
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
     if args.trial is not None:
         best = trials.get(args.trial)
         if best is None:

@@ -152,7 +152,7 @@ class ConsoleReporter(StudyCallback):
             return
         from autotune.study.trust.node_budget import node_hours
 
-        hours = node_hours(event.study, event.ostudy)
+        hours = node_hours(event.study, event.optuna_study)
         if hours.budget_h is None:
             return
         started = getattr(self, "started", None)

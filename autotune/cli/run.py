@@ -40,19 +40,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         _start_from(study, args)
     hours_from = "--hours" if getattr(args, "hours", None) is not None else "budget.node_hours"
     driver = _driver(study, args, hours_from=hours_from)
-    ostudy = driver.run(args.n_trials, accept_changes=args.accept_changes)
-    ostudy = _remeasure(study, ostudy, args)
-    print(summary_text(study_summary(ostudy), study))
+    optuna_study = driver.run(args.n_trials, accept_changes=args.accept_changes)
+    optuna_study = _remeasure(study, optuna_study, args)
+    print(summary_text(study_summary(optuna_study), study))
     from autotune.study.trust.node_budget import node_hours
 
-    print(node_hours(study, ostudy).text())  # in the node's own clock (docs/study-file.md, "budget")
+    print(node_hours(study, optuna_study).text())  # in the node's own clock (docs/study-file.md, "budget")
     from autotune.study.enqueue import waiting_line
 
-    if waiting := waiting_line(ostudy, args.n_trials or study.file.budget.n_trials, args.study_file):
+    if waiting := waiting_line(optuna_study, args.n_trials or study.file.budget.n_trials, args.study_file):
         print(waiting)  # configs queued by hand that the spent budget left waiting
     from autotune.study.node_failing import baseline_missing
 
-    if (missing := baseline_missing(ostudy, args.study_file)) is not None:
+    if (missing := baseline_missing(optuna_study, args.study_file)) is not None:
         print(f"autotune: {missing}", file=sys.stderr)
         return EXIT_NO_ANSWER
     print(next_commands(args.study_file))
@@ -128,13 +128,13 @@ def _driver(study: Study, args: argparse.Namespace, **options: Any) -> StudyDriv
     )
 
 
-def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
+def _remeasure(study: Study, optuna_study: Any, args: argparse.Namespace) -> Any:
     """Run the re-measurements the objective asks for (none without `remeasure`, none left to run)."""
     from autotune.study.remeasure import remeasure
 
     settings = study.objective.remeasure
     if settings is None:
-        return ostudy
+        return optuna_study
 
     def run(total: int) -> Any:
         print(
@@ -144,7 +144,7 @@ def _remeasure(study: Study, ostudy: Any, args: argparse.Namespace) -> Any:
         )
         return _driver(study, args).run(total)
 
-    return remeasure(study, ostudy, run)
+    return remeasure(study, optuna_study, run)
 
 
 def cmd_remeasure(args: argparse.Namespace) -> int:
@@ -160,8 +160,8 @@ def cmd_remeasure(args: argparse.Namespace) -> int:
             "Add e.g. `remeasure: {top: 3, repeats: 3}` to the objective file (then resume with "
             "--accept-changes).",
         )
-    ostudy = _remeasure(study, existing_study(study), args)
-    print(summary_text(study_summary(ostudy), study))
+    optuna_study = _remeasure(study, existing_study(study), args)
+    print(summary_text(study_summary(optuna_study), study))
     return 0
 
 
@@ -173,8 +173,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from autotune.study.storage import budget_used
 
     study = load_study(args.study_file, for_launch=not args.dry_run)
-    ostudy = existing_study(study)
-    plan = plan_ablation(ostudy)
+    optuna_study = existing_study(study)
+    plan = plan_ablation(optuna_study)
     print(f"ablation of trial {plan.of}: revert one setting at a time to the baseline's value")
     for name, value in plan.reverts.items():
         done = " (already run)" if name in plan.done else ""
@@ -184,15 +184,16 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         print(f"  {name}: not reverted alone: {why}")
     if args.dry_run:
         return 0
-    queued = enqueue_ablation(ostudy, plan)
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    queued = enqueue_ablation(optuna_study, plan)
+    waiting = len(optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     if waiting:
         print(
             f"autotune: running {waiting} queued trial(s) ({len(queued)} new ablation trial(s))",
             file=sys.stderr,
         )
-        ostudy = _driver(study, args).run(budget_used(ostudy) + waiting)  # its tracker marks ablation runs
-    result = ablation_results(ostudy)
+        # its tracker marks ablation runs
+        optuna_study = _driver(study, args).run(budget_used(optuna_study) + waiting)
+    result = ablation_results(optuna_study)
     if result is not None:
         metric = study.objective.metric
         print(f"trial {result.of}: {metric} {result.best_value:.2f}; without each setting:")
@@ -234,8 +235,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     stored = enqueue.stored_study(study)
     queued = enqueue.plan_all(study, requests, stored)  # every config checked before any is queued
     # A new study is created as `autotune run` creates it: its baseline is queued first.
-    ostudy = open_study(study, accept_changes=args.accept_changes)
-    numbers = enqueue.enqueue(ostudy, queued)
+    optuna_study = open_study(study, accept_changes=args.accept_changes)
+    numbers = enqueue.enqueue(optuna_study, queued)
     if stored is None:
         print(f"created study {study.name!r} in {study.storage}; its baseline runs first")
     for number, entry in zip(numbers, queued, strict=True):
@@ -248,7 +249,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(f"queued trial {number}: {settings}; {rest}")
         for name, value in entry.server_chosen.items():
             print(f"  {name} = {to_arg(value)}  ({enqueue.BASELINE_CHOICE})")
-    print(enqueue.waiting_line(ostudy, study.file.budget.n_trials, args.study_file))
+    print(enqueue.waiting_line(optuna_study, study.file.budget.n_trials, args.study_file))
     return 0
 
 
@@ -264,7 +265,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "an interval needs two rounds",
             "Pass --rounds 2 or more.",
         )
-    ostudy = existing_study(study)
+    optuna_study = existing_study(study)
     metric = study.objective.metric
 
     if args.ray:
@@ -275,7 +276,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     comparison = compare(
         study,
-        ostudy,
+        optuna_study,
         args.rounds,
         trial=args.trial,
         on_run=lambda run: print(describe_run(run, metric), file=sys.stderr, flush=True),

@@ -88,24 +88,26 @@ def revert_value(
     return False, None
 
 
-def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
+def plan_ablation(optuna_study: optuna.Study) -> AblationPlan:
     """The ablation of the study's best trial; raises AutotuneError when there is nothing to ablate."""
-    best = best_trial(ostudy)
+    best = best_trial(optuna_study)
     if best is None:
-        raise AutotuneError(f"study {ostudy.study_name!r} has no completed trial yet: nothing to ablate")
+        raise AutotuneError(
+            f"study {optuna_study.study_name!r} has no completed trial yet: nothing to ablate"
+        )
     if TrialRecord.of(best).baseline or not changed_params(best):
         raise AutotuneError(
-            f"the best trial of study {ostudy.study_name!r} is the baseline (SGLang's defaults): "
+            f"the best trial of study {optuna_study.study_name!r} is the baseline (SGLang's defaults): "
             "no setting to revert"
         )
     done = {
         param
-        for trial, (of, param) in ablation_trials(ostudy.get_trials(deepcopy=False))
+        for trial, (of, param) in ablation_trials(optuna_study.get_trials(deepcopy=False))
         if of == best.number and not _interrupted(trial)
     }
     reverts: dict[str, object] = {}
     not_ablated: dict[str, str] = {}
-    chosen = StudyRecord.of(ostudy).server_choices
+    chosen = StudyRecord.of(optuna_study).server_choices
     server_chosen = []
     for name in changed_params(best):
         possible, value = revert_value(best, name, chosen)
@@ -129,15 +131,15 @@ def plan_ablation(ostudy: optuna.Study) -> AblationPlan:
     )
 
 
-def enqueue_ablation(ostudy: optuna.Study, plan: AblationPlan) -> list[str]:
+def enqueue_ablation(optuna_study: optuna.Study, plan: AblationPlan) -> list[str]:
     """Queue the plan's trials that have not run yet; returns the parameters they revert."""
-    best = next(t for t in ostudy.get_trials(deepcopy=False) if t.number == plan.of)
+    best = next(t for t in optuna_study.get_trials(deepcopy=False) if t.number == plan.of)
     queued = []
     for name, value in plan.reverts.items():
         if name in plan.done:
             continue
         # A parameter whose `when` no longer holds is simply not suggested: its fixed value goes unused.
-        ostudy.enqueue_trial(
+        optuna_study.enqueue_trial(
             {**best.params, name: value},
             user_attrs=marks(ablation_of=plan.of, ablation_param=name),
         )
@@ -159,12 +161,12 @@ def ablation_trials(trials: list[FrozenTrial]) -> list[tuple[FrozenTrial, tuple[
     return found
 
 
-def ablation_of(trial: FrozenTrial | optuna.Trial, ostudy: optuna.Study) -> tuple[int, str] | None:
+def ablation_of(trial: FrozenTrial | optuna.Trial, optuna_study: optuna.Study) -> tuple[int, str] | None:
     """(the ablated trial, the reverted parameter) when `trial` is an ablation trial or a retry of one."""
     record = TrialRecord.of(trial)
     if record.ablation_of is None and record.retry_of is None:
         return None  # neither: no need to read the study's trials
-    return _ablation_of(record, {t.number: t for t in ostudy.get_trials(deepcopy=False)})
+    return _ablation_of(record, {t.number: t for t in optuna_study.get_trials(deepcopy=False)})
 
 
 def _ablation_of(record: TrialRecord, by_number: Mapping[int, FrozenTrial]) -> tuple[int, str] | None:
@@ -183,22 +185,22 @@ def _interrupted(trial: FrozenTrial) -> bool:
     return trial.state == TrialState.FAIL and TrialRecord.of(trial).failure_kind == FailureKind.INTERRUPTED
 
 
-def ablation_results(ostudy: optuna.Study) -> Ablation | None:
+def ablation_results(optuna_study: optuna.Study) -> Ablation | None:
     """The ablation of the current best trial when it has one, else of the latest ablated trial; None
     when the study has no ablation trials."""
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     ablated = ablation_trials(trials)
     if not ablated:
         return None
-    best = best_trial(ostudy)
+    best = best_trial(optuna_study)
     numbers = {of for _, (of, _) in ablated}
     of = best.number if best is not None and best.number in numbers else max(numbers)
     target = next(t for t in trials if t.number == of)
     if target.value is None:
         return None
-    base = baseline_trial(ostudy)
+    base = baseline_trial(optuna_study)
     base_value = base.value if base is not None else None
-    sign = direction_sign(ostudy.direction)
+    sign = direction_sign(optuna_study.direction)
     gain = sign * (target.value - base_value) if base_value is not None else None
     latest: dict[str, FrozenTrial] = {}
     pending = []

@@ -53,7 +53,7 @@ class Refusal:
 
 def known_before_launch(
     study: Study,
-    ostudy: optuna.Study,
+    optuna_study: optuna.Study,
     trial: optuna.Trial | FrozenTrial,
     facts: NodeReport | None,
     *,
@@ -72,8 +72,8 @@ def known_before_launch(
     return kv_pool_too_small(
         trial.params,
         TrialRecord.of(trial).hardware,
-        ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
-        StudyRecord.of(ostudy).server_choices,
+        optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+        StudyRecord.of(optuna_study).server_choices,
         longest_prompt(study),
     )
 
@@ -109,7 +109,7 @@ def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> list[
 
 def remember_known_failures(
     known: KnownIncompatibilities,
-    ostudy: optuna.Study,
+    optuna_study: optuna.Study,
     space: SearchSpace,
     facts: NodeReport | None,
     hardware: str | None,
@@ -119,7 +119,7 @@ def remember_known_failures(
     parameter left with one value, as after a failure); what to tell the user, when something is new."""
     unrunnable = known.add(gpu_cannot_run_values(space, facts), hardware)
     earlier = known.add(
-        [(name, value) for name, value in known_failures(ostudy, hardware) if name in space], hardware
+        [(name, value) for name, value in known_failures(optuna_study, hardware) if name in space], hardware
     )
     lines = []
     if unrunnable and facts is not None and facts.gpus:

@@ -31,14 +31,14 @@ Step = Callable[[RunState], SearchEnds | None]
 
 def nodes_failing(run: RunState) -> SearchEnds | None:
     """Nothing starts on the node (study.node_failing); not recorded: a resume tries the node again."""
-    dead = node_failing(run.ostudy, run.trials_before)
+    dead = node_failing(run.optuna_study, run.trials_before)
     return None if dead is None else SearchEnds(dead.text, recorded=False, at_once=True)
 
 
 def node_hours_spent(run: RunState) -> SearchEnds | None:
     """The search's share of the node-hour budget is spent; recorded: a resume given more hours goes on
     to confirm."""
-    hours = node_budget.node_hours(run.study, run.ostudy)
+    hours = node_budget.node_hours(run.study, run.optuna_study)
     if hours.search_may_launch(len(run.running)):
         return None
     return SearchEnds(
@@ -50,31 +50,31 @@ def node_hours_spent(run: RunState) -> SearchEnds | None:
 
 def stopping_rule(run: RunState) -> SearchEnds | None:
     """The stopping rule (study.trust.stopping)."""
-    why = why_stop(run.study, run.ostudy)
+    why = why_stop(run.study, run.optuna_study)
     return None if why is None else SearchEnds(why)
 
 
 def noise_measured(run: RunState) -> None:
     """The baseline launched again while the noise is not known well enough (study.trust.noise)."""
-    repeat_baseline(run.study, run.ostudy)
+    repeat_baseline(run.study, run.optuna_study)
 
 
 def knobs_screened(run: RunState) -> SearchEnds | None:
     """Queue screening's own launches when its method has them, hold the knobs it shows to have no
     effect beyond noise (said to the observers, kept in the study), and end the search when no knob is
     left to search (study.trust.screening)."""
-    study, ostudy = run.study, run.ostudy
-    screening.plan_alone(study, ostudy, run.stage_held, run.flag_defaults)
-    found = screening.screen(study, ostudy, run.stage_held, run.flag_defaults)
+    study, optuna_study = run.study, run.optuna_study
+    screening.plan_alone(study, optuna_study, run.stage_held, run.flag_defaults)
+    found = screening.screen(study, optuna_study, run.stage_held, run.flag_defaults)
     if found:
-        screening.record(ostudy, found)
+        screening.record(optuna_study, found)
         for held in found:
             run.observers.knob_held(KnobHeld(held.why))
         # A new seed from the trials so far: the file's again would replay the first proposals.
-        held_now = {**run.stage_held, **screening.held_knobs(ostudy)}
-        run.base_sampler = run.holding(held_now, len(ostudy.get_trials(deepcopy=False)))
-        ostudy.sampler = run.current_sampler()
-    why = screening.why_all_held(study, ostudy, run.stage_held)
+        held_now = {**run.stage_held, **screening.held_knobs(optuna_study)}
+        run.base_sampler = run.holding(held_now, len(optuna_study.get_trials(deepcopy=False)))
+        optuna_study.sampler = run.current_sampler()
+    why = screening.why_all_held(study, optuna_study, run.stage_held)
     return None if why is None else SearchEnds(why)
 
 
@@ -89,6 +89,6 @@ def between_trials(run: RunState) -> None:
             continue
         run.stopped = ends.why
         if ends.recorded:
-            record_stop(run.ostudy, ends.why)
+            record_stop(run.optuna_study, ends.why)
         if ends.at_once:
             return

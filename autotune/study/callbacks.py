@@ -117,7 +117,7 @@ class SummaryUpdated:
     """The study's standing after a trial ran: its summary, and the Optuna study it was read from."""
 
     study: Study
-    ostudy: optuna.Study
+    optuna_study: optuna.Study
     summary: StudySummary
 
 
@@ -134,7 +134,7 @@ class StudyEnded:
     """The loop ended: its budget spent (`summary` the final one), or interrupted (`summary` None)."""
 
     study: Study
-    ostudy: optuna.Study
+    optuna_study: optuna.Study
     summary: StudySummary | None
 
     @property

@@ -164,36 +164,38 @@ def _text(ci: dict[str, float]) -> str:
     return f"{ci['mean']:.2f}{half}"
 
 
-def queue_rounds(study: Study, ostudy: optuna.Study, rounds: int, trial: int | None = None) -> dict[str, Any]:
+def queue_rounds(
+    study: Study, optuna_study: optuna.Study, rounds: int, trial: int | None = None
+) -> dict[str, Any]:
     """Queue `rounds` rounds of the defaults and the best config (or `trial`'s) as study trials, and
     remember the comparison in the study; a comparison of the same config and rounds that did not finish
     is continued instead (its rounds are not queued again). Returns the comparison's record."""
     if rounds < 2:
         raise AutotuneError(f"`rounds >= 2` must hold for an interval, but got ({rounds=}).")
-    chosen = _chosen_trial(ostudy, trial)
-    records = StudyRecord.of(ostudy).compares
+    chosen = _chosen_trial(optuna_study, trial)
+    records = StudyRecord.of(optuna_study).compares
     if records and (last := records[-1])["trial"] == chosen.number and last["rounds"] == rounds:
-        if len(_rounds_of(ostudy, int(last["id"]))) < 2 * rounds:
+        if len(_rounds_of(optuna_study, int(last["id"]))) < 2 * rounds:
             return dict(last)  # cut short: its queued (or interrupted, queued again) rounds run on
-    groups = measurement_groups(ostudy)
+    groups = measurement_groups(optuna_study)
     base = next((g for g in groups if g.baseline), None)
     best = next((g for g in groups if chosen.number in (g.of, *g.trials)), None)
     if base is None or best is None:
-        raise AutotuneError(f"study {ostudy.study_name!r} has no baseline measured to compare against")
+        raise AutotuneError(f"study {optuna_study.study_name!r} has no baseline measured to compare against")
     record = {"id": len(records), "trial": chosen.number, "rounds": rounds}
     for index in range(rounds):
         for position, name in enumerate(order_of_round(index)):
             mark = CompareMark(id=len(records), round=index, position=position, config=name)
-            enqueue_measurement(ostudy, base if name == DEFAULT else best, compare=mark)
-    record_compares(ostudy, [*records, record])
+            enqueue_measurement(optuna_study, base if name == DEFAULT else best, compare=mark)
+    record_compares(optuna_study, [*records, record])
     return record
 
 
-def _rounds_of(ostudy: optuna.Study, compare_id: int) -> list[FrozenTrial]:
+def _rounds_of(optuna_study: optuna.Study, compare_id: int) -> list[FrozenTrial]:
     """The finished measurements of comparison `compare_id` (not one a Ctrl-C cut short: it runs again)."""
     return [
         t
-        for t in ostudy.get_trials(deepcopy=False)
+        for t in optuna_study.get_trials(deepcopy=False)
         if (mark := TrialRecord.of(t).compare) is not None
         and mark["id"] == compare_id
         and t.state.is_finished()
@@ -201,14 +203,14 @@ def _rounds_of(ostudy: optuna.Study, compare_id: int) -> list[FrozenTrial]:
     ]
 
 
-def comparison_of(study: Study, ostudy: optuna.Study, record: dict[str, Any]) -> Comparison:
+def comparison_of(study: Study, optuna_study: optuna.Study, record: dict[str, Any]) -> Comparison:
     """The comparison `record` as its trials measured it (a view: the runs are the study's trials)."""
-    chosen = _chosen_trial(ostudy, int(record["trial"]))
+    chosen = _chosen_trial(optuna_study, int(record["trial"]))
     best = trial_config(study, chosen)
     comparison = Comparison(
         study.name, study.objective.metric, chosen.number, dict(best.env), best_flags=dict(best.flags)
     )
-    measured = _rounds_of(ostudy, int(record["id"]))
+    measured = _rounds_of(optuna_study, int(record["id"]))
     for trial in sorted(measured, key=lambda t: (_mark(t)["round"], t.number)):
         comparison.runs.append(_run_of(study, trial))
     return comparison
@@ -216,7 +218,7 @@ def comparison_of(study: Study, ostudy: optuna.Study, record: dict[str, Any]) ->
 
 def compare(
     study: Study,
-    ostudy: optuna.Study,
+    optuna_study: optuna.Study,
     rounds: int,
     *,
     trial: int | None = None,
@@ -227,7 +229,7 @@ def compare(
     the study (`queue_rounds`): they resume after Ctrl-C, are tracked as any trial and feed the noise
     estimate. `run(total_budget)` runs the queued trials (a study driver made with `queued_only`); by
     default one on the study's nodes from this process, without tracking."""
-    record = queue_rounds(study, ostudy, rounds, trial)
+    record = queue_rounds(study, optuna_study, rounds, trial)
     if run is None:
         from autotune.node.pool import in_process_pool  # the driver's default pool would start Ray
         from autotune.study.loop import StudyDriver
@@ -235,24 +237,24 @@ def compare(
         def run(total: int) -> optuna.Study:
             return StudyDriver(study, pool=in_process_pool, queued_only=True).run(total)
 
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    waiting = len(optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     if waiting:
-        ostudy = run(budget_used(ostudy) + waiting)
-    comparison = comparison_of(study, ostudy, record)
+        optuna_study = run(budget_used(optuna_study) + waiting)
+    comparison = comparison_of(study, optuna_study, record)
     for measured in comparison.runs:
         on_run(measured)
     return comparison
 
 
-def _chosen_trial(ostudy: optuna.Study, number: int | None) -> FrozenTrial:
+def _chosen_trial(optuna_study: optuna.Study, number: int | None) -> FrozenTrial:
     if number is None:
-        best = best_trial(ostudy)
+        best = best_trial(optuna_study)
         if best is None:
-            raise AutotuneError(f"study {ostudy.study_name!r} has no completed trial to compare")
+            raise AutotuneError(f"study {optuna_study.study_name!r} has no completed trial to compare")
         return best
-    trials = [t for t in ostudy.get_trials(deepcopy=False) if t.number == number]
+    trials = [t for t in optuna_study.get_trials(deepcopy=False) if t.number == number]
     if not trials or trials[0].value is None:
-        raise AutotuneError(f"trial {number} of study {ostudy.study_name!r} has no value to compare")
+        raise AutotuneError(f"trial {number} of study {optuna_study.study_name!r} has no value to compare")
     return trials[0]
 
 
@@ -271,7 +273,6 @@ def _run_of(study: Study, trial: FrozenTrial) -> Run:
         config=mark["config"],
         position=mark["position"],
         metrics=metrics,
-
         failure=None if value is not None else _failure_text(trial),
         elapsed_s=TrialRecord.of(trial).node_s or 0.0,
     )

@@ -369,20 +369,20 @@ def stored_study(study: Study) -> optuna.Study | None:
         return None
 
 
-def plan_all(study: Study, requests: Sequence[Request], ostudy: optuna.Study | None) -> list[Queued]:
+def plan_all(study: Study, requests: Sequence[Request], optuna_study: optuna.Study | None) -> list[Queued]:
     """Every request checked against the study as it is now (none queued yet)."""
-    trials = ostudy.get_trials(deepcopy=False) if ostudy is not None else []
-    server = StudyRecord.of(ostudy).server_choices if ostudy is not None else {}
+    trials = optuna_study.get_trials(deepcopy=False) if optuna_study is not None else []
+    server = StudyRecord.of(optuna_study).server_choices if optuna_study is not None else {}
     return [plan(study, request, trials, server) for request in requests]
 
 
-def waiting_line(ostudy: optuna.Study, budget: int | None, study_file: Path | str) -> str | None:
+def waiting_line(optuna_study: optuna.Study, budget: int | None, study_file: Path | str) -> str | None:
     """What to type to run the trials still waiting (None when none is): they count in the budget, so
     once it has no room for them all, the total that does (`--n-trials` is the study's whole budget)."""
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    waiting = len(optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     if not waiting:
         return None
-    used = budget_used(ostudy)
+    used = budget_used(optuna_study)
     if budget is None or used + waiting <= budget:
         return f"{waiting} trial(s) waiting: `autotune run {study_file}` runs them before the sampler's"
     return (
@@ -391,10 +391,10 @@ def waiting_line(ostudy: optuna.Study, budget: int | None, study_file: Path | st
     )
 
 
-def enqueue(ostudy: optuna.Study, queued: Sequence[Queued]) -> list[int]:
+def enqueue(optuna_study: optuna.Study, queued: Sequence[Queued]) -> list[int]:
     """Queue the checked configs, in order; returns the numbers of their trials."""
     numbers = []
     for entry in queued:
-        ostudy.enqueue_trial(dict(entry.params), user_attrs=marks(queued=entry.user_attr))
-        numbers.append(ostudy.get_trials(deepcopy=False)[-1].number)
+        optuna_study.enqueue_trial(dict(entry.params), user_attrs=marks(queued=entry.user_attr))
+        numbers.append(optuna_study.get_trials(deepcopy=False)[-1].number)
     return numbers

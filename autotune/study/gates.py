@@ -96,7 +96,7 @@ class Proposal:
     @cached_property
     def trials(self) -> list[FrozenTrial]:
         """The study's trials, read once for every check."""
-        return self.run.ostudy.get_trials(deepcopy=False)
+        return self.run.optuna_study.get_trials(deepcopy=False)
 
 
 Gate = Callable[[Proposal], Verdict | None]
@@ -137,7 +137,7 @@ def same_launch(proposal: Proposal) -> SameLaunch | None:
         return None
     counted = [t for t in proposal.trials if counts(t)]
     # A flag left unset is the server's own choice in the baseline, else its parser's default.
-    unset = {**proposal.run.flag_defaults, **StudyRecord.of(proposal.run.ostudy).server_choices}
+    unset = {**proposal.run.flag_defaults, **StudyRecord.of(proposal.run.optuna_study).server_choices}
     earlier = earlier_launch(identity, counted, unset)
     return None if earlier is None else SameLaunch(earlier)
 
@@ -162,7 +162,8 @@ def known_before(proposal: Proposal) -> Refusal | None:
     the longest prompt (autotune.study.before_launch)."""
     options, run = proposal.run.options, proposal.run
     gpu, memory = options.remember_incompatible, options.preflight
-    return known_before_launch(run.study, run.ostudy, proposal.trial, proposal.facts, gpu=gpu, memory=memory)
+    trial, facts = proposal.trial, proposal.facts
+    return known_before_launch(run.study, run.optuna_study, trial, facts, gpu=gpu, memory=memory)
 
 
 # In order: the cheap checks on the settings first, then those that need the launch built.

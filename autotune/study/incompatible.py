@@ -26,10 +26,10 @@ Incompatibility = tuple[str, object, str | None]  # parameter, value, hardware f
 class KnownIncompatibilities:
     """The (parameter, value) pairs each kind of node's hardware cannot run."""
 
-    def __init__(self, ostudy: optuna.Study, space: SearchSpace) -> None:
-        self._study = ostudy
+    def __init__(self, optuna_study: optuna.Study, space: SearchSpace) -> None:
+        self._study = optuna_study
         self._space = space
-        self.pairs: list[Incompatibility] = StudyRecord.of(ostudy).incompatible
+        self.pairs: list[Incompatibility] = StudyRecord.of(optuna_study).incompatible
 
     def learn(
         self, params: Mapping[str, object], failure: Failure, hardware: str | None

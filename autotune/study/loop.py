@@ -101,19 +101,19 @@ class StudyInterrupted(AutotuneError):
         super().__init__(f"{how}{what}")
 
 
-def recover_interrupted(study: Study, ostudy: optuna.Study) -> list[FrozenTrial]:
+def recover_interrupted(study: Study, optuna_study: optuna.Study) -> list[FrozenTrial]:
     """Trials a dead driver left RUNNING: FAIL them as interrupted and enqueue them again; returns them as
     they were found (their runs are for the tracker to close)."""
     recovered = []
     with study_lock(study) as locked:
-        abandoned = abandoned_trials(ostudy, locked=locked)
+        abandoned = abandoned_trials(optuna_study, locked=locked)
     for trial in abandoned:
-        record_failure(optuna_internals.StoredTrial(ostudy, trial), FailureKind.INTERRUPTED)
-        ostudy.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        record_failure(optuna_internals.StoredTrial(optuna_study, trial), FailureKind.INTERRUPTED)
+        optuna_study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         # The queued values too: a trial enqueued (the baseline, a retry, a config queued by hand) and asked
         # for by a driver that died before suggesting them holds no params yet.
         params = {**optuna_internals.fixed_params(trial), **trial.params}
-        enqueue_retry(ostudy, trial.number, params, TrialRecord.of(trial), once=False)
+        enqueue_retry(optuna_study, trial.number, params, TrialRecord.of(trial), once=False)
         recovered.append(trial)
     return recovered
 
@@ -211,7 +211,7 @@ class StudyDriver:
             pool.close()
             raise
         self._drive(run, pool, held)
-        return run.ostudy
+        return run.optuna_study
 
     # -- a run's phases: open, start the nodes, drive ------------------------------------------------------
     def _open(
@@ -230,20 +230,20 @@ class StudyDriver:
         study.ensure_workdir()
         storage = storage if storage is not None else rdb_storage(study.storage)
         trials_before = trials_so_far(storage, study.name)  # before a new study's baseline is queued
-        ostudy = open_study(study, accept_changes=accept_changes, sampler=sampler, storage=storage)
+        optuna_study = open_study(study, accept_changes=accept_changes, sampler=sampler, storage=storage)
         if not options.queued_only:
-            node_budget.check_budget(study, ostudy, options.hours_from)  # before any launch or write
-            node_budget.record_budget(study, ostudy)
-        known = KnownIncompatibilities(ostudy, study.search_space)
-        base_sampler = ostudy.sampler
+            node_budget.check_budget(study, optuna_study, options.hours_from)  # before any launch or write
+            node_budget.record_budget(study, optuna_study)
+        known = KnownIncompatibilities(optuna_study, study.search_space)
+        base_sampler = optuna_study.sampler
         # A search that stopped early stays stopped on a plain resume (which then finishes the confirmation);
         # a resume given --n-trials asks for more search.
-        stopped = stopped_early(ostudy) if n_trials is None else None
+        stopped = stopped_early(optuna_study) if n_trials is None else None
         with study_lock(study):  # drivers starting together must not create the tracking store twice
             tracker = [self.tracking(study)] if self.tracking else []
         run = RunState(
             study=study,
-            ostudy=ostudy,
+            optuna_study=optuna_study,
             storage=storage,
             observers=CallbackList([*tracker, *self.callbacks]),
             known=known,
@@ -260,8 +260,8 @@ class StudyDriver:
         )
         recovered = self._recover(run)
         if not options.queued_only:
-            requeue_baseline(study, ostudy)  # its node may have been fixed since (study.node_failing)
-        run.done = finished_count(ostudy)
+            requeue_baseline(study, optuna_study)  # its node may have been fixed since (study.node_failing)
+        run.done = finished_count(optuna_study)
         self._refresh_standing(run)
         run.observers.study_started(StudyStarted(study, tuple(recovered)))
         return run
@@ -272,29 +272,30 @@ class StudyDriver:
         try:
             return make_pool(run.study)
         except KeyboardInterrupt as exc:  # Ctrl-C while Ray starts: no trial has started yet
-            run.observers.study_ended(StudyEnded(run.study, run.ostudy, None))
+            run.observers.study_ended(StudyEnded(run.study, run.optuna_study, None))
             signum = stop_signal(exc)
             raise StudyInterrupted(" while the nodes started; no trial was running", signum) from None
         except BaseException:  # a node check refused the start: no parent run left RUNNING
-            run.observers.study_ended(StudyEnded(run.study, run.ostudy, None))
+            run.observers.study_ended(StudyEnded(run.study, run.optuna_study, None))
             raise
 
     def _drive(self, run: RunState, pool: NodePool, held: dict[str, Any]) -> None:
         """The search, then the confirmation rounds, on `pool` (closed at the end); the study's end told."""
-        study, ostudy = run.study, run.ostudy
+        study, optuna_study = run.study, run.optuna_study
         run.stage_held = held
         run.flag_defaults = screening.flag_defaults(self._flag_tables(pool))
-        screened = screening.held_knobs(ostudy)  # a resumed study holds what its screening held
+        screened = screening.held_knobs(optuna_study)  # a resumed study holds what its screening held
         if held or screened:
             run.base_sampler = run.holding({**held, **screened})
-            for line in screening.screened_lines(ostudy):
+            for line in screening.screened_lines(optuna_study):
                 run.observers.knob_held(KnobHeld(line))
         run.hardware = {self._hardware(run, pool, node) for node in pool.idle_nodes()}
         for node in pool.idle_nodes() if self.options.remember_incompatible else ():  # known before a launch
             facts, hardware = pool.facts(node), run.hardware_by_node[node]
-            if notice := remember_known_failures(run.known, ostudy, study.search_space, facts, hardware):
+            space = study.search_space
+            if notice := remember_known_failures(run.known, optuna_study, space, facts, hardware):
                 run.observers.knob_held(KnobHeld(notice))
-        ostudy.sampler = run.current_sampler()
+        optuna_study.sampler = run.current_sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:
                 run.searching = True
@@ -302,9 +303,11 @@ class StudyDriver:
                 run.searching = False
                 if run.stopped is not None:
                     run.observers.knob_held(KnobHeld(run.stopped))
-                node_budget.clear_ran_out(ostudy)
+                node_budget.clear_ran_out(optuna_study)
                 affordable = partial(self._affordable, run)
-                rounds = () if run.options.queued_only else confirmation_rounds(study, ostudy, affordable)
+                rounds = (
+                    () if run.options.queued_only else confirmation_rounds(study, optuna_study, affordable)
+                )
                 for total in rounds:
                     run.total = total  # a round at a time (study.confirm), while the node hours pay for it
                     self._trials(run, pool, total, None, ctrl_c)
@@ -312,17 +315,17 @@ class StudyDriver:
             # The signal remembered: a KeyboardInterrupt caught and raised again on the way lost it.
             signum = ctrl_c.signum if ctrl_c.is_set() else stop_signal(exc)
             self._interrupt(run, pool, signum=signum)
-            run.observers.study_ended(StudyEnded(study, ostudy, None))
+            run.observers.study_ended(StudyEnded(study, optuna_study, None))
             raise StudyInterrupted(": the running trials were stopped; resume to continue", signum) from None
         except Exception as exc:
             if (unwritable := storage_unwritable(study, exc)) is None:
                 raise
             self._interrupt(run, pool, record=False)  # the storage takes no more: a resume recovers them
-            run.observers.study_ended(StudyEnded(study, ostudy, None))
+            run.observers.study_ended(StudyEnded(study, optuna_study, None))
             raise unwritable from exc
         finally:
             pool.close()
-        run.observers.study_ended(StudyEnded(study, ostudy, study_summary(ostudy)))
+        run.observers.study_ended(StudyEnded(study, optuna_study, study_summary(optuna_study)))
 
     def _run_stage(
         self, run: RunState, pool: NodePool, stage: Study, sampler: optuna.samplers.BaseSampler
@@ -339,27 +342,27 @@ class StudyDriver:
                 raise
             self._drive(stage_run, lent, {})  # a stage's study runs no stage of its own (nccl_stage off)
         except StudyInterrupted:
-            run.observers.study_ended(StudyEnded(run.study, run.ostudy, None))
+            run.observers.study_ended(StudyEnded(run.study, run.optuna_study, None))
             raise
-        return stage_run.ostudy
+        return stage_run.optuna_study
 
     def _affordable(self, run: RunState, launches: int) -> bool:
         """Whether the node hours left pay for a confirmation round of `launches`; recorded when not."""
-        if node_budget.round_fits(run.study, run.ostudy, launches):
+        if node_budget.round_fits(run.study, run.optuna_study, launches):
             return True
-        state = confirmation(run.ostudy)
-        node_budget.record_ran_out(run.study, run.ostudy, state.pairs if state is not None else 0)
+        state = confirmation(run.optuna_study)
+        node_budget.record_ran_out(run.study, run.optuna_study, state.pairs if state is not None else 0)
         return False
 
     def _recover(self, run: RunState) -> list[int]:
-        recovered = recover_interrupted(run.study, run.ostudy)
+        recovered = recover_interrupted(run.study, run.optuna_study)
         if recovered:
             run.observers.trials_recovered(TrialsRecovered(tuple(recovered)))
         return [trial.number for trial in recovered]
 
     @staticmethod
     def _refresh_standing(run: RunState) -> StudySummary:
-        summary = study_summary(run.ostudy)
+        summary = study_summary(run.optuna_study)
         run.standing = (summary.best_value, summary.baseline_value)
         return summary
 
@@ -386,7 +389,7 @@ class StudyDriver:
                 self._finish(run, run.running.pop(submitted.request.number), result)
             self._poll_phases(run, pool)
             if time.monotonic() - last_beat > HEARTBEAT_S:
-                heartbeat(run.ostudy, [entry.trial for entry in run.running.values()])
+                heartbeat(run.optuna_study, [entry.trial for entry in run.running.values()])
                 self._recover(run)  # other drivers that died meanwhile
                 last_beat = time.monotonic()
 
@@ -396,11 +399,13 @@ class StudyDriver:
         """Start the next trial on an idle node; False once the budget or the time is spent."""
         while True:
             with study_lock(run.study):  # other drivers of the study count and ask one at a time too
-                with reads_once(run.ostudy):  # every check below reads the trials: once, until one writes
+                with reads_once(
+                    run.optuna_study
+                ):  # every check below reads the trials: once, until one writes
                     if not self._may_ask(run, budget, deadline):
                         return False
-                trial = run.ostudy.ask()
-                claim(run.ostudy, trial)
+                trial = run.optuna_study.ask()
+                claim(run.optuna_study, trial)
             if self._start(run, pool, node, trial):
                 return True
 
@@ -410,10 +415,10 @@ class StudyDriver:
         steps between trials (autotune.study.between_trials)."""
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        if budget is not None and budget_used(run.ostudy) >= budget:
+        if budget is not None and budget_used(run.optuna_study) >= budget:
             return False
         waiting = (TrialState.WAITING,)
-        if run.options.queued_only and not run.ostudy.get_trials(deepcopy=False, states=waiting):
+        if run.options.queued_only and not run.optuna_study.get_trials(deepcopy=False, states=waiting):
             return False
         if run.searching and run.stopped is None and not run.options.queued_only:
             between_trials(run)
@@ -422,7 +427,7 @@ class StudyDriver:
     def _start(self, run: RunState, pool: NodePool, node: str, trial: optuna.Trial) -> bool:
         """Launch `trial` on `node`, or record it at once when a gate says it must not be launched
         (autotune.study.gates)."""
-        study, ostudy = run.study, run.ostudy
+        study, optuna_study = run.study, run.optuna_study
         baseline = TrialRecord.of(trial).baseline
         config = study.search_space.baseline() if baseline else study.search_space.suggest(trial)
         hardware = self._hardware(run, pool, node)
@@ -459,7 +464,7 @@ class StudyDriver:
                 baseline=baseline,
                 config=config,
                 launch=launch,
-                ablation=ablation_of(trial, ostudy),
+                ablation=ablation_of(trial, optuna_study),
                 progress=run.progress(launching=trial.number),
             )
         )
@@ -476,7 +481,7 @@ class StudyDriver:
         again = TrialRecord.of(trial).remeasure_of is not None
         cutoff = None
         if objective.short_first is not None and not (baseline or again):
-            cutoff = short_cutoff(run.ostudy, short_pruner(objective.short_first))
+            cutoff = short_cutoff(run.optuna_study, short_pruner(objective.short_first))
             if cutoff is not None:
                 record_short_cutoff(trial, cutoff)
         return plan_for(objective, short=not again, cutoff=cutoff)
@@ -519,17 +524,17 @@ class StudyDriver:
 
     def _finish(self, run: RunState, entry: RunningTrial, result: TrialResult) -> None:
         """Judge the node's result, learn from a failure, tell Optuna, then the observers."""
-        study, ostudy, trial = run.study, run.ostudy, entry.trial
+        study, optuna_study, trial = run.study, run.optuna_study, entry.trial
         judged = outcome.judge(study, trial, result)
         if result.server_choices and entry.baseline:
             # SGLang's own values: where the sampler starts the knobs with no "unset".
-            record_server_choices(ostudy, result.server_choices)
+            record_server_choices(optuna_study, result.server_choices)
         learned = self._learn(run, trial, judged, result.node) if judged.failure is not None else None
         if (node_s := result.node_seconds) is not None:
             record_node_s(trial, node_s)
-        ostudy.tell(trial, judged.values, state=judged.state)
-        with reads_once(ostudy):  # the count and the summary read the same trials
-            run.done = finished_count(ostudy)
+        optuna_study.tell(trial, judged.values, state=judged.state)
+        with reads_once(optuna_study):  # the count and the summary read the same trials
+            run.done = finished_count(optuna_study)
             summary = self._refresh_standing(run)
         run.observers.trial_finished(
             TrialFinished(
@@ -545,7 +550,7 @@ class StudyDriver:
         )
         if learned is not None:  # after the failed trial's row, so that it does not read as skipped
             run.observers.incompatibility_learned(learned)
-        run.observers.summary_updated(SummaryUpdated(study, ostudy, summary))
+        run.observers.summary_updated(SummaryUpdated(study, optuna_study, summary))
 
     @staticmethod
     def _learn(
@@ -560,11 +565,11 @@ class StudyDriver:
         learn = run.options.remember_incompatible and failure.kind.deterministic
         learned = None
         if learn and (new := run.known.learn(trial.params, failure, hardware)):
-            run.ostudy.sampler = run.current_sampler()
+            run.optuna_study.sampler = run.current_sampler()
             learned = IncompatibilityLearned(tuple(new), tuple(run.known.pairs))
         if failure.kind.retried_once:
             once = failure.kind is not FailureKind.INTERRUPTED
-            enqueue_retry(run.ostudy, trial.number, trial.params, TrialRecord.of(trial), once=once)
+            enqueue_retry(run.optuna_study, trial.number, trial.params, TrialRecord.of(trial), once=once)
         return learned
 
     def _interrupt(
@@ -583,6 +588,8 @@ class StudyDriver:
                 logs[submitted.request.number] = result.log
         for number, entry in run.running.items():
             if record:
-                run.ostudy.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
-                enqueue_retry(run.ostudy, number, entry.trial.params, TrialRecord.of(entry.trial), once=False)
+                run.optuna_study.tell(entry.trial, state=outcome.interrupted(entry.trial).state)
+                enqueue_retry(
+                    run.optuna_study, number, entry.trial.params, TrialRecord.of(entry.trial), once=False
+                )
             run.observers.trial_interrupted(TrialInterrupted(number, entry.baseline, logs.get(number, "")))

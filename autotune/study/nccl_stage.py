@@ -47,5 +47,5 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
             return {}
     for line in result.lines(name):
         run.observers.knob_held(KnobHeld(line))
-    record_nccl_stage(run.ostudy, result.record())  # the answer names the values it held
+    record_nccl_stage(run.optuna_study, result.record())  # the answer names the values it held
     return result.held

@@ -70,13 +70,13 @@ def _kind(trial: FrozenTrial) -> FailureKind | None:
     return TrialRecord.of(trial).failure_kind
 
 
-def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
+def node_failing(optuna_study: optuna.Study, since: int = 0) -> NodeFailing | None:
     """The verdict when the study's launches show a node that cannot serve, else None: no launch served
     (launches refused for their settings, e.g. an unknown flag, say nothing either way), the baseline's
     first launch and at least FAILED_LAUNCHES_TO_STOP launches failed with a NODE_LEVEL kind, one of them
     numbered `since` or later (a resume launches once more before it stops: the node may have been fixed),
     and no trial still runs on a node that has not failed yet (another node may serve)."""
-    launched = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).launched]
+    launched = [t for t in optuna_study.get_trials(deepcopy=False) if TrialRecord.of(t).launched]
     failed: list[FrozenTrial] = []
     for trial in launched:
         kind = _kind(trial)
@@ -100,26 +100,26 @@ def node_failing(ostudy: optuna.Study, since: int = 0) -> NodeFailing | None:
     )
 
 
-def requeue_baseline(study: Study, ostudy: optuna.Study) -> int | None:
+def requeue_baseline(study: Study, optuna_study: optuna.Study) -> int | None:
     """Queue the baseline again when it never completed and its last launch failed with a NODE_LEVEL kind
     (a resume after the node was fixed); returns the failed trial's number. A baseline that failed for its
     settings (out of memory) would fail again: not queued."""
     with study_lock(study):
-        baselines = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
+        baselines = [t for t in optuna_study.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
         done = [t for t in baselines if t.state.is_finished() and t.state is not TrialState.COMPLETE]
         if not baselines or len(done) < len(baselines):  # none yet, one completed, or one waiting or running
             return None
         last = baselines[-1]
         if _kind(last) not in NODE_LEVEL:
             return None
-        enqueue_retry(ostudy, last.number, {}, TrialRecord.of(last), once=False)
+        enqueue_retry(optuna_study, last.number, {}, TrialRecord.of(last), once=False)
         return last.number
 
 
-def baseline_missing(ostudy: optuna.Study, study_file: Path) -> str | None:
+def baseline_missing(optuna_study: optuna.Study, study_file: Path) -> str | None:
     """The sentence that ends a run whose baseline never completed (None when it did): the study has no
     reference to measure a gain against, so it has no answer."""
-    baselines = [t for t in ostudy.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
+    baselines = [t for t in optuna_study.get_trials(deepcopy=False) if TrialRecord.of(t).baseline]
     if any(t.state is TrialState.COMPLETE for t in baselines):
         return None
     last = next((t for t in reversed(baselines) if t.state.is_finished()), None)

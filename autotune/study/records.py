@@ -1,6 +1,7 @@
 """What autotune stores on Optuna trials and studies: the attribute keys, in one place, and typed records.
 
-`TrialRecord.of(trial)` and `StudyRecord.of(ostudy)` read what was stored; the `record_*` functions write it
+`TrialRecord.of(trial)` and `StudyRecord.of(optuna_study)` read what was stored; the `record_*` functions
+write it
 and `marks(...)` builds the attributes a trial is queued with. No other module reads or writes an attribute
 by its key. The stored strings never change: a study written by an earlier autotune still reads.
 """
@@ -349,14 +350,14 @@ class TrialRecord:
 
 @dataclass(frozen=True)
 class StudyRecord:
-    """What autotune stored on the study itself, by name and type: read `StudyRecord.of(ostudy)`."""
+    """What autotune stored on the study itself, by name and type: read `StudyRecord.of(optuna_study)`."""
 
     attrs: Mapping[str, Any]
 
     @classmethod
-    def of(cls, ostudy: optuna.Study) -> StudyRecord:
+    def of(cls, optuna_study: optuna.Study) -> StudyRecord:
         """The study's attributes, read once from its storage."""
-        return cls(ostudy.user_attrs)
+        return cls(optuna_study.user_attrs)
 
     @property
     def config(self) -> Mapping[str, Any]:
@@ -586,49 +587,49 @@ def record_proposed(trial: _SystemSettable, why: str) -> None:
     trial.set_system_attr(PROPOSED_ATTR, why)
 
 
-def record_study_config(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(CONFIG_ATTR, dict(record))
+def record_study_config(optuna_study: optuna.Study, record: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(CONFIG_ATTR, dict(record))
 
 
-def record_server_choices(ostudy: optuna.Study, choices: Mapping[str, Any]) -> None:
+def record_server_choices(optuna_study: optuna.Study, choices: Mapping[str, Any]) -> None:
     """SGLang's own values in the baseline: where the sampler starts the knobs with no "unset"."""
-    ostudy.set_user_attr(SERVER_CHOICES_ATTR, dict(choices))
+    optuna_study.set_user_attr(SERVER_CHOICES_ATTR, dict(choices))
 
 
-def record_remeasure(ostudy: optuna.Study, settings: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(REMEASURE_SETTINGS_ATTR, dict(settings))
+def record_remeasure(optuna_study: optuna.Study, settings: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(REMEASURE_SETTINGS_ATTR, dict(settings))
 
 
-def record_confirm(ostudy: optuna.Study, settings: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(CONFIRM_ATTR, dict(settings))
+def record_confirm(optuna_study: optuna.Study, settings: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(CONFIRM_ATTR, dict(settings))
 
 
-def record_compares(ostudy: optuna.Study, compares: Sequence[Mapping[str, Any]]) -> None:
-    ostudy.set_user_attr(COMPARE_ATTR, [dict(c) for c in compares])
+def record_compares(optuna_study: optuna.Study, compares: Sequence[Mapping[str, Any]]) -> None:
+    optuna_study.set_user_attr(COMPARE_ATTR, [dict(c) for c in compares])
 
 
-def record_screened(ostudy: optuna.Study, screened: Mapping[str, Mapping[str, Any]]) -> None:
-    ostudy.set_user_attr(SCREENED_ATTR, {k: dict(v) for k, v in screened.items()})
+def record_screened(optuna_study: optuna.Study, screened: Mapping[str, Mapping[str, Any]]) -> None:
+    optuna_study.set_user_attr(SCREENED_ATTR, {k: dict(v) for k, v in screened.items()})
 
 
-def record_nccl_stage(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(NCCL_STAGE_ATTR, dict(record))
+def record_nccl_stage(optuna_study: optuna.Study, record: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(NCCL_STAGE_ATTR, dict(record))
 
 
-def record_stopped(ostudy: optuna.Study, why: str, after_trial: int) -> None:
-    ostudy.set_user_attr(STOPPED_ATTR, {"why": why, "after_trial": after_trial})
+def record_stopped(optuna_study: optuna.Study, why: str, after_trial: int) -> None:
+    optuna_study.set_user_attr(STOPPED_ATTR, {"why": why, "after_trial": after_trial})
 
 
-def record_incompatible(ostudy: optuna.Study, pairs: Sequence[tuple[str, object, str | None]]) -> None:
-    ostudy.set_user_attr(INCOMPATIBLE_ATTR, [list(pair) for pair in pairs])
+def record_incompatible(optuna_study: optuna.Study, pairs: Sequence[tuple[str, object, str | None]]) -> None:
+    optuna_study.set_user_attr(INCOMPATIBLE_ATTR, [list(pair) for pair in pairs])
 
 
-def record_node_budget(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(BUDGET_ATTR, dict(record))
+def record_node_budget(optuna_study: optuna.Study, record: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(BUDGET_ATTR, dict(record))
 
 
-def record_warm_start(ostudy: optuna.Study, record: Mapping[str, Any]) -> None:
-    ostudy.set_user_attr(WARM_START_ATTR, dict(record))
+def record_warm_start(optuna_study: optuna.Study, record: Mapping[str, Any]) -> None:
+    optuna_study.set_user_attr(WARM_START_ATTR, dict(record))
 
 
 def prefix_cache_text(record: Mapping[str, Any] | None) -> str | None:

@@ -52,23 +52,23 @@ class RemeasuredAnswer:
     unreliable: tuple[ConfigMeasurements, ...]  # re-measured configs that failed or broke a limit once
 
 
-def _maximize(ostudy: optuna.Study) -> bool:
-    return maximizes(ostudy.direction)
+def _maximize(optuna_study: optuna.Study) -> bool:
+    return maximizes(optuna_study.direction)
 
 
-def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int]:
+def enqueue_remeasurement(optuna_study: optuna.Study, settings: Remeasure) -> list[int]:
     """Queue the measurements the top configs and the baseline still need; returns the configs' first trial
     numbers. Configs are ranked by their best single value, as a single-measurement study would rank them."""
-    record_remeasure(ostudy, settings.model_dump())
-    maximize = _maximize(ostudy)
-    groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n]
+    record_remeasure(optuna_study, settings.model_dump())
+    maximize = _maximize(optuna_study)
+    groups = [g for g in measurement_groups(optuna_study, settings.confidence) if g.n]
     candidates = sorted(
         (g for g in groups if not g.baseline), key=lambda g: max(g.values) if maximize else -min(g.values)
     )[::-1][: settings.top]
     candidates += [g for g in groups if g.baseline]
     queued = [
         of
-        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
         if (of := TrialRecord.of(t).remeasure_of) is not None
     ]
     chosen = []
@@ -76,13 +76,13 @@ def enqueue_remeasurement(ostudy: optuna.Study, settings: Remeasure) -> list[int
         waiting = queued.count(group.of)
         missing = settings.repeats - len(group.trials) - len(group.failed) - waiting
         for _ in range(max(0, missing)):
-            enqueue_measurement(ostudy, group)
+            enqueue_measurement(optuna_study, group)
         chosen.append(group.of)
     return chosen
 
 
 def enqueue_measurement(
-    ostudy: optuna.Study,
+    optuna_study: optuna.Study,
     group: ConfigMeasurements,
     *,
     confirm: ConfirmMark | None = None,
@@ -91,16 +91,16 @@ def enqueue_measurement(
     """Queue one more measurement of `group`'s config, a fresh launch through the study loop: the one way
     re-measurement, the baseline's repeat and confirmation rounds measure a config again."""
     attrs = marks(remeasure_of=group.of, baseline=group.baseline, confirm=confirm, compare=compare)
-    ostudy.enqueue_trial(dict(group.params), user_attrs=attrs)
+    optuna_study.enqueue_trial(dict(group.params), user_attrs=attrs)
 
 
-def remeasured_answer(ostudy: optuna.Study) -> RemeasuredAnswer | None:
+def remeasured_answer(optuna_study: optuna.Study) -> RemeasuredAnswer | None:
     """The best config by mean among those measured more than once (the baseline included), or None before
     any config other than the baseline was re-measured."""
-    if len(ostudy.directions) != 1:
+    if len(optuna_study.directions) != 1:
         return None
-    maximize = _maximize(ostudy)
-    groups = measurement_groups(ostudy)
+    maximize = _maximize(optuna_study)
+    groups = measurement_groups(optuna_study)
     ranked = remeasured_ranking(groups, maximize)
     if ranked is None:
         return None
@@ -113,14 +113,14 @@ def remeasured_answer(ostudy: optuna.Study) -> RemeasuredAnswer | None:
     )
 
 
-def remeasure(study: Study, ostudy: optuna.Study, run: Callable[[int], optuna.Study]) -> optuna.Study:
+def remeasure(study: Study, optuna_study: optuna.Study, run: Callable[[int], optuna.Study]) -> optuna.Study:
     """Queue the re-measurements the study's objective asks for and run them with `run(total_budget)` (a
     study driver's run); nothing when the objective has no `remeasure` or every measurement is done."""
     settings = study.objective.remeasure
     if settings is None:
-        return ostudy
-    enqueue_remeasurement(ostudy, settings)
-    waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        return optuna_study
+    enqueue_remeasurement(optuna_study, settings)
+    waiting = len(optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     if not waiting:
-        return ostudy
-    return run(budget_used(ostudy) + waiting)
+        return optuna_study
+    return run(budget_used(optuna_study) + waiting)

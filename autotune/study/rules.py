@@ -154,12 +154,12 @@ def gain_pct(value: float | None, baseline: float | None, direction: StudyDirect
     return direction_sign(direction) * (value - baseline) / abs(baseline) * 100
 
 
-def baseline_trial(ostudy: optuna.Study) -> FrozenTrial | None:
+def baseline_trial(optuna_study: optuna.Study) -> FrozenTrial | None:
     """The first completed baseline trial (SGLang's defaults), if there is one."""
     return next(
         (
             t
-            for t in ostudy.get_trials(deepcopy=False)
+            for t in optuna_study.get_trials(deepcopy=False)
             if t.state.name == "COMPLETE" and TrialRecord.of(t).baseline
         ),
         None,
@@ -221,12 +221,14 @@ def _config_of(trial: FrozenTrial) -> ConfigKey | str:
     return "baseline" if TrialRecord.of(trial).baseline else config_key(trial.params)
 
 
-def measurement_groups(ostudy: optuna.Study, confidence: float | None = None) -> list[ConfigMeasurements]:
+def measurement_groups(
+    optuna_study: optuna.Study, confidence: float | None = None
+) -> list[ConfigMeasurements]:
     """Every config the study measured, with all its measurements; the first trial of each names it."""
     if confidence is None:
-        settings = StudyRecord.of(ostudy).remeasure
+        settings = StudyRecord.of(optuna_study).remeasure
         confidence = float(settings.get("confidence", DEFAULT_CONFIDENCE))
-    return _measurements(ostudy.get_trials(deepcopy=False), confidence)
+    return _measurements(optuna_study.get_trials(deepcopy=False), confidence)
 
 
 def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[ConfigMeasurements]:
@@ -257,12 +259,12 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
     return out
 
 
-def groups_by_trial(ostudy: optuna.Study) -> dict[int, ConfigMeasurements]:
+def groups_by_trial(optuna_study: optuna.Study) -> dict[int, ConfigMeasurements]:
     """Each config's measurements under its first trial's number, and also under the number of a launch of
     it that measured nothing (interrupted, node lost), as `of`: a store written before issue 41 named a
     config by such a trial, and its confirmation rounds go on under that name."""
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
-    groups = measurement_groups(ostudy)
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
+    groups = measurement_groups(optuna_study)
     by_number = {g.of: g for g in groups}
     by_config = {_config_of(trials[g.of]): g for g in groups}
     for trial in trials.values():
@@ -287,18 +289,18 @@ def remeasured_ranking(
     return reliable, [g for g in repeated if not g.reliable]
 
 
-def best_trial(ostudy: optuna.Study, trials: Sequence[FrozenTrial] | None = None) -> FrozenTrial | None:
+def best_trial(optuna_study: optuna.Study, trials: Sequence[FrozenTrial] | None = None) -> FrozenTrial | None:
     """The study's best trial: the one answer of `autotune best` and `status`, the report, compare, the
     ablation and the default sampler's moves. Once a config other than the baseline was measured again by
     re-measurement, the first trial of the reliable config with the best mean (`remeasured_ranking`);
     before, the best single measurement (`best_measured`). None before any feasible COMPLETE trial, and in a
     multi-objective study (its answer is the Pareto front). `trials`: the ones to choose among, by default
     all the study's (the sampler passes those that set parameters: it moves from one)."""
-    if len(ostudy.directions) > 1:
+    if len(optuna_study.directions) > 1:
         return None
-    trials = ostudy.get_trials(deepcopy=False) if trials is None else trials
-    ranked = remeasured_ranking(_measurements(trials, DEFAULT_CONFIDENCE), maximizes(ostudy.direction))
+    trials = optuna_study.get_trials(deepcopy=False) if trials is None else trials
+    ranked = remeasured_ranking(_measurements(trials, DEFAULT_CONFIDENCE), maximizes(optuna_study.direction))
     if ranked is not None:
         first = ranked[0][0].of
         return next(t for t in trials if t.number == first)
-    return best_measured(trials, ostudy.direction)
+    return best_measured(trials, optuna_study.direction)

@@ -49,7 +49,7 @@ class RunState:
     """One run of one study: set when the driver opens the study, changed by every step of the run."""
 
     study: Study
-    ostudy: optuna.Study
+    optuna_study: optuna.Study
     storage: optuna.storages.BaseStorage
     observers: CallbackList
     known: KnownIncompatibilities

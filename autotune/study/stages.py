@@ -323,10 +323,10 @@ def stage_result(knobs: Knobs, trials: Sequence[FrozenTrial]) -> StageResult | N
 def finished_stage(study: Study, storage: optuna.storages.BaseStorage | str) -> StageResult | None:
     """The stage's result when its Optuna study exists and its pass is done (a resume reuses it)."""
     try:
-        ostudy = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=storage)
+        optuna_study = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=storage)
     except KeyError:
         return None
-    return stage_result(stage_knobs(study), ostudy.get_trials(deepcopy=False))
+    return stage_result(stage_knobs(study), optuna_study.get_trials(deepcopy=False))
 
 
 class LentPool(NodePool):

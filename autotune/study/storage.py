@@ -115,11 +115,11 @@ def config_changes(recorded: Mapping[str, Any], study: Study) -> list[str]:
     return changes
 
 
-def refused_knobs(ostudy: optuna.Study, study: Study) -> dict[str, str]:
+def refused_knobs(optuna_study: optuna.Study, study: Study) -> dict[str, str]:
     """Knobs the study has tried whose new definition Optuna's storage would refuse (other choices, another
     type, log scale switched), each with its old and new definition; Optuna itself decides which."""
     tried: dict[str, BaseDistribution] = {}
-    for trial in ostudy.get_trials(deepcopy=False):
+    for trial in optuna_study.get_trials(deepcopy=False):
         for name, distribution in trial.distributions.items():
             tried.setdefault(name, distribution)  # Optuna stored none it would refuse: any trial's will do
     refused = {}
@@ -169,17 +169,17 @@ def open_study(
     if sampler is None:
         sampler = samplers.build(study.file.sampler, trials_so_far=trials_so_far(storage, study.name))
     try:
-        ostudy = optuna.create_study(
+        optuna_study = optuna.create_study(
             storage=storage, study_name=study.name, directions=study.objective.directions, sampler=sampler
         )
     except optuna.exceptions.DuplicatedStudyError:
-        ostudy = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
-        _check_unchanged(ostudy, study, accept_changes)
-        return ostudy
-    record_study_config(ostudy, _study_record(study))
+        optuna_study = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
+        _check_unchanged(optuna_study, study, accept_changes)
+        return optuna_study
+    record_study_config(optuna_study, _study_record(study))
     # The baseline is SGLang's own defaults: no tuned parameter at all, so nothing to enqueue.
-    ostudy.enqueue_trial({}, user_attrs=marks(baseline=True))
-    return ostudy
+    optuna_study.enqueue_trial({}, user_attrs=marks(baseline=True))
+    return optuna_study
 
 
 def trials_so_far(storage: optuna.storages.BaseStorage, name: str) -> int:
@@ -192,8 +192,8 @@ def trials_so_far(storage: optuna.storages.BaseStorage, name: str) -> int:
     return len(storage.get_all_trials(study_id, deepcopy=False))
 
 
-def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -> None:
-    created = [d.name.lower() for d in ostudy.directions]
+def _check_unchanged(optuna_study: optuna.Study, study: Study, accept_changes: bool) -> None:
+    created = [d.name.lower() for d in optuna_study.directions]
     if created != study.objective.directions:
         raise ConfigError(
             study.objective_path,
@@ -202,11 +202,11 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
             f"the study was created to {' and '.join(created)}, its directions cannot change",
             "Use a new study name for other directions or another number of objectives.",
         )
-    recorded = StudyRecord.of(ostudy).config
+    recorded = StudyRecord.of(optuna_study).config
     changes = config_changes(recorded, study)
     if not changes:
         return
-    refused = refused_knobs(ostudy, study)
+    refused = refused_knobs(optuna_study, study)
     if not accept_changes:
         fix = "Pass --accept-changes to continue with the new files anyway, or use a new study name."
         if refused:
@@ -229,30 +229,30 @@ def _check_unchanged(ostudy: optuna.Study, study: Study, accept_changes: bool) -
             "or name a new study (`study:` in the study file) for the new ones.",
         )
     history = [*recorded.get("history", []), {k: v for k, v in recorded.items() if k != "history"}]
-    record_study_config(ostudy, {**_study_record(study), "history": history})
+    record_study_config(optuna_study, {**_study_record(study), "history": history})
 
 
-def budget_used(ostudy: optuna.Study) -> int:
+def budget_used(optuna_study: optuna.Study) -> int:
     """Trials counted against the budget: finished or running on a node, by any driver."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if counts(t))
+    return sum(1 for t in optuna_study.get_trials(deepcopy=False, states=states) if counts(t))
 
 
-def finished_count(ostudy: optuna.Study) -> int:
+def finished_count(optuna_study: optuna.Study) -> int:
     """Finished trials counted against the budget."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(1 for t in ostudy.get_trials(deepcopy=False, states=states) if counts(t))
+    return sum(1 for t in optuna_study.get_trials(deepcopy=False, states=states) if counts(t))
 
 
-def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[FrozenTrial]:
+def abandoned_trials(optuna_study: optuna.Study, *, locked: bool = False) -> list[FrozenTrial]:
     """RUNNING trials whose driver is gone: dead on this host, or silent past the grace period.
 
     `locked`: the caller holds the study lock, which a driver holds from asking for a trial until it
     has claimed it, so a trial nobody claimed was asked for by a driver that died in between."""
-    stale_ids = optuna_internals.stale_trial_ids(ostudy)
+    stale_ids = optuna_internals.stale_trial_ids(optuna_study)
     now = datetime.now()
     abandoned = []
-    for trial in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for trial in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = TrialRecord.of(trial).driver
         if owner == DRIVER_ID:
             continue
@@ -267,19 +267,19 @@ def abandoned_trials(ostudy: optuna.Study, *, locked: bool = False) -> list[Froz
     return abandoned
 
 
-def claim(ostudy: optuna.Study, trial: optuna.Trial) -> None:
+def claim(optuna_study: optuna.Study, trial: optuna.Trial) -> None:
     """Mark a trial as this driver's and record its first heartbeat."""
     record_driver(trial, DRIVER_ID)
-    heartbeat(ostudy, [trial])
+    heartbeat(optuna_study, [trial])
 
 
-def heartbeat(ostudy: optuna.Study, trials: list[optuna.Trial]) -> None:
+def heartbeat(optuna_study: optuna.Study, trials: list[optuna.Trial]) -> None:
     """Tell other drivers these trials are alive."""
-    optuna_internals.record_heartbeat(ostudy, trials)
+    optuna_internals.record_heartbeat(optuna_study, trials)
 
 
 def enqueue_retry(
-    ostudy: optuna.Study,
+    optuna_study: optuna.Study,
     number: int,
     params: dict[str, Any],
     retried: TrialRecord,
@@ -291,7 +291,7 @@ def enqueue_retry(
     driver (a crash, Ctrl-C) is always run again: that said nothing about its settings."""
     if once and retried.retry_of is not None:
         return False
-    ostudy.enqueue_trial(dict(params), user_attrs=retry_marks(retried, number))
+    optuna_study.enqueue_trial(dict(params), user_attrs=retry_marks(retried, number))
     return True
 
 

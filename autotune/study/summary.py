@@ -16,17 +16,17 @@ from autotune.study.trust.answer import StudyAnswer, remeasured_record, study_an
 __all__ = ["StudySummary", "pareto_front", "study_summary"]
 
 
-def pareto_front(ostudy: optuna.Study) -> list[FrozenTrial]:
+def pareto_front(optuna_study: optuna.Study) -> list[FrozenTrial]:
     """A multi-objective study's answer: the feasible COMPLETE trials that no other one dominates (at least
     as good in every objective and better in one), by number; [] for a single-objective study."""
-    if len(ostudy.directions) < 2:
+    if len(optuna_study.directions) < 2:
         return []
     complete = [
         t
-        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.values is not None and is_feasible(t)
     ]
-    return sorted(non_dominated(complete, ostudy.directions), key=lambda t: t.number)
+    return sorted(non_dominated(complete, optuna_study.directions), key=lambda t: t.number)
 
 
 @dataclass(frozen=True)
@@ -64,16 +64,16 @@ class StudySummary:
         return remeasured_record(self.answer.remeasured)
 
 
-def study_summary(ostudy: optuna.Study) -> StudySummary:
+def study_summary(optuna_study: optuna.Study) -> StudySummary:
     """Trials counted by state and failure kind, and the study's answer (or Pareto front)."""
     states: dict[str, int] = {}
     kinds: dict[str, int] = {}
-    for trial in ostudy.get_trials(deepcopy=False):
+    for trial in optuna_study.get_trials(deepcopy=False):
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
         kind = TrialRecord.of(trial).failure_kind_text
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
-    if len(ostudy.directions) > 1:
-        front = [{"number": t.number, "values": list(t.values or [])} for t in pareto_front(ostudy)]
+    if len(optuna_study.directions) > 1:
+        front = [{"number": t.number, "values": list(t.values or [])} for t in pareto_front(optuna_study)]
         return StudySummary(states, kinds, None, front)
-    return StudySummary(states, kinds, study_answer(ostudy), None)
+    return StudySummary(states, kinds, study_answer(optuna_study), None)

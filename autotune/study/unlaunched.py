@@ -34,8 +34,8 @@ def record(run: RunState, trial: optuna.Trial, baseline: bool, verdict: Verdict)
 def refused(run: RunState, trial: optuna.Trial, baseline: bool, why: str) -> None:
     """Record a launch the study file forbids (`never_launch`), told to the observers as a trial."""
     judged = outcome.refused(trial, FailureKind.FORBIDDEN, why)
-    run.ostudy.tell(trial, state=judged.state)
-    run.done = finished_count(run.ostudy)
+    run.optuna_study.tell(trial, state=judged.state)
+    run.done = finished_count(run.optuna_study)
     run.observers.trial_finished(
         TrialFinished(
             study=run.study,
@@ -53,7 +53,7 @@ def refused(run: RunState, trial: optuna.Trial, baseline: bool, why: str) -> Non
 def skip(run: RunState, trial: optuna.Trial, why: str, *, oom: bool = False) -> None:
     """Record a proposal that is never launched (`outcome.skipped`); too many in a row stop the study."""
     _count_skip(run, why)
-    run.ostudy.tell(trial, state=outcome.skipped(run.study, trial, why, oom=oom).state)
+    run.optuna_study.tell(trial, state=outcome.skipped(run.study, trial, why, oom=oom).state)
 
 
 def same(run: RunState, trial: optuna.Trial, earlier: FrozenTrial) -> None:
@@ -61,14 +61,14 @@ def same(run: RunState, trial: optuna.Trial, earlier: FrozenTrial) -> None:
     (`outcome.same_as`); too many in a row stop the study as skips do."""
     _count_skip(run, f"the same launch as trial {earlier.number}")
     judged = outcome.same_as(trial, earlier)
-    run.ostudy.tell(trial, judged.values, state=judged.state)
+    run.optuna_study.tell(trial, judged.values, state=judged.state)
     run.same_in_a_row += 1
     if run.same_in_a_row >= MAX_SAME_IN_A_ROW and run.stopped is None:
         run.stopped = (
             f"stopped early: the sampler proposed {run.same_in_a_row} configs in a row that were "
             "launched before; the search space has nothing new to try"
         )
-        record_stop(run.ostudy, run.stopped)
+        record_stop(run.optuna_study, run.stopped)
 
 
 def _count_skip(run: RunState, why: str) -> None:

@@ -81,8 +81,8 @@ def read_earlier(old_path: Path, new: Study) -> EarlierStudy:
             f"it is the study {old_path} names, in the same storage: --from starts another study",
             "Give the new study its own `study:` name.",
         )
-    ostudy = stored_study(old)
-    if ostudy is None:
+    optuna_study = stored_study(old)
+    if optuna_study is None:
         raise ConfigError(
             old_path,
             "storage",
@@ -90,7 +90,7 @@ def read_earlier(old_path: Path, new: Study) -> EarlierStudy:
             f"no study {old.name!r} is stored there",
             "Run the earlier study first, or pass the file whose `study:` and `storage:` it ran with.",
         )
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     if answer is None:
         raise ConfigError(
             old_path,
@@ -99,15 +99,15 @@ def read_earlier(old_path: Path, new: Study) -> EarlierStudy:
             "the earlier study has no answer to start from (no feasible trial completed)",
             f"Run it until `autotune best {old_path}` answers, or start the new study without --from.",
         )
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
-    server = StudyRecord.of(ostudy).server_choices  # its baseline's choices, same node kind
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
+    server = StudyRecord.of(optuna_study).server_choices  # its baseline's choices, same node kind
     configs = []
-    for role, number in zip(ROLES, _answer_and_runner_up(ostudy, answer.leader), strict=False):
+    for role, number in zip(ROLES, _answer_and_runner_up(optuna_study, answer.leader), strict=False):
         trial = trials[number]
         params = {**optuna_internals.fixed_params(trial), **trial.params}
         configs.append((role, number, _checked(new, old_path, role, number, params, server)))
-    noise = noise_estimate(ostudy)
-    pairs = StudyRecord.of(ostudy).incompatible
+    noise = noise_estimate(optuna_study)
+    pairs = StudyRecord.of(optuna_study).incompatible
     return EarlierStudy(
         old_path,
         old.name,
@@ -121,11 +121,11 @@ def read_earlier(old_path: Path, new: Study) -> EarlierStudy:
     )
 
 
-def _answer_and_runner_up(ostudy: optuna.Study, leader: int) -> list[int]:
+def _answer_and_runner_up(optuna_study: optuna.Study, leader: int) -> list[int]:
     """The first trials of the answer's config (the best candidate, the leader) and of the best other
     candidate by its mean; the baseline's config is left out (the new study launches its own)."""
-    sign = direction_sign(ostudy.direction)
-    groups = [g for g in measurement_groups(ostudy) if not g.baseline and g.n]
+    sign = direction_sign(optuna_study.direction)
+    groups = [g for g in measurement_groups(optuna_study) if not g.baseline and g.n]
     chosen = [g.of for g in groups if leader in (g.of, *g.trials)]
     others = sorted((g for g in groups if g.of not in chosen), key=lambda g: -sign * g.mean)
     return [*chosen[:1], *(g.of for g in others[:1])]
@@ -171,19 +171,19 @@ def start_from(new: Study, earlier: EarlierStudy, *, accept_changes: bool = Fals
             f"the study already has {len(stored.get_trials(deepcopy=False))} trials: --from starts a new one",
             "Give the new study another `study:` name, or run it without --from to continue it.",
         )
-    ostudy = open_study(new, accept_changes=accept_changes)
-    record_warm_start(ostudy, earlier.record())
+    optuna_study = open_study(new, accept_changes=accept_changes)
+    record_warm_start(optuna_study, earlier.record())
     numbers = []
     for role, number, queued in earlier.configs:
         mark = {"study": earlier.name, "trial": number, "role": role}
-        ostudy.enqueue_trial(dict(queued.params), user_attrs=marks(warm_start=mark))
-        numbers.append(ostudy.get_trials(deepcopy=False)[-1].number)
+        optuna_study.enqueue_trial(dict(queued.params), user_attrs=marks(warm_start=mark))
+        numbers.append(optuna_study.get_trials(deepcopy=False)[-1].number)
     return numbers
 
 
-def known_failures(ostudy: optuna.Study, hardware: str | None) -> list[tuple[str, object]]:
+def known_failures(optuna_study: optuna.Study, hardware: str | None) -> list[tuple[str, object]]:
     """The values the earlier study's nodes could not run, where they had the GPUs of `hardware`."""
-    record = StudyRecord.of(ostudy).warm_start or {}
+    record = StudyRecord.of(optuna_study).warm_start or {}
     kind = gpu_kind(hardware)
     if kind is None:
         return []

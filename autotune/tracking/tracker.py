@@ -81,10 +81,12 @@ class StudyPage(Protocol):
     """What a study's parent run shows of it, drawn by the views (autotune.views.tracked): the tracker
     records what it is given and draws nothing itself."""
 
-    def summary(self, study: Study, ostudy: optuna.Study) -> tuple[str, str | None]:
+    def summary(self, study: Study, optuna_study: optuna.Study) -> tuple[str, str | None]:
         """The study summary in markdown, and the best config's launch script (None before a best)."""
 
-    def plots(self, ostudy: optuna.Study, metric: str, unit: str, title: str, folder: Path) -> list[Path]:
+    def plots(
+        self, optuna_study: optuna.Study, metric: str, unit: str, title: str, folder: Path
+    ) -> list[Path]:
         """Draw the study's plots into `folder`; the files written."""
 
 
@@ -427,17 +429,17 @@ class StudyTracker(StudyCallback):
     def log_parent_text(self, text: str, name: str) -> None:
         self.client.log_text(self.parent_run_id, self.secrets.redact(text), name)
 
-    def refresh_study_view(self, ostudy: optuna.Study, study: Study, *, force: bool = False) -> None:
+    def refresh_study_view(self, optuna_study: optuna.Study, study: Study, *, force: bool = False) -> None:
         """What a person opening the study's parent run sees: the summary and the best config's launch
         script as its description (every call), and the plots (at most every PLOT_INTERVAL_S seconds and
         PLOT_TIME_SHARE of the time, unless `force`; close() draws the last ones). Never raises: a broken
         plot must not stop a study."""
         if self.page is None:
             return
-        self._view = (ostudy, study)
+        self._view = (optuna_study, study)
         self._plots_stale = True
         try:
-            summary, best_script = self.page.summary(study, ostudy)
+            summary, best_script = self.page.summary(study, optuna_study)
             note = self.secrets.redact(summary)[:MAX_NOTE_LENGTH]
             self.client.set_tag(self.parent_run_id, NOTE_TAG, note)
             if best_script is not None and best_script != self._best_script:
@@ -453,12 +455,12 @@ class StudyTracker(StudyCallback):
     def _draw_plots(self) -> None:
         if self._view is None or self.page is None:
             return
-        ostudy, study = self._view
+        optuna_study, study = self._view
         self._plots_stale = False
         started = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="autotune-plots-") as folder:
-                for path in self.page.plots(ostudy, self.metric, self.unit, study.name, Path(folder)):
+                for path in self.page.plots(optuna_study, self.metric, self.unit, study.name, Path(folder)):
                     self.client.log_artifact(self.parent_run_id, str(path), PLOTS_DIR)
         except Exception:  # plots are a view of the study, never a reason to stop it
             log.warning("could not draw the study's plots", exc_info=True)
@@ -496,7 +498,7 @@ class StudyTracker(StudyCallback):
                     flush=True,
                 )
 
-    def catch_up(self, ostudy: optuna.Study, study: Study) -> int:
+    def catch_up(self, optuna_study: optuna.Study, study: Study) -> int:
         """Write the run of every launched, finished trial that has none, and close the runs still RUNNING
         of trials that finished (their writes failed, or their driver died); returns how many runs it
         wrote or closed. A caught-up run holds what the Optuna storage keeps (params, state, value,
@@ -514,7 +516,7 @@ class StudyTracker(StudyCallback):
                 runs.setdefault(int(number), []).append(run)
         mine = set(self._runs)  # trials this driver is running: their runs are open on purpose
         written = 0
-        for trial in ostudy.get_trials(deepcopy=False):
+        for trial in optuna_study.get_trials(deepcopy=False):
             record = TrialRecord.of(trial)
             if not record.launched or trial.number in mine or not trial.state.is_finished():
                 continue
@@ -534,7 +536,7 @@ class StudyTracker(StudyCallback):
             if record.failure:
                 tags["autotune.failure"] = record.failure[:500]
             metrics = {k: float(v) for k, v in record.metrics.items() if isinstance(v, int | float)}
-            value = trial.value if len(ostudy.directions) == 1 and trial.values else None
+            value = trial.value if len(optuna_study.directions) == 1 and trial.values else None
             if value is not None and trial.state is TrialState.COMPLETE:
                 metrics.setdefault(self.metric, value)
             self.finish_trial(
@@ -690,7 +692,7 @@ class StudyTracker(StudyCallback):
         runs a failed write (or an earlier driver's) left missing."""
         if self._behind:
             with self._writing():
-                self.catch_up(event.ostudy, event.study)
+                self.catch_up(event.optuna_study, event.study)
         with self._writing():
             self._summary(event)
 
@@ -704,34 +706,36 @@ class StudyTracker(StudyCallback):
         ):
             if value is not None:
                 metrics[key] = value
-        metrics["node_hours"] = spent_s(event.ostudy) / 3600  # the study's, its NCCL stage's included
+        metrics["node_hours"] = spent_s(event.optuna_study) / 3600  # the study's, its NCCL stage's included
         tags = {"autotune.best_trial": str(summary.best_trial)}
         tags.update({f"autotune.failures.{k}": str(v) for k, v in summary.failure_kinds.items()})
         tags.update(self._pareto_tags(event))
-        self._mark_best(event.ostudy, summary.best_trial)
-        self._rank(event.ostudy, summary.best_trial)
+        self._mark_best(event.optuna_study, summary.best_trial)
+        self._rank(event.optuna_study, summary.best_trial)
         if summary.answer is not None:  # the noise, the answer confirmed or not, an early stop
             answer_metrics, answer_tags = answer_for_tracking(summary.answer)
             metrics.update(answer_metrics)
             tags.update(answer_tags)
         self.update_summary(metrics, tags)
-        self.refresh_study_view(event.ostudy, event.study)  # description, best launch.sh, plots (throttled)
+        self.refresh_study_view(
+            event.optuna_study, event.study
+        )  # description, best launch.sh, plots (throttled)
 
     def study_ended(self, event: StudyEnded) -> None:
         if event.summary is None:  # interrupted, or stopped by an error
             with self._writing():
                 self.close("KILLED")
             return
-        self.summary_updated(SummaryUpdated(event.study, event.ostudy, event.summary))
+        self.summary_updated(SummaryUpdated(event.study, event.optuna_study, event.summary))
         with self._writing():
             self.close()
 
-    def _mark_best(self, ostudy: optuna.Study, best_trial: int | None) -> None:
+    def _mark_best(self, optuna_study: optuna.Study, best_trial: int | None) -> None:
         """Tag the best trial's run `autotune.best` true (a column of `autotune ui`'s run list), and the
         run it replaces false."""
         run_id = None
         if best_trial is not None:
-            trial = next((t for t in ostudy.get_trials(deepcopy=False) if t.number == best_trial), None)
+            trial = next((t for t in optuna_study.get_trials(deepcopy=False) if t.number == best_trial), None)
             run_id = None if trial is None else self._run_id(trial)
         if run_id == self._best:
             return
@@ -743,17 +747,17 @@ class StudyTracker(StudyCallback):
             self.client.set_tag(run_id, BEST_TAG, "true")
         self._best = run_id
 
-    def _rank(self, ostudy: optuna.Study, best_trial: int | None) -> None:
+    def _rank(self, optuna_study: optuna.Study, best_trial: int | None) -> None:
         """Log each completed trial's `study_rank` where it changed: the best trial (the study's answer,
         which confirmation may have chosen over a higher single measurement) first, then the others by
         their (first) objective value."""
         from mlflow.entities import Metric
         from optuna.trial import TrialState
 
-        sign = -1.0 if ostudy.directions[0].name == "MAXIMIZE" else 1.0
+        sign = -1.0 if optuna_study.directions[0].name == "MAXIMIZE" else 1.0
         done = [
             t
-            for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if self._run_id(t) and t.values
         ]
         done.sort(key=lambda t: (t.number != best_trial, sign * t.values[0], t.number))
@@ -788,7 +792,7 @@ class StudyTracker(StudyCallback):
             [{"trial": p["number"], **dict(zip(names, p["values"], strict=True))} for p in front]
         )[:5000]
         members = {p["number"] for p in front}
-        for trial in event.ostudy.get_trials(deepcopy=False):
+        for trial in event.optuna_study.get_trials(deepcopy=False):
             run_id = TrialRecord.of(trial).mlflow_run_id
             if run_id and (trial.number in members) != (trial.number in self._pareto):
                 self.client.set_tag(run_id, "autotune.pareto", str(trial.number in members).lower())

@@ -67,26 +67,26 @@ class PlotData:
         return [t for t in self.trials if t.state in (TrialState.PRUNED, TrialState.FAIL)]
 
 
-def plot_data(ostudy: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
+def plot_data(optuna_study: optuna.Study, metric: str, unit: str, title: str | None = None) -> PlotData:
     """Read a study's trials once for all plots; proposals that never ran (skipped) are left out, and so are
     the measurements of a config again (confirmation rounds, re-measurements, the baseline's repeats): no
     search trial, so neither a point of the history nor a rise of its best so far."""
     trials = tuple(
         t
-        for t in ostudy.get_trials(deepcopy=False)
+        for t in optuna_study.get_trials(deepcopy=False)
         if t.state.is_finished()
         and not TrialRecord.of(t).skipped
         and TrialRecord.of(t).remeasure_of is None
     )
-    base = baseline_trial(ostudy) if len(ostudy.directions) == 1 else None
+    base = baseline_trial(optuna_study) if len(optuna_study.directions) == 1 else None
     return PlotData(
         trials=trials,
-        directions=tuple(ostudy.directions),
+        directions=tuple(optuna_study.directions),
         metric=metric,
         unit=unit,
         baseline=base.value if base is not None else None,
-        title=title or ostudy.study_name,
-        objective_names=tuple(ostudy.metric_names or ()),
+        title=title or optuna_study.study_name,
+        objective_names=tuple(optuna_study.metric_names or ()),
     )
 
 

@@ -108,17 +108,17 @@ class StudyFindings:
         return rows
 
 
-def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
+def study_findings(study: Study, optuna_study: optuna.Study) -> StudyFindings:
     """Read a study's summary and answer, the answer's config, failures and ablation from its Optuna
     storage."""
-    summary = study_summary(ostudy)
+    summary = study_summary(optuna_study)
     answer = summary.answer
-    best = next((t for t in ostudy.get_trials(deepcopy=False) if answer and t.number == answer.trial), None)
+    trials = tuple(optuna_study.get_trials(deepcopy=False))
+    best = next((t for t in trials if answer and t.number == answer.trial), None)
     config = script = None
     if best is not None:
         config = trial_config(study, best)
         script = launch_script(study.server_launch(config))
-    trials = tuple(ostudy.get_trials(deepcopy=False))
     return StudyFindings(
         study=study.name,
         metric=study.objective.metric,
@@ -129,9 +129,9 @@ def study_findings(study: Study, ostudy: optuna.Study) -> StudyFindings:
         best_config=config,
         best_script=script,
         failures=failure_groups(trials),
-        ablation=ablation_results(ostudy),
+        ablation=ablation_results(optuna_study),
         trials=trials,
-        node_hours=node_hours(study, ostudy).text(),
+        node_hours=node_hours(study, optuna_study).text(),
     )
 
 
@@ -423,12 +423,12 @@ def _node_h(trial: FrozenTrial) -> str:
     return f"{seconds / 3600:.2f}" if seconds else "-"
 
 
-def write_report(study: Study, ostudy: optuna.Study, out: Path) -> Path:
+def write_report(study: Study, optuna_study: optuna.Study, out: Path) -> Path:
     """Write `out/report.html` for the study; returns its path."""
     from autotune.views.plots import draw_plots, plot_data, png_bytes  # matplotlib: only for a report
 
-    findings = study_findings(study, ostudy)
-    data = plot_data(ostudy, findings.metric, findings.unit, title=study.name)
+    findings = study_findings(study, optuna_study)
+    data = plot_data(optuna_study, findings.metric, findings.unit, title=study.name)
     plots = {name: png_bytes(figure) for name, figure in draw_plots(data).items()}
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT_FILE

@@ -17,14 +17,16 @@ __all__ = ["ParentRunPage", "study_tracker"]
 class ParentRunPage(StudyPage):
     """The study summary (views.report) and plots (views.plots) a study's parent run shows."""
 
-    def summary(self, study: Study, ostudy: optuna.Study) -> tuple[str, str | None]:
-        findings = study_findings(study, ostudy)
+    def summary(self, study: Study, optuna_study: optuna.Study) -> tuple[str, str | None]:
+        findings = study_findings(study, optuna_study)
         return summary_markdown(findings), findings.best_script
 
-    def plots(self, ostudy: optuna.Study, metric: str, unit: str, title: str, folder: Path) -> list[Path]:
+    def plots(
+        self, optuna_study: optuna.Study, metric: str, unit: str, title: str, folder: Path
+    ) -> list[Path]:
         from autotune.views.plots import plot_data, save_plots  # matplotlib: only when a plot is drawn
 
-        return save_plots(plot_data(ostudy, metric, unit, title=title), folder)
+        return save_plots(plot_data(optuna_study, metric, unit, title=title), folder)
 
 
 def study_tracker(study: Study) -> StudyTracker:

@@ -253,9 +253,9 @@ def run_auto_benchmark_job(job: Job) -> Outcome:
 def run_autotune_job(job: Job) -> Outcome:
     profile, known = job.profile, truth(job)
 
-    def inspect(study: Study, ostudy: optuna.Study, clock: NodeClock, rerun: object) -> Outcome:
-        record = study_answer(ostudy)
-        trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    def inspect(study: Study, optuna_study: optuna.Study, clock: NodeClock, rerun: object) -> Outcome:
+        record = study_answer(optuna_study)
+        trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
         launched = [trials[n] for n in sorted(clock.seconds)]
         values = [
             known.of_config(trial_config(study, t)) if t.state is TrialState.COMPLETE else 0.0

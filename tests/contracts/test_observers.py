@@ -53,7 +53,7 @@ def model_pool(study: Study) -> NodePool:
 class Observed:
     observer: StudyCallback
     study: Study
-    ostudy: optuna.Study
+    optuna_study: optuna.Study
     cwd: Path  # the working directory the study ran in
     printed: str  # what the observer was given to print on
 
@@ -66,26 +66,30 @@ def observed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         StudyFiles(root / "project")(study=f"observed-{request.param}", n_trials=BUDGET, server=server)
     )
     StudyDriver(study, pool=model_pool, tracking=False).run(n_trials=1)  # the baseline, unobserved
-    ostudy = open_study(study)
-    orphan = ostudy.ask({"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])})
+    optuna_study = open_study(study)
+    orphan = optuna_study.ask(
+        {"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])}
+    )
     orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")  # its driver is gone
-    ostudy.enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})  # fails on the SM120 node
-    ostudy.enqueue_trial({"--mem-fraction-static": 0.70})  # refused before launch: the weights overflow it
+    optuna_study.enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})  # fails on the SM120 node
+    optuna_study.enqueue_trial(
+        {"--mem-fraction-static": 0.70}
+    )  # refused before launch: the weights overflow it
     stream = io.StringIO()
     (root / "cwd").mkdir()
     before = os.getcwd()
     os.chdir(root / "cwd")  # MLflow's default store is ./mlruns of wherever it runs
     try:
         observer = OBSERVERS[request.param](study, stream)
-        ostudy = StudyDriver(study, [observer], pool=model_pool, tracking=False).run()
+        optuna_study = StudyDriver(study, [observer], pool=model_pool, tracking=False).run()
     finally:
         os.chdir(before)
-    return Observed(observer, study, ostudy, root / "cwd", stream.getvalue())
+    return Observed(observer, study, optuna_study, root / "cwd", stream.getvalue())
 
 
 def test_a_whole_study_is_observed_without_stopping_it(observed: Observed) -> None:
-    trials = observed.ostudy.trials
-    assert finished_count(observed.ostudy) == BUDGET
+    trials = observed.optuna_study.trials
+    assert finished_count(observed.optuna_study) == BUDGET
     assert trials[1].user_attrs["failure_kind"] == "interrupted"  # the dead driver's, recovered
     kinds = {t.user_attrs.get("failure_kind") for t in trials}
     assert {"unsupported", "predicted_oom"} <= kinds, kinds

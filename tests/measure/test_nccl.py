@@ -511,13 +511,13 @@ def test_a_study_runs_without_ray_and_its_best_is_compared(stand_in_study: Path)
     done = _cli("run", str(stand_in_study), "--no-ray", "--no-tracking", cwd=stand_in_study.parent)
     assert done.returncode == 0, done.stderr
     study = load_study(stand_in_study)
-    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
-    trials = ostudy.get_trials()
+    optuna_study = optuna.load_study(study_name=study.name, storage=study.storage)
+    trials = optuna_study.get_trials()
     assert len(trials) == 5 and all(t.state.name == "COMPLETE" for t in trials)
     assert trials[0].user_attrs["metrics"]["nccl_memory_mib"] == 900.0
     assert (study.workdir / "nodes" / "local" / "trial-0000" / "server.log").is_file()
 
-    comparison = compare(study, ostudy, 2, trial=0)  # the default against itself: an A/A test
+    comparison = compare(study, optuna_study, 2, trial=0)  # the default against itself: an A/A test
     assert len(comparison.runs) == 4 and all(run.failure is None for run in comparison.runs)
     assert comparison.gain() is not None and comparison.gain().verdict == "no gain"  # type: ignore[union-attr]
 

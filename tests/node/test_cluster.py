@@ -69,10 +69,10 @@ def test_joining_the_cluster_keeps_the_sigterm_handler_set_before(cluster, study
 
 def test_trials_run_in_parallel_on_every_node_and_none_twice(cluster, study_file: StudyFiles) -> None:
     study = load_study(study_file(cluster_study(cluster.address, "parallel")))
-    ostudy = StudyDriver(study).run()
+    optuna_study = StudyDriver(study).run()
 
-    trials = [t for t in ostudy.trials if not t.user_attrs.get("skipped")]
-    assert finished_count(ostudy) == BUDGET == len(trials)
+    trials = [t for t in optuna_study.trials if not t.user_attrs.get("skipped")]
+    assert finished_count(optuna_study) == BUDGET == len(trials)
     assert len({t.number for t in trials}) == len(trials)
     nodes = {t.user_attrs["node"] for t in trials}
     assert len(nodes) == NODES, nodes  # every discovered node ran trials
@@ -103,18 +103,18 @@ def test_a_node_lost_mid_trial_fails_that_trial_and_runs_it_again(cluster, study
 
     killer = threading.Thread(target=kill_one_actor, daemon=True)
     killer.start()
-    ostudy = StudyDriver(study).run()
+    optuna_study = StudyDriver(study).run()
     killer.join(timeout=5)
 
     assert killed, "an actor was killed while its server was loading"
-    lost = [t for t in ostudy.trials if t.user_attrs.get("failure_kind") == "node_lost"]
+    lost = [t for t in optuna_study.trials if t.user_attrs.get("failure_kind") == "node_lost"]
     assert len(lost) == 1 and lost[0].state is TrialState.FAIL
-    retries = [t for t in ostudy.trials if t.user_attrs.get("retry_of") == lost[0].number]
+    retries = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == lost[0].number]
     assert len(retries) == 1 and retries[0].params == lost[0].params and retries[0].state.is_finished()
-    assert finished_count(ostudy) == BUDGET  # the lost trial does not count; the study carried on
+    assert finished_count(optuna_study) == BUDGET  # the lost trial does not count; the study carried on
     # The dead actor's server was stopped by the actor that took over its node (or never outlived it).
     for path in (study.workdir / "nodes").glob("*/servers.json"):
         pytest.fail(f"a server is still recorded as running: {path.read_text()}")
-    for trial in ostudy.trials:  # every server the study started is gone
+    for trial in optuna_study.trials:  # every server the study started is gone
         if trial.user_attrs.get("server_pgid"):
             assert not _group_members(int(trial.user_attrs["server_pgid"])), trial.number

@@ -10,7 +10,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from autotune.study.ablation import enqueue_ablation, plan_ablation
 from autotune.study.records import BASELINE_ATTR, SERVER_CHOICES_ATTR
-from tests.builders import optuna_study, stored_trial
+from tests.builders import stored_trial, study_of_trials
 
 MEM, PROTO = "--mem-fraction-static", "NCCL_PROTO"
 DISTRIBUTIONS = {
@@ -22,7 +22,7 @@ DISTRIBUTIONS = {
 def study_with_best(
     tmp_path: Path, best_fraction: float, server_choices: dict[str, float] | None
 ) -> optuna.Study:
-    return optuna_study(
+    return study_of_trials(
         stored_trial({MEM: 0.89, PROTO: None}, 100.0, spaces=DISTRIBUTIONS, **{BASELINE_ATTR: True}),
         stored_trial({MEM: best_fraction, PROTO: "LL"}, 130.0, spaces=DISTRIBUTIONS),
         storage=f"sqlite:///{tmp_path / 'optuna.db'}",
@@ -32,12 +32,12 @@ def study_with_best(
 
 
 def test_a_range_without_unset_reverts_to_sglangs_own_choice_in_the_baseline(tmp_path: Path) -> None:
-    ostudy = study_with_best(tmp_path, 0.84, {MEM: 0.893, "--chunked-prefill-size": 8192.0})
-    plan = plan_ablation(ostudy)
+    optuna_study = study_with_best(tmp_path, 0.84, {MEM: 0.893, "--chunked-prefill-size": 8192.0})
+    plan = plan_ablation(optuna_study)
     assert plan.reverts == {MEM: 0.89, PROTO: None}  # 0.893 on the space's step
     assert plan.server_chosen == (MEM,) and plan.not_ablated == {}
-    assert sorted(enqueue_ablation(ostudy, plan)) == sorted([MEM, PROTO])
-    queued = [t for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.WAITING]
+    assert sorted(enqueue_ablation(optuna_study, plan)) == sorted([MEM, PROTO])
+    queued = [t for t in optuna_study.get_trials() if t.state == optuna.trial.TrialState.WAITING]
     fixed = [t.system_attrs["fixed_params"] for t in queued]
     assert {MEM: 0.89, PROTO: "LL"} in fixed and {MEM: 0.84, PROTO: None} in fixed
 

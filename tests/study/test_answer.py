@@ -34,8 +34,8 @@ def confirmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.St
     return path, StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
 
 
-def _answer(ostudy: optuna.Study) -> StudyAnswer:
-    answer = study_answer(ostudy)
+def _answer(optuna_study: optuna.Study) -> StudyAnswer:
+    answer = study_answer(optuna_study)
     assert answer is not None
     assert OLD_KEYS <= set(answer.record()) and json.loads(json.dumps(answer.record())) == answer.record()
     return answer
@@ -44,13 +44,13 @@ def _answer(ostudy: optuna.Study) -> StudyAnswer:
 def test_confirmed_rests_on_the_rounds_of_the_leader_and_the_defaults(
     confirmed: tuple[Path, optuna.Study],
 ) -> None:
-    _, ostudy = confirmed
-    answer = _answer(ostudy)
+    _, optuna_study = confirmed
+    answer = _answer(optuna_study)
     assert answer.verdict == "confirmed" and answer.trial == answer.leader != answer.baseline == 0
-    trials = {t.number: t for t in ostudy.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
     rests = [trials[n] for n in answer.trials]
     # The rounds' launches, and the search's launches paired in time that count as a round (issue 37).
-    searched = {n: of for pairs in ostudy.user_attrs[CONFIRM_ATTR]["search_rounds"] for of, n in pairs}
+    searched = {n: of for pairs in optuna_study.user_attrs[CONFIRM_ATTR]["search_rounds"] for of, n in pairs}
     assert all(CONFIRM_ATTR in t.user_attrs or t.number in searched for t in rests)
 
     def config(t: optuna.trial.FrozenTrial) -> int:
@@ -61,7 +61,7 @@ def test_confirmed_rests_on_the_rounds_of_the_leader_and_the_defaults(
     assert answer.value == pytest.approx(statistics.fmean(of[answer.trial]))  # type: ignore[arg-type]
     assert answer.baseline_value == pytest.approx(statistics.fmean(of[0]))  # type: ignore[arg-type]
     # The summary's best and baseline are the answer's: one figure for each on any page.
-    summary = study_summary(ostudy)
+    summary = study_summary(optuna_study)
     assert (summary.best_value, summary.best_trial, summary.baseline_value, summary.gain_pct) == (
         answer.value,
         answer.trial,
@@ -83,11 +83,11 @@ def test_no_gain_under_way_and_unconfirmed_on_the_real_h200_stores(tmp_path: Pat
     with tarfile.open(stores) as tar:
         tar.extractall(tmp_path / "run3", filter="data")
     storage = f"sqlite:///{tmp_path / 'run3' / '.autotune' / 'sglang-h200' / 'optuna.db'}"
-    ostudy = optuna.load_study(study_name="sglang-h200", storage=storage)
-    single = _answer(ostudy)
-    base = next(t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR))
+    optuna_study = optuna.load_study(study_name="sglang-h200", storage=storage)
+    single = _answer(optuna_study)
+    base = next(t for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR))
     assert single.verdict == "unconfirmed" and single.trials == (base.number, 29)
-    assert single.baseline_value == base.value and single.value == ostudy.trials[29].value
+    assert single.baseline_value == base.value and single.value == optuna_study.trials[29].value
     assert single.nccl is None and single.rounds == 0
 
 
@@ -97,8 +97,8 @@ def test_best_status_and_report_render_the_same_answer(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    path, ostudy = confirmed
-    answer = _answer(ostudy)
+    path, optuna_study = confirmed
+    answer = _answer(optuna_study)
     assert answer.gain_pct is not None and answer.gain_interval_pct is not None and answer.value is not None
     monkeypatch.setenv("COLUMNS", "1000")  # status wraps at the terminal's width
     assert main(["best", str(path), "--json"]) == 0
@@ -132,8 +132,8 @@ def test_best_status_and_report_render_the_same_answer(
 def test_confirmation_rounds_are_no_search_trials_of_the_history_plot(
     confirmed: tuple[Path, optuna.Study],
 ) -> None:
-    _, ostudy = confirmed
-    data = plot_data(ostudy, "output_throughput", "tok/s")
+    _, optuna_study = confirmed
+    data = plot_data(optuna_study, "output_throughput", "tok/s")
     assert data.trials and not any(REMEASURE_OF_ATTR in t.user_attrs for t in data.trials)
     searched = max(t.value for t in data.complete() if t.value is not None)
     figure = optimization_history(data)

@@ -149,20 +149,20 @@ def test_the_study_never_launches_what_is_known_to_fail_before_a_launch(study_fi
         }
     }
     study = load_study(study_file(n_trials=3, search_space=space, trust=TRUST_OFF))
-    ostudy = open_study(study)
+    optuna_study = open_study(study)
     for params in (  # proposals (not queued by hand: `autotune enqueue` runs what a user asks for)
         {"--enable-flashinfer-allreduce-fusion": True, "--mem-fraction-static": 0.85},
         {"--enable-flashinfer-allreduce-fusion": False, "--mem-fraction-static": 0.74},
         {"--enable-flashinfer-allreduce-fusion": False, "--mem-fraction-static": 0.76},
     ):
-        ostudy.enqueue_trial(params)
-    ostudy = StudyDriver(study, pool=model_pool()).run()
-    ran = launched(ostudy)
+        optuna_study.enqueue_trial(params)
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
+    ran = launched(optuna_study)
     assert ran[0].user_attrs["baseline"] and ran[0].user_attrs["server_memory"]["kv_cache_tokens"] > 0
     assert all(t.params.get("--enable-flashinfer-allreduce-fusion") is not True for t in ran)
     assert all(t.params.get("--mem-fraction-static") in (None, 0.85) for t in ran), "0.74, 0.76: no KV pool"
     assert len(ran) == 3 and all(t.state is TrialState.COMPLETE for t in ran)
-    refused = {t.number: t for t in ostudy.trials if "node" not in t.user_attrs}
+    refused = {t.number: t for t in optuna_study.trials if "node" not in t.user_attrs}
     assert [t.user_attrs["failure_kind"] for t in refused.values()] == [
         "known_incompatible",
         "predicted_oom",
@@ -174,7 +174,7 @@ def test_the_study_never_launches_what_is_known_to_fail_before_a_launch(study_fi
         t.state is TrialState.PRUNED and "(the baseline) held" in t.user_attrs["failure"] for t in small
     )
     # The fusion is known incompatible before any launch, with the node's hardware: the sampler holds it.
-    (pair,) = ostudy.user_attrs["incompatible"]
+    (pair,) = optuna_study.user_attrs["incompatible"]
     assert pair[:2] == ["--enable-flashinfer-allreduce-fusion", True] and hw.gpu_name in pair[2]
 
 
@@ -190,5 +190,5 @@ def test_without_the_checks_the_same_proposals_are_launched_and_fail(study_file:
         }
     }
     study = load_study(study_file(n_trials=2, search_space=space, trust=TRUST_OFF))
-    ostudy = StudyDriver(study, pool=model_pool(), preflight=False, remember_incompatible=False).run()
-    assert [t.user_attrs.get("failure_kind") for t in launched(ostudy)] == [None, "kv_pool_too_small"]
+    optuna_study = StudyDriver(study, pool=model_pool(), preflight=False, remember_incompatible=False).run()
+    assert [t.user_attrs.get("failure_kind") for t in launched(optuna_study)] == [None, "kv_pool_too_small"]

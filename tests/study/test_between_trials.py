@@ -23,13 +23,15 @@ def test_a_step_added_to_the_list_ends_the_search_and_is_kept_when_recorded(
     recorded: bool, study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def after_three(run: RunState) -> SearchEnds | None:
-        return SearchEnds(WHY, recorded=recorded) if budget_used(run.ostudy) >= 3 else None
+        return SearchEnds(WHY, recorded=recorded) if budget_used(run.optuna_study) >= 3 else None
 
     monkeypatch.setattr(between_trials, "STEPS", (after_three, *between_trials.STEPS))
     driver = StudyDriver(load_study(study_file(n_trials=8)), pool=model_pool())
-    ostudy = driver.run()
-    assert budget_used(ostudy) == 3 and driver.stopped == WHY
-    assert stopped_early(ostudy) == (WHY if recorded else None)  # a recorded stop holds on a plain resume
+    optuna_study = driver.run()
+    assert budget_used(optuna_study) == 3 and driver.stopped == WHY
+    assert stopped_early(optuna_study) == (
+        WHY if recorded else None
+    )  # a recorded stop holds on a plain resume
 
 
 def test_a_step_that_ends_the_search_at_once_skips_the_steps_after_it(
@@ -38,10 +40,10 @@ def test_a_step_that_ends_the_search_at_once_skips_the_steps_after_it(
     taken: list[int] = []
 
     def at_once(run: RunState) -> SearchEnds | None:
-        return SearchEnds(WHY, at_once=True) if budget_used(run.ostudy) >= 2 else None
+        return SearchEnds(WHY, at_once=True) if budget_used(run.optuna_study) >= 2 else None
 
     def later(run: RunState) -> None:
-        taken.append(budget_used(run.ostudy))
+        taken.append(budget_used(run.optuna_study))
 
     monkeypatch.setattr(between_trials, "STEPS", (at_once, later))
     StudyDriver(load_study(study_file(n_trials=8)), pool=model_pool()).run()

@@ -35,9 +35,9 @@ def searched(study_file: StudyFiles) -> tuple[Study, optuna.Study]:
 def test_compare_s_rounds_are_study_trials_in_abba_order_and_feed_the_noise(
     searched: tuple[Study, optuna.Study], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    study, ostudy = searched
-    assert noise_estimate(ostudy) is None  # one measurement of each config
-    comparison = compare(study, ostudy, 2, trial=1, run=_rerun(study))  # type: ignore[arg-type]
+    study, optuna_study = searched
+    assert noise_estimate(optuna_study) is None  # one measurement of each config
+    comparison = compare(study, optuna_study, 2, trial=1, run=_rerun(study))  # type: ignore[arg-type]
     assert [(r.round, r.config) for r in comparison.runs] == [
         (0, "default"), (0, "best"), (1, "best"), (1, "default")
     ]  # fmt: skip
@@ -45,25 +45,25 @@ def test_compare_s_rounds_are_study_trials_in_abba_order_and_feed_the_noise(
     assert "mean_ttft_ms" in comparison.summary()  # every figure of the benchmark, read from the trials
     gain = comparison.gain()
     assert gain is not None and gain.verdict == "loss"
-    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
-    rounds = [t for t in ostudy.get_trials() if COMPARE_ATTR in t.user_attrs]
+    optuna_study = optuna.load_study(study_name=study.name, storage=study.storage)
+    rounds = [t for t in optuna_study.get_trials() if COMPARE_ATTR in t.user_attrs]
     assert len(rounds) == 4 and all(NODE_ATTR in t.user_attrs for t in rounds)
     assert sorted(t.user_attrs[REMEASURE_OF_ATTR] for t in rounds) == [0, 0, 1, 1]
     # Measured again, both configs give the study its run-to-run noise (2 degrees of freedom each).
-    noise = noise_estimate(ostudy)
+    noise = noise_estimate(optuna_study)
     assert noise is not None and noise.dof >= 2
     assert main(["status", str(study.path)]) == 0
     assert "compare round 2: trial 1's config again" in capsys.readouterr().out  # counted from 1
 
 
 def test_a_compare_cut_short_continues_where_it_stopped(searched: tuple[Study, optuna.Study]) -> None:
-    study, ostudy = searched
-    record = queue_rounds(study, ostudy, 2, trial=1)
+    study, optuna_study = searched
+    record = queue_rounds(study, optuna_study, 2, trial=1)
     # Two of its four runs, then the command stopped (a Ctrl-C, a lost lease).
-    ostudy = StudyDriver(study, pool=model_pool(), queued_only=True).run(budget_used(ostudy) + 2)
-    assert len(ostudy.get_trials(states=(TrialState.WAITING,))) == 2
-    comparison = compare(study, ostudy, 2, trial=1, run=_rerun(study))  # type: ignore[arg-type]
+    optuna_study = StudyDriver(study, pool=model_pool(), queued_only=True).run(budget_used(optuna_study) + 2)
+    assert len(optuna_study.get_trials(states=(TrialState.WAITING,))) == 2
+    comparison = compare(study, optuna_study, 2, trial=1, run=_rerun(study))  # type: ignore[arg-type]
     assert len(comparison.runs) == 4 and comparison.gain() is not None
-    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
-    assert ostudy.user_attrs[COMPARE_ATTR] == [record]  # the same comparison, not a second one
-    assert sum(COMPARE_ATTR in t.user_attrs for t in ostudy.get_trials()) == 4
+    optuna_study = optuna.load_study(study_name=study.name, storage=study.storage)
+    assert optuna_study.user_attrs[COMPARE_ATTR] == [record]  # the same comparison, not a second one
+    assert sum(COMPARE_ATTR in t.user_attrs for t in optuna_study.get_trials()) == 4

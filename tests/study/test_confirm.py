@@ -51,11 +51,11 @@ def confirmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.St
 def test_the_best_configs_and_the_defaults_run_again_in_interleaved_rounds(
     confirmed: tuple[Path, optuna.Study],
 ) -> None:
-    _, ostudy = confirmed
-    state = confirmation(ostudy)
+    _, optuna_study = confirmed
+    state = confirmation(optuna_study)
     assert state is not None and 1 <= len(state.configs) <= 2  # the runner-up within noise of the leader
     rounds: dict[int, list[int]] = {}
-    for trial in sorted(launched(ostudy), key=lambda t: t.number):
+    for trial in sorted(launched(optuna_study), key=lambda t: t.number):
         if "confirm" in trial.user_attrs:
             assert trial.state == TrialState.COMPLETE
             mark = trial.user_attrs["confirm"]
@@ -64,7 +64,7 @@ def test_the_best_configs_and_the_defaults_run_again_in_interleaved_rounds(
     order = (state.baseline, *state.configs)
     for index, configs in rounds.items():
         assert tuple(configs) == round_order(index, order)  # each a launch of its own, in the round's order
-    assert budget_used(ostudy) == 10 + len(order) * len(rounds)  # beyond the search's budget
+    assert budget_used(optuna_study) == 10 + len(order) * len(rounds)  # beyond the search's budget
 
 
 class CtrlCInConfirmation(StudyCallback):
@@ -85,20 +85,20 @@ def test_confirmation_resumes_after_ctrl_c_where_it_stopped(study_file: StudyFil
     study = load_study(study_file(n_trials=5, trust=trust))
     with pytest.raises(StudyInterrupted):
         StudyDriver(study, [CtrlCInConfirmation(study)], pool=model_pool(noise=0.01)).run()
-    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
-    state = confirmation(ostudy)
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    state = confirmation(optuna_study)
     # Two rounds, one of them the search's launches when the leader ran right beside a baseline repeat.
     assert state is not None and state.queued + state.searched == 2 and state.pairs == 2
     assert sorted(state.rounds)[-state.queued :] == list(range(state.queued))
     assert all(len(v) == 2 for v in state.rounds.values())
-    assert budget_used(ostudy) == 5 + 2 * state.queued  # no round measured twice, none lost
+    assert budget_used(optuna_study) == 5 + 2 * state.queued  # no round measured twice, none lost
 
 
 def test_best_reports_the_confirmed_gain_with_its_interval(
     confirmed: tuple[Path, optuna.Study], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, ostudy = confirmed
-    answer = study_answer(ostudy)
+    path, optuna_study = confirmed
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "confirmed"
     assert answer.confirmed is True and answer.beats_defaults is True
     assert answer.gain_interval_pct is not None and answer.gain_pct is not None and answer.noise is not None
@@ -119,8 +119,8 @@ def test_on_a_flat_landscape_best_says_no_config_beat_the_defaults_and_exports_t
 ) -> None:
     trust = {"repeat_baseline_after": 3, "confirm": {"top": 2, "max_rounds": 4}, "stop_early": False}
     path = study_file(n_trials=8, search_space=FLAT, trust=trust)
-    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
-    answer = study_answer(ostudy)
+    optuna_study = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "no gain"
     assert answer.confirmed is True and answer.beats_defaults is False
     assert answer.trial == 0  # SGLang's defaults
@@ -135,8 +135,8 @@ def test_on_a_flat_landscape_best_says_no_config_beat_the_defaults_and_exports_t
 
 def test_a_study_without_confirmation_says_its_gain_is_unconfirmed(study_file: StudyFiles) -> None:
     path = study_file(n_trials=6, trust={**TRUST_OFF, "repeat_baseline_after": 2})
-    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
-    answer = study_answer(ostudy)
+    optuna_study = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "unconfirmed"
     assert answer.confirmed is False and answer.gain_interval_pct is None
     assert answer.text.startswith(f"unconfirmed: trial {answer.trial}'s config measured")
@@ -162,8 +162,8 @@ def test_the_real_h200_study_without_confirmation_answers_unconfirmed_with_its_n
 def test_a_confirmation_cut_short_says_it_is_under_way_and_how_to_finish_it(tmp_path: Path) -> None:
     # The committed real stores of the trust study (run4): the device time ended in round 1 of the
     # confirmation, with the baseline's launch of that round running; by its means the best is the defaults.
-    ostudy = run4(tmp_path, "study-cut-short.tar.gz")
-    answer = study_answer(ostudy)
+    optuna_study = run4(tmp_path, "study-cut-short.tar.gz")
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "under way" and answer.confirmed is False
     assert answer.trial == 0
     said = "unconfirmed: the best single measurement is SGLang's defaults (trial 0)"
@@ -172,7 +172,7 @@ def test_a_confirmation_cut_short_says_it_is_under_way_and_how_to_finish_it(tmp_
         answer.text
     )
     # One answer: the confirmation's, not also the means of its launches computed another way.
-    assert study_summary(ostudy).remeasured is None
+    assert study_summary(optuna_study).remeasured is None
 
 
 def test_the_real_h200_trust_study_resumed_to_its_end_answers_that_the_defaults_are_not_beaten(
@@ -210,17 +210,17 @@ def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confir
 ) -> None:
     trust = {"repeat_baseline_after": 2, "confirm": {"top": 1, "max_rounds": 2}, "stop_early": False}
     study = load_study(study_file(n_trials=4, trust=trust))
-    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
-    started = ostudy.user_attrs["confirm"]
-    leader = confirmation(ostudy).leader  # type: ignore[union-attr]
-    params = next(t.params for t in ostudy.trials if t.number == leader)
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    started = optuna_study.user_attrs["confirm"]
+    leader = confirmation(optuna_study).leader  # type: ignore[union-attr]
+    params = next(t.params for t in optuna_study.trials if t.number == leader)
     # `autotune ablate` queues configs it means to measure, a launch made before among them.
-    ostudy.enqueue_trial(dict(params), user_attrs={"ablation_of": leader, "ablation_param": "all"})
-    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run(n_trials=budget_used(ostudy) + 1)
-    ablation = ostudy.trials[-1]
+    optuna_study.enqueue_trial(dict(params), user_attrs={"ablation_of": leader, "ablation_param": "all"})
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run(n_trials=budget_used(optuna_study) + 1)
+    ablation = optuna_study.trials[-1]
     assert ablation.user_attrs["ablation_of"] == leader and "node" in ablation.user_attrs
     assert "same_as" not in ablation.user_attrs
-    assert ostudy.user_attrs["confirm"] == started  # no second confirmation
+    assert optuna_study.user_attrs["confirm"] == started  # no second confirmation
 
 
 def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_divided_by() -> None:
@@ -255,16 +255,16 @@ def test_confirmation_credits_the_trial_that_measured_a_config_not_an_interrupte
     )
     orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")  # a driver on this host, gone
 
-    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
 
-    assert ostudy.trials[orphan.number].user_attrs["failure_kind"] == "interrupted"
-    retry = next(t for t in ostudy.trials if t.user_attrs.get("retry_of") == orphan.number)
+    assert optuna_study.trials[orphan.number].user_attrs["failure_kind"] == "interrupted"
+    retry = next(t for t in optuna_study.trials if t.user_attrs.get("retry_of") == orphan.number)
     assert retry.state == TrialState.COMPLETE and retry.params == orphan.params
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     assert state is not None and retry.number in state.configs and orphan.number not in state.configs
-    rows = [t for t in launched(ostudy) if "confirm" in t.user_attrs]
+    rows = [t for t in launched(optuna_study) if "confirm" in t.user_attrs]
     assert rows and {t.user_attrs["remeasure_of"] for t in rows} == {state.baseline, *state.configs}
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     assert answer is not None and f"trial {orphan.number}'s" not in answer.text
 
 
@@ -283,13 +283,14 @@ CONFIRM_SETTINGS: dict[str, Any] = {
 
 def confirmation_study(rounds: list[dict[int, float]]) -> optuna.Study:
     """An Optuna study holding only confirmation rounds, each config's value per round (0: the defaults)."""
-    ostudy = optuna.create_study(direction="maximize")
-    ostudy.set_user_attr("confirm", {**CONFIRM_SETTINGS, "queued": len(rounds)})
+    optuna_study = optuna.create_study(direction="maximize")
+    optuna_study.set_user_attr("confirm", {**CONFIRM_SETTINGS, "queued": len(rounds)})
     for index, values in enumerate(rounds):
         for position, (of, value) in enumerate(values.items()):
             attrs: dict[str, Any] = {"confirm": {"round": index, "position": position}, "remeasure_of": of}
-            ostudy.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs | {"baseline": of == 0}))
-    return ostudy
+            attrs = attrs | {"baseline": of == 0}
+            optuna_study.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs))
+    return optuna_study
 
 
 FLAT_L40S_SEED_7 = [
@@ -304,13 +305,13 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
     +-1%: the rounds stop with no gain)."""
     from autotune.study.trust.confirm import _decided
 
-    ostudy = confirmation_study(FLAT_L40S_SEED_7)
-    state = confirmation(ostudy)
+    optuna_study = confirmation_study(FLAT_L40S_SEED_7)
+    state = confirmation(optuna_study)
     assert state is not None and state.leader == 8 and state.pairs == 2 and state.gain is not None
     assert state.gain.verdict == "no gain"  # at 97.5%: "gain", +0.23% to +0.47%
     assert state.gain.confidence == pytest.approx(1 - 0.05 / (2 * 5))
     assert _decided(state, {**CONFIRM_SETTINGS, "queued": 2})
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is False and answer.trial == 0
     assert "(99.5% CI" in answer.text
 
@@ -318,11 +319,13 @@ def test_two_lucky_rounds_on_a_flat_landscape_are_no_confirmed_gain() -> None:
 def test_a_large_gain_is_still_confirmed_at_the_first_look() -> None:
     from autotune.study.trust.confirm import _decided
 
-    ostudy = confirmation_study([{0: 100.0, 1: 150.2, 8: 101.0}, {8: 100.8, 1: 149.9, 0: 100.1}])  # +50%
-    state = confirmation(ostudy)
+    optuna_study = confirmation_study(
+        [{0: 100.0, 1: 150.2, 8: 101.0}, {8: 100.8, 1: 149.9, 0: 100.1}]
+    )  # +50%
+    state = confirmation(optuna_study)
     assert state is not None and state.leader == 1 and state.gain is not None
     assert state.gain.verdict == "gain" and _decided(state, {**CONFIRM_SETTINGS, "queued": 2})
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is True and answer.trial == 1
 
 
@@ -352,7 +355,7 @@ def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmatio
         "--stream-interval": CategoricalDistribution([None, 2, 4, 16]),
     }
     chosen = {"--schedule-policy": "lpm", "--stream-interval": 4}
-    ostudy = optuna.create_study(direction="maximize")
+    optuna_study = optuna.create_study(direction="maximize")
     runs: list[tuple[TrialState, float | None, dict[str, Any], dict[str, Any]]] = [
         (TrialState.COMPLETE, 100.0, {}, {"baseline": True}),
         (TrialState.FAIL, None, chosen, {"failure_kind": "interrupted"}),
@@ -365,13 +368,13 @@ def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmatio
         trial = optuna.trial.create_trial(
             state=state, value=value, params=params, distributions=distributions, user_attrs=attrs
         )
-        ostudy.add_trial(trial)
+        optuna_study.add_trial(trial)
     record = {**study.file.trust.confirm.model_dump(), "baseline": 0, "configs": [1], "queued": 1, "since": 2}
-    ostudy.set_user_attr("confirm", record)
+    optuna_study.set_user_attr("confirm", record)
 
-    next(confirmation_rounds(study, ostudy))
+    next(confirmation_rounds(study, optuna_study))
 
-    queued = ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    queued = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 1]
     assert all(t.user_attrs["confirm"]["round"] == 1 for t in queued)
 
@@ -380,7 +383,7 @@ def test_a_store_that_credited_an_interrupted_trial_goes_on_with_its_confirmatio
 def _search_study(values: dict[int, float], baselines: tuple[int, ...] = (0, 3, 6)) -> optuna.Study:
     """A finished search on one node: trial n measured `values[n]`; the trials in `baselines` are SGLang's
     defaults (the first, then its repeats), the others each a config of their own."""
-    from tests.builders import optuna_study, stored_trial
+    from tests.builders import stored_trial, study_of_trials
 
     trials = []
     for number, value in sorted(values.items()):
@@ -389,17 +392,17 @@ def _search_study(values: dict[int, float], baselines: tuple[int, ...] = (0, 3, 
             trials.append(stored_trial({}, value, node="n", node_s=600.0, baseline=True, **repeat))
         else:
             trials.append(stored_trial({"--stream-interval": number}, value, node="n", node_s=600.0))
-    return optuna_study(*trials)
+    return study_of_trials(*trials)
 
 
-def _run_round(ostudy: optuna.Study, values: dict[int, float]) -> None:
+def _run_round(optuna_study: optuna.Study, values: dict[int, float]) -> None:
     """Measure the round the confirmation queued: each config's launch gets `values[config]`."""
-    while waiting := ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        trial = ostudy.ask({"--stream-interval": CategoricalDistribution([None, *range(10)])})
+    while waiting := optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        trial = optuna_study.ask({"--stream-interval": CategoricalDistribution([None, *range(10)])})
         of = waiting[0].user_attrs["remeasure_of"]
         assert trial.user_attrs["remeasure_of"] == of
         trial.set_user_attr("node", "n")
-        ostudy.tell(trial, values[of])
+        optuna_study.tell(trial, values[of])
 
 
 def test_the_runner_up_is_confirmed_only_within_the_noise_of_the_leader(study_file: StudyFiles) -> None:
@@ -409,17 +412,17 @@ def test_the_runner_up_is_confirmed_only_within_the_noise_of_the_leader(study_fi
     from autotune.study.trust.confirm import LEFT_OUT_KEY, confirmation_rounds, contenders
 
     study = load_study(study_file(n_trials=8, search_space=FLAT, trust={"confirm": {"top": 2}}))
-    ostudy = _search_study({0: 100.0, 1: 101.0, 2: 150.0, 3: 100.5, 4: 141.0, 5: 99.0, 6: 99.8})
-    next(confirmation_rounds(study, ostudy))
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 150.0, 3: 100.5, 4: 141.0, 5: 99.0, 6: 99.8})
+    next(confirmation_rounds(study, optuna_study))
 
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     assert state is not None and state.configs == (2,)
-    assert ostudy.user_attrs["confirm"][LEFT_OUT_KEY] == [4]
-    queued = ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert optuna_study.user_attrs["confirm"][LEFT_OUT_KEY] == [4]
+    queued = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 2]  # 2 launches a round, not 3
     # Within the band, the runner-up is confirmed as before; with the noise unknown, too.
-    groups = {g.of: g for g in measurement_groups(ostudy)}
-    noise = noise_estimate(ostudy)
+    groups = {g.of: g for g in measurement_groups(optuna_study)}
+    noise = noise_estimate(optuna_study)
     near = dataclasses.replace(groups[4], values=(149.0,))
     kept, left = contenders([groups[2], near], noise, maximize=True, confidence=0.95)
     assert [g.of for g in kept] == [2, 4] and not left
@@ -437,24 +440,24 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
 
     trust = {"confirm": {"top": 1, "min_rounds": 2, "max_rounds": 6}}
     study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
-    ostudy = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
-    groups = {g.of: g for g in measurement_groups(ostudy)}
-    assert search_rounds(ostudy, groups[0], [groups[4]]) == [[(0, 3), (4, 4)]]
-    assert search_rounds(ostudy, groups[0], [groups[5]]) == [[(0, 6), (5, 5)]]  # trial 5 ran before 6
-    assert search_rounds(ostudy, groups[0], [groups[1]]) == [[(0, 0), (1, 1)]]
-    assert search_rounds(ostudy, groups[0], [groups[2]]) == [[(0, 3), (2, 2)]]
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    groups = {g.of: g for g in measurement_groups(optuna_study)}
+    assert search_rounds(optuna_study, groups[0], [groups[4]]) == [[(0, 3), (4, 4)]]
+    assert search_rounds(optuna_study, groups[0], [groups[5]]) == [[(0, 6), (5, 5)]]  # trial 5 ran before 6
+    assert search_rounds(optuna_study, groups[0], [groups[1]]) == [[(0, 0), (1, 1)]]
+    assert search_rounds(optuna_study, groups[0], [groups[2]]) == [[(0, 3), (2, 2)]]
 
-    rounds = confirmation_rounds(study, ostudy)
+    rounds = confirmation_rounds(study, optuna_study)
     next(rounds)
-    assert ostudy.user_attrs["confirm"][SEARCH_ROUNDS_KEY] == [[[0, 3], [4, 4]]]
+    assert optuna_study.user_attrs["confirm"][SEARCH_ROUNDS_KEY] == [[[0, 3], [4, 4]]]
     # With the round queued and the search's, min_rounds are paid for: a node-hour budget keeps nothing back.
-    assert node_hours(study, ostudy).reserve_s == 0.0
-    _run_round(ostudy, {0: 100.2, 4: 150.5})
+    assert node_hours(study, optuna_study).reserve_s == 0.0
+    _run_round(optuna_study, {0: 100.2, 4: 150.5})
     with pytest.raises(StopIteration):  # decided: +50% over 2 rounds, one of them the search's
         next(rounds)
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     assert state is not None and state.searched == 1 and state.pairs == 2 and state.queued == 1
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is True and answer.trial == 4
     assert {3, 4} <= set(answer.trials) and len(answer.trials) == 4
     assert "2 rounds, 1 of them the search's launches paired in time)" in answer.text
@@ -467,13 +470,13 @@ def test_the_rounds_stop_when_the_gain_is_known_within_the_target_without_claimi
     gain. Rounds that went on to their sixth look cost 3 launches a round on every flat study."""
     from autotune.study.trust.confirm import _decided
 
-    ostudy = confirmation_study(
+    optuna_study = confirmation_study(
         [{0: 100.0, 1: 100.2, 8: 99.0}, {8: 99.1, 1: 99.9, 0: 100.0}, {8: 99.0, 1: 100.1, 0: 100.0}]
     )
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     assert state is not None and state.leader == 1 and state.gain is not None and state.precision is not None
     assert state.gain.percent.half_width > 1.0 and state.gain.verdict == "no gain"
     assert state.precision.percent.half_width < 1.0
     assert _decided(state, {**CONFIRM_SETTINGS, "queued": 3})
-    answer = study_answer(ostudy)
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is False

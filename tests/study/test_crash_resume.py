@@ -153,10 +153,11 @@ def check_study(path: Path, storage: str | None, model_path: str, budget: int = 
     from mlflow.tracking import MlflowClient
 
     workdir = path.parent / ".autotune" / "crash"
-    ostudy = optuna.load_study(study_name="crash", storage=storage or f"sqlite:///{workdir / 'optuna.db'}")
-    trials = ostudy.trials
+    storage = storage or f"sqlite:///{workdir / 'optuna.db'}"
+    optuna_study = optuna.load_study(study_name="crash", storage=storage)
+    trials = optuna_study.trials
     assert not [t.number for t in trials if t.state is TrialState.RUNNING]
-    assert finished_count(ostudy) == budget
+    assert finished_count(optuna_study) == budget
     assert trials[0].user_attrs.get("baseline") is True
     assert sum(1 for t in trials if t.user_attrs.get("baseline") and t.state is TrialState.COMPLETE) == 1
 
@@ -235,9 +236,9 @@ def test_two_drivers_on_one_postgresql_study_share_the_budget(
         if _group_alive(driver.pid):
             os.killpg(driver.pid, signal.SIGKILL)
 
-    ostudy = optuna.load_study(study_name="two-drivers", storage=postgres_url)
-    counted = [t for t in ostudy.trials if not t.user_attrs.get("skipped")]
-    assert len(counted) == BUDGET == finished_count(ostudy)
+    optuna_study = optuna.load_study(study_name="two-drivers", storage=postgres_url)
+    counted = [t for t in optuna_study.trials if not t.user_attrs.get("skipped")]
+    assert len(counted) == BUDGET == finished_count(optuna_study)
     assert len({t.number for t in counted}) == BUDGET
     drivers = {t.user_attrs["driver"] for t in counted}
     assert len(drivers) == 2, "both drivers ran trials"
@@ -299,14 +300,14 @@ def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_t
             os.killpg(driver.pid, signal.SIGKILL)
 
     check_study(path, None, model_path, budget=4)  # nothing RUNNING, no server, every run closed
-    ostudy = optuna.load_study(
+    optuna_study = optuna.load_study(
         study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
     )
-    lost = [t for t in ostudy.trials if t.user_attrs.get("failure_kind") == "node_lost"]
-    assert len(lost) == 1 and lost[0].state is TrialState.FAIL, [t.user_attrs for t in ostudy.trials]
+    lost = [t for t in optuna_study.trials if t.user_attrs.get("failure_kind") == "node_lost"]
+    assert len(lost) == 1 and lost[0].state is TrialState.FAIL, [t.user_attrs for t in optuna_study.trials]
     # The new actor stopped the dead one's server before anything else ran, and the trial says so.
     assert "its server (process group" in lost[0].user_attrs["failure"], lost[0].user_attrs["failure"]
-    retries = [t for t in ostudy.trials if t.user_attrs.get("retry_of") == lost[0].number]
+    retries = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == lost[0].number]
     assert len(retries) == 1 and retries[0].params == lost[0].params and retries[0].state.is_finished()
 
 
@@ -330,12 +331,12 @@ def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
     assert f"autotune: stopped by {sig.name}: the running trials were stopped; resume to continue" in text
     assert f"({sig.name} again to stop at once)" in text and "Ctrl-C again" not in text, text[-4000:]
     assert "*** SIGTERM received" not in text and "Traceback" not in text, text[-4000:]
-    ostudy = optuna.load_study(
+    optuna_study = optuna.load_study(
         study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
     )
-    assert not [t.number for t in ostudy.trials if t.state is TrialState.RUNNING]
-    stopped = [t for t in ostudy.trials if t.user_attrs.get("failure_kind") == "interrupted"]
-    assert len(stopped) == 1, [t.user_attrs for t in ostudy.trials]
+    assert not [t.number for t in optuna_study.trials if t.state is TrialState.RUNNING]
+    stopped = [t for t in optuna_study.trials if t.user_attrs.get("failure_kind") == "interrupted"]
+    assert len(stopped) == 1, [t.user_attrs for t in optuna_study.trials]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'mlflow.db'}")

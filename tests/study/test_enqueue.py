@@ -84,10 +84,14 @@ def test_queued_configs_run_next_with_the_values_given_and_the_rest_at_the_basel
     assert "queued trial 2: --mem-fraction-static=0.8 --enable-torch-symm-mem=true;" in out
 
     launches = Launches()
-    ostudy = run(path, launches=launches)
+    optuna_study = run(path, launches=launches)
 
     first, second = launches.started[0], launches.started[1]  # before any trial the sampler proposes
-    assert ostudy.trials[first.trial.number].params == {**BASELINE_VALUES, "NCCL_ALGO": "Ring", MEM: 0.85}
+    assert optuna_study.trials[first.trial.number].params == {
+        **BASELINE_VALUES,
+        "NCCL_ALGO": "Ring",
+        MEM: 0.85,
+    }
     assert first.launch.env.get("NCCL_ALGO") == "Ring"
     assert not [k for k in first.launch.env if k.startswith("NCCL_") and k != "NCCL_ALGO"]
     argv = list(first.launch.argv)
@@ -96,18 +100,18 @@ def test_queued_configs_run_next_with_the_values_given_and_the_rest_at_the_basel
     untuned = ("--model-path", "--host", "--port", "--model-loader-extra-config")
     tuned = [a for a in argv if a.startswith("--") and a not in untuned]
     assert tuned == ["--tp-size", MEM], argv  # the study's own flag and the one set: nothing else
-    assert ostudy.trials[second.trial.number].params == {
+    assert optuna_study.trials[second.trial.number].params == {
         **BASELINE_VALUES,
         MEM: 0.8,
         "--enable-torch-symm-mem": True,
     }
     assert "--enable-torch-symm-mem" in second.launch.argv
     for event in (first, second):
-        trial = ostudy.trials[event.trial.number]
+        trial = optuna_study.trials[event.trial.number]
         assert trial.state.is_finished()
         assert trial.user_attrs[QUEUED_ATTR]["from_trial"] is None
         assert PROPOSED_ATTR not in trial.system_attrs  # the sampler's plan is not what ran
-    assert finished_count(ostudy) == 4  # they count in the budget: baseline, two queued, one sampled
+    assert finished_count(optuna_study) == 4  # they count in the budget: baseline, two queued, one sampled
 
 
 def test_a_range_left_unset_takes_the_value_sglang_chose_in_the_baseline(
@@ -124,16 +128,16 @@ def test_a_range_left_unset_takes_the_value_sglang_chose_in_the_baseline(
 
 def test_from_trial_takes_the_rest_from_that_trial(study_file: StudyFiles) -> None:
     path = study_file(n_trials=4)
-    ostudy = run(path)
-    source = next(t for t in ostudy.trials if t.params and t.params.get("NCCL_PROTO") != "LL")
+    optuna_study = run(path)
+    source = next(t for t in optuna_study.trials if t.params and t.params.get("NCCL_PROTO") != "LL")
 
     assert enqueue(path, "--from-trial", str(source.number), "--set", "NCCL_PROTO=LL") == 0
 
     queued = open_study(load_study(path)).trials[-1]
     assert queued.system_attrs["fixed_params"] == {**source.params, "NCCL_PROTO": "LL"}
     assert queued.user_attrs[QUEUED_ATTR] == {"set": {"NCCL_PROTO": "LL"}, "from_trial": source.number}
-    ostudy = run(path, n_trials=5)
-    assert ostudy.trials[queued.number].params == {**source.params, "NCCL_PROTO": "LL"}
+    optuna_study = run(path, n_trials=5)
+    assert optuna_study.trials[queued.number].params == {**source.params, "NCCL_PROTO": "LL"}
 
 
 def test_a_configs_file_queues_each_config_in_order(after_baseline: Path) -> None:
@@ -258,9 +262,9 @@ def test_a_new_study_is_created_with_its_baseline_first_and_a_bad_config_creates
 
     assert enqueue(path, "--set", "NCCL_ALGO=Ring", f"--set={MEM}=0.85") == 0
     assert "created study 't'" in capsys.readouterr().out
-    ostudy = run(path)
-    assert ostudy.trials[0].user_attrs.get("baseline") is True and ostudy.trials[0].params == {}
-    assert ostudy.trials[1].params == {**BASELINE_VALUES, "NCCL_ALGO": "Ring", MEM: 0.85}
+    optuna_study = run(path)
+    assert optuna_study.trials[0].user_attrs.get("baseline") is True and optuna_study.trials[0].params == {}
+    assert optuna_study.trials[1].params == {**BASELINE_VALUES, "NCCL_ALGO": "Ring", MEM: 0.85}
 
 
 def test_status_marks_a_trial_queued_by_hand(
@@ -283,24 +287,24 @@ def test_a_queued_trial_a_dead_driver_left_running_runs_again_once_and_the_rest_
     path = after_baseline
     assert enqueue(path, f"--set={MEM}=0.85") == 0
     assert enqueue(path, f"--set={MEM}=0.9") == 0
-    ostudy = open_study(load_study(path))
-    orphan = ostudy.ask()  # the first queued config, taken by a driver that then died
+    optuna_study = open_study(load_study(path))
+    orphan = optuna_study.ask()  # the first queued config, taken by a driver that then died
     orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")
 
-    ostudy = run(path)
+    optuna_study = run(path)
 
-    interrupted = ostudy.trials[orphan.number]
+    interrupted = optuna_study.trials[orphan.number]
     assert interrupted.state is TrialState.FAIL and interrupted.user_attrs["failure_kind"] == "interrupted"
     ran = [
         t
-        for t in ostudy.trials
+        for t in optuna_study.trials
         if QUEUED_ATTR in t.user_attrs and t.user_attrs.get("failure_kind") != "interrupted"
     ]
     assert sorted(t.params[MEM] for t in ran) == [0.85, 0.9]  # each queued config ran once, none lost
     assert all(t.state.is_finished() for t in ran)
     retry = next(t for t in ran if t.user_attrs.get("retry_of") == orphan.number)
     assert retry.user_attrs[QUEUED_ATTR] == {"set": {MEM: 0.85}, "from_trial": None}
-    assert finished_count(ostudy) == 4  # the interrupted run does not count; the queued configs do
+    assert finished_count(optuna_study) == 4  # the interrupted run does not count; the queued configs do
 
 
 def test_a_config_queued_past_the_start_asks_the_sampler_for_nothing(study_file: StudyFiles) -> None:
@@ -308,8 +312,8 @@ def test_a_config_queued_past_the_start_asks_the_sampler_for_nothing(study_file:
     run(path, n_trials=11)  # past the start: the sampler now plans moves from the best trial
     assert enqueue(path, "--from-trial", "0", f"--set={MEM}=0.85") == 0
     assert enqueue(path, "--from-trial", "0", f"--set={MEM}=0.86") == 0
-    ostudy = run(path)
-    queued = [t for t in ostudy.trials if QUEUED_ATTR in t.user_attrs]
+    optuna_study = run(path)
+    queued = [t for t in optuna_study.trials if QUEUED_ATTR in t.user_attrs]
     assert [t.params[MEM] for t in queued] == [0.85, 0.86]
     # Every knob is queued: the sampler, which plans a move for most trials now, plans none for these.
     assert [t.system_attrs.get(PROPOSED_ATTR) for t in queued] == [None, None]
@@ -361,9 +365,9 @@ def test_past_the_budget_enqueue_says_exactly_what_runs_the_queued_config(
         "1 trial(s) waiting, but the budget of 4 trials has 4 used, room for 0: "
         f"`autotune resume {after_baseline} --n-trials 5` runs them all"
     )
-    ostudy = run(after_baseline)  # what `autotune run` did: nothing, so it says the same
-    assert waiting_line(ostudy, 4, after_baseline) == told
-    ostudy = run(after_baseline, n_trials=5)  # what the line says to type
-    queued = [t for t in ostudy.trials if QUEUED_ATTR in t.user_attrs]
+    optuna_study = run(after_baseline)  # what `autotune run` did: nothing, so it says the same
+    assert waiting_line(optuna_study, 4, after_baseline) == told
+    optuna_study = run(after_baseline, n_trials=5)  # what the line says to type
+    queued = [t for t in optuna_study.trials if QUEUED_ATTR in t.user_attrs]
     assert [(t.params[MEM], t.state.name) for t in queued] == [(0.85, "COMPLETE")]
-    assert waiting_line(ostudy, 5, after_baseline) is None
+    assert waiting_line(optuna_study, 5, after_baseline) is None

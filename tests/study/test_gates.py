@@ -23,12 +23,14 @@ def test_a_gate_added_to_the_list_records_its_proposals_unlaunched_with_its_verd
     study_file: StudyFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(gates, "GATES", (refuse_trials_1_and_2, *gates.GATES))
-    ostudy = StudyDriver(load_study(study_file(n_trials=3)), pool=model_pool()).run()
-    refused = [t for t in ostudy.trials if t.user_attrs.get(FAILURE_ATTR) == "refused by the test's gate"]
+    optuna_study = StudyDriver(load_study(study_file(n_trials=3)), pool=model_pool()).run()
+    refused = [
+        t for t in optuna_study.trials if t.user_attrs.get(FAILURE_ATTR) == "refused by the test's gate"
+    ]
     assert [t.number for t in refused] == [1, 2]
     assert all(t.state is TrialState.FAIL and NODE_ATTR not in t.user_attrs for t in refused)
     # Refusals cost no budget: three trials still ran on the node.
-    assert len([t for t in ostudy.trials if NODE_ATTR in t.user_attrs]) == 3
+    assert len([t for t in optuna_study.trials if NODE_ATTR in t.user_attrs]) == 3
 
 
 def test_the_first_verdict_stands_and_an_oom_verdict_prunes(
@@ -38,8 +40,8 @@ def test_the_first_verdict_stands_and_an_oom_verdict_prunes(
         return PredictedOom("predicted by the test's gate") if proposal.trial.number == 1 else None
 
     monkeypatch.setattr(gates, "GATES", (oom_for_trial_1, refuse_trials_1_and_2, *gates.GATES))
-    ostudy = StudyDriver(load_study(study_file(n_trials=2)), pool=model_pool()).run()
-    first, second = ostudy.trials[1], ostudy.trials[2]
+    optuna_study = StudyDriver(load_study(study_file(n_trials=2)), pool=model_pool()).run()
+    first, second = optuna_study.trials[1], optuna_study.trials[2]
     assert first.state is TrialState.PRUNED
     assert first.user_attrs[FAILURE_ATTR] == "predicted by the test's gate"
     assert second.state is TrialState.FAIL

@@ -57,9 +57,9 @@ def memory_study(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
     study = load_study(
         StudyFiles(tmp_path_factory.mktemp("memory"))(n_trials=3, failures={"oom_penalty": -1.0})
     )
-    ostudy = open_study(study)
-    ostudy.enqueue_trial({"--mem-fraction-static": 0.95, "--chunked-prefill-size": 16384})
-    ostudy.enqueue_trial({"--mem-fraction-static": 0.70})
+    optuna_study = open_study(study)
+    optuna_study.enqueue_trial({"--mem-fraction-static": 0.95, "--chunked-prefill-size": 16384})
+    optuna_study.enqueue_trial({"--mem-fraction-static": 0.70})
     return StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()  # tracked: skips get no run
 
 
@@ -152,9 +152,9 @@ def test_a_second_run_continues_to_a_larger_budget(study_file: StudyFiles) -> No
     path = study_file(n_trials=5)
     study = load_study(path)
     StudyDriver(study, pool=model_pool()).run()
-    ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=8)
-    assert finished_count(ostudy) == 8
-    assert sum(1 for t in ostudy.trials if t.user_attrs.get("baseline")) == 1
+    optuna_study = StudyDriver(study, pool=model_pool()).run(n_trials=8)
+    assert finished_count(optuna_study) == 8
+    assert sum(1 for t in optuna_study.trials if t.user_attrs.get("baseline")) == 1
 
 
 def test_predicted_ooms_are_pruned_without_a_launch_and_every_trial_knows_its_hardware(
@@ -180,8 +180,8 @@ def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(stu
     # What the failures benchmark compares against: 0.6 x 96 GB cannot hold 547 GB / 8 of weights.
     space = one_value_space("--mem-fraction-static", 0.6)
     study = load_study(study_file(n_trials=3, search_space=space))
-    ostudy = StudyDriver(study, pool=model_pool(), preflight=False).run()
-    tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
+    optuna_study = StudyDriver(study, pool=model_pool(), preflight=False).run()
+    tried = [t for t in optuna_study.trials if not t.user_attrs.get("baseline")]
     assert len(tried) == 2
     for trial in tried:
         assert "skipped" not in trial.user_attrs and trial.user_attrs["node"] == "n0"
@@ -191,10 +191,10 @@ def test_without_preflight_a_predicted_oom_is_launched_and_fails_on_the_node(stu
 def test_without_the_memory_an_unsupported_flag_is_launched_every_time(study_file: StudyFiles) -> None:
     space = one_value_space("--enable-flashinfer-allreduce-fusion", True)
     study = load_study(study_file(n_trials=4, search_space=space))
-    ostudy = StudyDriver(study, pool=model_pool(), remember_incompatible=False).run()
-    tried = [t for t in ostudy.trials if not t.user_attrs.get("baseline")]
+    optuna_study = StudyDriver(study, pool=model_pool(), remember_incompatible=False).run()
+    tried = [t for t in optuna_study.trials if not t.user_attrs.get("baseline")]
     assert [t.user_attrs["failure_kind"] for t in tried] == ["unsupported"] * 3
-    assert all("node" in t.user_attrs for t in tried) and "incompatible" not in ostudy.user_attrs
+    assert all("node" in t.user_attrs for t in tried) and "incompatible" not in optuna_study.user_attrs
 
 
 def test_a_sampler_that_only_proposes_predicted_ooms_stops_the_study_with_the_fix(
@@ -260,7 +260,8 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     # Fails on the simulated SM120 node's GPUs (not known before a launch); the static pool fits the weights.
     open_study(study).enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})
     recorder, stream = Recorder(), io.StringIO()
-    ostudy = StudyDriver(study, [recorder, ConsoleReporter(stream)], pool=model_pool(), tracking=False).run()
+    observers = [recorder, ConsoleReporter(stream)]
+    optuna_study = StudyDriver(study, observers, pool=model_pool(), tracking=False).run()
 
     events = recorder.events
     assert events[0] == ("study_started", ())
@@ -273,11 +274,9 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
         done = events.index(next(e for e in finished if e[1] == number))
         learned = events[done + 1][0] == "incompatibility_learned"
         assert started < done and events[done + 1 + learned][0] == "summary_updated"
-    learned_at = events.index(
-        ("incompatibility_learned", (("--ep-size", 8, SEED_HARDWARE),))
-    )
+    learned_at = events.index(("incompatibility_learned", (("--ep-size", 8, SEED_HARDWARE),)))
     assert learned_at == events.index(finished[1]) + 1, "learned right after the failed trial is shown"
-    best = study_summary(ostudy)
+    best = study_summary(optuna_study)
     assert events[-1] == ("study_ended", False, best.best_value)
 
     # Not a terminal: the study's heading, then one line per finished trial, no progress bar.
@@ -287,7 +286,7 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
         "run them on: --enable-flashinfer-allreduce-fusion=True"
     )
     assert heading.startswith("== study t: 4 trials of the server")
-    baseline = ostudy.trials[0].value
+    baseline = optuna_study.trials[0].value
     assert lines[0].startswith(f"[  1/4] baseline  COMPLETE {baseline:>8.1f} tok/s")
     assert lines[0].endswith(f"best {baseline:.1f} tok/s · baseline {baseline:.1f} tok/s")
     assert lines[1].startswith("[  2/4] trial 1   FAIL                  - (unsupported)")
@@ -305,12 +304,12 @@ def test_a_config_past_the_memory_edge_the_study_met_is_not_launched(study_file:
     fraction_knob = {"kind": "sglang", "type": "float", "low": 0.85, "high": 0.95, "step": 0.01}
     space = {"parameters": {"--mem-fraction-static": fraction_knob}}
     study = load_study(study_file(n_trials=4, search_space=space))
-    ostudy = open_study(study)
+    optuna_study = open_study(study)
     for fraction in (0.93, 0.95, 0.90):
-        ostudy.enqueue_trial({"--mem-fraction-static": fraction})
-    ostudy.enqueue_trial({"--mem-fraction-static": 0.95}, user_attrs={"queued": {"set": {}}})  # by hand
-    ostudy = StudyDriver(study, pool=model_pool(), tracking=False).run()
-    met, past, below, asked = ostudy.trials[1:5]
+        optuna_study.enqueue_trial({"--mem-fraction-static": fraction})
+    optuna_study.enqueue_trial({"--mem-fraction-static": 0.95}, user_attrs={"queued": {"set": {}}})  # by hand
+    optuna_study = StudyDriver(study, pool=model_pool(), tracking=False).run()
+    met, past, below, asked = optuna_study.trials[1:5]
     assert met.state is TrialState.PRUNED and met.user_attrs["failure_kind"] == "oom_under_load"
     assert "node" in met.user_attrs
     # Never launched, costing neither node time nor budget; pruned with the penalty, so samplers learn.

@@ -101,9 +101,9 @@ def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_cost
     study = load_study(study_file(budget={"node_hours": budget_h}, trust=CONFIRM))
     console = io.StringIO()
     driver = StudyDriver(study, [ConsoleReporter(console)], pool=model_pool(noise=0.01))
-    ostudy = driver.run()
+    optuna_study = driver.run()
     assert driver.stopped is not None and "share of the node-hour budget is spent" in driver.stopped
-    trials = sorted(launched(ostudy), key=lambda t: t.number)
+    trials = sorted(launched(optuna_study), key=lambda t: t.number)
     search = [t for t in trials if "confirm" not in t.user_attrs]
     rounds = [t for t in trials if "confirm" in t.user_attrs]
     search_s = sum(t.user_attrs[NODE_S_ATTR] for t in search)
@@ -112,8 +112,9 @@ def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_cost
     # Where it stopped: one more search launch would have eaten into the 2 rounds x 2 launches kept back.
     assert search_s / 3600 <= budget_h
     assert len(rounds) == 4  # both rounds ran: the reserve paid for them
-    assert spent_s(ostudy) / 3600 <= budget_h + 0.05  # within the budget (a round's launches vary a little)
-    answer = study_answer(ostudy)
+    # within the budget (a round's launches vary a little)
+    assert spent_s(optuna_study) / 3600 <= budget_h + 0.05
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.reason is None
     # The console: the hours spent and left after every trial, with an ETA at this run's pace.
     lines = [
@@ -127,9 +128,9 @@ def test_the_search_ends_when_its_hours_are_spent_keeping_what_confirmation_cost
 def test_without_a_node_hour_budget_the_search_runs_its_trials(study_file: StudyFiles) -> None:
     study = load_study(study_file(n_trials=5, trust=CONFIRM_OFF))
     driver = StudyDriver(study, pool=model_pool())
-    ostudy = driver.run()
-    assert len(launched(ostudy)) == 5 and driver.stopped is None
-    assert node_hours(study, ostudy).budget_h is None
+    optuna_study = driver.run()
+    assert len(launched(optuna_study)) == 5 and driver.stopped is None
+    assert node_hours(study, optuna_study).budget_h is None
 
 
 # -- the budget ran out -------------------------------------------------------------------------------------
@@ -142,9 +143,9 @@ def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_
     spent_h, launch_h = spent_s(searched) / 3600, (launch_s(searched) or 0.0) / 3600
     path = study_file(budget={"n_trials": 4, "node_hours": spent_h + 1.5 * launch_h}, trust=CONFIRM)
     study = load_study(path)
-    ostudy = StudyDriver(study, pool=model_pool(noise=0.01)).run()
-    assert len(launched(ostudy)) == 4  # no round: a round is 2 launches
-    answer = study_answer(ostudy)
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    assert len(launched(optuna_study)) == 4  # no round: a round is 2 launches
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "unconfirmed" and answer.reason == "budget ran out"
     said = "unconfirmed: the budget ran out after 0 of 2 rounds; `autotune resume --hours"
     assert answer.text.startswith(said)
@@ -154,10 +155,10 @@ def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_
     # What it says a resume buys is what a resume with those hours does: both rounds, an answer.
     hours = float(answer.text.split("--hours ")[1].split("`")[0])
     again = load_study(study_file(budget={"n_trials": 4, "node_hours": hours}, trust=CONFIRM))
-    ostudy = StudyDriver(again, pool=model_pool(noise=0.01)).run()
-    answer = study_answer(ostudy)
+    optuna_study = StudyDriver(again, pool=model_pool(noise=0.01)).run()
+    answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.rounds == 2
-    assert answer.reason is None and spent_s(ostudy) / 3600 <= hours
+    assert answer.reason is None and spent_s(optuna_study) / 3600 <= hours
 
 
 # -- node seconds in the study, status and MLflow -----------------------------------------------------------
@@ -166,8 +167,8 @@ def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
 ) -> None:
     path = study_file(budget={"n_trials": 3, "node_hours": 5}, trust=CONFIRM_OFF)
     study = load_study(path)
-    ostudy = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()
-    seconds = {t.number: t.user_attrs[NODE_S_ATTR] for t in launched(ostudy)}
+    optuna_study = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()
+    seconds = {t.number: t.user_attrs[NODE_S_ATTR] for t in launched(optuna_study)}
     assert len(seconds) == 3 and max(seconds.values()) > 150  # the model's seconds, not the test's clock
 
     assert main(["status", str(path), "--json"]) == 0
@@ -190,7 +191,7 @@ def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
     # The report: the hours in the answer's rows, and each trial's in its table.
     from autotune.views.report import _trials_html, study_findings
 
-    findings = study_findings(study, ostudy)
+    findings = study_findings(study, optuna_study)
     assert dict(findings.answer_rows())["node hours"].startswith(f"{sum(seconds.values()) / 3600:.2f} spent")
     table = _trials_html(findings)
     assert "<th>node h</th>" in table
@@ -239,9 +240,9 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
     startup = {"weight_loading_threads": 1}
     study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust, startup=startup))
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
-    ostudy = driver.run()
+    optuna_study = driver.run()
     assert driver.stopped is not None and "node hours of search" in driver.stopped
     assert "within the run-to-run noise band" in driver.stopped
-    trials = launched(ostudy)
+    trials = launched(optuna_study)
     # The trial counts (100, 100) would never have stopped it: the hours did, soon after their minimum.
-    assert len(trials) < 15 and spent_s(ostudy) / 3600 >= 1.0
+    assert len(trials) < 15 and spent_s(optuna_study) / 3600 >= 1.0

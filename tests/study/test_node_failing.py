@@ -24,20 +24,20 @@ from tests.conftest import run_cli
 def launches(*outcomes: tuple[str, str | None], running: tuple[str, ...] = ()) -> optuna.Study:
     """A study whose launches ended as `outcomes` (node, failure kind or None for COMPLETE), the first the
     baseline, then `running` trials still running on those nodes."""
-    ostudy = optuna.create_study(direction="maximize")
+    optuna_study = optuna.create_study(direction="maximize")
     for index, (node, kind) in enumerate(outcomes):
-        trial = ostudy.ask()
+        trial = optuna_study.ask()
         trial.set_user_attr(NODE_ATTR, node)
         if index == 0:
             trial.set_user_attr(BASELINE_ATTR, True)
         if kind is None:
-            ostudy.tell(trial, 100.0)
+            optuna_study.tell(trial, 100.0)
         else:
             trial.set_user_attr(FAILURE_KIND_ATTR, kind)
-            ostudy.tell(trial, state=TrialState.FAIL)
+            optuna_study.tell(trial, state=TrialState.FAIL)
     for node in running:
-        ostudy.ask().set_user_attr(NODE_ATTR, node)
-    return ostudy
+        optuna_study.ask().set_user_attr(NODE_ATTR, node)
+    return optuna_study
 
 
 def test_the_baseline_and_two_launches_failing_at_start_up_stop_the_study() -> None:
@@ -82,10 +82,10 @@ def test_a_node_that_served_or_failed_for_settings_is_not_called_dead(outcomes: 
 
 def test_a_launch_refused_for_its_settings_says_nothing_about_the_node() -> None:
     # The simulated node's unsupported flags fail before weight loading: they neither prove nor disprove it
-    ostudy = launches(
+    optuna_study = launches(
         ("n0", "startup_timeout"), ("n0", "unsupported"), ("n0", "startup_timeout"), ("n0", "startup_timeout")
     )
-    verdict = node_failing(ostudy)
+    verdict = node_failing(optuna_study)
     assert verdict is not None and verdict.kinds[0][1] == 3
 
 
@@ -97,9 +97,9 @@ def test_another_node_still_running_its_first_trial_may_serve() -> None:
 
 
 def test_a_resume_launches_once_more_before_it_stops() -> None:
-    ostudy = launches(("n0", "startup_timeout"), ("n0", "startup_timeout"), ("n0", "startup_timeout"))
-    assert node_failing(ostudy, since=3) is None, "the node may have been fixed: one launch to see"
-    assert node_failing(ostudy, since=2) is not None
+    optuna_study = launches(("n0", "startup_timeout"), ("n0", "startup_timeout"), ("n0", "startup_timeout"))
+    assert node_failing(optuna_study, since=3) is None, "the node may have been fixed: one launch to see"
+    assert node_failing(optuna_study, since=2) is not None
 
 
 def _port_free(port: int) -> bool:

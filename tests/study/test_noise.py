@@ -20,8 +20,8 @@ from tests.builders import (
     StudyFiles,
     launched,
     model_pool,
-    optuna_study,
     stored_trial,
+    study_of_trials,
 )
 
 
@@ -45,13 +45,13 @@ def test_the_noise_is_the_pooled_relative_spread_of_the_configs_near_the_best() 
 
 def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: StudyFiles) -> None:
     path = study_file(n_trials=7, trust={**TRUST_OFF, "repeat_baseline_after": 3})
-    ostudy = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
-    repeats = [t for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
+    optuna_study = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    repeats = [t for t in launched(optuna_study) if t.user_attrs.get("baseline") and t.number > 0]
     assert [t.number for t in repeats] == [3] and repeats[0].user_attrs["remeasure_of"] == 0
-    noise = noise_estimate(ostudy)
+    noise = noise_estimate(optuna_study)
     assert noise is not None and noise.dof == 1 and noise.configs[0] == (0, (0, 3))
     assert 0 < noise.relative_sd < 0.05  # the model's 1% noise, from one pair
-    assert budget_used(ostudy) == 7  # the repeat is a launch: it counts
+    assert budget_used(optuna_study) == 7  # the repeat is a launch: it counts
 
 
 # -- the sampler reading it (`trust.noise_ties`) -----------------------------------------------------------
@@ -71,19 +71,19 @@ def test_moves_start_from_any_config_tied_with_the_best_within_the_noise_band() 
         stored_trial({}, 100.0, **AGAIN),
         stored_trial({}, 100.2, **AGAIN),
     ]
-    ostudy = optuna_study(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
-    trials = [t for t in ostudy.get_trials() if t.params]
+    optuna_study = study_of_trials(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
+    trials = [t for t in optuna_study.get_trials() if t.params]
     rng = random.Random(0)
-    starts = {move_from(ostudy, trials, rng).number for _ in range(40)}  # type: ignore[union-attr]
+    starts = {move_from(optuna_study, trials, rng).number for _ in range(40)}  # type: ignore[union-attr]
     assert starts == {3, 4}
 
 
 def test_before_the_noise_is_measured_moves_start_from_the_best() -> None:
     baseline = [stored_trial({}, 99.8, **BASE), stored_trial({}, 100.0, **AGAIN)]  # one degree of freedom
-    ostudy = optuna_study(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
-    trials = [t for t in ostudy.get_trials() if t.params]
+    optuna_study = study_of_trials(*baseline, *[stored_trial({KNOB: c}, v, spaces=SPACE) for c, v in MOVES])
+    trials = [t for t in optuna_study.get_trials() if t.params]
     rng = random.Random(0)
-    assert {move_from(ostudy, trials, rng).number for _ in range(20)} == {3}  # type: ignore[union-attr]
+    assert {move_from(optuna_study, trials, rng).number for _ in range(20)} == {3}  # type: ignore[union-attr]
 
 
 def test_the_switch_gives_the_study_loop_s_sampler_the_rule(study_file: StudyFiles) -> None:

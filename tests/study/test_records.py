@@ -47,7 +47,7 @@ from autotune.study.records import (
 from autotune.study.rules import counts
 from autotune.study.storage import enqueue_retry
 from autotune.trial.failures import FailureKind
-from tests.builders import optuna_study, stored_trial
+from tests.builders import stored_trial, study_of_trials
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,14 +56,14 @@ def _sqlite_study(tmp_path: Path) -> optuna.Study:
     return optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="records")
 
 
-def _reloaded(ostudy: optuna.Study, tmp_path: Path) -> optuna.Study:
+def _reloaded(optuna_study: optuna.Study, tmp_path: Path) -> optuna.Study:
     """The study as another process opens it: nothing cached in this one."""
-    return optuna.load_study(study_name=ostudy.study_name, storage=f"sqlite:///{tmp_path / 'study.db'}")
+    return optuna.load_study(study_name=optuna_study.study_name, storage=f"sqlite:///{tmp_path / 'study.db'}")
 
 
 def test_a_launched_measured_trial_reads_back_as_written(tmp_path: Path) -> None:
-    ostudy = _sqlite_study(tmp_path)
-    trial = ostudy.ask()
+    optuna_study = _sqlite_study(tmp_path)
+    trial = optuna_study.ask()
     record_driver(trial, "host:42")
     record_node(trial, "node-a", {"--speculative-num-draft-tokens": 4})
     record_launch(trial, {"flags": {"--tp-size": "8"}, "rest": "ab12"})
@@ -88,9 +88,9 @@ def test_a_launched_measured_trial_reads_back_as_written(tmp_path: Path) -> None
     record_metrics(trial, {"output_throughput": 89.5})
     record_mlflow_run(trial, "run-1")
     record_node_s(trial, 700.0)
-    ostudy.tell(trial, 89.5)
+    optuna_study.tell(trial, 89.5)
 
-    record = TrialRecord.of(_reloaded(ostudy, tmp_path).trials[0])
+    record = TrialRecord.of(_reloaded(optuna_study, tmp_path).trials[0])
     assert (record.driver, record.node, record.hardware) == ("host:42", "node-a", None)
     assert record.launched and not record.baseline and not record.skipped and not record.deliberate
     assert record.derived == {"--speculative-num-draft-tokens": 4}
@@ -109,8 +109,8 @@ def test_a_launched_measured_trial_reads_back_as_written(tmp_path: Path) -> None
 
 
 def test_a_failure_a_skip_and_the_same_launch_read_back(tmp_path: Path) -> None:
-    ostudy = _sqlite_study(tmp_path)
-    failed = ostudy.ask()
+    optuna_study = _sqlite_study(tmp_path)
+    failed = optuna_study.ask()
     record_failure(
         failed,
         FailureKind.KV_POOL_TOO_SMALL,
@@ -120,16 +120,16 @@ def test_a_failure_a_skip_and_the_same_launch_read_back(tmp_path: Path) -> None:
         culprits=("--mem-fraction-static",),
     )
     record_pruned_by(failed, "out of memory")
-    ostudy.tell(failed, state=TrialState.PRUNED)
-    skipped = ostudy.ask()
+    optuna_study.tell(failed, state=TrialState.PRUNED)
+    skipped = optuna_study.ask()
     record_skipped(skipped)
     record_failure(skipped, FailureKind.KNOWN_INCOMPATIBLE, "known incompatible: --x=1")
-    ostudy.tell(skipped, state=TrialState.FAIL)
-    same = ostudy.ask()
-    record_same_as(same, ostudy.trials[0])
-    ostudy.tell(same, state=TrialState.PRUNED)
+    optuna_study.tell(skipped, state=TrialState.FAIL)
+    same = optuna_study.ask()
+    record_same_as(same, optuna_study.trials[0])
+    optuna_study.tell(same, state=TrialState.PRUNED)
 
-    first, second, third = (TrialRecord.of(t) for t in _reloaded(ostudy, tmp_path).trials)
+    first, second, third = (TrialRecord.of(t) for t in _reloaded(optuna_study, tmp_path).trials)
     assert first.failure_kind is FailureKind.KV_POOL_TOO_SMALL
     assert first.failure_kind_text == "kv_pool_too_small"
     assert (first.failure, first.failure_description) == (
@@ -148,16 +148,17 @@ def test_a_failure_a_skip_and_the_same_launch_read_back(tmp_path: Path) -> None:
 
 
 def test_queued_trials_carry_their_marks_and_a_retry_keeps_what_it_measures(tmp_path: Path) -> None:
-    ostudy = _sqlite_study(tmp_path)
-    ostudy.enqueue_trial({}, user_attrs=marks(baseline=True))
-    ostudy.enqueue_trial(
+    optuna_study = _sqlite_study(tmp_path)
+    optuna_study.enqueue_trial({}, user_attrs=marks(baseline=True))
+    optuna_study.enqueue_trial(
         {}, user_attrs=marks(remeasure_of=0, baseline=True, confirm=ConfirmMark(round=2, position=1))
     )
-    ostudy.enqueue_trial({}, user_attrs=marks(compare=CompareMark(id=0, round=1, position=0, config="best")))
-    ostudy.enqueue_trial({}, user_attrs=marks(queued={"set": {"--x": 1}, "from_trial": None}))
-    ostudy.enqueue_trial({}, user_attrs=marks(ablation_of=3, ablation_param="--x"))
-    ostudy.enqueue_trial({}, user_attrs=marks(screen={"--x": 2}))
-    asked = [ostudy.ask() for _ in range(6)]
+    mark = CompareMark(id=0, round=1, position=0, config="best")
+    optuna_study.enqueue_trial({}, user_attrs=marks(compare=mark))
+    optuna_study.enqueue_trial({}, user_attrs=marks(queued={"set": {"--x": 1}, "from_trial": None}))
+    optuna_study.enqueue_trial({}, user_attrs=marks(ablation_of=3, ablation_param="--x"))
+    optuna_study.enqueue_trial({}, user_attrs=marks(screen={"--x": 2}))
+    asked = [optuna_study.ask() for _ in range(6)]
     base, confirm, compare, queued, ablation, screen = (TrialRecord.of(t) for t in asked)
     assert base.baseline and base.deliberate and base.remeasure_of is None and base.confirm is None
     assert (confirm.remeasure_of, confirm.baseline, confirm.confirm) == (0, True, {"round": 2, "position": 1})
@@ -175,10 +176,10 @@ def test_queued_trials_carry_their_marks_and_a_retry_keeps_what_it_measures(tmp_
         "remeasure_of": 0,
         "confirm": {"round": 2, "position": 1},
     }
-    assert enqueue_retry(ostudy, asked[1].number, {}, confirm)
-    retry = TrialRecord.of(ostudy.ask())
-    assert not enqueue_retry(ostudy, 9, {}, retry)  # a retry is not retried once more (a node lost)
-    assert enqueue_retry(ostudy, 9, {}, retry, once=False)  # but always after a Ctrl-C
+    assert enqueue_retry(optuna_study, asked[1].number, {}, confirm)
+    retry = TrialRecord.of(optuna_study.ask())
+    assert not enqueue_retry(optuna_study, 9, {}, retry)  # a retry is not retried once more (a node lost)
+    assert enqueue_retry(optuna_study, 9, {}, retry, once=False)  # but always after a Ctrl-C
     assert (retry.retry_of, retry.remeasure_of, retry.confirm, retry.baseline) == (
         1,
         0,
@@ -188,34 +189,34 @@ def test_queued_trials_carry_their_marks_and_a_retry_keeps_what_it_measures(tmp_
 
 
 def test_a_trial_this_process_holds_no_trial_of_is_written_through_the_storage(tmp_path: Path) -> None:
-    ostudy = _sqlite_study(tmp_path)
-    ostudy.ask()  # left RUNNING, as a dead driver leaves it
-    frozen = _reloaded(ostudy, tmp_path).trials[0]
-    stored = optuna_internals.StoredTrial(ostudy, frozen)
+    optuna_study = _sqlite_study(tmp_path)
+    optuna_study.ask()  # left RUNNING, as a dead driver leaves it
+    frozen = _reloaded(optuna_study, tmp_path).trials[0]
+    stored = optuna_internals.StoredTrial(optuna_study, frozen)
     record_failure(stored, FailureKind.INTERRUPTED)
     record_proposed(stored, "a move from trial 0")
-    record = TrialRecord.of(_reloaded(ostudy, tmp_path).trials[0])
+    record = TrialRecord.of(_reloaded(optuna_study, tmp_path).trials[0])
     assert (record.failure_kind, record.proposed) == (FailureKind.INTERRUPTED, "a move from trial 0")
 
 
 def test_the_study_record_reads_back_as_written(tmp_path: Path) -> None:
-    ostudy = _sqlite_study(tmp_path)
-    assert StudyRecord.of(ostudy) == StudyRecord({})
-    empty = StudyRecord.of(ostudy)
+    optuna_study = _sqlite_study(tmp_path)
+    assert StudyRecord.of(optuna_study) == StudyRecord({})
+    empty = StudyRecord.of(optuna_study)
     assert (empty.stopped, empty.confirm, empty.nccl_stage, empty.confirming) == (None, None, None, False)
     assert (empty.compares, empty.incompatible, empty.budget, empty.screened) == ([], [], {}, {})
-    record_study_config(ostudy, {"search_space": "parameters: {}"})
-    record_server_choices(ostudy, {"--cuda-graph-max-bs": 512})
-    record_remeasure(ostudy, {"top": 3, "confidence": 0.9})
-    record_confirm(ostudy, {"baseline": 0, "configs": [4], "queued": 1, "since": 7})
-    record_compares(ostudy, [{"id": 0, "trial": 4, "rounds": 3}])
-    record_screened(ostudy, {"--x": {"value": None, "why": "no effect"}})
-    record_nccl_stage(ostudy, {"held": {"NCCL_ALGO": "Ring"}, "node_s": 30.0})
-    record_stopped(ostudy, "stopped early: no gain", 12)
-    record_incompatible(ostudy, [("--x", 1, "h200")])
-    record_node_budget(ostudy, {"hours": 2.0})
+    record_study_config(optuna_study, {"search_space": "parameters: {}"})
+    record_server_choices(optuna_study, {"--cuda-graph-max-bs": 512})
+    record_remeasure(optuna_study, {"top": 3, "confidence": 0.9})
+    record_confirm(optuna_study, {"baseline": 0, "configs": [4], "queued": 1, "since": 7})
+    record_compares(optuna_study, [{"id": 0, "trial": 4, "rounds": 3}])
+    record_screened(optuna_study, {"--x": {"value": None, "why": "no effect"}})
+    record_nccl_stage(optuna_study, {"held": {"NCCL_ALGO": "Ring"}, "node_s": 30.0})
+    record_stopped(optuna_study, "stopped early: no gain", 12)
+    record_incompatible(optuna_study, [("--x", 1, "h200")])
+    record_node_budget(optuna_study, {"hours": 2.0})
 
-    record = StudyRecord.of(_reloaded(ostudy, tmp_path))
+    record = StudyRecord.of(_reloaded(optuna_study, tmp_path))
     assert record.config == {"search_space": "parameters: {}"}
     assert record.server_choices == {"--cuda-graph-max-bs": 512}
     assert record.remeasure == {"top": 3, "confidence": 0.9}
@@ -264,7 +265,7 @@ def test_a_study_stored_with_the_literal_key_strings_reads(tmp_path: Path) -> No
         ),
         stored_trial({}, 86.0, remeasure_of=0, confirm={"round": 1}),  # before rounds recorded their order
     ]
-    ostudy = optuna_study(
+    optuna_study = study_of_trials(
         *trials,
         storage=f"sqlite:///{tmp_path / 'old.db'}",
         config={"search_space": "x"},
@@ -278,7 +279,9 @@ def test_a_study_stored_with_the_literal_key_strings_reads(tmp_path: Path) -> No
         node_budget={"hours": 1.5, "spent_h": 1.0},
         remeasure={"confidence": 0.9},
     )
-    base, oom, confirm, compare, skipped, unknown, unordered = (TrialRecord.of(t) for t in ostudy.trials)
+    base, oom, confirm, compare, skipped, unknown, unordered = (
+        TrialRecord.of(t) for t in optuna_study.trials
+    )
     assert base.baseline and base.launched and base.node == "node-a" and base.node_s == 650.5
     assert base.metrics == {"output_throughput": 90.0} and base.startup_phases == {"ready_s": 660.0}
     assert base.mlflow_run_id == "run-0"
@@ -291,14 +294,14 @@ def test_a_study_stored_with_the_literal_key_strings_reads(tmp_path: Path) -> No
     assert (
         skipped.skipped and skipped.failure_kind is FailureKind.PREDICTED_OOM and skipped.queued is not None
     )
-    assert not counts(ostudy.trials[4]) and counts(ostudy.trials[1])
+    assert not counts(optuna_study.trials[4]) and counts(optuna_study.trials[1])
     # A kind an earlier autotune wrote and this one does not know: shown as stored, never a crash.
     assert unknown.failure_kind is None and unknown.failure_kind_text == "a kind this autotune never had"
-    assert (unknown.ablation_of, unknown.ablation_param) == (0, "--x") and counts(ostudy.trials[5])
+    assert (unknown.ablation_of, unknown.ablation_param) == (0, "--x") and counts(optuna_study.trials[5])
     assert confirm.deliberate and not compare.deliberate
     assert unordered.confirm == {"round": 1} and unordered.remeasure_of == 0
 
-    study = StudyRecord.of(ostudy)
+    study = StudyRecord.of(optuna_study)
     assert study.config == {"search_space": "x"} and study.server_choices == {"--chunked-prefill-size": 8192}
     assert study.confirm is not None and study.confirm["min_rounds"] == 2
     assert study.compares == [{"id": 0, "trial": 2, "rounds": 2}]

@@ -70,10 +70,10 @@ def remeasured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, optuna.S
     def driver() -> StudyDriver:
         return StudyDriver(study, pool=lambda _: LocalNodePool({"n0": node}), tracking=False)
 
-    ostudy = driver().run()
-    before = study_summary(ostudy)
-    ostudy = remeasure(study, ostudy, lambda total: driver().run(total))
-    return path, ostudy, before
+    optuna_study = driver().run()
+    before = study_summary(optuna_study)
+    optuna_study = remeasure(study, optuna_study, lambda total: driver().run(total))
+    return path, optuna_study, before
 
 
 def test_the_top_configs_and_the_baseline_are_measured_again(
@@ -177,27 +177,27 @@ def test_best_says_when_a_gain_is_within_noise(
     obj = {"name": "t", "metric": "output_throughput", "workload": SEED_WORKLOAD, "remeasure": REMEASURE}
     path = study_file(objective=obj, n_trials=3)
     study = load_study(path)
-    ostudy = open_study(study)
-    ostudy.enqueue_trial({"--max-running-requests": 8})
+    optuna_study = open_study(study)
+    optuna_study.enqueue_trial({"--max-running-requests": 8})
 
     def measured(values: list[float], of: int | None, baseline: bool) -> None:
         for value in values:
-            trial = ostudy.ask()
+            trial = optuna_study.ask()
             study.search_space.suggest(trial)  # as the driver does: the enqueued values, the rest sampled
             if baseline:
                 trial.set_user_attr("baseline", True)
             if of is not None:
                 trial.set_user_attr(REMEASURE_OF_ATTR, of)
-            ostudy.tell(trial, value)
+            optuna_study.tell(trial, value)
 
     measured([100.0], None, baseline=True)  # trial 0, the enqueued baseline
     measured([104.0], None, baseline=False)  # trial 1, --max-running-requests 8
-    config = ostudy.trials[1].params
+    config = optuna_study.trials[1].params
     for value in (97.0, 106.0):
-        ostudy.enqueue_trial(config)
+        optuna_study.enqueue_trial(config)
         measured([value], 1, baseline=False)
     for value in (103.0, 98.0):
-        ostudy.enqueue_trial({})
+        optuna_study.enqueue_trial({})
         measured([value], 0, baseline=True)
     out = cli(capsys, "best", str(path))
     assert "best output_throughput: 102.33 (mean of 3, 95% CI" in out
@@ -261,13 +261,13 @@ def test_on_the_noisy_simulated_node_repeats_differ_and_best_gives_the_interval(
         node = TrialExecutor("local", LocalCommandRunner(), study.workdir / "nodes", port_wait_s=5)
         return StudyDriver(study, pool=lambda _: _QuietPool({"local": node}), tracking=False).run(total)
 
-    ostudy = remeasure(study, run(), run)
-    groups = {g.of: g for g in measurement_groups(ostudy)}
+    optuna_study = remeasure(study, run(), run)
+    groups = {g.of: g for g in measurement_groups(optuna_study)}
     assert sorted(groups) == [0, 1] and groups[0].n == groups[1].n == 3
     for g in groups.values():
         spread = (max(g.values) - min(g.values)) / g.mean
         assert 0.005 < spread < 0.5, g.values  # run-to-run noise of a few percent, launch to launch
-    answer = remeasured_answer(ostudy)
+    answer = remeasured_answer(optuna_study)
     assert answer is not None and answer.baseline is not None and answer.gain is not None
     assert answer.best.of == max(groups, key=lambda k: groups[k].mean)
     out = cli(capsys, "best", str(path))
@@ -297,8 +297,8 @@ def test_run_options_hold_for_remeasurement(tmp_path: Path, study_file: StudyFil
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = load_study(path)
-    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)
-    remeasured = [t for t in ostudy.trials if t.user_attrs.get(REMEASURE_OF_ATTR) is not None]
+    optuna_study = optuna.load_study(study_name=study.name, storage=study.storage)
+    remeasured = [t for t in optuna_study.trials if t.user_attrs.get(REMEASURE_OF_ATTR) is not None]
     assert remeasured, "no re-measurement ran"
     assert not (study.workdir / "mlflow.db").exists() and not list(tmp_path.rglob("mlruns"))
 

@@ -23,21 +23,23 @@ from tests.builders import SHIPPED_SPACE, StudyFiles, model_pool
 def test_a_trial_left_running_by_a_dead_driver_is_failed_and_run_again(study_file: StudyFiles) -> None:
     study = load_study(study_file(n_trials=4))
     StudyDriver(study, pool=model_pool()).run(n_trials=2)
-    ostudy = open_study(study)
-    orphan = ostudy.ask({"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])})
+    optuna_study = open_study(study)
+    orphan = optuna_study.ask(
+        {"NCCL_ALGO": optuna.distributions.CategoricalDistribution([None, "Ring", "Tree"])}
+    )
     # A driver on this host whose process is gone (pid 1 with a start time no process has).
     orphan.set_user_attr(DRIVER_ATTR, f"{socket.gethostname()}:1:0")
 
-    ostudy = StudyDriver(study, pool=model_pool()).run()
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
 
-    interrupted = ostudy.trials[orphan.number]
+    interrupted = optuna_study.trials[orphan.number]
     assert interrupted.state is TrialState.FAIL
     assert interrupted.user_attrs["failure_kind"] == "interrupted"
-    retries = [t for t in ostudy.trials if t.user_attrs.get("retry_of") == orphan.number]
+    retries = [t for t in optuna_study.trials if t.user_attrs.get("retry_of") == orphan.number]
     assert len(retries) == 1 and retries[0].params["NCCL_ALGO"] == interrupted.params["NCCL_ALGO"]
     assert retries[0].state.is_finished()
-    assert not [t for t in ostudy.trials if t.state is TrialState.RUNNING]
-    assert finished_count(ostudy) == 4  # the interrupted trial does not count against the budget
+    assert not [t for t in optuna_study.trials if t.state is TrialState.RUNNING]
+    assert finished_count(optuna_study) == 4  # the interrupted trial does not count against the budget
 
 
 def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(study_file: StudyFiles) -> None:
@@ -47,24 +49,24 @@ def test_a_trial_asked_for_by_a_driver_killed_before_claiming_it_is_run_again(st
     StudyDriver(study, pool=model_pool()).run(n_trials=1)
     unclaimed = open_study(study).ask()
 
-    ostudy = StudyDriver(study, pool=model_pool()).run()
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
 
-    assert ostudy.trials[unclaimed.number].user_attrs["failure_kind"] == "interrupted"
-    assert not [t for t in ostudy.trials if t.state is TrialState.RUNNING]
-    assert finished_count(ostudy) == 3
+    assert optuna_study.trials[unclaimed.number].user_attrs["failure_kind"] == "interrupted"
+    assert not [t for t in optuna_study.trials if t.state is TrialState.RUNNING]
+    assert finished_count(optuna_study) == 3
 
 
 def test_a_trial_of_a_live_driver_is_left_alone(study_file: StudyFiles) -> None:
     study = load_study(study_file(n_trials=3))
-    ostudy = open_study(study)
-    other = ostudy.ask()
+    optuna_study = open_study(study)
+    other = optuna_study.ask()
     other.set_user_attr(DRIVER_ATTR, "another-host:4242:99")  # alive as far as anyone here can tell
     from autotune.study.storage import claim
 
-    claim(ostudy, other)  # a fresh heartbeat
-    ostudy = StudyDriver(study, pool=model_pool()).run()
-    assert ostudy.trials[other.number].state is TrialState.RUNNING
-    assert finished_count(ostudy) == 2  # the other driver's running trial holds one unit of the budget
+    claim(optuna_study, other)  # a fresh heartbeat
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
+    assert optuna_study.trials[other.number].state is TrialState.RUNNING
+    assert finished_count(optuna_study) == 2  # the other driver's running trial holds one unit of the budget
 
 
 def test_resuming_with_a_changed_search_space_is_refused_then_accepted(
@@ -86,9 +88,9 @@ def test_resuming_with_a_changed_search_space_is_refused_then_accepted(
     assert "removed NCCL_ALGO" in message and "changed --mem-fraction-static" in message
     assert "--accept-changes" in message
 
-    ostudy = StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3, accept_changes=True)
-    assert finished_count(ostudy) == 3
-    assert ostudy.user_attrs["config"]["history"], "the earlier files are kept with the study"
+    optuna_study = StudyDriver(load_study(path), pool=model_pool()).run(n_trials=3, accept_changes=True)
+    assert finished_count(optuna_study) == 3
+    assert optuna_study.user_attrs["config"]["history"], "the earlier files are kept with the study"
 
 
 def tried_study(tmp_path: Path, study_file: StudyFiles) -> tuple[Path, Path]:
@@ -96,16 +98,16 @@ def tried_study(tmp_path: Path, study_file: StudyFiles) -> tuple[Path, Path]:
     space = tmp_path / "space.yaml"
     shutil.copy(SHIPPED_SPACE, space)
     path = study_file(n_trials=2, search_space=space)
-    ostudy = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run()
-    assert "NCCL_ALGO" in ostudy.trials[1].params
+    optuna_study = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run()
+    assert "NCCL_ALGO" in optuna_study.trials[1].params
     return path, space
 
 
 def stored(path: Path) -> tuple[object, int]:
     """What the study recorded of its files, and its number of trials."""
     study = load_study(path)
-    ostudy = optuna.load_study(study_name=study.name, storage=study.storage)  # no check of the files
-    return ostudy.user_attrs["config"], len(ostudy.trials)
+    optuna_study = optuna.load_study(study_name=study.name, storage=study.storage)  # no check of the files
+    return optuna_study.user_attrs["config"], len(optuna_study.trials)
 
 
 def test_other_choices_for_a_tried_knob_are_refused_even_with_accept_changes(
@@ -160,13 +162,13 @@ def test_a_widened_range_and_a_new_knob_are_accepted_and_the_next_trial_runs(
             "  NCCL_NTHREADS: {kind: nccl, type: categorical, choices: [null, 256, 512]}\n",
         )
     )
-    ostudy = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run(
+    optuna_study = StudyDriver(load_study(path), pool=model_pool(), tracking=False).run(
         n_trials=3, accept_changes=True
     )
-    resumed = ostudy.trials[2]
+    resumed = optuna_study.trials[2]
     assert resumed.state.is_finished() and "failure_kind" not in resumed.user_attrs, resumed.user_attrs
     assert {"--mem-fraction-static", "NCCL_NTHREADS"} <= set(resumed.params)
-    assert ostudy.user_attrs["config"]["history"]
+    assert optuna_study.user_attrs["config"]["history"]
 
 
 # SGLang knobs only, as on one GPU: nothing in the space steers the sampler's first draws elsewhere.
@@ -183,9 +185,9 @@ def test_a_resumed_seeded_study_does_not_replay_its_first_proposals(study_file: 
     # Seen on the H200: a study resumed with its file's seed proposed trials 1 and 2 again, word for word.
     study = load_study(study_file(n_trials=3, search_space=ONE_GPU_SPACE))
     StudyDriver(study, pool=model_pool()).run()
-    ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=5)
+    optuna_study = StudyDriver(study, pool=model_pool()).run(n_trials=5)
 
-    first, resumed = ostudy.trials[1:3], ostudy.trials[3:5]
+    first, resumed = optuna_study.trials[1:3], optuna_study.trials[3:5]
     assert [t.params for t in resumed] != [t.params for t in first]
     assert not any(t.params == f.params for t in resumed for f in first)
 

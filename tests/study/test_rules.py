@@ -7,7 +7,7 @@ from optuna.study._constrained_optimization import _get_feasible_trials
 from optuna.trial import TrialState, create_trial
 
 from autotune.study.rules import is_feasible, non_dominated, within_limits
-from tests.builders import optuna_study, stored_trial
+from tests.builders import stored_trial, study_of_trials
 
 
 def test_feasible_is_every_constraint_at_most_zero_as_in_optuna() -> None:
@@ -75,7 +75,7 @@ def test_the_best_trial_is_the_best_single_measurement_until_a_config_is_measure
     from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = optuna_study()
+    study = study_of_trials()
     _add(study, None, 5.0, **{BASELINE_ATTR: True})
     _add(study, 1, 9.0)  # trial 1: the best single measurement
     _add(study, 2, 8.0)
@@ -94,7 +94,7 @@ def test_a_config_that_failed_once_is_not_the_best_however_good_its_mean() -> No
     from autotune.study.records import REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = optuna_study(direction="minimize")
+    study = study_of_trials(direction="minimize")
     _add(study, 1, 3.0)  # trial 0
     _add(study, 2, 2.0)  # trial 1: lower is better
     _add(study, 2, 2.2, **{REMEASURE_OF_ATTR: 1})
@@ -108,7 +108,7 @@ def test_the_best_among_chosen_trials_and_none_for_several_objectives() -> None:
     from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
     from autotune.study.rules import best_trial
 
-    study = optuna_study()
+    study = study_of_trials()
     _add(study, None, 9.0, **{BASELINE_ATTR: True})  # the baseline is the best config by its mean
     _add(study, 1, 8.0)
     _add(study, None, 9.2, **{BASELINE_ATTR: True, REMEASURE_OF_ATTR: 0})
@@ -120,7 +120,7 @@ def test_the_best_among_chosen_trials_and_none_for_several_objectives() -> None:
     with_params = best_trial(study, [t for t in study.trials if t.params])
     assert with_params is not None and with_params.number == 1
     assert best_trial(optuna.create_study(directions=["maximize", "minimize"])) is None
-    assert best_trial(optuna_study()) is None
+    assert best_trial(study_of_trials()) is None
 
 
 def test_configs_compare_with_their_types() -> None:

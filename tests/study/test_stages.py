@@ -59,14 +59,14 @@ def model_pool() -> Callable[[Study], LocalNodePool]:
 
 def run(path: Path, n_trials: int | None = None) -> tuple[optuna.Study, list[str]]:
     lines = Lines()
-    ostudy = StudyDriver(load_study(path), [lines], pool=model_pool(), tracking=False).run(n_trials)
-    return ostudy, lines.lines
+    optuna_study = StudyDriver(load_study(path), [lines], pool=model_pool(), tracking=False).run(n_trials)
+    return optuna_study, lines.lines
 
 
 def stage_trials(path: Path) -> list[optuna.trial.FrozenTrial]:
     study = load_study(path)
-    ostudy = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=study.storage)
-    return ostudy.get_trials(deepcopy=False)
+    optuna_study = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=study.storage)
+    return optuna_study.get_trials(deepcopy=False)
 
 
 def stage_exists(path: Path) -> bool:
@@ -118,7 +118,7 @@ def test_the_ascent_sweeps_each_knob_with_the_ones_before_at_their_best() -> Non
 # -- the study loop --------------------------------------------------------------------------------------
 def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: StudyFiles) -> None:
     path = staged_study(files)
-    ostudy, lines = run(path)
+    optuna_study, lines = run(path)
     stage = stage_trials(path)
     knobs = stages.stage_knobs(load_study(path))
     assert len(stage) == ascent_size(knobs)  # one pass, no point measured twice
@@ -127,13 +127,13 @@ def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: Study
     assert result is not None and result.best_us is not None and result.baseline_us is not None
     # The seed's GPUs sit behind host bridges: NCCL's default level sends all-reduces through host memory.
     assert result.held["NCCL_P2P_LEVEL"] == "SYS" and result.best_us < result.baseline_us
-    server = ostudy.get_trials(deepcopy=False)
+    server = optuna_study.get_trials(deepcopy=False)
     assert max(t.datetime_complete for t in stage) <= min(t.datetime_start for t in server)
     for trial in server[1:]:  # the baseline is SGLang's and NCCL's defaults
         assert {name: trial.params[name] for name in NCCL_KNOBS} == result.held
     assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: {len(stage)} all-reduce trials, 780 s")
     assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines
-    answer = study_answer(ostudy)  # the answer names the values the stage held
+    answer = study_answer(optuna_study)  # the answer names the values the stage held
     assert answer is not None and answer.nccl is not None and answer.nccl.held == result.held
     assert answer.record()["nccl_stage"] == result.held and "NCCL_P2P_LEVEL=SYS" in answer.nccl.text()
 
@@ -142,12 +142,12 @@ def test_a_resumed_study_reuses_a_finished_stage(files: StudyFiles) -> None:
     path = staged_study(files)
     run(path)
     before = [(t.number, t.datetime_start) for t in stage_trials(path)]
-    ostudy, lines = run(path, 7)
+    optuna_study, lines = run(path, 7)
     assert [(t.number, t.datetime_start) for t in stage_trials(path)] == before
     held = stages.stage_result(stages.stage_knobs(load_study(path)), stage_trials(path))
     assert held is not None
-    assert all(t.params["NCCL_P2P_LEVEL"] == held.held["NCCL_P2P_LEVEL"] for t in ostudy.trials[1:])
-    assert len(ostudy.trials) == 7 and "NCCL_P2P_LEVEL=SYS" in "\n".join(lines)
+    assert all(t.params["NCCL_P2P_LEVEL"] == held.held["NCCL_P2P_LEVEL"] for t in optuna_study.trials[1:])
+    assert len(optuna_study.trials) == 7 and "NCCL_P2P_LEVEL=SYS" in "\n".join(lines)
 
 
 def test_an_interrupted_stage_continues_where_it_stopped(files: StudyFiles) -> None:
@@ -166,9 +166,9 @@ def test_an_interrupted_stage_continues_where_it_stopped(files: StudyFiles) -> N
 def test_the_switch_turns_the_stage_off(files: StudyFiles) -> None:
     path = files(n_trials=3, nccl_stage=False)
     assert load_study(path).file.nccl_stage.enabled is False
-    ostudy, lines = run(path)
+    optuna_study, lines = run(path)
     assert not stage_exists(path) and not lines
-    assert len({t.params.get("NCCL_P2P_LEVEL") for t in ostudy.trials[1:]}) >= 1
+    assert len({t.params.get("NCCL_P2P_LEVEL") for t in optuna_study.trials[1:]}) >= 1
 
 
 @pytest.mark.parametrize(
@@ -259,12 +259,12 @@ def test_a_simulated_node_runs_the_stage_as_job_processes(files: StudyFiles) -> 
         nccl_stage={"hidden_size": 7168, "command": [sys.executable, "-m", "autotune.sim.nccl_job"]},
     )
     lines = Lines()
-    ostudy = StudyDriver(load_study(path), [lines], pool=in_process_pool, tracking=False).run()
+    optuna_study = StudyDriver(load_study(path), [lines], pool=in_process_pool, tracking=False).run()
     trials = stage_trials(path)
     assert len(trials) == 3 and all(t.state is optuna.trial.TrialState.COMPLETE for t in trials)
     assert all(t.user_attrs.get("node") == "local" for t in trials)
     assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines.lines
-    assert ostudy.trials[0].state is optuna.trial.TrialState.COMPLETE
+    assert optuna_study.trials[0].state is optuna.trial.TrialState.COMPLETE
     # Both studies have a trial 0: each log in a folder of its own, nothing appended to the other's.
     node = load_study(path).workdir / "nodes" / "local"
     server_log = (node / "trial-0000" / "server.log").read_text()

@@ -22,19 +22,19 @@ def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_i
     path = study_file(n_trials=30, search_space=FLAT, trust=trust)
     study = load_study(path)
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
-    ostudy = driver.run()
-    used = budget_used(ostudy)
+    optuna_study = driver.run()
+    used = budget_used(optuna_study)
     assert used < 30 and driver.stopped is not None and "within the run-to-run noise band" in driver.stopped
-    assert ostudy.user_attrs["stopped"]["why"] == driver.stopped
+    assert optuna_study.user_attrs["stopped"]["why"] == driver.stopped
     # The baseline ran again twice early (after 2 and 4 launches): the rule stops on 2 degrees of freedom.
-    repeats = [t.number for t in launched(ostudy) if t.user_attrs.get("baseline") and t.number > 0]
-    assert len(repeats) == 2 and noise_estimate(ostudy).dof >= 2  # type: ignore[union-attr]
+    repeats = [t.number for t in launched(optuna_study) if t.user_attrs.get("baseline") and t.number > 0]
+    assert len(repeats) == 2 and noise_estimate(optuna_study).dof >= 2  # type: ignore[union-attr]
     # A plain resume does not search again (it would finish a confirmation); the rest of the budget is left,
     # and a resume given --n-trials gets `patience` more search trials before the rule looks again.
     assert budget_used(StudyDriver(study, pool=model_pool(noise=0.01)).run()) == used
     again = StudyDriver(study, pool=model_pool(noise=0.01))
-    ostudy = again.run(n_trials=30)
-    assert budget_used(ostudy) >= used + 3
+    optuna_study = again.run(n_trials=30)
+    assert budget_used(optuna_study) >= used + 3
 
 
 def test_without_the_rule_a_flat_search_spends_its_budget(study_file: StudyFiles) -> None:

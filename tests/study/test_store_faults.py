@@ -79,9 +79,9 @@ def test_a_full_mlflow_disk_does_not_stop_the_trials_and_the_runs_catch_up(
         path = StudyFiles(tmp_path)(n_trials=6, tracking_uri=f"sqlite:///{disk}/mlflow.db")
         study = load_study(path)
         filler = FillsTheDisk(disk, after=1)
-        ostudy = StudyDriver(study, [filler], pool=model_pool(), tracking=study_tracker).run()
+        optuna_study = StudyDriver(study, [filler], pool=model_pool(), tracking=study_tracker).run()
 
-        trials = ostudy.get_trials()
+        trials = optuna_study.get_trials()
         assert len(trials) >= 6 and all(t.state.is_finished() for t in trials), "every trial ran to its end"
         err = capsys.readouterr().err
         said = [line for line in err.splitlines() if "MLflow could not write" in line]
@@ -94,9 +94,9 @@ def test_a_full_mlflow_disk_does_not_stop_the_trials_and_the_runs_catch_up(
         assert written < launched, "trials 2 on could not be written while the disk was full"
 
         filler.free()  # resumed once there is space: the runs missing are written from the Optuna storage
-        ostudy = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run(n_trials=7)
+        optuna_study = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run(n_trials=7)
         runs = _runs(disk / "mlflow.db")
-        launched = {str(t.number) for t in ostudy.get_trials() if "node" in t.user_attrs}
+        launched = {str(t.number) for t in optuna_study.get_trials() if "node" in t.user_attrs}
         assert {number for role, _, number in runs if role == "trial"} == launched
         assert [status for _, status, _ in runs if status == "RUNNING"] == [], "no run left RUNNING"
         assert [status for role, status, _ in runs if role == "study"] == ["FINISHED"]
@@ -120,9 +120,9 @@ def test_a_full_optuna_disk_stops_the_study_in_one_sentence(tmp_path: Path) -> N
         assert [status for _, status, _ in runs if status == "RUNNING"] == [], "no run left RUNNING"
 
         filler.free()
-        ostudy = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()
-        assert not ostudy.get_trials(states=(TrialState.RUNNING,))
-        assert len([t for t in ostudy.get_trials() if t.state.is_finished()]) >= 6
+        optuna_study = StudyDriver(study, pool=model_pool(), tracking=study_tracker).run()
+        assert not optuna_study.get_trials(states=(TrialState.RUNNING,))
+        assert len([t for t in optuna_study.get_trials() if t.state.is_finished()]) >= 6
 
 
 @pytest.mark.integration

@@ -95,18 +95,19 @@ def test_a_config_launched_before_is_recorded_with_its_result_not_launched_again
     space = one_value_space("--chunked-prefill-size", 4096)
     path = study_file(n_trials=4, search_space=space, trust={**TRUST_OFF, "skip_same_launch": True})
     driver = StudyDriver(load_study(path), pool=model_pool())
-    ostudy = driver.run()
-    trials = ostudy.get_trials(deepcopy=False)
+    optuna_study = driver.run()
+    trials = optuna_study.get_trials(deepcopy=False)
     same = [t for t in trials if "same_as" in t.user_attrs]
     # Only the baseline and trial 1 ran; every later proposal was trial 1's launch again.
-    assert [t.number for t in launched(ostudy)] == [0, 1]
+    assert [t.number for t in launched(optuna_study)] == [0, 1]
     assert same and all(t.user_attrs["same_as"] == 1 for t in same)
     assert all(t.state == TrialState.COMPLETE and t.value == trials[1].value for t in same)
     assert all("node_s" not in t.user_attrs and t.user_attrs["skipped"] for t in same)
-    assert budget_used(ostudy) == 2  # no budget spent on them; the search stopped: nothing new was proposed
+    # no budget spent on them; the search stopped: nothing new was proposed
+    assert budget_used(optuna_study) == 2
     assert driver.stopped is not None and "launched before" in driver.stopped
     # Never a second measurement of the config: the noise has nothing to pool.
-    assert noise_estimate(ostudy) is None
+    assert noise_estimate(optuna_study) is None
     assert main(["status", str(path)]) == 0
     assert "same as trial 1: its launch again, not run" in capsys.readouterr().out
 
@@ -115,23 +116,23 @@ def test_a_knob_set_to_its_parser_default_is_the_launch_that_leaves_it_unset(stu
     # SGLang's parser defaults --schedule-conservativeness to 1.0 (the committed flag tables): the baseline.
     space = one_value_space("--schedule-conservativeness", 1.0)
     path = study_file(n_trials=3, search_space=space, trust={**TRUST_OFF, "skip_same_launch": True})
-    ostudy = StudyDriver(load_study(path), pool=model_pool()).run()
-    assert [t.number for t in launched(ostudy)] == [0]
-    assert all(t.user_attrs["same_as"] == 0 for t in ostudy.get_trials(deepcopy=False) if t.number > 0)
+    optuna_study = StudyDriver(load_study(path), pool=model_pool()).run()
+    assert [t.number for t in launched(optuna_study)] == [0]
+    assert all(t.user_attrs["same_as"] == 0 for t in optuna_study.get_trials(deepcopy=False) if t.number > 0)
 
 
 def test_without_the_switch_the_same_config_is_launched_again(study_file: StudyFiles) -> None:
     space = one_value_space("--chunked-prefill-size", 4096)
     path = study_file(n_trials=4, search_space=space, trust=TRUST_OFF)
-    ostudy = StudyDriver(load_study(path), pool=model_pool()).run()
-    assert [t.number for t in launched(ostudy)] == [0, 1, 2, 3]
+    optuna_study = StudyDriver(load_study(path), pool=model_pool()).run()
+    assert [t.number for t in launched(optuna_study)] == [0, 1, 2, 3]
 
 
 def test_a_config_queued_by_hand_is_launched_even_when_it_ran_before(study_file: StudyFiles) -> None:
     space = one_value_space("--chunked-prefill-size", 4096)
     path = study_file(n_trials=2, search_space=space, trust={**TRUST_OFF, "skip_same_launch": True})
     study = load_study(path)
-    ostudy = StudyDriver(study, pool=model_pool()).run()
-    ostudy.enqueue_trial({"--chunked-prefill-size": 4096}, user_attrs={"queued": {"set": {}}})
-    ostudy = StudyDriver(study, pool=model_pool()).run(n_trials=3)
-    assert [t.number for t in launched(ostudy)] == [0, 1, 2]
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
+    optuna_study.enqueue_trial({"--chunked-prefill-size": 4096}, user_attrs={"queued": {"set": {}}})
+    optuna_study = StudyDriver(study, pool=model_pool()).run(n_trials=3)
+    assert [t.number for t in launched(optuna_study)] == [0, 1, 2]

@@ -39,14 +39,14 @@ def old_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
         study="old", n_trials=6, search_space=SPACE, trust=TRUST_OFF
     )
     study = load_study(path)
-    ostudy = open_study(study)
+    optuna_study = open_study(study)
     for params in (
         {"--mem-fraction-static": 0.88, "--cuda-graph-max-bs-decode": 128, "--ep-size": None},
         {"--mem-fraction-static": 0.88, "--cuda-graph-max-bs-decode": 128, "--ep-size": None},
         {"--mem-fraction-static": 0.85, "--cuda-graph-max-bs-decode": None, "--ep-size": None},
         {"--mem-fraction-static": 0.85, "--cuda-graph-max-bs-decode": None, "--ep-size": 8},
     ):
-        ostudy.enqueue_trial(params)
+        optuna_study.enqueue_trial(params)
     StudyDriver(study, pool=model_pool(noise=0.01)).run()
     return path
 
@@ -66,16 +66,16 @@ def test_the_new_study_launches_the_earlier_answer_and_runner_up_first(
     new = load_study(_new(tmp_path))
     numbers = start_from(new, read_earlier(old_path, new))
     assert numbers == [1, 2]  # after the baseline
-    ostudy = StudyDriver(new, pool=model_pool(noise=0.01)).run()
-    trials = ostudy.trials
+    optuna_study = StudyDriver(new, pool=model_pool(noise=0.01)).run()
+    trials = optuna_study.trials
     assert trials[0].user_attrs["baseline"]
     leader = old.trials[answer.leader]
     assert trials[1].params == leader.params and trials[1].user_attrs["warm_start"]["role"] == "answer"
     assert trials[2].user_attrs["warm_start"]["role"] == "runner-up" and trials[2].params != leader.params
     assert all(t.state is TrialState.COMPLETE for t in trials[:3])
     # What the earlier study's node could not run on these GPUs is known before any launch here.
-    assert ostudy.user_attrs["incompatible"][0][:2] == ["--ep-size", 8]
-    assert not [t for t in launched(ostudy) if t.params.get("--ep-size") == 8]
+    assert optuna_study.user_attrs["incompatible"][0][:2] == ["--ep-size", 8]
+    assert not [t for t in launched(optuna_study) if t.params.get("--ep-size") == 8]
 
 
 def test_the_earlier_noise_stands_in_until_the_new_study_measured_its_own(
@@ -86,20 +86,20 @@ def test_the_earlier_noise_stands_in_until_the_new_study_measured_its_own(
     assert earlier is not None and earlier.dof >= 1
     new = load_study(_new(tmp_path))
     start_from(new, read_earlier(old_path, new))
-    ostudy = open_study(new)
-    standing = noise_estimate(ostudy)
+    optuna_study = open_study(new)
+    standing = noise_estimate(optuna_study)
     assert standing is not None and standing.relative_sd == earlier.relative_sd and standing.earlier == "old"
     assert "the earlier study 'old'" in standing.describe()
     assert standing.record()["earlier_study"] == "old"
     # Once a config of its own is measured twice, the study's own noise is used.
-    ostudy.enqueue_trial(
+    optuna_study.enqueue_trial(
         {"--mem-fraction-static": 0.8, "--cuda-graph-max-bs-decode": None, "--ep-size": None}
     )
-    ostudy.enqueue_trial(
+    optuna_study.enqueue_trial(
         {"--mem-fraction-static": 0.8, "--cuda-graph-max-bs-decode": None, "--ep-size": None}
     )
-    ostudy = StudyDriver(new, pool=model_pool(noise=0.01)).run(n_trials=5)
-    own = noise_estimate(ostudy)
+    optuna_study = StudyDriver(new, pool=model_pool(noise=0.01)).run(n_trials=5)
+    own = noise_estimate(optuna_study)
     assert own is not None and own.earlier is None and own.configs
 
 
@@ -190,11 +190,11 @@ def test_run_from_an_earlier_study_after_an_sglang_upgrade(tmp_path: Path) -> No
     done = run_cli("run", str(new), "--no-tracking", "--no-ray", "--from", str(old), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "trial 1 launches the earlier study 'old''s answer" in done.stderr
-    ostudy = optuna.load_study(study_name="new", storage=load_study(new).storage)
+    optuna_study = optuna.load_study(study_name="new", storage=load_study(new).storage)
     earlier = optuna.load_study(study_name="old", storage=load_study(old).storage)
     answer = study_answer(earlier)
-    assert answer is not None and ostudy.trials[1].params == earlier.trials[answer.leader].params
-    assert ostudy.trials[1].state is TrialState.COMPLETE
+    assert answer is not None and optuna_study.trials[1].params == earlier.trials[answer.leader].params
+    assert optuna_study.trials[1].state is TrialState.COMPLETE
 
 
 def test_a_study_started_from_an_earlier_one_stops_without_the_minimum_search(tmp_path: Path) -> None:

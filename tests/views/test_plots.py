@@ -49,8 +49,10 @@ def _trial(number: int, mem: float, bs: int | None, proto: str | None, value: fl
 def study() -> optuna.Study:
     """A throughput study as the driver leaves it: a baseline without parameters, completed trials, OOM
     trials pruned at the penalty, a failed one, and a skipped proposal that never ran."""
-    ostudy = optuna.create_study(direction="maximize", study_name="plots")
-    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True}))
+    optuna_study = optuna.create_study(direction="maximize", study_name="plots")
+    optuna_study.add_trial(
+        create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True})
+    )
     for i, (mem, bs, proto, value, kind) in enumerate(
         [
             (0.80, 128, None, 120.0, ""),
@@ -63,8 +65,8 @@ def study() -> optuna.Study:
             (0.70, None, None, None, "nccl_error"),
         ]
     ):
-        ostudy.add_trial(_trial(i + 1, mem, bs, proto, value, kind))
-    ostudy.add_trial(
+        optuna_study.add_trial(_trial(i + 1, mem, bs, proto, value, kind))
+    optuna_study.add_trial(
         create_trial(
             state=TrialState.FAIL,
             params={MEM_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: None, "NCCL_PROTO": None},
@@ -72,7 +74,7 @@ def study() -> optuna.Study:
             user_attrs={"skipped": True, "failure_kind": "known_incompatible"},
         )
     )
-    return ostudy
+    return optuna_study
 
 
 def test_every_single_objective_plot_is_drawn_as_png(study: optuna.Study, tmp_path: Path) -> None:
@@ -98,10 +100,12 @@ def test_importances_rank_the_parameters_over_completed_sampled_trials(study: op
 
 
 def test_too_few_trials_draw_a_note_instead_of_importances() -> None:
-    ostudy = optuna.create_study(direction="maximize", study_name="young")
-    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True}))
-    ostudy.add_trial(_trial(1, 0.8, 128, None, 110.0))
-    data = plot_data(ostudy, "output_throughput", "tok/s")
+    optuna_study = optuna.create_study(direction="maximize", study_name="young")
+    optuna_study.add_trial(
+        create_trial(state=TrialState.COMPLETE, value=100.0, user_attrs={"baseline": True})
+    )
+    optuna_study.add_trial(_trial(1, 0.8, 128, None, 110.0))
+    data = plot_data(optuna_study, "output_throughput", "tok/s")
     assert param_importances(data) is None
     figures = draw_plots(data)
     assert "param_importances.png" in figures  # a figure that says why there are no bars yet
@@ -138,19 +142,19 @@ def test_memory_region_of_a_study_that_tuned_the_knob_under_its_old_name() -> No
 
 
 def test_multi_objective_study_gets_a_pareto_front(tmp_path: Path) -> None:
-    ostudy = optuna.create_study(directions=["maximize", "minimize"], study_name="pareto")
+    optuna_study = optuna.create_study(directions=["maximize", "minimize"], study_name="pareto")
     with pytest.warns(optuna.exceptions.ExperimentalWarning):
-        ostudy.set_metric_names(["output_throughput", "p99_ttft_ms"])
+        optuna_study.set_metric_names(["output_throughput", "p99_ttft_ms"])
     points = [(100, 50), (120, 60), (90, 40), (110, 70), (130, 90), (80, 45)]
     for throughput, ttft in points:
-        ostudy.add_trial(
+        optuna_study.add_trial(
             create_trial(
                 values=[throughput, ttft],
                 params={MEM_FRACTION: 0.8, CUDA_GRAPH_MAX_BS: 128, "NCCL_PROTO": None},
                 distributions=DISTRIBUTIONS,
             )
         )
-    figures = draw_plots(plot_data(ostudy, "output_throughput", "tok/s"))
+    figures = draw_plots(plot_data(optuna_study, "output_throughput", "tok/s"))
     assert "pareto_front.png" in figures and "optimization_history.png" not in figures
     front = figures["pareto_front.png"].axes[0].lines[0]
     assert sorted(zip(front.get_xdata(), front.get_ydata(), strict=True)) == [

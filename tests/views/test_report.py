@@ -63,10 +63,10 @@ def ablated_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = StudyFiles(folder)(ablation_study())
     study = load_study(path)
     study.ensure_workdir()
-    ostudy = open_study(study)  # trial 0: the baseline
-    ostudy.enqueue_trial(BEST)
+    optuna_study = open_study(study)  # trial 0: the baseline
+    optuna_study.enqueue_trial(BEST)
     # Queued as `autotune enqueue` does: run as asked, though the baseline's memory report says it fails.
-    ostudy.enqueue_trial(OOM, user_attrs={QUEUED_ATTR: {"set": OOM, "from_trial": None}})
+    optuna_study.enqueue_trial(OOM, user_attrs={QUEUED_ATTR: {"set": OOM, "from_trial": None}})
     # Without Ray (its pool has tests of its own): what is tested here is the ablation and the report.
     run = run_cli("run", str(path), "--no-ray", cwd=folder)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -132,10 +132,10 @@ def test_report_shows_the_best_config_its_launch_and_the_failures_advice(ablated
     html = (path.parent / "report" / "report.html").read_text()
     from autotune.study.trust.answer import study_answer
 
-    ostudy = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
-    answer = study_answer(ostudy)  # trial 1, or one of its ablations when run-to-run noise favours it
+    optuna_study = optuna.load_study(study_name="ablated", storage=_storage(path, "ablated"))
+    answer = study_answer(optuna_study)  # trial 1, or one of its ablations when run-to-run noise favours it
     assert answer is not None
-    winner = ostudy.trials[answer.trial]
+    winner = optuna_study.trials[answer.trial]
     best = html.split('<section id="best-config">')[1].split("</section>")[0]
     assert f"Trial {winner.number}:" in best and "#!/usr/bin/env bash" in best
     for name, value in winner.params.items():
@@ -285,9 +285,9 @@ def test_plots_are_redrawn_at_most_every_interval_and_once_more_at_close(
     from autotune.config import load_study
 
     study = load_study(study_file(e2e_study()))
-    ostudy = optuna.create_study(direction="maximize", study_name="live")
-    ostudy.add_trial(create_trial(state=TrialState.COMPLETE, value=80.0, user_attrs={"baseline": True}))
-    tracker.refresh_study_view(ostudy, study)
+    optuna_study = optuna.create_study(direction="maximize", study_name="live")
+    optuna_study.add_trial(create_trial(state=TrialState.COMPLETE, value=80.0, user_attrs={"baseline": True}))
+    tracker.refresh_study_view(optuna_study, study)
     parent = tracker.parent_run_id
     assert "80.00 tok/s" in tracker.client.get_run(parent).data.tags["mlflow.note.content"]
     assert not tracker.client.list_artifacts(parent, "plots"), "within the interval: no redraw"
@@ -306,17 +306,18 @@ def test_plots_take_a_small_share_of_a_study_whose_trials_are_fast(
     from autotune.tracking import tracker as tracking
 
     study = load_study(study_file(e2e_study()))
-    ostudy = optuna.create_study(direction="maximize", study_name="fast")
-    ostudy.add_trial(create_trial(value=80.0, user_attrs={"baseline": True}))
+    optuna_study = optuna.create_study(direction="maximize", study_name="fast")
+    optuna_study.add_trial(create_trial(value=80.0, user_attrs={"baseline": True}))
     monkeypatch.setattr(tracking, "PLOT_INTERVAL_S", 0.0)  # trials seconds apart, as on the simulated node
     drawn: list[float] = []  # a draw that takes 50 ms: the next waits a second
     monkeypatch.setattr(tracker.page, "plots", lambda *args: drawn.append(time.sleep(0.05) or 1.0) or [])
-    tracker.refresh_study_view(ostudy, study)
+    tracker.refresh_study_view(optuna_study, study)
     assert len(drawn) == 1
-    tracker.refresh_study_view(ostudy, study)  # at once: the last draw's time is not 5% of the time since
+    # at once: the last draw's time is not 5% of the time since
+    tracker.refresh_study_view(optuna_study, study)
     assert len(drawn) == 1
     tracker._plotted_at -= tracker._plot_s / tracking.PLOT_TIME_SHARE
-    tracker.refresh_study_view(ostudy, study)
+    tracker.refresh_study_view(optuna_study, study)
     assert len(drawn) == 2
 
 
@@ -331,58 +332,60 @@ def _plan_study() -> optuna.Study:
         "--mem-fraction-static": FloatDistribution(0.7, 0.95, step=0.01),
         "--attention-backend": CategoricalDistribution([None, "triton"]),
     }
-    ostudy = optuna.create_study(direction="maximize", study_name="plan")
-    ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
+    optuna_study = optuna.create_study(direction="maximize", study_name="plan")
+    optuna_study.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
     params = {
         "NCCL_PROTO": "LL",
         "--disable-custom-all-reduce": True,
         "--mem-fraction-static": 0.88,
         "--attention-backend": None,
     }
-    ostudy.add_trial(create_trial(value=150.0, params=params, distributions=distributions))
-    ostudy.add_trial(create_trial(state=TrialState.FAIL, params=params, distributions=distributions))
-    return ostudy
+    optuna_study.add_trial(create_trial(value=150.0, params=params, distributions=distributions))
+    optuna_study.add_trial(create_trial(state=TrialState.FAIL, params=params, distributions=distributions))
+    return optuna_study
 
 
 def test_ablation_plan_reverts_what_the_search_space_can_unset() -> None:
     from autotune.study.ablation import enqueue_ablation, plan_ablation
 
-    ostudy = _plan_study()
-    plan = plan_ablation(ostudy)
+    optuna_study = _plan_study()
+    plan = plan_ablation(optuna_study)
     assert plan.of == 1
     assert plan.reverts == {"NCCL_PROTO": None, "--disable-custom-all-reduce": False}
     assert set(plan.not_ablated) == {"--mem-fraction-static"}, "a range has no 'leave it to SGLang' value"
-    assert enqueue_ablation(ostudy, plan) == ["NCCL_PROTO", "--disable-custom-all-reduce"]
-    waiting = ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert enqueue_ablation(optuna_study, plan) == ["NCCL_PROTO", "--disable-custom-all-reduce"]
+    waiting = optuna_study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [t.user_attrs[ABLATION_PARAM_ATTR] for t in waiting] == [
         "NCCL_PROTO",
         "--disable-custom-all-reduce",
     ]
     assert waiting[0].system_attrs["fixed_params"]["NCCL_PROTO"] is None
-    assert plan_ablation(ostudy).done == ("NCCL_PROTO", "--disable-custom-all-reduce"), (
+    assert plan_ablation(optuna_study).done == ("NCCL_PROTO", "--disable-custom-all-reduce"), (
         "queued counts as done"
     )
-    assert enqueue_ablation(ostudy, plan_ablation(ostudy)) == []
+    assert enqueue_ablation(optuna_study, plan_ablation(optuna_study)) == []
 
 
 def test_ablation_results_follow_retries_and_split_the_gain() -> None:
     from autotune.study.ablation import ablation_results, enqueue_ablation, plan_ablation
 
-    ostudy = _plan_study()
-    enqueue_ablation(ostudy, plan_ablation(ostudy))
-    proto = ostudy.ask()  # without NCCL_PROTO: interrupted, then retried by the driver with the same params
+    optuna_study = _plan_study()
+    enqueue_ablation(optuna_study, plan_ablation(optuna_study))
+    proto = (
+        optuna_study.ask()
+    )  # without NCCL_PROTO: interrupted, then retried by the driver with the same params
     proto.suggest_categorical("NCCL_PROTO", [None, "LL"])
     proto.set_user_attr("failure_kind", "interrupted")
-    ostudy.tell(proto, state=optuna.trial.TrialState.FAIL)
-    car = ostudy.ask()
+    optuna_study.tell(proto, state=optuna.trial.TrialState.FAIL)
+    car = optuna_study.ask()
     car.suggest_categorical("--disable-custom-all-reduce", [False, True])
-    ostudy.tell(car, 140.0)
-    ostudy.enqueue_trial({"NCCL_PROTO": None}, user_attrs={"retry_of": proto.number})
-    retry = ostudy.ask()
+    optuna_study.tell(car, 140.0)
+    optuna_study.enqueue_trial({"NCCL_PROTO": None}, user_attrs={"retry_of": proto.number})
+    retry = optuna_study.ask()
     retry.suggest_categorical("NCCL_PROTO", [None, "LL"])
-    ostudy.tell(retry, 110.0)
+    optuna_study.tell(retry, 110.0)
 
-    result = ablation_results(ostudy)
+    result = ablation_results(optuna_study)
     assert result is not None and result.of == 1 and result.baseline_value == 100.0
     rows = {row.param: row for row in result.rows}
     assert rows["NCCL_PROTO"].trial == retry.number and rows["NCCL_PROTO"].loss == pytest.approx(40.0)
@@ -398,10 +401,10 @@ def test_nothing_to_ablate_when_the_baseline_is_best() -> None:
     from autotune.errors import AutotuneError
     from autotune.study.ablation import plan_ablation
 
-    ostudy = optuna.create_study(direction="maximize", study_name="flat")
-    ostudy.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
+    optuna_study = optuna.create_study(direction="maximize", study_name="flat")
+    optuna_study.add_trial(create_trial(value=100.0, user_attrs={"baseline": True}))
     with pytest.raises(AutotuneError, match="is the baseline"):
-        plan_ablation(ostudy)
+        plan_ablation(optuna_study)
 
 
 def test_start_up_phases_reach_the_report_and_each_trials_mlflow_run(ablated_study) -> None:

@@ -45,9 +45,9 @@ def ran(study_file: StudyFiles) -> Path:
     """Three trials: the baseline, a wide config, and --ep-size 8, which SGLang's FlashInfer dispatcher
     refuses on the seed node's SM120 GPUs with a bare `AssertionError`."""
     path = study_file(n_trials=3, nccl_stage=False)
-    ostudy = open_study(load_study(path))
-    ostudy.enqueue_trial(WIDE)
-    ostudy.enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})
+    optuna_study = open_study(load_study(path))
+    optuna_study.enqueue_trial(WIDE)
+    optuna_study.enqueue_trial({"--ep-size": 8, "--mem-fraction-static": 0.85})
     StudyDriver(load_study(path), pool=model_pool, tracking=False).run()
     return path
 

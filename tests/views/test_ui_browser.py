@@ -148,10 +148,10 @@ def test_a_user_finds_the_trials_and_why_one_failed(ui, finished_study, tmp_path
     url, _ = ui
     base = url.split("#", 1)[0]
     path, _ = finished_study
-    ostudy = optuna.load_study(
+    optuna_study = optuna.load_study(
         study_name="e2e", storage=f"sqlite:///{path.parent / '.autotune/e2e/optuna.db'}"
     )
-    ran = [t for t in ostudy.get_trials() if not t.user_attrs.get("skipped")]
+    ran = [t for t in optuna_study.get_trials() if not t.user_attrs.get("skipped")]
     failed = [t for t in ran if t.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)]
     assert failed, "the finished_study fixture must contain a failed or pruned trial for this test"
     target = failed[0]
@@ -227,13 +227,13 @@ def test_the_ui_opens_on_the_trials_sorted_best_first(ui, finished_study, tmp_pa
 
     url, _ = ui
     path, _ = finished_study
-    ostudy = optuna.load_study(
+    optuna_study = optuna.load_study(
         study_name="e2e", storage=f"sqlite:///{path.parent / '.autotune/e2e/optuna.db'}"
     )
-    ran = [t for t in ostudy.get_trials() if not t.user_attrs.get("skipped")]
-    answer = study_answer(ostudy)  # study_rank 1 is the answer's trial, as `autotune best` gives it
+    ran = [t for t in optuna_study.get_trials() if not t.user_attrs.get("skipped")]
+    answer = study_answer(optuna_study)  # study_rank 1 is the answer's trial, as `autotune best` gives it
     assert answer is not None and answer.trial is not None
-    best = ostudy.trials[answer.trial]
+    best = optuna_study.trials[answer.trial]
     assert best.value is not None
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)

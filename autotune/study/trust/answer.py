@@ -119,12 +119,12 @@ class StudyAnswer:
         }
 
 
-def study_answer(ostudy: optuna.Study) -> StudyAnswer | None:
+def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     """The study's answer: confirmed in rounds (or not beaten), else the re-measured best mean, else the
     best single measurement. None for a multi-objective study (its answer is the Pareto front) or before
     any feasible trial completed. Rounds the node-hour budget cut short make it unconfirmed, saying so."""
-    answer = _answer(ostudy)
-    said = ran_out_text(ostudy)
+    answer = _answer(optuna_study)
+    said = ran_out_text(optuna_study)
     if answer is None or said is None or answer.confirmed:
         return answer
     # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
@@ -133,31 +133,31 @@ def study_answer(ostudy: optuna.Study) -> StudyAnswer | None:
     return replace(answer, verdict="unconfirmed", reason="budget ran out", text=text)
 
 
-def _answer(ostudy: optuna.Study) -> StudyAnswer | None:
-    if len(ostudy.directions) != 1:
+def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
+    if len(optuna_study.directions) != 1:
         return None
-    noise = noise_estimate(ostudy)
+    noise = noise_estimate(optuna_study)
     context: dict[str, Any] = {
         "noise": noise,
-        "nccl": _nccl_stage(ostudy),
-        "stopped": stopped_early(ostudy),
-        "screened": tuple(screened_lines(ostudy)),
+        "nccl": _nccl_stage(optuna_study),
+        "stopped": stopped_early(optuna_study),
+        "screened": tuple(screened_lines(optuna_study)),
     }
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     if state is not None and state.gain is not None and state.leader is not None:
-        return _confirmed(ostudy, state, context)
+        return _confirmed(optuna_study, state, context)
     # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
-    remeasured = remeasured_answer(ostudy) if not StudyRecord.of(ostudy).confirming else None
+    remeasured = remeasured_answer(optuna_study) if not StudyRecord.of(optuna_study).confirming else None
     if remeasured is not None:
-        return _remeasured(ostudy, remeasured, context)
-    return _single(ostudy, state, context)
+        return _remeasured(optuna_study, remeasured, context)
+    return _single(optuna_study, state, context)
 
 
 def _noise_text(noise: NoiseEstimate | None) -> str:
     return noise.describe() if noise is not None else "no config measured twice yet: noise unknown"
 
 
-def _confirmed(ostudy: optuna.Study, state: Confirmation, context: dict[str, Any]) -> StudyAnswer:
+def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[str, Any]) -> StudyAnswer:
     gain, leader = state.gain, state.leader
     assert gain is not None and leader is not None  # the caller checked
     beats = gain.verdict == "gain"  # the whole interval above zero
@@ -195,7 +195,7 @@ def _confirmed(ostudy: optuna.Study, state: Confirmation, context: dict[str, Any
         confidence=gain.confidence,
         within_noise=None,
         rounds=state.pairs,
-        trials=_round_trials(ostudy, {leader, state.baseline}),
+        trials=_round_trials(optuna_study, {leader, state.baseline}),
         text=f"{text}; {_noise_text(context['noise'])}",
         **context,
     )
@@ -206,15 +206,15 @@ def _interval(gain: Gain) -> tuple[float, float] | None:
     return (low, high) if low is not None and high is not None else None
 
 
-def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
+def _round_trials(optuna_study: optuna.Study, configs: set[int]) -> tuple[int, ...]:
     """The complete confirmation-round trials of `configs` (the rounds after the confirmation started, and
     the search's launches paired in time that count as rounds: study.trust.confirm.search_rounds)."""
-    settings = StudyRecord.of(ostudy).confirm or {}
+    settings = StudyRecord.of(optuna_study).confirm or {}
     since = int(settings.get("since", -1))
     searched = {int(n) for pairs in settings.get(SEARCH_ROUNDS_KEY) or [] for of, n in pairs if of in configs}
     rounds = tuple(
         t.number
-        for t in ostudy.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.number > since
         and TrialRecord.of(t).confirm is not None
         and TrialRecord.of(t).remeasure_of in configs
@@ -224,10 +224,10 @@ def _round_trials(ostudy: optuna.Study, configs: set[int]) -> tuple[int, ...]:
     return tuple(sorted(searched)) + rounds
 
 
-def _remeasured(ostudy: optuna.Study, answer: RemeasuredAnswer, context: dict[str, Any]) -> StudyAnswer:
+def _remeasured(optuna_study: optuna.Study, answer: RemeasuredAnswer, context: dict[str, Any]) -> StudyAnswer:
     best, base, gain = answer.best, answer.baseline, answer.gain
     measured = base is not None and base.n > 0
-    single = baseline_trial(ostudy)
+    single = baseline_trial(optuna_study)
     within = gain.within_noise if gain is not None else None
     shown = (
         f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%)"
@@ -273,12 +273,14 @@ def _value(trial: FrozenTrial | None) -> float | None:
     return None if trial is None else trial.value
 
 
-def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str, Any]) -> StudyAnswer | None:
-    best = best_trial(ostudy)
+def _single(
+    optuna_study: optuna.Study, state: Confirmation | None, context: dict[str, Any]
+) -> StudyAnswer | None:
+    best = best_trial(optuna_study)
     if best is None or best.value is None:
         return None
-    base = baseline_trial(ostudy)
-    gain = gain_pct(best.value, _value(base), ostudy.direction)
+    base = baseline_trial(optuna_study)
+    gain = gain_pct(best.value, _value(base), optuna_study.direction)
     noise: NoiseEstimate | None = context["noise"]
     within = None if noise is None or gain is None else abs(gain) <= 100 * noise.band()
     shown = f"{gain:+.1f}%" if gain is not None else "an unknown gain"
@@ -297,7 +299,7 @@ def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str,
             f"confirmed in interleaved rounds{verdict}"
         )
     if state is not None:  # confirmation began but has not measured two rounds of a candidate yet
-        settings = StudyRecord.of(ostudy).confirm or {}
+        settings = StudyRecord.of(optuna_study).confirm or {}
         measured = sum(1 for values in state.rounds.values() if values.get(state.baseline) is not None)
         said += (
             f"; confirmation under way ({measured} of at least {settings.get('min_rounds', 2)} rounds "
@@ -322,8 +324,8 @@ def _single(ostudy: optuna.Study, state: Confirmation | None, context: dict[str,
     )
 
 
-def _nccl_stage(ostudy: optuna.Study) -> NcclStageValues | None:
-    record = StudyRecord.of(ostudy).nccl_stage
+def _nccl_stage(optuna_study: optuna.Study) -> NcclStageValues | None:
+    record = StudyRecord.of(optuna_study).nccl_stage
     if record is None:
         return None
     return NcclStageValues(

@@ -102,8 +102,8 @@ def precision_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     return 1 - (1 - float(settings.get("confidence", 0.95))) / max(candidates, 1)
 
 
-def _settings(ostudy: optuna.Study) -> Mapping[str, Any] | None:
-    return StudyRecord.of(ostudy).confirm
+def _settings(optuna_study: optuna.Study) -> Mapping[str, Any] | None:
+    return StudyRecord.of(optuna_study).confirm
 
 
 def _gain(
@@ -122,15 +122,15 @@ def _gain(
     return paired_gain(references, candidates, minimize=not maximize, confidence=confidence), len(pairs)
 
 
-def confirmation(ostudy: optuna.Study) -> Confirmation | None:
+def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     """The study's confirmation rounds as measured so far; None before confirmation started."""
-    settings = _settings(ostudy)
-    if settings is None or len(ostudy.directions) != 1:
+    settings = _settings(optuna_study)
+    if settings is None or len(optuna_study.directions) != 1:
         return None
     base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
     rounds: dict[int, dict[int, float | None]] = {}
     since = int(settings.get("since", -1))
-    for trial in ostudy.get_trials(deepcopy=False):
+    for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
         mark, of = record.confirm, record.remeasure_of
         if mark is None or of is None or trial.number <= since:
@@ -143,10 +143,10 @@ def confirmation(ostudy: optuna.Study) -> Confirmation | None:
         )
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
     if searched:
-        values = {t.number: t.value for t in ostudy.get_trials(deepcopy=False)}
+        values = {t.number: t.value for t in optuna_study.get_trials(deepcopy=False)}
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
-    maximize = maximizes(ostudy.direction)
+    maximize = maximizes(optuna_study.direction)
     confidence = look_confidence(settings, len(configs))
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     for config in configs:
@@ -188,14 +188,14 @@ def contenders(
 
 
 def search_rounds(
-    ostudy: optuna.Study, baseline: ConfigMeasurements, candidates: Sequence[ConfigMeasurements]
+    optuna_study: optuna.Study, baseline: ConfigMeasurements, candidates: Sequence[ConfigMeasurements]
 ) -> list[list[tuple[int, int]]]:
     """The search's launches that make a round (paired in time): each measurement of the baseline with
     the candidates' measurements launched right before or after it on the same node, as
     [(config, trial)] with the baseline's first; a baseline launch with no such neighbour makes none."""
     config_of = {n: g.of for g in candidates for n in g.trials}
     by_node: dict[str, list[int]] = {}
-    for trial in sorted(ostudy.get_trials(deepcopy=False), key=lambda t: t.number):
+    for trial in sorted(optuna_study.get_trials(deepcopy=False), key=lambda t: t.number):
         node = TrialRecord.of(trial).node
         if trial.state.is_finished() and counts(trial) and node is not None:
             by_node.setdefault(node, []).append(trial.number)
@@ -213,21 +213,21 @@ def search_rounds(
     return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
-def _start(study: Study, ostudy: optuna.Study) -> Mapping[str, Any] | None:
+def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None:
     """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
     and the baseline, and remember them in the study; None when there is nothing to confirm."""
     settings = study.file.trust.confirm
-    groups = [g for g in measurement_groups(ostudy, settings.confidence) if g.n and not g.failed]
+    groups = [g for g in measurement_groups(optuna_study, settings.confidence) if g.n and not g.failed]
     base = next((g for g in groups if g.baseline), None)
     if base is None:
         return None
-    maximize = maximizes(ostudy.direction)
+    maximize = maximizes(optuna_study.direction)
     sign = 1.0 if maximize else -1.0
     top = sorted((g for g in groups if not g.baseline), key=lambda g: -sign * g.mean)[: settings.top]
     if not top:
         return None
-    top, left_out = contenders(top, noise_estimate(ostudy), maximize, settings.confidence)
-    since = max((t.number for t in ostudy.get_trials(deepcopy=False)), default=-1)
+    top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence)
+    since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
         "baseline": base.of,
@@ -237,44 +237,44 @@ def _start(study: Study, ostudy: optuna.Study) -> Mapping[str, Any] | None:
         # candidates were chosen by the search's (they drew high).
         SEARCH_ROUNDS_KEY: [
             [list(pair) for pair in paired]  # as JSON stores it
-            for paired in search_rounds(ostudy, base, top)[-(settings.min_rounds - 1) :]
+            for paired in search_rounds(optuna_study, base, top)[-(settings.min_rounds - 1) :]
             if settings.pair_search_launches
         ],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }
-    record_confirm(ostudy, record)
+    record_confirm(optuna_study, record)
     return record
 
 
-def _searched_since(ostudy: optuna.Study, since: int) -> bool:
+def _searched_since(optuna_study: optuna.Study, since: int) -> bool:
     """A trial the search launched after the confirmation started (a resume with a larger budget)."""
     return any(
         t.number > since and not TrialRecord.of(t).deliberate and t.state.is_finished() and counts(t)
-        for t in ostudy.get_trials(deepcopy=False)
+        for t in optuna_study.get_trials(deepcopy=False)
     )
 
 
 def confirmation_rounds(
-    study: Study, ostudy: optuna.Study, affordable: Callable[[int], bool] | None = None
+    study: Study, optuna_study: optuna.Study, affordable: Callable[[int], bool] | None = None
 ) -> Iterator[int]:
     """Queue the confirmation's rounds one at a time; yields the budget the study loop runs to for each
     (every trial of the round: budget used plus the queued). A resumed study continues its rounds.
     `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not."""
-    if not study.file.trust.confirm.enabled or len(ostudy.directions) != 1:
+    if not study.file.trust.confirm.enabled or len(optuna_study.directions) != 1:
         return
-    settings = _settings(ostudy)
-    if settings is None or _searched_since(ostudy, int(settings.get("since", -1))):
-        settings = _start(study, ostudy)  # first, or again after a resumed search found more configs
+    settings = _settings(optuna_study)
+    if settings is None or _searched_since(optuna_study, int(settings.get("since", -1))):
+        settings = _start(study, optuna_study)  # first, or again after a resumed search found more configs
     if settings is None:
         return
-    groups = groups_by_trial(ostudy)
+    groups = groups_by_trial(optuna_study)
     while True:
-        state = confirmation(ostudy)
+        state = confirmation(optuna_study)
         assert state is not None  # started above
-        waiting = len(ostudy.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        waiting = len(optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         if waiting:  # a round a Ctrl-C cut short: its trials run again first
-            yield budget_used(ostudy) + waiting
+            yield budget_used(optuna_study) + waiting
             continue
         if _decided(state, settings):
             return
@@ -282,7 +282,7 @@ def confirmation_rounds(
             return
         index = state.queued
         for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):
-            enqueue_measurement(ostudy, groups[of], confirm=ConfirmMark(round=index, position=position))
+            enqueue_measurement(optuna_study, groups[of], confirm=ConfirmMark(round=index, position=position))
         settings = {**settings, "queued": index + 1}
-        record_confirm(ostudy, settings)
-        yield budget_used(ostudy) + len(state.configs) + 1
+        record_confirm(optuna_study, settings)
+        yield budget_used(optuna_study) + len(state.configs) + 1

@@ -36,48 +36,48 @@ __all__ = [
 ]
 
 
-def spent_s(ostudy: optuna.Study) -> float:
+def spent_s(optuna_study: optuna.Study) -> float:
     """The node seconds the study spent: every finished launch's, and its NCCL stage's."""
-    stage = StudyRecord.of(ostudy).nccl_stage
+    stage = StudyRecord.of(optuna_study).nccl_stage
     stage_s = float(stage.get("node_s") or 0.0) if stage is not None else 0.0
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     return stage_s + math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
 
 
-def launch_s(ostudy: optuna.Study) -> float | None:
+def launch_s(optuna_study: optuna.Study) -> float | None:
     """The median node seconds of a launch that ran to its measurement (as every confirmation launch is:
     its configs completed before); of any launch before one completed; None before the first."""
-    finished = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished() and counts(t)]
+    finished = [t for t in optuna_study.get_trials(deepcopy=False) if t.state.is_finished() and counts(t)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE and TrialRecord.of(t).node_s]
     seconds = [s for t in complete or finished if (s := TrialRecord.of(t).node_s)]
     return statistics.median(seconds) if seconds else None
 
 
-def dearest_launch_s(ostudy: optuna.Study) -> float | None:
+def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     """The node seconds of the dearest launch that ran to its measurement: what the confirmation's reserve
     prices each launch at, as a round is priced at each config's dearest launch (a config's first launch
     compiles, later ones find the node's caches warm, so the median would leave the reserve short)."""
     seconds = [
         s
-        for t in ostudy.get_trials(deepcopy=False)
+        for t in optuna_study.get_trials(deepcopy=False)
         if t.state == TrialState.COMPLETE and counts(t) and (s := TrialRecord.of(t).node_s)
     ]
-    return max(seconds) if seconds else launch_s(ostudy)
+    return max(seconds) if seconds else launch_s(optuna_study)
 
 
-def round_s(ostudy: optuna.Study) -> float | None:
+def round_s(optuna_study: optuna.Study) -> float | None:
     """What a confirmation round costs: each of its configs' dearest launch so far; None before it began."""
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     if state is None:
         return None
     configs = {state.baseline, *state.configs}
     dearest: dict[int, float] = {}
-    for trial in ostudy.get_trials(deepcopy=False):
+    for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
         if of in configs and (seconds := record.node_s):
             dearest[of] = max(dearest.get(of, 0.0), seconds)
-    median = launch_s(ostudy) or 0.0
+    median = launch_s(optuna_study) or 0.0
     return math.fsum(dearest.get(config, median) for config in configs)
 
 
@@ -129,50 +129,50 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
-def node_hours(study: Study, ostudy: optuna.Study, *, given: bool = False) -> NodeHours:
+def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False) -> NodeHours:
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
     `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
-    launch = launch_s(ostudy)
+    launch = launch_s(optuna_study)
     rounds, per_round = _confirm_launches(study)
-    rounds = max(rounds - _rounds_measured(ostudy), 0)
-    dearest = dearest_launch_s(ostudy)
+    rounds = max(rounds - _rounds_measured(optuna_study), 0)
+    dearest = dearest_launch_s(optuna_study)
     reserve = rounds * per_round * dearest if dearest is not None else 0.0
-    record = StudyRecord.of(ostudy).budget
+    record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
-    return NodeHours(budget, spent_s(ostudy), launch, reserve)
+    return NodeHours(budget, spent_s(optuna_study), launch, reserve)
 
 
-def record_budget(study: Study, ostudy: optuna.Study) -> None:
+def record_budget(study: Study, optuna_study: optuna.Study) -> None:
     """Remember the node-hour budget this run was given (None: none), for `status` and the report."""
-    record = StudyRecord.of(ostudy).budget
+    record = StudyRecord.of(optuna_study).budget
     if record.get("hours", "unset") != study.file.budget.node_hours:
-        record_node_budget(ostudy, {**record, "hours": study.file.budget.node_hours})
+        record_node_budget(optuna_study, {**record, "hours": study.file.budget.node_hours})
 
 
-def node_hours_record(study: Study, ostudy: optuna.Study) -> dict[str, Any]:
+def node_hours_record(study: Study, optuna_study: optuna.Study) -> dict[str, Any]:
     """`status --json`'s node hours: spent, the budget, left, kept for confirmation, a launch's median."""
-    hours = node_hours(study, ostudy)
+    hours = node_hours(study, optuna_study)
     return {
         "spent": hours.spent_s / 3600,
         "budget": hours.budget_h,
         "left": None if hours.left_s is None else hours.left_s / 3600,
         "kept_for_confirmation": hours.reserve_s / 3600,
         "launch_median": None if hours.launch_s is None else hours.launch_s / 3600,
-        "ran_out": ran_out(ostudy),
+        "ran_out": ran_out(optuna_study),
     }
 
 
-def _rounds_measured(ostudy: optuna.Study) -> int:
+def _rounds_measured(optuna_study: optuna.Study) -> int:
     """The confirmation rounds queued so far (each paid for as it runs) and those the search's launches
     made (study.confirm.search_rounds), 0 before it began."""
-    state = confirmation(ostudy)
+    state = confirmation(optuna_study)
     return state.queued + state.searched if state is not None else 0
 
 
-def check_budget(study: Study, ostudy: optuna.Study, field: str) -> None:
+def check_budget(study: Study, optuna_study: optuna.Study, field: str) -> None:
     """Refuse, before any launch, a budget that cannot pay for one more launch than it spent (`field`: the
     file's `budget.node_hours` or `--hours`)."""
-    hours = node_hours(study, ostudy, given=True)
+    hours = node_hours(study, optuna_study, given=True)
     if hours.budget_h is None or hours.launch_s is None or hours.left_s is None:
         return
     if hours.left_s < hours.launch_s:
@@ -187,43 +187,43 @@ def check_budget(study: Study, ostudy: optuna.Study, field: str) -> None:
         )
 
 
-def round_fits(study: Study, ostudy: optuna.Study, launches: int) -> bool:
+def round_fits(study: Study, optuna_study: optuna.Study, launches: int) -> bool:
     """Whether the hours left pay for the next confirmation round (of `launches`)."""
-    hours = node_hours(study, ostudy)
+    hours = node_hours(study, optuna_study)
     if hours.left_s is None or hours.launch_s is None:
         return True
-    cost = round_s(ostudy)
+    cost = round_s(optuna_study)
     return (cost if cost is not None else launches * hours.launch_s) <= hours.left_s
 
 
-def record_ran_out(study: Study, ostudy: optuna.Study, rounds: int) -> None:
+def record_ran_out(study: Study, optuna_study: optuna.Study, rounds: int) -> None:
     """Remember that the budget ran out after `rounds` confirmation rounds, and what a round costs."""
     need, per_round = _confirm_launches(study)
-    cost = round_s(ostudy)
-    cost = cost if cost is not None else per_round * (launch_s(ostudy) or 0.0)
-    record = StudyRecord.of(ostudy).budget
+    cost = round_s(optuna_study)
+    cost = cost if cost is not None else per_round * (launch_s(optuna_study) or 0.0)
+    record = StudyRecord.of(optuna_study).budget
     ran = {"rounds": rounds, "of": max(need, rounds + 1), "round_h": cost / 3600}
-    record_node_budget(ostudy, {**record, "spent_h": spent_s(ostudy) / 3600, "ran_out": ran})
+    record_node_budget(optuna_study, {**record, "spent_h": spent_s(optuna_study) / 3600, "ran_out": ran})
 
 
-def clear_ran_out(ostudy: optuna.Study) -> None:
+def clear_ran_out(optuna_study: optuna.Study) -> None:
     """Forget an earlier run's ran-out record: this run's rounds decide again."""
-    record = StudyRecord.of(ostudy).budget
+    record = StudyRecord.of(optuna_study).budget
     if record.get("ran_out"):
-        record_node_budget(ostudy, {k: v for k, v in record.items() if k != "ran_out"})
+        record_node_budget(optuna_study, {k: v for k, v in record.items() if k != "ran_out"})
 
 
-def ran_out(ostudy: optuna.Study) -> dict[str, Any] | None:
+def ran_out(optuna_study: optuna.Study) -> dict[str, Any] | None:
     """The record of a budget that ran out before the confirmation's rounds, or None."""
-    return StudyRecord.of(ostudy).budget.get("ran_out") or None
+    return StudyRecord.of(optuna_study).budget.get("ran_out") or None
 
 
-def ran_out_text(ostudy: optuna.Study) -> str | None:
+def ran_out_text(optuna_study: optuna.Study) -> str | None:
     """ "unconfirmed: the budget ran out after 1 of 2 rounds; `autotune resume --hours 2.31` buys ..."."""
-    record = ran_out(ostudy)
+    record = ran_out(optuna_study)
     if record is None:
         return None
-    spent = float(StudyRecord.of(ostudy).budget.get("spent_h") or 0.0)
+    spent = float(StudyRecord.of(optuna_study).budget.get("spent_h") or 0.0)
     rounds, of, round_h = int(record["rounds"]), int(record["of"]), float(record["round_h"])
     missing = of - rounds
     total = _up(spent + missing * round_h)

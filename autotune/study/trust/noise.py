@@ -108,25 +108,25 @@ def pooled(groups: list[ConfigMeasurements], maximize: bool = True) -> NoiseEsti
     return NoiseEstimate(math.sqrt(squares / dof), dof, tuple(sources))
 
 
-def noise_estimate(ostudy: optuna.Study) -> NoiseEstimate | None:
+def noise_estimate(optuna_study: optuna.Study) -> NoiseEstimate | None:
     """The study's noise estimate from every config it measured more than once; before any was, the earlier
     study's it started from (`--from`), else None; None for a multi-objective study."""
-    if len(ostudy.directions) != 1:
+    if len(optuna_study.directions) != 1:
         return None
-    own = pooled(measurement_groups(ostudy), maximizes(ostudy.direction))
-    return own if own is not None else _earlier(ostudy)
+    own = pooled(measurement_groups(optuna_study), maximizes(optuna_study.direction))
+    return own if own is not None else _earlier(optuna_study)
 
 
-def _earlier(ostudy: optuna.Study) -> NoiseEstimate | None:
+def _earlier(optuna_study: optuna.Study) -> NoiseEstimate | None:
     """The noise of the study this one started from (`autotune run --from`: study.warm_start), if any."""
-    record = StudyRecord.of(ostudy).warm_start or {}
+    record = StudyRecord.of(optuna_study).warm_start or {}
     noise = record.get("noise")
     if not noise:
         return None
     return NoiseEstimate(float(noise["relative_sd"]), int(noise["dof"]), (), earlier=str(record.get("study")))
 
 
-def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
+def repeat_baseline(study: Study, optuna_study: optuna.Study) -> int | None:
     """Queue the baseline again once `trust.repeat_baseline_after` trials were launched (and once more after
     each as many more, while the stopping rule wants more degrees of freedom: `stop_early.min_noise_dof`),
     once it completed; returns the baseline's trial number when queued."""
@@ -137,29 +137,31 @@ def repeat_baseline(study: Study, ostudy: optuna.Study) -> int | None:
         trust.stop_early.min_noise_dof if trust.stop_early.enabled else 1,
         trust.screen.min_noise_dof if trust.screen.enabled else 1,
     )
-    if not after or len(ostudy.directions) != 1 or budget_used(ostudy) < after:
+    if not after or len(optuna_study.directions) != 1 or budget_used(optuna_study) < after:
         return None
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     records = [TrialRecord.of(t) for t in trials]
     repeats = sum(1 for r in records if r.baseline and r.remeasure_of is not None)
-    if repeats >= wanted or budget_used(ostudy) < after * (repeats + 1):
+    if repeats >= wanted or budget_used(optuna_study) < after * (repeats + 1):
         return None
-    base = next((g for g in measurement_groups(ostudy) if g.baseline and g.n), None)
+    base = next((g for g in measurement_groups(optuna_study) if g.baseline and g.n), None)
     if base is None:
         return None
-    enqueue_measurement(ostudy, base)
+    enqueue_measurement(optuna_study, base)
     return base.of
 
 
-def move_from(ostudy: optuna.Study, trials: list[FrozenTrial], rng: random.Random) -> FrozenTrial | None:
+def move_from(
+    optuna_study: optuna.Study, trials: list[FrozenTrial], rng: random.Random
+) -> FrozenTrial | None:
     """The trial the default sampler's moves start from (`trust.noise_ties`): the best, or once the noise is
     measured (2 degrees of freedom), any of the configs whose value lies within the noise band of the best's,
     drawn with `rng`: they are tied, and a lucky draw of one of them should not steer every later move."""
-    best = best_trial(ostudy, trials)
-    noise = noise_estimate(ostudy)
+    best = best_trial(optuna_study, trials)
+    noise = noise_estimate(optuna_study)
     if best is None or best.value is None or noise is None or noise.dof < 2:
         return best
-    sign = direction_sign(ostudy.direction)
+    sign = direction_sign(optuna_study.direction)
     floor = sign * best.value - noise.band(spread_known=True) * abs(best.value)
     measured = [
         t for t in trials if t.state == TrialState.COMPLETE and is_feasible(t) and t.value is not None

@@ -143,30 +143,30 @@ def extremes(parameter: Any, default: Any, also: Any = None) -> list[Any]:
     return [v for v in dict.fromkeys(values) if not _same(v, default)]
 
 
-def _known(ostudy: optuna.Study, flags: Mapping[str, Any]) -> dict[str, Any]:
-    return {**flags, **StudyRecord.of(ostudy).server_choices}
+def _known(optuna_study: optuna.Study, flags: Mapping[str, Any]) -> dict[str, Any]:
+    return {**flags, **StudyRecord.of(optuna_study).server_choices}
 
 
 def plan_alone(
-    study: Study, ostudy: optuna.Study, held: Iterable[str] = (), flags: Mapping[str, Any] | None = None
+    study: Study, optuna_study: optuna.Study, held: Iterable[str] = (), flags: Mapping[str, Any] | None = None
 ) -> int:
     """Queue the `alone` method's launches once the baseline completed: each knob alone at each of its
     extremes, every other knob at its default (once per study); returns how many were queued. `held`: the
     knobs a stage holds; `flags`: the server's flag defaults (`flag_defaults`)."""
     settings = study.file.trust.screen
-    if not settings.enabled or settings.method != "alone" or len(ostudy.directions) != 1:
+    if not settings.enabled or settings.method != "alone" or len(optuna_study.directions) != 1:
         return 0
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     if any(TrialRecord.of(t).screen is not None for t in trials):
         return 0
     if not any(TrialRecord.of(t).baseline and t.state == TrialState.COMPLETE for t in trials):
         return 0
-    known = _known(ostudy, flags or {})
+    known = _known(optuna_study, flags or {})
     defaults = knob_defaults(study, known, held)
     queued = 0
     for knob, default in defaults.items():
         for value in extremes(study.search_space.parameters[knob], default, known.get(knob)):
-            ostudy.enqueue_trial({**defaults, knob: value}, user_attrs=marks(screen={knob: value}))
+            optuna_study.enqueue_trial({**defaults, knob: value}, user_attrs=marks(screen={knob: value}))
             queued += 1
     return queued
 
@@ -229,23 +229,23 @@ def _effects(measured: list[_Measured], knobs: Iterable[str]) -> dict[str, list[
 
 
 def screen(
-    study: Study, ostudy: optuna.Study, held: Iterable[str] = (), flags: Mapping[str, Any] | None = None
+    study: Study, optuna_study: optuna.Study, held: Iterable[str] = (), flags: Mapping[str, Any] | None = None
 ) -> list[Held]:
     """The knobs newly shown to have no effect beyond noise (see the module's docstring); the caller holds
     them (`record`)."""
     settings = study.file.trust.screen
-    if not settings.enabled or len(ostudy.directions) != 1:
+    if not settings.enabled or len(optuna_study.directions) != 1:
         return []
-    noise = noise_estimate(ostudy)
+    noise = noise_estimate(optuna_study)
     if noise is None or noise.dof < settings.min_noise_dof:
         return []
-    already = held_knobs(ostudy)
-    known = _known(ostudy, flags or {})
+    already = held_knobs(optuna_study)
+    known = _known(optuna_study, flags or {})
     defaults = knob_defaults(study, known, held)
     candidates = [k for k in defaults if k not in already]
     if not candidates:
         return []
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     if settings.method == "alone" and any(
         TrialRecord.of(t).screen is not None and not t.state.is_finished() for t in trials
     ):
@@ -280,28 +280,28 @@ def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
-def record(ostudy: optuna.Study, found: Sequence[Held]) -> None:
+def record(optuna_study: optuna.Study, found: Sequence[Held]) -> None:
     """Remember the screened-out knobs in the study, so that a resumed study holds them too."""
-    kept = dict(StudyRecord.of(ostudy).screened)
+    kept = dict(StudyRecord.of(optuna_study).screened)
     for held in found:
         kept[held.knob] = {"value": held.value, "why": held.why}
-    record_screened(ostudy, kept)
+    record_screened(optuna_study, kept)
 
 
-def held_knobs(ostudy: optuna.Study) -> dict[str, Any]:
+def held_knobs(optuna_study: optuna.Study) -> dict[str, Any]:
     """The knobs the study's screening holds, with their values."""
-    return {k: v["value"] for k, v in StudyRecord.of(ostudy).screened.items()}
+    return {k: v["value"] for k, v in StudyRecord.of(optuna_study).screened.items()}
 
 
-def screened_lines(ostudy: optuna.Study) -> list[str]:
+def screened_lines(optuna_study: optuna.Study) -> list[str]:
     """Why each screened-out knob is held, for the console, status and MLflow."""
-    return [v["why"] for v in StudyRecord.of(ostudy).screened.values()]
+    return [v["why"] for v in StudyRecord.of(optuna_study).screened.values()]
 
 
-def why_all_held(study: Study, ostudy: optuna.Study, held: Iterable[str] = ()) -> str | None:
+def why_all_held(study: Study, optuna_study: optuna.Study, held: Iterable[str] = ()) -> str | None:
     """Why the search stops when screening held every knob it may hold and the search space has no other:
     nothing is left to search; None otherwise."""
-    screened = held_knobs(ostudy)
+    screened = held_knobs(optuna_study)
     others = set(study.search_space.parameters) - set(held)
     if not screened or others - set(screened):
         return None

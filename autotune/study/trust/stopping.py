@@ -56,40 +56,43 @@ def _best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> float | N
     return None if best is None or best.value is None else direction_sign(direction) * best.value
 
 
-def why_stop(study: Study, ostudy: optuna.Study) -> str | None:
+def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     """Why the search should stop now, in a sentence, or None to go on."""
     settings = study.file.trust.stop_early
-    if not settings.enabled or len(ostudy.directions) != 1:
+    if not settings.enabled or len(optuna_study.directions) != 1:
         return None
-    if settings.patience_node_hours is not None and (why := _why_stop_in_hours(study, ostudy)) is not None:
+    if (
+        settings.patience_node_hours is not None
+        and (why := _why_stop_in_hours(study, optuna_study)) is not None
+    ):
         return why  # else the rule in trials may stop it: whichever is met first
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
     # After an earlier stop, a resumed search gets `patience` trials of its own before the rule looks again.
-    since = _stopped_after(ostudy)
+    since = _stopped_after(optuna_study)
     fresh = [t for t in search if t.number > since]
-    min_trials = 0 if StudyRecord.of(ostudy).warm_start is not None else settings.min_trials
+    min_trials = 0 if StudyRecord.of(optuna_study).warm_start is not None else settings.min_trials
     if len(launched) < min_trials or len(search) <= settings.patience:
         return None
     if len(fresh) < settings.patience:
         return None
     recent = {t.number for t in search[-settings.patience :]}
-    if (gain := _within_noise(ostudy, launched, recent, settings.min_noise_dof)) is None:
+    if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
         return None
     return f"stopped early: the last {settings.patience} search trials raised the best by {gain}"
 
 
 def _within_noise(
-    ostudy: optuna.Study, launched: list[FrozenTrial], recent: set[int], min_noise_dof: int
+    optuna_study: optuna.Study, launched: list[FrozenTrial], recent: set[int], min_noise_dof: int
 ) -> str | None:
     """How far the `recent` launches raised the best, with the noise band it stayed within and the way
     on, when they raised it no more than that band; None when they did, or the noise is not known yet."""
-    noise = noise_estimate(ostudy)
+    noise = noise_estimate(optuna_study)
     if noise is None or noise.dof < min_noise_dof:
         return None
-    before = _best([t for t in launched if t.number not in recent], ostudy.direction)
-    now = _best(launched, ostudy.direction)
+    before = _best([t for t in launched if t.number not in recent], optuna_study.direction)
+    now = _best(launched, optuna_study.direction)
     if before is None or now is None or before == 0:
         return None
     improvement = (now - before) / abs(before)
@@ -106,17 +109,17 @@ def _node_h(trial: FrozenTrial) -> float:
     return (TrialRecord.of(trial).node_s or 0.0) / 3600
 
 
-def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
+def _why_stop_in_hours(study: Study, optuna_study: optuna.Study) -> str | None:
     """The rule with its stretch in node hours: after `min_node_hours` of launches, the last
     `patience_node_hours` of search launches did not raise the best beyond the noise band."""
     settings = study.file.trust.stop_early
     patience_h, min_h = float(settings.patience_node_hours or 0.0), float(settings.min_node_hours or 0.0)
-    if StudyRecord.of(ostudy).warm_start is not None:
+    if StudyRecord.of(optuna_study).warm_start is not None:
         min_h = 0.0
-    trials = ostudy.get_trials(deepcopy=False)
+    trials = optuna_study.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
-    since = _stopped_after(ostudy)
+    since = _stopped_after(optuna_study)
     if (
         sum(map(_node_h, launched)) < min_h
         or sum(_node_h(t) for t in search if t.number > since) < patience_h
@@ -129,25 +132,27 @@ def _why_stop_in_hours(study: Study, ostudy: optuna.Study) -> str | None:
             break
         recent.add(trial.number)
         stretch += _node_h(trial)
-    if (gain := _within_noise(ostudy, launched, recent, settings.min_noise_dof)) is None:
+    if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
         return None
     stretch_text = f"the last {stretch:.2f} node hours of search ({len(recent)} trials)"
     return f"stopped early: {stretch_text} raised the best by {gain}"
 
 
-def record_stop(ostudy: optuna.Study, why: str) -> None:
+def record_stop(optuna_study: optuna.Study, why: str) -> None:
     """Remember in the study that its search stopped early, why, and after which trial."""
-    last = max((t.number for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()), default=-1)
-    record_stopped(ostudy, why, last)
+    last = max(
+        (t.number for t in optuna_study.get_trials(deepcopy=False) if t.state.is_finished()), default=-1
+    )
+    record_stopped(optuna_study, why, last)
 
 
-def stopped_early(ostudy: optuna.Study) -> str | None:
+def stopped_early(optuna_study: optuna.Study) -> str | None:
     """Why the study's search last stopped early, or None when it never did."""
-    stopped = StudyRecord.of(ostudy).stopped
+    stopped = StudyRecord.of(optuna_study).stopped
     return (stopped["why"] or None) if stopped is not None else None
 
 
-def _stopped_after(ostudy: optuna.Study) -> int:
+def _stopped_after(optuna_study: optuna.Study) -> int:
     """The last trial before an earlier early stop; -1 when the search never stopped early."""
-    stopped = StudyRecord.of(ostudy).stopped
+    stopped = StudyRecord.of(optuna_study).stopped
     return stopped["after_trial"] if stopped is not None else -1
