@@ -88,7 +88,9 @@ def read_into_page_cache(files: list[Path]) -> None:
                 pass
 
 
-def start(model: Path, threads: int, port: int, log: Path, env: dict[str, str], timeout_s: float):
+def start(
+    model: Path, threads: int, port: int, log: Path, env: dict[str, str], timeout_s: float
+) -> tuple[subprocess.Popen[bytes], StartupPhaseReader, float | None, list[str]]:
     loader = {"enable_multithread_load": threads > 1, **({"num_threads": threads} if threads > 1 else {})}
     argv = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
