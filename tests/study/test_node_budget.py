@@ -229,8 +229,8 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
         "repeat_baseline_after": 2,
         "confirm": False,
         "screen": False,  # the stopping rule alone (screening would hold both knobs)
-        # Seed-node launches of about 0.2 node h: a stretch of about 3 launches after 1 node h.
-        "stop_early": {"min_trials": 100, "patience": 100, "min_node_hours": 1.0, "patience_node_hours": 0.6},
+        # Seed-node launches of about 0.2 node h: a stretch of 5 launches (the fewest) after 1 node h.
+        "stop_early": {"min_trials": 100, "patience": 100, "min_node_hours": 1.0, "patience_node_hours": 1.0},
     }
     defaults = load_study(study_file(n_trials=30, trust=None)).file.trust.stop_early
     assert (defaults.min_node_hours, defaults.patience_node_hours) == (2.5, 2.0)  # beside (20, 15)

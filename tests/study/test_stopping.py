@@ -3,11 +3,14 @@ and a resume given a larger budget continues it; run fast on nodes answered by t
 
 from __future__ import annotations
 
+import optuna
+
 from autotune.config import load_study
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import budget_used
 from autotune.study.trust.noise import noise_estimate
-from tests.builders import FLAT, StudyFiles, launched, model_pool
+from autotune.study.trust.stopping import why_stop
+from tests.builders import FLAT, StudyFiles, launched, model_pool, stored_trial, study_of_trials
 
 
 def test_a_flat_search_stops_early_and_a_resume_with_a_larger_budget_continues_it(
@@ -43,3 +46,27 @@ def test_without_the_rule_a_flat_search_spends_its_budget(study_file: StudyFiles
     path = study_file(n_trials=8, search_space=FLAT, trust=trust)
     driver = StudyDriver(load_study(path), pool=model_pool(noise=0.01))
     assert budget_used(driver.run()) == 8 and driver.stopped is None
+
+
+def _searched(node_s: float) -> optuna.Study:
+    """SGLang's defaults at 0, 3 and 6 (the noise: 2 degrees of freedom), six flat search launches between,
+    each launch `node_s` seconds of the node."""
+    trials = []
+    for number, value in enumerate((100.0, 101.0, 100.0, 98.0, 100.5, 99.0, 102.0, 100.0, 100.0)):
+        if number % 3 == 0:
+            repeat = {"remeasure_of": 0} if number else {}
+            trials.append(stored_trial({}, value, node="n", node_s=node_s, baseline=True, **repeat))
+        else:
+            trials.append(stored_trial({"--stream-interval": number}, value, node="n", node_s=node_s))
+    return study_of_trials(*trials)
+
+
+def test_a_stretch_of_node_hours_holds_five_search_launches_before_it_stops_a_study(
+    study_file: StudyFiles,
+) -> None:
+    # A load search on 4x L40S costs 1.25 node h a launch: 2 node hours were 2 launches, and the rule
+    # stopped a study 4 launches into its search at 0.10 of the best known (RESULTS-peers.md, max_load).
+    study = load_study(study_file(n_trials=40, trust={"stop_early": {"min_trials": 100, "patience": 100}}))
+    assert why_stop(study, _searched(node_s=4500.0)) is None
+    stopped = why_stop(study, _searched(node_s=1440.0))  # 0.4 node h a launch: 5 in the last 2 node hours
+    assert stopped is not None and "(5 trials)" in stopped

@@ -56,6 +56,12 @@ def _best(trials: Sequence[FrozenTrial], direction: StudyDirection) -> float | N
     return None if best is None or best.value is None else direction_sign(direction) * best.value
 
 
+# The fewest search launches a stretch in node hours must hold: where a launch costs over an hour (a load
+# search on 4x L40S), 2 node hours were 2 launches, and the rule stopped a study 4 launches into its search
+# at 0.10 of the best known (benchmarks/RESULTS-peers.md, max_load).
+MIN_STRETCH_LAUNCHES = 5
+
+
 def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     """Why the search should stop now, in a sentence, or None to go on."""
     settings = study.file.trust.stop_early
@@ -132,6 +138,8 @@ def _why_stop_in_hours(study: Study, optuna_study: optuna.Study) -> str | None:
             break
         recent.add(trial.number)
         stretch += _node_h(trial)
+    if len(recent) < MIN_STRETCH_LAUNCHES:
+        return None
     if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
         return None
     stretch_text = f"the last {stretch:.2f} node hours of search ({len(recent)} trials)"
