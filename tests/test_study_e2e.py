@@ -20,9 +20,10 @@ def test_study_runs_every_trial_and_records_it_in_optuna(finished_study) -> None
     storage = f"sqlite:///{path.parent / '.autotune' / 'e2e' / 'optuna.db'}"
     trials = optuna.load_study(study_name="e2e", storage=storage).get_trials()
     counted = [t for t in trials if not t.user_attrs.get("skipped")]
-    # The search's budget, then the confirmation: the best config and the defaults, two rounds.
+    # The search's budget, then the confirmation: the best config and the defaults in two rounds, one of
+    # them the search's own launches paired in time (trust.confirm.pair_search_launches), one launched.
     confirming = [t for t in counted if "confirm" in t.user_attrs]
-    assert len(counted) - len(confirming) == N_TRIALS and len(confirming) == 4
+    assert len(counted) - len(confirming) == N_TRIALS and len(confirming) == 2
     assert any(t.user_attrs.get("baseline") and t.user_attrs.get("remeasure_of") == 0 for t in counted[1:])
     assert all(t.state.is_finished() for t in trials)
     assert trials[0].number == 0 and trials[0].user_attrs.get("baseline") is True
@@ -164,7 +165,7 @@ def test_the_console_announces_the_study_and_ends_with_the_answer_once_and_the_n
     assert all(f"/{N_TRIALS}] " in row and " tok/s" in row for row in rows), "the counter is the budget"
     # The confirmation announced, its rows labelled with the config each measures, off the counter.
     assert err.index(rows[-1]) < err.index("== confirmation of e2e:")
-    assert "(confirm r1 · SGLang's defaults)" in err and "(confirm r2 · trial " in err
+    assert "(confirm r1 · SGLang's defaults)" in err and "(confirm r1 · trial " in err
     # The answer once, with its interval (confirmed), then the next commands on this study file.
     answers = [line for line in out.splitlines() if line.startswith("answer: ")]
     assert len(answers) == 1 and " CI " in answers[0] and "best output_throughput" not in out
