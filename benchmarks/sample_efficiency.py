@@ -219,9 +219,12 @@ def _run_job(job: Job) -> tuple[Job, StudyRun]:
     if job.method == "grid":
         space = parse_search_space(search_space_for(profile), f"the search space for {profile.key}")
         points = grid_plan(space, job.n_trials, profile)
-        # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused.
+        # The study's budget is the grid's size: a budget the grid cannot fill leaves trials unused. The
+        # plan holds only what the pre-flight check lets launch; a refusal of the study's own (a KV pool the
+        # baseline's memory report bounds too small) would hold the grid at its point for good.
+        grid = TwoFlagGrid(points, defaults)
         return job, run_study(
-            profile, 1 + len(points), sampler=lambda _study: TwoFlagGrid(points, defaults), nccl_stage=False
+            profile, 1 + len(points), sampler=lambda _study: grid, nccl_stage=False, preflight=False
         )
     if job.method == "groups":
 
