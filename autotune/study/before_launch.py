@@ -15,7 +15,7 @@ TP size, KV cache dtype, quantization, model or context length is not predicted 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -56,13 +56,15 @@ def known_before_launch(
     optuna_study: optuna.Study,
     trial: optuna.Trial | FrozenTrial,
     facts: NodeReport | None,
+    trials: Sequence[FrozenTrial],
     *,
     gpu: bool = True,
     memory: bool = True,
 ) -> Refusal | None:
     """Why `trial`'s proposal certainly fails on the node the check found `facts` on (`gpu`: a flag its GPU
-    cannot run; `memory`: a KV pool too small), or None. A trial asked for on purpose (the baseline, a
-    config queued by hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
+    cannot run; `memory`: a KV pool too small, from the baselines among the study's `trials`, as the gates
+    read them once a proposal), or None. A trial asked for on purpose (the baseline, a config queued by
+    hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
     if TrialRecord.of(trial).deliberate:
         return None
     if gpu and (refused := gpu_cannot_run(trial.params, facts)) is not None:
@@ -72,7 +74,7 @@ def known_before_launch(
     return kv_pool_too_small(
         trial.params,
         TrialRecord.of(trial).hardware,
-        optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)),
+        [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)],
         StudyRecord.of(optuna_study).server_choices,
         longest_prompt(study),
     )

@@ -162,8 +162,8 @@ def known_before(proposal: Proposal) -> Refusal | None:
     the longest prompt (autotune.study.before_launch)."""
     options, run = proposal.run.options, proposal.run
     gpu, memory = options.remember_incompatible, options.preflight
-    trial, facts = proposal.trial, proposal.facts
-    return known_before_launch(run.study, run.optuna_study, trial, facts, gpu=gpu, memory=memory)
+    trial, facts, trials = proposal.trial, proposal.facts, proposal.trials
+    return known_before_launch(run.study, run.optuna_study, trial, facts, trials, gpu=gpu, memory=memory)
 
 
 # In order: the cheap checks on the settings first, then those that need the launch built.
