@@ -62,3 +62,15 @@ def test_disable_radix_cache_serves_nothing_from_the_cache(server: SimServer) ->
     assert result.completed == 9
     assert result.cache_hit_rate == 0.0 and result.designed_hit_rate is not None
     assert all(m.group(3) == "0" for line in server.lines if (m := PREFILL.search(line)))
+
+
+@pytest.mark.parametrize("server", [()], indirect=True)
+def test_a_second_measurement_on_the_same_launch_starts_from_a_flushed_cache(server: SimServer) -> None:
+    # The client flushes before each measurement; a flush that only logged it left the first measurement's
+    # prompts cached, and the second served every token of its (identical) prompts from the cache.
+    first = benchmark(server.url(""), SESSIONS, timeout_s=120)
+    second = benchmark(server.url(""), SESSIONS.on_warm_server(), timeout_s=120)
+    assert first.cache_hit_rate is not None and second.cache_hit_rate is not None
+    assert second.designed_hit_rate is not None
+    assert second.cache_hit_rate <= second.designed_hit_rate
+    assert second.cache_hit_rate == pytest.approx(first.cache_hit_rate, abs=0.01)

@@ -209,6 +209,8 @@ class HttpApi(LaunchPart):
             )
             status = 400
         else:
+            if self.serving.engine.cache is not None:
+                self.serving.engine.cache.clear()
             self.ranks.rank0("Cache flushed successfully!")
             status = 200
         return web.Response(
