@@ -20,7 +20,7 @@ the designed one, TTFT of first and later turns, the KV pool the server reported
     PYTHONPATH=<checkout>:/tmp/site python3 benchmarks/sglang-h200/prefix/prefix_real_vs_sim.py real \
         --model /tmp/model-8b --out $OUT/real.jsonl --logs $OUT --budget-s 500
     # here, the simulated node (about 5 minutes):
-    python benchmarks/sglang-h200/prefix/prefix_real_vs_sim.py sim --out benchmarks/sglang-h200/prefix/sim.jsonl
+    python benchmarks/sglang-h200/prefix/prefix_real_vs_sim.py sim   # appends to sim.jsonl beside it
     # the side-by-side table:
     python benchmarks/sglang-h200/prefix/prefix_real_vs_sim.py table
 """
@@ -71,12 +71,14 @@ SIM_ENV = {
 def workloads() -> dict[str, Workload]:
     sessions = load_objective(REPO / "objectives" / "agentic-sessions.yaml").workload
     assert sessions is not None
-    shared = Workload(
-        shared_prefix=SharedPrefix(
+    # num_prompts, input_len and output_len come from the kind (autotune.measure.sharing.fill_sizes).
+    spec: dict[str, Any] = {
+        "shared_prefix": SharedPrefix(
             num_groups=8, prompts_per_group=16, system_prompt_len=2048, question_len=128, output_len=256
         ),
-        concurrency=16,
-    )
+        "concurrency": 16,
+    }
+    shared = Workload(**spec)
     return {"sessions": sessions, "shared-prefix": shared}
 
 
@@ -111,7 +113,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _record(side: str, config: str, name: str, repeat: int, result: BenchmarkResult, info: dict[str, Any]) -> dict[str, Any]:
+def _record(
+    side: str, config: str, name: str, repeat: int, result: BenchmarkResult, info: dict[str, Any]
+) -> dict[str, Any]:
     first, later = result.mean_ttft_first_turn_ms, result.mean_ttft_later_turns_ms
     return {
         "side": side,
@@ -204,12 +208,24 @@ def run_side(side: str, args: argparse.Namespace) -> None:
         if deadline - time.monotonic() < 90:
             print(f"[{side}] {config}: not launched ({deadline - time.monotonic():.0f} s left)", flush=True)
             continue
-        command = [*server, "--model-path", args.model, "--host", "127.0.0.1", "--port", str(PORT), *COMMON, *flags]
+        command = [
+            *server,
+            "--model-path",
+            args.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(PORT),
+            *COMMON,
+            *flags,
+        ]
         measure_launch(side, config, command, env, logs / f"server-{config}.log", out, deadline)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -265,7 +281,9 @@ def table(real_path: Path, sim_path: Path) -> str:
 
 def main() -> None:
     global PORT
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("side", choices=["real", "sim", "table"])
     parser.add_argument("--model", default="/tmp/model-8b")
     parser.add_argument("--out", default=None, help="the JSON lines file to append to")
