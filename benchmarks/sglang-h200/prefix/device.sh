@@ -17,7 +17,7 @@ say "bundle installed"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 --version
   lscpu | grep -E "^(Model name|CPU\(s\)):"
   PYTHONPATH=/tmp/site python3 -c 'import importlib.metadata as m; print(*(f"{p} {m.version(p)}" for p in ("torch", "sglang", "sglang-kernel", "transformers")))'; } > "$OUT/machine.txt" 2>&1
-python3 .sglkit/kit/make_model.py skeleton --out /tmp/model-8b --size 8b >> "$LOG" 2>&1 || { say "no model"; exit 3; }
+PYTHONPATH=/tmp/site python3 .sglkit/kit/make_model.py skeleton --out /tmp/model-8b --size 8b >> "$LOG" 2>&1 || { say "no model"; exit 3; }
 # The sessions' third turn sends 31,000 tokens and asks 1,000: raise the context (dummy weights, no rope scaling).
 python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); c["max_position_embeddings"] = 65536; json.dump(c, open(p, "w"), indent=1)' /tmp/model-8b/config.json
 say "model folder /tmp/model-8b (Llama-3-8B shape, 32k vocab, context 65536; weights --load-format dummy)"
