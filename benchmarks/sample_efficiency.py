@@ -198,8 +198,8 @@ def grid_plan(space: SearchSpace, budget: int, profile: Profile) -> list[dict[st
     facts = node_report("node", hardware, model)
 
     def launches(fraction: float) -> bool:
-        argv = ("--tp-size", str(profile.tp), MEM_FRACTION, str(fraction))  # the study's --tp-size
-        return predicted_oom(argv, facts.gpu_memory_gb, model.weight_gb) is None
+        flags = (("--tp-size", str(profile.tp)), (MEM_FRACTION, str(fraction)))  # the study's --tp-size
+        return predicted_oom(flags, facts.gpu_memory_gb, model.weight_gb) is None
 
     graph_sizes = [v for v in parameter_values(space, GRAPH_BS) if v is not None]
     mem_fractions = [f for f in parameter_values(space, MEM_FRACTION) if launches(f)]

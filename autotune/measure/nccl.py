@@ -160,12 +160,16 @@ class BenchSettings:
                     f"a {self.dtype} message must be a multiple of {element} bytes, but got {message.bytes}."
                 )
 
-    def to_argv(self) -> list[str]:
-        argv = ["--messages", ",".join(m.spec() for m in self.messages)]
+    def flags(self) -> tuple[tuple[str, str], ...]:
+        """The job's command-line options, each with its value, in the order `to_argv` writes them."""
+        options = [("--messages", ",".join(m.spec() for m in self.messages))]
         for setting in _SETTINGS:
             value = getattr(self, setting.name)
-            argv += [_option(setting), f"{value:g}" if isinstance(value, float) else str(value)]
-        return argv
+            options.append((_option(setting), f"{value:g}" if isinstance(value, float) else str(value)))
+        return tuple(options)
+
+    def to_argv(self) -> list[str]:
+        return [word for option in self.flags() for word in option]
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> BenchSettings:

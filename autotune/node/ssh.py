@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -470,7 +471,7 @@ class SSHCommandRunner(CommandRunner):
     def url_for(self, launch: ServerLaunch) -> str:
         """The server's URL from this machine: the node's address where it listens on all or loopback."""
         if is_any_address(launch.host) or is_loopback(launch.host):
-            return ServerLaunch(launch.argv, launch.env, self.address.host, launch.port).base_url
+            return replace(launch, host=self.address.host).base_url
         return launch.base_url
 
     # -- paths and logs ------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ class Proposal:
     @cached_property
     def identity(self) -> dict[str, Any]:
         """What makes two launches the same (rules.launch_identity), recorded on the trial."""
-        return launch_identity(self.launch.argv, self.launch.env, self.run.study.secrets)
+        return launch_identity(self.launch, self.run.study.secrets)
 
     @cached_property
     def trials(self) -> list[FrozenTrial]:
@@ -153,7 +153,7 @@ def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
         if declared is not None
         else (facts.weight_bytes / 1e9 if facts is not None and facts.weight_bytes else None)
     )
-    reason = predicted_oom(proposal.launch.argv, facts.gpu_memory_gb if facts is not None else None, weights)
+    reason = predicted_oom(proposal.launch.flags, facts.gpu_memory_gb if facts is not None else None, weights)
     return None if reason is None else PredictedOom(reason)
 
 

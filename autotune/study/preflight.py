@@ -14,13 +14,13 @@ Anything less certain is left to the launch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.records import TrialRecord
 from autotune.trial.failures import STARTUP_OOMS, FailureKind
-from autotune.trial.launch import flag_value
+from autotune.trial.launch import TP_FLAGS, flag_value
 
 MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
@@ -31,28 +31,22 @@ LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
 SERVING_ONLY_FLAGS = frozenset({"--schedule-policy", "--schedule-conservativeness", "--stream-interval"})
 
 
-# SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
-# `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
-TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
-
-
-def tensor_parallel_size(argv: Sequence[str]) -> int:
-    """The TP size `argv` gives SGLang (1 when unset); ValueError when it is not an integer."""
-    return int(flag_value(argv, *TP_FLAGS) or 1)
-
-
-def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: float | None) -> str | None:
-    """Why a launch with SGLang flags `argv` certainly fails SGLang's memory check, or None.
+def predicted_oom(
+    flags: Iterable[tuple[str, str | None]], gpu_memory_gb: float | None, weight_gb: float | None
+) -> str | None:
+    """Why a launch with SGLang flags `flags` (ServerLaunch.flags) certainly fails SGLang's memory check, or
+    None.
 
     `gpu_memory_gb` is one GPU's memory and `weight_gb` the model's weights in all, both in GB; without
     either, or without an explicit --mem-fraction-static, nothing is predicted.
     """
-    fraction = flag_value(argv, "--mem-fraction-static")
+    flags = tuple(flags)
+    fraction = flag_value(flags, MEM_FRACTION)
     if gpu_memory_gb is None or weight_gb is None or fraction is None:
         return None
     try:
         mfs = float(fraction)
-        tp = tensor_parallel_size(argv)
+        tp = int(flag_value(flags, *TP_FLAGS) or 1)
     except ValueError:
         return None  # SGLang's own argument parsing will say what is wrong
     per_gpu = weight_gb / max(tp, 1)

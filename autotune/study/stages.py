@@ -43,10 +43,9 @@ from autotune.config.trust import Trust
 from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
-from autotune.study.preflight import TP_FLAGS
 from autotune.study.records import TrialRecord
 from autotune.study.rules import is_feasible
-from autotune.trial.launch import to_env_value
+from autotune.trial.launch import TP_FLAGS, flag_value, to_env_value
 from autotune.trial.wire import TrialRequest, TrialResult
 
 STAGE_SUFFIX = ".nccl-stage"
@@ -95,11 +94,7 @@ def stage_knobs(study: Study) -> Knobs:
 
 def tensor_parallel_size(study: Study) -> int:
     """The server's --tp-size as the study file sets it (SGLang's default: 1)."""
-    flags = study.file.server.flags
-    for flag in TP_FLAGS:
-        if flags.get(flag) is not None:
-            return int(str(flags[flag]))
-    return 1
+    return int(flag_value(study.file.server.flags.items(), *TP_FLAGS) or 1)
 
 
 def hidden_size(study: Study) -> int | None:
