@@ -13,6 +13,7 @@ from pathlib import Path
 from autotune.node.runner import ServerProcess, bytes_from
 from autotune.node.startup_phases import StartupPhaseReader
 from autotune.trial.failures import Failure, FailureKind, classify, is_fatal_line
+from autotune.trial.memory_fraction import MEM_FRACTION
 
 __all__ = [
     "READY_LINE",
@@ -131,7 +132,7 @@ def _field(name: str, number: str) -> re.Pattern[str]:
 
 _FLOAT, _INT = r"[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]+)?", r"-?\d+"
 _FLAT: dict[str, tuple[re.Pattern[str], ...]] = {
-    "--mem-fraction-static": (_field("mem_fraction_static", _FLOAT),),
+    MEM_FRACTION: (_field("mem_fraction_static", _FLOAT),),
     "--chunked-prefill-size": (_field("chunked_prefill_size", _INT),),
     "--cuda-graph-max-bs-decode": (
         _field("cuda_graph_max_bs_decode", _INT),

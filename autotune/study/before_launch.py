@@ -27,8 +27,8 @@ from autotune.node.check import NodeReport
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.warm_start import known_failures
+from autotune.trial.memory_fraction import config_fraction, running_fraction
 
-MEM_FRACTION = "--mem-fraction-static"
 # Memory other settings may free before SGLang sizes the pool, as a share of the static pool's memory (the
 # simulated node's NCCL buffers and custom all-reduce workspace take 0.3-0.4 GB of 96 GB; 2% is 1.9 GB).
 SLACK_SHARE = 0.02
@@ -156,15 +156,14 @@ def kv_pool_too_small(
     """Why a proposal with `params` on `hardware` certainly leaves SGLang a KV pool with no room for the
     longest prompt (`longest` tokens; None: for one token), from the memory report of a baseline among
     `trials` on that hardware (its fraction: its own value, else `server_choices`, SGLang's), or None."""
-    fraction = params.get(MEM_FRACTION)
-    if not isinstance(fraction, int | float) or any(params.get(flag) is not None for flag in LAYOUT_FLAGS):
+    fraction = config_fraction(params)
+    if fraction is None or any(params.get(flag) is not None for flag in LAYOUT_FLAGS):
         return None
     for baseline in trials:
         record = TrialRecord.of(baseline)
         memory = record.server_memory
         weights, kv_gb, kv_tokens = (memory.get(k) for k in ("weights_gb", "kv_cache_gb", "kv_cache_tokens"))
-        own = baseline.params.get(MEM_FRACTION)
-        m0 = own if isinstance(own, int | float) else server_choices.get(MEM_FRACTION)
+        m0 = running_fraction(baseline.params, server_choices)
         if (
             not record.baseline
             or record.hardware != hardware

@@ -21,8 +21,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.study.records import TrialRecord
 from autotune.trial.failures import STARTUP_OOMS, FailureKind
 from autotune.trial.launch import TP_FLAGS, flag_value
+from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, launch_fraction
 
-MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
 STARTUP_OOM_KINDS = frozenset(kind.value for kind in STARTUP_OOMS)
 LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
@@ -41,7 +41,7 @@ def predicted_oom(
     either, or without an explicit --mem-fraction-static, nothing is predicted.
     """
     flags = tuple(flags)
-    fraction = flag_value(flags, MEM_FRACTION)
+    fraction = launch_fraction(flags)
     if gpu_memory_gb is None or weight_gb is None or fraction is None:
         return None
     try:
@@ -66,8 +66,8 @@ def beyond_memory_edge(
     """Why a config with search-space values `params` on `hardware` certainly runs out of memory, as
     `trials` show (one of them ran out with the same other values at a fraction no higher; at start-up,
     whatever the serving-only flags), or None."""
-    fraction = params.get(MEM_FRACTION)
-    if not isinstance(fraction, int | float):
+    fraction = config_fraction(params)
+    if fraction is None:
         return None  # SGLang's own choice: not comparable
 
     def others(values: Mapping[str, object], ignored: frozenset[str]) -> dict[str, object]:
@@ -76,7 +76,7 @@ def beyond_memory_edge(
     for trial in trials:
         record = TrialRecord.of(trial)
         kind = record.failure_kind_text
-        met = trial.params.get(MEM_FRACTION)
+        met = config_fraction(trial.params)
         at_startup = kind in STARTUP_OOM_KINDS
         ignored = SERVING_ONLY_FLAGS if at_startup else frozenset()
         if (
@@ -84,7 +84,7 @@ def beyond_memory_edge(
             or record.skipped  # a prediction, not a launch that met the edge
             or kind not in LAUNCH_OOM_KINDS
             or record.hardware != hardware
-            or not isinstance(met, int | float)
+            or met is None
             or met > fraction
             or others(trial.params, ignored) != others(params, ignored)
         ):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,18 +51,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
-from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import StudyRecord, TrialRecord, record_proposed
 from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
 from autotune.trial.failures import FailureKind
+from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, minimum_viable
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
-# SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
-# (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
-# the KV cache under --mem-fraction-static=0.55. Raise --mem-fraction-static above 0.016 (minimum viable =
-# 1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted."
-_MINIMUM_VIABLE = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
@@ -215,11 +209,11 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
         if record.failure_kind != FailureKind.KV_POOL_TOO_SMALL:
             continue
         line = record.failure or ""
-        named = _MINIMUM_VIABLE.search(line)
-        failed = trial.params.get(MEM_FRACTION)
-        above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
+        named = minimum_viable(line)
+        failed = config_fraction(trial.params)
+        above = failed + (getattr(distribution, "step", None) or 0.01) if failed is not None else None
         if named is not None:
-            floors.append(max(float(named.group(1)), above or 0.0))
+            floors.append(max(named, above or 0.0))
         elif above is not None and "Not enough memory" in line:  # not a prompt longer than the pool
             floors.append(above)
     if not floors or not isinstance(distribution, FloatDistribution):
