@@ -1,5 +1,6 @@
 """Failures known before a launch, without having met them: a flag value the node's GPU architecture cannot
-run (autotune.dialect.gpu_support), and a KV pool too small for the workload's longest prompt, from the
+run (autotune.dialect.gpu_support), recorded with the study's known incompatibilities when a run starts
+(`remember_known_failures`), and a KV pool too small for the workload's longest prompt, from the
 baseline's own memory report. A proposal either rule refuses is recorded without a launch, as a known
 incompatibility or a predicted OOM; what neither is certain of is left to the launch.
 
@@ -51,25 +52,13 @@ class Refusal:
     oom: bool
 
 
-def known_before_launch(
-    study: Study,
-    optuna_study: optuna.Study,
-    trial: optuna.Trial | FrozenTrial,
-    facts: NodeReport | None,
-    trials: Sequence[FrozenTrial],
-    *,
-    gpu: bool = True,
-    memory: bool = True,
+def kv_pool_before_launch(
+    study: Study, optuna_study: optuna.Study, trial: optuna.Trial | FrozenTrial, trials: Sequence[FrozenTrial]
 ) -> Refusal | None:
-    """Why `trial`'s proposal certainly fails on the node the check found `facts` on (`gpu`: a flag its GPU
-    cannot run; `memory`: a KV pool too small, from the baselines among the study's `trials`, as the gates
-    read them once a proposal), or None. A trial asked for on purpose (the baseline, a config queued by
-    hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
+    """Why `trial`'s proposal certainly leaves a KV pool too small, from the baselines among the study's
+    `trials` (as the gates read them once a proposal), or None. A trial asked for on purpose (the baseline,
+    a config queued by hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
     if TrialRecord.of(trial).deliberate:
-        return None
-    if gpu and (refused := gpu_cannot_run(trial.params, facts)) is not None:
-        return refused
-    if not memory:
         return None
     return kv_pool_too_small(
         trial.params,
@@ -80,8 +69,9 @@ def known_before_launch(
     )
 
 
-def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> Refusal | None:
-    """A flag value among `params` that the node's GPU architecture cannot run (gpu_support.REQUIREMENTS)."""
+def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> str | None:
+    """Why a flag value among `params` cannot run on the node's GPU architecture (gpu_support.REQUIREMENTS),
+    in the words a refused proposal is recorded with, or None."""
     if facts is None or not facts.gpus:
         return None
     name = facts.gpus[0].name
@@ -92,21 +82,20 @@ def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> Re
     if found is None:
         return None
     flag, value, requirement = found
-    return Refusal(
+    return (
         f"known incompatible with this node ({name}, SM{capability[0]}{capability[1]}): {flag}={value}: "
-        f"{requirement.needs} (SGLang {requirement.source})",
-        oom=False,
+        f"{requirement.needs} (SGLang {requirement.source})"
     )
 
 
-def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> list[tuple[str, object]]:
-    """The (parameter, value) pairs of `space` the node's GPU architecture cannot run."""
-    return [
-        (name, value)
+def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> dict[tuple[str, object], str]:
+    """The (parameter, value) pairs of `space` the node's GPU architecture cannot run, each with why."""
+    found = {
+        (name, value): gpu_cannot_run({name: value}, facts)
         for name in space.spec.parameters
         for value in space.possible_values(name) or ()
-        if gpu_cannot_run({name: value}, facts) is not None
-    ]
+    }
+    return {pair: why for pair, why in found.items() if why is not None}
 
 
 def remember_known_failures(
@@ -116,10 +105,12 @@ def remember_known_failures(
     facts: NodeReport | None,
     hardware: str | None,
 ) -> str | None:
-    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run and those the
-    earlier study this one started from (`--from`) could not run on the same GPUs (the sampler then holds a
-    parameter left with one value, as after a failure); what to tell the user, when something is new."""
-    unrunnable = known.add(gpu_cannot_run_values(space, facts), hardware)
+    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run (with SGLang's
+    reason: the gates refuse a proposal of one with it) and those the earlier study this one started from
+    (`--from`) could not run on the same GPUs (the sampler then holds a parameter left with one value, as
+    after a failure); what to tell the user, when something is new. The one check of a GPU's abilities."""
+    reasons = gpu_cannot_run_values(space, facts)
+    unrunnable = known.add(reasons, hardware, reasons)
     earlier = known.add(
         [(name, value) for name, value in known_failures(optuna_study, hardware) if name in space], hardware
     )

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 from autotune.node.check import NodeReport
-from autotune.study.before_launch import Refusal, known_before_launch
+from autotune.study.before_launch import Refusal, kv_pool_before_launch
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.rules import earlier_launch, launch_identity
@@ -102,12 +102,18 @@ class Proposal:
 Gate = Callable[[Proposal], Verdict | None]
 
 
+def gpu_cannot_run(proposal: Proposal) -> KnownIncompatible | None:
+    """A value the node's GPU cannot run, known from the run's start on (study.before_launch)."""
+    known = proposal.run.known
+    blocked = known.blocking(proposal.trial.params, proposal.hardware, before_launch=True)
+    return None if blocked is None else KnownIncompatible(known.why(blocked))
+
+
 def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
-    blocked = proposal.run.known.blocking(proposal.trial.params, proposal.hardware)
-    if blocked is None:
-        return None
-    where = f" ({proposal.hardware})" if proposal.hardware else ""
-    return KnownIncompatible(f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
+    """A value that failed on the node's hardware before."""
+    known = proposal.run.known
+    blocked = known.blocking(proposal.trial.params, proposal.hardware)
+    return None if blocked is None else KnownIncompatible(known.why(blocked))
 
 
 def past_memory_edge(proposal: Proposal) -> PastMemoryEdge | None:
@@ -157,18 +163,19 @@ def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
     return None if reason is None else PredictedOom(reason)
 
 
-def known_before(proposal: Proposal) -> Refusal | None:
-    """A flag the node's GPU cannot run, or a KV pool the baseline's memory report says is too small for
-    the longest prompt (autotune.study.before_launch)."""
-    options, run = proposal.run.options, proposal.run
-    gpu, memory = options.remember_incompatible, options.preflight
-    trial, facts, trials = proposal.trial, proposal.facts, proposal.trials
-    return known_before_launch(run.study, run.optuna_study, trial, facts, trials, gpu=gpu, memory=memory)
+def kv_pool_too_small(proposal: Proposal) -> Refusal | None:
+    """A KV pool the baseline's memory report says is too small for the longest prompt
+    (autotune.study.before_launch)."""
+    run = proposal.run
+    if not run.options.preflight:
+        return None
+    return kv_pool_before_launch(run.study, run.optuna_study, proposal.trial, proposal.trials)
 
 
 # In order: the cheap checks on the settings first, then those that need the launch built.
 GATES: tuple[Gate, ...] = (
-    known_before,
+    gpu_cannot_run,
+    kv_pool_too_small,
     known_incompatible,
     past_memory_edge,
     forbidden_launch,
