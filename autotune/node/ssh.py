@@ -1,15 +1,8 @@
 """GPU nodes reached over SSH: a Fabric command runner (the address is parsed in `autotune.config.hosts`).
 
-`SSHCommandRunner` implements `CommandRunner` for a remote node: the server starts there in its own
-session (`setsid`) with its env exported shell-quoted, writes stdout and stderr to a log on the node, and
-is followed by copying the log's new bytes over SFTP into the trial's local log. Host keys are checked
-against a known-hosts file; an unknown key is refused unless the study file accepts it.
-
-A lost connection is a `NodeUnreachableError`. Stopping a server then reconnects (for `reconnect_s`);
-when the node still does not answer, the server is left behind and stopped on the next connection,
-after checking that its process group is still ours. Every started server is recorded in
-`servers.json` beside the node's local logs until it is stopped, so a new runner (a restarted actor)
-stops what a dead one left running.
+`SSHCommandRunner` starts the server in its own session on the node and copies its log's new bytes back
+over SFTP; a lost connection is a `NodeUnreachableError`, and every started server is recorded so that a
+new runner stops what a dead one left running. Details: docs/design.md, "SSH nodes".
 """
 
 from __future__ import annotations

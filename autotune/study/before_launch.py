@@ -2,16 +2,8 @@
 run (autotune.dialect.gpu_support), recorded with the study's known incompatibilities when a run starts
 (`remember_known_failures`), and a KV pool too small for the workload's longest prompt, from the
 baseline's own memory report. A proposal either rule refuses is recorded without a launch, as a known
-incompatibility or a predicted OOM; what neither is certain of is left to the launch.
-
-The KV pool, as SGLang sizes it (profile_max_num_token): what the static pool (`--mem-fraction-static` of the
-memory available before loading, P) holds beyond the weights and what was allocated before it, so at a
-fraction m below the baseline's m0 it is smaller by (m0 - m) * P. P is not logged, but the baseline's static
-pool held its weights and its KV pool, so P >= (weights + KV) / m0; that lower bound gives an upper bound on
-the smaller pool, so a pool predicted too small certainly is. A speculative draft only adds weights and KV
-per token (the bound still holds); other settings may free a little memory before the pool is sized (NCCL's
-buffers, custom all-reduce's workspace, the request-to-token table), hence SLACK_SHARE; a launch with another
-TP size, KV cache dtype, quantization, model or context length is not predicted from the baseline at all.
+incompatibility or a predicted OOM; what neither is certain of is left to the launch. Why the KV pool's
+bound is certain: docs/design.md, "The KV pool known before a launch".
 """
 
 from __future__ import annotations

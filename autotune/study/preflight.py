@@ -1,15 +1,9 @@
 """The pre-flight memory check: configs certain to run out of memory are recorded, never launched.
 
-It is conservative by construction, and predicts two things only:
-- SGLang's own check that the KV cache fits (KV_POOL_TOO_SMALL), in its weakest form. SGLang sizes the
-  KV pool as what the static pool (`--mem-fraction-static` of the GPU) holds beyond the weights and
-  everything allocated before them; when the weights alone exceed the pool, that is negative whatever
-  else is true, so the launch would certainly fail.
-- The memory edge a study met: a config that ran out of memory (at start-up or under the objective's
-  load) fails again with every other setting the same and a `--mem-fraction-static` at least as high, on
-  the same hardware: the KV pool only grows with the fraction, and everything else gets what it leaves.
-  A start-up failure holds whatever the flags that act only once the server serves (SERVING_ONLY_FLAGS).
-Anything less certain is left to the launch.
+Conservative by construction, it predicts two things only: SGLang's own KV cache check in its weakest form
+(the weights alone over the static pool), and the memory edge a study met (a config that ran out of memory
+fails again at a fraction no lower, all else the same). Why each is certain: docs/design.md, "The
+pre-flight memory check".
 """
 
 from __future__ import annotations

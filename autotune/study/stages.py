@@ -1,22 +1,8 @@
 """The NCCL all-reduce stage: a serving study's NCCL knobs tuned first, on all-reduces alone.
 
-A careful engineer measures the cheap things first: an all-reduce trial (`kind: nccl_allreduce`, the job
-`autotune.measure.nccl`) takes seconds, a server trial minutes. When the search space has NCCL knobs and
-the server runs tensor-parallel (--tp-size above 1), the study loop first runs this stage on the node: a
-study of its own (`<study>.nccl-stage`, in the same Optuna storage and MLflow store) whose trials all-reduce
-the messages the server will (`allreduce_messages`), one pass of coordinate ascent over the NCCL knobs
-(`CoordinateAscent`: NCCL's defaults first, then each knob's every value with the others at the best so
-far). Its best values are then held in every server trial (`staged` in autotune.study.samplers.tpe).
-A resumed study reuses a finished stage and continues an interrupted one; `nccl_stage: off` in the study
-file skips it.
-
-The messages and their weights follow the model and the workload, per request served as SGLang serves it
-by default: a decode step's hidden states (bf16, one token for each of the `concurrency` requests in
-flight, in a CUDA graph) per output token, shared by the requests of the step; and the prompt's prefill
-chunks (the server's --chunked-prefill-size). The benchmark times every message one way (CUDA-graph
-replay), so the prefill chunks' eager launch overhead, the same for every NCCL setting, is left out.
-Speculative decoding would replace decode steps by fewer verify passes of more tokens; the stage does not
-guess how many.
+An all-reduce trial takes seconds and a server trial minutes, so a tensor-parallel study with NCCL knobs
+tunes them first, by coordinate ascent on the all-reduces the server will make, and holds the best values
+in every server trial. What it measures, and why: docs/design.md, "The NCCL stage".
 """
 
 from __future__ import annotations
