@@ -104,15 +104,17 @@ Gate = Callable[[Proposal], Verdict | None]
 
 def gpu_cannot_run(proposal: Proposal) -> KnownIncompatible | None:
     """A value the node's GPU cannot run, known from the run's start on (study.before_launch)."""
-    known = proposal.run.known
-    blocked = known.blocking(proposal.trial.params, proposal.hardware, before_launch=True)
-    return None if blocked is None else KnownIncompatible(known.why(blocked))
+    return _known(proposal, before_launch=True)
 
 
 def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
     """A value that failed on the node's hardware before."""
+    return _known(proposal, before_launch=False)
+
+
+def _known(proposal: Proposal, *, before_launch: bool) -> KnownIncompatible | None:
     known = proposal.run.known
-    blocked = known.blocking(proposal.trial.params, proposal.hardware)
+    blocked = known.blocking(proposal.trial.params, proposal.hardware, before_launch=before_launch)
     return None if blocked is None else KnownIncompatible(known.why(blocked))
 
 
