@@ -7,17 +7,20 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.config import load_study
+from autotune.config import load_search_space, load_study
 from autotune.node.check import GPU, NodeReport
 from autotune.sim.model_node import server_memory
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.before_launch import gpu_cannot_run, kv_pool_too_small
+from autotune.study.before_launch import gpu_cannot_run, kv_pool_too_small, remember_known_failures
+from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import open_study
+from autotune.trial.failures import Failure, FailureKind
 from tests.builders import TRUST_OFF, StudyFiles, launched, model_pool, seed_node
 
 SEED_PROMPT = 28000  # the quickstart objective's prompts, the seed's
@@ -201,13 +204,6 @@ def test_a_value_the_gpu_cannot_run_is_checked_once_at_the_start_and_refused_wit
     """The GPU's abilities are read once, when a run starts: its known incompatibilities hold each value
     with SGLang's reason, and a proposal of one is refused from there, before the KV pool check; a value
     that failed on the hardware is refused after it, in the words it was learned with."""
-    import optuna
-
-    from autotune.config import load_search_space
-    from autotune.study.before_launch import remember_known_failures
-    from autotune.study.incompatible import KnownIncompatibilities
-    from autotune.trial.failures import Failure, FailureKind
-
     space_file = tmp_path / "space.yaml"
     space_file.write_text(
         "parameters:\n  --enable-flashinfer-allreduce-fusion: {kind: sglang, type: bool}\n"
