@@ -38,7 +38,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,8 @@ from autotune.study.loop import StudyDriver
 from autotune.study.preflight import predicted_oom
 from autotune.study.records import FAILURE_KIND_ATTR
 from autotune.trial.failures import is_fatal_line
-from autotune.trial.launch import ServerLaunch
+from autotune.trial.launch import Flags
+from autotune.trial.redaction import Secrets
 from autotune.trial.wire import TrialRequest
 
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -297,15 +298,16 @@ def sample_rejections(hardware_name: str, model_name: str, samples: int, seed: i
             params = landscape.random_params(rng, keep_default=0.5)
             config = landscape.space.suggest(optuna.trial.FixedTrial(params))
             launch = landscape.study.server_launch(config)
-            argv = _with_flags(
-                launch.argv,
+            flags = _with_flags(
+                launch.flags,
                 {
                     "--tp-size": str(rng.choice([2, 4, 8])),
                     "--mem-fraction-static": f"{rng.uniform(rng.choice([0.3, 0.65]), 0.95):.3f}",
                 },
             )
-            rejects = predicted_oom(argv, facts.gpu_memory_gb, model.weight_gb) is not None
-            request = TrialRequest(0, ServerLaunch(argv, launch.env, "127.0.0.1", 30000), workload, 1.0, 1.0)
+            rejects = predicted_oom(flags, facts.gpu_memory_gb, model.weight_gb) is not None
+            server = replace(launch, flags=flags, host="127.0.0.1", port=30000, secrets=Secrets())
+            request = TrialRequest(0, server, workload, 1.0, 1.0)
             result = executor.run(request)
             started = result.failure is None or result.benchmark_s is not None
             start_oom = not started and result.failure is not None and result.failure.kind.is_oom
@@ -316,14 +318,15 @@ def sample_rejections(hardware_name: str, model_name: str, samples: int, seed: i
     return Rejections(hardware_name, model_name, samples, rejected, false, ooms, let_through)
 
 
-def _with_flags(argv: tuple[str, ...], flags: dict[str, str]) -> tuple[str, ...]:
-    """`argv` with each of `flags` set to its value (replaced where present, appended where not)."""
-    out = list(argv)
-    for name, value in flags.items():
-        if name in out:
-            out[out.index(name) + 1] = value
+def _with_flags(flags: Flags, values: dict[str, str]) -> Flags:
+    """`flags` with each of `values` set (the first such flag replaced where present, appended where not)."""
+    out = list(flags)
+    for name, value in values.items():
+        at = next((i for i, (flag, _) in enumerate(out) if flag == name), None)
+        if at is None:
+            out.append((name, value))
         else:
-            out += [name, value]
+            out[at] = (name, value)
     return tuple(out)
 
 

@@ -79,12 +79,13 @@ from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import samplers
 from autotune.study.preflight import predicted_oom
 from autotune.study.samplers import SAMPLERS
+from autotune.trial.memory_fraction import MEM_FRACTION
 
 BEST_KNOWN = BENCHMARKS / "best_known.json"
 RECOMPUTE = "python benchmarks/sample_efficiency.py --recompute-best"
 BEST_SAMPLES, BEST_ASCENTS = 2000, 6
 QUICK_SAMPLES, QUICK_ASCENTS = 150, 0
-MEM_FRACTION, GRAPH_BS = "--mem-fraction-static", "--cuda-graph-max-bs-decode"
+GRAPH_BS = "--cuda-graph-max-bs-decode"
 GROUP_ORDER = ("nccl", "sglang", "speculative")
 MUST_BUDGET, MUST_WITHIN, MAX_FAILED = 40, 0.95, 0.05
 DEFAULT_SAMPLER = SamplerSpec().name
@@ -198,8 +199,8 @@ def grid_plan(space: SearchSpace, budget: int, profile: Profile) -> list[dict[st
     facts = node_report("node", hardware, model)
 
     def launches(fraction: float) -> bool:
-        argv = ("--tp-size", str(profile.tp), MEM_FRACTION, str(fraction))  # the study's --tp-size
-        return predicted_oom(argv, facts.gpu_memory_gb, model.weight_gb) is None
+        flags = (("--tp-size", str(profile.tp)), (MEM_FRACTION, str(fraction)))  # the study's --tp-size
+        return predicted_oom(flags, facts.gpu_memory_gb, model.weight_gb) is None
 
     graph_sizes = [v for v in parameter_values(space, GRAPH_BS) if v is not None]
     mem_fractions = [f for f in parameter_values(space, MEM_FRACTION) if launches(f)]

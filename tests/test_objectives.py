@@ -368,15 +368,21 @@ def tokenizer_folder(tmp_path: Path) -> Path:
 @pytest.mark.integration
 def test_bench_serving_needs_a_local_tokenizer(tmp_path: Path) -> None:
     runner = LocalCommandRunner()
-    argv = ("python", "-m", "sglang.launch_server", "--model-path", str(tmp_path / "no-such-model"))
-    client = BenchServingRun(runner, "http://127.0.0.1:1", argv, None, 30)
+    launch = ServerLaunch(
+        ("python", "-m", "sglang.launch_server"),
+        {},
+        "127.0.0.1",
+        30000,
+        flags=(("--model-path", str(tmp_path / "no-such-model")),),
+    )
+    client = BenchServingRun(runner, "http://127.0.0.1:1", launch, None, 30)
     with pytest.raises(BenchmarkError) as info:
         client.measure(Workload(4, 10, 10, 2), 0)
     assert f"no tokenizer folder {tmp_path / 'no-such-model'}" in str(info.value)
     assert "bench_serving.tokenizer" in (info.value.first_error or "")
     (tmp_path / "empty").mkdir()
     client = BenchServingRun(
-        runner, "http://127.0.0.1:1", argv, BenchServingOptions(str(tmp_path / "empty")), 30
+        runner, "http://127.0.0.1:1", launch, BenchServingOptions(str(tmp_path / "empty")), 30
     )
     with pytest.raises(BenchmarkError, match="holds no tokenizer"):
         client.check_tokenizer()
@@ -387,7 +393,8 @@ def test_a_bench_serving_that_cannot_run_says_how_to_install_it(tmp_path: Path) 
     options = BenchServingOptions(
         str(tokenizer_folder(tmp_path)), (sys.executable, str(stand_in(tmp_path))), ("--fail",)
     )
-    client = BenchServingRun(LocalCommandRunner(), "http://127.0.0.1:1", ("python3",), options, 30)
+    launch = ServerLaunch(("python3",), {}, "127.0.0.1", 30000)
+    client = BenchServingRun(LocalCommandRunner(), "http://127.0.0.1:1", launch, options, 30)
     with pytest.raises(BenchmarkError) as info:
         client.measure(Workload(4, 10, 10, 2), 0)
     assert "exit status 1" in str(info.value) and "pip install sglang --no-deps" in str(info.value)
@@ -401,7 +408,7 @@ SIM = SIM_SEED_ARGV
 
 def sim_request(plan: MeasurementPlan, port: int, number: int = 1) -> TrialRequest:
     launch = ServerLaunch(
-        argv=(*SIM, "--host", "127.0.0.1", "--port", str(port)),
+        command=(*SIM, "--host", "127.0.0.1", "--port", str(port)),
         env={"SGLANG_SIM_TIME_SCALE": "0.01", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"},
         host="127.0.0.1",
         port=port,

@@ -15,8 +15,8 @@ from autotune.config.objective import METRICS
 from autotune.errors import AutotuneError
 from autotune.study.records import TrialRecord, prefix_cache_text
 from autotune.study.rules import is_feasible, trial_config
-from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, to_arg
-from autotune.trial.redaction import REDACTED, argv_secrets, is_secret_name
+from autotune.trial.launch import ServerLaunch, TrialConfig, is_set, launch_script, redact_argv, to_arg
+from autotune.trial.redaction import REDACTED, is_secret_name
 
 if TYPE_CHECKING:  # the study's answer loads Optuna: only the commands that read a study import it
     from autotune.study.remeasure import RemeasuredAnswer
@@ -388,7 +388,7 @@ def _best_record(
         "params": {name: value for name, value in config.params.items() if is_set(value)},
         "derived": dict(config.derived),
         "launch": {
-            "argv": [REDACTED if flag else token for token, flag in argv_secrets(launch.argv)],
+            "argv": redact_argv(launch),
             "env": {
                 k: REDACTED if is_secret_name(k) else study.secrets.redact(v) for k, v in launch.env.items()
             },

@@ -525,10 +525,11 @@ class Study:
         server = self.file.server
         unset = {error.value for error in self.unset_env}  # still `${NAME}` as written: no value to hide
         flags = {f: v for f, v in server.flags.items() if v not in unset}
-        argv = [*server.command, *(t for f, v in flags.items() for t in (f, v) if t is not None)]
         env = {k: v for k, v in server.env.items() if v not in unset}
         referenced = [os.environ[name] for name in self.env_references if name in os.environ]
-        own = Secrets.of(env={**os.environ, **env}, argv=argv, values=referenced)
+        own = Secrets.of(
+            env={**os.environ, **env}, argv=server.command, flags=flags.items(), values=referenced
+        )
         return own if self.derived_from is None else own | self.derived_from.secrets
 
     def check_flags(self, node_tables: Sequence[FlagTable] = ()) -> None:
@@ -628,7 +629,8 @@ class Study:
             raise ValueError(f"`allreduce` must be set for a job launch, but {objective.name!r} has none.")
         command = server.command if "command" in server.model_fields_set else JOB_COMMANDS[objective.kind]
         launch = ServerLaunch(
-            argv=(*command, *objective.allreduce.settings().to_argv()),
+            command=tuple(command),
+            flags=objective.allreduce.settings().flags(),
             env={**server.env, **config.env},
             host=server.host,
             port=AUTO_PORT,  # a job listens nowhere

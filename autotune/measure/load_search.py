@@ -1,20 +1,9 @@
 """The highest load at which an SLO holds, searched on one launch.
 
-Like the request-rate sweeps users run with `sglang.bench_serving --request-rate` and AIPerf's and
-inference-perf's "maximum load under an SLA": starting at `start`, the load (requests per second, or
-requests in flight) doubles while a step meets the SLO and halves while it misses, which brackets the
-answer; then the bracket is bisected until it is narrower than `tolerance` of the highest pass (one request
-in flight for concurrency) or `steps` benchmarks ran. A step passes when at least `attainment` of its
-requests met the workload's SLO and none failed. The result is the highest passing step's, with every step
-kept in `levels`; a step whose benchmark fails (the server died, or timed out) counts as a miss, and the
-search stops at the second failure in a row. Only when no step measured anything does the trial fail.
-
-`max_load` is where the SLO attainment crosses `attainment` between the highest pass and the lowest miss,
-interpolated linearly on the two steps' attainment (as vLLM's `serve_sla` solves for the crossing of its SLA
-margin; between two points its monotone spline is this line): a continuous value, so two configs whose
-search stopped at the same bracket are still told apart by how far past the threshold each one held. When
-the lowest miss lost requests (errors, a dying server) it says nothing about latency, and `max_load` is the
-highest pass. A search that ran out of `steps` before its tolerance says so in `load_warning`.
+The load doubles while a step meets the SLO and halves while it misses, then the bracket is bisected;
+`max_load` interpolates where the SLO attainment crosses its threshold, so that configs whose search
+stopped at the same bracket are still told apart. The steps, failures, and the peers it follows:
+docs/design.md, "Load search".
 """
 
 from __future__ import annotations

@@ -2,19 +2,10 @@
 
     python -m autotune.measure.nccl --messages 42K:122,14K:0 --gpus 2
 
-starts one process per GPU (torch.distributed, NCCL backend, the caller's NCCL_* environment). Each
-checks that an all-reduce sums correctly, warms up eagerly (which creates NCCL's connections), captures
-`graph_iters` all-reduces of each message size in a CUDA graph and times `replays` replays of it with CUDA
-events, `repeats` times; a repeat's figure is the slowest rank's. It prints one line
-`AUTOTUNE_RESULT {...}` (see `autotune.node.job`) with each size's mean and 95% interval in microseconds per
-all-reduce, their weighted mean `allreduce_us`, and the GPU memory NCCL took, then exits 0.
-
-Graph capture of NCCL all-reduces has been seen to hang (torch 2.11, shared/reference/nccl.md), so it
-runs under `capture_timeout_s`: when it does not finish, or fails, every rank is stopped and the whole
-measurement is made again eagerly, which the result says in `timing` and `note`. Any other failure (a
-bad NCCL setting, wrong sums, out of memory) prints its traceback and exits non-zero, for
-`autotune.trial.failures` to classify. Each rank logs its phases with their times, so a hang's log says
-where it began. Torch is imported only in the GPU processes.
+It prints one line `AUTOTUNE_RESULT {...}` (see `autotune.node.job`) with each message size's time per
+all-reduce and their weighted mean `allreduce_us`, or exits non-zero for `autotune.trial.failures` to
+classify; a graph capture that does not finish is measured again eagerly. How it measures, and why:
+docs/design.md, "The NCCL benchmark".
 """
 
 from __future__ import annotations
@@ -160,12 +151,16 @@ class BenchSettings:
                     f"a {self.dtype} message must be a multiple of {element} bytes, but got {message.bytes}."
                 )
 
-    def to_argv(self) -> list[str]:
-        argv = ["--messages", ",".join(m.spec() for m in self.messages)]
+    def flags(self) -> tuple[tuple[str, str], ...]:
+        """The job's command-line options, each with its value, in the order `to_argv` writes them."""
+        options = [("--messages", ",".join(m.spec() for m in self.messages))]
         for setting in _SETTINGS:
             value = getattr(self, setting.name)
-            argv += [_option(setting), f"{value:g}" if isinstance(value, float) else str(value)]
-        return argv
+            options.append((_option(setting), f"{value:g}" if isinstance(value, float) else str(value)))
+        return tuple(options)
+
+    def to_argv(self) -> list[str]:
+        return [word for option in self.flags() for word in option]
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> BenchSettings:

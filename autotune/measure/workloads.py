@@ -1,23 +1,8 @@
 """What a benchmark sends and when: prompts from a file or random ids, their lengths, and arrival times.
 
-A prompts file is JSONL (one object a line: `text` or `input_ids`, optionally `output_len`) or ShareGPT's
-JSON (a list of `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}`, the
-first human turn the prompt and the reply's length the output length, as `sglang.bench_serving`'s
-`sharegpt` dataset reads it). The client has no tokenizer: a text's length is its whitespace-separated
-words, the rule the simulated server counts tokens by too.
-
-Arrivals are SGLang bench_serving's: every request at once (then `concurrency` bounds what is in flight), or
-at `request_rate` requests per second with gamma-distributed gaps of shape `burstiness` (1.0: Poisson, the
-exponential gaps of bench_serving's `get_request`; below 1 burstier, above 1 more even), still at most
-`concurrency` in flight.
-
-Three workloads share token prefixes, so that a server's radix cache can serve part of each prompt
-(`autotune.measure.sharing`): `shared_prefix` (groups of prompts behind one system prompt, bench_serving's
-generated-shared-prefix dataset), `sessions` (multi-turn conversations, each turn re-sending the whole
-context) and `trace` (a Mooncake-style JSONL trace whose `hash_ids` name the shared blocks).
-
-`Workload` is both what a study file's `workload:` section is validated into and what a node receives: one
-type, so one rule for each field (warm-up included: only a launch's first benchmark warms the server up).
+`Workload` is both what a study file's `workload:` section is validated into and what a node receives:
+one type, so one rule for each field. The prompt files, the arrivals and the workloads that share
+prefixes: docs/design.md, "Workloads", and docs/workloads.md.
 """
 
 from __future__ import annotations

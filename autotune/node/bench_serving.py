@@ -19,7 +19,7 @@ from typing import Any
 from autotune.measure.client import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload
 from autotune.measure.plan import BenchServingOptions
 from autotune.node.runner import CommandRunner
-from autotune.trial.redaction import server_api_key
+from autotune.trial.launch import ServerLaunch
 
 __all__ = [
     "BENCH_SERVING_ENV",
@@ -220,28 +220,26 @@ def _tail(text: str) -> str | None:
 class BenchServingRun:
     """Runs bench_serving for one launch through `runner`: `measure(workload, seed)` per benchmark.
 
-    `launch_argv` is the server's command line: the tokenizer defaults to its `--model-path`, the
-    client's Python to the server's when the server is started as `PYTHON -m ...`, and its `--api-key`
-    reaches bench_serving as `OPENAI_API_KEY`, which it sends as `Authorization: Bearer`.
+    `launch` is the server's: the tokenizer defaults to its `--model-path`, the client's Python to the
+    server's when the server is started as `PYTHON -m ...`, and its `--api-key` reaches bench_serving as
+    `OPENAI_API_KEY`, which it sends as `Authorization: Bearer`.
     """
 
     def __init__(
         self,
         runner: CommandRunner,
         base_url: str,
-        launch_argv: Sequence[str],
+        launch: ServerLaunch,
         options: BenchServingOptions | None,
         timeout_s: float,
     ) -> None:
         options = options or BenchServingOptions()
-        argv = list(launch_argv)
-        python = argv[0] if len(argv) >= 2 and argv[1] == "-m" else "python3"
+        python = launch.python
         self.runner = runner
         self.base_url = base_url.rstrip("/")
         self.python = python
         self.base = list(options.command) if options.command else [python, "-m", MODULE]
-        model_path = argv[argv.index("--model-path") + 1] if "--model-path" in argv[:-1] else None
-        tokenizer = options.tokenizer or model_path
+        tokenizer = options.tokenizer or launch.model_path
         if tokenizer is None:
             raise BenchmarkError(
                 "of sglang.bench_serving has no tokenizer: the launch has no --model-path",
@@ -250,7 +248,7 @@ class BenchServingRun:
         self.tokenizer = tokenizer
         self.extra_args = list(options.extra_args)
         self.timeout_s = timeout_s
-        key = server_api_key(argv)
+        key = launch.api_key
         self.key_env = {API_KEY_ENV: key} if key else {}
         self._checked = False
 

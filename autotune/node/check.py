@@ -17,6 +17,7 @@ from typing import Any
 from autotune.dialect import FlagTable, committed_table, table_from_help
 from autotune.errors import AutotuneError
 from autotune.node.runner import CommandRunner, NodeUnreachableError
+from autotune.trial.launch import benchmark_python
 
 __all__ = [
     "GPU",
@@ -149,11 +150,6 @@ class NodeCheckError(AutotuneError):
         lines = ["node check failed before any trial ran:"]
         lines += [f"  {r.node}: {problem}" for r in self.reports for problem in r.problems]
         super().__init__("\n".join(lines))
-
-
-def benchmark_python(argv: Sequence[str]) -> str:
-    """The node's Python for the benchmark: the server command's interpreter when it is `PY -m ...`."""
-    return argv[0] if len(argv) >= 2 and argv[1] == "-m" else "python3"
 
 
 def check_node(

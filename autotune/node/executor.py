@@ -41,7 +41,6 @@ from autotune.node.check import (
     NodeCheckError,
     NodeProblem,
     NodeReport,
-    benchmark_python,
     check_node,
     model_folder_problems,
     port_problems,
@@ -60,7 +59,6 @@ from autotune.node.runner import (
 from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import AUTO_PORT, ServerLaunch
-from autotune.trial.redaction import server_api_key
 from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
 
 # SGLang needs 10 to 15 s to stop cleanly before the process group is killed.
@@ -191,7 +189,7 @@ class TrialExecutor:
         outcome = wait_until_ready(
             process,
             log_path,
-            None if self.benchmark_on_node else lambda: _health_ok(url, server_api_key(request.launch.argv)),
+            None if self.benchmark_on_node else lambda: _health_ok(url, request.launch.api_key),
             request.startup_timeout_s,
             on_phase=self._enter,
         )
@@ -305,7 +303,7 @@ class TrialExecutor:
             client = BenchServingRun(
                 self.runner,
                 _node_local_url(launch),
-                launch.argv,
+                launch,
                 plan.bench_serving,
                 request.benchmark_timeout_s,
             )
@@ -322,17 +320,17 @@ class TrialExecutor:
                 request.serving_workload,
                 timeout_s=request.benchmark_timeout_s,
                 seed=request.seed,
-                api_key=server_api_key(launch.argv),
+                api_key=launch.api_key,
             )
         argv = remote_benchmark.command(
-            benchmark_python(launch.argv),
+            launch.python,
             _node_local_url(launch),
             request.serving_workload,
             request.benchmark_timeout_s,
             request.seed,
         )
 
-        key = server_api_key(launch.argv)
+        key = launch.api_key
         key_env = {API_KEY_ENV: key} if key else {}
 
         def on_node() -> BenchmarkResult:
@@ -451,7 +449,7 @@ async def _settle() -> None:
 
 def _node_local_url(launch: ServerLaunch) -> str:
     """The server's URL from the node itself (a server listening on every address, via loopback)."""
-    return ServerLaunch(launch.argv, launch.env, reachable_here(launch.host), launch.port).base_url
+    return replace(launch, host=reachable_here(launch.host)).base_url
 
 
 def _health_ok(base_url: str, api_key: str | None = None) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from autotune.node.runner import ServerProcess, bytes_from
 from autotune.node.startup_phases import StartupPhaseReader
 from autotune.trial.failures import Failure, FailureKind, classify, is_fatal_line
+from autotune.trial.memory_fraction import MEM_FRACTION
 
 __all__ = [
     "READY_LINE",
@@ -131,7 +132,7 @@ def _field(name: str, number: str) -> re.Pattern[str]:
 
 _FLOAT, _INT = r"[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]+)?", r"-?\d+"
 _FLAT: dict[str, tuple[re.Pattern[str], ...]] = {
-    "--mem-fraction-static": (_field("mem_fraction_static", _FLOAT),),
+    MEM_FRACTION: (_field("mem_fraction_static", _FLOAT),),
     "--chunked-prefill-size": (_field("chunked_prefill_size", _INT),),
     "--cuda-graph-max-bs-decode": (
         _field("cuda_graph_max_bs_decode", _INT),
@@ -256,21 +257,11 @@ def wait_until_ready(
     *,
     on_phase: Callable[[str], None] | None = None,
 ) -> StartupOutcome:
-    """Watch a starting server until it is ready, fails, or `timeout_s` passes.
-
-    READY when the ready line appears in the log or `ready_check()` returns True (an OSError from it
-    counts as not ready). FAILED within 2 s of the first fatal log line (it reads on 0.8 s for the root
-    cause), even if the process keeps running, or as soon as the process exits before ready; the
-    failure is classified from the log (UNKNOWN_CRASH with the exit status when no pattern matches).
-    TIMEOUT (STARTUP_TIMEOUT) otherwise.
-    Reading starts at `process.log_offset` when `log_path` is the process's own log (read through the
-    process, so a remote log is fetched as it grows), else at 0.
-    `on_phase` is called once each with "loading", "capturing" and "ready" as they are seen; a
-    STARTUP_TIMEOUT names the last phase marker seen (a second graph's capture after the first's end
-    is "capture_cuda_graph_begin").
-    `ready_check` runs once per poll while nothing failed, so it should answer within a fraction of a
-    second (an HTTP GET /health with a short timeout). Never stops the process: the caller does.
-    """
+    """Watch a starting server until it is ready, fails, or `timeout_s` passes: READY on the ready line or
+    `ready_check()`; FAILED soon after the first fatal log line, or when the process exits before ready,
+    classified from the log; TIMEOUT (STARTUP_TIMEOUT) otherwise, naming the last phase seen. `on_phase` hears
+    "loading", "capturing" and "ready"; the process is never stopped here. The whole contract:
+    docs/design.md, "Waiting for a server"."""
     start = time.monotonic()
     log_path = Path(log_path)
     follower = follow_log(process) if log_path == process.log_path else LogFollower(log_path)

@@ -1,15 +1,8 @@
 """GPU nodes reached over SSH: a Fabric command runner (the address is parsed in `autotune.config.hosts`).
 
-`SSHCommandRunner` implements `CommandRunner` for a remote node: the server starts there in its own
-session (`setsid`) with its env exported shell-quoted, writes stdout and stderr to a log on the node, and
-is followed by copying the log's new bytes over SFTP into the trial's local log. Host keys are checked
-against a known-hosts file; an unknown key is refused unless the study file accepts it.
-
-A lost connection is a `NodeUnreachableError`. Stopping a server then reconnects (for `reconnect_s`);
-when the node still does not answer, the server is left behind and stopped on the next connection,
-after checking that its process group is still ours. Every started server is recorded in
-`servers.json` beside the node's local logs until it is stopped, so a new runner (a restarted actor)
-stops what a dead one left running.
+`SSHCommandRunner` starts the server in its own session on the node and copies its log's new bytes back
+over SFTP; a lost connection is a `NodeUnreachableError`, and every started server is recorded so that a
+new runner stops what a dead one left running. Details: docs/design.md, "SSH nodes".
 """
 
 from __future__ import annotations
@@ -23,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -470,7 +464,7 @@ class SSHCommandRunner(CommandRunner):
     def url_for(self, launch: ServerLaunch) -> str:
         """The server's URL from this machine: the node's address where it listens on all or loopback."""
         if is_any_address(launch.host) or is_loopback(launch.host):
-            return ServerLaunch(launch.argv, launch.env, self.address.host, launch.port).base_url
+            return replace(launch, host=self.address.host).base_url
         return launch.base_url
 
     # -- paths and logs ------------------------------------------------------------------------------

@@ -1,18 +1,8 @@
 """Where a server's start-up went, read from its log: distributed init, weight load, KV pool, CUDA-graph
 capture, and the time to ready.
 
-SGLang says how long some phases took (`elapsed=` on 0.5.17+, `Time elapsed:` on the old graph line);
-the others are read from the log's own timestamps (`[2026-12-01 10:00:09 TP0] ...`), which a remote log
-fetched in batches keeps, and from when the line was seen where a line has no timestamp. The lines
-(reference/sglang.md and sglang-versions.md, "Exact real log strings"):
-    Init torch distributed ends. elapsed=1.23 s, mem usage=0.75 GB             (0.5.17+; before: no elapsed)
-    Load weight begin. avail mem=139.20 GB
-    Load weight end. elapsed=4.12 s, type=LlamaForCausalLM, avail mem=...     (0.5.17+; 0.5.4: no elapsed)
-    KV Cache is allocated. dtype: torch.bfloat16, #tokens: 3806725, ...
-    Memory pool end. avail mem=20.71 GB
-    Capture target decode CUDA graph end. elapsed=72.68 s, mem usage=...      (0.5.17; 0.5.23 adds bs=[...])
-    Capture cuda graph end. Time elapsed: 88.12 s. mem usage=...              (0.5.4)
-    The server is fired up and ready to roll!
+SGLang's own `elapsed=` where it says it, else the log's timestamps. The log lines it reads, version by
+version: docs/design.md, "Start-up phases".
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ _PROBE = (
     "awk '/^MemAvailable:/ {printf \"%d\\n\", $2 * 1024}' /proc/meminfo; "
     "find -L \"$1\" -maxdepth 1 -name '*.safetensors' -printf '%s\\n' 2>/dev/null | sort -n | tail -n 1"
 )
-_TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
 
 
 @dataclass(frozen=True)
@@ -44,24 +43,23 @@ def prepare_launch(
         launch = replace(
             launch, env={**launch.env, **compile_cache_env(runner.node_path(cache_folder), launch.env)}
         )
-    argv = list(launch.argv)
-    if LOADER_FLAG not in argv[:-1]:
+    text = launch.flag(LOADER_FLAG)
+    if text is None:
         return launch, notes
-    at = argv.index(LOADER_FLAG) + 1
     try:
-        config = json.loads(argv[at])
+        config = json.loads(text)
     except ValueError:
         return launch, notes  # the user's own text: SGLang says what is wrong with it
     if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
         return launch, notes
-    memory = host_memory(runner, _flag_value(argv, ("--model-path", "--model")))
+    memory = host_memory(runner, launch.model_path)
     if memory is None:
         return launch, notes
-    fitted, note = loader_for_memory(config, _ranks(argv), memory)
+    fitted, note = loader_for_memory(config, _ranks(launch), memory)
     if note is not None:
-        argv[at] = json.dumps(fitted)
+        launch = launch.with_flag(LOADER_FLAG, json.dumps(fitted))
         notes.append(note)
-    return replace(launch, argv=tuple(argv)), notes
+    return launch, notes
 
 
 def loader_for_memory(
@@ -103,12 +101,9 @@ def host_memory(runner: CommandRunner, model_path: str | None) -> HostMemory | N
     return HostMemory(int(words[0]), int(words[1]))
 
 
-def _flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
-    found = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token in names]
-    return found[-1] if found else None
-
-
-def _ranks(argv: list[str]) -> int:
+def _ranks(launch: ServerLaunch) -> int:
     """The server's tensor-parallel ranks: each runs a loader of its own over every shard."""
-    value = _flag_value(argv, _TP_FLAGS)
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else 1
+    try:
+        return max(launch.tensor_parallel_size, 1)
+    except ValueError:
+        return 1

@@ -1,14 +1,8 @@
 """How predictable a request's text is to a draft model, from its prompt alone.
 
-A draft model is a small language model: it guesses the target's next tokens well where the text follows
-the patterns of a language, and badly on noise. The simulated server counts a prompt token as predictable
-when it is one of the most common English words (the scaffolding of a sentence, which a draft rarely
-misses) or when it repeats the pair of tokens it forms with the one before (a phrase, name or code line
-said again). The share of predictable tokens is the prompt's predictability, and the request's draft
-tokens are accepted with 1 - (1 - rate) * (1 - predictability), where `rate` is the draft profile's,
-calibrated on random token ids. A prompt sent as token ids has no words the simulation can read, so its
-predictability is 0 and its figures stay the profile's. The prompt stands in for the answer, whose text
-the simulation does not generate: an answer is written in the language of its question.
+A prompt token counts as predictable when it is a common English word or repeats a pair of tokens said
+before; the share of such tokens raises the draft profile's acceptance rate. Why, and where it stops:
+docs/design.md, "Draft predictability".
 """
 
 from __future__ import annotations

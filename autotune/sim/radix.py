@@ -1,16 +1,9 @@
 """SGLang's radix (prefix) cache as the simulated scheduler keeps it: prompts' leading tokens kept in the KV
 pool after their request, matched by later prompts, evicted least recently used first.
 
-SGLang's RadixAttention (Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs",
-NeurIPS 2024, arXiv:2312.07104, section 3) keeps every finished request's KV in a radix tree over token ids;
-a new request reuses its longest cached prefix and prefills only the rest; when the pool needs room it
-evicts leaves, least recently used first; `--disable-radix-cache` turns it off. What is taken from it here
-is the mechanism (what is saved is the prefill of the matched tokens, whose cost the calibrated prefill step
-already gives), not a speed-up figure: the paper's up-to-6.4x comes out of the workload, not a constant.
-
-The simulated tree holds blocks of BLOCK tokens (or the page size, when larger), each named by the hash of
-its tokens and of every block before it, so a block matches only behind the same prefix, as a tree node
-does. So a match is whole blocks: up to BLOCK - 1 tokens shorter than SGLang's page-size-1 match.
+Blocks of BLOCK tokens are named by the hash of their tokens and of every block before them, so a block
+matches only behind the same prefix. What it takes from SGLang's RadixAttention, and what not:
+docs/design.md, "The radix cache".
 """
 
 from __future__ import annotations

@@ -1,64 +1,9 @@
 """A simulated SGLang server, 0.5.17 or 0.5.23: `python -m autotune.sim.sglang_server [sglang serve flags]`.
 
-It stands in for `sglang serve` (`python -m sglang.launch_server`) with the same command line: it parses
-SGLang's flags (argparse's exit 2 on an unknown one), prints SGLang's startup log with real-time pauses, dies
-with SGLang's exact fatal lines and exit status, serves SGLang's HTTP API, and generates fake tokens at the
-pace the performance model (`autotune.sim.model`) gives for the launch settings and NCCL environment.
-
-Simulator-only settings come from the environment:
-
-- `SGLANG_SIM_VERSION`: the SGLang release to emulate, `0.5.17` (default) or `0.5.23`: its flags, its log
-  wording and its behaviour (`autotune.sim.versions`).
-- `SGLANG_SIM_HARDWARE`: hardware profile name or YAML path (default `rtx-pro-6000-pcie-x8`).
-- `SGLANG_SIM_MODEL`: model profile name or YAML path (default: the model at `--model-path`, as its
-  config.json and weights describe it, `autotune.sim.model_folder`; `kimi-k2.5-int4` where the folder has
-  no config.json).
-- `SGLANG_SIM_TIME_SCALE`: positive float, default 1.0; every modelled duration (init, weight loading,
-  graph capture, each scheduler step) lasts its model length times this in real time. 0.001 makes a
-  ten-minute weight load take 0.6 s.
-- `SGLANG_SIM_STARTUP_TIME_SCALE`: the scale of start-up alone (init, weight loading, graph capture),
-  default `SGLANG_SIM_TIME_SCALE`. Start-up does not enter the benchmark, so it can run faster than
-  serving.
-- `SGLANG_SIM_SEED`: integer seed of the run-to-run noise (default: `--random-seed`, else a fresh seed per
-  launch, as two launches of a real server differ).
-- `SGLANG_SIM_NOISE`: run-to-run noise: `off` (the default: deterministic), `calibrated` (the hardware
-  profile's `noise` section, from the real H200 runs; autotune.sim.model.noise), or a relative spread of
-  a launch's speed, e.g. 0.03.
-- `SGLANG_SIM_LEASE`: the lease (machine, session) the launch runs on, for calibrated noise (default 0).
-- `SGLANG_SIM_FAULT`: comma-separated test faults: `hang_load` (weight loading stops making progress at
-  about 19% and the server never becomes ready), `crash_benchmark[:N]` (after N tokens generated once the
-  server is ready, default 200, it logs a CUDA error and dies with `os._exit(1)`), `slow_health`
-  (`/health` and `/health_generate` take 2 real seconds to answer), `linger` (after a fatal line the
-  process stays alive and stops answering, as the seed's server did, instead of killing its tree).
-- `SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE=1` and `NCCL_*`: read by the model from the environment, after the
-  defaults SGLang sets itself when they are unset (`NCCL_CUMEM_ENABLE`, `NCCL_NVLS_ENABLE`; see
-  `sglang_environment`).
-
-Conventions. Durations the server reports (log lines, `e2e_latency`, `last_gen_throughput`) are in model
-time, what the real node would report; a client's own clock sees them multiplied by the time scale, which
-`/get_server_info` returns as `time_scale`. Each streamed chunk's `meta_info` also carries the model clock
-(`sim_received`, `sim_time`: seconds since the launch when the request came and when the chunk's tokens were
-made; not SGLang's). SGLang's warm-up waits one real second (a host-side sleep, not
-GPU work) before its first request, so that wait is not scaled. The fake tokenizer counts one token per
-whitespace-separated word of a text prompt; `input_ids` count as given. There is no EOS: every request
-generates exactly its `max_new_tokens`.
-
-Fidelity of measured throughput: a client that times the server by its own clock adds its own overhead
-(about a millisecond per request, more on a busy machine) magnified by 1 / time scale: at 0.05 a benchmark
-of the default launch lands within about 4% of the model's answer, at 0.01 within about 10%. autotune's
-client times a simulated server by the chunks' model clock instead, so its figures are the model's at any
-scale, the same on every run of a seeded launch: when requests end, the next step waits (until nothing has
-happened for 0.25 s of wall time) for the client's next ones, so a closed loop's reply takes no model time and
-the batches do not depend on when a request happened to arrive (`serving.Serving.run_engine`); a session's
-think time shorter than that wait counts as none. 0.001 is for startup and failure tests.
-
-Exit statuses: 0 after SIGTERM or SIGINT; -9 (SIGKILL of itself, as SGLang's launcher kills its own
-tree) after a startup failure or an out-of-memory under load; 1 for `crash_benchmark`, for a `ValueError`
-SGLang raises while handling its arguments, and for a bad simulator setting; 2 for an argparse error.
-
-The process is put together from `autotune.sim.server`: `options` (the `SGLANG_SIM_*` settings and the
-arguments SGLang resolves), `startup` (the start-up phases), `serving` (the engine in real time), `api`
-(the HTTP routes) and `ranks` (the scheduler ranks' log prefixes and fatal exits).
+It stands in for `sglang serve` with the same command line, log lines, fatal messages and HTTP API, and
+generates tokens at the pace the performance model (`autotune.sim.model`) gives, so that a study runs, and
+the tests launch a real process, without a GPU. Its SGLANG_SIM_* settings and how it follows real SGLang:
+docs/design.md, "The simulated server".
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The best config's gain over the baseline, split by parameter: revert one changed parameter at a time.
 
-`autotune ablate` plans one trial per parameter the best config changed, each the best config with that
-parameter reverted to the baseline's value (unset, or off), enqueues them in the study with the user attrs
-`ablation_of` (the best trial's number) and `ablation_param`, and runs them through the normal study loop:
-they are ordinary trials to Optuna, and to MLflow trial runs named and tagged as ablations (`ablation_of`
-tells the study loop's observers). What a reverted parameter was worth is the best trial's value minus the
-ablation trial's.
-
-A parameter whose search space has a "leave it to SGLang/NCCL" value (`null` among its choices, or a
-bool's false) goes back to it. One without (a range such as `--mem-fraction-static`) goes back to the value
-SGLang chose for itself in the baseline (recorded from its log: `SERVER_CHOICES_ATTR`), on the search
-space's step, as `autotune enqueue` fills such a knob; before the baseline recorded it, or when the best
-config already has that value, it is listed as not ablated.
+`autotune ablate` queues one ordinary study trial per parameter the best config changed, the best config
+with that one reverted to the baseline's value (unset, off, or for a range SGLang's own choice); what it
+was worth is the best trial's value minus that trial's. Details: docs/design.md, "Ablation".
 """
 
 from __future__ import annotations

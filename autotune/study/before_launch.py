@@ -1,16 +1,9 @@
 """Failures known before a launch, without having met them: a flag value the node's GPU architecture cannot
-run (autotune.dialect.gpu_support), and a KV pool too small for the workload's longest prompt, from the
+run (autotune.dialect.gpu_support), recorded with the study's known incompatibilities when a run starts
+(`remember_known_failures`), and a KV pool too small for the workload's longest prompt, from the
 baseline's own memory report. A proposal either rule refuses is recorded without a launch, as a known
-incompatibility or a predicted OOM; what neither is certain of is left to the launch.
-
-The KV pool, as SGLang sizes it (profile_max_num_token): what the static pool (`--mem-fraction-static` of the
-memory available before loading, P) holds beyond the weights and what was allocated before it, so at a
-fraction m below the baseline's m0 it is smaller by (m0 - m) * P. P is not logged, but the baseline's static
-pool held its weights and its KV pool, so P >= (weights + KV) / m0; that lower bound gives an upper bound on
-the smaller pool, so a pool predicted too small certainly is. A speculative draft only adds weights and KV
-per token (the bound still holds); other settings may free a little memory before the pool is sized (NCCL's
-buffers, custom all-reduce's workspace, the request-to-token table), hence SLACK_SHARE; a launch with another
-TP size, KV cache dtype, quantization, model or context length is not predicted from the baseline at all.
+incompatibility or a predicted OOM; what neither is certain of is left to the launch. Why the KV pool's
+bound is certain: docs/design.md, "The KV pool known before a launch".
 """
 
 from __future__ import annotations
@@ -27,8 +20,8 @@ from autotune.node.check import NodeReport
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.warm_start import known_failures
+from autotune.trial.memory_fraction import config_fraction, running_fraction
 
-MEM_FRACTION = "--mem-fraction-static"
 # Memory other settings may free before SGLang sizes the pool, as a share of the static pool's memory (the
 # simulated node's NCCL buffers and custom all-reduce workspace take 0.3-0.4 GB of 96 GB; 2% is 1.9 GB).
 SLACK_SHARE = 0.02
@@ -51,25 +44,13 @@ class Refusal:
     oom: bool
 
 
-def known_before_launch(
-    study: Study,
-    optuna_study: optuna.Study,
-    trial: optuna.Trial | FrozenTrial,
-    facts: NodeReport | None,
-    trials: Sequence[FrozenTrial],
-    *,
-    gpu: bool = True,
-    memory: bool = True,
+def kv_pool_before_launch(
+    study: Study, optuna_study: optuna.Study, trial: optuna.Trial | FrozenTrial, trials: Sequence[FrozenTrial]
 ) -> Refusal | None:
-    """Why `trial`'s proposal certainly fails on the node the check found `facts` on (`gpu`: a flag its GPU
-    cannot run; `memory`: a KV pool too small, from the baselines among the study's `trials`, as the gates
-    read them once a proposal), or None. A trial asked for on purpose (the baseline, a config queued by
-    hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
+    """Why `trial`'s proposal certainly leaves a KV pool too small, from the baselines among the study's
+    `trials` (as the gates read them once a proposal), or None. A trial asked for on purpose (the baseline,
+    a config queued by hand, a confirmation round: `TrialRecord.deliberate`) runs as asked."""
     if TrialRecord.of(trial).deliberate:
-        return None
-    if gpu and (refused := gpu_cannot_run(trial.params, facts)) is not None:
-        return refused
-    if not memory:
         return None
     return kv_pool_too_small(
         trial.params,
@@ -80,8 +61,9 @@ def known_before_launch(
     )
 
 
-def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> Refusal | None:
-    """A flag value among `params` that the node's GPU architecture cannot run (gpu_support.REQUIREMENTS)."""
+def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> str | None:
+    """Why a flag value among `params` cannot run on the node's GPU architecture (gpu_support.REQUIREMENTS),
+    in the words a refused proposal is recorded with, or None."""
     if facts is None or not facts.gpus:
         return None
     name = facts.gpus[0].name
@@ -92,21 +74,20 @@ def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> Re
     if found is None:
         return None
     flag, value, requirement = found
-    return Refusal(
+    return (
         f"known incompatible with this node ({name}, SM{capability[0]}{capability[1]}): {flag}={value}: "
-        f"{requirement.needs} (SGLang {requirement.source})",
-        oom=False,
+        f"{requirement.needs} (SGLang {requirement.source})"
     )
 
 
-def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> list[tuple[str, object]]:
-    """The (parameter, value) pairs of `space` the node's GPU architecture cannot run."""
-    return [
-        (name, value)
+def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> dict[tuple[str, object], str]:
+    """The (parameter, value) pairs of `space` the node's GPU architecture cannot run, each with why."""
+    found = {
+        (name, value): gpu_cannot_run({name: value}, facts)
         for name in space.spec.parameters
         for value in space.possible_values(name) or ()
-        if gpu_cannot_run({name: value}, facts) is not None
-    ]
+    }
+    return {pair: why for pair, why in found.items() if why is not None}
 
 
 def remember_known_failures(
@@ -116,10 +97,12 @@ def remember_known_failures(
     facts: NodeReport | None,
     hardware: str | None,
 ) -> str | None:
-    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run and those the
-    earlier study this one started from (`--from`) could not run on the same GPUs (the sampler then holds a
-    parameter left with one value, as after a failure); what to tell the user, when something is new."""
-    unrunnable = known.add(gpu_cannot_run_values(space, facts), hardware)
+    """Record with `known`, before any launch, the values of `space` the node's GPU cannot run (with SGLang's
+    reason: the gates refuse a proposal of one with it) and those the earlier study this one started from
+    (`--from`) could not run on the same GPUs (the sampler then holds a parameter left with one value, as
+    after a failure); what to tell the user, when something is new. The one check of a GPU's abilities."""
+    reasons = gpu_cannot_run_values(space, facts)
+    unrunnable = known.add(reasons, hardware, reasons)
     earlier = known.add(
         [(name, value) for name, value in known_failures(optuna_study, hardware) if name in space], hardware
     )
@@ -156,15 +139,14 @@ def kv_pool_too_small(
     """Why a proposal with `params` on `hardware` certainly leaves SGLang a KV pool with no room for the
     longest prompt (`longest` tokens; None: for one token), from the memory report of a baseline among
     `trials` on that hardware (its fraction: its own value, else `server_choices`, SGLang's), or None."""
-    fraction = params.get(MEM_FRACTION)
-    if not isinstance(fraction, int | float) or any(params.get(flag) is not None for flag in LAYOUT_FLAGS):
+    fraction = config_fraction(params)
+    if fraction is None or any(params.get(flag) is not None for flag in LAYOUT_FLAGS):
         return None
     for baseline in trials:
         record = TrialRecord.of(baseline)
         memory = record.server_memory
         weights, kv_gb, kv_tokens = (memory.get(k) for k in ("weights_gb", "kv_cache_gb", "kv_cache_tokens"))
-        own = baseline.params.get(MEM_FRACTION)
-        m0 = own if isinstance(own, int | float) else server_choices.get(MEM_FRACTION)
+        m0 = running_fraction(baseline.params, server_choices)
         if (
             not record.baseline
             or record.hardware != hardware

@@ -1,15 +1,9 @@
 """Is the best config really better than the default? Both measured again, interleaved, with intervals.
 
-A study's best trial won on one measurement, so its figure is biased upwards (the best of many noisy draws:
-small all-reduces vary by a third between launches, a server's throughput by about 0.5% on one H200).
-`compare` measures the default (the baseline: nothing set) and the best config again, `rounds` times each,
-alternating which goes first (ABBA, so a drift of the node cancels), every run a fresh launch: a trial of
-the study, as confirmation's rounds are (`remeasure_of` and `compare` attributes), run by the study loop
-(a job objective's job, or a serving objective's server and benchmark: its whole measurement plan, no
-short run first), so the rounds resume after Ctrl-C, land in MLflow and feed the noise estimate; the
-comparison is a view over them (`comparison_of`). A round's two runs form a pair; the gain is the mean of
-the pairs' relative differences with its 95% interval, in each metric's own direction, and a gain whose
-interval contains zero is reported as no gain.
+The best trial won on one measurement, biased upwards, so `compare` launches the default and the best
+config again in alternating rounds (ABBA: a drift of the node cancels), as study trials, and reports the
+mean of the pairs' gains with its 95% interval; an interval that holds zero is no gain. Details, and the
+noise behind it: docs/design.md, "Compare".
 """
 
 from __future__ import annotations

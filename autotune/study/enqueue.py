@@ -1,14 +1,9 @@
 """Configs a user queues into a study by hand (`autotune enqueue`): the next trials run them, then the
 sampler continues, learning from them as from any trial (an out-of-memory start is pruned and penalized).
 
-A queued config names some knobs; every other knob the config has takes the baseline's value (null, or
-off: "leave it to SGLang/NCCL") or, from a trial, that trial's value. A knob with neither (a range such
-as --mem-fraction-static has no "unset") takes the value SGLang chose for itself in the baseline, as the
-driver recorded it (the study's `server_choices`), on the knob's step; before the baseline ran there is
-none, and the config must set it. Which knobs a config has (each `when`, SGLang's speculative rules) is
-decided by `SearchSpace.suggest`, as for a sampled trial, with this module's proposer answering in
-Optuna's place; so Optuna is told every knob the driver will ask, and the sampler is asked none.
-Every config is checked before any is queued: an error queues nothing.
+A knob a config leaves out takes the baseline's value, a trial's, or for a range SGLang's own choice in the
+baseline; every config is checked before any is queued. How each knob's value is found: docs/design.md,
+"Queued configs".
 """
 
 from __future__ import annotations

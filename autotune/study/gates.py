@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
 from autotune.node.check import NodeReport
-from autotune.study.before_launch import Refusal, known_before_launch
+from autotune.study.before_launch import Refusal, kv_pool_before_launch
 from autotune.study.preflight import beyond_memory_edge, predicted_oom
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.rules import earlier_launch, launch_identity
@@ -91,7 +91,7 @@ class Proposal:
     @cached_property
     def identity(self) -> dict[str, Any]:
         """What makes two launches the same (rules.launch_identity), recorded on the trial."""
-        return launch_identity(self.launch.argv, self.launch.env, self.run.study.secrets)
+        return launch_identity(self.launch, self.run.study.secrets)
 
     @cached_property
     def trials(self) -> list[FrozenTrial]:
@@ -102,12 +102,20 @@ class Proposal:
 Gate = Callable[[Proposal], Verdict | None]
 
 
+def gpu_cannot_run(proposal: Proposal) -> KnownIncompatible | None:
+    """A value the node's GPU cannot run, known from the run's start on (study.before_launch)."""
+    return _known(proposal, before_launch=True)
+
+
 def known_incompatible(proposal: Proposal) -> KnownIncompatible | None:
-    blocked = proposal.run.known.blocking(proposal.trial.params, proposal.hardware)
-    if blocked is None:
-        return None
-    where = f" ({proposal.hardware})" if proposal.hardware else ""
-    return KnownIncompatible(f"known incompatible with this node{where}: {blocked[0]}={blocked[1]}")
+    """A value that failed on the node's hardware before."""
+    return _known(proposal, before_launch=False)
+
+
+def _known(proposal: Proposal, *, before_launch: bool) -> KnownIncompatible | None:
+    known = proposal.run.known
+    blocked = known.blocking(proposal.trial.params, proposal.hardware, before_launch=before_launch)
+    return None if blocked is None else KnownIncompatible(known.why(blocked))
 
 
 def past_memory_edge(proposal: Proposal) -> PastMemoryEdge | None:
@@ -153,22 +161,23 @@ def predicted_oom_on_node(proposal: Proposal) -> PredictedOom | None:
         if declared is not None
         else (facts.weight_bytes / 1e9 if facts is not None and facts.weight_bytes else None)
     )
-    reason = predicted_oom(proposal.launch.argv, facts.gpu_memory_gb if facts is not None else None, weights)
+    reason = predicted_oom(proposal.launch.flags, facts.gpu_memory_gb if facts is not None else None, weights)
     return None if reason is None else PredictedOom(reason)
 
 
-def known_before(proposal: Proposal) -> Refusal | None:
-    """A flag the node's GPU cannot run, or a KV pool the baseline's memory report says is too small for
-    the longest prompt (autotune.study.before_launch)."""
-    options, run = proposal.run.options, proposal.run
-    gpu, memory = options.remember_incompatible, options.preflight
-    trial, facts, trials = proposal.trial, proposal.facts, proposal.trials
-    return known_before_launch(run.study, run.optuna_study, trial, facts, trials, gpu=gpu, memory=memory)
+def kv_pool_too_small(proposal: Proposal) -> Refusal | None:
+    """A KV pool the baseline's memory report says is too small for the longest prompt
+    (autotune.study.before_launch)."""
+    run = proposal.run
+    if not run.options.preflight:
+        return None
+    return kv_pool_before_launch(run.study, run.optuna_study, proposal.trial, proposal.trials)
 
 
 # In order: the cheap checks on the settings first, then those that need the launch built.
 GATES: tuple[Gate, ...] = (
-    known_before,
+    gpu_cannot_run,
+    kv_pool_too_small,
     known_incompatible,
     past_memory_edge,
     forbidden_launch,

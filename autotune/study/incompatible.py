@@ -30,6 +30,9 @@ class KnownIncompatibilities:
         self._study = optuna_study
         self._space = space
         self.pairs: list[Incompatibility] = StudyRecord.of(optuna_study).incompatible
+        # Why a pair fails, where it is known before any launch (study.before_launch: SGLang's own words);
+        # held for this run only: the run that starts again works it out again.
+        self.reasons: dict[Incompatibility, str] = {}
 
     def learn(
         self, params: Mapping[str, object], failure: Failure, hardware: str | None
@@ -38,9 +41,16 @@ class KnownIncompatibilities:
         culprits = [(flag, params[flag]) for flag in failure.culprits if flag in params]
         return self.add(culprits, hardware)
 
-    def add(self, values: Iterable[tuple[str, object]], hardware: str | None) -> list[Incompatibility]:
+    def add(
+        self,
+        values: Iterable[tuple[str, object]],
+        hardware: str | None,
+        reasons: Mapping[tuple[str, object], str] | None = None,
+    ) -> list[Incompatibility]:
         """Record (parameter, value) pairs that fail on `hardware` (a failure's, or known before any
-        launch: study.before_launch); returns what was new."""
+        launch: study.before_launch, with each one's reason in `reasons`); returns what was new."""
+        for (name, value), why in (reasons or {}).items():
+            self.reasons[(name, value, hardware)] = why
         new = [
             (name, value, hardware)
             for name, value in dict.fromkeys(values)
@@ -51,12 +61,24 @@ class KnownIncompatibilities:
             record_incompatible(self._study, self.pairs)
         return new
 
-    def blocking(self, params: Mapping[str, object], hardware: str | None) -> Incompatibility | None:
-        """The first value among `params` known to fail on `hardware`, or None when the trial may launch."""
-        for name, value, where in self.pairs:
+    def blocking(
+        self, params: Mapping[str, object], hardware: str | None, *, before_launch: bool = False
+    ) -> Incompatibility | None:
+        """The first value among `params` known to fail on `hardware` (`before_launch`: only those known
+        before any launch), or None when the trial may launch."""
+        for pair in self.pairs:
+            name, value, where = pair
+            if before_launch and pair not in self.reasons:
+                continue
             if where == hardware and name in params and params[name] == value:
-                return name, value, where
+                return pair
         return None
+
+    def why(self, pair: Incompatibility) -> str:
+        """What a proposal with `pair` is told: the reason known before any launch, else the pair."""
+        name, value, hardware = pair
+        where = f" ({hardware})" if hardware else ""
+        return self.reasons.get(pair, f"known incompatible with this node{where}: {name}={value}")
 
     def fixed_params(self, hardware: str | None) -> dict[str, object]:
         """Parameters left with exactly one value that has not failed on `hardware`."""

@@ -1,28 +1,22 @@
 """The pre-flight memory check: configs certain to run out of memory are recorded, never launched.
 
-It is conservative by construction, and predicts two things only:
-- SGLang's own check that the KV cache fits (KV_POOL_TOO_SMALL), in its weakest form. SGLang sizes the
-  KV pool as what the static pool (`--mem-fraction-static` of the GPU) holds beyond the weights and
-  everything allocated before them; when the weights alone exceed the pool, that is negative whatever
-  else is true, so the launch would certainly fail.
-- The memory edge a study met: a config that ran out of memory (at start-up or under the objective's
-  load) fails again with every other setting the same and a `--mem-fraction-static` at least as high, on
-  the same hardware: the KV pool only grows with the fraction, and everything else gets what it leaves.
-  A start-up failure holds whatever the flags that act only once the server serves (SERVING_ONLY_FLAGS).
-Anything less certain is left to the launch.
+Conservative by construction, it predicts two things only: SGLang's own KV cache check in its weakest form
+(the weights alone over the static pool), and the memory edge a study met (a config that ran out of memory
+fails again at a fraction no lower, all else the same). Why each is certain: docs/design.md, "The
+pre-flight memory check".
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.records import TrialRecord
 from autotune.trial.failures import STARTUP_OOMS, FailureKind
-from autotune.trial.launch import flag_value
+from autotune.trial.launch import TP_FLAGS, flag_value
+from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, launch_fraction
 
-MEM_FRACTION = "--mem-fraction-static"
 # The out-of-memory kinds a launch meets (KV_POOL_TOO_SMALL is the opposite edge: too low a fraction).
 STARTUP_OOM_KINDS = frozenset(kind.value for kind in STARTUP_OOMS)
 LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
@@ -31,28 +25,22 @@ LAUNCH_OOM_KINDS = STARTUP_OOM_KINDS | {FailureKind.OOM_UNDER_LOAD.value}
 SERVING_ONLY_FLAGS = frozenset({"--schedule-policy", "--schedule-conservativeness", "--stream-interval"})
 
 
-# SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
-# `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
-TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
-
-
-def tensor_parallel_size(argv: Sequence[str]) -> int:
-    """The TP size `argv` gives SGLang (1 when unset); ValueError when it is not an integer."""
-    return int(flag_value(argv, *TP_FLAGS) or 1)
-
-
-def predicted_oom(argv: Sequence[str], gpu_memory_gb: float | None, weight_gb: float | None) -> str | None:
-    """Why a launch with SGLang flags `argv` certainly fails SGLang's memory check, or None.
+def predicted_oom(
+    flags: Iterable[tuple[str, str | None]], gpu_memory_gb: float | None, weight_gb: float | None
+) -> str | None:
+    """Why a launch with SGLang flags `flags` (ServerLaunch.flags) certainly fails SGLang's memory check, or
+    None.
 
     `gpu_memory_gb` is one GPU's memory and `weight_gb` the model's weights in all, both in GB; without
     either, or without an explicit --mem-fraction-static, nothing is predicted.
     """
-    fraction = flag_value(argv, "--mem-fraction-static")
+    flags = tuple(flags)
+    fraction = launch_fraction(flags)
     if gpu_memory_gb is None or weight_gb is None or fraction is None:
         return None
     try:
         mfs = float(fraction)
-        tp = tensor_parallel_size(argv)
+        tp = int(flag_value(flags, *TP_FLAGS) or 1)
     except ValueError:
         return None  # SGLang's own argument parsing will say what is wrong
     per_gpu = weight_gb / max(tp, 1)
@@ -72,8 +60,8 @@ def beyond_memory_edge(
     """Why a config with search-space values `params` on `hardware` certainly runs out of memory, as
     `trials` show (one of them ran out with the same other values at a fraction no higher; at start-up,
     whatever the serving-only flags), or None."""
-    fraction = params.get(MEM_FRACTION)
-    if not isinstance(fraction, int | float):
+    fraction = config_fraction(params)
+    if fraction is None:
         return None  # SGLang's own choice: not comparable
 
     def others(values: Mapping[str, object], ignored: frozenset[str]) -> dict[str, object]:
@@ -82,7 +70,7 @@ def beyond_memory_edge(
     for trial in trials:
         record = TrialRecord.of(trial)
         kind = record.failure_kind_text
-        met = trial.params.get(MEM_FRACTION)
+        met = config_fraction(trial.params)
         at_startup = kind in STARTUP_OOM_KINDS
         ignored = SERVING_ONLY_FLAGS if at_startup else frozenset()
         if (
@@ -90,7 +78,7 @@ def beyond_memory_edge(
             or record.skipped  # a prediction, not a launch that met the edge
             or kind not in LAUNCH_OOM_KINDS
             or record.hardware != hardware
-            or not isinstance(met, int | float)
+            or met is None
             or met > fraction
             or others(trial.params, ignored) != others(params, ignored)
         ):

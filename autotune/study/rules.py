@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, cast
 from autotune.measure.metrics import maximizes
 from autotune.measure.stats import mean_ci
 from autotune.study.records import StudyRecord, TrialRecord
-from autotune.trial.launch import argv_flags
 from autotune.trial.redaction import Secrets, is_secret_name
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from autotune.config import Study
-    from autotune.trial.launch import TrialConfig
+    from autotune.trial.launch import ServerLaunch, TrialConfig
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -60,15 +59,13 @@ def counts(trial: FrozenTrial) -> bool:
     return not (kind is not None and kind.retried_once)
 
 
-def launch_identity(
-    argv: Sequence[str], env: Mapping[str, str], secrets: Secrets | None = None
-) -> dict[str, Any]:
+def launch_identity(launch: ServerLaunch, secrets: Secrets | None = None) -> dict[str, Any]:
     """What makes two server launches the same, after the dialect's translation: each `--flag` with its
     value as the server reads it (the last one wins, as in argparse; None for a switch), and a digest of
-    everything else (the command, positional words, the environment), so no secret is stored: the value
-    of a secret flag, or one holding any of the study's `secrets` (a `${NAME}` it reads), is a digest too."""
-    pairs, words = argv_flags(argv)
-    flags = dict(pairs)  # the last one wins
+    everything else (the command, the environment), so no secret is stored: the value of a secret flag,
+    or one holding any of the study's `secrets` (a `${NAME}` it reads), is a digest too."""
+    words, env = list(launch.command), launch.env
+    flags = dict(launch.flags)  # the last one wins
     secret = {
         name: _digest(value)
         for name, value in flags.items()

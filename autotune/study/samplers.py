@@ -1,39 +1,16 @@
 """Samplers: Optuna's, plus a start near SGLang's defaults for the sampler autotune uses by default.
 
-Random configurations of a joint NCCL / SGLang / speculative space are mostly worse than the defaults
-(forced protocols, odd channel counts, unsupported flags), so TPE's random start teaches it little.
-`DefaultsStartSampler` keeps each parameter at its default ("unset", or off) with some probability
-during the start and samples the rest at random: the first trials explore the baseline's neighbourhood,
-where the gains of one or two changes show, and TPE models from there. A parameter that cannot be left
-unset (a --mem-fraction-static range) stays within two steps of the value the server chose for itself
-in the baseline, as the driver records it in the study's `server_choices` attribute: a random memory
-fraction is the most common way to start a server that runs out of memory.
-
-After the start, `FeasibleTPESampler` also learns where the feasible region ends: the best configs sit
-next to the memory limit, and plain TPE, which only sees out-of-memory trials as bad values, keeps
-proposing their neighbours that do not start.
-
-`IncumbentMoves` wraps both: after the start most trials change one or two knobs of the best trial so far,
-and a config that ran out of memory capturing CUDA graphs runs again with a smaller graph batch, as SGLang's
-message advises. Right after the start each speculative algorithm gets trials on purpose (the best
-trial with it switched on: SGLang's documented tree, the chain its adaptive mode runs at the steps it
-keeps for the accept length the server reported, the documented tree with twice the draft tokens); moves
-sweep the knobs the best has not been moved in, and move a tree to a neighbouring tree; no proposal's
-memory fraction is below the minimum that a KV-pool-too-small message of the server named; values a
-cheaper staged study measured on the node (`staged`: an NCCL all-reduce study's best) are held. From each
-new best a line search walks a range knob (the memory fraction) up to the edge where it runs out of memory:
-with long prompts the KV pool sets throughput, and the edge moves with every other memory knob.
-benchmarks/RESULTS.md has the measurements behind each of these choices.
-
-`WithoutBaseline` hides the baseline trial (it sets no parameter) from a sampler that searches the
-parameters every trial shares, such as Optuna's GPSampler (`gp`).
+Random configs of a joint NCCL / SGLang / speculative space are mostly worse than the defaults, so the
+default sampler starts near them (`DefaultsStartSampler`), learns where the feasible region ends
+(`FeasibleTPESampler`) and moves from the best trial as a person tuning by hand would (`IncumbentMoves`);
+`WithoutBaseline` serves samplers that search only the parameters every trial shares. The reasoning:
+docs/design.md, "Samplers"; the measurements behind each choice: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,18 +29,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
-from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import StudyRecord, TrialRecord, record_proposed
 from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
 from autotune.trial.failures import FailureKind
+from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, minimum_viable
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
-# SGLang 0.5.17 names the smallest fraction that starts when the weights leave no room for the KV cache
-# (srt/mem_cache/kv_cache_configurator.py:1646-1655): "ValueError: Loaded weights leave no GPU memory for
-# the KV cache under --mem-fraction-static=0.55. Raise --mem-fraction-static above 0.016 (minimum viable =
-# 1 - available/pre = 0.0154). If using speculative decoding, draft weights are now counted."
-_MINIMUM_VIABLE = re.compile(r"Raise --mem-fraction-static above ([0-9.]+)")
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
@@ -215,11 +187,11 @@ def fraction_floor(trials: Sequence[FrozenTrial], distribution: BaseDistribution
         if record.failure_kind != FailureKind.KV_POOL_TOO_SMALL:
             continue
         line = record.failure or ""
-        named = _MINIMUM_VIABLE.search(line)
-        failed = trial.params.get(MEM_FRACTION)
-        above = failed + (getattr(distribution, "step", None) or 0.01) if isinstance(failed, float) else None
+        named = minimum_viable(line)
+        failed = config_fraction(trial.params)
+        above = failed + (getattr(distribution, "step", None) or 0.01) if failed is not None else None
         if named is not None:
-            floors.append(max(float(named.group(1)), above or 0.0))
+            floors.append(max(named, above or 0.0))
         elif above is not None and "Not enough memory" in line:  # not a prompt longer than the pool
             floors.append(above)
     if not floors or not isinstance(distribution, FloatDistribution):
@@ -338,30 +310,11 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
 
 
 class IncumbentMoves(_Wrapper):
-    """`base`, with two kinds of trial a person tuning by hand would run, planned from the trials so far.
-
-    - A repair: a trial that failed in a way SGLang says a smaller value of one flag cures
-      (`FailureKind.flag_to_lower`: a decode CUDA graph capture out of memory, a smaller
-      --cuda-graph-max-bs-decode; a prefill graph's, a smaller --cuda-graph-max-bs-prefill) runs again at
-      once with the smallest value of that flag the search space has below the one that failed (below
-      the value the server logged choosing, when the flag was unset), the rest unchanged. The config it
-      could not start is then measured after all: EAGLE-3 with SGLang's own graph batch never starts on
-      the seed's node, so without repairs a sampler learns that speculation fails rather than what it is
-      worth.
-    - A move: after the start, with probability `share`, a trial changes one knob of the best feasible
-      trial so far (two with probability `second`), the first one a knob no trial has yet moved from that
-      best while there is one (a sweep); an EAGLE tree moves to a neighbouring tree (`_tree_step`), and
-      knobs that only exist under the new value (a switched-on speculative algorithm's tree) are drawn at
-      random. The landscape is mostly a product of each knob's own factor, which moves climb directly;
-      TPE's trials in between keep the search global.
-    - A branch trial: right after the start, speculation switched off and on, each tree of BRANCH_PLAN
-      once (`_branch`).
-    - A line search (`climb`): the best with one range knob moved along the line its neighbours show
-      rising, in growing steps, then halfway back towards where it ran out of memory (`_climb`).
-
-    A config that already ran is not planned again. Multi-objective studies get `base` alone: they have
-    no single best trial to move from.
-    """
+    """`base`, with the trials a person tuning by hand would run, planned from the trials so far: a repair
+    (a failure SGLang says a smaller value of one flag cures runs again with less of it), a move (one or two
+    knobs of the best feasible trial changed), a branch trial (each speculative tree once, right after the
+    start) and a line search along a range knob (`_climb`). A config that ran is not planned again; a
+    multi-objective study gets `base` alone. Each kind, and why: docs/design.md, "IncumbentMoves"."""
 
     def __init__(
         self,
@@ -525,16 +478,10 @@ class IncumbentMoves(_Wrapper):
     def _climb(
         self, study: Study, best: FrozenTrial, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> _Planned | None:
-        """A line search along a range knob (the memory fraction): the trials that differ from the best only
-        in that knob lie on a line through it. With none there yet, a probe one step up, once two configs
-        that differ in that knob alone showed it matters. Where the nearest
-        one on one side is worse by more than `CLIMB_MARGIN`, the slope points the other way: the next trial
-        goes twice that distance further (an expanding step, so a fraction near SGLang's choice reaches the
-        edge in a few trials), but short of the nearest value another config ran out of memory at; where
-        the nearest one that way failed (out of memory), half the way to it, rounded towards the best; and
-        at the edge itself, the failed config with less of the memory that ran out (`_edge_shift`). The best
-        configs sit next to the memory limit, and that limit moves with the prefill chunk, the graphs and
-        the draft tree, so the edge is looked for again from each new best rather than learnt once."""
+        """A line search along a range knob (the memory fraction) from the best trial: growing steps the way
+        its neighbours rise, then halfway back towards where a config ran out of memory. The best configs sit
+        at the memory edge, and the edge moves with the other memory knobs, so it is looked for again from
+        each new best (docs/design.md, "The line search")."""
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         assert best.value is not None  # the best trial is a feasible COMPLETE one
         top = best.value

@@ -1,22 +1,8 @@
 """The NCCL all-reduce stage: a serving study's NCCL knobs tuned first, on all-reduces alone.
 
-A careful engineer measures the cheap things first: an all-reduce trial (`kind: nccl_allreduce`, the job
-`autotune.measure.nccl`) takes seconds, a server trial minutes. When the search space has NCCL knobs and
-the server runs tensor-parallel (--tp-size above 1), the study loop first runs this stage on the node: a
-study of its own (`<study>.nccl-stage`, in the same Optuna storage and MLflow store) whose trials all-reduce
-the messages the server will (`allreduce_messages`), one pass of coordinate ascent over the NCCL knobs
-(`CoordinateAscent`: NCCL's defaults first, then each knob's every value with the others at the best so
-far). Its best values are then held in every server trial (`staged` in autotune.study.samplers.tpe).
-A resumed study reuses a finished stage and continues an interrupted one; `nccl_stage: off` in the study
-file skips it.
-
-The messages and their weights follow the model and the workload, per request served as SGLang serves it
-by default: a decode step's hidden states (bf16, one token for each of the `concurrency` requests in
-flight, in a CUDA graph) per output token, shared by the requests of the step; and the prompt's prefill
-chunks (the server's --chunked-prefill-size). The benchmark times every message one way (CUDA-graph
-replay), so the prefill chunks' eager launch overhead, the same for every NCCL setting, is left out.
-Speculative decoding would replace decode steps by fewer verify passes of more tokens; the stage does not
-guess how many.
+An all-reduce trial takes seconds and a server trial minutes, so a tensor-parallel study with NCCL knobs
+tunes them first, by coordinate ascent on the all-reduces the server will make, and holds the best values
+in every server trial. What it measures, and why: docs/design.md, "The NCCL stage".
 """
 
 from __future__ import annotations
@@ -43,10 +29,9 @@ from autotune.config.trust import Trust
 from autotune.measure.client import Workload
 from autotune.node.check import NodeReport
 from autotune.node.pool import NodePool, Submitted
-from autotune.study.preflight import TP_FLAGS
 from autotune.study.records import TrialRecord
 from autotune.study.rules import is_feasible
-from autotune.trial.launch import to_env_value
+from autotune.trial.launch import TP_FLAGS, flag_value, to_env_value
 from autotune.trial.wire import TrialRequest, TrialResult
 
 STAGE_SUFFIX = ".nccl-stage"
@@ -95,11 +80,7 @@ def stage_knobs(study: Study) -> Knobs:
 
 def tensor_parallel_size(study: Study) -> int:
     """The server's --tp-size as the study file sets it (SGLang's default: 1)."""
-    flags = study.file.server.flags
-    for flag in TP_FLAGS:
-        if flags.get(flag) is not None:
-            return int(str(flags[flag]))
-    return 1
+    return int(flag_value(study.file.server.flags.items(), *TP_FLAGS) or 1)
 
 
 def hidden_size(study: Study) -> int | None:

@@ -336,7 +336,7 @@ class StudyTracker(StudyCallback):
             }
         )
         params["server.env"] = json.dumps(redact_env(launch.env), sort_keys=True)[:MAX_PARAM_LENGTH]
-        params["server.argv"] = " ".join(redact_argv(launch.argv))[:MAX_PARAM_LENGTH]
+        params["server.argv"] = " ".join(redact_argv(launch))[:MAX_PARAM_LENGTH]
         from mlflow.entities import Param
 
         params = {k: self.secrets.redact(v) for k, v in params.items()}

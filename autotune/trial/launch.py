@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autotune.dialect import Dialect
 from autotune.errors import ForbiddenLaunchError
+from autotune.trial.redaction import API_KEY_FLAG, Secrets, argv_secrets
 
 # What is secret lives in autotune.trial.redaction; the names stay importable from here.
 from autotune.trial.redaction import REDACTED as REDACTED
-from autotune.trial.redaction import Secrets, argv_secrets
 from autotune.trial.redaction import is_secret_name as is_secret_name
 
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"  # an environment variable name a POSIX shell can export
@@ -30,32 +30,28 @@ def to_env_value(value: object) -> str:
     return to_arg(value)
 
 
-def argv_flags(argv: Sequence[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """A server argv read as argparse reads it: each `--flag` with its value in order (`--f=v`, or the next
-    token unless that is a flag; None for a switch), and the other words (the command, positionals)."""
-    flags: list[tuple[str, str | None]] = []
-    words: list[str] = []
-    tokens = list(argv)
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
-        if not token.startswith("--"):
-            words.append(token)
-        elif "=" in token:
-            name, value = token.split("=", 1)
-            flags.append((name, value))
-        elif index + 1 < len(tokens) and not tokens[index + 1].startswith("--"):
-            flags.append((token, tokens[index + 1]))
-            index += 1
-        else:
-            flags.append((token, None))
-        index += 1
-    return flags, words
+# A launch's server flags in the order they stand on its command line: each flag with its value, None for a
+# switch. Typed where the launch is built (build_server_launch), so nothing reads them back from the argv.
+Flags = tuple[tuple[str, str | None], ...]
+# SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
+# `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+MODEL_PATH_FLAG = "--model-path"
 
 
-def flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The value `argv` gives the flag spelled any of `names` (aliases): the last one, as in argparse."""
-    return next((value for name, value in reversed(argv_flags(argv)[0]) if name in names), None)
+def flag_value(flags: Iterable[tuple[str, str | None]], *names: str) -> str | None:
+    """The value `flags` give the flag spelled any of `names` (aliases): the last one, as in argparse."""
+    return next((value for name, value in reversed(list(flags)) if name in names), None)
+
+
+def benchmark_python(command: Sequence[str]) -> str:
+    """The node's Python for the benchmark: the server command's interpreter when it is `PY -m ...`."""
+    return command[0] if len(command) >= 2 and command[1] == "-m" else "python3"
+
+
+def flag_words(flags: Iterable[tuple[str, str | None]]) -> list[str]:
+    """`flags` as command-line words: `--flag value`, or `--flag` alone for a switch."""
+    return [word for flag, value in flags for word in ((flag,) if value is None else (flag, value))]
 
 
 def is_set(value: object) -> bool:
@@ -99,26 +95,75 @@ AUTO_PORT = 0  # the port of a launch whose node picks a free one when it starts
 
 @dataclass(frozen=True)
 class ServerLaunch:
-    """How to start one server: argv, the env vars autotune adds to the caller's, and where it listens;
-    `secrets`: what its log must not hold besides the secrets its argv and env show by name."""
+    """How to start one server: its command and the server flags autotune built for it (`flags`, typed:
+    what the node and the study read of a launch), the env vars autotune adds to the caller's, and where
+    it listens; `secrets`: what its log must not hold besides the secrets its argv and env show by name.
+    A launch written as one command (a job, a test's own server) has no `flags`: its argv is its command."""
 
-    argv: tuple[str, ...]
+    command: tuple[str, ...]
     env: dict[str, str]
     host: str
     port: int
     secrets: Secrets = field(default_factory=Secrets, compare=False)
+    flags: Flags = ()
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The command line: the command, then the flags."""
+        return (*self.command, *flag_words(self.flags))
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def flag(self, *names: str) -> str | None:
+        """The value the launch gives the flag spelled any of `names` (aliases), the last one; None when unset
+        or a switch."""
+        return flag_value(self.flags, *names)
+
+    @property
+    def model_path(self) -> str | None:
+        """The model folder the server loads (`--model-path`), None for a launch without typed flags."""
+        return self.flag(MODEL_PATH_FLAG)
+
+    @property
+    def api_key(self) -> str | None:
+        """The server's `--api-key`, which every request must carry."""
+        return self.flag(API_KEY_FLAG)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The TP size the launch gives SGLang (1 when unset); ValueError when it is not an integer."""
+        return int(self.flag(*TP_FLAGS) or 1)
+
+    @property
+    def python(self) -> str:
+        """The node's Python for a benchmark (`benchmark_python` of its command)."""
+        return benchmark_python(self.command)
+
+    def with_flag(self, name: str, value: str) -> ServerLaunch:
+        """The same launch with the last `name` flag set to `value` (KeyError when it has none)."""
+        at = [i for i, (flag, _) in enumerate(self.flags) if flag == name]
+        if not at:
+            raise KeyError(f"the launch has no {name} flag to set")
+        flags = list(self.flags)
+        flags[at[-1]] = (name, value)
+        return replace(self, flags=tuple(flags))
+
     def with_port(self, port: int) -> ServerLaunch:
         """The same launch listening on `port` (the node fills in an `auto` port just before starting)."""
-        argv = list(self.argv)
-        index = len(argv) - 1 - argv[::-1].index("--port")
-        argv[index + 1] = str(port)
-        return replace(self, argv=tuple(argv), port=port)
+        return replace(self.with_flag("--port", str(port)), port=port)
+
+    def words(self) -> list[tuple[str, str | None]]:
+        """Each argv word with, for a secret value, the name of its flag: the typed flags by their names, the
+        command (the user's own words) as redaction reads a command line."""
+        words = argv_secrets(self.command)
+        for flag, value in self.flags:
+            words.append((flag, None))
+            if value is not None:
+                words.append((value, flag if is_secret_name(flag) else None))
+        return words
 
 
 def build_server_launch(
@@ -141,20 +186,17 @@ def build_server_launch(
     them, and knobs it lacks are left out (held at its default). Raises ForbiddenLaunchError when the
     result would use a never-launch env value or flag.
     """
-    argv: list[str] = [*command, "--model-path", model_path]
-    for flags in (base_flags or {}, config.flags):
-        if dialect is not None:
-            flags = dialect.translate(flags).flags
-        for flag, value in flags.items():
-            argv += [flag] if value is None else [flag, value]
-    argv += ["--host", host, "--port", str(port)]
+    flags: list[tuple[str, str | None]] = [(MODEL_PATH_FLAG, model_path)]
+    for given in (base_flags or {}, config.flags):
+        flags += (dialect.translate(given).flags if dialect is not None else given).items()
+    flags += [("--host", host), ("--port", str(port))]
     if draft_model_path is not None:
-        argv += ["--speculative-draft-model-path", draft_model_path]
-    launch = ServerLaunch(argv=tuple(argv), env={**(base_env or {}), **config.env}, host=host, port=port)
+        flags.append(("--speculative-draft-model-path", draft_model_path))
+    launch = ServerLaunch(tuple(command), {**(base_env or {}), **config.env}, host, port, flags=tuple(flags))
     # Forbidden flags are named as the user spells them: check the knobs as well as their translation.
-    knobs = (*(base_flags or {}), *config.flags)
+    knobs = tuple((knob, None) for knob in (*(base_flags or {}), *config.flags))
     check_never_launch(
-        replace(launch, argv=(*launch.argv, *knobs)), env=never_launch_env or {}, flags=never_launch_flags
+        replace(launch, flags=(*launch.flags, *knobs)), env=never_launch_env or {}, flags=never_launch_flags
     )
     return launch
 
@@ -184,9 +226,9 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {name: REDACTED if is_secret_name(name) else value for name, value in env.items()}
 
 
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A copy of `argv` with the values of secret flags (`--api-key X`, `--api-key=X`) replaced by '***'."""
-    return [REDACTED if secret is not None else token for token, secret in argv_secrets(argv)]
+def redact_argv(launch: ServerLaunch) -> list[str]:
+    """The launch's argv with the values of secret flags (`--api-key X`) replaced by '***'."""
+    return [REDACTED if secret is not None else token for token, secret in launch.words()]
 
 
 def launch_script(launch: ServerLaunch) -> str:
@@ -200,7 +242,7 @@ def launch_script(launch: ServerLaunch) -> str:
         else:
             lines.append(f"export {name}={shlex.quote(value)}")
     words: list[str] = []
-    for token, secret_flag in argv_secrets(launch.argv):
+    for token, secret_flag in launch.words():
         if secret_flag is None:
             words.append(shlex.quote(token))
             continue
@@ -217,7 +259,7 @@ def describe_launch(launch: ServerLaunch) -> str:
         f'{name}="${name}"' if is_secret_name(name) else f"{name}={shlex.quote(value)}"
         for name, value in launch.env.items()
     ]
-    for token, secret_flag in argv_secrets(launch.argv):
+    for token, secret_flag in launch.words():
         words.append(
             shlex.quote(token) if secret_flag is None else f'"${secret_env_var_for_flag(secret_flag)}"'
         )

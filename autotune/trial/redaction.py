@@ -25,7 +25,6 @@ __all__ = [
     "argv_secrets",
     "is_secret_name",
     "redacted_output",
-    "server_api_key",
 ]
 
 # Env var names containing one of these (any case) hold secrets; flags whose dash-separated words include one
@@ -48,7 +47,9 @@ def is_secret_name(name: str) -> bool:
 
 
 def argv_secrets(argv: Sequence[str]) -> list[tuple[str, str | None]]:
-    """Each argv token with, for a secret value, the name of its flag; `--f=v` is split into two tokens."""
+    """Each word of a command written as words (the study's `server.command`, any command a runner starts)
+    with, for a secret value, the name of its flag; `--f=v` is split into two words. A launch's own flags
+    are typed (ServerLaunch.flags) and never read back this way."""
     out: list[tuple[str, str | None]] = []
     pending: str | None = None
     for token in argv:
@@ -69,12 +70,6 @@ def argv_secrets(argv: Sequence[str]) -> list[tuple[str, str | None]]:
     return out
 
 
-def server_api_key(argv: Sequence[str]) -> str | None:
-    """The server's `--api-key` (the last one, as argparse keeps it), which every request must carry."""
-    keys = [token for token, flag in argv_secrets(argv) if flag == API_KEY_FLAG]
-    return keys[-1] if keys else None
-
-
 @dataclass(frozen=True)
 class Secrets:
     """Secret values to replace by `REDACTED` in any text before it is written or shown."""
@@ -87,11 +82,14 @@ class Secrets:
         *,
         env: Mapping[str, str] | None = None,
         argv: Sequence[str] = (),
+        flags: Iterable[tuple[str, str | None]] = (),
         values: Iterable[str] = (),
     ) -> Secrets:
-        """The values of secret-named vars in `env`, of secret flags in `argv`, and `values` themselves."""
+        """The values of secret-named vars in `env`, of secret flags in the command `argv` and in `flags`
+        (typed: flag, value), and `values` themselves."""
         found = {value for name, value in (env or {}).items() if is_secret_name(name)}
         found |= {token for token, flag in argv_secrets(argv) if flag is not None}
+        found |= {value for flag, value in flags if value is not None and is_secret_name(flag)}
         found |= set(values)
         return cls(frozenset(v for v in found if len(v.strip()) >= MIN_SECRET_LENGTH))
 

@@ -23,9 +23,9 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.measure.metrics import maximizes
-from autotune.study.preflight import MEM_FRACTION
 from autotune.study.records import TrialRecord
 from autotune.study.rules import baseline_trial, non_dominated
+from autotune.trial.memory_fraction import MEM_FRACTION
 
 CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs-decode"
 OLD_CUDA_GRAPH_MAX_BS = "--cuda-graph-max-bs"  # SGLang's name before 0.5.15: a study that tuned it

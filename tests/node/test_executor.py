@@ -33,7 +33,7 @@ def request(
 ) -> TrialRequest:
     port = port or free_port()
     launch = ServerLaunch(
-        argv=(*argv, *flags, "--host", "127.0.0.1", "--port", str(port)),
+        command=(*argv, *flags, "--host", "127.0.0.1", "--port", str(port)),
         env={"SGLANG_SIM_TIME_SCALE": "0.001", **(env or {})},
         host="127.0.0.1",
         port=port,

@@ -231,7 +231,7 @@ def _slow_benchmark_request(number: int) -> TrialRequest:
     port = free_port()
     flags = ("--model-path", "/models/Kimi-K2.5", "--tp-size", "8", "--host", "127.0.0.1")
     launch = ServerLaunch(
-        argv=(*SIM, *flags, "--port", str(port)),
+        command=(*SIM, *flags, "--port", str(port)),
         env={"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.0002"},
         host="127.0.0.1",
         port=port,

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.node.runner import LocalCommandRunner
 from autotune.node.startup_prep import HostMemory, host_memory, loader_for_memory, prepare_launch
-from autotune.trial.launch import ServerLaunch
+from autotune.trial.launch import ServerLaunch, TrialConfig, build_server_launch
 from autotune.trial.startup import COMPILE_CACHE_ENV, LOADER_FLAG
 
 THREADED = {"enable_multithread_load": True, "num_threads": 8}
@@ -18,10 +18,18 @@ GB = 10**9
 
 
 def _launch(model: Path, loader: dict[str, object] | None, env: dict[str, str] | None = None) -> ServerLaunch:
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "8"]
+    flags: dict[str, str | None] = {"--tp-size": "8"}
     if loader is not None:
-        argv += [LOADER_FLAG, json.dumps(loader)]
-    return ServerLaunch((*argv, "--port", "30000"), dict(env or {}), "127.0.0.1", 30000)
+        flags[LOADER_FLAG] = json.dumps(loader)
+    return build_server_launch(
+        command=("python", "-m", "sglang.launch_server"),
+        model_path=str(model),
+        config=TrialConfig(),
+        host="127.0.0.1",
+        port=30000,
+        base_flags=flags,
+        base_env=env,
+    )
 
 
 def test_kimi_shards_fit_a_large_host_and_are_turned_down_on_a_small_one() -> None:
@@ -49,8 +57,7 @@ def test_a_shard_larger_than_the_node_leaves_threading_off(tmp_path: Path) -> No
     memory = host_memory(runner, str(model))
     assert memory is not None and memory.largest_shard_bytes == 1 << 42 and memory.available_bytes > 0
     launch, notes = prepare_launch(runner, _launch(model, THREADED), None)
-    at = launch.argv.index(LOADER_FLAG) + 1
-    assert json.loads(launch.argv[at]) == {"enable_multithread_load": False}
+    assert json.loads(launch.flag(LOADER_FLAG) or "") == {"enable_multithread_load": False}
     assert len(notes) == 1 and notes[0].startswith("multithreaded weight loading left off: 8 rank(s)")
 
 
@@ -63,7 +70,7 @@ def test_small_shards_keep_the_loader_and_the_cache_folder_is_set_where_unset(tm
     launch, notes = prepare_launch(
         LocalCommandRunner(), _launch(model, THREADED, {"TRITON_CACHE_DIR": "/mine"}), cache
     )
-    assert notes == [] and json.loads(launch.argv[launch.argv.index(LOADER_FLAG) + 1]) == THREADED
+    assert notes == [] and json.loads(launch.flag(LOADER_FLAG) or "") == THREADED
     assert launch.env["TRITON_CACHE_DIR"] == "/mine"  # the user's own stands
     assert launch.env["SGLANG_CACHE_DIR"] == f"{cache}/sglang"
     assert launch.env["SGLANG_DG_CACHE_DIR"] == f"{cache}/deep_gemm"

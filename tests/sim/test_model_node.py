@@ -41,7 +41,7 @@ CASES = {
 
 def launch(flags: tuple[str, ...], port: int = 30000, program: tuple[str, ...] = ()) -> ServerLaunch:
     argv = (*program, *BASE, *flags, "--host", "127.0.0.1", "--port", str(port))
-    return ServerLaunch(argv=argv, env={"SGLANG_SIM_TIME_SCALE": "0.001"}, host="127.0.0.1", port=port)
+    return ServerLaunch(command=argv, env={"SGLANG_SIM_TIME_SCALE": "0.001"}, host="127.0.0.1", port=port)
 
 
 def model_node() -> ModelNodeExecutor:

@@ -5,18 +5,22 @@ longest prompt) and through the study loop on the seed's node (the refused propo
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
-from autotune.config import load_study
+from autotune.config import load_search_space, load_study
 from autotune.node.check import GPU, NodeReport
 from autotune.sim.model_node import server_memory
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.before_launch import gpu_cannot_run, kv_pool_too_small
+from autotune.study.before_launch import gpu_cannot_run, kv_pool_too_small, remember_known_failures
+from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import open_study
+from autotune.trial.failures import Failure, FailureKind
 from tests.builders import TRUST_OFF, StudyFiles, launched, model_pool, seed_node
 
 SEED_PROMPT = 28000  # the quickstart objective's prompts, the seed's
@@ -30,8 +34,8 @@ def test_a_flag_the_nodes_gpu_cannot_run_is_refused_with_sglangs_reason() -> Non
     refused = gpu_cannot_run(
         {"--enable-flashinfer-allreduce-fusion": True}, _facts("NVIDIA RTX PRO 6000 Blackwell Server Edition")
     )
-    assert refused is not None and not refused.oom
-    assert refused.why.startswith(
+    assert refused is not None
+    assert refused.startswith(
         "known incompatible with this node (NVIDIA RTX PRO 6000 Blackwell Server Edition, SM120): "
         "--enable-flashinfer-allreduce-fusion=True: FlashInfer allreduce fusion requires SM90 or SM10X"
     )
@@ -192,3 +196,34 @@ def test_without_the_checks_the_same_proposals_are_launched_and_fail(study_file:
     study = load_study(study_file(n_trials=2, search_space=space, trust=TRUST_OFF))
     optuna_study = StudyDriver(study, pool=model_pool(), preflight=False, remember_incompatible=False).run()
     assert [t.user_attrs.get("failure_kind") for t in launched(optuna_study)] == [None, "kv_pool_too_small"]
+
+
+def test_a_value_the_gpu_cannot_run_is_checked_once_at_the_start_and_refused_with_sglangs_reason(
+    tmp_path: Path,
+) -> None:
+    """The GPU's abilities are read once, when a run starts: its known incompatibilities hold each value
+    with SGLang's reason, and a proposal of one is refused from there, before the KV pool check; a value
+    that failed on the hardware is refused after it, in the words it was learned with."""
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        "parameters:\n  --enable-flashinfer-allreduce-fusion: {kind: sglang, type: bool}\n"
+        "  --ep-size: {kind: sglang, type: categorical, choices: [null, 8]}\n"
+    )
+    space = load_search_space(space_file)
+    known = KnownIncompatibilities(optuna.create_study(direction="maximize"), space)
+    gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    notice = remember_known_failures(known, optuna.create_study(), space, _facts(gpu), "sm120")
+    assert notice == f"not proposed on this node's GPU ({gpu}), which SGLang cannot run them on: " + (
+        "--enable-flashinfer-allreduce-fusion=True"
+    )
+    fusion = {"--enable-flashinfer-allreduce-fusion": True}
+    pair = known.blocking(fusion, "sm120", before_launch=True)
+    assert pair == ("--enable-flashinfer-allreduce-fusion", True, "sm120")
+    assert known.why(pair) == gpu_cannot_run(fusion, _facts(gpu))
+    assert "FlashInfer allreduce fusion requires SM90 or SM10X" in known.why(pair)
+    failure = Failure.of(FailureKind.UNSUPPORTED, "EP 8 is not supported", "unsupported", ("--ep-size",))
+    assert known.learn({"--ep-size": 8}, failure, "sm120") == [("--ep-size", 8, "sm120")]
+    assert known.blocking({"--ep-size": 8}, "sm120", before_launch=True) is None
+    learned = known.blocking({"--ep-size": 8}, "sm120")
+    assert learned is not None
+    assert known.why(learned) == "known incompatible with this node (sm120): --ep-size=8"

@@ -10,44 +10,42 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.preflight import beyond_memory_edge, predicted_oom, tensor_parallel_size
+from autotune.study.preflight import beyond_memory_edge, predicted_oom
+from autotune.trial.launch import ServerLaunch
+
+MFS = "--mem-fraction-static"
 
 
 def test_the_seeds_055_is_predicted_and_a_roomy_pool_is_not() -> None:
-    reason = predicted_oom(["--tp-size", "8", "--mem-fraction-static", "0.55"], 96.0, 547.0)
+    reason = predicted_oom([("--tp-size", "8"), (MFS, "0.55")], 96.0, 547.0)
     assert reason is not None and "68.4 GB per GPU" in reason and "52.8 GB" in reason
-    assert predicted_oom(["--tp-size", "8", "--mem-fraction-static", "0.85"], 96.0, 547.0) is None
-    assert predicted_oom(["--tp", "8", "--mem-fraction-static=0.60"], 96.0, 547.0) is not None
+    assert predicted_oom([("--tp-size", "8"), (MFS, "0.85")], 96.0, 547.0) is None
+    assert predicted_oom([("--tp", "8"), (MFS, "0.60")], 96.0, 547.0) is not None
     assert "Not enough memory" not in reason  # SGLang's wording before 0.5.15; not what it says now
 
 
-@pytest.mark.parametrize(
-    "tp",
-    [
-        ["--tp-size", "8"],
-        ["--tensor-parallel-size", "8"],
-        ["--tensor-parallel-size=8"],
-        ["--tp", "8"],
-        ["--tp=8"],
-    ],
-)
-def test_every_spelling_of_the_tp_size_is_read(tp: list[str]) -> None:
+def _tp(flags: list[tuple[str, str | None]]) -> int:
+    return ServerLaunch(("sglang",), {}, "127.0.0.1", 30000, flags=tuple(flags)).tensor_parallel_size
+
+
+@pytest.mark.parametrize("tp", ["--tp-size", "--tensor-parallel-size", "--tp"])
+def test_every_spelling_of_the_tp_size_is_read(tp: str) -> None:
     # 0.5.17 server_args.py: --tp-size and its alias --tensor-parallel-size; --tp by argparse's prefix.
-    assert tensor_parallel_size([*tp, "--mem-fraction-static", "0.85"]) == 8
-    assert predicted_oom([*tp, "--mem-fraction-static", "0.85"], 96.0, 547.0) is None  # 68 GB of 82 GB
+    assert _tp([(tp, "8"), (MFS, "0.85")]) == 8
+    assert predicted_oom([(tp, "8"), (MFS, "0.85")], 96.0, 547.0) is None  # 68 GB of 82 GB
 
 
 def test_the_last_tp_flag_wins_as_in_argparse() -> None:
-    assert tensor_parallel_size(["--tp-size", "4", "--tensor-parallel-size", "8"]) == 8
-    assert tensor_parallel_size(["--tensor-parallel-size", "8", "--tp", "2"]) == 2
-    assert tensor_parallel_size([]) == 1
+    assert _tp([("--tp-size", "4"), ("--tensor-parallel-size", "8")]) == 8
+    assert _tp([("--tensor-parallel-size", "8"), ("--tp", "2")]) == 2
+    assert _tp([]) == 1
 
 
 def test_nothing_is_predicted_without_the_facts_or_an_explicit_fraction() -> None:
-    assert predicted_oom(["--tp-size", "8"], 96.0, 547.0) is None  # SGLang's own fraction fits the weights
-    assert predicted_oom(["--mem-fraction-static", "0.1"], None, 547.0) is None
-    assert predicted_oom(["--mem-fraction-static", "0.1"], 96.0, None) is None
-    assert predicted_oom(["--mem-fraction-static", "lots"], 96.0, 547.0) is None
+    assert predicted_oom([("--tp-size", "8")], 96.0, 547.0) is None  # SGLang's own fraction fits the weights
+    assert predicted_oom([(MFS, "0.1")], None, 547.0) is None
+    assert predicted_oom([(MFS, "0.1")], 96.0, None) is None
+    assert predicted_oom([(MFS, "lots")], 96.0, 547.0) is None
 
 
 def test_it_never_rejects_a_launch_that_would_start() -> None:
@@ -55,15 +53,13 @@ def test_it_never_rejects_a_launch_that_would_start() -> None:
     rng = random.Random(0)
     rejected = started_though_rejected = 0
     for _ in range(300):
-        argv = [
-            "--tp-size",
-            rng.choice(["4", "8"]),
-            "--mem-fraction-static",
-            f"{rng.uniform(0.5, 0.95):.2f}",
-            "--cuda-graph-max-bs-decode",
-            rng.choice(["32", "128", "512"]),
+        flags = [
+            ("--tp-size", rng.choice(["4", "8"])),
+            (MFS, f"{rng.uniform(0.5, 0.95):.2f}"),
+            ("--cuda-graph-max-bs-decode", rng.choice(["32", "128", "512"])),
         ]
-        if predicted_oom(argv, hw.gpu_memory_gb, model.weight_gb) is None:
+        argv = [word for pair in flags for word in pair]
+        if predicted_oom(flags, hw.gpu_memory_gb, model.weight_gb) is None:
             continue
         rejected += 1
         answer = predict(hw, model, argv)

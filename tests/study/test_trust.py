@@ -17,6 +17,7 @@ from autotune.study.loop import StudyDriver
 from autotune.study.rules import launch_identity, same_launch
 from autotune.study.storage import budget_used
 from autotune.study.trust.noise import noise_estimate
+from autotune.trial.launch import ServerLaunch
 from autotune.trial.redaction import Secrets
 from tests.builders import TRUST_OFF, StudyFiles, launched, model_pool, one_value_space
 
@@ -55,37 +56,45 @@ def test_a_wrong_trust_setting_names_the_file_the_field_and_the_fix(
 
 
 # -- the same launch --------------------------------------------------------------------------------------
-ARGV = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "8", "--trust-remote-code"]
+BASE = (("--model-path", "/m"), ("--tp-size", "8"), ("--trust-remote-code", None))
+
+
+def _identity(
+    *flags: tuple[str, str | None], env: dict[str, str], secrets: Secrets | None = None
+) -> dict[str, object]:
+    command = ("python", "-m", "sglang.launch_server")
+    launch = ServerLaunch(command, env, "127.0.0.1", 30000, flags=(*BASE, *flags))
+    return launch_identity(launch, secrets)
 
 
 def test_the_same_launch_is_the_same_flags_as_the_server_reads_them() -> None:
     env = {"NCCL_ALGO": "Ring"}
-    a = launch_identity([*ARGV, "--mem-fraction-static", "0.80", "--port", "30000"], env)
-    b = launch_identity([*ARGV, "--port=30000", "--mem-fraction-static", "0.8"], env)
+    a = _identity(("--mem-fraction-static", "0.80"), ("--port", "30000"), env=env)
+    b = _identity(("--port", "30000"), ("--mem-fraction-static", "0.8"), env=env)
     assert same_launch(a, b, {})
-    assert not same_launch(a, launch_identity([*ARGV, "--mem-fraction-static", "0.81"], env), {})
-    tree = launch_identity([*ARGV, "--mem-fraction-static", "0.8"], {"NCCL_ALGO": "Tree"})
+    assert not same_launch(a, _identity(("--mem-fraction-static", "0.81"), env=env), {})
+    tree = _identity(("--mem-fraction-static", "0.8"), env={"NCCL_ALGO": "Tree"})
     assert not same_launch(a, tree, {})
-    switch = launch_identity([*ARGV, "--disable-radix-cache"], {})
-    assert not same_launch(launch_identity(ARGV, {}), switch, {})
+    switch = _identity(("--disable-radix-cache", None), env={})
+    assert not same_launch(_identity(env={}), switch, {})
 
 
 def test_a_knob_left_unset_is_the_value_the_server_chose_for_itself() -> None:
-    unset = launch_identity(ARGV, {})
-    chosen = launch_identity([*ARGV, "--mem-fraction-static", "0.88"], {})
+    unset = _identity(env={})
+    chosen = _identity(("--mem-fraction-static", "0.88"), env={})
     assert same_launch(unset, chosen, {"--mem-fraction-static": 0.88})
     assert not same_launch(unset, chosen, {"--mem-fraction-static": 0.85})
     assert not same_launch(unset, chosen, {})  # before the baseline said what it chose
 
 
 def test_a_secret_flag_is_not_kept_in_the_clear() -> None:
-    identity = launch_identity([*ARGV, "--api-key", "sk-secret-123"], {"HF_TOKEN": "hf_secret"})
+    identity = _identity(("--api-key", "sk-secret-123"), env={"HF_TOKEN": "hf_secret"})
     assert "sk-secret-123" not in json.dumps(identity) and "hf_secret" not in json.dumps(identity)
-    other = launch_identity([*ARGV, "--api-key", "other"], {"HF_TOKEN": "hf_secret"})
+    other = _identity(("--api-key", "other"), env={"HF_TOKEN": "hf_secret"})
     assert not same_launch(identity, other, {})
     # A value the study reads from a `${NAME}` is secret whatever the flag's name.
     study_secrets = Secrets.of(values=["served-name-3e8d1c"])
-    named = launch_identity([*ARGV, "--served-model-name", "served-name-3e8d1c"], {}, study_secrets)
+    named = _identity(("--served-model-name", "served-name-3e8d1c"), env={}, secrets=study_secrets)
     assert "served-name-3e8d1c" not in json.dumps(named)
 
 

@@ -8,13 +8,16 @@ import pytest
 
 from autotune.errors import ForbiddenLaunchError
 from autotune.trial.launch import (
+    AUTO_PORT,
+    TP_FLAGS,
+    Flags,
     ServerLaunch,
     TrialConfig,
-    argv_flags,
     build_server_launch,
     check_never_launch,
     describe_launch,
     flag_value,
+    flag_words,
     is_secret_name,
     launch_script,
     redact_argv,
@@ -26,8 +29,10 @@ from autotune.trial.launch import (
 COMMAND = ("python", "-m", "sglang.launch_server")
 
 
-def _launch(env: dict[str, str], argv: tuple[str, ...] = (*COMMAND, "--model-path", "/m")) -> ServerLaunch:
-    return ServerLaunch(argv=argv, env=env, host="127.0.0.1", port=30000)
+def _launch(
+    env: dict[str, str], flags: Flags = (("--model-path", "/m"),), command: tuple[str, ...] = COMMAND
+) -> ServerLaunch:
+    return ServerLaunch(command=command, env=env, host="127.0.0.1", port=30000, flags=flags)
 
 
 def test_argv_order_is_command_model_base_trial_host_port_draft() -> None:
@@ -91,16 +96,15 @@ def test_build_refuses_never_launch_values() -> None:
 @pytest.mark.parametrize("token", ["--enable-nccl-nvls", "--enable-nccl-nvls=true"])
 def test_check_never_launch_flags(token: str) -> None:
     with pytest.raises(ForbiddenLaunchError, match="--enable-nccl-nvls"):
-        check_never_launch(_launch({}, (*COMMAND, token)), env={}, flags=["--enable-nccl-nvls"])
-    check_never_launch(
-        _launch({}, (*COMMAND, "--enable-torch-symm-mem")), env={}, flags=["--enable-symm-mem"]
-    )
+        check_never_launch(_launch({}, command=(*COMMAND, token)), env={}, flags=["--enable-nccl-nvls"])
+    check_never_launch(_launch({}, (("--enable-torch-symm-mem", None),)), env={}, flags=["--enable-symm-mem"])
 
 
 def test_script_quotes_spaces_quotes_and_dollars() -> None:
     tricky = {"A": "two words", "B": 'it\'s "quoted"', "C": "$HOME and `ls` and $(rm -rf /)", "D": ""}
+    flags: Flags = (("--model-path", "/models/my model"), ("--chat-template", "{{ $x }}'"))
     argv = (*COMMAND, "--model-path", "/models/my model", "--chat-template", "{{ $x }}'")
-    script = launch_script(_launch(tricky, argv))
+    script = launch_script(_launch(tricky, flags))
     lines = script.splitlines()
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
@@ -115,8 +119,9 @@ def test_script_quotes_spaces_quotes_and_dollars() -> None:
 
 def test_script_reads_secrets_from_the_callers_environment() -> None:
     env = {"HF_TOKEN": "hf_verysecret", "MY_API_KEY": "k-123", "NCCL_ALGO": "Ring"}
-    argv = (*COMMAND, "--model-path", "/m", "--api-key", "sk-flag", "--admin-api-key=sk-admin")
-    script = launch_script(_launch(env, argv))
+    # A secret flag the launch was built with, and one written into the study's command (read as words).
+    command = (*COMMAND, "--admin-api-key=sk-admin")
+    script = launch_script(_launch(env, (("--model-path", "/m"), ("--api-key", "sk-flag")), command))
     for secret in ("hf_verysecret", "k-123", "sk-flag", "sk-admin"):
         assert secret not in script
     assert ': "${HF_TOKEN:?set HF_TOKEN in your environment}"' in script
@@ -128,7 +133,7 @@ def test_script_reads_secrets_from_the_callers_environment() -> None:
 
 def test_describe_launch_is_one_redacted_line() -> None:
     env = {"NCCL_ALGO": "Ring", "HF_TOKEN": "hf_verysecret", "X": "a b"}
-    line = describe_launch(_launch(env, (*COMMAND, "--model-path", "/my models/k2", "--api-key", "sk-1")))
+    line = describe_launch(_launch(env, (("--model-path", "/my models/k2"), ("--api-key", "sk-1"))))
     assert "\n" not in line
     assert "hf_verysecret" not in line and "sk-1" not in line
     assert line == (
@@ -146,14 +151,15 @@ def test_redact_env_and_argv() -> None:
         "NCCL_ALGO": "Ring",
     }
     assert env["HF_TOKEN"] == "t"  # a copy
-    argv = ["--api-key", "sk", "--max-total-tokens", "100", "--api-key=sk2", "--tp-size", "8"]
-    assert redact_argv(argv) == [
+    flags: Flags = (("--api-key", "sk"), ("--max-total-tokens", "100"), ("--tp-size", "8"))
+    assert redact_argv(_launch({}, flags, ("serve", "--api-key=sk2"))) == [
+        "serve",
+        "--api-key",
+        "***",
         "--api-key",
         "***",
         "--max-total-tokens",
         "100",
-        "--api-key",
-        "***",
         "--tp-size",
         "8",
     ]
@@ -188,11 +194,33 @@ def test_value_text() -> None:
     assert to_arg("EAGLE3") == "EAGLE3"
 
 
-def test_the_server_argv_is_read_once_as_argparse_reads_it() -> None:
-    argv = ["python", "-m", "sglang.launch_server", "--tp", "4", "--trust-remote-code", "--tp-size=2", "--x"]
-    flags, words = argv_flags(argv)
-    assert flags == [("--tp", "4"), ("--trust-remote-code", None), ("--tp-size", "2"), ("--x", None)]
-    assert words == ["python", "-m", "sglang.launch_server"]
-    # Aliases: the last one given wins, whichever spelling it has.
-    assert flag_value(argv, "--tp-size", "--tp") == "2" and flag_value(argv[:5], "--tp-size", "--tp") == "4"
-    assert flag_value(argv, "--mem-fraction-static") is None
+def test_the_launch_s_flags_are_typed_where_it_is_built_and_read_from_there() -> None:
+    launch = build_server_launch(
+        command=COMMAND,
+        model_path="/models/k2",
+        config=TrialConfig(flags={"--tp-size": "2", "--api-key": "sk-trial"}),
+        host="127.0.0.1",
+        port=AUTO_PORT,
+        base_flags={"--tp": "4", "--trust-remote-code": None},
+    )
+    assert launch.flags == (
+        ("--model-path", "/models/k2"),
+        ("--tp", "4"),
+        ("--trust-remote-code", None),
+        ("--tp-size", "2"),
+        ("--api-key", "sk-trial"),
+        ("--host", "127.0.0.1"),
+        ("--port", "0"),
+    )
+    assert launch.argv == (*COMMAND, *flag_words(launch.flags))
+    # Aliases: the last one given wins, whichever spelling it has, as in argparse.
+    assert launch.tensor_parallel_size == 2 and flag_value(launch.flags[:3], *TP_FLAGS) == "4"
+    assert (launch.model_path, launch.api_key, launch.python) == ("/models/k2", "sk-trial", "python")
+    assert launch.flag("--mem-fraction-static") is None and launch.flag("--trust-remote-code") is None
+    placed = launch.with_port(31234)
+    assert (placed.port, placed.flag("--port"), placed.argv[-2:]) == (31234, "31234", ("--port", "31234"))
+    # A launch written as one command (a job) has no typed flags: nothing is read back from its words.
+    job = ServerLaunch(("python", "job.py", "--tp-size", "8"), {}, "127.0.0.1", AUTO_PORT)
+    assert job.flags == () and job.tensor_parallel_size == 1 and job.model_path is None
+    with pytest.raises(KeyError, match="--port"):
+        job.with_port(1)

@@ -29,8 +29,9 @@ from autotune.measure.client import API_KEY_ENV, BenchmarkError, Workload, bench
 from autotune.measure.plan import BenchServingOptions
 from autotune.node.bench_serving import BenchServingRun
 from autotune.node.runner import LocalCommandRunner, free_port
-from autotune.trial.redaction import REDACTED, Secrets, redacted_output, server_api_key
-from tests.builders import SHIPPED_SPACE, SIM_SEED_ARGV, StudyFiles, e2e_study
+from autotune.trial.launch import TrialConfig, build_server_launch
+from autotune.trial.redaction import REDACTED, Secrets, redacted_output
+from tests.builders import SEED_MODEL_PATH, SHIPPED_SPACE, SIM_SEED_ARGV, SIM_SERVER, StudyFiles, e2e_study
 from tests.conftest import run_cli
 from tests.test_objectives import BENCH_SERVING_LINE
 
@@ -198,7 +199,15 @@ def test_bench_serving_gets_the_key_as_sglang_reads_it(keyed_server: str, tmp_pa
     options = BenchServingOptions(
         tokenizer=str(tokenizer), command=(sys.executable, str(script), json.dumps(BENCH_SERVING_LINE))
     )
-    run = BenchServingRun(LocalCommandRunner(), keyed_server, KEYED_ARGV, options, timeout_s=60)
+    launch = build_server_launch(
+        command=SIM_SERVER,
+        model_path=SEED_MODEL_PATH,
+        config=TrialConfig(),
+        host="127.0.0.1",
+        port=30000,
+        base_flags={"--tp-size": "8", "--api-key": API_KEY},
+    )
+    run = BenchServingRun(LocalCommandRunner(), keyed_server, launch, options, timeout_s=60)
     workload = Workload(num_prompts=4, input_len=100, output_len=8, concurrency=2)
     result = run.measure(workload, seed=0)
     # Its request passed, and so did autotune's own /get_server_info on the node (time_scale 0.001).
@@ -252,8 +261,6 @@ def test_redaction_by_value() -> None:
     assert secrets.redact_bytes(text.encode()) == secrets.redact(text).encode()
     assert "hf_abcdef" not in repr(secrets)
     assert Secrets.of(values=["abc", "abcdefgh"]).redact("abcdefgh abc") == "*** abc"
-    assert server_api_key(["--api-key", "a", "--api-key=b"]) == "b"
-    assert server_api_key(["--tp-size", "8"]) is None
 
 
 def test_redacted_output_covers_prints_and_tracebacks(capsys: pytest.CaptureFixture[str]) -> None:

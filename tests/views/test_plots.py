@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.study.preflight import MEM_FRACTION
+from autotune.trial.memory_fraction import MEM_FRACTION
 from autotune.views.plots import (
     CUDA_GRAPH_MAX_BS,
     OLD_CUDA_GRAPH_MAX_BS,

@@ -1,17 +1,9 @@
 """Run-to-run noise: what makes two launches of one config measure differently on real GPUs.
 
-Three sources, each seen in the real H200 runs (benchmarks/RESULTS-sglang-h200.md, calibrated in
-autotune/sim/profiles/hardware/h200-x1.yaml): a launch runs a little fast or slow as a whole (`run`), a lease
-of the machine (a session, or another machine of the same kind) has a GPU a little faster or slower
-(`lease`) and a host that dispatches eager ops faster or slower (`eager_host`: eager decode steps took 21.7
-ms on one lease and 32.9 ms on the next, while graph steps matched within 1%), and every scheduler step
-jitters (`step`, which averages out over a benchmark). A launch's draws depend only on its seed and its
-lease number, so a seed reproduces a measurement exactly.
-
-`SGLANG_SIM_NOISE` switches it: unset, `0` or `off` (the default: every figure exact, as the calibration
-tests and the seed-figure tests need), `calibrated` (the hardware profile's `noise` section), or a number
-(the older setting: that relative spread per launch, a third of it per step, no lease effects).
-`SGLANG_SIM_LEASE` is the lease a launch runs on (default 0).
+A launch's draws (for the run, for the lease of the machine, for each step) depend only on its seed and
+its lease number, so a seed reproduces a measurement. `SGLANG_SIM_NOISE` switches it (off by default,
+`calibrated`, or a relative spread) and `SGLANG_SIM_LEASE` names the lease. The sources and the real runs
+they are calibrated on: docs/design.md, "Run-to-run noise".
 """
 
 from __future__ import annotations

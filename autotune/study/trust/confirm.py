@@ -1,26 +1,10 @@
 """The winner confirmed: the study's best configs and SGLang's defaults launched again in interleaved rounds.
 
-The best of many single measurements is biased upwards (it drew high), so when the search ends (budget,
-timeout or the stopping rule) the `trust.confirm.top` best configs and the baseline run again, one round
-at a time, each round launching every one of them once, in an order that alternates per round
-(`round_order`, as `compare` does: a drift of the node cancels). The runs are ordinary study trials
-(`remeasure_of` and `confirm` attributes): in the Optuna storage and MLflow, each its own launch,
-resumable after Ctrl-C. After each round the leader's paired gain over the defaults (`paired_gain`) is
-checked: the rounds stop once its interval is narrower than `target_pct` either side or clear of zero
-(after `min_rounds`), or at `max_rounds`. The interval that claims a gain is looked at after every round
-from `min_rounds` on, so its error is spent across the looks as across the candidates (`look_confidence`);
-the one that stops the rounds for being narrow claims nothing (stopping sooner only takes looks away), so
-it is spent across the candidates alone (`precision_confidence`). The runner-up is confirmed only when its
-search measurements lie within the noise band of the leader's (`contenders`): else its launches would
-measure a config the search already ranked below the leader beyond noise.
-
-Launches the search made count as a round where they are paired in time (`search_rounds`): a launch of the
-baseline (its early repeats) and a launch of a candidate one right after the other on one node, as a
-round's own launches are, so that a drift of the node falls on both alike; at most `min_rounds` - 1 of
-them, so that at least one round is launched after the search chose its candidates
-(`pair_search_launches: false` counts none).
-
-The study's answer built on these rounds (and worded when there are none) is autotune.study.trust.answer's.
+The best of many single measurements is biased upwards, so after the search the top configs and the
+baseline run again as ordinary study trials, a round at a time in alternating order, until the leader's
+paired gain over the defaults is narrow enough or clear of zero, or `max_rounds`. The rules of the rounds
+and of their error: docs/design.md, "Confirmation"; the answer built on them is
+autotune.study.trust.answer's.
 """
 
 from __future__ import annotations

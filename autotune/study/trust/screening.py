@@ -1,22 +1,9 @@
 """Knob screening: a knob shown to have no effect beyond the run-to-run noise is held at SGLang's default and
 takes no more of the budget (`trust.screen`).
 
-The evidence is the same for every method: two launched configs that differ in one knob only (a knob left
-unset counting as equal to the value the server chose for itself in the baseline) measure what moving that
-knob alone does. A knob is held once `min_pairs` such pairs moved it to at least two other values, every
-one of them changed the objective by no more than the noise band (`NoiseEstimate.band`, the stopping
-rule's), and none failed (a move that ran out of memory or broke a limit is an effect). The methods differ
-in where the pairs come from:
-
-- `alone`: right after the baseline, each knob is moved alone from the defaults to its extremes (the
-  lowest and highest value of a range or of numeric choices; the first and last other choice), as SGLang's
-  own auto_benchmark does in its first tier; these launches are the search's first trials.
-- `moves`: no launch of its own; the one-knob moves the default sampler makes from the best trial so far
-  (study.samplers.IncumbentMoves) and start trials that changed one knob of the defaults are read as they
-  come.
-
-Only knobs that stand alone are screened: not one another knob's condition (`when`), nor one under a
-condition, nor a speculative knob (their trees pay off together), nor one a stage already holds.
+The evidence is launched configs that differ in that knob alone, each pair within the noise band; the
+methods (`alone`, `moves`) differ in where the pairs come from. The rule in full: docs/design.md,
+"Knob screening".
 """
 
 from __future__ import annotations

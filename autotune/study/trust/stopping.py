@@ -1,27 +1,9 @@
 """The stopping rule: a search ends early when further trials are unlikely to beat its best beyond noise.
 
-With `min_node_hours` and `patience_node_hours` set (the defaults), the same question is also asked of the
-last stretch of node hours instead of trials (issue 37), and whichever rule is met first stops the search
-(benchmarks/RESULTS.md, "the stopping rule in node hours").
-
-A study started from an earlier one (`run --from`: study.warm_start) launched that study's answer first: the
-minimums (`min_trials`, `min_node_hours`), which give a sampler room to explore after its start, are the
-earlier study's, spent already; the patience stretch still applies.
-
-The rule (`trust.stop_early`): after `min_trials` launched trials, when the last `patience` search trials
-did not raise the best value by more than the noise band (two runs of one config differ by up to that at
-95%: `NoiseEstimate.band`), the search stops and the study goes on to confirmation; the rest of the budget
-is left unused (`autotune resume --n-trials N` continues the search).
-
-Why this rule: on real H200 studies most configs lie inside one config's run-to-run spread, so the best
-single value keeps creeping up by draws of noise while the configs themselves are no better; an
-improvement within the band is what a repeat of the same config would give. It needs the noise measured
-(the baseline's early repeats: `min_noise_dof` degrees of freedom, as one pair of runs can give a spread
-from half to 16 times the true one), so without such an estimate it never stops a study;
-`patience` search trials is the sampler's chance to find something beyond the band after its start. The
-band takes the measured spread as exact (the normal quantile, 2.8 SDs): with the t quantile of one early
-repeat's single degree of freedom (12.7) it would be 18 SDs wide and stop nearly any search; the answer,
-which claims a gain, keeps the t quantile.
+After `min_trials` (and `min_node_hours`), when the last `patience` search trials (or
+`patience_node_hours`) did not raise the best value by more than the noise band, the search stops and the
+study goes on to confirmation; without a noise estimate it never stops a study. Why this rule, and its
+figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
