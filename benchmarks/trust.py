@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import pickle
 import statistics
 import sys
 import tempfile
@@ -171,7 +172,13 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     # noise, beside the rules in trials and hours.
     "stop-half": {"stop_early": {"patience_share": 0.5, "min_patience": 6, "min_trials": 10}},
     "stop-half-8": {"stop_early": {"patience_share": 0.5, "min_patience": 8, "min_trials": 12}},
+    # A search no rule stops (it spends its 40 trials): with --dump, what benchmarks/stop_replay.py replays
+    # other stopping rules on, as their searches are the same up to where they stop.
+    "flat-probe": True,  # the defaults, the line search also probing above a flat neighbour (FLAT_PROBE)
+    "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
+    "no-stop-flat-probe": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
+DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
 NO_STAGE = ("no-nccl-stage",)
 
@@ -204,6 +211,23 @@ def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]
         stack.enter_context(
             mock.patch.object(confirm_rule, "precision_confidence", confirm_rule.look_confidence)
         )
+    return stack
+
+
+# Variants that change the default sampler (autotune.study.samplers), not the trust section.
+FLAT_PROBE = ("flat-probe", "no-stop-flat-probe")
+
+
+def sampler_rule(variant: str) -> contextlib.AbstractContextManager[object]:
+    """The default sampler, with the line search's probe above a flat neighbour on (`FLAT_FRACTION_PROBE`)
+    for the variants in FLAT_PROBE."""
+    from unittest import mock
+
+    from autotune.study import samplers
+
+    stack = contextlib.ExitStack()
+    if variant in FLAT_PROBE:
+        stack.enter_context(mock.patch.object(samplers, "FLAT_FRACTION_PROBE", True))
     return stack
 
 
@@ -305,6 +329,29 @@ def search_wait(
     return (found if found is not None else spent) / 3600, waited, waited_s / 3600
 
 
+def dump(
+    job: Job, optuna_study: optuna.Study, clock: NodeClock, true_value: Callable[[Any], float], answer: float
+) -> None:
+    """Write the study's trials, their true values and node seconds for benchmarks/stop_replay.py."""
+    trials = optuna_study.get_trials(deepcopy=True)
+    record = {
+        "profile": job.profile.key,
+        "flat": job.flat,
+        "seed": job.seed,
+        "variant": job.name,
+        "trials": trials,
+        "attrs": dict(optuna_study.user_attrs),
+        "true": {
+            t.number: true_value(t) for t in trials if t.state is TrialState.COMPLETE and is_feasible(t)
+        },
+        "answer_true": answer,
+        "seconds": dict(clock.seconds),
+        "stage_s": clock.stage_s,
+    }
+    name = f"{job.profile.key}-{'flat' if job.flat else 'gains'}-{job.name}-{job.seed}.pickle"
+    (DUMP[0] / name).write_bytes(pickle.dumps(record))
+
+
 _LANDSCAPES: dict[str, Landscape] = {}
 
 
@@ -403,6 +450,8 @@ def run_job(job: Job) -> Outcome:
             clock.noise_seed += 5000
             gain = compare(study, optuna_study, job.compare_rounds, trial=answer.trial, run=rerun).gain()
             confirmed_claims = gain is not None and gain.verdict == "gain"
+        if DUMP:
+            dump(job, optuna_study, clock, lambda t: truth.value_of(trial_config(study, t)), true_value)
         found_h, waited, waited_h = search_wait(
             optuna_study, clock, lambda t: truth.value_of(trial_config(study, t)), true_value
         )
@@ -430,7 +479,7 @@ def run_job(job: Job) -> Outcome:
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
-    with confirmation_rule(job.variant):
+    with confirmation_rule(job.variant), sampler_rule(job.variant):
         run = run_study(
             profile,
             job.n_trials,
@@ -587,7 +636,8 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
         waited = statistics.median(o.waited_launches for o in group)
         waited_h = statistics.median(o.waited_h for o in group)
         lines.append(
-            f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% | {found:.2f} | {waited:.0f} | {waited_h:.2f} |"
+            f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% "
+            f"| {found:.2f} | {waited:.0f} | {waited_h:.2f} |"
         )
     return lines
 
@@ -604,9 +654,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the trust sections measured side by side, of {', '.join(VARIANTS)} (default before,after)",
     )
     parser.add_argument(
-        "--per-study", action="store_true", help="also a line per study: its answer, cost and the search's wait"
+        "--per-study",
+        action="store_true",
+        help="also a line per study: its answer, cost and the search's wait",
+    )
+    parser.add_argument(
+        "--dump", type=Path, help="write each study's trials there (benchmarks/stop_replay.py)"
     )
     args = parser.parse_args(argv)
+    if args.dump:
+        args.dump.mkdir(parents=True, exist_ok=True)
+        DUMP[:] = [args.dump]
     seeds = 1 if args.quick else args.seeds
     n_trials = 6 if args.quick else N_TRIALS
     rounds = 2 if args.quick else COMPARE_ROUNDS
