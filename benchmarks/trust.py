@@ -175,6 +175,8 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     # A search no rule stops (it spends its 40 trials): with --dump, what benchmarks/stop_replay.py replays
     # other stopping rules on, as their searches are the same up to where they stop.
     "flat-probe": True,  # the defaults, the line search also probing above a flat neighbour (FLAT_PROBE)
+    "start-6": True,  # the defaults, the sampler's start 6 trials long (START_6)
+    "start-6-flat-probe": True,
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
     "no-stop-flat-probe": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
@@ -215,12 +217,13 @@ def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]
 
 
 # Variants that change the default sampler (autotune.study.samplers), not the trust section.
-FLAT_PROBE = ("flat-probe", "no-stop-flat-probe")
+FLAT_PROBE = ("flat-probe", "no-stop-flat-probe", "start-6-flat-probe")
+START_6 = ("start-6", "start-6-flat-probe")  # the sampler's start 6 finished trials long instead of 10
 
 
 def sampler_rule(variant: str) -> contextlib.AbstractContextManager[object]:
     """The default sampler, with the line search's probe above a flat neighbour on (`FLAT_FRACTION_PROBE`)
-    for the variants in FLAT_PROBE."""
+    for the variants in FLAT_PROBE, and a start of 6 finished trials for those in START_6."""
     from unittest import mock
 
     from autotune.study import samplers
@@ -228,6 +231,14 @@ def sampler_rule(variant: str) -> contextlib.AbstractContextManager[object]:
     stack = contextlib.ExitStack()
     if variant in FLAT_PROBE:
         stack.enter_context(mock.patch.object(samplers, "FLAT_FRACTION_PROBE", True))
+    if variant in START_6:
+        default = samplers.tpe
+
+        def shorter(seed: int | None, **settings: Any) -> optuna.samplers.BaseSampler:
+            return default(seed, **{"n_startup_trials": 6, **settings})
+
+        stack.enter_context(mock.patch.object(samplers, "tpe", shorter))
+        stack.enter_context(mock.patch.dict(samplers.SAMPLERS, {"tpe": shorter}))
     return stack
 
 
