@@ -43,10 +43,6 @@ RULES: dict[str, dict[str, Any]] = {
     "trials-16-12": {"min_trials": 16, "patience": 12},
     "trials-15-10": {"min_trials": 15, "patience": 10},
     "trials-12-8": {"min_trials": 12, "patience": 8},
-    "half-6": {"patience_share": 0.5, "min_patience": 6, "min_trials": 10},
-    "half-8": {"patience_share": 0.5, "min_patience": 8, "min_trials": 12},
-    "half-10": {"patience_share": 0.5, "min_patience": 10, "min_trials": 15},
-    "share-0.6-10": {"patience_share": 0.6, "min_patience": 10, "min_trials": 15},
     "hours-1.0": {"min_node_hours": 1.0, "patience_node_hours": 1.0},
     "hours-1.5": {"min_node_hours": 1.5, "patience_node_hours": 1.0},
 }

@@ -167,13 +167,6 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
-    # The stretch a share of the search so far (issue 37 items 2/7): after `min_trials` launches, stop when
-    # the last half of the search's node hours (at least `min_patience` launches) gained no more than the
-    # noise, beside the rules in trials and hours.
-    "stop-half": {"stop_early": {"patience_share": 0.5, "min_patience": 6, "min_trials": 10}},
-    "stop-half-8": {"stop_early": {"patience_share": 0.5, "min_patience": 8, "min_trials": 12}},
-    # A search no rule stops (it spends its 40 trials): with --dump, what benchmarks/stop_replay.py replays
-    # other stopping rules on, as their searches are the same up to where they stop.
     "flat-probe": True,  # the defaults, the line search also probing above a flat neighbour (FLAT_PROBE)
     "start-6": True,  # the defaults, the sampler's start 6 trials long (START_6)
     "start-6-flat-probe": True,

@@ -83,12 +83,6 @@ class StopEarly(BaseModel):
     # rule in node hours"): 10 seeds, the seed's node 7.77 -> 6.63 node h at the same answers, others equal.
     min_node_hours: PositiveFloat | None = 2.5
     patience_node_hours: PositiveFloat | None = 2.0
-    # The rule with its stretch a share of the search so far, beside the others (issue 37 items 2/7): after
-    # `min_trials`, stop when the last `patience_share` of the search's node hours, at least `min_patience`
-    # search launches, did not raise the best beyond the noise band (a search that found its best early
-    # stops early; one still climbing goes on). `patience_share: null` switches it off.
-    patience_share: Annotated[float, Field(gt=0, lt=1)] | None = None
-    min_patience: PositiveInt = 6
 
     @model_validator(mode="before")
     @classmethod

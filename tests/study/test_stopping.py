@@ -4,10 +4,8 @@ and a resume given a larger budget continues it; run fast on nodes answered by t
 from __future__ import annotations
 
 import optuna
-import pytest
 
 from autotune.config import load_study
-from autotune.errors import ConfigError
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import budget_used
 from autotune.study.trust.noise import noise_estimate
@@ -72,70 +70,3 @@ def test_a_stretch_of_node_hours_holds_five_search_launches_before_it_stops_a_st
     assert why_stop(study, _searched(node_s=4500.0)) is None
     stopped = why_stop(study, _searched(node_s=1440.0))  # 0.4 node h a launch: 5 in the last 2 node hours
     assert stopped is not None and "(5 trials)" in stopped
-
-
-def _found_early(flat_after: int, node_s: float = 300.0, early_s: float = 300.0) -> optuna.Study:
-    """SGLang's defaults at 0, 2 and 4 (2 degrees of freedom), a search whose second launch found +10%, then
-    `flat_after` search launches within 0.5% of it; each launch `node_s` seconds of the node, the search's
-    first two `early_s`."""
-    flat = [109.5 + (i % 3) * 0.25 for i in range(flat_after)]
-    trials = [
-        stored_trial({}, 100.0, node="n", node_s=node_s, baseline=True),
-        stored_trial({"--stream-interval": 1}, 100.5, node="n", node_s=early_s),
-        stored_trial({}, 100.5, node="n", node_s=node_s, baseline=True, remeasure_of=0),
-        stored_trial({"--stream-interval": 2}, 110.0, node="n", node_s=early_s),
-        stored_trial({}, 99.5, node="n", node_s=node_s, baseline=True, remeasure_of=0),
-    ]
-    trials += [
-        stored_trial({"--stream-interval": 3 + i}, value, node="n", node_s=node_s)
-        for i, value in enumerate(flat)
-    ]
-    return study_of_trials(*trials)
-
-
-SHARE = {
-    "min_trials": 1,
-    "patience": 100,
-    "patience_node_hours": None,
-    "patience_share": 0.5,
-    "min_patience": 6,
-}
-
-
-def test_a_search_that_found_its_best_early_stops_once_the_last_half_of_it_gained_nothing(
-    study_file: StudyFiles,
-) -> None:
-    study = load_study(study_file(n_trials=40, trust={"stop_early": SHARE}))
-    # The best came at the 2nd search launch: after 5 more the stretch is too short, after 6 it is the last
-    # 6 of 8 (more than half), and it stops; the rule in trials (patience 100) would not have.
-    assert why_stop(study, _found_early(flat_after=5)) is None
-    stopped = why_stop(study, _found_early(flat_after=6))
-    assert stopped is not None and "the last 6 search trials (50% of the search's node hours" in stopped
-    assert "within the run-to-run noise band" in stopped
-    without = load_study(study_file(n_trials=40, trust={"stop_early": {**SHARE, "patience_share": None}}))
-    assert why_stop(without, _found_early(flat_after=6)) is None
-
-
-def test_the_share_grows_with_the_search_so_a_late_gain_keeps_it_going(study_file: StudyFiles) -> None:
-    study = load_study(study_file(n_trials=40, trust={"stop_early": SHARE}))
-    late = _found_early(flat_after=10)
-    assert why_stop(study, late) is not None
-    # A gain beyond the noise at the 13th search launch of 14: the last half (7 launches) holds it.
-    late.add_trial(stored_trial({"--stream-interval": 90}, 115.0, node="n", node_s=300.0))
-    late.add_trial(stored_trial({"--stream-interval": 91}, 114.0, node="n", node_s=300.0))
-    assert why_stop(study, late) is None
-
-
-def test_the_share_is_of_node_hours_not_launches(study_file: StudyFiles) -> None:
-    study = load_study(study_file(n_trials=40, trust={"stop_early": SHARE}))
-    # The search's first two launches took 3000 s each, the 6 after the best 60 s: half of the search's node
-    # hours reaches back over the best, which then lies in the stretch, so the search goes on.
-    assert why_stop(study, _found_early(flat_after=6, node_s=60.0, early_s=3000.0)) is None
-    assert why_stop(study, _found_early(flat_after=6, node_s=60.0, early_s=60.0)) is not None
-
-
-def test_patience_share_is_a_share_below_one(study_file: StudyFiles) -> None:
-    half = load_study(study_file(n_trials=40, trust={"stop_early": {"patience_share": 0.5}}))
-    assert half.file.trust.stop_early.patience_share == 0.5
-    with pytest.raises(ConfigError, match=r"patience_share(.|\n)*1\.5"):
-        load_study(study_file(n_trials=40, trust={"stop_early": {"patience_share": 1.5}}))

@@ -72,8 +72,6 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
         and (why := _why_stop_in_hours(study, optuna_study)) is not None
     ):
         return why  # else the rule in trials may stop it: whichever is met first
-    if settings.patience_share is not None and (why := _why_stop_in_share(study, optuna_study)) is not None:
-        return why
     trials = optuna_study.get_trials(deepcopy=False)
     launched = [t for t in trials if t.state.is_finished() and counts(t)]
     search = _search_trials(trials)
@@ -146,39 +144,6 @@ def _why_stop_in_hours(study: Study, optuna_study: optuna.Study) -> str | None:
         return None
     stretch_text = f"the last {stretch:.2f} node hours of search ({len(recent)} trials)"
     return f"stopped early: {stretch_text} raised the best by {gain}"
-
-
-def _why_stop_in_share(study: Study, optuna_study: optuna.Study) -> str | None:
-    """The rule with its stretch a share of the search: after `min_trials` launched trials, the last
-    `patience_share` of the search's node hours (at least `min_patience` search launches, and not all of
-    them) did not raise the best beyond the noise band."""
-    settings = study.file.trust.stop_early
-    share = float(settings.patience_share or 0.0)
-    trials = optuna_study.get_trials(deepcopy=False)
-    launched = [t for t in trials if t.state.is_finished() and counts(t)]
-    search = _search_trials(trials)
-    min_trials = 0 if StudyRecord.of(optuna_study).warm_start is not None else settings.min_trials
-    since = _stopped_after(optuna_study)
-    if len(launched) < min_trials or sum(t.number > since for t in search) < settings.min_patience:
-        return None
-    # Node hours where every launch has them; else launches (a study from before they were recorded).
-    cost = _node_h if all(TrialRecord.of(t).node_s for t in search) else (lambda _t: 1.0)
-    target = share * sum(map(cost, search))
-    recent: set[int] = set()
-    stretch = 0.0
-    for trial in reversed(search):  # the last search launches that together took the share
-        if stretch >= target and len(recent) >= settings.min_patience:
-            break
-        recent.add(trial.number)
-        stretch += cost(trial)
-    if len(recent) >= len(search):  # the stretch needs a best before it to compare with
-        return None
-    if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
-        return None
-    return (
-        f"stopped early: the last {len(recent)} search trials ({share:.0%} of the search's node hours or "
-        f"more) raised the best by {gain}"
-    )
 
 
 def record_stop(optuna_study: optuna.Study, why: str) -> None:
