@@ -29,7 +29,10 @@ judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL 
 
 A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
 baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
-answer sets add to its true tok/s.
+answer sets add to its true tok/s, and what the search spent waiting (issue 37 items 2/7: node hours until
+a launch within the noise band of the answer's true value, the search launches after it and their node
+hours; `--per-study` prints them per study). `no-stop` is a search no rule stops; `--dump DIR` writes each
+study's trials for benchmarks/stop_replay.py, which replays other stopping rules on them.
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
@@ -167,11 +170,7 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
-    "flat-probe": True,  # the defaults, the line search also probing above a flat neighbour (FLAT_PROBE)
-    "start-6": True,  # the defaults, the sampler's start 6 trials long (START_6)
-    "start-6-flat-probe": True,
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
-    "no-stop-flat-probe": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
@@ -206,32 +205,6 @@ def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]
         stack.enter_context(
             mock.patch.object(confirm_rule, "precision_confidence", confirm_rule.look_confidence)
         )
-    return stack
-
-
-# Variants that change the default sampler (autotune.study.samplers), not the trust section.
-FLAT_PROBE = ("flat-probe", "no-stop-flat-probe", "start-6-flat-probe")
-START_6 = ("start-6", "start-6-flat-probe")  # the sampler's start 6 finished trials long instead of 10
-
-
-def sampler_rule(variant: str) -> contextlib.AbstractContextManager[object]:
-    """The default sampler, with the line search's probe above a flat neighbour on (`FLAT_FRACTION_PROBE`)
-    for the variants in FLAT_PROBE, and a start of 6 finished trials for those in START_6."""
-    from unittest import mock
-
-    from autotune.study import samplers
-
-    stack = contextlib.ExitStack()
-    if variant in FLAT_PROBE:
-        stack.enter_context(mock.patch.object(samplers, "FLAT_FRACTION_PROBE", True))
-    if variant in START_6:
-        default = samplers.tpe
-
-        def shorter(seed: int | None, **settings: Any) -> optuna.samplers.BaseSampler:
-            return default(seed, **{"n_startup_trials": 6, **settings})
-
-        stack.enter_context(mock.patch.object(samplers, "tpe", shorter))
-        stack.enter_context(mock.patch.dict(samplers.SAMPLERS, {"tpe": shorter}))
     return stack
 
 
@@ -483,7 +456,7 @@ def run_job(job: Job) -> Outcome:
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
-    with confirmation_rule(job.variant), sampler_rule(job.variant):
+    with confirmation_rule(job.variant):
         run = run_study(
             profile,
             job.n_trials,

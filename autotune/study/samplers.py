@@ -68,9 +68,6 @@ BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right aft
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
-# A line search from a best whose nearest measured neighbour below on the memory fraction's line is within
-# the margin goes up too (issue 37 items 2/7; benchmarks/RESULTS.md): off until measured better.
-FLAT_FRACTION_PROBE = False
 LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSED_ATTR)
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
@@ -590,12 +587,7 @@ class IncumbentMoves(_Wrapper):
                 targets.append(value + step)  # a probe of which way the line goes, short of a known edge
             for side in (-1, 1):
                 behind, ahead = sides[-side], sides[side]
-                if not behind or not _feasible(behind[0]):
-                    continue
-                # A flat neighbour below says nothing of the slope where the KV pool grows in steps (flat
-                # between them): the untried side above gets a launch as the expanding step would.
-                flat = FLAT_FRACTION_PROBE and name == MEM_FRACTION and side == 1 and not worse(behind[0])
-                if not worse(behind[0]) and not flat:
+                if not behind or not _feasible(behind[0]) or not worse(behind[0]):
                     continue
                 if not ahead:
                     target = value + 2 * (value - behind[0].params[name])
@@ -603,8 +595,6 @@ class IncumbentMoves(_Wrapper):
                     if edge is not None and side * (target - (edge - side * step)) > 0:
                         target = edge - side * step
                     targets.append(target)
-                elif flat:
-                    continue
                 elif not _feasible(ahead[0]):
                     halves = math.floor(abs(ahead[0].params[name] - value) / step / 2 + 1e-9)
                     if halves == 0:  # the edge: move it, with less of what ran out of memory there
