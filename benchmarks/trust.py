@@ -29,7 +29,10 @@ judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL 
 
 A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
 baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
-answer sets add to its true tok/s.
+answer sets add to its true tok/s, and what the search spent waiting (issue 37 items 2/7: node hours until
+a launch within the noise band of the answer's true value, the search launches after it and their node
+hours; `--per-study` prints them per study). `no-stop` is a search no rule stops; `--dump DIR` writes each
+study's trials for benchmarks/stop_replay.py, which replays other stopping rules on them.
 
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
 """
@@ -41,6 +44,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import pickle
 import statistics
 import sys
 import tempfile
@@ -84,6 +88,7 @@ from autotune.study.records import (
 from autotune.study.rules import best_trial, is_feasible, trial_config
 from autotune.study.trust import confirm as confirm_rule
 from autotune.study.trust.answer import study_answer as product_answer
+from autotune.study.trust.noise import noise_estimate
 
 N_TRIALS = 40
 LEASE_EVERY = 10  # the real study: 31 trials over four sessions
@@ -165,7 +170,9 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
+    "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
+DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
 NO_STAGE = ("no-nccl-stage",)
 
@@ -235,6 +242,11 @@ class Outcome:
     # The answer's true value over the same config with NCCL's defaults, in percent: what the NCCL stage's
     # held values add to it (0 when the answer sets no NCCL knob).
     nccl_gain_pct: float = 0.0
+    # The search's wait (issue 37 items 2/7): study node h until the first launch whose true value was within
+    # the noise band of the answer's, the search launches after it, and their node h (the stopping rule's).
+    found_h: float = 0.0
+    waited_launches: int = 0
+    waited_h: float = 0.0
 
 
 # Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
@@ -262,6 +274,59 @@ def parts(optuna_study: optuna.Study, clock: NodeClock) -> tuple[tuple[str, floa
             part = "search"
         hours[part] += seconds / 3600
     return tuple(hours.items())
+
+
+def search_wait(
+    optuna_study: optuna.Study, clock: NodeClock, true_value: Callable[[Any], float], answer_true: float
+) -> tuple[float, int, float]:
+    """Where the answer was first found and what the search spent after it: the study's node hours (its
+    NCCL stage and every launch in trial order) until the first search launch whose true value lies within
+    the study's final noise band of the answer's (the answer itself at the latest), then the search
+    launches (failed ones included) after it and their node hours."""
+    estimate = noise_estimate(optuna_study)
+    band = estimate.band(spread_known=True) if estimate is not None else 0.01
+    trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
+    spent, found, waited, waited_s = clock.stage_s, None, 0, 0.0
+    for number in sorted(clock.seconds):
+        seconds, trial = clock.seconds[number], trials.get(number)
+        search = (
+            trial is not None
+            and COMPARE_ATTR not in trial.user_attrs
+            and CONFIRM_ATTR not in trial.user_attrs
+            and not trial.user_attrs.get(BASELINE_ATTR)
+        )
+        if found is not None:
+            waited += search
+            waited_s += seconds if search else 0.0
+            continue
+        spent += seconds
+        good = trial is not None and trial.state is TrialState.COMPLETE and is_feasible(trial)
+        if good and true_value(trial) >= answer_true * (1 - band):
+            found = spent
+    return (found if found is not None else spent) / 3600, waited, waited_s / 3600
+
+
+def dump(
+    job: Job, optuna_study: optuna.Study, clock: NodeClock, true_value: Callable[[Any], float], answer: float
+) -> None:
+    """Write the study's trials, their true values and node seconds for benchmarks/stop_replay.py."""
+    trials = optuna_study.get_trials(deepcopy=True)
+    record = {
+        "profile": job.profile.key,
+        "flat": job.flat,
+        "seed": job.seed,
+        "variant": job.name,
+        "trials": trials,
+        "attrs": dict(optuna_study.user_attrs),
+        "true": {
+            t.number: true_value(t) for t in trials if t.state is TrialState.COMPLETE and is_feasible(t)
+        },
+        "answer_true": answer,
+        "seconds": dict(clock.seconds),
+        "stage_s": clock.stage_s,
+    }
+    name = f"{job.profile.key}-{'flat' if job.flat else 'gains'}-{job.name}-{job.seed}.pickle"
+    (DUMP[0] / name).write_bytes(pickle.dumps(record))
 
 
 _LANDSCAPES: dict[str, Landscape] = {}
@@ -362,6 +427,11 @@ def run_job(job: Job) -> Outcome:
             clock.noise_seed += 5000
             gain = compare(study, optuna_study, job.compare_rounds, trial=answer.trial, run=rerun).gain()
             confirmed_claims = gain is not None and gain.verdict == "gain"
+        if DUMP:
+            dump(job, optuna_study, clock, lambda t: truth.value_of(trial_config(study, t)), true_value)
+        found_h, waited, waited_h = search_wait(
+            optuna_study, clock, lambda t: truth.value_of(trial_config(study, t)), true_value
+        )
         launched = [  # the study's: the separate compare's apart (its node time counts in node_h)
             t
             for t in optuna_study.get_trials(deepcopy=False)
@@ -380,6 +450,9 @@ def run_job(job: Job) -> Outcome:
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
             parts=parts(optuna_study, clock),
             nccl_gain_pct=(true_value / without_nccl - 1) * 100 if without_nccl else 0.0,
+            found_h=found_h,
+            waited_launches=waited,
+            waited_h=waited_h,
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -523,8 +596,9 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
     lines = [
         "| profile | variant | "
         + " | ".join(PARTS)
-        + " | total, median | NCCL values' gain in the answer, median |",
-        "|" + "---|" * (len(PARTS) + 4),
+        + " | total, median | NCCL values' gain in the answer, median"
+        + " | answer first launched at node h | search launches after it | their node h |",
+        "|" + "---|" * (len(PARTS) + 7),
     ]
     rows: dict[tuple[str, str], list[Outcome]] = {}
     for o in outcomes:
@@ -535,7 +609,13 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
         total = statistics.median(o.node_h for o in group)
         gain = statistics.median(o.nccl_gain_pct for o in group)
         cells = " | ".join(f"{h:.2f}" for h in medians)
-        lines.append(f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% |")
+        found = statistics.median(o.found_h for o in group)
+        waited = statistics.median(o.waited_launches for o in group)
+        waited_h = statistics.median(o.waited_h for o in group)
+        lines.append(
+            f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% "
+            f"| {found:.2f} | {waited:.0f} | {waited_h:.2f} |"
+        )
     return lines
 
 
@@ -550,7 +630,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="before,after",
         help=f"the trust sections measured side by side, of {', '.join(VARIANTS)} (default before,after)",
     )
+    parser.add_argument(
+        "--per-study",
+        action="store_true",
+        help="also a line per study: its answer, cost and the search's wait",
+    )
+    parser.add_argument(
+        "--dump", type=Path, help="write each study's trials there (benchmarks/stop_replay.py)"
+    )
     args = parser.parse_args(argv)
+    if args.dump:
+        args.dump.mkdir(parents=True, exist_ok=True)
+        DUMP[:] = [args.dump]
     seeds = 1 if args.quick else args.seeds
     n_trials = 6 if args.quick else N_TRIALS
     rounds = 2 if args.quick else COMPARE_ROUNDS
@@ -585,6 +676,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(table(outcomes, best_known)))
     print("\nNode hours by part, median over the seeds (where gains exist)\n")
     print("\n".join(parts_table(outcomes)))
+    if args.per_study:
+        print("\nPer study: profile, flat, variant, seed, launches, node h, true / best known, answer first")
+        print("launched at node h, search launches after it, their node h\n")
+        for o in outcomes:
+            known = best_known.get(o.job.profile.key)
+            worth = f"{o.true_value / known:.3f}" if known else "-"
+            print(
+                f"{o.job.profile.key} {'flat' if o.job.flat else 'gains'} {o.job.name} {o.job.seed} "
+                f"{o.launches} {o.node_h:.2f} {worth} {o.found_h:.2f} {o.waited_launches} {o.waited_h:.2f}"
+            )
     print(f"\n{len(outcomes)} studies in {time.monotonic() - started:.0f} s on {args.jobs} processes")
     return 0
 
