@@ -296,10 +296,13 @@ class NodeClock(ModelNodeExecutor):
         self.lease_every = lease_every
         self.lease = 0  # set it to move every later launch to another lease
         self._launch: int | None = None  # the trial whose launch is running (a plan runs several benchmarks)
+        self.before_stage: set[int] | None = None  # the launches made before the NCCL stage's first job
 
     def run(self, request: TrialRequest) -> TrialResult:
         if self._launch is not None:  # one benchmark of a launch's plan: its seed and lease are set
             return super().run(request)
+        if request.job and self.before_stage is None:
+            self.before_stage = set(self.seconds)
         self._launch = request.number
         try:
             lease = self.lease + (request.number // self.lease_every if self.lease_every else 0)
@@ -314,6 +317,16 @@ class NodeClock(ModelNodeExecutor):
         else:
             self.seconds[request.number] = seconds
         return result
+
+    def launch_seconds(self, numbers: Sequence[int]) -> list[float]:
+        """The node seconds of the trials `numbers` (in the order they ran), the NCCL stage's counted with
+        the first launch after it: the baseline runs before the stage, the search after."""
+        seconds = [self.seconds.get(n, 0.0) for n in numbers]
+        if seconds and self.stage_s:
+            before = self.before_stage or set()
+            after = [i for i, n in enumerate(numbers) if n not in before]
+            seconds[after[0] if after else len(seconds) - 1] += self.stage_s
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -398,9 +411,7 @@ def run_study(
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(
         values=[_feasible_value(t) for t in used],
-        node_s=[
-            clock.seconds.get(t.number, 0.0) + (clock.stage_s if i == 0 else 0.0) for i, t in enumerate(used)
-        ],
+        node_s=clock.launch_seconds([t.number for t in used]),
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
         answer=answer.record() if (answer := study_answer(optuna_study)) is not None else None,

@@ -261,9 +261,7 @@ def run_autotune_job(job: Job) -> Outcome:
             known.of_config(trial_config(study, t)) if t.state is TrialState.COMPLETE else 0.0
             for t in launched
         ]
-        seconds = [clock.seconds[t.number] for t in launched]
-        if seconds:
-            seconds[0] += clock.stage_s  # the NCCL stage ran before the first server trial
+        seconds = clock.launch_seconds([t.number for t in launched])
         answer = known.of_config(trial_config(study, trials[record.trial])) if record else 0.0
         return Outcome(
             job,
