@@ -170,19 +170,41 @@ def test_a_resumed_study_reuses_a_finished_stage(files: StudyFiles) -> None:
 
 
 class CtrlCInTheStage(LocalNodePool):
-    """A Ctrl-C while the stage's first all-reduce job runs."""
+    """A Ctrl-C while the stage's first all-reduce job runs (`in_job`), or while the first server launch
+    runs (the baseline)."""
 
-    job = pressed = False
+    in_job = True
+    job: bool | None = None
+    pressed = False
 
     def submit(self, node: str, request: TrialRequest) -> Submitted:
         self.job = request.job
         return super().submit(node, request)
 
     def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
-        if self.job and not self.pressed:
+        if self.job is self.in_job and not self.pressed:
             self.pressed = True
             raise KeyboardInterrupt
         return super().wait(timeout_s)
+
+
+class CtrlCInTheBaseline(CtrlCInTheStage):
+    in_job = False
+
+
+def test_a_study_stopped_in_its_baseline_runs_it_again_before_the_stage(files: StudyFiles) -> None:
+    path = staged_study(files)
+    hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
+    nodes = {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
+    with pytest.raises(StudyInterrupted):
+        StudyDriver(load_study(path), pool=lambda _study: CtrlCInTheBaseline(*nodes), tracking=False).run()
+    assert not stage_exists(path)  # no all-reduce job before a measured server
+    optuna_study, _lines = run(path)
+    trials = optuna_study.get_trials(deepcopy=False)
+    first = min(t.datetime_start for t in stage_trials(path))
+    before = [(t.number, t.state.name, t.user_attrs["baseline"]) for t in trials if t.datetime_start < first]
+    assert before == [(0, "FAIL", True), (1, "COMPLETE", True)]  # interrupted, then run again first
+    assert optuna_study.user_attrs["nccl_stage"]["after_trials"] == [0, 1]
 
 
 def test_a_study_stopped_between_its_baseline_and_its_stage_resumes_with_the_stage(files: StudyFiles) -> None:
