@@ -125,7 +125,9 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     any feasible trial completed. Rounds the node-hour budget cut short make it unconfirmed, saying so."""
     answer = _answer(optuna_study)
     said = ran_out_text(optuna_study)
-    if answer is None or said is None or answer.confirmed:
+    # The hours ran out only before rounds that had not decided (trust.confirm): a "no gain" from them is
+    # an interval still across zero and wider than the target, which claims nothing.
+    if answer is None or said is None:
         return answer
     # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
     best = re.sub(r"; confirmation under way \([^)]*\): [^;]*", "", answer.text.removeprefix("unconfirmed: "))
