@@ -161,6 +161,7 @@ def test_the_seed_runs_with_its_weights_in_the_page_cache_and_without() -> None:
 
     keys = [p.key for p in peers.profiles(quick=False)]
     assert keys[:2] == ["seed", "seed-1tb-host"]
+    assert all(key in harness.PROFILE_COOKBOOK for key in keys)  # auto_benchmark's entry for each
     fitting = peers.load_profile(str(peers.SEED_PAGE_CACHE))
     shipped = load_hardware_profile(SEED.hardware).model_dump()
     variant = load_hardware_profile(fitting.hardware).model_dump()
