@@ -183,6 +183,12 @@ def test_rounds_cut_short_by_the_hours_before_they_decided_are_no_answer_of_no_g
     assert answer.verdict == "unconfirmed" and answer.reason == "budget ran out"
     said = "unconfirmed: the budget ran out after 2 of 3 rounds; `autotune resume --hours"
     assert answer.text.startswith(said)
+    # Its value is still the rounds' mean, and the console says so.
+    from autotune.cli.answers import answer_lines
+
+    lines = answer_lines(answer, study)
+    assert lines[0].endswith("(SGLang's defaults, the mean of its confirmation rounds)")
+    assert lines[2].endswith("(the mean of its confirmation rounds)")
 
 
 # -- node seconds in the study, status and MLflow -----------------------------------------------------------

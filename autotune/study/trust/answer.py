@@ -83,6 +83,8 @@ class StudyAnswer:
     remeasured: RemeasuredAnswer | None = field(default=None, compare=False)  # the ranking behind `value`
     # Why an answer is unconfirmed when it is not the search's own: "budget ran out" (study.node_budget).
     reason: str | None = None
+    # `value` and `baseline_value` are the means of confirmation rounds (decided or not: a budget cut them).
+    in_rounds: bool = False
 
     @property
     def confirmed(self) -> bool:
@@ -199,6 +201,7 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         rounds=state.pairs,
         trials=_round_trials(optuna_study, {leader, state.baseline}),
         text=f"{text}; {_noise_text(context['noise'])}",
+        in_rounds=True,
         **context,
     )
 
