@@ -191,10 +191,11 @@ def write_study(
     nccl_stage: bool = True,
     trust: bool | Mapping[str, Any] = True,
     search_space: Mapping[str, Any] | None = None,
+    node_hours: float | None = None,
 ) -> Study:
     """Write and load a study of the shipped search space (or `search_space`) on `profile`'s node, as a user
     would write it (the model's hidden size for the NCCL stage, which a real node reads from the model's
-    config.json)."""
+    config.json); `node_hours`: its budget in node hours beside the trials."""
     space = folder / "search_space.yaml"
     data = search_space_for(profile) if search_space is None else dict(search_space)
     space.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -208,7 +209,7 @@ def write_study(
             "draft_model_path": profile.draft_model_path,
             "flags": server_flags(profile),
         },
-        "budget": {"n_trials": n_trials},
+        "budget": {"n_trials": n_trials, **({"node_hours": node_hours} if node_hours is not None else {})},
         "sampler": {"name": sampler, "seed": seed},
         "nccl_stage": {"enabled": nccl_stage, "hidden_size": load_model_profile(profile.model).hidden_size},
         "trust": trust if isinstance(trust, bool) else dict(trust),  # True: the product's defaults
@@ -296,10 +297,13 @@ class NodeClock(ModelNodeExecutor):
         self.lease_every = lease_every
         self.lease = 0  # set it to move every later launch to another lease
         self._launch: int | None = None  # the trial whose launch is running (a plan runs several benchmarks)
+        self.before_stage: set[int] | None = None  # the launches made before the NCCL stage's first job
 
     def run(self, request: TrialRequest) -> TrialResult:
         if self._launch is not None:  # one benchmark of a launch's plan: its seed and lease are set
             return super().run(request)
+        if request.job and self.before_stage is None:
+            self.before_stage = set(self.seconds)
         self._launch = request.number
         try:
             lease = self.lease + (request.number // self.lease_every if self.lease_every else 0)
@@ -314,6 +318,16 @@ class NodeClock(ModelNodeExecutor):
         else:
             self.seconds[request.number] = seconds
         return result
+
+    def launch_seconds(self, numbers: Sequence[int]) -> list[float]:
+        """The node seconds of the trials `numbers` (in the order they ran), the NCCL stage's counted with
+        the first launch after it: the baseline runs before the stage, the search after."""
+        seconds = [self.seconds.get(n, 0.0) for n in numbers]
+        if seconds and self.stage_s:
+            before = self.before_stage or set()
+            after = [i for i, n in enumerate(numbers) if n not in before]
+            seconds[after[0] if after else len(seconds) - 1] += self.stage_s
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -357,6 +371,7 @@ def run_study(
     lease_every: int = 0,
     search_space: Mapping[str, Any] | None = None,
     inspect: Callable[[Study, optuna.Study, NodeClock, Callable[[int], optuna.Study]], Any] | None = None,
+    node_hours: float | None = None,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
@@ -366,7 +381,7 @@ def run_study(
     confirmation, no stopping rule, every proposal launched). With `noise`, the node measures with
     run-to-run noise drawn from `seed` (NodeClock); `inspect(study, optuna_study, clock, rerun)` runs on the
     finished study before its files go, its answer kept in `inspected` (`rerun(total)` runs the trials it
-    queued, as `autotune compare` does)."""
+    queued, as `autotune compare` does); `node_hours`: the study file's node-hour budget."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model, noise, noise_seed=seed, lease_every=lease_every)
 
@@ -376,7 +391,15 @@ def run_study(
 
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as folder:
         study = write_study(
-            Path(folder), profile, n_trials, sampler_name, seed, nccl_stage, trust, search_space=search_space
+            Path(folder),
+            profile,
+            n_trials,
+            sampler_name,
+            seed,
+            nccl_stage,
+            trust,
+            search_space=search_space,
+            node_hours=node_hours,
         )
         storage = optuna.storages.InMemoryStorage()
         driver = StudyDriver(
@@ -398,9 +421,7 @@ def run_study(
     used = [t for t in trials if t.state.is_finished() and counts(t)]
     return StudyRun(
         values=[_feasible_value(t) for t in used],
-        node_s=[
-            clock.seconds.get(t.number, 0.0) + (clock.stage_s if i == 0 else 0.0) for i, t in enumerate(used)
-        ],
+        node_s=clock.launch_seconds([t.number for t in used]),
         states=[t.state.name for t in used],
         params=[dict(t.params) for t in used],
         answer=answer.record() if (answer := study_answer(optuna_study)) is not None else None,

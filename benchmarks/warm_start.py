@@ -73,8 +73,9 @@ def tune(
         start_from(study, read_earlier(from_study, study))
     optuna_study = StudyDriver(study, pool=pool).run()
     trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
-    spent, reached = clock.stage_s, None
-    for number, seconds in clock.seconds.items():  # in the order they ran
+    spent, reached = 0.0, None
+    numbers = list(clock.seconds)  # in the order they ran
+    for number, seconds in zip(numbers, clock.launch_seconds(numbers), strict=True):
         spent += seconds
         trial = trials[number]
         good = (

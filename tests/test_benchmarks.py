@@ -248,11 +248,15 @@ def test_the_moe_coder_profile_loads_and_its_prefill_chunk_and_memory_fraction_i
 def test_the_default_runs_its_nccl_stage_and_counts_its_node_time() -> None:
     from autotune.sim.nccl_job import JOB_SECONDS
 
-    # The same study with the stage and without: the first trial carries the stage's all-reduce jobs, a pass
-    # of coordinate ascent over the shipped space's NCCL knobs (26 trials of JOB_SECONDS each).
-    staged = run_study(PROFILES["seed"], 3, trust=False)
+    # The same study with the stage and without: the baseline runs before the stage, so the second launch
+    # carries the stage's all-reduce jobs, a pass of coordinate ascent over the shipped space's NCCL knobs (26
+    # trials of JOB_SECONDS each). A user has a measured server after the first launch's node time.
+    staged = run_study(PROFILES["seed"], 3, trust=False, inspect=lambda _s, _o, clock, _r: clock)
     plain = run_study(PROFILES["seed"], 3, nccl_stage=False, trust=False)
-    assert staged.node_s[0] - plain.node_s[0] == pytest.approx(26 * JOB_SECONDS)
+    clock = staged.inspected
+    assert clock.stage_s == pytest.approx(26 * JOB_SECONDS) and clock.before_stage == {0}
+    assert staged.node_s[0] == pytest.approx(plain.node_s[0]) and staged.values[0] == plain.values[0]
+    assert staged.node_s[1:] == [clock.seconds[1] + clock.stage_s, clock.seconds[2]]
     # The seed's GPUs sit behind host bridges: the stage finds P2P there, and every server trial holds it.
     assert all(params.get("NCCL_P2P_LEVEL") == "SYS" for params in staged.params[1:])
 

@@ -149,3 +149,47 @@ def test_the_moe_coder_profile_runs_auto_benchmark_with_its_own_cookbook_entry(t
         done = node.run(bench_command(tmp_path, rows, concurrency=4), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr + (tmp_path / "server.log").read_text()[-2000:]
     assert not node.launches[0].failed
+
+
+def test_the_seed_runs_with_its_weights_in_the_page_cache_and_without() -> None:
+    """The seed does not say how much host memory its node has: peers/run.py runs its profile on 512 GB
+    (547 GB of weights do not fit the page cache) and on 1024 GB (they do), the node otherwise the same."""
+    import run as peers
+    from startup_seed import phases
+
+    from autotune.sim.model.startup import weights_fit_page_cache
+
+    keys = [p.key for p in peers.profiles(quick=False)]
+    assert keys[:2] == ["seed", "seed-1tb-host"]
+    assert all(key in harness.PROFILE_COOKBOOK for key in keys)  # auto_benchmark's entry for each
+    fitting = peers.load_profile(str(peers.SEED_PAGE_CACHE))
+    shipped = load_hardware_profile(SEED.hardware).model_dump()
+    variant = load_hardware_profile(fitting.hardware).model_dump()
+    assert {k for k in shipped if shipped[k] != variant[k]} == {"name", "host_memory_gb"}
+    assert (shipped["host_memory_gb"], variant["host_memory_gb"]) == (512, 1024)
+    model = load_model_profile(fitting.model)
+    assert not weights_fit_page_cache(load_hardware_profile(SEED.hardware), model)
+    assert weights_fit_page_cache(load_hardware_profile(fitting.hardware), model)
+    # The second launch on the node reads the weights from memory there, from disk on 512 GB.
+    later_plain = phases(load_hardware_profile(SEED.hardware), None, True)[1]["weight_load_s"]
+    later_fitting = phases(load_hardware_profile(fitting.hardware), None, True)[1]["weight_load_s"]
+    assert later_fitting < later_plain / 4
+
+
+def test_autotune_given_a_node_hour_budget_ends_within_it_and_its_row_says_so() -> None:
+    """The row "autotune given 2x ab-tier2's node hours": the budget reaches the study file
+    (`budget: {node_hours: H}`), the study ends within it with an answer, and the row gives its worth,
+    its node hours and whether it was confirmed."""
+    import run as peers
+
+    h200 = PROFILES["h200"]
+    done = peers.run_autotune_job(peers.Job(h200, peers.BUDGETED, 0, 40), node_hours=0.42)
+    assert done.budget_h == 0.42 and 0 < done.node_h <= 0.42 and done.true_value > 0
+    assert done.note in ("confirmed", "unconfirmed")
+    free = peers.run_autotune_job(peers.Job(h200, peers.AUTOTUNE, 0, 40))
+    assert free.budget_h is None and free.node_h > 0.42  # the budget is what ended it
+    row = peers.budgeted([done, free], {"h200": 4000.0})[2]
+    confirmed = "1/1" if done.note == "confirmed" else "0/1"
+    worth = f"{done.true_value / 4000:.3f}"
+    spent = f"{done.node_h:.2f} ({done.node_h:.2f})"
+    assert row == f"| h200 | 1 | 0.42 | {spent} | 1/1 | {worth} ({worth}) | {confirmed} |"

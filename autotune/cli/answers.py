@@ -45,7 +45,7 @@ def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
     if remeasured is not None and remeasured.baseline is not None and remeasured.baseline.n:
         lines = [_remeasured_lines(remeasured, study)[0]]  # the baseline's mean and interval
     elif answer.baseline_value is not None:
-        how = ", the mean of its confirmation rounds" if answer.confirmed else ""
+        how = ", the mean of its confirmation rounds" if answer.in_rounds else ""
         lines = [f"baseline {metric}: {with_unit(answer.baseline_value, metric)} (SGLang's defaults{how})"]
     else:
         lines = ["baseline: did not complete"]
@@ -53,7 +53,7 @@ def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
     if answer.value is not None:
         how = (
             "the mean of its confirmation rounds"
-            if answer.confirmed
+            if answer.in_rounds
             else f"the mean of its {remeasured.best.n} launches"
             if remeasured is not None
             else "its best single measurement"

@@ -58,8 +58,14 @@ def describe_metric(study: Study) -> str:
     return "; ".join(parts)
 
 
-def announcement(study: Study, total: int, confirming: bool) -> str:
-    """The heading printed before a stage's first trial."""
+def announcement(study: Study, total: int, confirming: bool, again: bool = False) -> str:
+    """The heading printed before a stage's first trial; `again` before the rows that follow another
+    stage's: the search after the NCCL stage, which runs after the baseline."""
+    if again:
+        return (
+            f"== study {study.name}, continued: the search, the NCCL stage's best held in every server "
+            f"trial, {describe_metric(study)}"
+        )
     if confirming:
         confirm = study.file.trust.confirm
         return (
@@ -85,13 +91,15 @@ class ConsoleReporter(StudyCallback):
         self.stream = stream
         self.live = stream.isatty()
         self.announced: set[tuple[str, bool]] = set()
+        self.heading: tuple[str, bool] | None = None  # the stage whose rows are printed now
         self.confirm_labels: dict[int, str] = {}  # trial number -> "confirm r1 · trial 9's config"
         self.bar: tqdm[Any] | None = None
         self.spent_at_start: float | None = None  # node seconds before this run's first trial
 
     def study_started(self, event: StudyStarted) -> None:
-        self.started = time.monotonic()
-        self.spent_at_start = None
+        if event.study.objective.kind != "nccl_allreduce":  # the stage runs inside its study's run
+            self.started = time.monotonic()
+            self.spent_at_start = None
         if event.recovered:
             self._line(f"recovered interrupted trials {list(event.recovered)}: marked FAIL and queued again")
 
@@ -167,10 +175,12 @@ class ConsoleReporter(StudyCallback):
 
     def _announce(self, study: Study, progress: Progress, confirming: bool) -> None:
         key = (study.name, confirming)
-        if key not in self.announced:
+        if key != self.heading:
+            again = key in self.announced
             self.announced.add(key)
+            self.heading = key
             self._close_bar()
-            self._line(announcement(study, progress.total, confirming))
+            self._line(announcement(study, progress.total, confirming, again))
 
     def _running(self, progress: Progress) -> None:
         if not self.live:

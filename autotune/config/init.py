@@ -564,9 +564,10 @@ def _env_lines(node: NodeFacts, env: Mapping[str, str], simulated: bool) -> list
 def _nccl_stage_lines(model: ModelFacts, command: Sequence[str], simulated: bool) -> list[str]:
     stage: dict[str, Any] = {"hidden_size": model.hidden_size}
     lines = [
-        "# The NCCL stage runs first: the NCCL knobs tuned on all-reduces alone, seconds a trial, their best",
-        "# held in every server trial. The hidden size (the all-reduced rows' width) is config.json's,",
-        "# written here so that the stage needs no access to the model's folder from where autotune runs.",
+        "# The NCCL stage runs after the baseline: the NCCL knobs tuned on all-reduces alone, seconds a",
+        "# trial, their best held in every server trial. The hidden size (the all-reduced rows' width) is",
+        "# config.json's, written here so that the stage needs no access to the model's folder from where",
+        "# autotune runs.",
     ]
     if simulated:
         stage["command"] = [command[0], "-m", SIMULATED_NCCL_JOB]

@@ -193,8 +193,8 @@ class StudyDriver:
 
     def run(self, n_trials: int | None = None, *, accept_changes: bool = False) -> optuna.Study:
         """Run trials until the study's budget (all drivers' trials count) or its timeout is reached: the
-        NCCL stage first when the study has one (autotune.study.stages), then the search and its
-        confirmation."""
+        baseline, then the NCCL stage when the study has one (autotune.study.stages), then the search and
+        its confirmation."""
         run = self.state = self._open(
             self.study,
             n_trials,
@@ -206,11 +206,11 @@ class StudyDriver:
         pool = self._start_pool(run, self.make_pool)
         try:
             run.study.check_flags(self._flag_tables(pool))
-            held = nccl_stage.held_values(run, pool, partial(self._run_stage, run, pool))
         except BaseException:
             pool.close()
             raise
-        self._drive(run, pool, held)
+        stage = partial(nccl_stage.held_values, run, pool, partial(self._run_stage, run, pool))
+        self._drive(run, pool, stage)
         return run.optuna_study
 
     # -- a run's phases: open, start the nodes, drive ------------------------------------------------------
@@ -279,16 +279,13 @@ class StudyDriver:
             run.observers.study_ended(StudyEnded(run.study, run.optuna_study, None))
             raise
 
-    def _drive(self, run: RunState, pool: NodePool, held: dict[str, Any]) -> None:
-        """The search, then the confirmation rounds, on `pool` (closed at the end); the study's end told."""
+    def _drive(
+        self, run: RunState, pool: NodePool, stage: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        """The baseline, the NCCL stage (`stage` returns the values it holds), the search, then the
+        confirmation rounds, on `pool` (closed at the end); the study's end told."""
         study, optuna_study = run.study, run.optuna_study
-        run.stage_held = held
         run.flag_defaults = screening.flag_defaults(self._flag_tables(pool))
-        screened = screening.held_knobs(optuna_study)  # a resumed study holds what its screening held
-        if held or screened:
-            run.base_sampler = run.holding({**held, **screened})
-            for line in screening.screened_lines(optuna_study):
-                run.observers.knob_held(KnobHeld(line))
         run.hardware = {self._hardware(run, pool, node) for node in pool.idle_nodes()}
         for node in pool.idle_nodes() if self.options.remember_incompatible else ():  # known before a launch
             facts, hardware = pool.facts(node), run.hardware_by_node[node]
@@ -298,6 +295,12 @@ class StudyDriver:
         optuna_study.sampler = run.current_sampler()
         try:
             with ctrl_c_remembered() as ctrl_c:
+                if stage is not None and not run.options.queued_only and nccl_stage.pending(run):
+                    # A measured server after the first launch, not after the stage's all-reduces.
+                    run.baseline_only = True
+                    self._trials(run, pool, run.budget, run.deadline, ctrl_c)
+                    run.baseline_only = False
+                self._hold(run, stage() if stage is not None else {})
                 run.searching = True
                 self._trials(run, pool, run.budget, run.deadline, ctrl_c)
                 run.searching = False
@@ -327,6 +330,18 @@ class StudyDriver:
             pool.close()
         run.observers.study_ended(StudyEnded(study, optuna_study, study_summary(optuna_study)))
 
+    @staticmethod
+    def _hold(run: RunState, held: dict[str, Any]) -> None:
+        """Hold the NCCL stage's values `held` and the knobs a resumed study's screening held in every
+        server trial the sampler proposes."""
+        run.stage_held = held
+        screened = screening.held_knobs(run.optuna_study)  # a resumed study holds what its screening held
+        if held or screened:
+            run.base_sampler = run.holding({**held, **screened})
+            for line in screening.screened_lines(run.optuna_study):
+                run.observers.knob_held(KnobHeld(line))
+        run.optuna_study.sampler = run.current_sampler()
+
     def _run_stage(
         self, run: RunState, pool: NodePool, stage: Study, sampler: optuna.samplers.BaseSampler
     ) -> optuna.Study:
@@ -340,7 +355,7 @@ class StudyDriver:
             except BaseException:
                 lent.close()
                 raise
-            self._drive(stage_run, lent, {})  # a stage's study runs no stage of its own (nccl_stage off)
+            self._drive(stage_run, lent)  # a stage's study runs no stage of its own (nccl_stage off)
         except StudyInterrupted:
             run.observers.study_ended(StudyEnded(run.study, run.optuna_study, None))
             raise
@@ -415,6 +430,8 @@ class StudyDriver:
         steps between trials (autotune.study.between_trials)."""
         if deadline is not None and time.monotonic() >= deadline:
             return False
+        if run.baseline_only:
+            return nccl_stage.baseline_next(run.optuna_study)
         if budget is not None and budget_used(run.optuna_study) >= budget:
             return False
         waiting = (TrialState.WAITING,)

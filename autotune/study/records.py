@@ -64,6 +64,7 @@ COMPARE_ATTR = "compare"
 SCREEN_ATTR = "screen"  # a trial's: {knob: value}, a knob moved alone from the defaults (study.screening)
 SCREENED_ATTR = "screened"  # a study attribute: knob -> {value, why}, held by screening (study.screening)
 NCCL_STAGE_ATTR = "nccl_stage"  # a study attribute: the NCCL stage's held values (study.stages.StageResult)
+STAGE_AFTER_KEY = "after_trials"  # in NCCL_STAGE_ATTR: the server trials that finished before the stage ran
 STOPPED_ATTR = "stopped"  # a study attribute: why the search stopped early (study.stopping)
 # A study attribute: the earlier study it started from (`run --from`: study.warm_start); a trial's: which
 # of that study's configs it launches.

@@ -65,6 +65,7 @@ class RunState:
     base_sampler: optuna.samplers.BaseSampler
     running: dict[int, RunningTrial] = field(default_factory=dict)
     searching: bool = False  # between the search's first and last trial (not the confirmation)
+    baseline_only: bool = False  # before the NCCL stage: the baseline alone runs
     skips: int = 0  # proposals in a row that cannot run
     same_in_a_row: int = 0  # proposals in a row of launches made before
     standing: tuple[float | None, float | None] = (None, None)  # the best value and the baseline's

@@ -77,7 +77,7 @@ class StudyFindings:
             return [("answer", "no feasible trial has completed yet")]
         how = (
             "the mean of its confirmation rounds"
-            if a.confirmed
+            if a.in_rounds
             else "the mean of its launches"
             if a.remeasured is not None
             else "its best single measurement"

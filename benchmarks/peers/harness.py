@@ -204,6 +204,7 @@ SLA = {"max_ttft_ms": 1500, "max_tpot_ms": 30}
 # The cookbook entry of each benchmark profile's model (Qwen2.5-32B has none: the 32B example stands in).
 PROFILE_COOKBOOK = {
     "seed": "kimi-k2.5",
+    "seed-1tb-host": "kimi-k2.5",  # the seed's node with its weights in the page cache
     "h200": "llama-3.1-70b-instruct",
     "h100x4-llama70b": "llama-3.1-70b-instruct",
     "heldout-l40sx4-qwen32b": "qwen3-32b",

@@ -463,6 +463,20 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     assert "2 rounds, 1 of them the search's launches paired in time)" in answer.text
 
 
+def test_a_baseline_and_a_candidate_with_the_nccl_stage_between_them_make_no_round() -> None:
+    """The baseline (trial 0) runs before the NCCL stage's all-reduces, the search after: trial 1 came right
+    after it in number, not in time, so the two are no pair."""
+    from autotune.study.records import record_nccl_stage
+    from autotune.study.trust.confirm import search_rounds
+
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    groups = {g.of: g for g in measurement_groups(optuna_study)}
+    assert search_rounds(optuna_study, groups[0], [groups[1]]) == [[(0, 0), (1, 1)]]  # no stage recorded
+    record_nccl_stage(optuna_study, {"held": {}, "node_s": 780.0, "after_trials": [0]})
+    assert search_rounds(optuna_study, groups[0], [groups[1]]) == []
+    assert search_rounds(optuna_study, groups[0], [groups[4]]) == [[(0, 3), (4, 4)]]  # both after the stage
+
+
 def test_the_rounds_stop_when_the_gain_is_known_within_the_target_without_claiming_it() -> None:
     """Three rounds within +-0.2% of the defaults: the interval at the candidates' confidence (97.5%) is
     narrower than +-1%, so the rounds stop with no gain, though the interval that could claim a gain

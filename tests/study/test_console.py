@@ -1,5 +1,6 @@
-"""The console of a whole study, in process on the model of the seed's node: the NCCL stage, the search and
-the confirmation rounds each announced before their first row, rows with units, confirmation rows labelled."""
+"""The console of a whole study, in process on the model of the seed's node: the baseline, the NCCL stage,
+the search and the confirmation rounds each announced before their first row, rows with units, confirmation
+rows labelled."""
 
 from __future__ import annotations
 
@@ -34,22 +35,27 @@ def test_each_stage_is_announced_before_its_rows_with_metric_unit_and_direction(
     StudyDriver(load_study(path), [ConsoleReporter(stream)], pool=model_pool(), tracking=None).run()
     lines = stream.getvalue().splitlines()
     heads = [i for i, line in enumerate(lines) if line.startswith("== ")]
-    assert len(heads) == 3, lines
-    stage, search, confirm = (lines[i] for i in heads)
-    assert heads[0] == 0 and stage.startswith(f"== NCCL stage t{STAGE_SUFFIX}: ")
+    assert len(heads) == 4, lines
+    study, stage, search, confirm = (lines[i] for i in heads)
+    # The baseline first (a measured server after the first launch), then the stage, then the search.
+    assert study.startswith("== study t: 4 trials of the server (trial 0 is SGLang's defaults, the baseline)")
+    assert "output_throughput in tok/s, higher is better" in study
+    assert lines[heads[0] + 1 : heads[1]] == [lines[heads[0] + 1]], "the baseline's row alone"
+    assert lines[heads[0] + 1].startswith("[  1/4] baseline  COMPLETE") and " tok/s" in lines[heads[0] + 1]
+    assert stage.startswith(f"== NCCL stage t{STAGE_SUFFIX}: ")
     assert "allreduce_us in µs, lower is better" in stage
-    assert search.startswith("== study t: 4 trials of the server")
+    assert search.startswith("== study t, continued: the search, the NCCL stage's best held in every server")
     assert "output_throughput in tok/s, higher is better" in search
     assert confirm.startswith("== confirmation of t: the best 1 config(s) and SGLang's defaults")
-    stage_rows = lines[heads[0] + 1 : heads[1]]
+    stage_rows = lines[heads[1] + 1 : heads[2]]
     assert stage_rows[0].startswith("[  1/26] defaults  COMPLETE") and " µs " in stage_rows[0]
     assert any(line.startswith("NCCL stage t") for line in stage_rows), "the stage's result before the search"
-    search_rows = [line for line in lines[heads[1] + 1 : heads[2]] if line.startswith("[")]
-    assert search_rows[0].startswith("[  1/4] baseline  COMPLETE") and " tok/s" in search_rows[0]
+    search_rows = [line for line in lines[heads[2] + 1 : heads[3]] if line.startswith("[")]
+    assert search_rows[0].startswith("[  2/4] trial 1 ") and " tok/s" in search_rows[0]
     assert search_rows[-1].startswith("[  4/4] "), "the search's counter ends at its budget"
-    repeats = [row for row in search_rows[1:] if "baseline " in row.split("best")[0]]
+    repeats = [row for row in search_rows if "baseline " in row.split("best")[0]]
     assert not repeats and any("(defaults again)" in row for row in search_rows), search_rows
-    confirm_rows = lines[heads[2] + 1 :]
+    confirm_rows = lines[heads[3] + 1 :]
     assert len(confirm_rows) == 4 and not any(line.startswith("[") for line in confirm_rows), confirm_rows
     found = [re.search(r"\((confirm r\d · [^)]+)\)", line) for line in confirm_rows]
     labels = [match.group(1) for match in found if match is not None]

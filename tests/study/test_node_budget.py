@@ -161,6 +161,36 @@ def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_
     assert answer.reason is None and spent_s(optuna_study) / 3600 <= hours
 
 
+def test_rounds_cut_short_by_the_hours_before_they_decided_are_no_answer_of_no_gain(
+    study_file: StudyFiles,
+) -> None:
+    """Two rounds paid for, the third not: after two rounds of a flat space the gain's interval still
+    spans tens of percent on both sides of zero, which decides nothing. The answer says the budget ran out
+    (`autotune run examples/quickstart.yaml --hours 0.9` said "no config beat SGLang's defaults" from an
+    interval of -264% to +268%)."""
+    confirm = {"repeat_baseline_after": 0, "confirm": {"top": 1, "min_rounds": 2, "max_rounds": 3}}
+    path = study_file(n_trials=4, trust=CONFIRM_OFF, search_space=FLAT)
+    searched = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
+    spent_h, launch_h = spent_s(searched) / 3600, (launch_s(searched) or 0.0) / 3600
+    budget = {"n_trials": 4, "node_hours": spent_h + 5.5 * launch_h}  # 2 rounds of 2 launches, not a third
+    study = load_study(study_file(budget=budget, trust=confirm, search_space=FLAT))
+    optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
+    assert len(launched(optuna_study)) == 8
+    answer = study_answer(optuna_study)
+    assert answer is not None and answer.gain_interval_pct is not None
+    low, high = answer.gain_interval_pct
+    assert low < 0 < high and high - low > 2.0  # undecided: not the target's 1% either side
+    assert answer.verdict == "unconfirmed" and answer.reason == "budget ran out"
+    said = "unconfirmed: the budget ran out after 2 of 3 rounds; `autotune resume --hours"
+    assert answer.text.startswith(said)
+    # Its value is still the rounds' mean, and the console says so.
+    from autotune.cli.answers import answer_lines
+
+    lines = answer_lines(answer, study)
+    assert lines[0].endswith("(SGLang's defaults, the mean of its confirmation rounds)")
+    assert lines[2].endswith("(the mean of its confirmation rounds)")
+
+
 # -- node seconds in the study, status and MLflow -----------------------------------------------------------
 def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
     study_file: StudyFiles, capsys: pytest.CaptureFixture[str]

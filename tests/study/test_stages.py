@@ -17,15 +17,16 @@ from autotune.errors import ConfigError
 from autotune.measure.client import Workload
 from autotune.measure.nccl import BenchSettings, Message
 from autotune.measure.result_line import parse_result
-from autotune.node.pool import LocalNodePool
+from autotune.node.pool import LocalNodePool, Submitted
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.nccl_job import allreduce_payload
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study import stages
 from autotune.study.callbacks import KnobHeld, StudyCallback
-from autotune.study.loop import StudyDriver
+from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.stages import STAGE_SUFFIX, allreduce_messages, ascent, ascent_size, point_key
 from autotune.study.trust.answer import study_answer
+from autotune.trial.wire import TrialRequest, TrialResult
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, model_server, simulated_server, small_objective
 
 HARDWARE, MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"
@@ -50,11 +51,21 @@ class Lines(StudyCallback):
             self.lines.append(event.text)
 
 
+ENVS: dict[int, dict[str, str]] = {}  # the env of each server launch the model node received, by trial
+
+
+class RecordingNode(ModelNodeExecutor):
+    def run(self, request: TrialRequest) -> TrialResult:
+        if not request.job:
+            ENVS[request.number] = dict(request.launch.env)
+        return super().run(request)
+
+
 def model_pool() -> Callable[[Study], LocalNodePool]:
     hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
-    return lambda _study: LocalNodePool(
-        {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
-    )
+    ENVS.clear()
+    node = RecordingNode("n", hw, model)
+    return lambda _study: LocalNodePool({"n": node}, {"n": node_report("n", hw, model)})
 
 
 def run(path: Path, n_trials: int | None = None) -> tuple[optuna.Study, list[str]]:
@@ -116,7 +127,7 @@ def test_the_ascent_sweeps_each_knob_with_the_ones_before_at_their_best() -> Non
 
 
 # -- the study loop --------------------------------------------------------------------------------------
-def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: StudyFiles) -> None:
+def test_the_baseline_runs_before_the_stage_and_every_search_trial_holds_its_best(files: StudyFiles) -> None:
     path = staged_study(files)
     optuna_study, lines = run(path)
     stage = stage_trials(path)
@@ -128,9 +139,17 @@ def test_the_stage_runs_first_and_every_server_trial_holds_its_best(files: Study
     # The seed's GPUs sit behind host bridges: NCCL's default level sends all-reduces through host memory.
     assert result.held["NCCL_P2P_LEVEL"] == "SYS" and result.best_us < result.baseline_us
     server = optuna_study.get_trials(deepcopy=False)
-    assert max(t.datetime_complete for t in stage) <= min(t.datetime_start for t in server)
-    for trial in server[1:]:  # the baseline is SGLang's and NCCL's defaults
+    # A measured server after the first launch: the baseline, then the stage's all-reduces, then the search.
+    baseline, search = server[0], server[1:]
+    assert baseline.user_attrs["baseline"] and baseline.state is optuna.trial.TrialState.COMPLETE
+    assert baseline.datetime_complete <= min(t.datetime_start for t in stage)
+    assert max(t.datetime_complete for t in stage) <= min(t.datetime_start for t in search)
+    assert not baseline.params  # SGLang's and NCCL's defaults: no stage value in its launch
+    assert not any(name in ENVS[0] for name in NCCL_KNOBS)  # as the node received it
+    assert all(ENVS[t.number].get(name) == str(v) for t in search for name, v in result.held.items() if v)
+    for trial in search:
         assert {name: trial.params[name] for name in NCCL_KNOBS} == result.held
+    assert optuna_study.user_attrs["nccl_stage"]["after_trials"] == [0]  # the launches before its jobs
     assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: {len(stage)} all-reduce trials, 780 s")
     assert "NCCL stage: NCCL_P2P_LEVEL=SYS held in every server trial" in lines
     answer = study_answer(optuna_study)  # the answer names the values the stage held
@@ -148,6 +167,63 @@ def test_a_resumed_study_reuses_a_finished_stage(files: StudyFiles) -> None:
     assert held is not None
     assert all(t.params["NCCL_P2P_LEVEL"] == held.held["NCCL_P2P_LEVEL"] for t in optuna_study.trials[1:])
     assert len(optuna_study.trials) == 7 and "NCCL_P2P_LEVEL=SYS" in "\n".join(lines)
+
+
+class CtrlCInTheStage(LocalNodePool):
+    """A Ctrl-C while the stage's first all-reduce job runs (`in_job`), or while the first server launch
+    runs (the baseline)."""
+
+    in_job = True
+    job: bool | None = None
+    pressed = False
+
+    def submit(self, node: str, request: TrialRequest) -> Submitted:
+        self.job = request.job
+        return super().submit(node, request)
+
+    def wait(self, timeout_s: float) -> list[tuple[Submitted, TrialResult]]:
+        if self.job is self.in_job and not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+        return super().wait(timeout_s)
+
+
+class CtrlCInTheBaseline(CtrlCInTheStage):
+    in_job = False
+
+
+def test_a_study_stopped_in_its_baseline_runs_it_again_before_the_stage(files: StudyFiles) -> None:
+    path = staged_study(files)
+    hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
+    nodes = {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
+    with pytest.raises(StudyInterrupted):
+        StudyDriver(load_study(path), pool=lambda _study: CtrlCInTheBaseline(*nodes), tracking=False).run()
+    assert not stage_exists(path)  # no all-reduce job before a measured server
+    optuna_study, _lines = run(path)
+    trials = optuna_study.get_trials(deepcopy=False)
+    first = min(t.datetime_start for t in stage_trials(path))
+    before = [(t.number, t.state.name, t.user_attrs["baseline"]) for t in trials if t.datetime_start < first]
+    assert before == [(0, "FAIL", True), (1, "COMPLETE", True)]  # interrupted, then run again first
+    assert optuna_study.user_attrs["nccl_stage"]["after_trials"] == [0, 1]
+
+
+def test_a_study_stopped_between_its_baseline_and_its_stage_resumes_with_the_stage(files: StudyFiles) -> None:
+    path = staged_study(files)
+    hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
+    nodes = {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
+    with pytest.raises(StudyInterrupted):
+        StudyDriver(load_study(path), pool=lambda _study: CtrlCInTheStage(*nodes), tracking=False).run()
+    study = load_study(path)
+    stopped = optuna.load_study(study_name=study.name, storage=study.storage).get_trials(deepcopy=False)
+    assert [(t.number, t.state.name, t.user_attrs["baseline"]) for t in stopped] == [(0, "COMPLETE", True)]
+    assert stages.finished_stage(study, study.storage) is None and stage_exists(path)
+    optuna_study, lines = run(path)
+    trials = optuna_study.get_trials(deepcopy=False)
+    stage = [t for t in stage_trials(path) if t.state.is_finished()]
+    assert stages.finished_stage(study, study.storage) is not None  # its interrupted job ran again
+    assert [t.number for t in trials if t.datetime_start < max(t.datetime_complete for t in stage)] == [0]
+    assert len(trials) == 4 and optuna_study.user_attrs["nccl_stage"]["after_trials"] == [0]
+    assert any("NCCL_P2P_LEVEL=SYS held" in line for line in lines)
 
 
 def test_an_interrupted_stage_continues_where_it_stopped(files: StudyFiles) -> None:

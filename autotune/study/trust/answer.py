@@ -83,6 +83,8 @@ class StudyAnswer:
     remeasured: RemeasuredAnswer | None = field(default=None, compare=False)  # the ranking behind `value`
     # Why an answer is unconfirmed when it is not the search's own: "budget ran out" (study.node_budget).
     reason: str | None = None
+    # `value` and `baseline_value` are the means of confirmation rounds (decided or not: a budget cut them).
+    in_rounds: bool = False
 
     @property
     def confirmed(self) -> bool:
@@ -125,7 +127,9 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     any feasible trial completed. Rounds the node-hour budget cut short make it unconfirmed, saying so."""
     answer = _answer(optuna_study)
     said = ran_out_text(optuna_study)
-    if answer is None or said is None or answer.confirmed:
+    # The hours ran out only before rounds that had not decided (trust.confirm): a "no gain" from them is
+    # an interval still across zero and wider than the target, which claims nothing.
+    if answer is None or said is None:
         return answer
     # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
     best = re.sub(r"; confirmation under way \([^)]*\): [^;]*", "", answer.text.removeprefix("unconfirmed: "))
@@ -197,6 +201,7 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         rounds=state.pairs,
         trials=_round_trials(optuna_study, {leader, state.baseline}),
         text=f"{text}; {_noise_text(context['noise'])}",
+        in_rounds=True,
         **context,
     )
 

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from autotune.config import Study
 from autotune.measure.stats import Gain, paired_gain
-from autotune.study.records import ConfirmMark, StudyRecord, TrialRecord, record_confirm
+from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
@@ -176,8 +176,11 @@ def search_rounds(
 ) -> list[list[tuple[int, int]]]:
     """The search's launches that make a round (paired in time): each measurement of the baseline with
     the candidates' measurements launched right before or after it on the same node, as
-    [(config, trial)] with the baseline's first; a baseline launch with no such neighbour makes none."""
+    [(config, trial)] with the baseline's first; a baseline launch with no such neighbour makes none, nor
+    one with the NCCL stage's all-reduces between it and its neighbour (the baseline runs before them)."""
     config_of = {n: g.of for g in candidates for n in g.trials}
+    stage = StudyRecord.of(optuna_study).nccl_stage or {}
+    before_stage = set(stage.get(STAGE_AFTER_KEY) or ())
     by_node: dict[str, list[int]] = {}
     for trial in sorted(optuna_study.get_trials(deepcopy=False), key=lambda t: t.number):
         node = TrialRecord.of(trial).node
@@ -189,7 +192,11 @@ def search_rounds(
         for i, number in enumerate(launches):
             if number not in baseline.trials:
                 continue
-            near = [n for n in launches[max(i - 1, 0) : i + 2] if n in config_of and n not in used]
+            near = [
+                n
+                for n in launches[max(i - 1, 0) : i + 2]
+                if n in config_of and n not in used and (n in before_stage) == (number in before_stage)
+            ]
             paired = {config_of[n]: n for n in near}  # a config on both sides: its later launch
             used.update(paired.values())  # a launch is one draw: it pairs once
             if paired:
