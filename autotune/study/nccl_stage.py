@@ -8,6 +8,7 @@ knobs, sampler, messages) is autotune.study.stages.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,13 +22,35 @@ from autotune.study import stages
 from autotune.study.callbacks import KnobHeld
 from autotune.study.records import STAGE_AFTER_KEY, StudyRecord, TrialRecord, record_nccl_stage
 from autotune.study.run_state import RunState
+from autotune.study.trust import node_budget
 
 RunStage = Callable[[Study, optuna.samplers.BaseSampler], optuna.Study]  # the stage's study, run to its end
+# Under a node-hour budget the stage gets at most this share of the hours the search may spend (the
+# budget less what the baseline spent and the confirmation's reserve): a tight budget still searches.
+STAGE_SHARE = 0.5
+
+
+def settled(run: RunState) -> stages.StageResult | None:
+    """The stage `run`'s study holds: its finished pass, or one the study recorded as cut short (its
+    search then ran with those values, so a resume keeps them); None while it is still to run."""
+    result = stages.finished_stage(run.study, run.storage)
+    record = StudyRecord.of(run.optuna_study).nccl_stage
+    if result is None and record is not None and record.get("shortened"):
+        return stages.StageResult.from_record(record)
+    return result
 
 
 def pending(run: RunState) -> bool:
-    """Whether `run`'s study has a stage still to run (none, or a finished one, on a resume)."""
-    return stages.why_not(run.study) is None and stages.finished_stage(run.study, run.storage) is None
+    """Whether `run`'s study has a stage still to run (none, or a settled one, on a resume)."""
+    return stages.why_not(run.study) is None and settled(run) is None
+
+
+def stage_room_s(run: RunState) -> float | None:
+    """The node seconds the stage may still spend: `STAGE_SHARE` of what the search may (None: no budget)."""
+    hours = node_budget.node_hours(run.study, run.optuna_study)
+    if hours.left_s is None:
+        return None
+    return max(hours.left_s - hours.reserve_s, 0.0) * STAGE_SHARE
 
 
 def baseline_next(optuna_study: optuna.Study) -> bool:
@@ -46,7 +69,7 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
         if reason.startswith("skipped"):
             run.observers.knob_held(KnobHeld(f"NCCL stage {reason}"))
         return {}
-    result = stages.finished_stage(study, run.storage)
+    result = settled(run)
     name = study.name + stages.STAGE_SUFFIX
     # The server trials that ran before the stage (the baseline): a launch on each side of it is not paired
     # in time (trust.confirm.search_rounds). A resume keeps the first run's.
@@ -54,19 +77,30 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
     before = list(earlier.get(STAGE_AFTER_KEY) or []) if earlier is not None else []
     if result is None:
         before = [t.number for t in run.optuna_study.get_trials(deepcopy=False) if t.state.is_finished()]
-        # Its time counts against the study's: the stage gets what is left of it.
-        left = None if run.deadline is None else max(run.deadline - time.monotonic(), 1e-3)
-        stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left)
-        knobs = stages.stage_knobs(study)
-        ran = run_stage(stage, stages.CoordinateAscent(knobs))
-        result = stages.stage_result(knobs, ran.get_trials(deepcopy=False))
-        if result is None:
-            run.observers.knob_held(
-                KnobHeld(f"NCCL stage {name}: not finished in the study's time; no NCCL value is held")
-            )
-            return {}
+        result = _run(run, pool, run_stage)
     for line in result.lines(name):
         run.observers.knob_held(KnobHeld(line))
     record = {**result.record(), STAGE_AFTER_KEY: before}
     record_nccl_stage(run.optuna_study, record)  # the answer names the values it held
     return result.held
+
+
+def _run(run: RunState, pool: NodePool, run_stage: RunStage) -> stages.StageResult:
+    """Run the stage's pass within the study's time and, under a node-hour budget, `STAGE_SHARE` of the
+    hours its search may spend; a pass either cuts short holds the knobs it swept whole."""
+    study, knobs = run.study, stages.stage_knobs(run.study)
+    left = None if run.deadline is None else max(run.deadline - time.monotonic(), 1e-3)
+    jobs = stages.stage_trials(study, run.storage)  # a stage Ctrl-C stopped has jobs already
+    job_s = max((TrialRecord.of(t).node_s or 0.0 for t in jobs), default=0.0)
+    room = stage_room_s(run)
+    why = "the node-hour budget"
+    if room is None or room > max(job_s, 0.0):
+        spent = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in jobs)
+        hours = None if room is None else (spent + room) / 3600
+        stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left, hours)
+        jobs = run_stage(stage, stages.CoordinateAscent(knobs)).get_trials(deepcopy=False)
+        timed_out = run.deadline is not None and time.monotonic() >= run.deadline
+        why = "the study's time" if room is None or timed_out else "its share of the node-hour budget"
+    result = stages.stage_result(knobs, jobs, shortened=why)
+    assert result is not None  # a pass cut short has a result too
+    return result

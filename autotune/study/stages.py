@@ -191,10 +191,13 @@ class CoordinateAscent(BaseSampler):
 
 
 # -- the stage's study ----------------------------------------------------------------------------------
-def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | None) -> Study:
+def stage_study(
+    study: Study, gpu_memory_gb: float | None, timeout_s: float | None, node_hours: float | None = None
+) -> Study:
     """The stage as a study of its own: the NCCL knobs, the all-reduce objective of the server's messages,
-    the job on the study's nodes with the server's env, in the study's storage. Its search space and
-    objective are written to the study's work dir (MLflow logs them, and a resume compares them)."""
+    the job on the study's nodes with the server's env, in the study's storage, within `timeout_s` and
+    `node_hours` (its share of the study's). Its search space and objective are written to the study's
+    work dir (MLflow logs them, and a resume compares them)."""
     knobs, tp, size = stage_knobs(study), tensor_parallel_size(study), hidden_size(study)
     workload = study.objective.workload
     assert size is not None and workload is not None  # why_not(study) is None
@@ -234,7 +237,7 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
             "storage": study.storage,
             "tracking_uri": study.tracking_uri,
             "server": ServerSpec(command=command, env=dict(server.env), host=server.host),
-            "budget": Budget(n_trials=ascent_size(knobs), timeout_s=timeout_s),
+            "budget": Budget(n_trials=ascent_size(knobs), timeout_s=timeout_s, node_hours=node_hours),
             "nccl_stage": NcclStage(enabled=False),
             "trust": Trust.model_validate(False),  # a fixed coordinate ascent: no repeats nor confirmation
         }
@@ -251,14 +254,29 @@ def stage_study(study: Study, gpu_memory_gb: float | None, timeout_s: float | No
 
 @dataclass(frozen=True)
 class StageResult:
-    """What the stage found: the values to hold, the defaults' and the best's all-reduce time, and the
-    node seconds its trials took (as the node reported them)."""
+    """What the stage found: the values to hold, the defaults' and the best's all-reduce time, the node
+    seconds its trials took (as the node reported them), and why it ended before its pass was done."""
 
     held: dict[str, Any]
     baseline_us: float | None
     best_us: float | None
     trials: int
     node_s: float
+    shortened: str | None = None  # e.g. "its share of the node-hour budget"; None: the whole pass ran
+    unreached: tuple[str, ...] = ()  # the knobs a shortened pass did not sweep whole: NCCL's defaults
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> StageResult:
+        """The stage a study recorded (`record`), as a resume holds it again."""
+        return cls(
+            dict(record.get("held") or {}),
+            record.get("baseline_us"),
+            record.get("best_us"),
+            int(record.get("trials") or 0),
+            float(record.get("node_s") or 0.0),
+            record.get("shortened"),
+            tuple(record.get("unreached") or ()),
+        )
 
     def record(self) -> dict[str, Any]:
         """What the study stores of its stage (records.NCCL_STAGE_ATTR), for its answer."""
@@ -268,6 +286,8 @@ class StageResult:
             "best_us": self.best_us if self.best_us is not None and math.isfinite(self.best_us) else None,
             "trials": self.trials,
             "node_s": self.node_s,  # counted in the study's node hours (study.node_budget)
+            "shortened": self.shortened,
+            "unreached": list(self.unreached),
         }
 
     def lines(self, name: str) -> list[str]:
@@ -279,35 +299,53 @@ class StageResult:
                 f"its best ({(self.best_us - self.baseline_us) / self.baseline_us:+.0%})"
             )
         changed = {n: v for n, v in self.held.items() if v is not None}
-        kept = [n for n, v in self.held.items() if v is None]
-        lines = [f"NCCL stage {name}: {self.trials} all-reduce trials, {self.node_s:.0f} s on the node{gain}"]
+        kept = [n for n, v in self.held.items() if v is None and n not in self.unreached]
+        cut = f", cut short by {self.shortened}" if self.shortened else ""
+        lines = [
+            f"NCCL stage {name}: {self.trials} all-reduce trials{cut}, {self.node_s:.0f} s on the node{gain}"
+        ]
         lines += [f"NCCL stage: {n}={v} held in every server trial" for n, v in changed.items()]
         if kept:
             lines.append(f"NCCL stage: {', '.join(kept)} held at NCCL's defaults")
+        if self.unreached:
+            lines.append(f"NCCL stage: {', '.join(self.unreached)} not reached, held at NCCL's defaults")
         return lines
 
 
-def stage_result(knobs: Knobs, trials: Sequence[FrozenTrial]) -> StageResult | None:
-    """The finished stage's result, from its trials; None while its pass is not done."""
+def stage_result(
+    knobs: Knobs, trials: Sequence[FrozenTrial], shortened: str | None = None
+) -> StageResult | None:
+    """The finished stage's result, from its trials; None while its pass is not done, unless it was
+    `shortened` (why): then the knobs it swept whole hold their best, the rest NCCL's defaults."""
     values = measured(trials)
     point, best = ascent(knobs, values)
-    if point is not None:
+    if point is not None and shortened is None:
         return None
     baseline = values.get(())
     best_us = values.get(point_key(best))
     node_s = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
     if best_us is None or not math.isfinite(best_us):
         best = {}  # nothing completed: hold nothing
-    return StageResult(best, baseline, best_us, len(trials), node_s)
+    if point is None:
+        return StageResult(best, baseline, best_us, len(trials), node_s)
+    names = list(knobs)  # the knob the pass was sweeping differs from its best in the next point
+    current = next((n for n in names if point.get(n) != best.get(n)), names[0])
+    unreached = tuple(names[names.index(current) :])
+    return StageResult(best, baseline, best_us, len(trials), node_s, shortened, unreached)
+
+
+def stage_trials(study: Study, storage: optuna.storages.BaseStorage | str) -> list[FrozenTrial]:
+    """The trials of `study`'s stage so far ([] before it ran)."""
+    try:
+        optuna_study = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=storage)
+    except KeyError:
+        return []
+    return optuna_study.get_trials(deepcopy=False)
 
 
 def finished_stage(study: Study, storage: optuna.storages.BaseStorage | str) -> StageResult | None:
     """The stage's result when its Optuna study exists and its pass is done (a resume reuses it)."""
-    try:
-        optuna_study = optuna.load_study(study_name=study.name + STAGE_SUFFIX, storage=storage)
-    except KeyError:
-        return None
-    return stage_result(stage_knobs(study), optuna_study.get_trials(deepcopy=False))
+    return stage_result(stage_knobs(study), stage_trials(study, storage))
 
 
 class LentPool(NodePool):

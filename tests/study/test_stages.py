@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import optuna
 import pytest
 
 from autotune.config import Study, load_study
+from autotune.config.study import Budget
 from autotune.errors import ConfigError
 from autotune.measure.client import Workload
 from autotune.measure.nccl import BenchSettings, Message
@@ -237,6 +239,33 @@ def test_an_interrupted_stage_continues_where_it_stopped(files: StudyFiles) -> N
     trials = stage_trials(path)
     assert len(trials) == ascent_size(knobs)  # continued, not started again
     assert len({point_key(t.params) for t in trials}) == len(trials)
+
+
+def test_under_a_node_hour_budget_the_stage_gets_half_of_what_the_search_may_spend(files: StudyFiles) -> None:
+    # 0.4 node h on the seed node: the baseline's 288 s leave 1152 s for the search (this study keeps no
+    # confirmation back), so the stage may spend 576 s, 19 of its 26 jobs of 30 s; the search still runs.
+    path = files(nccl_stage={"hidden_size": 7168}, n_trials=None, budget={"node_hours": 0.4, "n_trials": 8})
+    optuna_study, lines = run(path)
+    stage, knobs = stage_trials(path), stages.stage_knobs(load_study(path))
+    baseline_s = optuna_study.trials[0].user_attrs["node_s"]
+    assert sum(t.user_attrs["node_s"] for t in stage) <= (0.4 * 3600 - baseline_s) / 2
+    assert 0 < len(stage) < ascent_size(knobs)
+    record = optuna_study.user_attrs["nccl_stage"]
+    assert record["shortened"] == "its share of the node-hour budget"
+    assert record["unreached"] == ["NCCL_BUFFSIZE", "NCCL_P2P_LEVEL"]  # knob order: the search space's
+    assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: 19 all-reduce trials, cut short by its share")
+    assert "NCCL stage: NCCL_BUFFSIZE, NCCL_P2P_LEVEL not reached, held at NCCL's defaults" in lines
+    search = optuna_study.trials[1:]
+    assert search and all(t.params["NCCL_P2P_LEVEL"] is None for t in search)
+    launched = len(optuna_study.trials)
+    # A resume given more hours holds the values its search ran with: the shortened stage is not continued.
+    study = load_study(path)
+    more = replace(study, file=study.file.model_copy(update={"budget": Budget(node_hours=0.7, n_trials=8)}))
+    again = Lines()
+    resumed = StudyDriver(more, [again], pool=model_pool(), tracking=False).run(6)
+    assert len(stage_trials(path)) == len(stage) and again.lines[0] == lines[0]
+    assert len(resumed.trials) > launched
+    assert all(t.params["NCCL_P2P_LEVEL"] is None for t in resumed.trials[1:])
 
 
 def test_the_switch_turns_the_stage_off(files: StudyFiles) -> None:
