@@ -1,12 +1,15 @@
 """A request's place in its run's arrival schedule, as the built-in client tells the server in a header.
 
-The client (`autotune.measure.client`) sends every request of a benchmark run at its scheduled time, at most
-`concurrency` in flight, and says so in `X-Autotune-Arrival`: the run, the request's place in the schedule,
+The client (`autotune.measure.client`) sends a run's requests at their scheduled times (all at once, at a
+request rate, or a trace's; a session's turns follow their answers and carry none), at most `concurrency`
+in flight, and says so in `X-Autotune-Arrival`: the run, the request's place in the schedule,
 when it is due and when the next one is (server seconds from the run's start), and the concurrency. Real
-SGLang ignores the header: its HTTP server (FastAPI) reads a request's body and only the headers it names
-(`Authorization` for --api-key, `Content-Type`, the metrics' `x-custom-labels`). The simulated server reads
-it to admit each request at the model time it is due (`autotune.sim.server.schedule`), so arrivals closer
-than a client's few milliseconds at a clock sped up 50 times stay as far apart as scheduled.
+SGLang ignores the header: 0.5.17's `/generate` reads the body and only the headers it names
+(`Authorization` for --api-key, srt/utils/auth.py:176; `traceparent` and `tracestate`; the `x-override-*`
+of srt/entrypoints/request_headers.py, and those only with SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES). The
+simulated server reads it to admit each request at the model time it is due
+(`autotune.sim.server.schedule`), so arrivals closer than a client's few milliseconds at a clock sped up 50
+times stay as far apart as scheduled.
 """
 
 from __future__ import annotations

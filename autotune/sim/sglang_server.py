@@ -47,18 +47,21 @@ Fidelity of measured throughput: a client that times the server by its own clock
 (about a millisecond per request, more on a busy machine) magnified by 1 / time scale: at 0.05 a benchmark
 of the default launch lands within about 4% of the model's answer, at 0.01 within about 10%. autotune's
 client times a simulated server by the chunks' model clock instead, so its figures are the model's at any
-scale, the same on every run of a seeded launch: when requests end, the next step waits (until nothing has
-happened for 0.25 s of wall time) for the client's next ones, so a closed loop's reply takes no model time and
-the batches do not depend on when a request happened to arrive (`serving.Serving.run_engine`); a session's
-think time shorter than that wait counts as none. 0.001 is for startup and failure tests.
+scale, the same on every run of a seeded launch: a request with an `X-Autotune-Arrival` header (its place
+in the client's schedule, `autotune.measure.arrival`) is admitted at the model time it is due (`schedule`);
+for others, when requests end, the next step waits (until nothing has happened for 0.25 s of wall time) for
+the client's next ones, so a closed loop's reply takes no model time and the batches do not depend on when
+a request happened to arrive (`serving.Serving.run_engine`); a session's think time shorter than that wait
+counts as none. 0.001 is for startup and failure tests.
 
 Exit statuses: 0 after SIGTERM or SIGINT; -9 (SIGKILL of itself, as SGLang's launcher kills its own
 tree) after a startup failure or an out-of-memory under load; 1 for `crash_benchmark`, for a `ValueError`
 SGLang raises while handling its arguments, and for a bad simulator setting; 2 for an argparse error.
 
 The process is put together from `autotune.sim.server`: `options` (the `SGLANG_SIM_*` settings and the
-arguments SGLang resolves), `startup` (the start-up phases), `serving` (the engine in real time), `api`
-(the HTTP routes) and `ranks` (the scheduler ranks' log prefixes and fatal exits).
+arguments SGLang resolves), `startup` (the start-up phases), `serving` (the engine in real time),
+`schedule` (requests admitted when their client scheduled them), `api` (the HTTP routes) and `ranks` (the
+scheduler ranks' log prefixes and fatal exits).
 """
 
 from __future__ import annotations

@@ -86,6 +86,26 @@ def test_a_request_that_waited_for_a_slot_is_due_when_the_slot_freed() -> None:
     assert due.at == 12.0  # sent when the slot freed, not at its offset
 
 
+def test_a_request_that_overtook_one_due_sooner_is_not_in_flight_before_its_time() -> None:
+    a0, a1, a2 = schedule([0.0, 1.0, 1.5], concurrency=2)
+    book: ArrivalSchedule[str] = ArrivalSchedule(_on_clock)
+    book.came(a0, 0.0, "r0")
+    book.came(a2, 0.0, "r2")  # sent at 1.5, it came before the one sent at 1.0
+    # At 1.2 the client has r0 in flight and a slot free for r1: the engine waits for it.
+    assert book.waits(1.2)
+    assert [d.at for d in book.came(a1, 0.0, "r1")] == [1.0]
+
+
+def test_a_run_whose_client_went_away_waits_for_nothing() -> None:
+    a0, _, a2 = schedule([0.0, 1.0, 2.0], concurrency=8)
+    book: ArrivalSchedule[str] = ArrivalSchedule(_on_clock)
+    book.came(a0, 0.0, "r0")
+    assert book.waits(1.0)
+    book.give_up()
+    assert not book.waits(1.0)
+    assert [(d.at, d.item) for d in book.came(a2, 5.0, "r2")] == [(5.0, "r2")]  # admitted as it comes
+
+
 def test_requests_before_the_run_s_first_wait_for_it_and_a_refused_one_is_not_waited_for() -> None:
     a0, a1, a2, a3 = schedule([0.0, 1.0, 2.0, 3.0], concurrency=8)
     book: ArrivalSchedule[str] = ArrivalSchedule(_on_clock)

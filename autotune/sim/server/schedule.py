@@ -5,8 +5,10 @@ milliseconds late are whole steps, and a burst held for replies would swallow ar
 So the server reads the schedule instead: the run's first request fixes where its start lies on the model
 clock, each request is due at the start plus its offset (or, when the client had no slot free then, when
 one freed: at most `concurrency` in flight), and the engine runs no step that starts at or after the time
-the next request is due before that request has come. The same run is then served in the same batches at
-the same model times on every run, however late a busy machine delivers its requests.
+the next request is due before that request has come, while the client has a slot free for it (counting
+what was in flight by the schedule, not by what came: a request due later can overtake one due sooner on
+its way). The same run is then served in the same batches at the same model times on every run, however
+late a busy machine delivers its requests.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ class _Run(Generic[T]):
     following: dict[int, float | None] = field(default_factory=dict)  # index -> when the next one is due
     missing: int = 0  # the lowest index that has not come
     early: list[tuple[ScheduledArrival, T | None]] = field(default_factory=list)  # came before index 0
-    in_flight: int = 0  # its requests come and not finished
+    sent: dict[int, float] = field(default_factory=dict)  # come and not finished: index -> when it was sent
     freed_at: float = -math.inf  # when a slot last freed while all were taken (model time)
+    over: bool = False  # its client went away: what still comes is admitted as it comes
+
+    def in_flight(self, at: float) -> int:
+        """The client's requests in flight at model time `at`: sent by then and not finished. One that came
+        early on the wall clock (a request due later can overtake one due sooner on its way) is not yet."""
+        return sum(sent <= at for sent in self.sent.values())
 
 
 class ArrivalSchedule(Generic[T]):
@@ -62,6 +70,8 @@ class ArrivalSchedule(Generic[T]):
         run = self._run
         if run is None or run.run != arrival.run:
             run = self._run = _Run(arrival.run, arrival.concurrency)
+        if run.over:
+            return [Due(now, arrival.index, item)] if item is not None else []
         run.following[arrival.index] = arrival.next_s
         while run.missing in run.following:
             run.missing += 1
@@ -75,9 +85,9 @@ class ArrivalSchedule(Generic[T]):
         for one, what in came:
             if what is None:
                 continue
-            run.in_flight += 1
             # Due at its time, or later when the client waited for a slot that freed later.
-            due.append(Due(max(run.start + self._on_clock(one.at_s), run.freed_at), one.index, what))
+            sent = run.sent[one.index] = max(run.start + self._on_clock(one.at_s), run.freed_at)
+            due.append(Due(sent, one.index, what))
         return due
 
     def ended(self, arrival: ScheduledArrival, now: float) -> None:
@@ -85,21 +95,23 @@ class ArrivalSchedule(Generic[T]):
         run = self._run
         if run is None or run.run != arrival.run or run.start is None:
             return
-        if run.in_flight >= run.concurrency:
+        if run.in_flight(now) >= run.concurrency:
             run.freed_at = now
-        run.in_flight -= 1
+        run.sent.pop(arrival.index, None)
 
     def waits(self, step_at: float) -> bool:
         """Whether a step starting at model time `step_at` must wait for a request that has not come: the
         next one due is due by then, and the client has a slot free to send it."""
         run = self._run
-        if run is None or run.start is None or run.missing == 0:
+        if run is None or run.over or run.start is None or run.missing == 0:
             return False
         following = run.following[run.missing - 1]
         if following is None:
             return False  # the run's last request has come
-        return run.start + self._on_clock(following) <= step_at and run.in_flight < run.concurrency
+        due = run.start + self._on_clock(following)
+        return due <= step_at and run.in_flight(step_at) < run.concurrency
 
     def give_up(self) -> None:
         """The request waited for did not come (its client went away): the run's schedule is over."""
-        self._run = None
+        if self._run is not None:
+            self._run.over = True
