@@ -145,9 +145,11 @@ async def _post(
     return resp.status, [json.loads(e)["meta_info"] for e in events if e != "[DONE]"]
 
 
-def _generate(tokens: int) -> dict[str, Any]:
+def _generate(tokens: int, prompt: int = 0) -> dict[str, Any]:
+    """A streamed request of 100 prompt tokens, a different prompt for each `prompt` (no cache hits)."""
     sampling = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
-    return {"input_ids": list(range(1, 101)), "sampling_params": sampling, "stream": True}
+    ids = list(range(1 + 1000 * prompt, 101 + 1000 * prompt))
+    return {"input_ids": ids, "sampling_params": sampling, "stream": True}
 
 
 @pytest.mark.integration
@@ -182,6 +184,28 @@ def test_the_server_admits_each_request_at_its_scheduled_model_time(sim: SimServ
 
     status, message = asyncio.run(malformed())
     assert status == 400 and message.startswith(f"{ARRIVAL_HEADER}: cannot read")
+
+
+@pytest.mark.integration
+def test_a_request_that_overtakes_one_due_sooner_does_not_move_the_clock_past_it(sim: SimServer) -> None:
+    first, second, third = schedule([0.0, 1.0, 2.0], concurrency=3)
+
+    async def run() -> list[list[dict[str, Any]]]:
+        async with aiohttp.ClientSession() as session:
+            url = sim.url("")
+            _, m0 = await _post(session, url, first, _generate(4, 0))
+            third_sent = asyncio.create_task(_post(session, url, third, _generate(4, 2)))
+            await asyncio.sleep(0.2)  # the third, due later, comes first to an idle engine
+            _, m1 = await _post(session, url, second, _generate(4, 1))
+            _, m2 = await third_sent
+            return [m0, m1, m2]
+
+    metas = asyncio.run(run())
+    received = [m[0]["sim_received"] - metas[0][0]["sim_received"] for m in metas]
+    assert received == [0.0, 1.0, 2.0]
+    # Each met an idle engine at its time: the same prefill, the same time to its first token.
+    ttfts = {m[0]["sim_time"] - m[0]["sim_received"] for m in metas}
+    assert len(ttfts) == 1, ttfts
 
 
 @pytest.mark.integration

@@ -210,8 +210,10 @@ class Serving(LaunchPart):
             heapq.heappush(self._due, due)
         self._arrived.set()
         if idle and self._due:
-            self._woke_at = woke_at
-            self.model_now = max(self.model_now, self._due[0].at)
+            # The engine's clock moves to the first due time in `run_engine`, once nothing due sooner is
+            # missing (one due later can overtake one due sooner on its way); the wall reads that time now.
+            self.model_now = clock
+            self._woke_at = woke_at - max(0.0, self._due[0].at - clock) * self.scale
             self._work.set()
 
     def refused(self, arrival: ScheduledArrival) -> None:
