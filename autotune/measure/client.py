@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from autotune.errors import AutotuneError
+from autotune.measure.arrival import ScheduledArrival, schedule
 from autotune.measure.workloads import Request, Slo, Workload, arrival_offsets, requests_for
 
 __all__ = [
@@ -330,10 +331,12 @@ async def _generate(
     max_new_tokens: int,
     encoded: bytes | None = None,
     time_scale: float = 1.0,
+    arrival: ScheduledArrival | None = None,
 ) -> RequestOutcome:
     """Send one streaming /generate request (its JSON body `encoded` beforehand, so that a benchmark's
     requests leave together and the clock times the server, not the encoding of long prompts) and time it;
-    never raises for server or network errors.
+    never raises for server or network errors. A request sent at a scheduled time carries its `arrival`
+    (autotune.measure.arrival), which only a simulated server reads.
 
     Timed by the client's clock, as bench_serving does; a simulated server's chunks carry its model clock
     (`meta_info.sim_received`, `sim_time`: real SGLang sends neither), and then the request is timed by
@@ -345,9 +348,10 @@ async def _generate(
     done = False
     last_tokens = 0
     most_recent = 0.0
+    headers = {**_JSON, **arrival.header()} if arrival is not None else _JSON
     st = ended = time.perf_counter()
     try:
-        async with session.post(url, data=request_body, headers=_JSON) as resp:
+        async with session.post(url, data=request_body, headers=headers) as resp:
             if resp.status != 200:
                 body = await resp.text(errors="replace")
                 out.error = f"HTTP {resp.status} {resp.reason or ''}: {body}"[:_ERROR_TEXT_MAX]
@@ -513,20 +517,20 @@ async def run_benchmark(
                 scale = _time_scale(info) or 1.0
                 if workload.sharing is not None:
                     await _flush_cache(session, base_url)
+                # When each request is due, in server seconds from the start (all at once: 0).
                 if workload.trace is not None:
-                    offsets = [(p.arrival_s or 0.0) * scale for p in prompts]
+                    due = [p.arrival_s or 0.0 for p in prompts]
                 else:
-                    offsets = arrival_offsets(
-                        workload.num_prompts, workload.request_rate, workload.burstiness, scale
-                    )
+                    due = arrival_offsets(workload.num_prompts, workload.request_rate, workload.burstiness)
+                arrivals = schedule(due, workload.concurrency)
 
-                async def one(prompt: Request, offset: float) -> None:
+                async def one(prompt: Request, arrival: ScheduledArrival) -> None:
                     # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
-                    await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                    await asyncio.sleep(max(0.0, start + arrival.at_s * scale - time.perf_counter()))
                     async with semaphore:
                         outcomes.append(
                             await _generate(
-                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale
+                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale, arrival
                             )
                         )
 
@@ -550,7 +554,7 @@ async def run_benchmark(
                         by_session.setdefault(prompt.session, []).append(prompt)
                     await asyncio.gather(*(conversation(turns) for turns in by_session.values()))
                 else:
-                    await asyncio.gather(*(one(p, t) for p, t in zip(prompts, offsets, strict=True)))
+                    await asyncio.gather(*(one(p, a) for p, a in zip(prompts, arrivals, strict=True)))
                 duration = time.perf_counter() - start
                 if outcomes and all(o.server_clock for o in outcomes):
                     # From the first request's arrival to the last one's end, on the server's clock.

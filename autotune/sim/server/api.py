@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from autotune.measure.arrival import ARRIVAL_HEADER, ScheduledArrival
 from autotune.sim.logfmt import ERROR
 from autotune.sim.predictability import predictability
 from autotune.sim.server.launch import Launch, LaunchPart
@@ -239,7 +240,9 @@ class HttpApi(LaunchPart):
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         with self.serving.arriving() as received:  # from before its body is read and parsed
+            arrival = None
             try:
+                arrival = _arrival(request)
                 body = await _json_body(request)
                 prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
                 params = body.get("sampling_params") or {}
@@ -257,8 +260,10 @@ class HttpApi(LaunchPart):
                     predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
                     tokens=prompt_ids(text, body.get("input_ids")),
                     received=received,
+                    arrival=arrival,
                 )
             except BadRequest as exc:
+                self._refused(arrival)
                 return web.json_response({"error": {"message": str(exc)}}, status=400)
         if body.get("stream"):
             return await self._stream_generate(request, job)
@@ -287,7 +292,9 @@ class HttpApi(LaunchPart):
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         with self.serving.arriving() as received:  # from before its body is read and parsed
+            arrival = None
             try:
+                arrival = _arrival(request)
                 body = await _json_body(request)
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
@@ -304,8 +311,10 @@ class HttpApi(LaunchPart):
                     _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
                     tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
                     received=received,
+                    arrival=arrival,
                 )
             except BadRequest as exc:
+                self._refused(arrival)
                 return _openai_error(str(exc))
         base = {"id": f"cmpl-{job.rid}", "object": "text_completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
@@ -315,7 +324,9 @@ class HttpApi(LaunchPart):
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
         with self.serving.arriving() as received:  # from before its body is read and parsed
+            arrival = None
             try:
+                arrival = _arrival(request)
                 body = await _json_body(request)
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
@@ -327,8 +338,10 @@ class HttpApi(LaunchPart):
                     prompt_tokens,
                     _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"),
                     received=received,
+                    arrival=arrival,
                 )
             except BadRequest as exc:
+                self._refused(arrival)
                 return _openai_error(str(exc))
         base = {"id": job.rid, "object": "chat.completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
@@ -387,12 +400,28 @@ class HttpApi(LaunchPart):
             self.serving.abandon(job)
         return response
 
+    def _refused(self, arrival: ScheduledArrival | None) -> None:
+        if arrival is not None:
+            self.serving.refused(arrival)
+
     def _model_name(self, body: dict[str, Any]) -> str:
         name = body.get("model")
         return name if isinstance(name, str) and name else str(self.args["served_model_name"])
 
 
 # -- request helpers ---------------------------------------------------------------------------------------
+def _arrival(request: web.Request) -> ScheduledArrival | None:
+    """The request's place in its client's arrival schedule, None when it has none (SGLang reads no such
+    header; only autotune's client sends it)."""
+    value = request.headers.get(ARRIVAL_HEADER)
+    if value is None:
+        return None
+    try:
+        return ScheduledArrival.parse(value)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()

@@ -4,6 +4,7 @@ tokens delivered to its clients, and the scheduler's batch log lines."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import sys
 import time
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from autotune.errors import AutotuneError
+from autotune.measure.arrival import ScheduledArrival
 from autotune.sim.engine import Step, input_too_long
 from autotune.sim.server.launch import Launch, LaunchPart
+from autotune.sim.server.schedule import ArrivalSchedule, Due
 
 IDLE_STEP_S = 0.001  # a step that did nothing: yield a little wall time instead of spinning
 MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is behind schedule
@@ -26,6 +29,9 @@ MAX_BUSY_S = 0.002  # longest the engine loop keeps the event loop when it is be
 REPLY_WINDOW_S = 0.25
 BURST_GAP_S = 0.03
 MAX_HOLD_S = 1.0
+# How long the engine waits for a scheduled request that is due (see Serving.run_engine), in wall seconds:
+# its client sends it when the engine's clock gets there, so only a client gone leaves it waiting this long.
+SCHEDULE_WAIT_S = 5.0
 # The model clock counts in ticks of 2**-20 s (about a microsecond): sums and differences of its readings are
 # then exact, so a reading does not depend on how much idle time (wall time, scaled) came before it.
 TICKS_PER_S = 2**20
@@ -84,6 +90,15 @@ class _Chunk:
     finished: bool
 
 
+@dataclass
+class _Scheduled:
+    """A scheduled request that has come and waits for its model time: what the engine will be given."""
+
+    request: ClientRequest
+    predictability: float
+    tokens: list[int] | None
+
+
 class BadRequest(AutotuneError):
     """A request SGLang answers with 400 and this message."""
 
@@ -110,6 +125,10 @@ class Serving(LaunchPart):
         self._woke_at = 0.0  # when the request that woke the idle engine came (the event loop's time)
         self._idle_since = time.monotonic()  # when the engine last went idle (asyncio's clock)
         self.model_now = 0.0  # model seconds since the launch at the engine's latest delivered step
+        # Requests that carry their arrival time (autotune.measure.arrival): admitted when they are due.
+        self.schedule: ArrivalSchedule[_Scheduled] = ArrivalSchedule(_ticks)
+        self._due: list[Due[_Scheduled]] = []  # come, waiting for their model time (a heap)
+        self._scheduled: dict[str, ScheduledArrival] = {}  # rid -> its arrival, until it ends
 
     @contextmanager
     def arriving(self) -> Iterator[float]:
@@ -133,11 +152,13 @@ class Serving(LaunchPart):
         tokens: list[int] | None = None,
         received: float | None = None,
         probe: bool = False,
+        arrival: ScheduledArrival | None = None,
     ) -> ClientRequest:
         """Queue one generation on the engine and return the request its tokens will be delivered to;
         its prompt's `tokens` let the prefix cache match it. `received` (the event loop's time, default
         now) is when the request came, before its body was parsed: the engine's clock counts from there.
-        A `probe` (a health check) is no client's request: nothing waits for it, and it draws no noise."""
+        A `probe` (a health check) is no client's request: nothing waits for it, and it draws no noise.
+        A request with its `arrival` in the client's schedule waits for the model time it is due."""
         context_len = self.plan.context_len
         if prompt_tokens >= context_len:
             raise BadRequest(
@@ -156,6 +177,9 @@ class Serving(LaunchPart):
             raise BadRequest(f"Duplicate request ID: {rid}")
         request = ClientRequest(rid, prompt_tokens, max_new_tokens, probe=probe)
         self.requests[rid] = request
+        if arrival is not None:
+            self._submit_scheduled(request, arrival, _Scheduled(request, predictability, tokens), received)
+            return request
         self.engine.add(rid, prompt_tokens, max_new_tokens, predictability, tokens, probe)
         if not probe:
             self._arrivals += 1
@@ -169,6 +193,35 @@ class Serving(LaunchPart):
         request.received_at = request.delivered_at = self.model_now
         return request
 
+    def _submit_scheduled(
+        self, request: ClientRequest, arrival: ScheduledArrival, item: _Scheduled, received: float | None
+    ) -> None:
+        """Hand a scheduled request to the schedule, which says from when the engine may admit it (see
+        `run_engine`); an idle engine wakes at that model time."""
+        self._scheduled[request.rid] = arrival
+        idle = not self._work.is_set()
+        now = asyncio.get_running_loop().time()
+        woke_at = max(received if received is not None else now, self._idle_since)
+        clock = self.model_now
+        if idle and self.schedule.starts_run(arrival):
+            # A run's first request wakes the engine as any request does: idle time at the wall clock's pace.
+            clock += _ticks((woke_at - self._idle_since) / self.scale)
+        for due in self.schedule.came(arrival, clock, item):
+            heapq.heappush(self._due, due)
+        self._arrived.set()
+        if idle and self._due:
+            # The engine's clock moves to the first due time in `run_engine`, once nothing due sooner is
+            # missing (one due later can overtake one due sooner on its way); the wall reads that time now.
+            self.model_now = clock
+            self._woke_at = woke_at - max(0.0, self._due[0].at - clock) * self.scale
+            self._work.set()
+
+    def refused(self, arrival: ScheduledArrival) -> None:
+        """A scheduled request was answered with an error before the engine got it: the engine stops
+        waiting for it."""
+        self.schedule.came(arrival, self.model_now, None)
+        self._arrived.set()
+
     async def run_engine(self) -> None:
         """Step the engine while it has work, each step ending at its absolute wall-clock deadline.
 
@@ -179,14 +232,30 @@ class Serving(LaunchPart):
         woken by a request waits for the rest of its burst (`_await_arrivals`); the steps' deadlines stay
         where the model clock puts them, and the engine catches up by running late steps back to back.
         A seeded launch then serves the same requests in the same batches on every run.
+
+        A request that carries its arrival in the client's schedule (autotune.measure.arrival) is not waited
+        for so: it is admitted at the model time it is due (autotune.sim.server.schedule), an idle engine's
+        clock moving there, and no step starts at or after the time the next one is due before it has come.
+        Arrivals closer than a hold then stay as far apart as the client scheduled them.
         """
         loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
             anchor, model_clock, woke_model = self._woke_at, 0.0, self.model_now
-            await self._await_arrivals(self._arrivals, burst=True)
+            if not self._due:  # woken by a request without an arrival time: the rest of its burst
+                await self._await_arrivals(self._arrivals, burst=True)
             last_yield = loop.time()
-            while self.engine.has_work:
+            while self.engine.has_work or self._due:
+                step_at = self.model_now if self.engine.has_work else max(self.model_now, self._due[0].at)
+                if self.schedule.waits(step_at):
+                    await self._await_scheduled()
+                    last_yield = loop.time()
+                    continue
+                if step_at > self.model_now:
+                    # Idle until the next scheduled request is due: the clock moves there, the wall with it.
+                    anchor += (model_clock + step_at - self.model_now) * self.scale
+                    model_clock, woke_model, self.model_now = 0.0, step_at, step_at
+                self._admit_due()
                 step = self.engine.step()
                 if step.oom_lines:
                     self.ranks.die(0, step.oom_lines)
@@ -201,7 +270,9 @@ class Serving(LaunchPart):
                     last_yield = loop.time()
                 arrived = self._arrivals
                 self.model_now = woke_model + _ticks(model_clock)
-                ends = [self.requests.get(rid) for rid in (*step.finished, *step.aborted)]
+                # Scheduled requests' ends are answered through the schedule, not by a hold.
+                rids = [rid for rid in (*step.finished, *step.aborted) if rid not in self._scheduled]
+                ends = [self.requests.get(rid) for rid in rids]
                 ended = sum(request is None or not request.probe for request in ends)
                 self._deliver(step)
                 if ended and self._replying:
@@ -216,6 +287,26 @@ class Serving(LaunchPart):
                     last_yield = loop.time()
             self._work.clear()
             self._idle_since = max(loop.time(), anchor + model_clock * self.scale)
+
+    def _admit_due(self) -> None:
+        """Give the engine the scheduled requests due by now, in the order they were due; each counts its
+        time from then."""
+        while self._due and self._due[0].at <= self.model_now:
+            due = heapq.heappop(self._due)
+            request, item = due.item.request, due.item
+            request.received_at = request.delivered_at = due.at
+            self.engine.add(
+                request.rid, request.prompt_tokens, request.max_new_tokens, item.predictability, item.tokens
+            )
+
+    async def _await_scheduled(self) -> None:
+        """Wait for a scheduled request that is due; SCHEDULE_WAIT_S without any coming ends its run's
+        schedule (its client went away)."""
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), SCHEDULE_WAIT_S)
+        except TimeoutError:
+            self.schedule.give_up()
 
     async def _await_arrivals(self, count: int, burst: bool) -> None:
         """Wait until `count` requests have been submitted since the launch and none is on its way, and
@@ -257,6 +348,9 @@ class Serving(LaunchPart):
                 request.abort_message = input_too_long(request.prompt_tokens, self.plan)
         self._log_step(step)
         for rid in [*finished, *aborted]:
+            arrival = self._scheduled.pop(rid, None)
+            if arrival is not None:
+                self.schedule.ended(arrival, self.model_now)
             request = self.requests.pop(rid, None)
             if request is not None:
                 request.delivered_at = self.model_now
