@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
