@@ -54,14 +54,20 @@ def launch_s(optuna_study: optuna.Study) -> float | None:
 
 
 def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
-    """The node seconds of the dearest launch that ran to its measurement: what the confirmation's reserve
-    prices each launch at, as a round is priced at each config's dearest launch (a config's first launch
-    compiles, later ones find the node's caches warm, so the median would leave the reserve short)."""
-    seconds = [
-        s
-        for t in optuna_study.get_trials(deepcopy=False)
-        if t.state == TrialState.COMPLETE and counts(t) and (s := TrialRecord.of(t).node_s)
+    """The node seconds of the dearest launch that ran to its measurement, a node's first launch left out
+    where it has others: what the confirmation's reserve prices each launch at. Configs differ in cost (a
+    draft model loads and captures graphs too), so the median would leave the reserve short; a node's first
+    launch reads the weights from disk and fills its compile cache, which no confirmation launch does."""
+    trials = optuna_study.get_trials(deepcopy=False)
+    complete = [
+        t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
+    launched = [t for t in trials if TrialRecord.of(t).node_s and t.datetime_start]
+    firsts: dict[str | None, int] = {}  # node -> its first launch that spent node time
+    for trial in sorted(launched, key=lambda t: (t.datetime_start, t.number)):
+        firsts.setdefault(TrialRecord.of(trial).node, trial.number)
+    later = [t for t in complete if t.number not in firsts.values()] or complete
+    seconds = [s for t in later if (s := TrialRecord.of(t).node_s)]
     return max(seconds) if seconds else launch_s(optuna_study)
 
 
