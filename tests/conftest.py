@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from autotune.node.runner import ServerProcess
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import REPO, StudyFiles, e2e_study
 
 N_TRIALS = 6
 STARTUP = Path(__file__).resolve().parent / "startup"  # run by the Python processes the tests start
@@ -89,14 +89,13 @@ FIRST_GROUPS = (
     "tests/test_benchmarks.py",
     "tests/node/test_ssh.py",
 )
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @functools.cache
 def xdist_group(file: str) -> str:
     """The group of tests one worker runs: a test file (its module fixtures are built once), and the files
     that read the `finished_study` fixture together (one worker runs that study)."""
-    return "finished_study" if "finished_study" in (REPO_ROOT / file).read_text() else file
+    return "finished_study" if "finished_study" in (REPO / file).read_text() else file
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
