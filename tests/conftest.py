@@ -4,6 +4,7 @@ tests that read it; and the rule that only a test marked `integration` starts a 
 from __future__ import annotations
 
 import _posixsubprocess
+import functools
 import importlib.util
 import os
 import platform
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from autotune.node.runner import ServerProcess
-from tests.builders import StudyFiles, e2e_study
+from tests.builders import REPO, StudyFiles, e2e_study
 
 N_TRIALS = 6
 STARTUP = Path(__file__).resolve().parent / "startup"  # run by the Python processes the tests start
@@ -77,6 +78,44 @@ class _ProcessStarts:
 platform.processor()
 _PROCESS_STARTS = _ProcessStarts()
 _FIXTURES_THAT_START_PROCESSES: set[str] = set()  # a server shared by the tests that use it, say
+
+
+# Under pytest-xdist (scripts/test runs `-n 2 --dist loadfile`), the costliest groups go out first, so the
+# workers end together (benchmarks/test-durations.txt has the figures); the rest keep the collection order.
+FIRST_GROUPS = (
+    "tests/study/test_crash_resume.py",
+    "tests/sim/test_landscape.py",
+    "finished_study",
+    "tests/test_benchmarks.py",
+    "tests/node/test_ssh.py",
+)
+
+
+@functools.cache
+def xdist_group(file: str) -> str:
+    """The group of tests one worker runs: a test file (its module fixtures are built once), and the files
+    that read the `finished_study` fixture together (one worker runs that study)."""
+    return "finished_study" if "finished_study" in (REPO / file).read_text() else file
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the files of one `xdist_group` in one unit, in the collection's order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # by number of tests otherwise: the costliest are not the largest
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the costliest groups first (the order is sent)
+        rank = {group: n for n, group in enumerate(FIRST_GROUPS)}
+        items.sort(key=lambda item: rank.get(xdist_group(item.nodeid.split("::", 1)[0]), len(rank)))
 
 
 @pytest.hookimpl(hookwrapper=True)

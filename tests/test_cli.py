@@ -475,7 +475,13 @@ def test_a_stop_signal_outside_a_study_ends_the_command_as_ctrl_c_does(
         return 0
 
     monkeypatch.setitem(cli.COMMANDS, "status", stopped)
-    assert cli.main(["status", str(tmp_path / "study.yaml")]) == status
+    # Ctrl-C as a command started from a shell has it (under pytest-xdist, an earlier test in the same
+    # worker process left a handler of its own on SIGINT, which did not raise).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert cli.main(["status", str(tmp_path / "study.yaml")]) == status
+    finally:
+        signal.signal(signal.SIGINT, previous)
     said = "interrupted" if sig == "SIGINT" else f"stopped by {sig}"
     assert capsys.readouterr().err == f"autotune: {said}\n"
 
