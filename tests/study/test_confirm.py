@@ -9,7 +9,6 @@ import dataclasses
 import json
 import socket
 import tarfile
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -429,30 +428,6 @@ def test_the_runner_up_is_confirmed_only_within_the_noise_of_the_leader(study_fi
     assert [g.of for g in kept] == [2, 4] and not left
     unknown = contenders([groups[2], groups[4]], None, maximize=True, confidence=0.95)
     assert unknown == ([groups[2], groups[4]], [])
-
-
-@pytest.mark.parametrize("hours, configs", [(2.0, (2,)), (3.0, (2, 4))])
-def test_a_runner_up_the_node_hours_left_do_not_pay_for_is_left_out(
-    study_file: StudyFiles, hours: float, configs: tuple[int, ...]
-) -> None:
-    """The runner-up within noise of the leader joins only where the hours left pay for the confirmation's
-    2 rounds with it: 7 launches of 600 s spent; 2 h leave 3000 s, a round of 3 launches costs 1800 s and
-    one of 2 launches 1200 s. The reserve the search kept was priced at the leader and the defaults."""
-    from autotune.study.trust import node_budget
-    from autotune.study.trust.confirm import UNPAID_KEY, confirmation_rounds
-
-    trust = {"confirm": {"top": 2, "min_rounds": 2}}
-    budget = {"node_hours": hours, "n_trials": 8}
-    study = load_study(study_file(search_space=FLAT, trust=trust, budget=budget))
-    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 150.0, 3: 100.5, 4: 149.8, 5: 99.0, 6: 99.8})
-    assert node_budget.node_hours(study, optuna_study).reserve_s == 2 * 2 * 600.0  # 2 rounds of 2 launches
-    fits = partial(node_budget.confirmation_fits, study, optuna_study)
-    next(confirmation_rounds(study, optuna_study, fits=fits))
-    state = confirmation(optuna_study)
-    assert state is not None and state.configs == configs
-    assert optuna_study.user_attrs["confirm"][UNPAID_KEY] == [4][: 2 - len(configs)]
-    queued = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    assert sorted(t.user_attrs["remeasure_of"] for t in queued) == sorted((0, *configs))
 
 
 def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as_a_round(

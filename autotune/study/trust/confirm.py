@@ -41,9 +41,6 @@ __all__ = [
 ]
 
 LEFT_OUT_KEY = "left_out"  # in the study's CONFIRM_ATTR record: the candidates beyond noise of the leader
-UNPAID_KEY = (
-    "unpaid"  # in the study's CONFIRM_ATTR record: candidates left out as the node hours left do not pay
-)
 # In the study's CONFIRM_ATTR record: the search's launches paired in time, each a round of
 # [config (its first trial), the trial that measured it] pairs, the baseline's first.
 SEARCH_ROUNDS_KEY = "search_rounds"
@@ -207,12 +204,9 @@ def search_rounds(
     return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
-def _start(
-    study: Study, optuna_study: optuna.Study, fits: Callable[[Sequence[int]], bool] | None = None
-) -> Mapping[str, Any] | None:
-    """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed;
-    the runner-up only within noise of the leader, and only where `fits` says the node hours left pay for
-    its rounds) and the baseline, and remember them in the study; None when there is nothing to confirm."""
+def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None:
+    """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
+    and the baseline, and remember them in the study; None when there is nothing to confirm."""
     settings = study.file.trust.confirm
     groups = [g for g in measurement_groups(optuna_study, settings.confidence) if g.n and not g.failed]
     base = next((g for g in groups if g.baseline), None)
@@ -224,16 +218,12 @@ def _start(
     if not top:
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence)
-    unpaid: list[ConfigMeasurements] = []
-    while len(top) > 1 and fits is not None and not fits([base.of, *(g.of for g in top)]):
-        unpaid.insert(0, top.pop())
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
         "baseline": base.of,
         "configs": [g.of for g in top],
         LEFT_OUT_KEY: [g.of for g in left_out],
-        UNPAID_KEY: [g.of for g in unpaid],
         # At most min_rounds - 1, the latest: the confirmation's own launches always have a say, as the
         # candidates were chosen by the search's (they drew high).
         SEARCH_ROUNDS_KEY: [
@@ -257,20 +247,16 @@ def _searched_since(optuna_study: optuna.Study, since: int) -> bool:
 
 
 def confirmation_rounds(
-    study: Study,
-    optuna_study: optuna.Study,
-    affordable: Callable[[int], bool] | None = None,
-    fits: Callable[[Sequence[int]], bool] | None = None,
+    study: Study, optuna_study: optuna.Study, affordable: Callable[[int], bool] | None = None
 ) -> Iterator[int]:
     """Queue the confirmation's rounds one at a time; yields the budget the study loop runs to for each
     (every trial of the round: budget used plus the queued). A resumed study continues its rounds.
-    `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not;
-    `fits(configs)` whether they pay for the confirmation's rounds of those configs (`_start`)."""
+    `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not."""
     if not study.file.trust.confirm.enabled or len(optuna_study.directions) != 1:
         return
     settings = _settings(optuna_study)
     if settings is None or _searched_since(optuna_study, int(settings.get("since", -1))):
-        settings = _start(study, optuna_study, fits)  # first, or again after a resumed search found more
+        settings = _start(study, optuna_study)  # first, or again after a resumed search found more configs
     if settings is None:
         return
     groups = groups_by_trial(optuna_study)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,11 +76,7 @@ def round_s(optuna_study: optuna.Study) -> float | None:
     state = confirmation(optuna_study)
     if state is None:
         return None
-    return configs_round_s(optuna_study, (state.baseline, *state.configs))
-
-
-def configs_round_s(optuna_study: optuna.Study, configs: Sequence[int]) -> float:
-    """A round of `configs` (each by its first trial): each one's dearest launch so far, else the median."""
+    configs = {state.baseline, *state.configs}
     dearest: dict[int, float] = {}
     for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -89,25 +84,13 @@ def configs_round_s(optuna_study: optuna.Study, configs: Sequence[int]) -> float
         if of in configs and (seconds := record.node_s):
             dearest[of] = max(dearest.get(of, 0.0), seconds)
     median = launch_s(optuna_study) or 0.0
-    return math.fsum(dearest.get(config, median) for config in set(configs))
-
-
-def confirmation_fits(study: Study, optuna_study: optuna.Study, configs: Sequence[int]) -> bool:
-    """Whether the hours left pay for the confirmation's `min_rounds` rounds of `configs` (the defaults
-    and the candidates): where not, the confirmation leaves the runner-up out (study.trust.confirm)."""
-    hours = node_hours(study, optuna_study)
-    if hours.left_s is None:
-        return True
-    return study.file.trust.confirm.min_rounds * configs_round_s(optuna_study, configs) <= hours.left_s
+    return math.fsum(dearest.get(config, median) for config in configs)
 
 
 def _confirm_launches(study: Study) -> tuple[int, int]:
-    """(rounds, launches a round) the confirmation needs at least: (0, 0) without one. A round is the leader
-    and the defaults: a runner-up joins only where the hours left pay for its launches too
-    (`confirmation_fits`), so a tight budget keeps searching instead of reserving for a config it may not
-    confirm (the runner-up is confirmed only within noise of the leader)."""
+    """(rounds, launches a round) the confirmation needs at least: (0, 0) without one."""
     confirm = study.file.trust.confirm
-    return (confirm.min_rounds, min(confirm.top, 1) + 1) if confirm.enabled else (0, 0)
+    return (confirm.min_rounds, confirm.top + 1) if confirm.enabled else (0, 0)
 
 
 @dataclass(frozen=True)
