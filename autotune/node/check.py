@@ -9,14 +9,17 @@ benchmark runs on the node, can autotune's benchmark run there. Every problem co
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.dialect import FlagTable, committed_table, table_from_help
 from autotune.errors import AutotuneError
-from autotune.node.runner import CommandRunner, NodeUnreachableError
+from autotune.node.runner import CommandRunner, LocalCommandRunner, NodeUnreachableError
 from autotune.trial.launch import benchmark_python
 
 __all__ = [
@@ -272,6 +275,7 @@ def _command_problems(
     if len(command) >= 3 and command[1] == "-m":
         python, module = command[0], command[2]
         done = runner.run([python, "-c", _SERVER_VERSION, module], env, IMPORT_TIMEOUT_S)
+        other = _other_python(runner, python, module, env)
         if done.returncode in (126, 127):
             return [
                 NodeProblem(
@@ -285,14 +289,14 @@ def _command_problems(
                 NodeProblem(
                     f"server command module {module!r} cannot be imported by {python} on the node",
                     f"Install it into that environment (pip install {module.split('.')[0]}) or set "
-                    "server.command to the Python that has it.",
+                    "server.command to the Python that has it." + other,
                 )
             ], None
         if done.returncode != 0:
             return [
                 NodeProblem(
                     f"{python} failed looking up {module!r} on the node: {_last_line(done.stderr)}",
-                    f"Run `{python} -c 'import {module}'` on the node to see why.",
+                    f"Run `{python} -c 'import {module}'` on the node to see why." + other,
                 )
             ], None
         return [], done.stdout.strip() or None
@@ -305,6 +309,21 @@ def _command_problems(
             )
         ], None
     return [], None
+
+
+def _other_python(runner: CommandRunner, python: str, module: str, env: Mapping[str, str]) -> str:
+    """On this machine, where the server command's `python` is not the interpreter autotune runs in (its
+    virtual environment not activated, as `.venv/bin/autotune run ...` leaves it): a sentence saying so."""
+    if not isinstance(runner, LocalCommandRunner):
+        return ""
+    found = shutil.which(python, path=env.get("PATH", os.environ.get("PATH")))
+    if found is None or os.path.abspath(found) == os.path.abspath(sys.executable):
+        return ""
+    return (
+        f" Here `{python}` is {found}, not the Python autotune runs in ({sys.executable}): activate that "
+        f"environment first (e.g. `source .venv/bin/activate`) or set server.command to "
+        f"[{sys.executable}, -m, {module}]."
+    )
 
 
 def server_flags(
