@@ -430,6 +430,23 @@ def test_the_runner_up_is_confirmed_only_within_the_noise_of_the_leader(study_fi
     assert unknown == ([groups[2], groups[4]], [])
 
 
+def test_a_runner_up_the_search_measured_no_better_than_the_defaults_is_not_confirmed(
+    study_file: StudyFiles,
+) -> None:
+    """With the noise unknown (the defaults measured once) every candidate used to be confirmed, a runner-up
+    below the defaults too: a launch a round for a config the search already ranked under SGLang's."""
+    from autotune.study.trust.confirm import LEFT_OUT_KEY, confirmation_rounds
+
+    study = load_study(study_file(n_trials=4, search_space=FLAT, trust={"confirm": {"top": 2}}))
+    optuna_study = _search_study({0: 100.0, 1: 104.0, 2: 97.0, 3: 98.0}, baselines=(0,))
+    next(confirmation_rounds(study, optuna_study))
+    state = confirmation(optuna_study)
+    assert state is not None and state.configs == (1,)
+    assert optuna_study.user_attrs["confirm"][LEFT_OUT_KEY] == [3]
+    queued = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 1]
+
+
 def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as_a_round(
     study_file: StudyFiles,
 ) -> None:

@@ -9,6 +9,7 @@ autotune.study.trust.answer's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,7 +41,8 @@ __all__ = [
     "round_order",
 ]
 
-LEFT_OUT_KEY = "left_out"  # in the study's CONFIRM_ATTR record: the candidates beyond noise of the leader
+# In the CONFIRM_ATTR record: the candidates beyond noise of the leader, or no better than the defaults
+LEFT_OUT_KEY = "left_out"
 # In the study's CONFIRM_ATTR record: the search's launches paired in time, each a round of
 # [config (its first trial), the trial that measured it] pairs, the baseline's first.
 SEARCH_ROUNDS_KEY = "search_rounds"
@@ -157,18 +159,27 @@ def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
 
 
 def contenders(
-    top: Sequence[ConfigMeasurements], noise: NoiseEstimate | None, maximize: bool, confidence: float
+    top: Sequence[ConfigMeasurements],
+    noise: NoiseEstimate | None,
+    maximize: bool,
+    confidence: float,
+    baseline_mean: float | None = None,
 ) -> tuple[list[ConfigMeasurements], list[ConfigMeasurements]]:
     """The candidates worth confirming (`top`, best mean first): the leader, and each other whose mean lies
-    within the noise band (`NoiseEstimate.band` at `confidence`) of the leader's; and those left out. With
-    the noise unknown every one is kept."""
-    if not top or noise is None:
-        return list(top), []
+    within the noise band (`NoiseEstimate.band` at `confidence`) of the leader's (every one with the noise
+    unknown) and beyond the defaults' (`baseline_mean`: a runner-up the search measured no better than
+    SGLang's defaults is no gain worth a launch a round); and those left out."""
+    if not top:
+        return [], []
     sign = 1.0 if maximize else -1.0
     leader = top[0]
-    floor = sign * leader.mean - noise.band(confidence) * abs(leader.mean)
-    kept = [leader, *(g for g in top[1:] if sign * g.mean >= floor)]
-    return kept, [g for g in top[1:] if sign * g.mean < floor]
+    floor = -math.inf if noise is None else sign * leader.mean - noise.band(confidence) * abs(leader.mean)
+    above = -math.inf if baseline_mean is None else sign * baseline_mean
+
+    def kept(g: ConfigMeasurements) -> bool:
+        return sign * g.mean >= floor and sign * g.mean > above
+
+    return [leader, *(g for g in top[1:] if kept(g))], [g for g in top[1:] if not kept(g)]
 
 
 def search_rounds(
@@ -217,7 +228,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
     top = sorted((g for g in groups if not g.baseline), key=lambda g: -sign * g.mean)[: settings.top]
     if not top:
         return None
-    top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence)
+    top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
