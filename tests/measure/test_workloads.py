@@ -42,7 +42,7 @@ from autotune.sim.predictability import predictability
 from autotune.tracking.tracker import measurement_metrics
 from tests.builders import REPO, StudyFiles
 from tests.node.test_executor import request as node_request
-from tests.sim.test_server import SimServer
+from tests.sim.test_server import SimServer, ready_sim_server
 from tests.test_objectives import BENCH_SERVING_LINE
 
 SHIPPED = REPO / "prompts" / "autotune-prompts.jsonl"
@@ -207,12 +207,7 @@ def test_objective_rules_name_field_and_fix(changes: dict[str, object], message:
 # -- real processes: the simulated server ---------------------------------------------------------------
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
-    server = SimServer("--skip-server-warmup", env=FAST)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from ready_sim_server("--skip-server-warmup", env=FAST)
 
 
 @pytest.mark.integration

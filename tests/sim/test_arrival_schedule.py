@@ -18,7 +18,7 @@ from autotune.measure.client import run_benchmark
 from autotune.measure.workloads import Slo, Workload, arrival_offsets
 from autotune.sim.server.schedule import ArrivalSchedule
 from autotune.sim.server.serving import SCHEDULE_WAIT_S
-from tests.sim.test_server import SimServer
+from tests.sim.test_server import SimServer, ready_sim_server
 
 FAST = {"SGLANG_SIM_TIME_SCALE": "0.02", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.001"}
 
@@ -124,12 +124,7 @@ def test_requests_before_the_run_s_first_wait_for_it_and_a_refused_one_is_not_wa
 # -- the simulated server ---------------------------------------------------------------------------------
 @pytest.fixture
 def sim() -> Iterator[SimServer]:
-    server = SimServer("--skip-server-warmup", env=FAST)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
+    yield from ready_sim_server("--skip-server-warmup", env=FAST)
 
 
 async def _post(

@@ -147,6 +147,16 @@ class SimServer:
         self.wait_exit()
 
 
+def ready_sim_server(*flags: str, env: dict[str, str] | None = None) -> Iterator[SimServer]:
+    """A simulated server started with `flags` and `env`, ready; closed after (a fixture's body)."""
+    server = SimServer(*flags, env=env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+
+
 def poll_health_until_ready(server: SimServer, timeout: float = 20.0) -> list[int | None]:
     """The distinct /health answers from launch to the first 200, None while nothing listens."""
     statuses: list[int | None] = []
@@ -190,15 +200,10 @@ def served() -> Iterator[tuple[SimServer, list[int | None]]]:
 
 @pytest.fixture(scope="module")
 def speculative() -> Iterator[SimServer]:
-    server = SimServer(
+    yield from ready_sim_server(
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "lmsys/Kimi-K2.5-EAGLE3",
         "--skip-server-warmup",
     )  # fmt: skip
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.close()
 
 
 # -- startup --------------------------------------------------------------------------------------------
