@@ -275,7 +275,7 @@ def _command_problems(
     if len(command) >= 3 and command[1] == "-m":
         python, module = command[0], command[2]
         done = runner.run([python, "-c", _SERVER_VERSION, module], env, IMPORT_TIMEOUT_S)
-        other = _other_python(runner, python, module, env)
+        other = _other_python(runner, python, module, env) if done.returncode else ""
         if done.returncode in (126, 127):
             return [
                 NodeProblem(

@@ -94,7 +94,7 @@ def _run(run: RunState, pool: NodePool, run_stage: RunStage) -> stages.StageResu
     job_s = max((TrialRecord.of(t).node_s or 0.0 for t in jobs), default=0.0)
     room = stage_room_s(run)
     why = "the node-hour budget"
-    if room is None or room > max(job_s, 0.0):
+    if room is None or room > job_s:
         spent = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in jobs)
         hours = None if room is None else (spent + room) / 3600
         stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left, hours)

@@ -194,12 +194,17 @@ class CtrlCInTheBaseline(CtrlCInTheStage):
     in_job = False
 
 
-def test_a_study_stopped_in_its_baseline_runs_it_again_before_the_stage(files: StudyFiles) -> None:
-    path = staged_study(files)
+def interrupt(path: Path, pool: type[CtrlCInTheStage]) -> None:
+    """Run the study on the seed's model node until `pool`'s Ctrl-C stops it."""
     hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
     nodes = {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
     with pytest.raises(StudyInterrupted):
-        StudyDriver(load_study(path), pool=lambda _study: CtrlCInTheBaseline(*nodes), tracking=False).run()
+        StudyDriver(load_study(path), pool=lambda _study: pool(*nodes), tracking=False).run()
+
+
+def test_a_study_stopped_in_its_baseline_runs_it_again_before_the_stage(files: StudyFiles) -> None:
+    path = staged_study(files)
+    interrupt(path, CtrlCInTheBaseline)
     assert not stage_exists(path)  # no all-reduce job before a measured server
     optuna_study, _lines = run(path)
     trials = optuna_study.get_trials(deepcopy=False)
@@ -211,10 +216,7 @@ def test_a_study_stopped_in_its_baseline_runs_it_again_before_the_stage(files: S
 
 def test_a_study_stopped_between_its_baseline_and_its_stage_resumes_with_the_stage(files: StudyFiles) -> None:
     path = staged_study(files)
-    hw, model = load_hardware_profile(HARDWARE), load_model_profile(MODEL)
-    nodes = {"n": ModelNodeExecutor("n", hw, model)}, {"n": node_report("n", hw, model)}
-    with pytest.raises(StudyInterrupted):
-        StudyDriver(load_study(path), pool=lambda _study: CtrlCInTheStage(*nodes), tracking=False).run()
+    interrupt(path, CtrlCInTheStage)
     study = load_study(path)
     stopped = optuna.load_study(study_name=study.name, storage=study.storage).get_trials(deepcopy=False)
     assert [(t.number, t.state.name, t.user_attrs["baseline"]) for t in stopped] == [(0, "COMPLETE", True)]
