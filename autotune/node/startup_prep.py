@@ -13,7 +13,7 @@ from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY, compile_cache_env
 
-__all__ = ["COMPILE_CACHE_FOLDER", "HostMemory", "loader_for_memory", "prepare_launch"]
+__all__ = ["COMPILE_CACHE_FOLDER", "HostMemory", "fit_loader", "loader_for_memory", "prepare_launch"]
 
 COMPILE_CACHE_FOLDER = "compile-cache"  # in the node's work folder, shared by every trial on it
 # The share of MemAvailable the loaders may fill: the rest is the page cache's and every other process's.
@@ -43,23 +43,41 @@ def prepare_launch(
         launch = replace(
             launch, env={**launch.env, **compile_cache_env(runner.node_path(cache_folder), launch.env)}
         )
-    text = launch.flag(LOADER_FLAG)
-    if text is None:
-        return launch, notes
-    try:
-        config = json.loads(text)
-    except ValueError:
-        return launch, notes  # the user's own text: SGLang says what is wrong with it
-    if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
+    if _loader_config(launch) is None:
         return launch, notes
     memory = host_memory(runner, launch.model_path)
     if memory is None:
         return launch, notes
-    fitted, note = loader_for_memory(config, _ranks(launch), memory)
+    launch, note = fit_loader(launch, memory)
     if note is not None:
-        launch = launch.with_flag(LOADER_FLAG, json.dumps(fitted))
         notes.append(note)
     return launch, notes
+
+
+def fit_loader(launch: ServerLaunch, memory: HostMemory) -> tuple[ServerLaunch, str | None]:
+    """`launch` with its multithreaded weight loading fitted to `memory` (`loader_for_memory`), and the
+    sentence that says why, or as given and None when it fits or the launch does not load multithreaded."""
+    config = _loader_config(launch)
+    if config is None:
+        return launch, None
+    fitted, note = loader_for_memory(config, _ranks(launch), memory)
+    if note is None:
+        return launch, None
+    return launch.with_flag(LOADER_FLAG, json.dumps(fitted)), note
+
+
+def _loader_config(launch: ServerLaunch) -> dict[str, object] | None:
+    """The launch's `--model-loader-extra-config` where it loads multithreaded, else None."""
+    text = launch.flag(LOADER_FLAG)
+    if text is None:
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return None  # the user's own text: SGLang says what is wrong with it
+    if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
+        return None
+    return config
 
 
 def loader_for_memory(

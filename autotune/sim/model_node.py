@@ -18,6 +18,7 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
+from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
@@ -31,6 +32,9 @@ from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
+# MemAvailable on an idle node, as a share of its host memory: the kernel, the GPU driver and the node's
+# daemons hold the rest (an assumption; no profile measures it).
+IDLE_AVAILABLE_SHARE = 0.95
 
 
 def startup_seconds(node: NodePerformanceModel) -> float:
@@ -84,6 +88,15 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)
 
 
+def host_memory(hardware: HardwareProfile, model: ModelProfile) -> HostMemory | None:
+    """What the node's probe would read on an idle node of `hardware` holding `model`'s shards; None where
+    the profile does not say how much host memory the node has."""
+    if hardware.host_memory_gb is None:
+        return None
+    shard_gb = model.weight_gb / model.num_shards
+    return HostMemory(int(hardware.host_memory_gb * IDLE_AVAILABLE_SHARE * 1e9), int(shard_gb * 1e9))
+
+
 def server_memory(node: NodePerformanceModel) -> dict[str, float]:
     """The memory report the simulated server logs (logwatch.server_memory's keys), as far as its start-up
     gets: the weights once loaded, the KV pool once allocated."""
@@ -130,6 +143,9 @@ class ModelNodeExecutor:
             return self._run_job(request)
         if request.plan is not None:
             return self._run_plan(request, request.plan)
+        memory = host_memory(self.hardware, self.model)
+        if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
+            request = replace(request, launch=fit_loader(request.launch, memory)[0])
         argv = list(request.launch.argv)
         flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
         w = request.serving_workload

@@ -16,7 +16,7 @@ from autotune.sim.model.startup import (
     weights_fit_page_cache,
 )
 from autotune.sim.model_node import ModelNodeExecutor
-from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.sim.profiles import HardwareProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest
 
@@ -90,3 +90,20 @@ def test_a_kept_compile_cache_makes_every_launch_after_the_first_capture_faster(
     assert second["cuda_graph_s"] == pytest.approx(first["cuda_graph_s"] * WARM_COMPILE_SHARE, 0.01)
     without = ModelNodeExecutor("n", SEED_HW, SEED_MODEL)
     assert _phases(without, 1, compile_cache=False) == _phases(without, 2, compile_cache=False)
+
+
+def test_the_node_fits_the_loaders_threads_to_the_host_memory_of_the_profile() -> None:
+    """As the node does on a real one (startup_prep.fit_loader): 8 ranks x (8 threads + 2) shards of 8.5 GB
+    need 684 GB, more than an idle 512 GB node has free, so autotune's loader flag gets 4 threads there."""
+    command = ("python", "-m", "sglang.launch_server")
+    loader = '{"enable_multithread_load": true, "num_threads": 8}'
+    flags = (("--model-path", "/models/kimi"), ("--tp-size", "8"), ("--model-loader-extra-config", loader))
+    launch = ServerLaunch(command, {}, "127.0.0.1", 30000, flags=flags)
+
+    def weight_load_s(hw: HardwareProfile) -> float:
+        result = ModelNodeExecutor("n", hw, SEED_MODEL).run(TrialRequest(1, launch, SHORT, 60, 60))
+        assert result.ok, result.failure
+        return result.startup_phases["weight_load_s"]
+
+    assert weight_load_s(SEED_HW) == pytest.approx(547 / 0.91 / 2.5, 0.01)  # 4 threads
+    assert weight_load_s(SEED_HW.model_copy(update={"host_memory_gb": 1024.0})) == pytest.approx(150.3, 0.01)
