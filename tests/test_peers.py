@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.builders import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -34,10 +36,12 @@ class RecordingClock(NodeClock):
     def __init__(self) -> None:
         super().__init__(NODE, load_hardware_profile(SEED.hardware), load_model_profile(SEED.model))
         self.requests: list[TrialRequest] = []
+        self.results: list[TrialResult] = []
 
     def run(self, request: TrialRequest) -> TrialResult:
         self.requests.append(request)
-        return super().run(request)
+        self.results.append(super().run(request))
+        return self.results[-1]
 
 
 def launch_command(**flags: Any) -> list[str]:
@@ -89,6 +93,13 @@ def test_candidate_flags_env_and_workload_reach_the_model_node_intact(tmp_path: 
     assert (settings.chunked_prefill_size, settings.max_running_requests) == (4096, 32)
     assert settings.nccl.algo == "Ring"
     assert request.launch.env == {"NCCL_ALGO": "Ring"}  # only what auto_benchmark added to the environment
+    # auto_benchmark gets autotune's loading settings, as typed flags the node fits to the host's memory:
+    # on the seed's 512 GB node 4 threads load the weights, as for autotune's launches (240 s, not 150)
+    assert (
+        request.launch.flag("--model-loader-extra-config")
+        == '{"enable_multithread_load": true, "num_threads": 8}'
+    )
+    assert request.launch.flag("--tp-size") == "8" and request.launch.flag("--trust-remote-code") is None
     assert request.workload == Workload(
         num_prompts=8, input_len=28000, output_len=1000, concurrency=4, warmup_requests=1
     )
@@ -97,6 +108,7 @@ def test_candidate_flags_env_and_workload_reach_the_model_node_intact(tmp_path: 
     assert record["output_throughput"] > 0 and record["mean_ttft_ms"] > 0 and record["mean_tpot_ms"] > 0
     (launch,) = node.launches
     assert not launch.failed and launch.seconds > 60  # the model's start-up and benchmark, in node seconds
+    assert clock.results[0].startup_phases["weight_load_s"] == pytest.approx(547 / 0.91 / 2.5, 0.01)
     assert node.time.time() == 1.8e9 + launch.seconds  # auto_benchmark's clock moved by them
 
 

@@ -48,7 +48,8 @@ from model_studies import NodeClock, Profile  # noqa: E402
 from sglang.benchmark.serving import bench_serving_record  # noqa: E402
 
 from autotune.measure.workloads import Workload  # noqa: E402
-from autotune.trial.launch import ServerLaunch  # noqa: E402
+from autotune.trial.launch import Flags, ServerLaunch  # noqa: E402
+from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY  # noqa: E402
 from autotune.trial.wire import TrialRequest  # noqa: E402
 
 SGLANG_RELEASE = "0.5.16"
@@ -399,8 +400,13 @@ class ModelSubprocess:
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     def request(self, launch: Launch, workload: Workload) -> TrialRequest:
+        flags = typed_flags(launch.argv)
+        if not any(flag == LOADER_FLAG for flag, _ in flags):
+            # auto_benchmark given autotune's loading settings (issue 37's row), which the model node fits
+            # to its host memory as it fits autotune's
+            flags = (*flags, (LOADER_FLAG, json.dumps({MULTITHREAD_KEY: True, THREADS_KEY: 8})))
         server = ServerLaunch(
-            ("python", "-m", LAUNCH_SERVER, *launch.argv), dict(launch.env), "127.0.0.1", 30000
+            ("python", "-m", LAUNCH_SERVER), dict(launch.env), "127.0.0.1", 30000, flags=flags
         )
         return TrialRequest(len(self.launches) - 1, server, workload, 3600.0, 3600.0)
 
@@ -415,6 +421,19 @@ def server_flags(argv: Sequence[str]) -> tuple[str, ...]:
         at = argv.index("--model-path")
         argv = [*argv[at : at + 2], *argv[:at], *argv[at + 2 :]]
     return tuple(argv)
+
+
+def typed_flags(argv: Sequence[str]) -> Flags:
+    """A launch's server flags as (flag, value) pairs, a value None for a switch (a flag followed by
+    another flag or nothing)."""
+    words = server_flags(argv)
+    pairs: list[tuple[str, str | None]] = []
+    for at, word in enumerate(words):
+        if not word.startswith("--"):
+            continue
+        following = words[at + 1] if at + 1 < len(words) else None
+        pairs.append((word, None if following is None or following.startswith("--") else following))
+    return tuple(pairs)
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
