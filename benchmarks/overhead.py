@@ -35,6 +35,7 @@ import optuna
 from model_studies import BENCHMARKS, SEARCH_SPACE, write_sim_study
 
 import autotune.study.loop
+import autotune.study.run_state
 from autotune.config import Study
 from autotune.config.search_space import SearchSpace
 from autotune.node.executor import TrialExecutor
@@ -64,7 +65,8 @@ DRIVER_CALLS: Sequence[tuple[Any, str, str]] = (
     (optuna.trial.Trial, "set_user_attr", "Optuna: trial attributes and constraints"),
     (optuna.trial.Trial, "set_constraint", "Optuna: trial attributes and constraints"),
     (optuna.trial.Trial, "report", "Optuna: trial attributes and constraints"),
-    (autotune.study.loop, "study_summary", "study summary (reads every trial)"),
+    (autotune.study.run_state, "study_summary", "study summary (reads every trial)"),  # after each trial
+    (autotune.study.loop, "study_summary", "study summary (reads every trial)"),  # the study's end
     (StudyTracker, "start_trial", "MLflow: create the trial's run"),
     (StudyTracker, "finish_trial", "MLflow: finish the trial's run, log and artifacts"),
     (StudyTracker, "update_summary", "MLflow: study summary metrics"),

@@ -274,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 traceback.print_exc()
                 return EXIT_FAILED
             print(f"autotune: {exc}", file=sys.stderr)
-            from autotune.study.loop import StudyInterrupted
+            from autotune.study.interrupts import StudyInterrupted
 
             return exit_interrupted(exc.signum) if isinstance(exc, StudyInterrupted) else EXIT_FAILED
         except KeyboardInterrupt as exc:  # Ctrl-C outside a study's own handling (loading files, a study)

@@ -1,16 +1,23 @@
 """The steps the search takes before it asks Optuna for each trial, in order (`STEPS`): a node on which
 nothing starts, the node hours spent, the stopping rule, the noise measured, knobs screened out. A step
 returns `SearchEnds` to end the search, or None; the rules themselves live in autotune.study.trust.
+Whether another trial may start at all is `may_ask`; the knobs the search holds from its start, `hold`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from optuna.trial import TrialState
+
+from autotune.study import nccl_stage
 from autotune.study.callbacks import KnobHeld
 from autotune.study.node_failing import node_failing
 from autotune.study.run_state import RunState
+from autotune.study.storage import budget_used
 from autotune.study.trust import node_budget, screening
 from autotune.study.trust.noise import repeat_baseline
 from autotune.study.trust.stopping import record_stop, why_stop
@@ -92,3 +99,32 @@ def between_trials(run: RunState) -> None:
             record_stop(run.optuna_study, ends.why)
         if ends.at_once:
             return
+
+
+def may_ask(run: RunState, budget: int | None, deadline: float | None) -> bool:
+    """Whether another trial may start: time and budget left, and the search not ended by one of the
+    steps between trials."""
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    if run.baseline_only:
+        return nccl_stage.baseline_next(run.optuna_study)
+    if budget is not None and budget_used(run.optuna_study) >= budget:
+        return False
+    waiting = (TrialState.WAITING,)
+    if run.options.queued_only and not run.optuna_study.get_trials(deepcopy=False, states=waiting):
+        return False
+    if run.searching and run.stopped is None and not run.options.queued_only:
+        between_trials(run)
+    return not (run.searching and run.stopped is not None)
+
+
+def hold(run: RunState, held: dict[str, Any]) -> None:
+    """Before the search: hold the NCCL stage's values `held` and the knobs a resumed study's screening
+    held in every server trial the sampler proposes."""
+    run.stage_held = held
+    screened = screening.held_knobs(run.optuna_study)  # a resumed study holds what its screening held
+    if held or screened:
+        run.base_sampler = run.holding({**held, **screened})
+        for line in screening.screened_lines(run.optuna_study):
+            run.observers.knob_held(KnobHeld(line))
+    run.optuna_study.sampler = run.current_sampler()

@@ -17,7 +17,10 @@ from autotune.node.pool import Submitted
 from autotune.study import samplers
 from autotune.study.callbacks import CallbackList, Progress
 from autotune.study.incompatible import KnownIncompatibilities
+from autotune.study.summary import StudySummary, study_summary
 from autotune.study.trust.noise import move_from
+
+POLL_S = 0.5  # how long the driver waits for its nodes' results at a time
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,9 @@ class RunOptions:
     preflight: bool = True  # predicted OOMs are recorded, never launched
     memory_edge: bool = True  # proposals past the memory edge the study met are recorded, never launched
     remember_incompatible: bool = True  # settings that failed on a hardware are not proposed again on it
-    queued_only: bool = False  # the trials queued in the study and nothing else
+    # The trials queued in the study and nothing else: no proposal, baseline repeat, screening, stopping
+    # rule or confirmation.
+    queued_only: bool = False
     hours_from: str = "budget.node_hours"  # where the node-hour budget was given, for its error
 
 
@@ -82,6 +87,12 @@ class RunState:
         if launching is not None:
             phases[launching] = "launching"
         return Progress(self.total, self.done, phases, best, baseline)
+
+    def refresh_standing(self) -> StudySummary:
+        """The study's summary now, its best value and the baseline's kept for the progress shown."""
+        summary = study_summary(self.optuna_study)
+        self.standing = (summary.best_value, summary.baseline_value)
+        return summary
 
     def holding(self, held: dict[str, Any], trials_so_far: int | None = None) -> optuna.samplers.BaseSampler:
         """The study's sampler, holding the NCCL stage's values (and the knobs screening held): the study

@@ -264,13 +264,17 @@ def session_processes(session: int, title: bytes) -> list[int]:
     return pids
 
 
-def wait_until_loading(driver: subprocess.Popen[bytes], trials_dir: Path, log: Path, first: int = 1) -> None:
-    """Return once a server of trial `first` or later loads its weights (the driver still running)."""
+def wait_until_loading(
+    driver: subprocess.Popen[bytes], trials_dir: Path, log: Path, first: int = 1, last: int | None = None
+) -> None:
+    """Return once a server of trial `first` or later (up to `last`) loads its weights (the driver still
+    running)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert driver.poll() is None, log.read_text(errors="replace")[-3000:]
         for server_log in trials_dir.glob("trial-*/server.log"):
-            if int(server_log.parent.name.split("-")[1]) < first:
+            number = int(server_log.parent.name.split("-")[1])
+            if number < first or (last is not None and number > last):
                 continue
             text = server_log.read_text(errors="replace")
             if "Load weight begin" in text and "Load weight end" not in text:
@@ -283,14 +287,16 @@ def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_t
     study_file: StudyFiles,
 ) -> None:
     # The actor's worker process dies (kill -9), not ray.kill: Ray frees its name later, and its server,
-    # in a session of its own, outlives it.
+    # in a session of its own, outlives it. Killed while the baseline loads: SGLang's defaults run here, so
+    # its server stays up until the new actor stops it (a proposal's server may die of its own settings
+    # before the new actor has started: trial 1's, which this GPU cannot run, does a second after its load).
     model_path = f"/models/actor-{uuid.uuid4().hex[:8]}"
     path = study_file(crash_study(None, model_path, budget=4))
     trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
     log = path.parent / "driver.log"
     driver = start_driver(path, log)
     try:
-        wait_until_loading(driver, trials_dir, log)
+        wait_until_loading(driver, trials_dir, log, first=0, last=0)
         actors = session_processes(driver.pid, b"ray::NodeActor")
         assert len(actors) == 1, actors
         os.kill(actors[0], signal.SIGKILL)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -239,32 +240,10 @@ class HttpApi(LaunchPart):
         )
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
-        with self.serving.arriving() as received:  # from before its body is read and parsed
-            arrival = None
-            try:
-                arrival = _arrival(request)
-                body = await _json_body(request)
-                prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
-                params = body.get("sampling_params") or {}
-                if not isinstance(params, dict):
-                    raise BadRequest("sampling_params must be an object.")
-                max_new = _non_negative_int(
-                    params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens"
-                )
-                rid = body.get("rid")
-                text = body.get("text")
-                job = self.serving.submit(
-                    prompt_tokens,
-                    max_new,
-                    rid=str(rid) if rid is not None else None,
-                    predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
-                    tokens=prompt_ids(text, body.get("input_ids")),
-                    received=received,
-                    arrival=arrival,
-                )
-            except BadRequest as exc:
-                self._refused(arrival)
-                return web.json_response({"error": {"message": str(exc)}}, status=400)
+        admitted = await self._admit(request, _generate_job, _native_error)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, job = admitted
         if body.get("stream"):
             return await self._stream_generate(request, job)
         ids = await self.serving.collect(job)
@@ -291,31 +270,10 @@ class HttpApi(LaunchPart):
         return response
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
-        with self.serving.arriving() as received:  # from before its body is read and parsed
-            arrival = None
-            try:
-                arrival = _arrival(request)
-                body = await _json_body(request)
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-                    prompt_tokens = _prompt_tokens(None, prompt)
-                elif isinstance(prompt, str):
-                    prompt_tokens = _prompt_tokens(prompt, None)
-                else:
-                    raise BadRequest(
-                        "prompt must be a string or a list of token ids (batches are not simulated)."
-                    )
-                limit = body.get("max_tokens")
-                job = self.serving.submit(
-                    prompt_tokens,
-                    _non_negative_int(limit, OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
-                    tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
-                    received=received,
-                    arrival=arrival,
-                )
-            except BadRequest as exc:
-                self._refused(arrival)
-                return _openai_error(str(exc))
+        admitted = await self._admit(request, _completion_job, _openai_error)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, job = admitted
         base = {"id": f"cmpl-{job.rid}", "object": "text_completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
         if body.get("stream"):
@@ -323,26 +281,10 @@ class HttpApi(LaunchPart):
         return await self._complete_openai(job, base, lambda text: {"text": text})
 
     async def handle_chat_completions(self, request: web.Request) -> web.StreamResponse:
-        with self.serving.arriving() as received:  # from before its body is read and parsed
-            arrival = None
-            try:
-                arrival = _arrival(request)
-                body = await _json_body(request)
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages:
-                    raise BadRequest("messages must be a non-empty list.")
-                # Each message costs its words plus the chat template's few role and separator tokens.
-                prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
-                limit = body.get("max_completion_tokens", body.get("max_tokens"))
-                job = self.serving.submit(
-                    prompt_tokens,
-                    _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"),
-                    received=received,
-                    arrival=arrival,
-                )
-            except BadRequest as exc:
-                self._refused(arrival)
-                return _openai_error(str(exc))
+        admitted = await self._admit(request, _chat_job, _openai_error)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, job = admitted
         base = {"id": job.rid, "object": "chat.completion", "created": int(time.time())}
         base["model"] = self._model_name(body)
         if body.get("stream"):
@@ -400,9 +342,26 @@ class HttpApi(LaunchPart):
             self.serving.abandon(job)
         return response
 
-    def _refused(self, arrival: ScheduledArrival | None) -> None:
-        if arrival is not None:
-            self.serving.refused(arrival)
+    async def _admit(
+        self,
+        request: web.Request,
+        job_of: Callable[[dict[str, Any], Submit], ClientRequest],
+        refuse: Callable[[str], web.Response],
+    ) -> tuple[dict[str, Any], ClientRequest] | web.Response:
+        """Read `request`'s JSON body and submit it as `job_of` says (raising BadRequest for bad input),
+        counted as arriving from before its body is read, at its place in the client's arrival schedule
+        when it has one (`_arrival`); a bad request is answered with `refuse(message)` and leaves that
+        schedule."""
+        with self.serving.arriving() as received:
+            arrival = None
+            try:
+                arrival = _arrival(request)
+                body = await _json_body(request)
+                return body, job_of(body, partial(self.serving.submit, received=received, arrival=arrival))
+            except BadRequest as exc:
+                if arrival is not None:
+                    self.serving.refused(arrival)
+                return refuse(str(exc))
 
     def _model_name(self, body: dict[str, Any]) -> str:
         name = body.get("model")
@@ -410,6 +369,58 @@ class HttpApi(LaunchPart):
 
 
 # -- request helpers ---------------------------------------------------------------------------------------
+Submit = Callable[..., ClientRequest]  # Serving.submit, the request's arrival given
+
+
+def _generate_job(body: dict[str, Any], submit: Submit) -> ClientRequest:
+    """SGLang's native /generate request."""
+    prompt_tokens = _prompt_tokens(body.get("text"), body.get("input_ids"))
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object.")
+    max_new = _non_negative_int(params.get("max_new_tokens"), DEFAULT_MAX_NEW_TOKENS, "max_new_tokens")
+    rid = body.get("rid")
+    text = body.get("text")
+    return submit(
+        prompt_tokens,
+        max_new,
+        rid=str(rid) if rid is not None else None,
+        predictability=predictability(text.split()) if isinstance(text, str) else 0.0,
+        tokens=prompt_ids(text, body.get("input_ids")),
+    )
+
+
+def _completion_job(body: dict[str, Any], submit: Submit) -> ClientRequest:
+    """An OpenAI /v1/completions request."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        prompt_tokens = _prompt_tokens(None, prompt)
+    elif isinstance(prompt, str):
+        prompt_tokens = _prompt_tokens(prompt, None)
+    else:
+        raise BadRequest("prompt must be a string or a list of token ids (batches are not simulated).")
+    return submit(
+        prompt_tokens,
+        _non_negative_int(body.get("max_tokens"), OPENAI_COMPLETION_MAX_TOKENS, "max_tokens"),
+        tokens=prompt_ids(prompt if isinstance(prompt, str) else None, prompt),
+    )
+
+
+def _chat_job(body: dict[str, Any], submit: Submit) -> ClientRequest:
+    """An OpenAI /v1/chat/completions request."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list.")
+    # Each message costs its words plus the chat template's few role and separator tokens.
+    prompt_tokens = sum(4 + count_text_tokens(_message_text(m)) for m in messages) + 2
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    return submit(prompt_tokens, _non_negative_int(limit, DEFAULT_MAX_NEW_TOKENS, "max_tokens"))
+
+
+def _native_error(message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=400)
+
+
 def _arrival(request: web.Request) -> ScheduledArrival | None:
     """The request's place in its client's arrival schedule, None when it has none (SGLang reads no such
     header; only autotune's client sends it)."""

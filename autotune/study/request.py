@@ -1,0 +1,43 @@
+"""What the driver hands a node for one trial (`TrialRequest`): the launch, the workload, the timeouts, and
+what to measure, with the short run's cutoff as the pruner sets it now.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from autotune.measure.plan import MeasurementPlan, plan_for
+from autotune.study.pruning import short_cutoff, short_pruner
+from autotune.study.records import TrialRecord, record_short_cutoff
+from autotune.study.run_state import RunState
+from autotune.trial.launch import ServerLaunch
+from autotune.trial.wire import TrialRequest
+
+
+def trial_request(run: RunState, trial: optuna.Trial, launch: ServerLaunch, baseline: bool) -> TrialRequest:
+    """The request that runs `trial` as `launch` (the seeded one) on a node."""
+    study = run.study
+    return TrialRequest(
+        number=trial.number,
+        launch=launch,
+        workload=study.objective.workload,
+        startup_timeout_s=study.file.timeouts.startup_s,
+        benchmark_timeout_s=study.file.timeouts.benchmark_s,
+        seed=trial.number,
+        plan=None if study.objective.is_job else measurement_plan(run, trial, baseline),
+        job=study.objective.is_job,  # the launch measures itself (autotune.node.job)
+        compile_cache=study.file.startup.compile_cache,
+    )
+
+
+def measurement_plan(run: RunState, trial: optuna.Trial, baseline: bool) -> MeasurementPlan:
+    """What the node measures: the objective's ladder, its short run first with the pruner's cutoff now
+    (never for the baseline, whose short value is a reference, nor for a re-measurement)."""
+    objective = run.study.objective
+    again = TrialRecord.of(trial).remeasure_of is not None
+    cutoff = None
+    if objective.short_first is not None and not (baseline or again):
+        cutoff = short_cutoff(run.optuna_study, short_pruner(objective.short_first))
+        if cutoff is not None:
+            record_short_cutoff(trial, cutoff)
+    return plan_for(objective, short=not again, cutoff=cutoff)
