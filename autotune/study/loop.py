@@ -50,7 +50,7 @@ from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.node_failing import requeue_baseline
 from autotune.study.optuna_internals import reads_once
 from autotune.study.outcome import Outcome
-from autotune.study.pruning import short_cutoff, short_pruner
+from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import (
     TrialRecord,
     record_failure,
@@ -501,7 +501,11 @@ class StudyDriver:
             cutoff = short_cutoff(run.optuna_study, short_pruner(objective.short_first))
             if cutoff is not None:
                 record_short_cutoff(trial, cutoff)
-        return plan_for(objective, short=not again, cutoff=cutoff)
+        search = objective.load_search
+        below = None  # a search launch's load search stops below the study's best (measure.load_search)
+        if search is not None and search.stop_below_best and not (baseline or again):
+            below = load_cutoff(run.optuna_study)
+        return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below)
 
     # -- what the nodes are --------------------------------------------------------------------------------
     @staticmethod
