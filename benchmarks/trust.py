@@ -34,7 +34,13 @@ a launch within the noise band of the answer's true value, the search launches a
 hours; `--per-study` prints them per study). `no-stop` is a search no rule stops; `--dump DIR` writes each
 study's trials for benchmarks/stop_replay.py, which replays other stopping rules on them.
 
+`--objective max_load` runs the same on benchmarks/peers/run.py's max_load profiles and objective (the
+highest request rate within the cookbook's SLO, its true value the finer noise-free load search there; no
+best known config: column (c) is left out). A gain over defaults that met the SLO at no rate is a true gain
+wherever the answer meets it.
+
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
+    nice python benchmarks/trust.py --objective max_load [--seeds N] [--variants after]
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import pickle
 import statistics
@@ -74,7 +81,8 @@ from model_studies import (
 )
 from sample_efficiency import BEST_KNOWN
 
-from autotune.config import Study
+from autotune.config import Study, load_objective
+from autotune.measure.plan import plan_for
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
 from autotune.study.compare import compare
@@ -329,14 +337,39 @@ def dump(
     (DUMP[0] / name).write_bytes(pickle.dumps(record))
 
 
-_LANDSCAPES: dict[str, Landscape] = {}
+_LANDSCAPES: dict[tuple[str, str], Landscape] = {}
+MAX_LOAD = "max_load"
 
 
 def landscape(profile: Profile) -> Landscape:
-    """The noise-free landscape of `profile`, one per process (its launches cached)."""
-    if profile.key not in _LANDSCAPES:
-        _LANDSCAPES[profile.key] = Landscape(profile, Path(tempfile.mkdtemp(prefix="autotune-trust-")))
-    return _LANDSCAPES[profile.key]
+    """The noise-free landscape of `profile`, one per process (its launches cached); for a max_load
+    objective (written by `max_load_profiles`), measured by the finer load search beside it (truth.yaml)."""
+    key = (profile.key, str(profile.objective))
+    if key not in _LANDSCAPES:
+        truth = profile.objective.with_name("truth.yaml")
+        plan = plan_for(load_objective(truth), short=False) if truth.exists() else None
+        _LANDSCAPES[key] = Landscape(profile, Path(tempfile.mkdtemp(prefix="autotune-trust-")), plan)
+    return _LANDSCAPES[key]
+
+
+def max_load_profiles(chosen: Sequence[Profile]) -> list[Profile]:
+    """benchmarks/peers/run.py's max_load profiles among `chosen`, each with its max_load objective (and the
+    truth's finer search beside it) written to a folder of its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+    import run as peers  # benchmarks/peers/run.py: its objectives, only when asked for
+
+    folder = Path(tempfile.mkdtemp(prefix="autotune-trust-max-load-"))
+    return [
+        peers.write_max_load_objectives(p, folder / p.key) for p in chosen if p.key in peers.MAX_LOAD_PROFILES
+    ]
+
+
+def true_gain_pct(true_value: float, base_true: float) -> float:
+    """The answer's true gain over the defaults in percent; over defaults whose true value is 0 (a max_load:
+    no rate meets the SLO) any value above 0 is a gain (infinite), 0 none."""
+    if base_true:
+        return (true_value / base_true - 1) * 100
+    return math.inf if true_value > 0 else 0.0
 
 
 def search_space(profile: Profile, flat: bool) -> dict[str, Any] | None:
@@ -444,7 +477,7 @@ def run_job(job: Job) -> Outcome:
             claims_gain=answer.claims_gain,
             confirmed_claims_gain=confirmed_claims,
             claimed_gain_pct=answer.gain_pct if answer.claims_gain and answer.gain_pct is not None else 0.0,
-            true_gain_pct=(true_value / base_true - 1) * 100 if base_true else 0.0,
+            true_gain_pct=true_gain_pct(true_value, base_true),
             true_value=true_value,
             node_h=clock.total_s / 3600,
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
@@ -638,6 +671,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dump", type=Path, help="write each study's trials there (benchmarks/stop_replay.py)"
     )
+    parser.add_argument(
+        "--objective",
+        choices=["throughput", MAX_LOAD],
+        default="throughput",
+        help="the profiles' output tok/s (default), or benchmarks/peers/run.py's max_load",
+    )
     args = parser.parse_args(argv)
     if args.dump:
         args.dump.mkdir(parents=True, exist_ok=True)
@@ -647,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.quick else COMPARE_ROUNDS
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
+    if args.objective == MAX_LOAD:
+        chosen = max_load_profiles(chosen)
     variants = args.variants.split(",")
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variant {unknown[0]!r}: choose among {', '.join(VARIANTS)}")
@@ -660,7 +701,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         jobs = [job for job in jobs if job.profile.key == "h200"][:4]
     cached = json.loads(BEST_KNOWN.read_text())["profiles"] if BEST_KNOWN.exists() else {}
-    best_known = {key: entry["tok_s"] for key, entry in cached.items()}
+    best_known = {key: entry["tok_s"] for key, entry in cached.items()} if args.objective != MAX_LOAD else {}
     started = time.monotonic()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         outcomes = studies_in_pool(pool, run_job, jobs, started)
