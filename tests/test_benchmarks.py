@@ -375,3 +375,12 @@ def test_a_stopping_rule_replayed_on_a_search_no_rule_stopped_stops_where_the_st
     }
     assert replay(record, StopEarly.model_validate(rule), 0.0).launches == len(stopped)
     assert [t.params for t in trials[: len(stopped)]] == [t.params for t in stopped]
+
+
+def test_trust_counts_a_max_load_answer_over_defaults_at_no_rate_as_a_true_gain() -> None:
+    """benchmarks/trust.py --objective max_load: the L40S defaults meet the SLO at no rate (true value 0);
+    an answer meeting it at any rate is a gain, one at 0 is none (it counted every claim there as false)."""
+    from trust import true_gain_pct
+
+    assert true_gain_pct(0.8, 0.0) == float("inf") and true_gain_pct(0.0, 0.0) == 0.0
+    assert true_gain_pct(1.1, 1.0) == pytest.approx(10.0)
