@@ -291,6 +291,9 @@ class NodeClock(ModelNodeExecutor):
     ) -> None:
         super().__init__(node, hardware, model, noise)
         self.seconds: dict[int, float] = {}
+        # Per launch: its start-up's seconds, and each benchmark of its plan as (load, seconds) in order.
+        self.startup_s: dict[int, float] = {}
+        self.steps: dict[int, tuple[tuple[float, float], ...]] = {}
         self.stage_s = 0.0
         self.total_s = 0.0
         self.spreads = SimNoise.of(noise)
@@ -318,6 +321,12 @@ class NodeClock(ModelNodeExecutor):
             self.stage_s += seconds
         else:
             self.seconds[request.number] = seconds
+            self.startup_s[request.number] = result.startup_s or 0.0
+            measured = result.benchmark
+            levels = (measured.levels or (measured,)) if measured is not None else ()  # one level: itself
+            self.steps[request.number] = tuple(
+                (float(r.workload.request_rate or r.workload.concurrency), r.duration_s) for r in levels
+            )
         return result
 
     def launch_seconds(self, numbers: Sequence[int]) -> list[float]:

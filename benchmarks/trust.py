@@ -255,6 +255,9 @@ class Outcome:
     found_h: float = 0.0
     waited_launches: int = 0
     waited_h: float = 0.0
+    # Within the launches: node h of start-ups, and of the load steps at each load (a max_load's search).
+    startup_h: float = 0.0
+    steps_h: tuple[tuple[float, float], ...] = ()
 
 
 # Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
@@ -282,6 +285,37 @@ def parts(optuna_study: optuna.Study, clock: NodeClock) -> tuple[tuple[str, floa
             part = "search"
         hours[part] += seconds / 3600
     return tuple(hours.items())
+
+
+def steps_by_load(clock: NodeClock) -> tuple[tuple[float, float], ...]:
+    """The node hours of the launches' measured levels at each load (a load search's steps), lowest load
+    first; a plan's short measurement and a failed launch's benchmark are not among them."""
+    hours: dict[float, float] = {}
+    for steps in clock.steps.values():
+        for load, seconds in steps:
+            hours[load] = hours.get(load, 0.0) + seconds / 3600
+    return tuple(sorted(hours.items()))
+
+
+def steps_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """Where a launch's node hours go, per profile and variant (not the flat landscapes), median over the
+    seeds: the start-ups, and the load steps at each load with a share of the study's node hours over 2%."""
+    lines = [
+        "| profile | variant | node h, median | start-ups | load steps by load (req/s, in flight): node h |",
+        "|---|---|---|---|---|",
+    ]
+    rows: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        if not o.job.flat:
+            rows.setdefault((o.job.profile.key, o.job.name), []).append(o)
+    for (key, name), group in rows.items():
+        total = statistics.median(o.node_h for o in group)
+        loads = sorted({load for o in group for load, _ in o.steps_h})
+        medians = [(load, statistics.median(dict(o.steps_h).get(load, 0.0) for o in group)) for load in loads]
+        shown = ", ".join(f"{load:g}: {h:.2f}" for load, h in medians if h >= 0.02 * total)
+        startup = statistics.median(o.startup_h for o in group)
+        lines.append(f"| {key} | {name} | {total:.2f} | {startup:.2f} | {shown} |")
+    return lines
 
 
 def search_wait(
@@ -482,6 +516,8 @@ def run_job(job: Job) -> Outcome:
             node_h=clock.total_s / 3600,
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
             parts=parts(optuna_study, clock),
+            startup_h=sum(clock.startup_s.values()) / 3600,
+            steps_h=steps_by_load(clock),
             nccl_gain_pct=(true_value / without_nccl - 1) * 100 if without_nccl else 0.0,
             found_h=found_h,
             waited_launches=waited,
@@ -717,6 +753,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(table(outcomes, best_known)))
     print("\nNode hours by part, median over the seeds (where gains exist)\n")
     print("\n".join(parts_table(outcomes)))
+    if args.objective == MAX_LOAD:
+        print("\nWithin the launches: start-ups and load steps, median over the seeds (where gains exist)\n")
+        print("\n".join(steps_table(outcomes)))
     if args.per_study:
         print("\nPer study: profile, flat, variant, seed, launches, node h, true / best known, answer first")
         print("launched at node h, search launches after it, their node h\n")

@@ -298,6 +298,10 @@ def test_trust_splits_a_studys_node_hours_by_part_and_measures_what_the_nccl_val
     assert tuple(parts) == PARTS and sum(parts.values()) == pytest.approx(done.node_h)
     assert parts["NCCL stage"] == pytest.approx(26 * JOB_SECONDS / 3600)  # its 26 all-reduce jobs
     assert parts["baseline + repeats"] > 0 and parts["search"] > 0 and parts["confirmation"] > 0
+    # Within the launches: the start-ups and each measured level, by its load (the concurrency here; the
+    # short measurement and a failed launch's benchmark are not among the levels).
+    within = done.startup_h + sum(h for _, h in done.steps_h)
+    assert 0 < done.startup_h < within <= done.node_h - parts["NCCL stage"]
     assert done.nccl_gain_pct >= 0.0
     table = parts_table([done])
     assert table[0].startswith("| profile | variant | NCCL stage |") and table[2].startswith(
