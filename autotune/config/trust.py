@@ -45,8 +45,8 @@ class Confirm(BaseModel):
     # (at most min_rounds - 1 of them: study.confirm.search_rounds); benchmarks/RESULTS.md, issue 37 item 4.
     pair_search_launches: StrictBool = True
     # Defaults that measured 0 in every launch (a max_load: no rate tried met the SLO) give no percent gain:
-    # the rounds leave them out and confirm the leader by its meeting the SLO in each (study.trust.confirm).
-    leave_out_defaults_at_zero: StrictBool = True
+    # the rounds decide once the leader met the SLO in each of min_rounds where they measured 0 beside it.
+    decide_at_no_rate: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -209,8 +209,8 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
 
 
 def _met_at_no_rate(optuna_study: optuna.Study, state: Confirmation) -> bool:
-    """Every launch of the defaults measured 0, and the leader met the SLO in each of the first rounds
-    (study.trust.confirm.at_no_rate)."""
+    """Every launch of the defaults measured 0, and the leader met the SLO in each of the first rounds beside
+    them (study.trust.confirm.at_no_rate)."""
     settings = StudyRecord.of(optuna_study).confirm or {}
     return (
         bool(state.defaults_at_zero)
@@ -222,8 +222,8 @@ def _met_at_no_rate(optuna_study: optuna.Study, state: Confirmation) -> bool:
 def _confirmed_at_no_rate(
     optuna_study: optuna.Study, state: Confirmation, context: dict[str, Any]
 ) -> StudyAnswer:
-    """SGLang's defaults meet the SLO at no rate tried; the leader met it in every round: no percent gain
-    over 0, the value of each is what the user reads."""
+    """SGLang's defaults meet the SLO at no rate tried, in the search and in every round; the leader met it in
+    each round beside them: no percent gain over 0, the value of each is what the user reads."""
     leader = state.leader
     assert leader is not None  # the caller checked
     values = [v for round_values in state.rounds.values() if (v := round_values.get(leader)) is not None]
@@ -232,8 +232,8 @@ def _confirmed_at_no_rate(
     launches = len(state.defaults_at_zero)
     text = (
         f"confirmed: SGLang's defaults meet your SLO at no rate tried ({metric} 0 in each of their "
-        f"{launches} launch{'es' if launches != 1 else ''}); trial {leader}'s config meets it at {metric} "
-        f"{value:.4g} (the mean of {state.pairs} rounds, each above 0)"
+        f"{launches} launches, the rounds' included); trial {leader}'s config meets it at {metric} "
+        f"{value:.4g} (the mean of {state.pairs} rounds, each above 0 beside the defaults at 0)"
     )
     return StudyAnswer(
         verdict="confirmed",

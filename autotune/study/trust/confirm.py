@@ -5,8 +5,8 @@ baseline run again as ordinary study trials, a round at a time in alternating or
 paired gain over the defaults is narrow enough or clear of zero, or `max_rounds`. The rules of the rounds
 and of their error: docs/design.md, "Confirmation"; the answer built on them is
 autotune.study.trust.answer's. Where every launch of the defaults measured 0 (a max_load: they met the SLO
-at no rate tried) there is no percent gain: the rounds leave the defaults out and confirm that the leader
-meets the SLO again in each of `min_rounds` rounds (`at_no_rate`).
+at no rate tried), in the search and in every round, there is no percent gain: the rounds decide once the
+leader met the SLO in each of `min_rounds` rounds beside them (`at_no_rate`).
 """
 
 from __future__ import annotations
@@ -74,13 +74,8 @@ class Confirmation:
     # The leader's gain at `precision_confidence`: whether the rounds know it well enough to stop.
     precision: Gain | None = None
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
-    # The defaults' launches where every one measured 0 (`at_no_rate`): the rounds then leave them out.
+    # The defaults' launches, where every one measured 0 in the search and in the rounds (`at_no_rate`).
     defaults_at_zero: tuple[int, ...] = ()
-
-    @property
-    def launched(self) -> tuple[int, ...]:
-        """The configs each round launches: the candidates, and the defaults unless they measured 0."""
-        return self.configs if self.defaults_at_zero else (self.baseline, *self.configs)
 
 
 def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -145,10 +140,12 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
     maximize = maximizes(optuna_study.direction)
     zero = tuple(int(n) for n in settings.get(DEFAULTS_AT_ZERO_KEY) or ())
-    if zero:  # no percent gain over 0: the leader is the best that met the SLO in every round
-        leader, met = _met_in_every_round(rounds, configs)
+    if zero and not any(values.get(base) for values in rounds.values()):
+        # No percent gain over 0: the leader is the best that met the SLO in every round beside them.
+        leader, met = _met_in_every_round(rounds, base, configs)
         queued = int(settings.get("queued", 0))
-        return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=zero)
+        at_zero = (*zero, *(n for n in _round_launches(optuna_study, base, since)))
+        return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=at_zero)
     confidence = look_confidence(settings, len(configs))
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     for config in configs:
@@ -164,17 +161,30 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
 
 def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
     """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): a gain
-    in percent of 0 has no value, so the confirmation asks whether the leader meets the SLO again in each
-    round instead, and does not launch the defaults again (their launches already said 0)."""
+    in percent of 0 has no value, so the rounds ask whether the leader meets the SLO in each round where the
+    defaults, launched beside it, measured 0 again (a later lease may serve them at a rate: then the
+    percent rule decides, on the rounds where they did)."""
     return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
 
 
+def _round_launches(optuna_study: optuna.Study, config: int, since: int) -> list[int]:
+    """The confirmation rounds' finished launches of `config` (the trials after `since`)."""
+    return [
+        t.number
+        for t in optuna_study.get_trials(deepcopy=False)
+        if t.number > since
+        and t.state.is_finished()
+        and TrialRecord.of(t).remeasure_of == config
+        and TrialRecord.of(t).confirm is not None
+    ]
+
+
 def _met_in_every_round(
-    rounds: Mapping[int, Mapping[int, float | None]], configs: Sequence[int]
+    rounds: Mapping[int, Mapping[int, float | None]], base: int, configs: Sequence[int]
 ) -> tuple[int | None, int]:
-    """The candidate with the best mean among those whose every round measured above 0, and its rounds;
-    (None, 0) when none did (or no round finished)."""
-    measured = [values for _, values in sorted(rounds.items()) if values]
+    """The candidate with the best mean among those above 0 in every round where the defaults measured 0,
+    and its rounds; (None, 0) when none was (or no such round finished)."""
+    measured = [values for _, values in sorted(rounds.items()) if values.get(base) == 0]
     met = {
         config: [v for values in measured if (v := values.get(config)) is not None and v > 0]
         for config in configs
@@ -272,7 +282,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
     if not top:
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
-    zero = settings.leave_out_defaults_at_zero and at_no_rate(base, maximize)
+    zero = settings.decide_at_no_rate and at_no_rate(base, maximize)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
@@ -284,7 +294,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
         SEARCH_ROUNDS_KEY: [
             [list(pair) for pair in paired]  # as JSON stores it
             for paired in search_rounds(optuna_study, base, top)[-(settings.min_rounds - 1) :]
-            if settings.pair_search_launches and not zero  # with the defaults at 0 they pair nothing
+            if settings.pair_search_launches and not zero  # at 0 the rounds' own launches decide
         ],
         DEFAULTS_AT_ZERO_KEY: list(base.trials) if zero else [],
         "queued": 0,
@@ -325,11 +335,11 @@ def confirmation_rounds(
             continue
         if _decided(state, settings):
             return
-        if affordable is not None and not affordable(len(state.launched)):
+        if affordable is not None and not affordable(len(state.configs) + 1):
             return
         index = state.queued
-        for position, of in enumerate(round_order(index, state.launched)):
+        for position, of in enumerate(round_order(index, (state.baseline, *state.configs))):
             enqueue_measurement(optuna_study, groups[of], confirm=ConfirmMark(round=index, position=position))
         settings = {**settings, "queued": index + 1}
         record_confirm(optuna_study, settings)
-        yield budget_used(optuna_study) + len(state.launched)
+        yield budget_used(optuna_study) + len(state.configs) + 1

@@ -3,9 +3,7 @@
 Every launch records its node seconds (`records.NODE_S_ATTR`, counted by `TrialResult.node_seconds` in the
 node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation's cost is kept back: its
 `min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured. The search ends
-when its next launch would eat into that reserve (where the defaults measured 0 in every launch, their rounds
-leave them out: `top` launches a round at the dearest candidate's, nothing before a candidate was measured);
-a confirmation round starts only when the hours left
+when its next launch would eat into that reserve; a confirmation round starts only when the hours left
 pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because the
 budget ran out after k of n rounds (recorded in `records.BUDGET_ATTR`, worded by `ran_out_text`).
 """
@@ -23,9 +21,8 @@ from optuna.trial import TrialState
 from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
-from autotune.study.rules import DEFAULT_CONFIDENCE, maximizes, measurement_groups
 from autotune.study.storage import counts
-from autotune.study.trust.confirm import at_no_rate, confirmation
+from autotune.study.trust.confirm import confirmation
 
 __all__ = [
     "NodeHours",
@@ -56,18 +53,14 @@ def launch_s(optuna_study: optuna.Study) -> float | None:
     return statistics.median(seconds) if seconds else None
 
 
-def dearest_launch_s(optuna_study: optuna.Study, leave_out: frozenset[int] = frozenset()) -> float | None:
+def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     """The node seconds of the dearest launch that ran to its measurement, a node's first launch left out
     where it has others: what the confirmation's reserve prices each launch at. Configs differ in cost (a
     draft model loads and captures graphs too), so the median would leave the reserve short; a node's first
-    launch reads the weights from disk and fills its compile cache, which no confirmation launch does.
-    `leave_out`: launches no round repeats (the defaults at no rate); then None before another completed."""
+    launch reads the weights from disk and fills its compile cache, which no confirmation launch does."""
     trials = optuna_study.get_trials(deepcopy=False)
     complete = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
-        if t.number not in leave_out
+        t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
     launched = [t for t in trials if TrialRecord.of(t).node_s and t.datetime_start]
     firsts: dict[str | None, int] = {}  # node -> its first launch that spent node time
@@ -75,8 +68,6 @@ def dearest_launch_s(optuna_study: optuna.Study, leave_out: frozenset[int] = fro
         firsts.setdefault(TrialRecord.of(trial).node, trial.number)
     later = [t for t in complete if t.number not in firsts.values()] or complete
     seconds = [s for t in later if (s := TrialRecord.of(t).node_s)]
-    if leave_out and not seconds:
-        return None
     return max(seconds) if seconds else launch_s(optuna_study)
 
 
@@ -85,7 +76,7 @@ def round_s(optuna_study: optuna.Study) -> float | None:
     state = confirmation(optuna_study)
     if state is None:
         return None
-    configs = set(state.launched)
+    configs = {state.baseline, *state.configs}
     dearest: dict[int, float] = {}
     for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -150,27 +141,11 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     launch = launch_s(optuna_study)
     rounds, per_round = _confirm_launches(study)
     rounds = max(rounds - _rounds_measured(optuna_study), 0)
-    zero = _defaults_at_no_rate(optuna_study) if study.file.trust.confirm.leave_out_defaults_at_zero else None
-    if zero:  # the rounds will not launch the defaults again (confirm.at_no_rate)
-        per_round = max(per_round - 1, 0)
-    # With the defaults left out, nothing is kept back before a candidate completed: none to confirm yet.
-    dearest = dearest_launch_s(optuna_study, leave_out=zero or frozenset())
+    dearest = dearest_launch_s(optuna_study)
     reserve = rounds * per_round * dearest if dearest is not None else 0.0
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
     return NodeHours(budget, spent_s(optuna_study), launch, reserve)
-
-
-def _defaults_at_no_rate(optuna_study: optuna.Study) -> frozenset[int]:
-    """The defaults' launches where every one measured 0 (confirm.at_no_rate): launches the confirmation
-    rounds will not repeat; empty otherwise."""
-    state = confirmation(optuna_study)
-    if state is not None:
-        return frozenset(state.defaults_at_zero)
-    groups = measurement_groups(optuna_study, DEFAULT_CONFIDENCE)
-    base = next((g for g in groups if g.baseline and not g.failed), None)
-    zero = len(optuna_study.directions) == 1 and at_no_rate(base, maximizes(optuna_study.direction))
-    return frozenset(base.trials) if zero and base is not None else frozenset()
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
