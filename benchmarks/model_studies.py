@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotune.config import Study, load_study
 from autotune.config.search_space import FloatParameter, IntParameter, SearchSpace
 from autotune.errors import ConfigError
+from autotune.measure.plan import MeasurementPlan
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
@@ -290,6 +291,9 @@ class NodeClock(ModelNodeExecutor):
     ) -> None:
         super().__init__(node, hardware, model, noise)
         self.seconds: dict[int, float] = {}
+        # Per launch: its start-up's seconds, and each benchmark of its plan as (load, seconds) in order.
+        self.startup_s: dict[int, float] = {}
+        self.steps: dict[int, tuple[tuple[float, float], ...]] = {}
         self.stage_s = 0.0
         self.total_s = 0.0
         self.spreads = SimNoise.of(noise)
@@ -317,6 +321,12 @@ class NodeClock(ModelNodeExecutor):
             self.stage_s += seconds
         else:
             self.seconds[request.number] = seconds
+            self.startup_s[request.number] = result.startup_s or 0.0
+            measured = result.benchmark
+            levels = (measured.levels or (measured,)) if measured is not None else ()  # one level: itself
+            self.steps[request.number] = tuple(
+                (float(r.workload.request_rate or r.workload.concurrency), r.duration_s) for r in levels
+            )
         return result
 
     def launch_seconds(self, numbers: Sequence[int]) -> list[float]:
@@ -457,8 +467,9 @@ class Landscape:
     """The objective value of any config of a study's search space on `profile`'s model node, asked through
     the product's path (search space, server launch, model node); each distinct launch is asked once."""
 
-    def __init__(self, profile: Profile, folder: Path) -> None:
+    def __init__(self, profile: Profile, folder: Path, plan: MeasurementPlan | None = None) -> None:
         self.profile = profile
+        self._plan = plan  # what a launch measures (a max_load truth: a finer load search); None: one run
         self.study = write_study(folder, profile, n_trials=1)
         self.space = self.study.search_space
         self.values = {name: parameter_values(self.space, name) for name in self.space}
@@ -487,7 +498,7 @@ class Landscape:
         launch = self.study.server_launch(config)
         key = (launch.argv, tuple(sorted(launch.env.items())))
         if key not in self._cache:
-            request = TrialRequest(0, launch, self._workload, 1.0, 1.0)
+            request = TrialRequest(0, launch, self._workload, 1.0, 1.0, plan=self._plan)
             result = self._executor.run(request).benchmark
             objective = self.study.objective
             ok = result is not None and within_limits(objective.constraints(result))

@@ -77,7 +77,10 @@ def replay(record: Mapping[str, Any], settings: StopEarly, best_known: float) ->
     )
     seconds, true = record["seconds"], record["true"]
     attrs = {k: v for k, v in record["attrs"].items() if k != "stopped"}
-    study = SimpleNamespace(file=SimpleNamespace(trust=SimpleNamespace(stop_early=settings)))
+    # The dumps are trust.py's throughput studies: no load search whose max could stop them (`at_load_max`).
+    objective = SimpleNamespace(metric="output_throughput", load_search=None)
+    trust = SimpleNamespace(stop_early=settings)
+    study = SimpleNamespace(file=SimpleNamespace(trust=trust), objective=objective)
     end = len(trials)
     for k in range(1, len(trials) + 1):
         if why_stop(study, Prefix(trials[:k], attrs)) is not None:  # type: ignore[arg-type]

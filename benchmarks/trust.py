@@ -34,7 +34,13 @@ a launch within the noise band of the answer's true value, the search launches a
 hours; `--per-study` prints them per study). `no-stop` is a search no rule stops; `--dump DIR` writes each
 study's trials for benchmarks/stop_replay.py, which replays other stopping rules on them.
 
+`--objective max_load` runs the same on benchmarks/peers/run.py's max_load profiles and objective (the
+highest request rate within the cookbook's SLO, its true value the finer noise-free load search there; no
+best known config: column (c) is left out). A gain over defaults that met the SLO at no rate is a true gain
+wherever the answer meets it.
+
     nice python benchmarks/trust.py [--quick] [--jobs 2] [--seeds N] [--variants before,after,no-screen]
+    nice python benchmarks/trust.py --objective max_load [--seeds N] [--variants after]
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing
 import pickle
 import statistics
@@ -74,7 +81,8 @@ from model_studies import (
 )
 from sample_efficiency import BEST_KNOWN
 
-from autotune.config import Study
+from autotune.config import Study, load_objective
+from autotune.measure.plan import plan_for
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.profiles import load_hardware_profile
 from autotune.study.compare import compare
@@ -247,6 +255,9 @@ class Outcome:
     found_h: float = 0.0
     waited_launches: int = 0
     waited_h: float = 0.0
+    # Within the launches: node h of start-ups, and of the load steps at each load (a max_load's search).
+    startup_h: float = 0.0
+    steps_h: tuple[tuple[float, float], ...] = ()
 
 
 # Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
@@ -274,6 +285,37 @@ def parts(optuna_study: optuna.Study, clock: NodeClock) -> tuple[tuple[str, floa
             part = "search"
         hours[part] += seconds / 3600
     return tuple(hours.items())
+
+
+def steps_by_load(clock: NodeClock) -> tuple[tuple[float, float], ...]:
+    """The node hours of the launches' measured levels at each load (a load search's steps), lowest load
+    first; a plan's short measurement and a failed launch's benchmark are not among them."""
+    hours: dict[float, float] = {}
+    for steps in clock.steps.values():
+        for load, seconds in steps:
+            hours[load] = hours.get(load, 0.0) + seconds / 3600
+    return tuple(sorted(hours.items()))
+
+
+def steps_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """Where a launch's node hours go, per profile and variant (not the flat landscapes), median over the
+    seeds: the start-ups, and the load steps at each load with a share of the study's node hours over 2%."""
+    lines = [
+        "| profile | variant | node h, median | start-ups | load steps by load (req/s, in flight): node h |",
+        "|---|---|---|---|---|",
+    ]
+    rows: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        if not o.job.flat:
+            rows.setdefault((o.job.profile.key, o.job.name), []).append(o)
+    for (key, name), group in rows.items():
+        total = statistics.median(o.node_h for o in group)
+        loads = sorted({load for o in group for load, _ in o.steps_h})
+        medians = [(load, statistics.median(dict(o.steps_h).get(load, 0.0) for o in group)) for load in loads]
+        shown = ", ".join(f"{load:g}: {h:.2f}" for load, h in medians if h >= 0.02 * total)
+        startup = statistics.median(o.startup_h for o in group)
+        lines.append(f"| {key} | {name} | {total:.2f} | {startup:.2f} | {shown} |")
+    return lines
 
 
 def search_wait(
@@ -329,14 +371,39 @@ def dump(
     (DUMP[0] / name).write_bytes(pickle.dumps(record))
 
 
-_LANDSCAPES: dict[str, Landscape] = {}
+_LANDSCAPES: dict[tuple[str, str], Landscape] = {}
+MAX_LOAD = "max_load"
 
 
 def landscape(profile: Profile) -> Landscape:
-    """The noise-free landscape of `profile`, one per process (its launches cached)."""
-    if profile.key not in _LANDSCAPES:
-        _LANDSCAPES[profile.key] = Landscape(profile, Path(tempfile.mkdtemp(prefix="autotune-trust-")))
-    return _LANDSCAPES[profile.key]
+    """The noise-free landscape of `profile`, one per process (its launches cached); for a max_load
+    objective (written by `max_load_profiles`), measured by the finer load search beside it (truth.yaml)."""
+    key = (profile.key, str(profile.objective))
+    if key not in _LANDSCAPES:
+        truth = profile.objective.with_name("truth.yaml")
+        plan = plan_for(load_objective(truth), short=False) if truth.exists() else None
+        _LANDSCAPES[key] = Landscape(profile, Path(tempfile.mkdtemp(prefix="autotune-trust-")), plan)
+    return _LANDSCAPES[key]
+
+
+def max_load_profiles(chosen: Sequence[Profile]) -> list[Profile]:
+    """benchmarks/peers/run.py's max_load profiles among `chosen`, each with its max_load objective (and the
+    truth's finer search beside it) written to a folder of its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+    import run as peers  # benchmarks/peers/run.py: its objectives, only when asked for
+
+    folder = Path(tempfile.mkdtemp(prefix="autotune-trust-max-load-"))
+    return [
+        peers.write_max_load_objectives(p, folder / p.key) for p in chosen if p.key in peers.MAX_LOAD_PROFILES
+    ]
+
+
+def true_gain_pct(true_value: float, base_true: float) -> float:
+    """The answer's true gain over the defaults in percent; over defaults whose true value is 0 (a max_load:
+    no rate meets the SLO) any value above 0 is a gain (infinite), 0 none."""
+    if base_true:
+        return (true_value / base_true - 1) * 100
+    return math.inf if true_value > 0 else 0.0
 
 
 def search_space(profile: Profile, flat: bool) -> dict[str, Any] | None:
@@ -444,11 +511,13 @@ def run_job(job: Job) -> Outcome:
             claims_gain=answer.claims_gain,
             confirmed_claims_gain=confirmed_claims,
             claimed_gain_pct=answer.gain_pct if answer.claims_gain and answer.gain_pct is not None else 0.0,
-            true_gain_pct=(true_value / base_true - 1) * 100 if base_true else 0.0,
+            true_gain_pct=true_gain_pct(true_value, base_true),
             true_value=true_value,
             node_h=clock.total_s / 3600,
             inert_launches=inert_launches(launched, inert_knobs(profile, job.flat, study)),
             parts=parts(optuna_study, clock),
+            startup_h=sum(clock.startup_s.values()) / 3600,
+            steps_h=steps_by_load(clock),
             nccl_gain_pct=(true_value / without_nccl - 1) * 100 if without_nccl else 0.0,
             found_h=found_h,
             waited_launches=waited,
@@ -638,6 +707,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dump", type=Path, help="write each study's trials there (benchmarks/stop_replay.py)"
     )
+    parser.add_argument(
+        "--objective",
+        choices=["throughput", MAX_LOAD],
+        default="throughput",
+        help="the profiles' output tok/s (default), or benchmarks/peers/run.py's max_load",
+    )
     args = parser.parse_args(argv)
     if args.dump:
         args.dump.mkdir(parents=True, exist_ok=True)
@@ -647,6 +722,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.quick else COMPARE_ROUNDS
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     chosen = [p for p in profiles(args.quick) if not args.profile or p.key in args.profile]
+    if args.objective == MAX_LOAD:
+        chosen = max_load_profiles(chosen)
     variants = args.variants.split(",")
     if unknown := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variant {unknown[0]!r}: choose among {', '.join(VARIANTS)}")
@@ -660,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         jobs = [job for job in jobs if job.profile.key == "h200"][:4]
     cached = json.loads(BEST_KNOWN.read_text())["profiles"] if BEST_KNOWN.exists() else {}
-    best_known = {key: entry["tok_s"] for key, entry in cached.items()}
+    best_known = {key: entry["tok_s"] for key, entry in cached.items()} if args.objective != MAX_LOAD else {}
     started = time.monotonic()
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         outcomes = studies_in_pool(pool, run_job, jobs, started)
@@ -676,6 +753,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(table(outcomes, best_known)))
     print("\nNode hours by part, median over the seeds (where gains exist)\n")
     print("\n".join(parts_table(outcomes)))
+    if args.objective == MAX_LOAD:
+        print("\nWithin the launches: start-ups and load steps, median over the seeds (where gains exist)\n")
+        print("\n".join(steps_table(outcomes)))
     if args.per_study:
         print("\nPer study: profile, flat, variant, seed, launches, node h, true / best known, answer first")
         print("launched at node h, search launches after it, their node h\n")

@@ -298,6 +298,10 @@ def test_trust_splits_a_studys_node_hours_by_part_and_measures_what_the_nccl_val
     assert tuple(parts) == PARTS and sum(parts.values()) == pytest.approx(done.node_h)
     assert parts["NCCL stage"] == pytest.approx(26 * JOB_SECONDS / 3600)  # its 26 all-reduce jobs
     assert parts["baseline + repeats"] > 0 and parts["search"] > 0 and parts["confirmation"] > 0
+    # Within the launches: the start-ups and each measured level, by its load (the concurrency here; the
+    # short measurement and a failed launch's benchmark are not among the levels).
+    within = done.startup_h + sum(h for _, h in done.steps_h)
+    assert 0 < done.startup_h < within <= done.node_h - parts["NCCL stage"]
     assert done.nccl_gain_pct >= 0.0
     table = parts_table([done])
     assert table[0].startswith("| profile | variant | NCCL stage |") and table[2].startswith(
@@ -375,3 +379,12 @@ def test_a_stopping_rule_replayed_on_a_search_no_rule_stopped_stops_where_the_st
     }
     assert replay(record, StopEarly.model_validate(rule), 0.0).launches == len(stopped)
     assert [t.params for t in trials[: len(stopped)]] == [t.params for t in stopped]
+
+
+def test_trust_counts_a_max_load_answer_over_defaults_at_no_rate_as_a_true_gain() -> None:
+    """benchmarks/trust.py --objective max_load: the L40S defaults meet the SLO at no rate (true value 0);
+    an answer meeting it at any rate is a gain, one at 0 is none (it counted every claim there as false)."""
+    from trust import true_gain_pct
+
+    assert true_gain_pct(0.8, 0.0) == float("inf") and true_gain_pct(0.0, 0.0) == 0.0
+    assert true_gain_pct(1.1, 1.0) == pytest.approx(10.0)

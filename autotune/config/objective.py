@@ -64,6 +64,9 @@ class LoadSearch(BaseModel):
     tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.1
     # The lowest load tried while halving (default start / 8): a rate step's time grows as 1 / rate.
     min: Annotated[float, Field(gt=0)] | None = None
+    # A search launch stops halving once a load at or below the study's best max_load missed with none
+    # passed (it cannot beat the best; told PRUNED): the slow rates below cost most of such a launch.
+    stop_below_best: bool = True
 
     @model_validator(mode="after")
     def _range(self) -> LoadSearch:

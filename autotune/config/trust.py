@@ -44,6 +44,9 @@ class Confirm(BaseModel):
     # The search's launches of the baseline and a candidate made one right after the other count as a round
     # (at most min_rounds - 1 of them: study.confirm.search_rounds); benchmarks/RESULTS.md, issue 37 item 4.
     pair_search_launches: StrictBool = True
+    # Defaults that measured 0 in every launch (a max_load: no rate tried met the SLO) give no percent gain:
+    # the rounds decide once the leader met the SLO in each of min_rounds where they measured 0 beside it.
+    decide_at_no_rate: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -83,6 +86,9 @@ class StopEarly(BaseModel):
     # rule in node hours"): 10 seeds, the seed's node 7.77 -> 6.63 node h at the same answers, others equal.
     min_node_hours: PositiveFloat | None = 2.5
     patience_node_hours: PositiveFloat | None = 2.0
+    # A max_load search whose defaults met the SLO at the load search's `max` in their first launches stops:
+    # no config can measure more (on the H200 profile every launch after them did, 2.9 node h; RESULTS-peers).
+    at_load_max: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -3,7 +3,9 @@
 The load doubles while a step meets the SLO and halves while it misses, then the bracket is bisected;
 `max_load` interpolates where the SLO attainment crosses its threshold, so that configs whose search
 stopped at the same bracket are still told apart. The steps, failures, and the peers it follows:
-docs/design.md, "Load search".
+docs/design.md, "Load search". A search launch given the study's best max_load (`cutoff`) stops halving
+once a load at or below it missed with none passed: it cannot beat the best, and the slow rates below
+would cost most of the launch (`stopped_early`; the driver tells it PRUNED).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class LoadSearchPlan:
     attainment: float = 0.9
     tolerance: float = 0.1
     min: float | None = None  # the lowest load tried; None: start / 8 (a step's time grows as 1 / rate)
+    stop_below_best: bool = True  # whether `cutoff` stops the halving (the objective's switch)
+    cutoff: float | None = None  # the study's best max_load when the driver handed out the trial
+
+    def below_best(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
+        """Whether the search can stop: nothing passed and a load at or below the study's best missed, so
+        this config's max_load (below its lowest miss) cannot reach the best."""
+        if not self.stop_below_best or self.cutoff is None or highest_pass is not None:
+            return False
+        return lowest_miss is not None and lowest_miss <= self.cutoff
 
     @property
     def floor(self) -> float:
@@ -90,7 +101,7 @@ async def search_load(
     stopped_by = ""
     last_error: BenchmarkError | None = None
     failed_in_a_row = 0
-    ran_out = False
+    ran_out = below = False
     for index in range(plan.steps):
         assert load is not None
         workload = plan.at(base, load)
@@ -113,6 +124,14 @@ async def search_load(
             else:
                 lowest_miss = load if lowest_miss is None else min(lowest_miss, load)
                 stopped_by = f"the SLO missed at {load:g} ({(result.slo_attainment or 0) * 100:.0f}% good)"
+        if steps and plan.below_best(highest_pass, lowest_miss):
+            assert plan.cutoff is not None
+            stopped_by = (
+                f"stopped below the study's best: {stopped_by}, at or below the best max_load measured "
+                f"({plan.cutoff:.4g})"
+            )
+            below = True
+            break
         load = plan.next_load(highest_pass, lowest_miss)
         if load is None:
             if lowest_miss is None:
@@ -135,7 +154,12 @@ async def search_load(
     max_load = 0.0 if best is None else plan.crossing_load(best, missed_step)
     warning = _ran_out_warning(plan, best, missed_step, max_load) if ran_out else None
     return replace(
-        head, levels=tuple(steps), max_load=max_load, load_stopped_by=stopped_by, load_warning=warning
+        head,
+        levels=tuple(steps),
+        max_load=max_load,
+        load_stopped_by=stopped_by,
+        load_warning=warning,
+        stopped_early=below,
     )
 
 

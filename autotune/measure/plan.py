@@ -150,10 +150,15 @@ class PlannedObjective(Protocol):
 
 
 def plan_for(
-    objective: PlannedObjective, *, short: bool = True, cutoff: float | None = None
+    objective: PlannedObjective,
+    *,
+    short: bool = True,
+    cutoff: float | None = None,
+    load_cutoff: float | None = None,
 ) -> MeasurementPlan:
     """The plan that measures `objective`; `short=False` leaves its short measurement out (a re-measurement),
-    `cutoff` is the short value below which (above, when minimizing) the trial stops."""
+    `cutoff` is the short value below which (above, when minimizing) the trial stops; `load_cutoff` the
+    study's best max_load, at or below which a load search that found no passing load stops."""
     w = objective.workload
     if w is None:  # a job objective (autotune.node.job): its launch measures itself
         raise ValueError(f"`workload` must be set for a plan, but objective {objective.name!r} has none.")
@@ -190,7 +195,7 @@ def plan_for(
         cutoff=cutoff if short_levels else None,
         client=objective.client,
         bench_serving=options,
-        load_search=LoadSearchPlan(**search.model_dump()) if search is not None else None,
+        load_search=LoadSearchPlan(**search.model_dump(), cutoff=load_cutoff) if search is not None else None,
     )
 
 

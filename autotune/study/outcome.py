@@ -115,6 +115,8 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
             why = (
                 f"short measurement: {objective.metric} {short_value:.4g} worse than the pruner's "
                 f"cutoff {cutoff:.4g}"
+                if measured.max_load is None or stopped_by is None
+                else f"load search: {stopped_by}"  # it stopped below the study's best (measure.load_search)
             )
             record_pruned_by(trial, why)
             # Told PRUNED without values: the stored value is the short one, reported above.

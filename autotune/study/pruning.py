@@ -5,6 +5,7 @@ when the driver hands out a trial it asks the study's pruner which short-measure
 prune right now, as one number: the `cutoff`. The node stops after the short measurement when its value
 is worse; the driver then reports that value as the trial's intermediate value at `SHORT_STEP` and tells
 the trial PRUNED (its stored value is the short one, so TPE ranks it below every complete trial).
+A load search's cutoff is the study's best max_load (`load_cutoff`; autotune.measure.load_search).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config.objective import ShortFirst
 from autotune.measure.metrics import maximizes
+from autotune.study.rules import best_measured
 
 SHORT_STEP = 0  # the intermediate value's step: the short measurement
 _BISECTIONS = 60
@@ -80,3 +82,10 @@ def short_cutoff(study: optuna.Study, pruner: BasePruner) -> float | None:
         else:
             best = middle
     return best  # the least extreme value that is not pruned
+
+
+def load_cutoff(study: optuna.Study) -> float | None:
+    """The best max_load any launch of the study measured (its feasible COMPLETE trials): a search launch
+    whose load search missed at or below it before any load passed cannot beat it. None before one."""
+    best = best_measured(study.get_trials(deepcopy=False), study.direction)
+    return None if best is None or best.value is None else float(best.value)

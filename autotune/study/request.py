@@ -7,7 +7,7 @@ from __future__ import annotations
 import optuna
 
 from autotune.measure.plan import MeasurementPlan, plan_for
-from autotune.study.pruning import short_cutoff, short_pruner
+from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import TrialRecord, record_short_cutoff
 from autotune.study.run_state import RunState
 from autotune.trial.launch import ServerLaunch
@@ -40,4 +40,8 @@ def measurement_plan(run: RunState, trial: optuna.Trial, baseline: bool) -> Meas
         cutoff = short_cutoff(run.optuna_study, short_pruner(objective.short_first))
         if cutoff is not None:
             record_short_cutoff(trial, cutoff)
-    return plan_for(objective, short=not again, cutoff=cutoff)
+    search = objective.load_search
+    below = None  # a search launch's load search stops below the study's best (measure.load_search)
+    if search is not None and search.stop_below_best and not (baseline or again):
+        below = load_cutoff(run.optuna_study)
+    return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below)

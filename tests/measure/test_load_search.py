@@ -109,3 +109,30 @@ def test_a_concurrency_search_interpolates_between_whole_concurrencies() -> None
     result = search(plan, lambda load: 1.0 if load <= 12 else 0.8)
     assert {12, 13} <= {s.workload.concurrency for s in result.levels}
     assert result.max_load == pytest.approx(12.5)  # 100% at 12, 80% at 13: 90% halfway
+
+
+def test_a_search_launch_stops_halving_once_it_missed_at_or_below_the_studys_best() -> None:
+    # The L40S max_load study: the best so far 0.5 req/s; a config that misses at 0.5 cannot beat it, and
+    # halving down to 1/16 req/s (80 prompts each) cost 1.25 node h a launch against 0.07 for the first step.
+    plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=6, cutoff=0.5)
+    result = search(plan, lambda load: 1.0 if load <= 0.1 else 0.07)
+    assert [s.workload.request_rate for s in result.levels] == [0.5]
+    assert result.stopped_early and result.max_load == 0.0
+    assert result.load_stopped_by == (
+        "stopped below the study's best: the SLO missed at 0.5 (7% good), at or below the best max_load "
+        "measured (0.5)"
+    )
+
+
+def test_a_search_above_the_best_or_with_a_passing_load_or_switched_off_runs_to_its_answer() -> None:
+    plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=6, cutoff=0.3)
+    below = search(plan, lambda load: 1.0 if load <= 0.1 else 0.07)  # 0.5 misses above 0.3: halves on
+    assert [s.workload.request_rate for s in below.levels] == [0.5, 0.25]
+    assert below.stopped_early
+    passes_at_half = lambda load: 1.0 if load <= 0.5 else 0.5  # noqa: E731
+    passing = search(replace(plan, cutoff=2.0), passes_at_half)  # a load passed: bisects as without it
+    assert not passing.stopped_early
+    assert passing.levels == search(replace(plan, cutoff=None), passes_at_half).levels
+    off = search(replace(plan, stop_below_best=False), lambda load: 1.0 if load <= 0.1 else 0.07)
+    assert not off.stopped_early and 0.0625 < off.max_load < 0.125  # type: ignore[operator]
+    assert [s.workload.request_rate for s in off.levels][:4] == [0.5, 0.25, 0.125, 0.0625]

@@ -150,6 +150,8 @@ def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     state = confirmation(optuna_study)
     if state is not None and state.gain is not None and state.leader is not None:
         return _confirmed(optuna_study, state, context)
+    if state is not None and _met_at_no_rate(optuna_study, state):
+        return _confirmed_at_no_rate(optuna_study, state, context)
     # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
     remeasured = remeasured_answer(optuna_study) if not StudyRecord.of(optuna_study).confirming else None
     if remeasured is not None:
@@ -200,6 +202,53 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         within_noise=None,
         rounds=state.pairs,
         trials=_round_trials(optuna_study, {leader, state.baseline}),
+        text=f"{text}; {_noise_text(context['noise'])}",
+        in_rounds=True,
+        **context,
+    )
+
+
+def _met_at_no_rate(optuna_study: optuna.Study, state: Confirmation) -> bool:
+    """Every launch of the defaults measured 0, and the leader met the SLO in each of the first rounds beside
+    them (study.trust.confirm.at_no_rate)."""
+    settings = StudyRecord.of(optuna_study).confirm or {}
+    return (
+        bool(state.defaults_at_zero)
+        and state.leader is not None
+        and state.pairs >= int(settings.get("min_rounds", 2))
+    )
+
+
+def _confirmed_at_no_rate(
+    optuna_study: optuna.Study, state: Confirmation, context: dict[str, Any]
+) -> StudyAnswer:
+    """SGLang's defaults meet the SLO at no rate tried, in the search and in every round; the leader met it in
+    each round beside them: no percent gain over 0, the value of each is what the user reads."""
+    leader = state.leader
+    assert leader is not None  # the caller checked
+    values = [v for round_values in state.rounds.values() if (v := round_values.get(leader)) is not None]
+    value = sum(values) / len(values)
+    metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+    launches = len(state.defaults_at_zero)
+    text = (
+        f"confirmed: SGLang's defaults meet your SLO at no rate tried ({metric} 0 in each of their "
+        f"{launches} launches, the rounds' included); trial {leader}'s config meets it at {metric} "
+        f"{value:.4g} (the mean of {state.pairs} rounds, each above 0 beside the defaults at 0)"
+    )
+    return StudyAnswer(
+        verdict="confirmed",
+        trial=leader,
+        leader=leader,
+        value=value,
+        value_interval=None,
+        baseline=state.baseline,
+        baseline_value=0.0,
+        gain_pct=None,
+        gain_interval_pct=None,
+        confidence=None,
+        within_noise=None,
+        rounds=state.pairs,
+        trials=_round_trials(optuna_study, {leader}),
         text=f"{text}; {_noise_text(context['noise'])}",
         in_rounds=True,
         **context,

@@ -4,7 +4,9 @@ The best of many single measurements is biased upwards, so after the search the 
 baseline run again as ordinary study trials, a round at a time in alternating order, until the leader's
 paired gain over the defaults is narrow enough or clear of zero, or `max_rounds`. The rules of the rounds
 and of their error: docs/design.md, "Confirmation"; the answer built on them is
-autotune.study.trust.answer's.
+autotune.study.trust.answer's. Where every launch of the defaults measured 0 (a max_load: they met the SLO
+at no rate tried), in the search and in every round, there is no percent gain: the rounds decide once the
+leader met the SLO in each of `min_rounds` rounds beside them (`at_no_rate`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ LEFT_OUT_KEY = "left_out"
 # In the study's CONFIRM_ATTR record: the search's launches paired in time, each a round of
 # [config (its first trial), the trial that measured it] pairs, the baseline's first.
 SEARCH_ROUNDS_KEY = "search_rounds"
+# In the study's CONFIRM_ATTR record: the defaults' launches, where every one measured 0 (see `at_no_rate`).
+DEFAULTS_AT_ZERO_KEY = "defaults_at_zero"
 
 T = TypeVar("T")
 
@@ -70,6 +74,8 @@ class Confirmation:
     # The leader's gain at `precision_confidence`: whether the rounds know it well enough to stop.
     precision: Gain | None = None
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
+    # The defaults' launches, where every one measured 0 in the search and in the rounds (`at_no_rate`).
+    defaults_at_zero: tuple[int, ...] = ()
 
 
 def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -133,6 +139,13 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
     maximize = maximizes(optuna_study.direction)
+    zero = tuple(int(n) for n in settings.get(DEFAULTS_AT_ZERO_KEY) or ())
+    if zero and not any(values.get(base) for values in rounds.values()):
+        # No percent gain over 0: the leader is the best that met the SLO in every round beside them.
+        leader, met = _met_in_every_round(rounds, base, configs)
+        queued = int(settings.get("queued", 0))
+        at_zero = (*zero, *(n for n in _round_launches(optuna_study, base, since)))
+        return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=at_zero)
     confidence = look_confidence(settings, len(configs))
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     for config in configs:
@@ -146,11 +159,51 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     return Confirmation(base, configs, rounds, queued, *best, precision=precision, searched=len(searched))
 
 
+def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
+    """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): a gain
+    in percent of 0 has no value, so the rounds ask whether the leader meets the SLO in each round where the
+    defaults, launched beside it, measured 0 again (a later lease may serve them at a rate: then the
+    percent rule decides, on the rounds where they did)."""
+    return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
+
+
+def _round_launches(optuna_study: optuna.Study, config: int, since: int) -> list[int]:
+    """The confirmation rounds' finished launches of `config` (the trials after `since`)."""
+    return [
+        t.number
+        for t in optuna_study.get_trials(deepcopy=False)
+        if t.number > since
+        and t.state.is_finished()
+        and TrialRecord.of(t).remeasure_of == config
+        and TrialRecord.of(t).confirm is not None
+    ]
+
+
+def _met_in_every_round(
+    rounds: Mapping[int, Mapping[int, float | None]], base: int, configs: Sequence[int]
+) -> tuple[int | None, int]:
+    """The candidate with the best mean among those above 0 in every round where the defaults measured 0,
+    and its rounds; (None, 0) when none was (or no such round finished)."""
+    measured = [values for _, values in sorted(rounds.items()) if values.get(base) == 0]
+    met = {
+        config: [v for values in measured if (v := values.get(config)) is not None and v > 0]
+        for config in configs
+    }
+    kept = {c: v for c, v in met.items() if v and len(v) == sum(c in values for values in measured)}
+    if not kept:
+        return None, 0
+    leader = max(kept, key=lambda c: sum(kept[c]) / len(kept[c]))
+    return leader, len(kept[leader])
+
+
 def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
-    after the first rounds; or rounds ran out."""
+    after the first rounds; or rounds ran out. With the defaults at no rate: the leader met the SLO in each
+    of the first rounds."""
     if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
+    if state.defaults_at_zero:
+        return state.leader is not None and state.pairs >= int(settings["min_rounds"])
     gain = state.gain
     if gain is None or state.pairs < int(settings["min_rounds"]):
         return False
@@ -229,6 +282,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
     if not top:
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
+    zero = settings.decide_at_no_rate and at_no_rate(base, maximize)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     record = {
         **settings.model_dump(),
@@ -240,8 +294,9 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
         SEARCH_ROUNDS_KEY: [
             [list(pair) for pair in paired]  # as JSON stores it
             for paired in search_rounds(optuna_study, base, top)[-(settings.min_rounds - 1) :]
-            if settings.pair_search_launches
+            if settings.pair_search_launches and not zero  # at 0 the rounds' own launches decide
         ],
+        DEFAULTS_AT_ZERO_KEY: list(base.trials) if zero else [],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }

@@ -3,7 +3,8 @@
 After `min_trials` (and `min_node_hours`), when the last `patience` search trials (or
 `patience_node_hours`) did not raise the best value by more than the noise band, the search stops and the
 study goes on to confirmation; without a noise estimate it never stops a study. Why this rule, and its
-figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md.
+figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md. A max_load search stops once
+SGLang's defaults met the SLO at the highest load it tries in each of their first launches (`at_load_max`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.config import Study
 from autotune.study.records import StudyRecord, TrialRecord, record_stopped
-from autotune.study.rules import best_measured, direction_sign
+from autotune.study.rules import best_measured, direction_sign, measurement_groups
 from autotune.study.storage import counts
 from autotune.study.trust.noise import noise_estimate
 
@@ -49,6 +50,8 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     settings = study.file.trust.stop_early
     if not settings.enabled or len(optuna_study.directions) != 1:
         return None
+    if settings.at_load_max and (why := _at_load_max(study, optuna_study)) is not None:
+        return why
     if (
         settings.patience_node_hours is not None
         and (why := _why_stop_in_hours(study, optuna_study)) is not None
@@ -69,6 +72,22 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
         return None
     return f"stopped early: the last {settings.patience} search trials raised the best by {gain}"
+
+
+def _at_load_max(study: Study, optuna_study: optuna.Study) -> str | None:
+    """Why a max_load search stops once SGLang's defaults met the SLO at its `max` in each of their launches,
+    the baseline and its repeat at least: no config can measure more than `max`; None otherwise."""
+    search = study.objective.load_search
+    if search is None or study.objective.metric != "max_load":
+        return None
+    defaults = next((g for g in measurement_groups(optuna_study) if g.baseline), None)
+    if defaults is None or defaults.n < 2 or defaults.failed or min(defaults.values) < search.max:
+        return None
+    return (
+        f"stopped early: SGLang's defaults met the SLO at the highest load the search tries (load_search.max "
+        f"{search.max:g}) in each of their {defaults.n} launches, and no config can measure more; raise "
+        "load_search.max to tell configs apart"
+    )
 
 
 def _within_noise(
