@@ -170,6 +170,8 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
+    # The leader's interval pooled with the study's noise estimate (issue 37 item 4, second round).
+    "pool-noise": {"confirm": {"pool_noise": True}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
@@ -247,6 +249,7 @@ class Outcome:
     found_h: float = 0.0
     waited_launches: int = 0
     waited_h: float = 0.0
+    confirm_launches: int = 0  # the confirmation's own launches (its rounds; not the search's paired ones)
 
 
 # Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
@@ -453,6 +456,7 @@ def run_job(job: Job) -> Outcome:
             found_h=found_h,
             waited_launches=waited,
             waited_h=waited_h,
+            confirm_launches=sum(1 for t in launched if CONFIRM_ATTR in t.user_attrs),
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -596,9 +600,9 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
     lines = [
         "| profile | variant | "
         + " | ".join(PARTS)
-        + " | total, median | NCCL values' gain in the answer, median"
+        + " | total, median | confirmation launches, median | NCCL values' gain in the answer, median"
         + " | answer first launched at node h | search launches after it | their node h |",
-        "|" + "---|" * (len(PARTS) + 7),
+        "|" + "---|" * (len(PARTS) + 8),
     ]
     rows: dict[tuple[str, str], list[Outcome]] = {}
     for o in outcomes:
@@ -612,8 +616,9 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
         found = statistics.median(o.found_h for o in group)
         waited = statistics.median(o.waited_launches for o in group)
         waited_h = statistics.median(o.waited_h for o in group)
+        confirming = statistics.median(o.confirm_launches for o in group)
         lines.append(
-            f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% "
+            f"| {key} | {name} | {cells} | {total:.2f} | {confirming:g} | {gain:+.1f}% "
             f"| {found:.2f} | {waited:.0f} | {waited_h:.2f} |"
         )
     return lines

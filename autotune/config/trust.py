@@ -44,6 +44,9 @@ class Confirm(BaseModel):
     # The search's launches of the baseline and a candidate made one right after the other count as a round
     # (at most min_rounds - 1 of them: study.confirm.search_rounds); benchmarks/RESULTS.md, issue 37 item 4.
     pair_search_launches: StrictBool = True
+    # The leader's interval pools its pairs' own spread with the study's noise estimate from its other
+    # launches (study.trust.confirm.pooled_gain), while the pairs spread no more than that noise predicts.
+    pool_noise: StrictBool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import Study
-from autotune.measure.stats import Gain, paired_gain
+from autotune.measure.stats import Gain, MeanCI, paired_gain, t_quantile
 from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
@@ -29,14 +29,16 @@ from autotune.study.rules import (
     measurement_groups,
 )
 from autotune.study.storage import budget_used, counts
-from autotune.study.trust.noise import NoiseEstimate, noise_estimate
+from autotune.study.trust.noise import NoiseEstimate, noise_apart_from, noise_estimate
 
 __all__ = [
     "Confirmation",
     "confirmation",
     "confirmation_rounds",
     "contenders",
+    "first_look",
     "look_confidence",
+    "pooled_gain",
     "precision_confidence",
     "round_order",
 ]
@@ -48,6 +50,11 @@ LEFT_OUT_KEY = "left_out"
 SEARCH_ROUNDS_KEY = "search_rounds"
 
 T = TypeVar("T")
+
+# The pairs' own spread pools with the study's noise only while their variance is within this quantile of F
+# (their degrees of freedom against the noise estimate's) of what that noise predicts: a leader noisier than
+# the configs the noise was measured on keeps its own interval.
+POOL_CHECK = 0.90
 
 
 def round_order(index: int, configs: Sequence[T]) -> tuple[T, ...]:
@@ -70,6 +77,10 @@ class Confirmation:
     # The leader's gain at `precision_confidence`: whether the rounds know it well enough to stop.
     precision: Gain | None = None
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
+    trials: dict[int, dict[int, int]] = field(default_factory=dict)  # round -> config -> its trial there
+    # The degrees of freedom of the leader's interval pooled with the study's noise (`pooled_gain`); None:
+    # its rounds' own spread alone.
+    pooled_dof: int | None = None
 
 
 def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -77,8 +88,14 @@ def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     over the `candidates` (the leader is the best of them) and over the looks, one after each round from
     `min_rounds` to `max_rounds` (rounds that stop at the first interval clear of zero otherwise claim a
     gain that is not there more often with every look: 2 of 10 flat L40S studies at 97.5% per look)."""
-    looks = int(settings["max_rounds"]) - int(settings["min_rounds"]) + 1
+    looks = int(settings["max_rounds"]) - first_look(settings) + 1
     return 1 - (1 - float(settings.get("confidence", 0.95))) / (max(candidates, 1) * max(looks, 1))
+
+
+def first_look(settings: Mapping[str, Any]) -> int:
+    """The round the leader's interval is first looked at: `min_rounds`, or the first with `pool_noise` (the
+    study's noise gives one round an interval; rounds the search paired in time never alone)."""
+    return 1 if settings.get("pool_noise", False) else int(settings["min_rounds"])
 
 
 def precision_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -92,20 +109,87 @@ def _settings(optuna_study: optuna.Study) -> Mapping[str, Any] | None:
     return StudyRecord.of(optuna_study).confirm
 
 
-def _gain(
-    rounds: dict[int, dict[int, float | None]], base: int, config: int, maximize: bool, confidence: float
-) -> tuple[Gain | None, int]:
+def pooled_gain(
+    reference: Sequence[float],
+    candidate: Sequence[float],
+    noise: NoiseEstimate | None,
+    *,
+    minimize: bool,
+    confidence: float = 0.95,
+) -> tuple[Gain, int | None]:
+    """The candidate's paired gain over the reference (`paired_gain`), the SD of a round's difference pooled
+    from the pairs' own spread (n - 1 degrees of freedom) and the one the study's `noise` predicts for it
+    (sqrt(2) times its relative SD, times the candidate's value over the reference's; its own degrees of
+    freedom), the interval's t quantile on their sum; with those degrees of freedom. The pairs' own interval
+    and None without a noise estimate, or when their spread is beyond what the noise predicts (POOL_CHECK):
+    the leader's noise is not the study's. `noise` must come from launches other than these pairs'
+    (`noise_apart_from`). One pair has an interval only from the noise."""
+    own = paired_gain(reference, candidate, minimize=minimize, confidence=confidence)
+    n = len(reference)
+    if noise is None or noise.dof < 1 or not all(reference):
+        return own, None
+    # The F quantile, from scipy.special: it imports in a fraction of scipy.stats' time.
+    from scipy.special import fdtri
+
+    ratio = math.fsum(c / r for r, c in zip(reference, candidate, strict=True)) / n
+    predicted = 100 * math.sqrt(2) * noise.relative_sd * abs(ratio)  # a round's difference, in percent
+    if n >= 2 and own.percent.std**2 > predicted**2 * float(fdtri(n - 1, noise.dof, POOL_CHECK)):
+        return own, None
+    dof = n - 1 + noise.dof
+    quantile = t_quantile(confidence, dof)
+
+    def pool(measured: MeanCI, expected: float) -> MeanCI:
+        own_squares = (n - 1) * measured.std**2 if n >= 2 else 0.0
+        sd = math.sqrt((own_squares + noise.dof * expected**2) / dof)
+        return MeanCI(measured.mean, quantile * sd / math.sqrt(n), n, sd, confidence)
+
+    # The same in the objective's unit: the noise of each side's own mean value.
+    means = (math.fsum(reference) / n, math.fsum(candidate) / n)
+    absolute = noise.relative_sd * math.hypot(*means)
+    return Gain(pool(own.percent, predicted), pool(own.difference, absolute)), dof
+
+
+def _paired_rounds(rounds: dict[int, dict[int, float | None]], base: int, config: int) -> list[int]:
     # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load: no rate tried
     # met the SLO) has none to give, and is left out rather than divided by.
-    pairs = [
-        (reference, candidate)
-        for _, values in sorted(rounds.items())
-        if (reference := values.get(base)) and (candidate := values.get(config)) is not None
+    return [
+        index
+        for index, values in sorted(rounds.items())
+        if values.get(base) and values.get(config) is not None
     ]
-    if len(pairs) < 2:
-        return None, len(pairs)
-    references, candidates = [r for r, _ in pairs], [c for _, c in pairs]
-    return paired_gain(references, candidates, minimize=not maximize, confidence=confidence), len(pairs)
+
+
+def _gain(
+    rounds: dict[int, dict[int, float | None]],
+    base: int,
+    config: int,
+    maximize: bool,
+    confidence: float,
+    noise: NoiseEstimate | None = None,
+) -> tuple[Gain | None, int]:
+    gain, pairs, _ = _pooled(rounds, base, config, maximize, confidence, noise)
+    return gain, pairs
+
+
+def _pooled(
+    rounds: dict[int, dict[int, float | None]],
+    base: int,
+    config: int,
+    maximize: bool,
+    confidence: float,
+    noise: NoiseEstimate | None,
+) -> tuple[Gain | None, int, int | None]:
+    """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
+    (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with."""
+    paired = _paired_rounds(rounds, base, config)
+    if len(paired) < (1 if noise is not None else 2):
+        return None, len(paired), None
+    references = [float(rounds[i][base] or 0.0) for i in paired]
+    candidates = [float(rounds[i][config] or 0.0) for i in paired]
+    gain, dof = pooled_gain(references, candidates, noise, minimize=not maximize, confidence=confidence)
+    if len(paired) < 2 and dof is None:
+        return None, len(paired), None
+    return gain, len(paired), dof
 
 
 def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
@@ -115,6 +199,7 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         return None
     base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
     rounds: dict[int, dict[int, float | None]] = {}
+    launched: dict[int, dict[int, int]] = {}
     since = int(settings.get("since", -1))
     for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -127,33 +212,62 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         rounds.setdefault(mark["round"], {})[of] = (
             float(trial.value) if good and trial.value is not None else None
         )
+        launched.setdefault(mark["round"], {})[of] = trial.number
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
     if searched:
         values = {t.number: t.value for t in optuna_study.get_trials(deepcopy=False)}
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
+            launched[index - len(searched)] = {int(of): int(n) for of, n in pairs_in_time}
     maximize = maximizes(optuna_study.direction)
     confidence = look_confidence(settings, len(configs))
+    # Stores from before `pool_noise` keep the rule their rounds began under.
+    groups = measurement_groups(optuna_study) if settings.get("pool_noise", False) else None
+
+    def noise_of(config: int) -> NoiseEstimate | None:
+        """The study's noise apart from the launches of the config's pairs with the defaults."""
+        if groups is None:
+            return None
+        paired = _paired_rounds(rounds, base, config)
+        left_out = {launched[i][of] for i in paired for of in (base, config)}
+        return noise_apart_from(groups, left_out, maximize, keep=base)  # the defaults: one side of each pair
+
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
+    pooled_dof = None
     for config in configs:
-        gain, pairs = _gain(rounds, base, config, maximize, confidence)
+        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config))
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
-            best = (config, gain, pairs)
+            best, pooled_dof = (config, gain, pairs), dof
     precision = None
     if best[0] is not None:
-        precision, _ = _gain(rounds, base, best[0], maximize, precision_confidence(settings, len(configs)))
+        at = precision_confidence(settings, len(configs))
+        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]))
     queued = int(settings.get("queued", 0))
-    return Confirmation(base, configs, rounds, queued, *best, precision=precision, searched=len(searched))
+    return Confirmation(
+        base,
+        configs,
+        rounds,
+        queued,
+        *best,
+        precision=precision,
+        searched=len(searched),
+        trials=launched,
+        pooled_dof=pooled_dof,
+    )
 
 
 def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
-    after the first rounds; or rounds ran out."""
+    from the `first_look` with a round of its own; or rounds ran out."""
     if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
     gain = state.gain
-    if gain is None or state.pairs < int(settings["min_rounds"]):
+    # A pooled interval may decide from the first round, the rounds' own from `min_rounds`.
+    first = first_look(settings) if state.pooled_dof is not None else int(settings["min_rounds"])
+    if gain is None or state.leader is None or state.pairs < first:
         return False
+    if not any(i >= 0 for i in _paired_rounds(state.rounds, state.baseline, state.leader)):
+        return False  # only the search's launches, which chose the leader because they drew high
     narrow = state.precision if state.precision is not None else gain
     return narrow.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
 
