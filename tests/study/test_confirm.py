@@ -599,3 +599,22 @@ def test_one_round_with_a_gain_within_the_noise_decides_nothing() -> None:
     assert dof == 6 and gain.verdict == "no gain" and gain.percent.half_width > 1.0
     state = Confirmation(0, (1,), {0: {0: 100.0, 1: 100.6}}, 1, 1, gain, 1, precision=gain, pooled_dof=dof)
     assert not _decided(state, settings)
+
+
+def test_with_the_study_s_noise_the_search_s_round_alone_decides_nothing(study_file: StudyFiles) -> None:
+    """Trial 3 (the baseline's repeat) ran right before trial 4, the leader: a round of the search's, +49%
+    far beyond the noise. It chose the leader because it drew high, so one round of the confirmation's own
+    is launched all the same, and the two decide."""
+    from autotune.study.trust.confirm import confirmation_rounds
+
+    trust = {"confirm": {"top": 1, "pool_noise": True}}
+    study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    rounds = confirmation_rounds(study, optuna_study)
+    next(rounds)  # a round queued: not decided on the search's round
+    state = confirmation(optuna_study)
+    assert state is not None and state.searched == 1 and state.pairs == 1 and state.gain is not None
+    assert state.gain.verdict == "gain" and state.queued == 1
+    _run_round(optuna_study, {0: 100.2, 4: 150.5})
+    with pytest.raises(StopIteration):
+        next(rounds)
