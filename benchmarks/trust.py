@@ -170,8 +170,10 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
-    # The leader's interval pooled with the study's noise estimate (issue 37 item 4, second round).
+    # The leader's interval pooled with the study's noise estimate (issue 37 item 4, second round), from
+    # `min_rounds` (2) or from one round of the confirmation's own.
     "pool-noise": {"confirm": {"pool_noise": True}},
+    "pool-noise-1": {"confirm": {"pool_noise": True, "min_rounds": 1}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to

@@ -552,18 +552,17 @@ def test_a_leader_whose_rounds_spread_beyond_the_study_s_noise_keeps_their_own_i
     assert gain == paired_gain([100.0, 100.0], [150.0, 160.0], minimize=False, confidence=0.95)
 
 
-@pytest.mark.parametrize("pool_noise", [True, False])
+@pytest.mark.parametrize(("pool_noise", "min_rounds"), [(True, 1), (True, 2), (False, 2)])
 def test_with_the_study_s_noise_one_round_confirms_a_gain_far_beyond_it(
-    study_file: StudyFiles, pool_noise: bool
+    study_file: StudyFiles, pool_noise: bool, min_rounds: int
 ) -> None:
     """The baseline's repeats put the noise near 0.3% (2 degrees of freedom); the leader, trial 8, ran next
     to no baseline launch, so the search made no round of it. One round measures +50%: with `pool_noise`
-    that decides (the interval from the noise of the defaults' other launches), where the round's own
-    spread needs a second round. Each look's confidence is split over the 6 rounds it may now be looked at
-    after, not 5."""
+    it has an interval from the noise of the defaults' other launches, which decides with `min_rounds: 1`
+    (each look's confidence split over rounds 1 to 6); else a second round is launched."""
     from autotune.study.trust.confirm import confirmation_rounds, look_confidence
 
-    trust = {"confirm": {"top": 1, "pool_noise": pool_noise}}
+    trust = {"confirm": {"top": 1, "pool_noise": pool_noise, "min_rounds": min_rounds}}
     study = load_study(study_file(n_trials=9, search_space=FLAT, trust=trust))
     values = {0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 101.2, 5: 99.5, 6: 99.8, 7: 100.3, 8: 150.0}
     optuna_study = _search_study(values)
@@ -574,11 +573,12 @@ def test_with_the_study_s_noise_one_round_confirms_a_gain_far_beyond_it(
     assert state is not None and state.searched == 0  # pairs: those with a gain
     assert state.pairs == (1 if pool_noise else 0)
     settings = optuna_study.user_attrs["confirm"]
-    if pool_noise:
+    assert look_confidence(settings, 1) == pytest.approx(1 - 0.05 / (6 - min_rounds + 1))
+    if min_rounds == 1:
         with pytest.raises(StopIteration):  # decided after one round
             next(rounds)
         assert state.gain is not None and state.gain.verdict == "gain" and state.pooled_dof == 2
-        assert state.gain.confidence == pytest.approx(1 - 0.05 / 6) == look_confidence(settings, 1)
+        assert state.gain.confidence == pytest.approx(1 - 0.05 / 6)
         answer = study_answer(optuna_study)
         assert answer is not None and answer.beats_defaults is True and answer.trial == 8
         assert "1 round, its spread pooled with the study's run-to-run noise (2 degrees of freedom)" in (
@@ -586,7 +586,7 @@ def test_with_the_study_s_noise_one_round_confirms_a_gain_far_beyond_it(
         )
     else:
         next(rounds)  # a second round
-        assert state.gain is None and look_confidence(settings, 1) == pytest.approx(1 - 0.05 / 5)
+        assert state.gain is None or state.pooled_dof == 2
 
 
 def test_one_round_with_a_gain_within_the_noise_decides_nothing() -> None:
@@ -594,7 +594,7 @@ def test_one_round_with_a_gain_within_the_noise_decides_nothing() -> None:
     rounds go on as they did."""
     from autotune.study.trust.confirm import _decided, pooled_gain
 
-    settings = {**CONFIRM_SETTINGS, "pool_noise": True, "queued": 1}
+    settings = {**CONFIRM_SETTINGS, "pool_noise": True, "min_rounds": 1, "queued": 1}
     gain, dof = pooled_gain([100.0], [100.6], NoiseEstimate(0.005, 6, ()), minimize=False, confidence=0.99)
     assert dof == 6 and gain.verdict == "no gain" and gain.percent.half_width > 1.0
     state = Confirmation(0, (1,), {0: {0: 100.0, 1: 100.6}}, 1, 1, gain, 1, precision=gain, pooled_dof=dof)
@@ -607,7 +607,7 @@ def test_with_the_study_s_noise_the_search_s_round_alone_decides_nothing(study_f
     is launched all the same, and the two decide."""
     from autotune.study.trust.confirm import confirmation_rounds
 
-    trust = {"confirm": {"top": 1, "pool_noise": True}}
+    trust = {"confirm": {"top": 1, "pool_noise": True}}  # min_rounds 2: at most 1 of the search's rounds
     study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
     optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
     rounds = confirmation_rounds(study, optuna_study)
@@ -618,3 +618,11 @@ def test_with_the_study_s_noise_the_search_s_round_alone_decides_nothing(study_f
     _run_round(optuna_study, {0: 100.2, 4: 150.5})
     with pytest.raises(StopIteration):
         next(rounds)
+    # With `min_rounds: 1` none of the search's rounds counts: one round of the confirmation's own decides.
+    trust = {"confirm": {"top": 1, "pool_noise": True, "min_rounds": 1}}
+    study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    rounds = confirmation_rounds(study, optuna_study)
+    next(rounds)
+    state = confirmation(optuna_study)
+    assert state is not None and state.searched == 0 and state.gain is None and state.queued == 1

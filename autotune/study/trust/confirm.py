@@ -36,7 +36,6 @@ __all__ = [
     "confirmation",
     "confirmation_rounds",
     "contenders",
-    "first_look",
     "look_confidence",
     "pooled_gain",
     "precision_confidence",
@@ -88,14 +87,8 @@ def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
     over the `candidates` (the leader is the best of them) and over the looks, one after each round from
     `min_rounds` to `max_rounds` (rounds that stop at the first interval clear of zero otherwise claim a
     gain that is not there more often with every look: 2 of 10 flat L40S studies at 97.5% per look)."""
-    looks = int(settings["max_rounds"]) - first_look(settings) + 1
+    looks = int(settings["max_rounds"]) - int(settings["min_rounds"]) + 1
     return 1 - (1 - float(settings.get("confidence", 0.95))) / (max(candidates, 1) * max(looks, 1))
-
-
-def first_look(settings: Mapping[str, Any]) -> int:
-    """The round the leader's interval is first looked at: `min_rounds`, or the first with `pool_noise` (the
-    study's noise gives one round an interval; rounds the search paired in time never alone)."""
-    return 1 if settings.get("pool_noise", False) else int(settings["min_rounds"])
 
 
 def precision_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -258,16 +251,13 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
 
 def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
-    from the `first_look` with a round of its own; or rounds ran out."""
+    after the first rounds (one round has an interval only pooled with the study's noise: `pooled_gain`);
+    or rounds ran out."""
     if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
     gain = state.gain
-    # A pooled interval may decide from the first round, the rounds' own from `min_rounds`.
-    first = first_look(settings) if state.pooled_dof is not None else int(settings["min_rounds"])
-    if gain is None or state.leader is None or state.pairs < first:
+    if gain is None or state.pairs < int(settings["min_rounds"]):
         return False
-    if not any(i >= 0 for i in _paired_rounds(state.rounds, state.baseline, state.leader)):
-        return False  # only the search's launches, which chose the leader because they drew high
     narrow = state.precision if state.precision is not None else gain
     return narrow.percent.half_width < float(settings["target_pct"]) or gain.verdict != "no gain"
 
@@ -344,6 +334,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
+    paired_in_time = search_rounds(optuna_study, base, top) if settings.pair_search_launches else []
     record = {
         **settings.model_dump(),
         "baseline": base.of,
@@ -353,8 +344,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
         # candidates were chosen by the search's (they drew high).
         SEARCH_ROUNDS_KEY: [
             [list(pair) for pair in paired]  # as JSON stores it
-            for paired in search_rounds(optuna_study, base, top)[-(settings.min_rounds - 1) :]
-            if settings.pair_search_launches
+            for paired in paired_in_time[max(len(paired_in_time) - (settings.min_rounds - 1), 0) :]
         ],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
