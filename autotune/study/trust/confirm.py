@@ -175,8 +175,8 @@ def _pooled(
     """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
     (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with."""
     paired = _paired_rounds(rounds, base, config)
-    if len(paired) < (1 if noise is not None else 2):
-        return None, len(paired), None
+    if not paired:
+        return None, 0, None
     references = [float(rounds[i][base] or 0.0) for i in paired]
     candidates = [float(rounds[i][config] or 0.0) for i in paired]
     gain, dof = pooled_gain(references, candidates, noise, minimize=not maximize, confidence=confidence)
