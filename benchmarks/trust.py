@@ -172,7 +172,8 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
     # The leader's interval pooled with the study's noise estimate (issue 37 item 4, second round), from
     # `min_rounds` (2) or from one round of the confirmation's own.
-    "pool-noise": {"confirm": {"pool_noise": True}},
+    "pool-noise": {"confirm": {"pool_noise": True}},  # the defaults since it was measured
+    "no-pool-noise": {"confirm": {"pool_noise": False}},  # the confirmation's own spread alone, as before
     "pool-noise-1": {"confirm": {"pool_noise": True, "min_rounds": 1}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }

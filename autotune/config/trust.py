@@ -48,7 +48,7 @@ class Confirm(BaseModel):
     pair_search_launches: StrictBool = True
     # The leader's interval pools its pairs' own spread with the study's noise estimate from its other
     # launches (study.trust.confirm.pooled_gain), while the pairs spread no more than that noise predicts.
-    pool_noise: StrictBool = False
+    pool_noise: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod
