@@ -31,7 +31,7 @@ class Confirm(BaseModel):
     (the order alternating per round) until the leader's paired gain over the defaults has a `confidence`
     interval (Bonferroni over the `top` candidates and the rounds it is looked at, `min_rounds` to
     `max_rounds`) narrower than `target_pct` either side, or clear of zero, after `min_rounds`; at most
-    `max_rounds`."""
+    `max_rounds`. With `pool_noise` the rounds' spread is pooled with the study's measured noise."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

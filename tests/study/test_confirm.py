@@ -482,7 +482,7 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is True and answer.trial == 4
     assert {3, 4} <= set(answer.trials) and len(answer.trials) == 4
-    assert "2 rounds, 1 of them the search's launches paired in time)" in answer.text
+    assert "2 rounds, 1 of them the search's launches paired in time, their spread pooled" in answer.text
 
 
 def test_a_baseline_and_a_candidate_with_the_nccl_stage_between_them_make_no_round() -> None:

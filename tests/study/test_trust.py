@@ -39,7 +39,10 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
     [
         ({"confirm": 3}, ["trust.confirm", "not a switch nor a section", "`confirm: off`"]),
         ({"confirm": {"min_rounds": 5, "max_rounds": 3}}, ["trust.confirm.min_rounds", "5", "max_rounds"]),
-        ({"confirm": {"min_rounds": 1}}, ["trust.confirm.min_rounds", "1", "pool_noise: true"]),
+        (
+            {"confirm": {"min_rounds": 1, "pool_noise": False}},
+            ["trust.confirm.min_rounds", "1", "pool_noise: true"],
+        ),
         ({"stop_early": {"patience": 0}}, ["trust.stop_early.patience"]),
         ({"skip_repeats": True}, ["trust.skip_repeats"]),
     ],
