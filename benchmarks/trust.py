@@ -25,7 +25,9 @@ methods, `noise_ties`), with the search launches spent on knobs without effect; 
 defaults under the confirmation rule before issue 41 (each look's interval at the confidence split over the
 candidates only, not over the rounds it is looked at); `confirm-41` the confirmation as issue 41 left it,
 before issue 37 item 4 (every candidate confirmed, no search launch counted as a round, the rounds' width
-judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage.
+judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage; `no-pool-noise` the
+confirmation's rounds judged by their own spread alone (before issue 37 item 4's second round), `pool-noise-1`
+the defaults with one round deciding on the study's noise (`min_rounds: 1`).
 
 A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
 baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
