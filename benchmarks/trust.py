@@ -25,7 +25,9 @@ methods, `noise_ties`), with the search launches spent on knobs without effect; 
 defaults under the confirmation rule before issue 41 (each look's interval at the confidence split over the
 candidates only, not over the rounds it is looked at); `confirm-41` the confirmation as issue 41 left it,
 before issue 37 item 4 (every candidate confirmed, no search launch counted as a round, the rounds' width
-judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage.
+judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL stage; `no-pool-noise` the
+confirmation's rounds judged by their own spread alone (before issue 37 item 4's second round), `pool-noise-1`
+the defaults with one round deciding on the study's noise (`min_rounds: 1`).
 
 A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
 baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
@@ -178,6 +180,11 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "keep-runner-up": True,  # the defaults, the runner-up confirmed even beyond noise of the leader
     # The defaults, no launch of the search counted as a confirmation round.
     "no-search-rounds": {"confirm": {"pair_search_launches": False}},
+    # The leader's interval pooled with the study's noise estimate (issue 37 item 4, second round), from
+    # `min_rounds` (2) or from one round of the confirmation's own.
+    "pool-noise": {"confirm": {"pool_noise": True}},  # the defaults since it was measured
+    "no-pool-noise": {"confirm": {"pool_noise": False}},  # the confirmation's own spread alone, as before
+    "pool-noise-1": {"confirm": {"pool_noise": True, "min_rounds": 1}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
@@ -258,6 +265,7 @@ class Outcome:
     # Within the launches: node h of start-ups, and of the load steps at each load (a max_load's search).
     startup_h: float = 0.0
     steps_h: tuple[tuple[float, float], ...] = ()
+    confirm_launches: int = 0  # the confirmation's own launches (its rounds; not the search's paired ones)
 
 
 # Where a study's node hours go (issue 37's decomposition of the seed profile): its NCCL stage's all-reduce
@@ -522,6 +530,7 @@ def run_job(job: Job) -> Outcome:
             found_h=found_h,
             waited_launches=waited,
             waited_h=waited_h,
+            confirm_launches=sum(1 for t in launched if CONFIRM_ATTR in t.user_attrs),
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
@@ -665,9 +674,9 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
     lines = [
         "| profile | variant | "
         + " | ".join(PARTS)
-        + " | total, median | NCCL values' gain in the answer, median"
+        + " | total, median | confirmation launches, median | NCCL values' gain in the answer, median"
         + " | answer first launched at node h | search launches after it | their node h |",
-        "|" + "---|" * (len(PARTS) + 7),
+        "|" + "---|" * (len(PARTS) + 8),
     ]
     rows: dict[tuple[str, str], list[Outcome]] = {}
     for o in outcomes:
@@ -681,8 +690,9 @@ def parts_table(outcomes: Sequence[Outcome]) -> list[str]:
         found = statistics.median(o.found_h for o in group)
         waited = statistics.median(o.waited_launches for o in group)
         waited_h = statistics.median(o.waited_h for o in group)
+        confirming = statistics.median(o.confirm_launches for o in group)
         lines.append(
-            f"| {key} | {name} | {cells} | {total:.2f} | {gain:+.1f}% "
+            f"| {key} | {name} | {cells} | {total:.2f} | {confirming:g} | {gain:+.1f}% "
             f"| {found:.2f} | {waited:.0f} | {waited_h:.2f} |"
         )
     return lines

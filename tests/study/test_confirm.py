@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import socket
 import tarfile
 from pathlib import Path
@@ -26,9 +27,9 @@ from autotune.study.rules import measurement_groups
 from autotune.study.storage import budget_used, open_study
 from autotune.study.summary import study_summary
 from autotune.study.trust.answer import study_answer
-from autotune.study.trust.confirm import confirmation, round_order
+from autotune.study.trust.confirm import Confirmation, confirmation, round_order
 from autotune.study.trust.node_budget import node_hours
-from autotune.study.trust.noise import noise_estimate
+from autotune.study.trust.noise import NoiseEstimate, noise_estimate
 from tests.builders import FLAT, TRUST_OFF, StudyFiles, launched, model_pool
 
 
@@ -481,7 +482,7 @@ def test_a_baseline_repeat_and_a_candidate_launched_one_after_the_other_count_as
     answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is True and answer.trial == 4
     assert {3, 4} <= set(answer.trials) and len(answer.trials) == 4
-    assert "2 rounds, 1 of them the search's launches paired in time)" in answer.text
+    assert "2 rounds, 1 of them the search's launches paired in time, their spread pooled" in answer.text
 
 
 def test_a_baseline_and_a_candidate_with_the_nccl_stage_between_them_make_no_round() -> None:
@@ -515,3 +516,113 @@ def test_the_rounds_stop_when_the_gain_is_known_within_the_target_without_claimi
     assert _decided(state, {**CONFIRM_SETTINGS, "queued": 3})
     answer = study_answer(optuna_study)
     assert answer is not None and answer.beats_defaults is False
+
+
+def test_the_leader_s_interval_pools_its_rounds_spread_with_the_study_s_noise() -> None:
+    """Two rounds, +50% and +51%, and a study whose other launches measured 1% noise on 4 degrees of
+    freedom: a round's difference spreads sqrt(2) x 1% x 1.505 (the candidate's value over the defaults')
+    by the noise, 0.71 points by the rounds; pooled on 1 + 4 degrees of freedom, the 95% interval is +-3.5
+    points where the rounds alone give +-6.4 (t on 1 degree of freedom: 12.7)."""
+    from autotune.study.trust.confirm import pooled_gain
+
+    noise = NoiseEstimate(0.01, 4, ())
+    gain, dof = pooled_gain([100.0, 100.0], [150.0, 151.0], noise, minimize=False, confidence=0.95)
+    predicted = 100 * math.sqrt(2) * 0.01 * 1.505  # 2.128 points
+    pooled_sd = math.sqrt((1 * 0.5 + 4 * predicted**2) / (1 + 4))  # the rounds' variance 0.5 on 1 dof
+    assert dof == 5 and gain.pct == pytest.approx(50.5)
+    assert gain.percent.std == pytest.approx(pooled_sd)
+    assert gain.percent.half_width == pytest.approx(2.570582 * pooled_sd / math.sqrt(2), rel=1e-5)  # 3.508
+    own, none = pooled_gain([100.0, 100.0], [150.0, 151.0], None, minimize=False, confidence=0.95)
+    assert none is None and own.percent.half_width == pytest.approx(12.7062 * math.sqrt(0.5) / math.sqrt(2))
+    # One round: the noise alone, on its 4 degrees of freedom.
+    one, dof = pooled_gain([100.0], [150.0], noise, minimize=False, confidence=0.95)
+    assert dof == 4 and one.percent.half_width == pytest.approx(2.776445 * 100 * math.sqrt(2) * 0.01 * 1.5)
+
+
+def test_a_leader_whose_rounds_spread_beyond_the_study_s_noise_keeps_their_own_interval() -> None:
+    """+50% and +60%: a round's difference spread 7.1 points where 1% noise predicts 2.1 (variance ratio
+    11, beyond F's 90% quantile on 1 and 4 degrees of freedom, 4.5): this config's noise is not the study's,
+    and pooling would narrow its interval on another config's spread."""
+    from autotune.measure.stats import paired_gain
+    from autotune.study.trust.confirm import pooled_gain
+
+    noise = NoiseEstimate(0.01, 4, ())
+    gain, dof = pooled_gain([100.0, 100.0], [150.0, 160.0], noise, minimize=False, confidence=0.95)
+    assert dof is None
+    assert gain == paired_gain([100.0, 100.0], [150.0, 160.0], minimize=False, confidence=0.95)
+
+
+@pytest.mark.parametrize(("pool_noise", "min_rounds"), [(True, 1), (True, 2), (False, 2)])
+def test_with_the_study_s_noise_one_round_confirms_a_gain_far_beyond_it(
+    study_file: StudyFiles, pool_noise: bool, min_rounds: int
+) -> None:
+    """The baseline's repeats put the noise near 0.3% (2 degrees of freedom); the leader, trial 8, ran next
+    to no baseline launch, so the search made no round of it. One round measures +50%: with `pool_noise`
+    it has an interval from the noise of the defaults' other launches, which decides with `min_rounds: 1`
+    (each look's confidence split over rounds 1 to 6); else a second round is launched."""
+    from autotune.study.trust.confirm import confirmation_rounds, look_confidence
+
+    trust = {"confirm": {"top": 1, "pool_noise": pool_noise, "min_rounds": min_rounds}}
+    study = load_study(study_file(n_trials=9, search_space=FLAT, trust=trust))
+    values = {0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 101.2, 5: 99.5, 6: 99.8, 7: 100.3, 8: 150.0}
+    optuna_study = _search_study(values)
+    rounds = confirmation_rounds(study, optuna_study)
+    next(rounds)
+    _run_round(optuna_study, {0: 100.1, 8: 150.3})
+    state = confirmation(optuna_study)
+    assert state is not None and state.searched == 0  # pairs: those with a gain
+    assert state.pairs == (1 if pool_noise else 0)
+    settings = optuna_study.user_attrs["confirm"]
+    assert look_confidence(settings, 1) == pytest.approx(1 - 0.05 / (6 - min_rounds + 1))
+    if min_rounds == 1:
+        with pytest.raises(StopIteration):  # decided after one round
+            next(rounds)
+        assert state.gain is not None and state.gain.verdict == "gain" and state.pooled_dof == 2
+        assert state.gain.confidence == pytest.approx(1 - 0.05 / 6)
+        answer = study_answer(optuna_study)
+        assert answer is not None and answer.beats_defaults is True and answer.trial == 8
+        assert "1 round, its spread pooled with the study's run-to-run noise (2 degrees of freedom)" in (
+            answer.text
+        )
+    else:
+        next(rounds)  # a second round
+        assert state.gain is None or state.pooled_dof == 2
+
+
+def test_one_round_with_a_gain_within_the_noise_decides_nothing() -> None:
+    """+0.6% in one round with 0.5% noise: the pooled interval holds zero and is wider than +-1%, so the
+    rounds go on as they did."""
+    from autotune.study.trust.confirm import _decided, pooled_gain
+
+    settings = {**CONFIRM_SETTINGS, "pool_noise": True, "min_rounds": 1, "queued": 1}
+    gain, dof = pooled_gain([100.0], [100.6], NoiseEstimate(0.005, 6, ()), minimize=False, confidence=0.99)
+    assert dof == 6 and gain.verdict == "no gain" and gain.percent.half_width > 1.0
+    state = Confirmation(0, (1,), {0: {0: 100.0, 1: 100.6}}, 1, 1, gain, 1, precision=gain, pooled_dof=dof)
+    assert not _decided(state, settings)
+
+
+def test_with_the_study_s_noise_the_search_s_round_alone_decides_nothing(study_file: StudyFiles) -> None:
+    """Trial 3 (the baseline's repeat) ran right before trial 4, the leader: a round of the search's, +49%
+    far beyond the noise. It chose the leader because it drew high, so one round of the confirmation's own
+    is launched all the same, and the two decide."""
+    from autotune.study.trust.confirm import confirmation_rounds
+
+    trust = {"confirm": {"top": 1, "pool_noise": True}}  # min_rounds 2: at most 1 of the search's rounds
+    study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    rounds = confirmation_rounds(study, optuna_study)
+    next(rounds)  # a round queued: not decided on the search's round
+    state = confirmation(optuna_study)
+    assert state is not None and state.searched == 1 and state.pairs == 1 and state.gain is not None
+    assert state.gain.verdict == "gain" and state.queued == 1
+    _run_round(optuna_study, {0: 100.2, 4: 150.5})
+    with pytest.raises(StopIteration):
+        next(rounds)
+    # With `min_rounds: 1` none of the search's rounds counts: one round of the confirmation's own decides.
+    trust = {"confirm": {"top": 1, "pool_noise": True, "min_rounds": 1}}
+    study = load_study(study_file(n_trials=8, search_space=FLAT, trust=trust))
+    optuna_study = _search_study({0: 100.0, 1: 101.0, 2: 99.0, 3: 100.4, 4: 150.0, 5: 99.5, 6: 99.8})
+    rounds = confirmation_rounds(study, optuna_study)
+    next(rounds)
+    state = confirmation(optuna_study)
+    assert state is not None and state.searched == 0 and state.gain is None and state.queued == 1

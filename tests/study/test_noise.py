@@ -14,7 +14,7 @@ from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import ConfigMeasurements
 from autotune.study.samplers import IncumbentMoves, _best_of
 from autotune.study.storage import budget_used
-from autotune.study.trust.noise import move_from, noise_estimate, pooled
+from autotune.study.trust.noise import move_from, noise_apart_from, noise_estimate, pooled
 from tests.builders import (
     TRUST_OFF,
     StudyFiles,
@@ -41,6 +41,18 @@ def test_the_noise_is_the_pooled_relative_spread_of_the_configs_near_the_best() 
     assert both is not None and both.dof == 3 and [of for of, _ in both.configs] == [0, 5]
     assert both.relative_sd == pytest.approx(((2 * (2 / 192) ** 2 + 2 * (4 / 200) ** 2) / 3) ** 0.5)
     assert pooled([group(0, [1.0]), group(1, [2.0])]) is None
+
+
+def test_the_noise_apart_from_a_confirmation_s_pairs_leaves_their_launches_out_keeps_the_defaults() -> None:
+    """The confirmation pools its pairs' spread with the study's noise from other launches: the pairs'
+    own (the defaults' trial 2, the leader's trial 6) are left out, so no spread counts twice; the defaults,
+    one side of every pair, count though they are 50% below the best."""
+    groups = [group(0, [100, 102, 130], baseline=True), group(5, [200, 196]), group(8, [204, 196])]
+    apart = noise_apart_from(groups, {2, 6}, keep=0)  # (100, 102) of the defaults; the leader's 200 alone
+    assert apart is not None and apart.dof == 2 and [of for of, _ in apart.configs] == [0, 8]
+    assert apart.relative_sd == pytest.approx(((2 * (1 / 101) ** 2 + 2 * (4 / 200) ** 2) / 2) ** 0.5)
+    without = noise_apart_from(groups, {2, 6})  # the stopping rule's rule: the defaults are far below
+    assert without is not None and [of for of, _ in without.configs] == [8]
 
 
 def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: StudyFiles) -> None:

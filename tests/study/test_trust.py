@@ -27,6 +27,7 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
     trust = load_study(study_file(trust=None)).file.trust
     assert trust.skip_same_launch and trust.repeat_baseline_after == 3
     assert trust.confirm.enabled and trust.confirm.top == 2 and trust.confirm.max_rounds == 6
+    assert trust.confirm.pool_noise and trust.confirm.min_rounds == 2  # RESULTS.md, issue 37 item 4
     assert trust.stop_early.enabled
     off = load_study(study_file(trust={"confirm": False, "stop_early": {"patience": 4}})).file.trust
     assert not off.confirm.enabled and off.stop_early.enabled and off.stop_early.patience == 4
@@ -39,6 +40,10 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
     [
         ({"confirm": 3}, ["trust.confirm", "not a switch nor a section", "`confirm: off`"]),
         ({"confirm": {"min_rounds": 5, "max_rounds": 3}}, ["trust.confirm.min_rounds", "5", "max_rounds"]),
+        (
+            {"confirm": {"min_rounds": 1, "pool_noise": False}},
+            ["trust.confirm.min_rounds", "1", "pool_noise: true"],
+        ),
         ({"stop_early": {"patience": 0}}, ["trust.stop_early.patience"]),
         ({"skip_repeats": True}, ["trust.skip_repeats"]),
     ],

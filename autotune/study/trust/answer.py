@@ -175,9 +175,15 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
 
     # Rounds made of the search's own launches paired in time (study.confirm.search_rounds) are said so.
     searched = f", {state.searched} of them the search's launches paired in time" if state.searched else ""
+    # An interval that pooled the rounds' spread with the study's noise (study.confirm.pooled_gain) says so.
+    if state.pooled_dof is not None:
+        searched += (
+            f", {'their' if state.pairs != 1 else 'its'} spread pooled with the study's run-to-run noise "
+            f"({state.pooled_dof} degrees of freedom)"
+        )
     shown = (
         f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
-        f"{state.pairs} rounds{searched})"
+        f"{state.pairs} round{'s' if state.pairs != 1 else ''}{searched})"
     )
     text = (
         f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"

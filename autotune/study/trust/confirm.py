@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import Study
-from autotune.measure.stats import Gain, paired_gain
+from autotune.measure.stats import Gain, MeanCI, paired_gain, t_quantile
 from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
@@ -31,7 +31,7 @@ from autotune.study.rules import (
     measurement_groups,
 )
 from autotune.study.storage import budget_used, counts
-from autotune.study.trust.noise import NoiseEstimate, noise_estimate
+from autotune.study.trust.noise import NoiseEstimate, noise_apart_from, noise_estimate
 
 __all__ = [
     "Confirmation",
@@ -39,6 +39,7 @@ __all__ = [
     "confirmation_rounds",
     "contenders",
     "look_confidence",
+    "pooled_gain",
     "precision_confidence",
     "round_order",
 ]
@@ -52,6 +53,11 @@ SEARCH_ROUNDS_KEY = "search_rounds"
 DEFAULTS_AT_ZERO_KEY = "defaults_at_zero"
 
 T = TypeVar("T")
+
+# The pairs' own spread pools with the study's noise only while their variance is within this quantile of F
+# (their degrees of freedom against the noise estimate's) of what that noise predicts: a leader noisier than
+# the configs the noise was measured on keeps its own interval.
+POOL_CHECK = 0.90
 
 
 def round_order(index: int, configs: Sequence[T]) -> tuple[T, ...]:
@@ -76,6 +82,10 @@ class Confirmation:
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
     # The defaults' launches, where every one measured 0 in the search and in the rounds (`at_no_rate`).
     defaults_at_zero: tuple[int, ...] = ()
+    trials: dict[int, dict[int, int]] = field(default_factory=dict)  # round -> config -> its trial there
+    # The degrees of freedom of the leader's interval pooled with the study's noise (`pooled_gain`); None:
+    # its rounds' own spread alone.
+    pooled_dof: int | None = None
 
 
 def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -98,20 +108,87 @@ def _settings(optuna_study: optuna.Study) -> Mapping[str, Any] | None:
     return StudyRecord.of(optuna_study).confirm
 
 
-def _gain(
-    rounds: dict[int, dict[int, float | None]], base: int, config: int, maximize: bool, confidence: float
-) -> tuple[Gain | None, int]:
+def pooled_gain(
+    reference: Sequence[float],
+    candidate: Sequence[float],
+    noise: NoiseEstimate | None,
+    *,
+    minimize: bool,
+    confidence: float = 0.95,
+) -> tuple[Gain, int | None]:
+    """The candidate's paired gain over the reference (`paired_gain`), the SD of a round's difference pooled
+    from the pairs' own spread (n - 1 degrees of freedom) and the one the study's `noise` predicts for it
+    (sqrt(2) times its relative SD, times the candidate's value over the reference's; its own degrees of
+    freedom), the interval's t quantile on their sum; with those degrees of freedom. The pairs' own interval
+    and None without a noise estimate, or when their spread is beyond what the noise predicts (POOL_CHECK):
+    the leader's noise is not the study's. `noise` must come from launches other than these pairs'
+    (`noise_apart_from`). One pair has an interval only from the noise."""
+    own = paired_gain(reference, candidate, minimize=minimize, confidence=confidence)
+    n = len(reference)
+    if noise is None or noise.dof < 1 or not all(reference):
+        return own, None
+    # The F quantile, from scipy.special: it imports in a fraction of scipy.stats' time.
+    from scipy.special import fdtri
+
+    ratio = math.fsum(c / r for r, c in zip(reference, candidate, strict=True)) / n
+    predicted = 100 * math.sqrt(2) * noise.relative_sd * abs(ratio)  # a round's difference, in percent
+    if n >= 2 and own.percent.std**2 > predicted**2 * float(fdtri(n - 1, noise.dof, POOL_CHECK)):
+        return own, None
+    dof = n - 1 + noise.dof
+    quantile = t_quantile(confidence, dof)
+
+    def pool(measured: MeanCI, expected: float) -> MeanCI:
+        own_squares = (n - 1) * measured.std**2 if n >= 2 else 0.0
+        sd = math.sqrt((own_squares + noise.dof * expected**2) / dof)
+        return MeanCI(measured.mean, quantile * sd / math.sqrt(n), n, sd, confidence)
+
+    # The same in the objective's unit: the noise of each side's own mean value.
+    means = (math.fsum(reference) / n, math.fsum(candidate) / n)
+    absolute = noise.relative_sd * math.hypot(*means)
+    return Gain(pool(own.percent, predicted), pool(own.difference, absolute)), dof
+
+
+def _paired_rounds(rounds: dict[int, dict[int, float | None]], base: int, config: int) -> list[int]:
     # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load: no rate tried
     # met the SLO) has none to give, and is left out rather than divided by.
-    pairs = [
-        (reference, candidate)
-        for _, values in sorted(rounds.items())
-        if (reference := values.get(base)) and (candidate := values.get(config)) is not None
+    return [
+        index
+        for index, values in sorted(rounds.items())
+        if values.get(base) and values.get(config) is not None
     ]
-    if len(pairs) < 2:
-        return None, len(pairs)
-    references, candidates = [r for r, _ in pairs], [c for _, c in pairs]
-    return paired_gain(references, candidates, minimize=not maximize, confidence=confidence), len(pairs)
+
+
+def _gain(
+    rounds: dict[int, dict[int, float | None]],
+    base: int,
+    config: int,
+    maximize: bool,
+    confidence: float,
+    noise: NoiseEstimate | None = None,
+) -> tuple[Gain | None, int]:
+    gain, pairs, _ = _pooled(rounds, base, config, maximize, confidence, noise)
+    return gain, pairs
+
+
+def _pooled(
+    rounds: dict[int, dict[int, float | None]],
+    base: int,
+    config: int,
+    maximize: bool,
+    confidence: float,
+    noise: NoiseEstimate | None,
+) -> tuple[Gain | None, int, int | None]:
+    """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
+    (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with."""
+    paired = _paired_rounds(rounds, base, config)
+    if not paired:
+        return None, 0, None
+    references = [float(rounds[i][base] or 0.0) for i in paired]
+    candidates = [float(rounds[i][config] or 0.0) for i in paired]
+    gain, dof = pooled_gain(references, candidates, noise, minimize=not maximize, confidence=confidence)
+    if len(paired) < 2 and dof is None:
+        return None, len(paired), None
+    return gain, len(paired), dof
 
 
 def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
@@ -121,6 +198,7 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         return None
     base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
     rounds: dict[int, dict[int, float | None]] = {}
+    launched: dict[int, dict[int, int]] = {}
     since = int(settings.get("since", -1))
     for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -133,11 +211,13 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         rounds.setdefault(mark["round"], {})[of] = (
             float(trial.value) if good and trial.value is not None else None
         )
+        launched.setdefault(mark["round"], {})[of] = trial.number
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
     if searched:
         values = {t.number: t.value for t in optuna_study.get_trials(deepcopy=False)}
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
+            launched[index - len(searched)] = {int(of): int(n) for of, n in pairs_in_time}
     maximize = maximizes(optuna_study.direction)
     zero = tuple(int(n) for n in settings.get(DEFAULTS_AT_ZERO_KEY) or ())
     if zero and not any(values.get(base) for values in rounds.values()):
@@ -147,16 +227,39 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         at_zero = (*zero, *(n for n in _round_launches(optuna_study, base, since)))
         return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=at_zero)
     confidence = look_confidence(settings, len(configs))
+    # Stores from before `pool_noise` keep the rule their rounds began under.
+    groups = measurement_groups(optuna_study) if settings.get("pool_noise", False) else None
+
+    def noise_of(config: int) -> NoiseEstimate | None:
+        """The study's noise apart from the launches of the config's pairs with the defaults."""
+        if groups is None:
+            return None
+        paired = _paired_rounds(rounds, base, config)
+        left_out = {launched[i][of] for i in paired for of in (base, config)}
+        return noise_apart_from(groups, left_out, maximize, keep=base)  # the defaults: one side of each pair
+
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
+    pooled_dof = None
     for config in configs:
-        gain, pairs = _gain(rounds, base, config, maximize, confidence)
+        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config))
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
-            best = (config, gain, pairs)
+            best, pooled_dof = (config, gain, pairs), dof
     precision = None
     if best[0] is not None:
-        precision, _ = _gain(rounds, base, best[0], maximize, precision_confidence(settings, len(configs)))
+        at = precision_confidence(settings, len(configs))
+        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]))
     queued = int(settings.get("queued", 0))
-    return Confirmation(base, configs, rounds, queued, *best, precision=precision, searched=len(searched))
+    return Confirmation(
+        base,
+        configs,
+        rounds,
+        queued,
+        *best,
+        precision=precision,
+        searched=len(searched),
+        trials=launched,
+        pooled_dof=pooled_dof,
+    )
 
 
 def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
@@ -198,8 +301,8 @@ def _met_in_every_round(
 
 def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
-    after the first rounds; or rounds ran out. With the defaults at no rate: the leader met the SLO in each
-    of the first rounds."""
+    after the first rounds (one round has an interval only pooled with the study's noise: `pooled_gain`);
+    or rounds ran out. With the defaults at no rate: the leader met the SLO in each of the first rounds."""
     if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
     if state.defaults_at_zero:
@@ -284,6 +387,7 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
     zero = settings.decide_at_no_rate and at_no_rate(base, maximize)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
+    paired_in_time = search_rounds(optuna_study, base, top) if settings.pair_search_launches else []
     record = {
         **settings.model_dump(),
         "baseline": base.of,
@@ -293,8 +397,8 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
         # candidates were chosen by the search's (they drew high).
         SEARCH_ROUNDS_KEY: [
             [list(pair) for pair in paired]  # as JSON stores it
-            for paired in search_rounds(optuna_study, base, top)[-(settings.min_rounds - 1) :]
-            if settings.pair_search_launches and not zero  # at 0 the rounds' own launches decide
+            for paired in paired_in_time[max(len(paired_in_time) - (settings.min_rounds - 1), 0) :]
+            if not zero  # at 0 the rounds' own launches decide
         ],
         DEFAULTS_AT_ZERO_KEY: list(base.trials) if zero else [],
         "queued": 0,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any, cast
 
@@ -33,7 +34,7 @@ from autotune.study.rules import (
 )
 from autotune.study.storage import budget_used
 
-__all__ = ["NoiseEstimate", "move_from", "noise_estimate", "repeat_baseline"]
+__all__ = ["NoiseEstimate", "move_from", "noise_apart_from", "noise_estimate", "repeat_baseline"]
 
 NEAR_BEST = 0.10  # the configs whose noise counts: a mean within 10% of the best one's
 
@@ -85,18 +86,21 @@ class NoiseEstimate:
         }
 
 
-def pooled(groups: list[ConfigMeasurements], maximize: bool = True) -> NoiseEstimate | None:
+def pooled(
+    groups: list[ConfigMeasurements], maximize: bool = True, keep: Collection[int] = ()
+) -> NoiseEstimate | None:
     """The noise of `groups` measured more than once (each around its own mean), or None when none was.
 
-    Only the configs within NEAR_BEST of the best mean count when any do: a config far below the best (a
-    starved batch, 2300 against 4300 tok/s on the H200) can spread ten times more, and says nothing about
-    the differences among the configs near the top, which the answer and the stopping rule judge."""
+    Only the configs within NEAR_BEST of the best mean count when any do, and those named in `keep` (by
+    first trial): a config far below the best (a starved batch, 2300 against 4300 tok/s on the H200) can
+    spread ten times more, and says nothing about the differences among the configs near the top, which the
+    answer and the stopping rule judge."""
     repeated = [g for g in groups if g.n >= 2 and g.mean != 0]
     if not repeated:
         return None
     sign = 1.0 if maximize else -1.0
     top = max(sign * g.mean for g in repeated)
-    near = [g for g in repeated if sign * g.mean >= top - NEAR_BEST * abs(top)]
+    near = [g for g in repeated if sign * g.mean >= top - NEAR_BEST * abs(top) or g.of in keep]
     squares, dof, sources = 0.0, 0, []
     for group in near or repeated:
         mean = group.mean
@@ -106,6 +110,23 @@ def pooled(groups: list[ConfigMeasurements], maximize: bool = True) -> NoiseEsti
     if dof == 0:
         return None
     return NoiseEstimate(math.sqrt(squares / dof), dof, tuple(sources))
+
+
+def noise_apart_from(
+    groups: Sequence[ConfigMeasurements],
+    trials: Collection[int],
+    maximize: bool = True,
+    keep: int | None = None,
+) -> NoiseEstimate | None:
+    """The noise of `groups` (`pooled`'s rule, the config `keep` counted however far below the best) with the
+    measurements of `trials` left out: the study's own noise from launches other than those a
+    confirmation's pairs measured, so that pooling the two counts no launch's spread (nor its degree of
+    freedom) twice. The earlier study's (`--from`) never: another node."""
+    kept = []
+    for group in groups:
+        left = [(n, v) for n, v in zip(group.trials, group.values, strict=True) if n not in trials]
+        kept.append(replace(group, trials=tuple(n for n, _ in left), values=tuple(v for _, v in left)))
+    return pooled(kept, maximize, () if keep is None else (keep,))
 
 
 def noise_estimate(optuna_study: optuna.Study) -> NoiseEstimate | None:
