@@ -88,6 +88,7 @@ FIRST_GROUPS = (
     "finished_study",
     "tests/test_benchmarks.py",
     "tests/node/test_ssh.py",
+    "tests/test_objectives.py",  # the fast tier's costliest file, collected near its end
 )
 
 
