@@ -88,6 +88,7 @@ FIRST_GROUPS = (
     "finished_study",
     "tests/test_benchmarks.py",
     "tests/node/test_ssh.py",
+    "tests/test_objectives.py",  # the fast tier's costliest file, collected near its end
 )
 
 
@@ -169,15 +170,24 @@ def _a_temporary_folder_of_this_session(tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _new_stores_from_a_copy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _new_stores_from_a_copy(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """A new MLflow store or Optuna storage, in this process and in every Python process a test starts,
-    is a copy of an empty one built once this session (tests/startup/sitecustomize.py says why)."""
+    is a copy of an empty one built once this session (tests/startup/sitecustomize.py says why); under
+    pytest-xdist, once for all the workers (their temporary folders share a parent; a store is built under
+    a name of its own and renamed, so two workers never copy one half built)."""
     spec = importlib.util.spec_from_file_location("autotune_test_stores", STARTUP / "sitecustomize.py")
     assert spec is not None and spec.loader is not None
     stores = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stores)
+    if hasattr(request.config, "workerinput"):
+        folder = tmp_path_factory.getbasetemp().parent / "empty-stores"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("empty-stores")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(stores.STORES, str(tmp_path_factory.mktemp("empty-stores")))
+        patch.setenv(stores.STORES, str(folder))
         path = [str(STARTUP), *filter(None, [os.environ.get("PYTHONPATH")])]
         patch.setenv("PYTHONPATH", os.pathsep.join(path))
         stores.install()

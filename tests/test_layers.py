@@ -8,10 +8,12 @@ imported and no process starts.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +31,12 @@ def _import_layers() -> ModuleType:
 layers = _import_layers()
 
 
+@functools.cache
+def imports() -> list[Any]:
+    """The import graph, read once for this module's tests (the source does not change under them)."""
+    return layers.imports()
+
+
 def test_every_package_has_a_place_in_the_layer_order() -> None:
     order = layers.layer_order()
     packages = {layers.package_of(m) for m in layers.modules()} - {layers.PACKAGE}
@@ -39,7 +47,7 @@ def test_every_package_has_a_place_in_the_layer_order() -> None:
 
 def test_no_import_goes_up_the_layer_order() -> None:
     order = layers.layer_order()
-    wrong = layers.against_order(layers.imports(), order)
+    wrong = layers.against_order(imports(), order)
     lines = [
         f"{i.importer} imports {i.imported} (line {i.line}, {i.where.replace('_', ' ')}):"
         f" {layers.package_of(i.importer)} is below {layers.package_of(i.imported)}"
@@ -61,7 +69,7 @@ def test_study_s_ground_names_modules_that_exist() -> None:
 
 def test_no_import_goes_up_the_rooms_of_study() -> None:
     order, ground = layers.study_rooms()
-    wrong = layers.against_rooms(layers.imports(), order, ground)
+    wrong = layers.against_rooms(imports(), order, ground)
     lines = [
         f"{i.importer} imports {i.imported} (line {i.line}): "
         f"{layers.room_of(i.importer, ground)} is below {layers.room_of(i.imported, ground)}"
@@ -80,14 +88,14 @@ def test_the_rooms_of_study_are_read_from_the_code() -> None:
     assert layers.room_of("autotune.study.records", ground) == "ground"
     assert layers.room_of("autotune.study.loop", ground) == "loop"
     assert layers.room_of("autotune.cli", ground) is None
-    found = {(i.importer, i.imported) for i in layers.imports()}
+    found = {(i.importer, i.imported) for i in imports()}
     # One arrow of each kind the rule allows, so that it cannot pass by reading nothing.
     assert ("autotune.study.loop", "autotune.study.trust.node_budget") in found
     assert ("autotune.study.trust.noise", "autotune.study.records") in found
 
 
 def test_the_graph_reads_imports_at_module_level_in_functions_and_for_type_checks() -> None:
-    found = {(i.importer, i.imported, i.where) for i in layers.imports()}
+    found = {(i.importer, i.imported, i.where) for i in imports()}
     # Each kind seen on a known module, so that the rule above cannot pass by reading nothing.
     assert ("autotune.cli", "autotune.errors", "module") in found
     assert any(where == "function" for _, _, where in found)

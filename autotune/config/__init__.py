@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.config._yaml import config_error_from_validation, load_yaml
+from autotune.config._yaml import config_error_from_validation, load_yaml, load_yaml_text
 from autotune.config.objective import METRICS, Objective, Workload, load_objective, parse_objective
 from autotune.config.search_space import (
     SearchSpace,
@@ -49,6 +49,7 @@ __all__ = [
     "load_search_space",
     "load_study",
     "load_yaml",
+    "load_yaml_text",
     "parse_objective",
     "parse_search_space",
 ]

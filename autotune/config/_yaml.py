@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import re
 import types
@@ -64,6 +66,18 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str, loader: type) -> Any:
+    return yaml.load(text, Loader=loader)
+
+
+def load_yaml_text(text: str, loader: type = yaml.SafeLoader) -> Any:
+    """`yaml.load(text, Loader=loader)`, each text parsed once a process and copied after: a study reads
+    the same files again and again (its search space, objective, the simulated node's profiles), and PyYAML
+    parses one in milliseconds where a copy takes microseconds. An error is raised again each time."""
+    return copy.deepcopy(_parsed(text, loader))
+
+
 def load_yaml(path: Path | str) -> dict[str, Any]:
     """Read a YAML file whose top level is a mapping; every problem is a `ConfigError` naming the file."""
     path = Path(path)
@@ -86,7 +100,7 @@ def load_yaml(path: Path | str) -> dict[str, Any]:
             "Check the file's permissions and encoding (UTF-8).",
         ) from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = load_yaml_text(text, _UniqueKeyLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

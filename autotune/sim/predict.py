@@ -6,6 +6,8 @@ scheduler, instantly, so tests and benchmarks can ask what a config is worth.
 
 from __future__ import annotations
 
+import argparse
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,12 +37,18 @@ class Prediction:
         return self.result.output_throughput
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The default release's parser, built once a process: parsing leaves it as it was."""
+    return build_parser()
+
+
 def settings_for(argv: Sequence[str], env: Mapping[str, str]) -> LaunchSettings:
     """SGLang launch_server flags (without the program) and env, read as the simulated server reads them."""
     argv = list(argv)
     if "--model-path" not in argv:
         argv = ["--model-path", "/models/simulated", *argv]
-    ns = build_parser().parse_args(argv)
+    ns = _parser().parse_args(argv)
     check_server_args(ns)  # raises what SGLang raises for inconsistent flags; its warnings do not matter here
     return LaunchSettings.from_args(ns, env)
 

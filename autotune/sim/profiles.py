@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autotune.config import load_yaml_text
 from autotune.errors import ConfigError, did_you_mean
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -180,7 +180,7 @@ def _load(kind: str, name_or_path: str, model: type[_Profile]) -> _Profile:
                 f"Use one of {shipped} or a path to a YAML file.{did_you_mean(name_or_path, shipped)}",
             )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_text(path.read_text())
     except OSError as exc:
         raise ConfigError(path, "", name_or_path, f"cannot read the {kind} profile", str(exc)) from exc
     try:

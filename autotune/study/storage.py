@@ -28,7 +28,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import Study
+from autotune.config import Study, load_yaml_text
 from autotune.errors import ConfigError
 from autotune.study import optuna_internals, samplers
 from autotune.study.records import (
@@ -96,8 +96,8 @@ def _study_record(study: Study) -> dict[str, Any]:
 def config_changes(recorded: Mapping[str, Any], study: Study) -> list[str]:
     """What differs between the search space and objective a study was created with and the current ones."""
     changes = []
-    old_space = (yaml.safe_load(recorded.get("search_space") or "") or {}).get("parameters") or {}
-    new_space = (yaml.safe_load(study.search_space_text) or {}).get("parameters") or {}
+    old_space = (load_yaml_text(recorded.get("search_space") or "") or {}).get("parameters") or {}
+    new_space = (load_yaml_text(study.search_space_text) or {}).get("parameters") or {}
     changes += [f"search space: added {name}" for name in new_space if name not in old_space]
     changes += [f"search space: removed {name}" for name in old_space if name not in new_space]
     changes += [
@@ -105,8 +105,8 @@ def config_changes(recorded: Mapping[str, Any], study: Study) -> list[str]:
         for name in new_space
         if name in old_space and old_space[name] != new_space[name]
     ]
-    old_objective = yaml.safe_load(recorded.get("objective") or "") or {}
-    new_objective = yaml.safe_load(study.objective_text) or {}
+    old_objective = load_yaml_text(recorded.get("objective") or "") or {}
+    new_objective = load_yaml_text(study.objective_text) or {}
     changes += [
         f"objective: {key} {old_objective.get(key)!r} -> {new_objective.get(key)!r}"
         for key in sorted(set(old_objective) | set(new_objective))

@@ -24,12 +24,14 @@ from typing import Any
 STORES = "AUTOTUNE_TEST_STORES"  # the session's folder of empty stores
 
 
-def _sqlite_file(url: str) -> Path | None:
+def _sqlite_file(url: str, make_parent: bool = False) -> Path | None:
     """The file of a new store at a `sqlite:///` URL (None for another store, a file that exists, or
-    outside a test session)."""
+    outside a test session); `make_parent`: its folder made first, as MLflow's store makes it."""
     if not url.startswith("sqlite:///") or "?" in url or not os.environ.get(STORES):
         return None
     path = Path(url.removeprefix("sqlite:///"))
+    if make_parent and path.name != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
     return path if path.name != ":memory:" and path.parent.is_dir() and not path.exists() else None
 
 
@@ -56,7 +58,7 @@ def _mlflow(module: ModuleType) -> None:
         built.engine.dispose()
 
     def from_a_copy(self: Any, db_uri: str, *args: Any, **kwargs: Any) -> None:
-        new = _sqlite_file(db_uri)
+        new = _sqlite_file(db_uri, make_parent=True)
         if new is not None:  # by version: a test may start a process of another virtualenv
             _copy_of_empty(f"mlflow-{sys.modules['mlflow'].__version__}.db", build, new)
         init(self, db_uri, *args, **kwargs)
