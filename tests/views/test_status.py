@@ -224,12 +224,13 @@ def test_a_ctrl_c_in_the_nccl_stage_leaves_a_status_that_shows_the_stage(
 
 
 def test_status_and_the_trial_show_where_start_up_went(ran: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The baseline: 547 GB at 0.91 GB/s with SGLang's 8 loader threads (4x on this node), graphs, ready.
+    # The baseline: 547 GB at 0.91 GB/s with 4 loader threads (2.5x on this node: the 8 asked, fitted to the
+    # 512 GB host's memory, startup_prep.fit_loader), graphs, ready.
     trial = open_study(load_study(ran)).trials[0]
     phases = _trial_record(trial)["startup_phases"]
-    assert phases["weight_load_s"] == pytest.approx(601.1 / 4, abs=0.1)
+    assert phases["weight_load_s"] == pytest.approx(601.1 / 2.5, abs=0.1)
     assert set(phases) == {"init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s"}
     assert main(["status", str(ran)]) == 0
     out = capsys.readouterr().out
-    shown = "start-up (median of 2 launches): init 15 s, weights 150 s, KV pool 0 s, CUDA graphs "
+    shown = "start-up (median of 2 launches): init 15 s, weights 240 s, KV pool 0 s, CUDA graphs "
     assert shown in " ".join(out.split())
