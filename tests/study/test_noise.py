@@ -55,6 +55,16 @@ def test_the_noise_apart_from_a_confirmation_s_pairs_leaves_their_launches_out_k
     assert without is not None and [of for of, _ in without.configs] == [8]
 
 
+def test_defaults_that_met_the_slo_at_no_rate_give_no_spread_to_the_confirmation() -> None:
+    """A max_load of 0 is the load search's floor, not a draw: on 4x L40S the defaults measured (0, 0, 0.096)
+    req/s, a relative SD of 173% that, pooled, widened a +816% gain's interval to -700%..+2332% ("no gain",
+    the answer SGLang's defaults at 0 req/s) where the rounds' own said +68%..+1563%."""
+    groups = [group(0, [0.0, 0.0, 0.096], baseline=True), group(5, [0.825, 0.83]), group(8, [0.823, 0.82])]
+    apart = noise_apart_from(groups, set(), keep=0)
+    assert apart is not None and [of for of, _ in apart.configs] == [5, 8]
+    assert apart.relative_sd < 0.01
+
+
 def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: StudyFiles) -> None:
     path = study_file(n_trials=7, trust={**TRUST_OFF, "repeat_baseline_after": 3})
     optuna_study = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()

@@ -126,7 +126,10 @@ def noise_apart_from(
     for group in groups:
         left = [(n, v) for n, v in zip(group.trials, group.values, strict=True) if n not in trials]
         kept.append(replace(group, trials=tuple(n for n, _ in left), values=tuple(v for _, v in left)))
-    return pooled(kept, maximize, () if keep is None else (keep,))
+    # A max_load of 0 (no rate met the SLO) is the load search's floor, not a draw around a mean: defaults
+    # that measured one give no relative spread, and count only as any config far below the best does.
+    floored = any(g.of == keep and 0 in g.values for g in kept)
+    return pooled(kept, maximize, () if keep is None or floored else (keep,))
 
 
 def noise_estimate(optuna_study: optuna.Study) -> NoiseEstimate | None:
