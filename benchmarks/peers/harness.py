@@ -49,7 +49,7 @@ from sglang.benchmark.serving import bench_serving_record  # noqa: E402
 
 from autotune.measure.workloads import Workload  # noqa: E402
 from autotune.trial.launch import Flags, ServerLaunch  # noqa: E402
-from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY  # noqa: E402
+from autotune.trial.startup import multithread_loading_flag  # noqa: E402
 from autotune.trial.wire import TrialRequest  # noqa: E402
 
 SGLANG_RELEASE = "0.5.16"
@@ -401,10 +401,9 @@ class ModelSubprocess:
 
     def request(self, launch: Launch, workload: Workload) -> TrialRequest:
         flags = typed_flags(launch.argv)
-        if not any(flag == LOADER_FLAG for flag, _ in flags):
-            # auto_benchmark given autotune's loading settings (issue 37's row), which the model node fits
-            # to its host memory as it fits autotune's
-            flags = (*flags, (LOADER_FLAG, json.dumps({MULTITHREAD_KEY: True, THREADS_KEY: 8})))
+        # auto_benchmark given autotune's loading settings (issue 37's row), which the model node fits to its
+        # host memory as it fits autotune's
+        flags = (*flags, *multithread_loading_flag(dict(flags), None, None).items())
         server = ServerLaunch(
             ("python", "-m", LAUNCH_SERVER), dict(launch.env), "127.0.0.1", 30000, flags=flags
         )

@@ -227,14 +227,14 @@ def test_an_ablation_after_confirmation_launches_its_configs_and_does_not_confir
 def test_a_confirmation_round_where_the_defaults_measured_zero_is_left_out_not_divided_by() -> None:
     """A max_load study whose defaults met the SLO at no rate tried measured 0 for them: the gain, in percent
     of that, has no value there (it raised ZeroDivisionError, ending a study of benchmarks/peers/run.py)."""
-    from autotune.study.trust.confirm import _gain
+    from autotune.study.trust.confirm import _pooled
 
     rounds: dict[int, dict[int, float | None]] = {
         1: {0: 0.0, 5: 2.0},
         2: {0: 1.0, 5: 2.1},
         3: {0: 1.0, 5: 1.9},
     }
-    gain, pairs = _gain(rounds, 0, 5, maximize=True, confidence=0.95)
+    gain, pairs, _ = _pooled(rounds, 0, 5, True, 0.95, None)
     assert pairs == 2 and gain is not None and gain.pct == pytest.approx(100.0)
 
 

@@ -26,7 +26,7 @@ from autotune.study.rules import (
     is_feasible,
 )
 from autotune.study.storage import counts
-from autotune.study.trust.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation
+from autotune.study.trust.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation, met_at_no_rate
 from autotune.study.trust.node_budget import ran_out_text
 from autotune.study.trust.noise import NoiseEstimate, noise_estimate
 from autotune.study.trust.screening import screened_lines
@@ -150,7 +150,7 @@ def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     state = confirmation(optuna_study)
     if state is not None and state.gain is not None and state.leader is not None:
         return _confirmed(optuna_study, state, context)
-    if state is not None and _met_at_no_rate(optuna_study, state):
+    if state is not None and met_at_no_rate(state, StudyRecord.of(optuna_study).confirm or {}):
         return _confirmed_at_no_rate(optuna_study, state, context)
     # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
     remeasured = remeasured_answer(optuna_study) if not StudyRecord.of(optuna_study).confirming else None
@@ -211,17 +211,6 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         text=f"{text}; {_noise_text(context['noise'])}",
         in_rounds=True,
         **context,
-    )
-
-
-def _met_at_no_rate(optuna_study: optuna.Study, state: Confirmation) -> bool:
-    """Every launch of the defaults measured 0, and the leader met the SLO in each of the first rounds beside
-    them (study.trust.confirm.at_no_rate)."""
-    settings = StudyRecord.of(optuna_study).confirm or {}
-    return (
-        bool(state.defaults_at_zero)
-        and state.leader is not None
-        and state.pairs >= int(settings.get("min_rounds", 2))
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "confirmation_rounds",
     "contenders",
     "look_confidence",
+    "met_at_no_rate",
     "pooled_gain",
     "precision_confidence",
     "round_order",
@@ -158,18 +159,6 @@ def _paired_rounds(rounds: dict[int, dict[int, float | None]], base: int, config
     ]
 
 
-def _gain(
-    rounds: dict[int, dict[int, float | None]],
-    base: int,
-    config: int,
-    maximize: bool,
-    confidence: float,
-    noise: NoiseEstimate | None = None,
-) -> tuple[Gain | None, int]:
-    gain, pairs, _ = _pooled(rounds, base, config, maximize, confidence, noise)
-    return gain, pairs
-
-
 def _pooled(
     rounds: dict[int, dict[int, float | None]],
     base: int,
@@ -270,6 +259,16 @@ def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
     return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
 
 
+def met_at_no_rate(state: Confirmation, settings: Mapping[str, Any]) -> bool:
+    """Every launch of the defaults measured 0 and the leader met the SLO in each of the first `min_rounds`
+    rounds beside them: decided, with no percent gain (`at_no_rate`)."""
+    return (
+        bool(state.defaults_at_zero)
+        and state.leader is not None
+        and state.pairs >= int(settings["min_rounds"])
+    )
+
+
 def _round_launches(optuna_study: optuna.Study, config: int, since: int) -> list[int]:
     """The confirmation rounds' finished launches of `config` (the trials after `since`)."""
     return [
@@ -306,7 +305,7 @@ def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     if state.queued + state.searched >= int(settings["max_rounds"]):
         return True
     if state.defaults_at_zero:
-        return state.leader is not None and state.pairs >= int(settings["min_rounds"])
+        return met_at_no_rate(state, settings)
     gain = state.gain
     if gain is None or state.pairs < int(settings["min_rounds"]):
         return False
