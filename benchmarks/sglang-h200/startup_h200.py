@@ -89,14 +89,16 @@ def read_into_page_cache(files: list[Path]) -> None:
 
 
 def start(
-    model: Path, threads: int, port: int, log: Path, env: dict[str, str], timeout_s: float
+    model: Path, threads: int, port: int, log: Path, env: dict[str, str], timeout_s: float,
+    extra: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], StartupPhaseReader, float | None, list[str]]:
+    """`extra`: more server flags (weight_cache.py's --mem-fraction-static, --weight-cache-mode)."""
     loader = {"enable_multithread_load": threads > 1, **({"num_threads": threads} if threads > 1 else {})}
     argv = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--attention-backend", "triton", "--sampling-backend", "pytorch",
         "--cuda-graph-max-bs", "64", "--cuda-graph-backend-prefill", "disabled",
-        "--model-loader-extra-config", json.dumps(loader),
+        "--model-loader-extra-config", json.dumps(loader), *extra,
     ]
     began = time.monotonic()
     with log.open("wb") as out:
