@@ -80,17 +80,20 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated(f"signal {signum}")
 
 
-def matched_fraction(t_gb: float, w_gb: float, t_client_gb: float, f: float) -> float:
+def matched_fraction(
+    t_gb: float, w_gb: float, t_client_gb: float, f: float, w_client_gb: float = 0.0
+) -> float:
     """The --mem-fraction-static at which a weight-cache client gets the KV pool of a disk-loaded server at
-    `f`: that server's pool is T x f - W (T free before its load, W its weights), the client's T_c x f'
-    (its load adds nothing: the weights are the daemon's, already missing from T_c)."""
+    `f`: that server's pool is T x f - W (T free before its load, W its weights' mem usage), the client's
+    T_c x f' - W_c (its load's mem usage W_c is about 0: the weights are the daemon's, already missing
+    from T_c). So f' = (T x f - W + W_c) / T_c."""
     if min(t_gb, t_client_gb) <= 0 or not 0 < f < 1:
         raise ValueError(f"no matched fraction for T={t_gb} GB, T_c={t_client_gb} GB, f={f}")
-    matched = (t_gb * f - w_gb) / t_client_gb
+    matched = (t_gb * f - w_gb + w_client_gb) / t_client_gb
     if not 0 < matched < 1:
         raise ValueError(
-            f"matched fraction (T x f - W) / T_c = ({t_gb} x {f} - {w_gb}) / {t_client_gb} = {matched:.4f} "
-            "is outside (0, 1): the readings are wrong or the weights do not fit"
+            f"matched fraction (T x f - W + W_c) / T_c = ({t_gb} x {f} - {w_gb} + {w_client_gb})"
+            f" / {t_client_gb} = {matched:.4f} is outside (0, 1): wrong readings, or weights that do not fit"
         )
     return matched
 
@@ -376,7 +379,8 @@ class Run:
             return
         try:
             fprime = matched_fraction(
-                normal["free_before_load_gb"], normal["weights_gb"], client["free_before_load_gb"], F
+                normal["free_before_load_gb"], normal["weights_gb"], client["free_before_load_gb"], F,
+                client.get("weights_gb", 0.0),
             )
         except (KeyError, ValueError) as e:
             print(f"client-fprime: skipped, no f': {e!r}", flush=True)
@@ -392,7 +396,7 @@ class Run:
 
 
 def _cell(value: Any, spec: str = "") -> str:
-    return "-" if value is None else format(value, spec)
+    return format("-" if value is None else value, spec)  # specs here are widths (">7"), fit for "-" too
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -408,7 +412,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"load {_cell(r.get('load_s'))} s, {_cell(r.get('tensors'))} tensors, GPU "
                 f"{_cell(r.get('daemon_mib_nvidia_smi'))} MiB (nvidia-smi) / "
                 f"{_cell(r.get('daemon_mib_used_delta'))} MiB (used - baseline), ping {r.get('ping')}"
-            )
+            ) + ("" if r.get("ready_s") is not None else f"; NOT READY (exit {r.get('exit_code')})")
             lines.append(f"{'daemon':<15} {'':>5}  {'':>6}  {'':>6}  {_cell(r.get('load_s'), '>6')}"
                          f"  {_cell(r.get('ready_s'), '>7')}  {note}")
             continue
@@ -444,7 +448,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append("")
         lines.append(f"daemon overhead D = T - T_c - W = {t} - {tc} - {w} = {t - tc - w:.2f} GB")
         if "f" in fprime:
-            lines.append(f"f' = (T x f - W) / T_c = ({t} x {F} - {w}) / {tc} = {fprime['f']}")
+            wc = client.get("weights_gb", 0.0)
+            lines.append(f"f' = (T x f - W + W_c) / T_c = ({t} x {F} - {w} + {wc}) / {tc} = {fprime['f']}")
         for name, r in (("client-0.85", client), ("client-fprime", fprime)):
             if r.get("kv_tokens") and normal.get("kv_tokens"):
                 d = r["kv_tokens"] - normal["kv_tokens"]
