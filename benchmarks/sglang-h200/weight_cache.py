@@ -6,9 +6,9 @@ server started with `--weight-cache-mode client` maps them over CUDA IPC instead
 checkpoint. SGLang sizes the KV pool as (free after load) - (free before load) x (1 - f), f being
 --mem-fraction-static: a client's "free before load" already lacks the daemon's weights and its load adds
 nothing, so at the same f its pool is about W x (1 - f) larger than a disk-loaded server's and its
-headroom smaller. At f' = (T x f - W) / T_c (T: the disk-loaded server's free memory before its load, W:
-its weights' mem usage, T_c: the client's free memory before its load) the client should get the same
-pool, and the headroom T x (1 - f) less the daemon's own overhead. Steps, one row each:
+headroom smaller. At f' = (T x f - W + W_c) / T_c (T: the disk-loaded server's free memory before its
+load, W: its weights' mem usage, T_c and W_c the same of the client, W_c about 0) the client should get
+the same pool, and the headroom T x (1 - f) less the daemon's own overhead. Steps, one row each:
 
     normal           a disk-loaded server (weights in the page cache), f = 0.85, then a short bench
     daemon           the weight cache daemon (tp 1): seconds to its ready file, the GPU memory it holds
@@ -371,7 +371,7 @@ class Run:
         if self.left() < EST_S["client"] + EST_S["daemon-stop"]:
             print("client-0.85: skipped, past the deadline", flush=True)
             return
-        budget = min(240.0, self.left() - EST_S["client"] - EST_S["daemon-stop"])
+        budget = min(150.0, self.left() - EST_S["daemon-stop"] - 10)  # ~60 s expected: leaves f' its turn
         self.server("client-0.85", F, self.out / "server-client-0.85.log", budget, True, True)
         client = self.rows[-1]
         if client.get("ready_s") is None:
@@ -386,7 +386,7 @@ class Run:
             print(f"client-fprime: skipped, no f': {e!r}", flush=True)
             fprime = None
         if fprime is not None and self.left() >= EST_S["client"] + EST_S["daemon-stop"]:
-            budget = min(240.0, self.left() - EST_S["daemon-stop"] - 10)
+            budget = min(150.0, self.left() - EST_S["daemon-stop"] - 10)
             self.server("client-fprime", fprime, self.out / "server-client-fprime.log", budget, True, True)
         if self.left() >= EST_S["again"] + EST_S["daemon-stop"]:
             budget = self.left() - EST_S["daemon-stop"] - 5
