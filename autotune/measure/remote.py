@@ -9,6 +9,7 @@ into a `BenchmarkResult` or a `BenchmarkError` on the driver.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from autotune.measure.client import (
     BenchmarkResult,
     MissLimit,
     Workload,
-    benchmark,
+    run_benchmark,
 )
 from autotune.measure.result_line import ResultLineError, read_result, result_line
 
@@ -83,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = MissLimit(**json.loads(args.miss_limit)) if args.miss_limit else None
     key = os.environ.get(API_KEY_ENV) or None
     try:
-        result = benchmark(args.base_url, workload, args.timeout_s, args.seed, api_key=key, stop=stop)
+        job = run_benchmark(
+            args.base_url, workload, timeout_s=args.timeout_s, seed=args.seed, api_key=key, stop=stop
+        )
+        result = asyncio.run(job)
     except BenchmarkError as exc:
         error = {
             "reason": exc.reason,
