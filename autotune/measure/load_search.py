@@ -19,7 +19,7 @@ from typing import Literal
 
 from autotune.measure.client import BenchmarkError, BenchmarkResult, MissLimit, Workload
 
-__all__ = ["LoadSearchPlan", "search_load"]
+__all__ = ["LoadSearchPlan", "decided_steps", "search_load"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,17 @@ async def search_load(
         load_warning=warning,
         stopped_early=below,
     )
+
+
+def decided_steps(searched: BenchmarkResult) -> str | None:
+    """What a search's steps that stopped once decided sent (for status), or None when none did."""
+    decided = [s for s in searched.levels if s.decided_after is not None]
+    if not decided:
+        return None
+    sent = sum(s.decided_after or 0 for s in decided)
+    planned = sum(s.workload.num_prompts for s in decided)
+    steps = f"{len(decided)} of {len(searched.levels)} load steps"
+    return f"{steps} decided early: {sent} of {planned} prompts sent"
 
 
 def _good_share(step: BenchmarkResult) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli.answers import _status_notes, _trial_record
+from autotune.config import load_study
 from autotune.config.objective import parse_objective
 from autotune.errors import ConfigError
 from autotune.measure import remote
@@ -21,10 +23,14 @@ from autotune.node.executor import TrialExecutor
 from autotune.node.runner import LocalCommandRunner
 from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.study.loop import StudyDriver
+from autotune.study.records import TrialRecord
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
+from tests.builders import StudyFiles, model_pool
 from tests.measure.test_load_search import step
 from tests.node.test_executor import request as node_request
+from tests.study.test_max_load_hours import SPACE, max_load_objective
 
 PLAN = LoadSearchPlan("request_rate", start=2, max=64, steps=5, attainment=0.9)
 
@@ -157,3 +163,16 @@ def test_a_client_run_on_the_node_gets_the_limit_on_its_command_line() -> None:
     argv = remote.command("python3", "http://127.0.0.1:30000", SLO_WORKLOAD, 60, 0, limit)
     assert MissLimit(**json.loads(argv[argv.index("--miss-limit") + 1])) == limit
     assert "--miss-limit" not in remote.command("python3", "http://127.0.0.1:30000", SLO_WORKLOAD, 60, 0)
+
+
+def test_status_says_which_steps_of_a_trials_load_search_were_decided_early(study_file: StudyFiles) -> None:
+    objective = max_load_objective(stop_below_best=True)
+    study = load_study(study_file(n_trials=2, search_space=SPACE, objective=objective))
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
+    one_at_a_time = optuna_study.trials[1]  # misses at 0.5 req/s, at or below the baseline's max_load
+    note = "1 of 1 load steps decided early: "
+    assert any(n.startswith(note) for n in _status_notes(_trial_record(one_at_a_time)))
+    off = {**objective, "load_search": {**objective["load_search"], "stop_when_decided": False}}
+    study = load_study(study_file(n_trials=2, search_space=SPACE, objective=off, file="off/study.yaml"))
+    optuna_study = StudyDriver(study, pool=model_pool()).run()
+    assert TrialRecord.of(optuna_study.trials[1]).load_decided is None
