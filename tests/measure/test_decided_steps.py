@@ -25,6 +25,7 @@ from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study.loop import StudyDriver
 from autotune.study.records import TrialRecord
+from autotune.tracking.tracker import measurement_metrics
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
 from tests.builders import StudyFiles, model_pool
@@ -156,6 +157,8 @@ def test_a_launched_servers_steps_stop_sending_once_decided_and_let_those_in_fli
         assert one.completed == one.decided_after and one.failed == 0  # those in flight finished
         assert one.slo_attainment == 0.0
     assert result.benchmark.max_load == 0.0
+    sent = measurement_metrics(result.benchmark)  # MLflow's step figures
+    assert [sent[f"step{i}.prompts_sent"] for i in range(3)] == [s.decided_after for s in steps]
 
 
 def test_a_client_run_on_the_node_gets_the_limit_on_its_command_line() -> None:
