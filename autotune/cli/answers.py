@@ -140,6 +140,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "over_limits": dict(record.over_limits) or None,
         "pruned_by": record.pruned_by,
         "load_warning": record.load_warning,
+        "load_decided": record.load_decided,
         "prefix_cache": record.prefix_cache,
         "short_value": record.short_value,
         "remeasure_of": record.remeasure_of,
@@ -267,6 +268,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t.get("load_warning"):
         notes.append(f"warning: {t['load_warning']}")
+    if t.get("load_decided"):
+        notes.append(t["load_decided"])
     if cache := prefix_cache_text(t.get("prefix_cache")):
         notes.append(cache)
     if t["confirm"] is not None:

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
     field_validator,
@@ -67,6 +68,9 @@ class LoadSearch(BaseModel):
     # A search launch stops halving once a load at or below the study's best max_load missed with none
     # passed (it cannot beat the best; told PRUNED): the slow rates below cost most of such a launch.
     stop_below_best: bool = True
+    # A step stops sending once more of its requests missed the SLO (or one failed) than `attainment` allows
+    # of its num_prompts: it has missed whatever the rest would measure, and their node time is saved.
+    stop_when_decided: StrictBool = True
 
     @model_validator(mode="after")
     def _range(self) -> LoadSearch:

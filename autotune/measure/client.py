@@ -14,11 +14,12 @@ response's `meta_info.cached_tokens`) beside the share the workload was designed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -31,6 +32,8 @@ __all__ = [
     "SSE_DONE",
     "BenchmarkError",
     "BenchmarkResult",
+    "MissLimit",
+    "MissTally",
     "RequestOutcome",
     "SSEParser",
     "Slo",
@@ -131,6 +134,9 @@ class BenchmarkResult:
     designed_hit_rate: float | None = None
     mean_ttft_first_turn_ms: float | None = None
     mean_ttft_later_turns_ms: float | None = None
+    # A benchmark that stopped sending once its outcome was decided (`MissLimit`): the prompts it sent, of
+    # its workload's num_prompts; None: it sent them all.
+    decided_after: int | None = None
 
     def to_json(self) -> str:
         """Serialize to a JSON object (the workload nested under "workload", the parts under theirs)."""
@@ -172,6 +178,37 @@ class RequestOutcome:
     server_clock: bool = False
     sent_at: float = 0.0
     ended_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class MissLimit:
+    """Where a benchmark's outcome is decided: once more than `missed` of its requests missed the SLO (a
+    failed one included) or more than `failed` failed, the client sends no more of them and lets those in
+    flight finish (autotune.measure.load_search sets both for a step of its search)."""
+
+    missed: int
+    failed: int = 0
+
+    def tally(self, slo: Slo | None, time_scale: float = 1.0) -> MissTally:
+        """A count of the ended requests of one benchmark against this limit."""
+        return MissTally(self, slo, 1000.0 / time_scale)
+
+
+@dataclass
+class MissTally:
+    """The requests of one benchmark that missed or failed so far; `ms` turns their seconds into server ms."""
+
+    limit: MissLimit
+    slo: Slo | None
+    ms: float
+    missed: int = 0
+    failed: int = 0
+
+    def ended(self, outcome: RequestOutcome) -> bool:
+        """Count a request that ended; whether the benchmark's outcome is now decided."""
+        self.failed += not outcome.success
+        self.missed += not outcome.success or self.slo is None or not _good(outcome, self.slo, self.ms)
+        return self.missed > self.limit.missed or self.failed > self.limit.failed
 
 
 class SSEParser:
@@ -479,10 +516,17 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 async def run_benchmark(
-    base_url: str, workload: Workload, *, timeout_s: float, seed: int = 0, api_key: str | None = None
+    base_url: str,
+    workload: Workload,
+    *,
+    timeout_s: float,
+    seed: int = 0,
+    api_key: str | None = None,
+    stop: MissLimit | None = None,
 ) -> BenchmarkResult:
     """Benchmark the SGLang server at `base_url` with `workload`; prompts are fixed by `seed`; every
-    request carries `api_key` (the server's `--api-key`).
+    request carries `api_key` (the server's `--api-key`). With `stop`, no request is sent once the
+    outcome is decided; those in flight finish, and the result's `decided_after` says how many were sent.
 
     Warm-up requests run first and are not counted. Failed requests are counted in the result; raises
     `BenchmarkError` when a warm-up request or every request fails, or when the whole benchmark takes
@@ -523,28 +567,36 @@ async def run_benchmark(
                 else:
                     due = arrival_offsets(workload.num_prompts, workload.request_rate, workload.burstiness)
                 arrivals = schedule(due, workload.concurrency)
+                tally = stop.tally(workload.slo, scale) if stop is not None else None
+                decided = asyncio.Event()
+
+                async def send(
+                    prompt: Request, arrival: ScheduledArrival | None = None
+                ) -> RequestOutcome | None:
+                    # Waits for a slot, as bench_serving's --max-concurrency; not sent once the outcome is
+                    # decided (those in flight finish: the next benchmark meets an idle server).
+                    async with semaphore:
+                        if decided.is_set():
+                            return None
+                        outcome = await _generate(
+                            session, url, prompt, prompt.output_len, bodies[id(prompt)], scale, arrival
+                        )
+                        outcomes.append(outcome)
+                    if tally is not None and tally.ended(outcome):
+                        decided.set()
+                    return outcome
 
                 async def one(prompt: Request, arrival: ScheduledArrival) -> None:
-                    # Sent at its arrival time, then waits for a slot, as bench_serving's --max-concurrency.
-                    await asyncio.sleep(max(0.0, start + arrival.at_s * scale - time.perf_counter()))
-                    async with semaphore:
-                        outcomes.append(
-                            await _generate(
-                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale, arrival
-                            )
-                        )
+                    await _sleep_unless(decided, start + arrival.at_s * scale - time.perf_counter())
+                    await send(prompt, arrival)  # at its arrival time
 
                 async def conversation(turns: list[Request]) -> None:
                     # A session's next turn follows its previous answer, after the user's think time.
                     for index, prompt in enumerate(turns):
                         if index and workload.sessions is not None:
-                            await asyncio.sleep(workload.sessions.think_time_s * scale)
-                        async with semaphore:
-                            outcome = await _generate(
-                                session, url, prompt, prompt.output_len, bodies[id(prompt)], scale
-                            )
-                            outcomes.append(outcome)
-                        if not outcome.success:
+                            await _sleep_unless(decided, workload.sessions.think_time_s * scale)
+                        outcome = await send(prompt)
+                        if outcome is None or not outcome.success:
                             break  # the later turns would re-send a context the server never answered
 
                 start = time.perf_counter()
@@ -584,7 +636,15 @@ async def run_benchmark(
         raise BenchmarkError(
             "failed: every request failed", failed=result.failed, first_error=result.first_error
         )
+    if decided.is_set() and len(outcomes) < len(prompts):
+        result = replace(result, decided_after=len(outcomes))
     return result
+
+
+async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or until `event` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), max(0.0, seconds))
 
 
 def benchmark(

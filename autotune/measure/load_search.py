@@ -5,7 +5,9 @@ The load doubles while a step meets the SLO and halves while it misses, then the
 stopped at the same bracket are still told apart. The steps, failures, and the peers it follows:
 docs/design.md, "Load search". A search launch given the study's best max_load (`cutoff`) stops halving
 once a load at or below it missed with none passed: it cannot beat the best, and the slow rates below
-would cost most of the launch (`stopped_early`; the driver tells it PRUNED).
+would cost most of the launch (`stopped_early`; the driver tells it PRUNED). A step stops sending once
+more of its requests missed than `attainment` allows of its num_prompts (`miss_limit`): it has missed
+whatever the rest would measure, and their node time is saved.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from autotune.measure.client import BenchmarkError, BenchmarkResult, Workload
+from autotune.measure.client import BenchmarkError, BenchmarkResult, MissLimit, Workload
 
-__all__ = ["LoadSearchPlan", "search_load"]
+__all__ = ["LoadSearchPlan", "decided_steps", "search_load"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class LoadSearchPlan:
     tolerance: float = 0.1
     min: float | None = None  # the lowest load tried; None: start / 8 (a step's time grows as 1 / rate)
     stop_below_best: bool = True  # whether `cutoff` stops the halving (the objective's switch)
+    stop_when_decided: bool = True  # whether a step stops sending once it has missed (`miss_limit`)
     cutoff: float | None = None  # the study's best max_load when the driver handed out the trial
 
     def below_best(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
@@ -62,6 +65,16 @@ class LoadSearchPlan:
     def passed(self, result: BenchmarkResult) -> bool:
         return result.failed == 0 and (result.slo_attainment or 0.0) >= self.attainment
 
+    def miss_limit(self, step: Workload) -> MissLimit | None:
+        """Where `step` has missed whatever its unsent requests would measure: one failed, or more missed the
+        SLO than `passed` allows of its num_prompts; None when the objective's switch is off."""
+        if not self.stop_when_decided:
+            return None
+        n = step.num_prompts
+        # By `passed`'s own comparison: n * (1 - attainment) rounds badly (80 * (1 - 0.9) < 8).
+        allowed = max(missed for missed in range(n + 1) if (n - missed) / n >= self.attainment)
+        return MissLimit(missed=allowed, failed=0)
+
     def next_load(self, highest_pass: float | None, lowest_miss: float | None) -> float | None:
         """The next load to measure, or None when the answer is found."""
         whole = self.vary == "concurrency"
@@ -79,6 +92,8 @@ class LoadSearchPlan:
     def crossing_load(self, passed: BenchmarkResult, missed: BenchmarkResult | None) -> float:
         """The load at which the attainment crosses `attainment` between a passing step and the missing step
         above it (see the module doc); the passing step's load when the miss lost requests or is unknown."""
+        # A step decided early brings its share over the requests it sent: it always lies between what the
+        # unsent ones could have made of the whole step (all missed, all good), and it assumes neither.
         low = self.load_of(passed.workload)
         if missed is None or missed.failed or missed.slo_attainment is None:
             return low
@@ -123,7 +138,7 @@ async def search_load(
                 best = result if best is None or load >= plan.load_of(best.workload) else best
             else:
                 lowest_miss = load if lowest_miss is None else min(lowest_miss, load)
-                stopped_by = f"the SLO missed at {load:g} ({(result.slo_attainment or 0) * 100:.0f}% good)"
+                stopped_by = f"the SLO missed at {load:g} ({_good_share(result)})"
         if steps and plan.below_best(highest_pass, lowest_miss):
             assert plan.cutoff is not None
             stopped_by = (
@@ -161,6 +176,25 @@ async def search_load(
         load_warning=warning,
         stopped_early=below,
     )
+
+
+def decided_steps(searched: BenchmarkResult) -> str | None:
+    """What a search's steps that stopped once decided sent (for status), or None when none did."""
+    decided = [s for s in searched.levels if s.decided_after is not None]
+    if not decided:
+        return None
+    sent = sum(s.decided_after or 0 for s in decided)
+    planned = sum(s.workload.num_prompts for s in decided)
+    steps = f"{len(decided)} of {len(searched.levels)} load steps"
+    return f"{steps} decided early: {sent} of {planned} prompts sent"
+
+
+def _good_share(step: BenchmarkResult) -> str:
+    """A missed step's share of good requests, and how many it sent when it was decided early."""
+    good = f"{(step.slo_attainment or 0) * 100:.0f}% good"
+    if step.decided_after is None:
+        return good
+    return f"{good}; decided after {step.decided_after} of {step.workload.num_prompts} prompts"
 
 
 def _ran_out_warning(

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Protocol
 
-from autotune.measure.client import BenchmarkResult
+from autotune.measure.client import BenchmarkResult, MissLimit
 from autotune.measure.load_search import LoadSearchPlan, search_load
 from autotune.measure.metrics import maximizes
 from autotune.measure.workloads import Workload
@@ -45,6 +45,7 @@ _NOT_AVERAGED = (
     "time_scale",
     "load_stopped_by",
     "load_warning",
+    "decided_after",
 )
 
 
@@ -90,6 +91,10 @@ class MeasurementPlan:
     def single(cls, workload: Workload) -> MeasurementPlan:
         """One benchmark of `workload`: what a trial measured before plans existed."""
         return cls(levels=(workload,), target=workload.concurrency)
+
+    def miss_limit(self, workload: Workload) -> MissLimit | None:
+        """Where a run of `workload` stops sending: a load search's step once its outcome is decided."""
+        return self.load_search.miss_limit(workload) if self.load_search is not None else None
 
     def worse_than_cutoff(self, value: float) -> bool:
         """Whether a short measurement's value stops the trial."""

@@ -9,21 +9,32 @@ into a `BenchmarkResult` or a `BenchmarkError` on the driver.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from autotune.measure.client import API_KEY_ENV, BenchmarkError, BenchmarkResult, Workload, benchmark
+from autotune.measure.client import (
+    API_KEY_ENV,
+    BenchmarkError,
+    BenchmarkResult,
+    MissLimit,
+    Workload,
+    run_benchmark,
+)
 from autotune.measure.result_line import ResultLineError, read_result, result_line
 
 __all__ = ["command", "main", "result_from_output"]
 
 
-def command(python: str, base_url: str, workload: Workload, timeout_s: float, seed: int) -> list[str]:
+def command(
+    python: str, base_url: str, workload: Workload, timeout_s: float, seed: int, stop: MissLimit | None = None
+) -> list[str]:
     """The argv that benchmarks `base_url` with `python` on the node (the server's key, if any, goes in
-    its env as `API_KEY_ENV`, never on its command line)."""
+    its env as `API_KEY_ENV`, never on its command line), stopping where `stop` says."""
+    limit = ["--miss-limit", json.dumps(asdict(stop))] if stop is not None else []
     return [
         python,
         "-m",
@@ -36,6 +47,7 @@ def command(python: str, base_url: str, workload: Workload, timeout_s: float, se
         repr(float(timeout_s)),
         "--seed",
         str(seed),
+        *limit,
     ]
 
 
@@ -66,12 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workload", required=True, help="the Workload as a JSON object")
     parser.add_argument("--timeout-s", type=float, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--miss-limit", help="a MissLimit as a JSON object: stop once it is reached")
     args = parser.parse_args(argv)
     workload = Workload(**json.loads(args.workload))
+    stop = MissLimit(**json.loads(args.miss_limit)) if args.miss_limit else None
+    key = os.environ.get(API_KEY_ENV) or None
     try:
-        result = benchmark(
-            args.base_url, workload, args.timeout_s, args.seed, api_key=os.environ.get(API_KEY_ENV) or None
+        job = run_benchmark(
+            args.base_url, workload, timeout_s=args.timeout_s, seed=args.seed, api_key=key, stop=stop
         )
+        result = asyncio.run(job)
     except BenchmarkError as exc:
         error = {
             "reason": exc.reason,

@@ -31,6 +31,7 @@ from autotune.measure.client import (
     API_KEY_ENV,
     BenchmarkError,
     BenchmarkResult,
+    MissLimit,
     Workload,
     auth_headers,
     run_benchmark,
@@ -297,7 +298,7 @@ class TrialExecutor:
 
         async def builtin(workload: Workload, index: int) -> BenchmarkResult:
             one = replace(request, workload=workload, seed=run_seed(request.seed, index), plan=None)
-            return await self._benchmark_job(one)
+            return await self._benchmark_job(one, plan.miss_limit(workload))
 
         async def bench_serving(workload: Workload, index: int) -> BenchmarkResult:
             client = BenchServingRun(
@@ -311,7 +312,9 @@ class TrialExecutor:
 
         return run_plan(plan, bench_serving if plan.client == "bench_serving" else builtin)
 
-    def _benchmark_job(self, request: TrialRequest) -> Coroutine[Any, Any, BenchmarkResult]:
+    def _benchmark_job(
+        self, request: TrialRequest, stop: MissLimit | None = None
+    ) -> Coroutine[Any, Any, BenchmarkResult]:
         launch = request.launch
         if not self.benchmark_on_node:
             url = self.runner.url_for(launch)
@@ -321,6 +324,7 @@ class TrialExecutor:
                 timeout_s=request.benchmark_timeout_s,
                 seed=request.seed,
                 api_key=launch.api_key,
+                stop=stop,
             )
         argv = remote_benchmark.command(
             launch.python,
@@ -328,6 +332,7 @@ class TrialExecutor:
             request.serving_workload,
             request.benchmark_timeout_s,
             request.seed,
+            stop,
         )
 
         key = launch.api_key

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -376,11 +376,13 @@ class RequestTimes:
 
 @dataclass(frozen=True)
 class ArrivalsResult:
-    """The model's answer for requests sent at given times: each request's times, and when the last ended."""
+    """The model's answer for requests sent at given times: each request's times, and when the last ended;
+    `stopped_sending` when the caller's `decided` stopped it before every request was sent."""
 
     requests: list[RequestTimes]
     duration_s: float
     oom_lines: list[str] | None = None
+    stopped_sending: bool = False
 
 
 def run_arrivals(
@@ -392,10 +394,14 @@ def run_arrivals(
     *,
     seed: int = 0,
     noise: SimNoise | float = 0.0,
+    decided: Callable[[RequestTimes], bool] | None = None,
 ) -> ArrivalsResult:
     """Play requests that arrive at `arrivals` (model seconds from the start), at most `concurrency` in
-    flight, through the engine: the open-loop counterpart of `run_workload`, for a request rate."""
+    flight, through the engine: the open-loop counterpart of `run_workload`, for a request rate. `decided`
+    is told each request that ends (finished, or aborted); once it answers True, no more are sent and those
+    in flight finish, as the client does (autotune.measure.client.MissLimit)."""
     engine = node.new_engine(seed=seed, noise=noise)
+    stopped = False
     clock = 0.0
     pending = deque(sorted((t, f"r{i}") for i, t in enumerate(arrivals)))
     arrived: deque[str] = deque()
@@ -433,4 +439,10 @@ def run_arrivals(
         for rid in step.finished:
             times[rid].finished = clock
         in_flight -= len(step.finished) + len(step.aborted)
-    return ArrivalsResult(list(times.values()), clock)
+        if decided is not None and not stopped:
+            ended = [times[rid] for rid in (*step.finished, *step.aborted)]
+            if any([decided(request) for request in ended]):  # a list: each ended request is told
+                stopped = bool(pending or arrived)
+                pending.clear()
+                arrived.clear()
+    return ArrivalsResult(list(times.values()), clock, stopped_sending=stopped)

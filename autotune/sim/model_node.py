@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from autotune.measure.client import BenchmarkResult, RequestOutcome, Workload, summarize
+from autotune.measure.client import BenchmarkResult, MissLimit, RequestOutcome, Workload, summarize
 from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
 from autotune.node.startup_prep import HostMemory, fit_loader
-from autotune.sim.engine import input_too_long, run_arrivals
+from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.model.startup import weights_fit_page_cache
@@ -143,6 +143,10 @@ class ModelNodeExecutor:
             return self._run_job(request)
         if request.plan is not None:
             return self._run_plan(request, request.plan)
+        return self._run_one(request)
+
+    def _run_one(self, request: TrialRequest, stop: MissLimit | None = None) -> TrialResult:
+        """One launch and one benchmark of its workload, which stops sending where `stop` says."""
         memory = host_memory(self.hardware, self.model)
         if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
             request = replace(request, launch=fit_loader(request.launch, memory)[0])
@@ -168,7 +172,7 @@ class ModelNodeExecutor:
         )
         self._kept.apply(answer.node, request.compile_cache)
         result = replace(
-            self._outcome(request, answer),
+            self._outcome(request, answer, stop),
             server_choices=server_choices(answer.plan),
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
@@ -203,7 +207,7 @@ class ModelNodeExecutor:
             details=payload,
         )
 
-    def _outcome(self, request: TrialRequest, answer: Prediction) -> TrialResult:
+    def _outcome(self, request: TrialRequest, answer: Prediction, stop: MissLimit | None) -> TrialResult:
         w = request.serving_workload
         startup_s = startup_seconds(answer.node)
         failure = answer.node.startup_failure
@@ -211,7 +215,7 @@ class ModelNodeExecutor:
             log = failure.log  # the real node classifies the whole log, not the traceback's last line
             return self._failed(request, classify(log, "starting"), log, startup_s, None)
         if w.request_rate is not None:
-            return self._open_loop(request, answer, startup_s)
+            return self._open_loop(request, answer, startup_s, stop)
         result = answer.result
         assert result is not None  # predict returns a result whenever start-up succeeds
         if result.oom_lines:
@@ -251,30 +255,44 @@ class ModelNodeExecutor:
         )
         return TrialResult(request.number, self.node, benchmark, None, startup_s, duration)
 
-    def _open_loop(self, request: TrialRequest, answer: Prediction, startup_s: float) -> TrialResult:
+    def _open_loop(
+        self, request: TrialRequest, answer: Prediction, startup_s: float, stop: MissLimit | None
+    ) -> TrialResult:
         """A workload with a request rate: its requests arrive as the client sends them
         (`arrival_offsets`), and the client's own `summarize` turns what each saw into the result, so its
-        goodput and SLO attainment follow the one rule the real client's do."""
+        goodput and SLO attainment follow the one rule the real client's do; with `stop`, no more are sent
+        once the client's own tally says the outcome is decided, and only what was sent is timed."""
         w = request.serving_workload
         offsets = arrival_offsets(w.num_prompts, w.request_rate, w.burstiness)
         lengths = (w.input_len, w.output_len, w.concurrency)
-        played = run_arrivals(answer.node, offsets, *lengths, seed=request.seed, noise=self.noise)
-        if played.oom_lines:
-            log = "\n".join(played.oom_lines)
-            return self._failed(request, classify(log, "benchmarking"), log, startup_s, played.duration_s)
-        outcomes = [
-            RequestOutcome(
+
+        def seen(t: RequestTimes, end: float) -> RequestOutcome:
+            return RequestOutcome(
                 success=t.finished is not None,
                 prompt_tokens=w.input_len,
                 output_tokens=t.tokens,
                 ttft_s=None if t.first_token is None else t.first_token - t.sent,
                 itl_s=t.gaps,
-                latency_s=(played.duration_s if t.finished is None else t.finished) - t.sent,
+                latency_s=(end if t.finished is None else t.finished) - t.sent,
                 error=None if t.finished is not None else input_too_long(w.input_len, answer.plan),
             )
-            for t in played.requests
-        ]
+
+        tally = stop.tally(w.slo) if stop is not None else None
+        played = run_arrivals(
+            answer.node,
+            offsets,
+            *lengths,
+            seed=request.seed,
+            noise=self.noise,
+            decided=None if tally is None else lambda t: tally.ended(seen(t, t.last)),
+        )
+        if played.oom_lines:
+            log = "\n".join(played.oom_lines)
+            return self._failed(request, classify(log, "benchmarking"), log, startup_s, played.duration_s)
+        outcomes = [seen(t, played.duration_s) for t in played.requests]
         benchmark = summarize(outcomes, played.duration_s, w, accept_length=answer.node.accept_length)
+        if played.stopped_sending:
+            benchmark = replace(benchmark, decided_after=len(outcomes))
         if benchmark.completed == 0:
             error = input_too_long(w.input_len, answer.plan)
             failure = classify(error, "benchmarking") or Failure.of(
@@ -289,7 +307,7 @@ class ModelNodeExecutor:
         runs: list[TrialResult] = []
 
         def measure(workload: Workload, _index: int) -> BenchmarkResult:
-            one = self.run(replace(request, workload=workload, plan=None))
+            one = self._run_one(replace(request, workload=workload, plan=None), plan.miss_limit(workload))
             runs.append(one)
             if one.benchmark is None:
                 raise _RunFailed

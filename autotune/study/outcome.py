@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.measure.client import BenchmarkResult
+from autotune.measure.load_search import decided_steps
 from autotune.measure.metrics import OBJECTIVE_METRICS
 from autotune.study.pruning import SHORT_STEP
 from autotune.study.records import (
@@ -94,6 +95,7 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         accept_length=measured.accept_length,  # the default sampler steers the speculative tree by it
         load_stopped_by=measured.load_stopped_by,
         load_warning=measured.load_warning,
+        load_decided=decided_steps(measured),
         prefix_cache={
             "hit_rate": measured.cache_hit_rate,
             "designed": measured.designed_hit_rate,
