@@ -648,7 +648,13 @@ async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
 
 
 def benchmark(
-    base_url: str, workload: Workload, timeout_s: float, seed: int = 0, api_key: str | None = None
+    base_url: str,
+    workload: Workload,
+    timeout_s: float,
+    seed: int = 0,
+    api_key: str | None = None,
+    stop: MissLimit | None = None,
 ) -> BenchmarkResult:
     """Synchronous `run_benchmark` for callers without an event loop (a Ray actor method, the CLI)."""
-    return asyncio.run(run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed, api_key=api_key))
+    job = run_benchmark(base_url, workload, timeout_s=timeout_s, seed=seed, api_key=api_key, stop=stop)
+    return asyncio.run(job)

@@ -9,7 +9,6 @@ into a `BenchmarkResult` or a `BenchmarkError` on the driver.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ from autotune.measure.client import (
     BenchmarkResult,
     MissLimit,
     Workload,
-    run_benchmark,
+    benchmark,
 )
 from autotune.measure.result_line import ResultLineError, read_result, result_line
 
@@ -84,10 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = MissLimit(**json.loads(args.miss_limit)) if args.miss_limit else None
     key = os.environ.get(API_KEY_ENV) or None
     try:
-        job = run_benchmark(
-            args.base_url, workload, timeout_s=args.timeout_s, seed=args.seed, api_key=key, stop=stop
-        )
-        result = asyncio.run(job)
+        result = benchmark(args.base_url, workload, args.timeout_s, args.seed, api_key=key, stop=stop)
     except BenchmarkError as exc:
         error = {
             "reason": exc.reason,
