@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import optuna
@@ -83,7 +83,6 @@ class Confirmation:
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
     # The defaults' launches, where every one measured 0 in the search and in the rounds (`at_no_rate`).
     defaults_at_zero: tuple[int, ...] = ()
-    trials: dict[int, dict[int, int]] = field(default_factory=dict)  # round -> config -> its trial there
     # The degrees of freedom of the leader's interval pooled with the study's noise (`pooled_gain`); None:
     # its rounds' own spread alone.
     pooled_dof: int | None = None
@@ -246,7 +245,6 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         *best,
         precision=precision,
         searched=len(searched),
-        trials=launched,
         pooled_dof=pooled_dof,
     )
 
