@@ -138,6 +138,9 @@ class ModelNodeExecutor:
     def abort(self) -> None:
         """Nothing runs long enough to abort."""
 
+    def close(self) -> None:
+        """No process outlives a trial here."""
+
     def run(self, request: TrialRequest) -> TrialResult:
         if request.job:
             return self._run_job(request)
