@@ -271,15 +271,16 @@ class WeightCacheState:
         layout), a client's free memory, and the fraction SGLang chose where the launch left it unset."""
         before, weights = read_load(log)
         layout = daemon_layout(planned.launch)
+        client = started.flag(WEIGHT_CACHE_FLAG) == WEIGHT_CACHE_CLIENT
         if isinstance(layout, DaemonLayout) and before is not None:
             readings = self.readings.setdefault(layout, LayoutReadings())
-            if started.flag(WEIGHT_CACHE_FLAG) == WEIGHT_CACHE_CLIENT:
+            if client:
                 if weights is not None and weights < 0.5:  # mapped, not fallen back to disk
                     readings.client_before_gb = before
             elif weights is not None and self.running is None:  # a whole GPU: nothing else held memory
                 readings.before_load_gb, readings.weights_gb = before, weights
         chose = choices.get(MEM_FRACTION)
-        if chose is not None and launch_fraction(planned.launch.flags) is None:
+        if chose is not None and not client and launch_fraction(planned.launch.flags) is None:
             self.chosen[fraction_key(planned.launch)] = float(chose)
 
 

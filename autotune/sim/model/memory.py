@@ -139,10 +139,13 @@ def plan_memory(node: NodePerformanceModel) -> MemoryPlan:
     chunked = m.context_len if flag_chunked < 0 else flag_chunked
     max_bs = s.cuda_graph_max_bs or auto_cuda_graph_max_bs(hw, node.tp)
     mfs = s.mem_fraction_static or auto_mem_fraction(node, flag_chunked, max_bs)
-    total = hw.gpu_memory_gb
+    # SGLang sizes the pool from the free memory: a weight cache daemon's share of the GPU is not free.
+    total = hw.gpu_memory_gb - node.gpu_held_gb
     nccl_gb = node.nccl.memory_gb()
     init_used = hw.cuda_context_gb + nccl_gb + (0.12 if node.custom_allreduce else 0.0)
     weights = m.weight_gb / node.tp + (m.draft.weight_gb / node.tp if node.spec and m.draft else 0.0)
+    if node.weights_mapped:
+        weights = 0.0  # the daemon's: this launch's load takes no memory (mem usage=0.00 GB on the H200)
     avail_after_weights = total - init_used - weights
     # SGLang sizes the KV pool as what is left of the static fraction after everything before it.
     kv_gb = mfs * total - init_used - weights - m.runtime_overhead_gb
