@@ -161,6 +161,14 @@ def daemon_layout(launch: ServerLaunch) -> DaemonLayout | str:
     return DaemonLayout(daemon_command, launch.model_path, layout, passed, trust)
 
 
+def started_note(layout: DaemonLayout, seconds: float) -> str:
+    """The trial's note when the daemon started for it."""
+    return (
+        f"the weight cache daemon started for this trial ({layout.describe()}): {seconds:.0f} s of node "
+        "time, counted in this trial's node hours"
+    )
+
+
 def client_launch(launch: ServerLaunch, fraction: float) -> ServerLaunch:
     """`launch` as a weight cache client at `fraction` (the matched one): the socket each rank finds by
     SGLang's own per-rank path."""
@@ -183,18 +191,35 @@ class LayoutReadings:
 
     before_load_gb: float | None = None
     weights_gb: float | None = None
-    client_before_gb: float | None = None
+    client_before_gb: float | None = None  # the latest client's
+    # each environment's (its NCCL settings size the init's buffers, which come before the load)
+    client_before_by_env: dict[frozenset[tuple[str, str]], float] = field(default_factory=dict)
+    before_load_by_env: dict[frozenset[tuple[str, str]], float] = field(default_factory=dict)
     daemon_gb: float | None = None
 
-    def client_free_gb(self) -> float | None:
-        """T_c as a client logged it, else predicted: T less what the daemon holds (nvidia-smi), else less
-        its weights (the daemon's own CUDA context then unknown: about 0.6 GB on the H200)."""
-        if self.client_before_gb is not None:
-            return self.client_before_gb
-        if self.before_load_gb is None:
-            return None
+    def free_gb(self, env: Mapping[str, str] | None = None) -> tuple[float, float] | None:
+        """(T, T_c) for a client in `env`: the free memory before its load T_c that the latest client in
+        that environment logged (else a disk-loaded launch's there, else the latest client's), and T = T_c +
+        what the daemon holds (nvidia-smi), as that same launch would have had loading from disk: a launch's
+        own init (NCCL buffers: the NCCL stage changes them after the baseline) is in both. Before any
+        client: the disk-loaded launch's T, and T_c = T less the daemon's memory (else its weights: the
+        daemon's CUDA context, about 0.6 GB on the H200, then unknown). None where neither is known."""
         held = self.daemon_gb if self.daemon_gb is not None else self.weights_gb
-        return None if held is None else self.before_load_gb - held
+        client, before = self.client_before_gb, self.before_load_gb
+        if env is not None:
+            key = frozenset(env.items())
+            if key in self.before_load_by_env and key not in self.client_before_by_env:
+                client = None  # a disk-loaded launch in this very environment says more than another's client
+            client = self.client_before_by_env.get(key, client)
+            before = self.before_load_by_env.get(key, before)
+        if client is not None:
+            if self.daemon_gb is not None:
+                return client + self.daemon_gb, client
+            if before is not None:
+                return before, client
+        if before is None or held is None:
+            return None
+        return before, before - held
 
 
 @dataclass(frozen=True)
@@ -217,6 +242,15 @@ class WeightCacheState:
     chosen: dict[tuple[tuple[str, str | None], ...], float] = field(default_factory=dict)
     refused: dict[DaemonLayout, str] = field(default_factory=dict)
     running: DaemonLayout | None = None
+
+    def refuse(self, layout: DaemonLayout, quantization: str) -> str:
+        """The daemon refused the model's quantization: never started for `layout` again; the sentence."""
+        why = (
+            f"the weight cache daemon refused this model: its quantization {quantization!r} is not one "
+            "SGLang shares over CUDA IPC (only unquantized and block-wise FP8 weights)"
+        )
+        self.refused[layout] = why
+        return why
 
     def plan(self, launch: ServerLaunch) -> LaunchPlan:
         """Whether the daemon serves `launch` (then the layout to run and the launch's fraction) or not
@@ -247,19 +281,18 @@ class WeightCacheState:
         """A served `plan`'s client launch at the matched fraction with its note, or why there is none."""
         assert plan.layout is not None and plan.fraction is not None  # a served plan
         readings = self.readings[plan.layout]
-        client_free = readings.client_free_gb()
-        assert readings.before_load_gb is not None and readings.weights_gb is not None  # plan() checked
-        if client_free is None:
+        free = readings.free_gb(plan.launch.env)
+        assert readings.weights_gb is not None  # plan() checked
+        if free is None:
             return "weights loaded from disk: the memory the weight cache daemon holds is unknown"
+        before, client_free = free
         try:
-            matched = matched_fraction(
-                plan.fraction, readings.before_load_gb, readings.weights_gb, client_free
-            )
+            matched = matched_fraction(plan.fraction, before, readings.weights_gb, client_free)
         except ValueError as exc:
             return f"weights loaded from disk: no matched --mem-fraction-static for a client: {exc}"
         note = (
             f"weights from the weight cache daemon, at --mem-fraction-static {matched} for the KV pool of "
-            f"{plan.fraction:g} loaded from disk ((T x f - W) / T_c = ({readings.before_load_gb:.2f} x "
+            f"{plan.fraction:g} loaded from disk ((T x f - W) / T_c = ({before:.2f} x "
             f"{plan.fraction:g} - {readings.weights_gb:.2f}) / {client_free:.2f})"
         )
         return client_launch(plan.launch, matched), note
@@ -277,8 +310,10 @@ class WeightCacheState:
             if client:
                 if weights is not None and weights < 0.5:  # mapped, not fallen back to disk
                     readings.client_before_gb = before
+                    readings.client_before_by_env[frozenset(started.env.items())] = before
             elif weights is not None and self.running is None:  # a whole GPU: nothing else held memory
                 readings.before_load_gb, readings.weights_gb = before, weights
+                readings.before_load_by_env[frozenset(started.env.items())] = before
         chose = choices.get(MEM_FRACTION)
         if chose is not None and not client and launch_fraction(planned.launch.flags) is None:
             self.chosen[fraction_key(planned.launch)] = float(chose)
@@ -331,10 +366,7 @@ class WeightCacheKeeper:
             daemon_s, daemon_log, why = started
             if why is not None:
                 return Prepared(launch, replace(plan, layout=None), (why,), daemon_s, daemon_log)
-            notes.append(
-                f"the weight cache daemon started for this trial ({plan.layout.describe()}): "
-                f"{daemon_s:.0f} s of node time, counted in this trial's node hours"
-            )
+            notes.append(started_note(plan.layout, daemon_s))
         client = self.state.client(plan)
         if isinstance(client, str):
             self.stop()
@@ -379,11 +411,7 @@ class WeightCacheKeeper:
             self.stop()
             refused = QUANT_REFUSED.search(log)
             if refused is not None:
-                why = (
-                    f"the weight cache daemon refused this model: its quantization {refused.group(1)!r} "
-                    "is not one SGLang shares over CUDA IPC (only unquantized and block-wise FP8 weights)"
-                )
-                self.state.refused[layout] = why
+                why = self.state.refuse(layout, refused.group(1))
                 return seconds, log, f"weights loaded from disk: {why}"
             lines = [line for line in log.splitlines() if line.strip()]
             last = lines[-1].strip() if lines else "no output"
@@ -417,4 +445,3 @@ class WeightCacheKeeper:
         daemon, self._daemon, self.state.running = self._daemon, None, None
         if daemon is not None:
             daemon.stop(grace_s=DAEMON_STOP_GRACE_S)
-

@@ -23,6 +23,7 @@ from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.model.startup import weights_fit_page_cache
+from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
@@ -134,6 +135,7 @@ class ModelNodeExecutor:
         self.noise = noise
         self.phase = "idle"
         self._kept = NodeKeeps()
+        self._weight_cache = ModelWeightCache(hardware, model)
 
     def abort(self) -> None:
         """Nothing runs long enough to abort."""
@@ -153,6 +155,15 @@ class ModelNodeExecutor:
         memory = host_memory(self.hardware, self.model)
         if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
             request = replace(request, launch=fit_loader(request.launch, memory)[0])
+        cached = ModelLaunch(request.launch, None)
+        if request.weight_cache:  # the node's own rule (node.weight_cache), a daemon's costs modelled
+            in_page_cache = self.model.name in self._kept.page_cache
+            cached = self._weight_cache.prepare(request.launch, in_page_cache, self._init_s(request))
+            request = replace(request, launch=cached.launch)
+            if cached.daemon_s and weights_fit_page_cache(self.hardware, self.model):
+                self._kept.page_cache.add(self.model.name)  # the daemon read them
+        else:
+            self._weight_cache.state.running = None
         argv = list(request.launch.argv)
         flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
         w = request.serving_workload
@@ -172,6 +183,8 @@ class ModelNodeExecutor:
             noise=self.noise,
             version=sglang_version(os.environ),
             play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
+            gpu_held_gb=cached.held_gb,
+            weights_mapped=cached.mapped,
         )
         self._kept.apply(answer.node, request.compile_cache)
         result = replace(
@@ -179,9 +192,20 @@ class ModelNodeExecutor:
             server_choices=server_choices(answer.plan),
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
+            startup_notes=cached.notes,
         )
+        if cached.daemon_s:  # node time, counted with the trial it started for
+            result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
+        if request.weight_cache:
+            self._weight_cache.learn(cached, answer.node, answer.plan.mem_fraction_static)
         self._kept.after(answer.node, request.compile_cache)
         return result
+
+    def _init_s(self, request: TrialRequest) -> float:
+        """The init a process of this launch spends before it loads (the daemon's too)."""
+        argv = list(request.launch.argv)
+        flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
+        return predict(self.hardware, self.model, flags, request.launch.env, play=False).node.init_seconds
 
     def _run_job(self, request: TrialRequest) -> TrialResult:
         """An NCCL all-reduce job (`autotune.measure.nccl`'s command line and env): the payload the simulated

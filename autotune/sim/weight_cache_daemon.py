@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.sim.model.startup import load_threads, thread_speedup
+from autotune.sim.model.startup import disk_load_seconds, load_threads
 from autotune.sim.model_folder import served_model
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.sim.server.options import DEFAULT_MODEL, SimOptions
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Loading model from disk: {ns.model_path}")
     threads = load_threads(ns.model_loader_extra_config)
-    load_s = model.weight_gb / model.load_gbps / thread_speedup(hardware, threads)
+    load_s = disk_load_seconds(hardware, model, threads, cached=False)  # its page cache is not modelled
     time.sleep(load_s * scale)
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Model loaded from disk in {load_s:.2f}s")
     tensors = model.num_layers * TENSORS_PER_LAYER + 4

@@ -3,6 +3,7 @@ what a finished launch's log teaches (autotune.node.weight_cache)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,15 @@ def test_the_first_launch_loads_from_disk_and_later_ones_are_clients_at_f_prime(
     assert launch.argv.count("--mem-fraction-static") == 1 and "weights from the weight cache daemon" in note
     _learned(state, launch, (H200 / "server-client-fprime.log").read_text())
     client = state.client(plan)
-    assert not isinstance(client, str) and client[0].flag("--mem-fraction-static") == "0.83794"  # as logged
+    # T_c as the client logged it, T = T_c + the daemon's memory (the same launch's init in both)
+    assert not isinstance(client, str) and client[0].flag("--mem-fraction-static") == "0.8379"
+    state.readings[plan.layout].client_before_gb = 100.0  # another launch's init: T moves with T_c
+    assert state.client(plan) == client  # this launch's environment has its own client reading
+    client = state.client(replace(plan, launch=replace(plan.launch, env={"NCCL_BUFFSIZE": "1048576"})))
+    expected = matched_fraction(0.85, 100.0 + 14453 / 1024, 13.51, 100.0)
+    assert not isinstance(client, str) and client[0].flag(
+        "--mem-fraction-static"
+    ) == f"{expected:.5f}".rstrip("0")
 
 
 def test_a_launch_that_leaves_the_fraction_to_sglang_is_served_once_its_choice_is_known() -> None:

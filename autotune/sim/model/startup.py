@@ -62,10 +62,15 @@ def load_seconds(node: NodePerformanceModel) -> float:
     matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed."""
     if node.weights_mapped:
         return IPC_LOAD_S
-    cold_single = node.model.weight_gb / node.model.load_gbps
-    if node.weights_cached:
+    return disk_load_seconds(node.hw, node.model, node.settings.load_threads, node.weights_cached)
+
+
+def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: bool) -> float:
+    """The whole checkpoint read and loaded: from the page cache, else from disk at the threads' speed."""
+    cold_single = model.weight_gb / model.load_gbps
+    if cached:
         return cold_single / PAGE_CACHE_SPEEDUP
-    return cold_single / thread_speedup(node.hw, node.settings.load_threads)
+    return cold_single / thread_speedup(hw, threads)
 
 
 def compile_share(node: NodePerformanceModel) -> float:
