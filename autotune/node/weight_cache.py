@@ -59,8 +59,11 @@ TRUST_REMOTE_CODE = "--trust-remote-code"
 SPECULATIVE = "--speculative-algorithm"
 # 0.5.17 and 0.5.23: weight_cache/protocol.py IPC_QUANT_ALLOWLIST ('' unquantized; fp8 block-wise only).
 IPC_QUANTIZATIONS = (None, "fp8")
-# What the daemon launcher logs once every rank's daemon listens (weight_cache/daemon.py, 0.5.17 and 0.5.23).
+# What the daemon launcher logs once every rank's daemon listens (weight_cache/daemon.py, 0.5.17 and 0.5.23);
+# 0.5.17's launcher configures no logging of its own, so its INFO line may not show: each rank's daemon
+# logs that it listens (it does configure logging) and all of them listening is ready too.
 DAEMON_READY = re.compile(r"All \d+ weight cache daemons on node \d+ are ready")
+DAEMON_LISTENING = re.compile(r"\[WeightCacheDaemon gpu=(\d+)\] Listening on ")
 DAEMON_LOADED = re.compile(r"Model loaded from disk in ([0-9.]+)s")
 # The daemon's refusal of the model's quantization (protocol.py check_ipc_quant_support), its first line.
 QUANT_REFUSED = re.compile(
@@ -398,7 +401,7 @@ class WeightCacheKeeper:
         log, ready = "", False
         while time.monotonic() - began < timeout_s:
             log = process.read_log()
-            if DAEMON_READY.search(log):
+            if DAEMON_READY.search(log) or len(set(DAEMON_LISTENING.findall(log))) >= layout.ranks:
                 ready = True
                 break
             if process.poll() is not None:

@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         path.write_text(f"pid={os.getpid()}\nconfig={json.dumps(config)}\n")
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Exported {tensors} tensors as IPC handles. Ready to serve.")
-    log(f"[WeightCacheDaemon gpu=0] Listening on {folder / 'sglang_weight_cache_rank0.sock'}")
+    for rank, gpu in enumerate(gpus):  # each rank's daemon (one process here)
+        sock = folder / f"sglang_weight_cache_rank{rank}.sock"
+        _Log(f"[Daemon gpu={gpu} tp_rank={rank}]")(f"[WeightCacheDaemon gpu={gpu}] Listening on {sock}")
     for rank in range(ranks):
         launcher(f"Weight cache daemon pp_rank=0 tp_rank={rank} is ready")
     launcher(

@@ -141,3 +141,22 @@ def test_the_weight_cache_only_where_the_version_takes_it() -> None:
         assert takes_weight_cache(Dialect(committed_table(version)))
     older = table_from_help("  --model-loader-extra-config MODEL_LOADER_EXTRA_CONFIG\n", "0.5.4", "--help")
     assert not takes_weight_cache(Dialect(older))
+
+
+def test_the_daemon_is_ready_and_refuses_as_real_sglang_logs_it() -> None:
+    from autotune.node.weight_cache import DAEMON_LISTENING, DAEMON_READY, QUANT_REFUSED
+
+    daemon = (H200 / "daemon.log").read_text()  # 0.5.17, single-rank mode: each rank's own lines
+    assert DAEMON_LISTENING.findall(daemon) == ["0"]
+    # the launcher's line in multi-rank mode (0.5.17 weight_cache/daemon.py:774-779)
+    line = (
+        "All 8 weight cache daemons on node 0 are ready (pp_ranks=0..0, tp_ranks=0..7, dist_init_method=None)"
+    )
+    assert DAEMON_READY.search(line)
+    # 0.5.17 protocol.py check_ipc_quant_support, where="daemon"
+    refusal = (
+        "sglang.srt.weight_cache.protocol.UnsupportedQuantForIPCError: [weight_cache:daemon] quantization "
+        "method 'awq' is not verified for CUDA IPC zero-copy weight sharing. Its "
+    )
+    found = QUANT_REFUSED.search(refusal)
+    assert found is not None and found.group(1) == "awq"
