@@ -14,6 +14,7 @@ from autotune.errors import ConfigError
 from autotune.node.weight_cache import (
     DaemonLayout,
     WeightCacheState,
+    client_launch,
     daemon_layout,
     matched_fraction,
     read_load,
@@ -112,6 +113,12 @@ def test_a_launch_that_leaves_the_fraction_to_sglang_is_served_once_its_choice_i
     plan = state.plan(unset)
     assert plan.layout is None and "leaves --mem-fraction-static to SGLang" in (plan.note or "")
     _learned(state, unset, (H200 / "server-normal.log").read_text(), chose=0.85)
+    plan = state.plan(unset)
+    assert plan.fraction == 0.85
+    served = client_launch(unset, 0.8379)  # a client logs its own f' as SGLang's: not SGLang's choice
+    state.learn(
+        served, plan, (H200 / "server-client-fprime.log").read_text(), {"--mem-fraction-static": 0.8379}
+    )
     assert state.plan(unset).fraction == 0.85
     assert state.plan(_launch(("--cuda-graph-max-bs", "32"))).layout is None  # other flags: not known
 
