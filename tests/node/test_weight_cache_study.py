@@ -68,7 +68,7 @@ DISK_LOAD_S = 141 / 2.5  # the 70B profile's load: 141 GB at 2.5 GB/s, in model 
 
 
 def _study(
-    root: Path, name: str, weight_cache: bool, n_trials: int, **model: Any
+    root: Path, name: str, weight_cache: bool, n_trials: int, tracking: bool = False, **model: Any
 ) -> list[optuna.trial.FrozenTrial]:
     folder = root / name
     folder.mkdir()
@@ -79,8 +79,9 @@ def _study(
         name=name, cache_dir=cache_dir, n_trials=n_trials, weight_cache=str(weight_cache).lower(), **model
     )
     (folder / "study.yaml").write_text(text)
+    argv = [sys.executable, "-m", "autotune", "run", "study.yaml", "--no-ray"]
     done = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", "study.yaml", "--no-ray", "--no-tracking"],
+        [*argv, *([] if tracking else ["--no-tracking"])],
         cwd=folder, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -134,8 +135,10 @@ def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(tm
     assert not list((tmp_path / "cached" / "weight-cache").glob("*.ready"))
 
 
-def test_the_exported_launch_script_is_the_plain_launch(tmp_path: Path) -> None:
-    _study(tmp_path, "export", True, 5, **LLAMA)
+def test_the_exported_launch_script_is_the_plain_launch_and_mlflow_keeps_the_daemon_log(
+    tmp_path: Path,
+) -> None:
+    _study(tmp_path, "export", True, 5, tracking=True, **LLAMA)
     folder = tmp_path / "export"
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "best", "study.yaml", "--export", "best.sh"],
@@ -144,6 +147,11 @@ def test_the_exported_launch_script_is_the_plain_launch(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     script = (folder / "best.sh").read_text()
     assert "--weight-cache-mode" not in script and "weight_cache" not in script
+    artifacts = folder / ".autotune" / "export" / "artifacts"
+    logs = list(artifacts.glob("*/artifacts/weight-cache-daemon.log"))
+    assert logs and "Loading model from disk" in logs[0].read_text()
+    scripts = list(artifacts.glob("*/artifacts/launch.sh"))
+    assert scripts and not any("--weight-cache-mode" in s.read_text() for s in scripts)  # each trial's own
 
 
 def test_a_quantized_model_is_told_why_and_launches_as_usual(tmp_path: Path) -> None:
