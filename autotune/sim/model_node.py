@@ -136,6 +136,8 @@ class ModelNodeExecutor:
         self.phase = "idle"
         self._kept = NodeKeeps()
         self._weight_cache = ModelWeightCache(hardware, model)
+        self._cached: ModelLaunch | None = None  # the running launch as the weight cache left it
+        self._node: NodePerformanceModel | None = None  # the running launch's model
 
     def abort(self) -> None:
         """Nothing runs long enough to abort."""
@@ -146,15 +148,6 @@ class ModelNodeExecutor:
     def run(self, request: TrialRequest) -> TrialResult:
         if request.job:
             return self._run_job(request)
-        if request.plan is not None:
-            return self._run_plan(request, request.plan)
-        return self._run_one(request)
-
-    def _run_one(self, request: TrialRequest, stop: MissLimit | None = None) -> TrialResult:
-        """One launch and one benchmark of its workload, which stops sending where `stop` says."""
-        memory = host_memory(self.hardware, self.model)
-        if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
-            request = replace(request, launch=fit_loader(request.launch, memory)[0])
         cached = ModelLaunch(request.launch, None)
         if request.weight_cache:  # the node's own rule (node.weight_cache), a daemon's costs modelled
             in_page_cache = self.model.name in self._kept.page_cache
@@ -164,6 +157,24 @@ class ModelNodeExecutor:
                 self._kept.page_cache.add(self.model.name)  # the daemon read them
         else:
             self._weight_cache.state.running = None
+        self._cached, self._node = cached, None
+        if request.plan is not None:
+            result = self._run_plan(request, request.plan)
+        else:
+            result = self._run_one(request)
+        result = replace(result, startup_notes=cached.notes)
+        if cached.daemon_s:  # node time, counted with the trial it started for
+            result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
+        if request.weight_cache and self._node is not None:
+            self._weight_cache.learn(cached, self._node, self._node.plan.mem_fraction_static)
+        return result
+
+    def _run_one(self, request: TrialRequest, stop: MissLimit | None = None) -> TrialResult:
+        """One launch and one benchmark of its workload, which stops sending where `stop` says."""
+        memory = host_memory(self.hardware, self.model)
+        if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
+            request = replace(request, launch=fit_loader(request.launch, memory)[0])
+        cached = self._cached or ModelLaunch(request.launch, None)
         argv = list(request.launch.argv)
         flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
         w = request.serving_workload
@@ -192,12 +203,8 @@ class ModelNodeExecutor:
             server_choices=server_choices(answer.plan),
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
-            startup_notes=cached.notes,
         )
-        if cached.daemon_s:  # node time, counted with the trial it started for
-            result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
-        if request.weight_cache:
-            self._weight_cache.learn(cached, answer.node, answer.plan.mem_fraction_static)
+        self._node = self._node or answer.node  # the launch's (later runs of a plan reuse it)
         self._kept.after(answer.node, request.compile_cache)
         return result
 
