@@ -193,6 +193,7 @@ def write_study(
     trust: bool | Mapping[str, Any] = True,
     search_space: Mapping[str, Any] | None = None,
     node_hours: float | None = None,
+    startup: Mapping[str, Any] | None = None,
 ) -> Study:
     """Write and load a study of the shipped search space (or `search_space`) on `profile`'s node, as a user
     would write it (the model's hidden size for the NCCL stage, which a real node reads from the model's
@@ -214,6 +215,7 @@ def write_study(
         "sampler": {"name": sampler, "seed": seed},
         "nccl_stage": {"enabled": nccl_stage, "hidden_size": load_model_profile(profile.model).hidden_size},
         "trust": trust if isinstance(trust, bool) else dict(trust),  # True: the product's defaults
+        **({"startup": dict(startup)} if startup is not None else {}),  # the study file's start-up section
     }
     return save_study(folder, data)
 
@@ -382,6 +384,7 @@ def run_study(
     search_space: Mapping[str, Any] | None = None,
     inspect: Callable[[Study, optuna.Study, NodeClock, Callable[[int], optuna.Study]], Any] | None = None,
     node_hours: float | None = None,
+    startup: Mapping[str, Any] | None = None,
 ) -> StudyRun:
     """Run one study of `n_trials` on one model node of `profile`: the named sampler of the product's
     registry (as a study file names it), or the sampler `sampler(study)` builds; `preflight` (with its
@@ -391,7 +394,8 @@ def run_study(
     confirmation, no stopping rule, every proposal launched). With `noise`, the node measures with
     run-to-run noise drawn from `seed` (NodeClock); `inspect(study, optuna_study, clock, rerun)` runs on the
     finished study before its files go, its answer kept in `inspected` (`rerun(total)` runs the trials it
-    queued, as `autotune compare` does); `node_hours`: the study file's node-hour budget."""
+    queued, as `autotune compare` does); `node_hours`: the study file's node-hour budget; `startup`: its
+    start-up section."""
     hardware, model = load_hardware_profile(profile.hardware), load_model_profile(profile.model)
     clock = NodeClock(NODE, hardware, model, noise, noise_seed=seed, lease_every=lease_every)
 
@@ -410,6 +414,7 @@ def run_study(
             trust,
             search_space=search_space,
             node_hours=node_hours,
+            startup=startup,
         )
         storage = optuna.storages.InMemoryStorage()
         driver = StudyDriver(

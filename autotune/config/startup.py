@@ -19,6 +19,10 @@ class Startup(BaseModel):
     `compile_cache`: one JIT and compile cache folder per node (Triton, torch inductor, DeepGEMM,
     FlashInfer, TVM FFI, CUDA), kept across trials in the node's work folder, so only the first launch
     compiles.
+    `weight_cache`: SGLang's weight cache daemon (`python -m sglang.srt.weight_cache.daemon`) holds the
+    weights in GPU memory between trials and each launch it can serve maps them (`--weight-cache-mode
+    client`) instead of loading them, at the --mem-fraction-static that gives the KV pool the flags give
+    without it (autotune.node.weight_cache); the exported launch script stays the plain launch.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,3 +30,5 @@ class Startup(BaseModel):
     multithread_weight_loading: StrictBool = True
     weight_loading_threads: Annotated[StrictInt, Field(gt=0, le=256)] | None = None
     compile_cache: StrictBool = True
+    # Off unless asked: it holds the weights' GPU memory between trials and changes how the KV pool is sized.
+    weight_cache: StrictBool = False

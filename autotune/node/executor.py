@@ -58,6 +58,7 @@ from autotune.node.runner import (
     ServerProcess,
 )
 from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
+from autotune.node.weight_cache import DAEMON_LOG, Prepared, WeightCacheKeeper
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import AUTO_PORT, ServerLaunch
 from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
@@ -92,6 +93,7 @@ class TrialExecutor:
         port_wait_s: float = PORT_FREE_TIMEOUT_S,
         *,
         benchmark_on_node: bool = False,
+        nvidia_smi: Sequence[str] = ("nvidia-smi",),
     ) -> None:
         self.node = node
         self.runner = runner
@@ -103,6 +105,8 @@ class TrialExecutor:
         self._process: ServerProcess | None = None
         self._aborted = threading.Event()
         self._startup_notes: list[str] = []  # what prepare_launch changed in the running trial's launch
+        self.weight_cache = WeightCacheKeeper(runner, nvidia_smi)  # its daemon outlives trials, not the node
+        self._prepared: Prepared | None = None  # the running trial's launch as the weight cache left it
 
     def _enter(self, phase: str) -> None:
         if phase not in TRIAL_PHASES:
@@ -116,6 +120,7 @@ class TrialExecutor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._aborted.clear()
         self._startup_notes = []
+        self._prepared = None
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
                 return self._run_held(request, log_path)
@@ -153,6 +158,8 @@ class TrialExecutor:
             self._enter("idle")
         # Read after teardown: the log is whole now (a remote one fetched), shutdown lines included.
         result = replace(result, log=_tail(log_path))
+        if self._prepared is not None:
+            self.weight_cache.learn(self._prepared.launch, self._prepared, result.log, result.server_choices)
         if self._aborted.is_set():
             kind = FailureKind.INTERRUPTED
             return replace(
@@ -167,6 +174,11 @@ class TrialExecutor:
         if process is not None:
             process.stop(grace_s=STOP_GRACE_S)
 
+    def close(self) -> None:
+        """The node's study has ended (or its actor goes): stop what outlives a trial, the weight cache
+        daemon."""
+        self.weight_cache.stop()
+
     def _teardown(self, process: ServerProcess, launch: ServerLaunch) -> None:
         """Stop the server's group, fetch the rest of its log, wait for its port; the node may be gone."""
         process.stop(grace_s=STOP_GRACE_S)  # a remote runner remembers a server it cannot reach
@@ -179,6 +191,12 @@ class TrialExecutor:
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
         cache = self.workdir / COMPILE_CACHE_FOLDER if request.compile_cache and not request.job else None
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache)
+        if not request.job:
+            self._prepared = self.weight_cache.prepare(
+                launch, log_path.parent, request.weight_cache, request.startup_timeout_s
+            )
+            launch = self._prepared.launch
+            self._startup_notes += self._prepared.notes
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
         return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)
@@ -382,11 +400,27 @@ class TrialExecutor:
             startup_phases=extra.get("startup_phases") or {},  # type: ignore[arg-type]
             startup_notes=tuple(self._startup_notes),
             log=_tail(log_path),
-            node_s=self._node_s(result, log_path, extra),
+            node_s=self._with_daemon_s(self._node_s(result, log_path, extra), extra),
+            other_logs=self._daemon_logs(),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,
             port=request.launch.port or None,
         )
+
+    def _daemon_logs(self) -> dict[str, str]:
+        """The weight cache daemon's log where it started for this trial, by its artifact name."""
+        prepared = self._prepared
+        return {DAEMON_LOG: prepared.daemon_log} if prepared is not None and prepared.daemon_log else {}
+
+    def _with_daemon_s(self, node_s: float | None, extra: dict[str, object]) -> float | None:
+        """The launch's node seconds with those of the weight cache daemon started for it (node time too)."""
+        daemon_s = self._prepared.daemon_s if self._prepared is not None else 0.0
+        if not daemon_s:
+            return node_s
+        if node_s is None:
+            startup, bench = extra.get("startup_s"), extra.get("benchmark_s")
+            node_s = sum(v for v in (startup, bench) if isinstance(v, float))
+        return node_s + daemon_s
 
     @staticmethod
     def _node_s(result: BenchmarkResult | None, log_path: Path, extra: dict[str, object]) -> float | None:
@@ -571,6 +605,7 @@ class NodeActor:
             runner_for(node, self._workdir),
             self._workdir,
             benchmark_on_node=node.benchmark_from == "node",
+            nvidia_smi=node.nvidia_smi,
         )
 
     def check(self, server: ServerSpec) -> NodeReport:
@@ -589,6 +624,10 @@ class NodeActor:
 
     def abort(self) -> None:
         self._executor.abort()
+
+    def close(self) -> None:
+        """Stop what outlives a trial on the node (the weight cache daemon) before the actor goes."""
+        self._executor.close()
 
     def describe(self) -> str:
         return json.dumps({"node": self._executor.node, "phase": self._executor.phase})

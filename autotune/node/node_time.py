@@ -15,6 +15,7 @@ from autotune.node.startup_phases import StartupPhaseReader
 
 __all__ = ["logged_startup_s", "node_seconds"]
 
+
 def logged_startup_s(log: str) -> float:
     """The start-up phases' seconds the server's log reports, each phase once (every TP rank prints it)."""
     reader = StartupPhaseReader()

@@ -37,6 +37,7 @@ GPU_NODE_RESOURCE = "gpu_node"
 DISCOVERY_S = 5.0  # how often a discovering pool looks for nodes that joined the cluster
 # A new actor starts in seconds, then stops what its dead predecessor left (SGLang's clean stop: 15 s).
 ACTOR_TAKEOVER_S = 60.0
+CLOSE_TIMEOUT_S = 60.0  # an actor's weight cache daemon stops within its grace (15 s) and a group kill
 
 
 class Executor(Protocol):
@@ -47,6 +48,8 @@ class Executor(Protocol):
     def run(self, request: TrialRequest) -> TrialResult: ...
 
     def abort(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class LocalNodePool(NodePool):
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+        for executor in self._executors.values():
+            executor.close()  # what outlives a trial (the weight cache daemon) ends with the study
 
 
 def say_left_behind(reports: Iterable[NodeReport]) -> None:
@@ -156,7 +161,11 @@ def in_process_pool(study: Study) -> LocalNodePool:
         workdir = study.workdir / "nodes" / spec.name
         runner = runner_for(spec, workdir)
         executors[spec.name] = TrialExecutor(
-            spec.name, runner, workdir, benchmark_on_node=spec.benchmark_from == "node"
+            spec.name,
+            runner,
+            workdir,
+            benchmark_on_node=spec.benchmark_from == "node",
+            nvidia_smi=spec.nvidia_smi,
         )
     # The same check as the Ray pool's before any trial: problems with their fixes, and what each node is
     # (its hardware fingerprint and the SGLang version and flags its launches are spelled for).
@@ -371,6 +380,12 @@ class RayNodePool(NodePool):
     def close(self) -> None:
         import ray
 
+        # Each actor first stops what outlives a trial (the weight cache daemon): a kill runs no clean-up.
+        closing = [actor.close.remote() for actor in self._actors.values()]
+        try:
+            ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # a dead actor's node is swept by the next runner on its records
+            pass
         for actor in self._actors.values():
             ray.kill(actor, no_restart=True)
         self._actors.clear()

@@ -23,6 +23,7 @@ from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
 from autotune.sim.model.startup import weights_fit_page_cache
+from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
 from autotune.sim.predict import Prediction, predict
@@ -134,22 +135,46 @@ class ModelNodeExecutor:
         self.noise = noise
         self.phase = "idle"
         self._kept = NodeKeeps()
+        self._weight_cache = ModelWeightCache(hardware, model)
+        self._cached: ModelLaunch | None = None  # the running launch as the weight cache left it
+        self._node: NodePerformanceModel | None = None  # the running launch's model
 
     def abort(self) -> None:
         """Nothing runs long enough to abort."""
 
+    def close(self) -> None:
+        """No process outlives a trial here."""
+
     def run(self, request: TrialRequest) -> TrialResult:
         if request.job:
             return self._run_job(request)
+        cached = ModelLaunch(request.launch, None)
+        if request.weight_cache:  # the node's own rule (node.weight_cache), a daemon's costs modelled
+            in_page_cache = self.model.name in self._kept.page_cache
+            cached = self._weight_cache.prepare(request.launch, in_page_cache, self._init_s(request))
+            request = replace(request, launch=cached.launch)
+            if cached.daemon_s and weights_fit_page_cache(self.hardware, self.model):
+                self._kept.page_cache.add(self.model.name)  # the daemon read them
+        else:
+            self._weight_cache.state.running = None
+        self._cached, self._node = cached, None
         if request.plan is not None:
-            return self._run_plan(request, request.plan)
-        return self._run_one(request)
+            result = self._run_plan(request, request.plan)
+        else:
+            result = self._run_one(request)
+        result = replace(result, startup_notes=cached.notes)
+        if cached.daemon_s:  # node time, counted with the trial it started for
+            result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
+        if request.weight_cache and self._node is not None:
+            self._weight_cache.learn(cached, self._node, self._node.plan.mem_fraction_static)
+        return result
 
     def _run_one(self, request: TrialRequest, stop: MissLimit | None = None) -> TrialResult:
         """One launch and one benchmark of its workload, which stops sending where `stop` says."""
         memory = host_memory(self.hardware, self.model)
         if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
             request = replace(request, launch=fit_loader(request.launch, memory)[0])
+        cached = self._cached or ModelLaunch(request.launch, None)
         argv = list(request.launch.argv)
         flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
         w = request.serving_workload
@@ -169,6 +194,8 @@ class ModelNodeExecutor:
             noise=self.noise,
             version=sglang_version(os.environ),
             play=w.request_rate is None,  # a rate is played as arrivals by _open_loop instead
+            gpu_held_gb=cached.held_gb,
+            weights_mapped=cached.mapped,
         )
         self._kept.apply(answer.node, request.compile_cache)
         result = replace(
@@ -177,8 +204,15 @@ class ModelNodeExecutor:
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
         )
+        self._node = self._node or answer.node  # the launch's (later runs of a plan reuse it)
         self._kept.after(answer.node, request.compile_cache)
         return result
+
+    def _init_s(self, request: TrialRequest) -> float:
+        """The init a process of this launch spends before it loads (the daemon's too)."""
+        argv = list(request.launch.argv)
+        flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
+        return predict(self.hardware, self.model, flags, request.launch.env, play=False).node.init_seconds
 
     def _run_job(self, request: TrialRequest) -> TrialResult:
         """An NCCL all-reduce job (`autotune.measure.nccl`'s command line and env): the payload the simulated

@@ -14,6 +14,7 @@ import os
 import sys
 
 from autotune.sim.profiles import HardwareProfile, load_hardware_profile
+from autotune.sim.weight_cache_daemon import held_gb
 
 DRIVER_VERSION = "580.159.04-sim"
 # H100 and H200 SXM GPUs are joined by 18 bonded NVLinks (real 2x H200: benchmarks/gpu-run/env.txt).
@@ -65,15 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", default="csv")
     args = parser.parse_args(argv)
     mib = hw.gpu_memory_gb * 1000 / 1.048576
-    values = {
-        "name": hw.gpu_name,
-        "memory.total": f"{mib:.0f}",
-        "memory.free": f"{mib - 500:.0f}",  # the CUDA context of a desktop-less node
-        "driver_version": DRIVER_VERSION,
-        "compute_cap": hw.compute_capability,
-    }
     fields = args.query_gpu.split(",")
     for index in range(hw.num_gpus):
+        # 500 MiB: the CUDA context of a desktop-less node; and what a simulated weight cache daemon holds
+        # there (GB as SGLang logs them: GiB).
+        used = 500 + held_gb(os.environ, index) * 1024
+        values = {
+            "name": hw.gpu_name,
+            "memory.total": f"{mib:.0f}",
+            "memory.used": f"{used:.0f}",
+            "memory.free": f"{mib - used:.0f}",
+            "driver_version": DRIVER_VERSION,
+            "compute_cap": hw.compute_capability,
+        }
         row = [str(index) if f == "index" else values.get(f, "[N/A]") for f in fields]
         print(", ".join(row))
     return 0

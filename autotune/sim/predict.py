@@ -64,10 +64,16 @@ def predict(
     noise: SimNoise | float = 0.0,
     version: SglangVersion = VERSIONS[DEFAULT_VERSION],
     play: bool = True,
+    gpu_held_gb: float = 0.0,
+    weights_mapped: bool = False,
 ) -> Prediction:
     """The model's answer for one launch on `workload` (the model profile's standard one by default);
-    `play=False` starts the launch only (no result), for a caller that plays requests of its own."""
+    `play=False` starts the launch only (no result), for a caller that plays requests of its own;
+    `gpu_held_gb`, `weights_mapped`: a weight cache daemon's memory, and a client of it (NodePerformanceModel.
+    share_gpu)."""
     node = NodePerformanceModel(hardware, model, settings_for(argv, env or {}), version)
+    if gpu_held_gb or weights_mapped:
+        node.share_gpu(gpu_held_gb, weights_mapped)
     failure = node.startup_failure
     if failure is not None:
         return Prediction(node, node.plan, failure.phase, failure.lines[-1], None)

@@ -294,6 +294,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--context-length", type=human_readable_int, default=None, help="The model's maximum context length."
     )
     parser.add_argument("--revision", type=str, default=None)
+    # SGLang's weight cache (server_args.py 3388-3416 in 0.5.17): a client maps a daemon's weights.
+    parser.add_argument("--weight-cache-mode", type=str, default="off", choices=["off", "daemon", "client"])
+    parser.add_argument("--weight-cache-socket", type=str, default=None)
+    parser.add_argument("--weight-cache-timeout", type=int, default=1800)
 
 
 def _add_http_args(parser: argparse.ArgumentParser) -> None:
@@ -532,6 +536,13 @@ def check_server_args(ns: argparse.Namespace, attention_backend: str | None = No
         raise AssertionError(f"tp_size ({ns.tp_size}) must be divisible by dp_size ({ns.dp_size}).")
     if ns.speculative_algorithm is None:
         return warnings
+    if ns.weight_cache_mode != "off":  # 0.5.17 server_args.py:7326-7332, 0.5.23 model_path_hook.py:281-287
+        raise ValueError(
+            "--weight-cache-mode is not supported together with speculative "
+            "decoding (--speculative-algorithm): the weight cache daemon does "
+            "not export the draft model's weights. Disable one of them "
+            "(--weight-cache-mode off) for this configuration."
+        )
     algorithm = ns.speculative_algorithm.upper()
     if algorithm not in SPECULATIVE_ALGORITHMS:
         raise ValueError(f"Unknown speculative algorithm name: {ns.speculative_algorithm}")

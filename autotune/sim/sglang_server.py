@@ -35,6 +35,7 @@ from autotune.sim.server.serving import Serving, count_text_tokens, fake_token_i
 from autotune.sim.server.startup import Startup
 from autotune.sim.server_args import build_parser, check_server_args
 from autotune.sim.versions import sglang_version
+from autotune.sim.weight_cache_daemon import held_gb, live_daemons
 
 __all__ = [
     "DEFAULT_CRASH_AFTER_TOKENS",
@@ -98,6 +99,20 @@ class SimulatedServer:
         return 0
 
 
+def share_gpu_with_daemon(ns: argparse.Namespace, node: NodePerformanceModel) -> None:
+    """What a live simulated weight cache daemon on this launch's GPUs holds, and whether this launch (a
+    `--weight-cache-mode client` of the same model and layout) maps its weights."""
+    gpus = range(node.tp * ns.pp_size)  # from GPU 0: the simulated server takes no --base-gpu-id
+    held = max((held_gb(os.environ, gpu) for gpu in gpus), default=0.0)
+    served = any(
+        d.model_path == ns.model_path and d.tp_size == node.tp and d.pp_size == ns.pp_size
+        for d in live_daemons(os.environ)
+    )
+    mapped = ns.weight_cache_mode == "client" and served
+    if held or mapped:
+        node.share_gpu(held, mapped)
+
+
 # -- entry point -------------------------------------------------------------------------------------------
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)  # a stop before the event loop runs is still SGLang's clean shutdown
@@ -123,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     settings = LaunchSettings.from_args(ns, sglang_environment(ns, os.environ))
     node = NodePerformanceModel(hardware, model, settings, version)
+    share_gpu_with_daemon(ns, node)
     # ServerArgs warns before logging is configured, so Python prints these bare; its errors propagate.
     for warning in check_server_args(ns, node.attention_backend):
         log.raw(warning, WARNING)

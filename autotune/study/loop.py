@@ -265,7 +265,7 @@ class StudyDriver:
         run.skips = run.same_in_a_row = 0  # a launch: the run of proposals that cannot run is broken
         launch = study.seeded(proposal.launch, trial.number)  # after the same-launch check: no setting
         record_node(trial, node, config.derived)
-        request = trial_request(run, trial, launch, baseline)
+        request = trial_request(run, trial, launch, baseline, proposal.dialect)
         run.observers.trial_started(  # before the node has it: a run to follow its phases in
             TrialStarted(
                 study=study,

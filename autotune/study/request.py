@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import optuna
 
+from autotune.dialect import Dialect
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import TrialRecord, record_short_cutoff
 from autotune.study.run_state import RunState
 from autotune.trial.launch import ServerLaunch
+from autotune.trial.startup import takes_weight_cache
 from autotune.trial.wire import TrialRequest
 
 
-def trial_request(run: RunState, trial: optuna.Trial, launch: ServerLaunch, baseline: bool) -> TrialRequest:
-    """The request that runs `trial` as `launch` (the seeded one) on a node."""
+def trial_request(
+    run: RunState, trial: optuna.Trial, launch: ServerLaunch, baseline: bool, dialect: Dialect | None = None
+) -> TrialRequest:
+    """The request that runs `trial` as `launch` (the seeded one) on a node whose SGLang is `dialect`."""
     study = run.study
     return TrialRequest(
         number=trial.number,
@@ -27,6 +31,7 @@ def trial_request(run: RunState, trial: optuna.Trial, launch: ServerLaunch, base
         plan=None if study.objective.is_job else measurement_plan(run, trial, baseline),
         job=study.objective.is_job,  # the launch measures itself (autotune.node.job)
         compile_cache=study.file.startup.compile_cache,
+        weight_cache=study.file.startup.weight_cache and takes_weight_cache(dialect),
     )
 
 

@@ -655,6 +655,7 @@ class StudyTracker(StudyCallback):
             artifacts["benchmark.json"] = result.benchmark.to_json()
         if result.details:
             artifacts["job_result.json"] = json.dumps(result.details, indent=2)
+        artifacts.update(result.other_logs)  # the node's own processes' logs (the weight cache daemon's)
         launch = event.launch
         if launch is not None and result.port and result.port != launch.port:
             artifacts["launch.sh"] = launch_script(

@@ -11,6 +11,8 @@ from autotune.dialect import Dialect, committed_table, committed_versions
 
 LOADER_FLAG = "--model-loader-extra-config"
 MULTITHREAD_KEY, THREADS_KEY = "enable_multithread_load", "num_threads"
+# A server that maps its weights from SGLang's weight cache daemon (0.5.17 to 0.5.23: server_args.py).
+WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT = "--weight-cache-mode", "client"
 
 # The JIT and compile caches SGLang and its kernels read (sglang wheels 0.5.17 and 0.5.23):
 # SGLANG_CACHE_DIR (srt/environ.py; 0.5.23 also points the others under it: third_party_cache_defaults),
@@ -52,6 +54,14 @@ def multithread_loading_flag(
         return {}
     count = threads if threads is not None else int(defaults.get(THREADS_KEY, 8))
     return {LOADER_FLAG: json.dumps({MULTITHREAD_KEY: True, THREADS_KEY: count})}
+
+
+def takes_weight_cache(dialect: Dialect | None) -> bool:
+    """Whether the node's SGLang takes `--weight-cache-mode client` (its flag table says so); without a
+    dialect, the newest committed version's."""
+    table = dialect.table if dialect is not None else committed_table(committed_versions()[-1])
+    flag = table.get(WEIGHT_CACHE_FLAG) if table is not None else None
+    return flag is not None and flag.choices is not None and WEIGHT_CACHE_CLIENT in flag.choices
 
 
 def compile_cache_env(folder: str, env: Mapping[str, str]) -> dict[str, str]:

@@ -39,6 +39,9 @@ class TrialRequest:
     log_folder: str = ""
     # One JIT/compile cache folder per node, kept across trials (the study file's startup.compile_cache).
     compile_cache: bool = True
+    # SGLang's weight cache daemon kept across trials where it can serve the launch (startup.weight_cache,
+    # where the node's SGLang version takes --weight-cache-mode; autotune.node.weight_cache).
+    weight_cache: bool = False
 
     @property
     def serving_workload(self) -> Workload:
@@ -77,6 +80,9 @@ class TrialResult:
     # The node's own seconds for the launch where its clock is not the driver's (a simulated node's scaled
     # time: autotune.node.node_time); None where start-up and benchmark seconds are the node's.
     node_s: float | None = None
+    # Logs of the node's own processes for this trial beside the server's (the weight cache daemon's), by
+    # the artifact name they are kept under.
+    other_logs: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -96,4 +102,5 @@ class TrialResult:
         """A JSON-ready record of the result (the log left out)."""
         data = asdict(self)
         data.pop("log")
+        data.pop("other_logs")
         return data

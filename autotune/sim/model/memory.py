@@ -139,17 +139,28 @@ def plan_memory(node: NodePerformanceModel) -> MemoryPlan:
     chunked = m.context_len if flag_chunked < 0 else flag_chunked
     max_bs = s.cuda_graph_max_bs or auto_cuda_graph_max_bs(hw, node.tp)
     mfs = s.mem_fraction_static or auto_mem_fraction(node, flag_chunked, max_bs)
-    total = hw.gpu_memory_gb
+    # What this launch sees: a weight cache daemon's share of the GPU is not free.
+    total = hw.gpu_memory_gb - node.gpu_held_gb
     nccl_gb = node.nccl.memory_gb()
     init_used = hw.cuda_context_gb + nccl_gb + (0.12 if node.custom_allreduce else 0.0)
-    weights = m.weight_gb / node.tp + (m.draft.weight_gb / node.tp if node.spec and m.draft else 0.0)
+    disk_weights = m.weight_gb / node.tp + (m.draft.weight_gb / node.tp if node.spec and m.draft else 0.0)
+    # A weight cache client's load takes no memory: the weights are the daemon's (mem usage=0.00 GB, H200).
+    weights = 0.0 if node.weights_mapped else disk_weights
     avail_after_weights = total - init_used - weights
+    kv_fraction = mfs
+    if node.gpu_held_gb:
+        # SGLang 0.5.17 sizes the pool as (free before the load) x f less the load's memory, T' x f - W'
+        # (kv_cache_configurator._profile_available_bytes); this model's sizing is calibrated for a whole
+        # GPU, so a launch beside a daemon gets the pool of the whole-GPU fraction whose SGLang pool is the
+        # same: (T' x f - W' + W) / T, T the free memory a whole GPU has before the load.
+        whole = hw.gpu_memory_gb - init_used
+        kv_fraction = ((whole - node.gpu_held_gb) * mfs - weights + disk_weights) / whole
     # SGLang sizes the KV pool as what is left of the static fraction after everything before it.
-    kv_gb = mfs * total - init_used - weights - m.runtime_overhead_gb
+    kv_gb = kv_fraction * hw.gpu_memory_gb - init_used - disk_weights - m.runtime_overhead_gb
     kv_tokens = max(0, int(kv_gb * GB / kv_bytes_per_token(node)))
     avail_after_kv = avail_after_weights - m.runtime_overhead_gb - max(kv_gb, 0.0)
     # Weights that leave the static budget no room at all (kv_cache_configurator.py:1639-1655).
-    static_rest_gb = mfs * total - init_used - weights
+    static_rest_gb = kv_fraction * hw.gpu_memory_gb - init_used - disk_weights
     default_running = 48 if node.spec else 4096
     max_running = s.max_running_requests or max(1, min(default_running, kv_tokens // 2))
     speculative = s.speculative_algorithm is not None

@@ -48,6 +48,8 @@ class NodePerformanceModel:
         # What the node kept from earlier launches (autotune.sim.model.startup; set by whoever runs them).
         self.weights_cached = False  # the weights are in the host's page cache
         self.compile_cache_warm = False  # the JIT/compile caches hold this launch's kernels
+        self.gpu_held_gb = 0.0  # each GPU's memory another process holds (a weight cache daemon)
+        self.weights_mapped = False  # the weights are mapped from that daemon, not loaded
         self.tp = settings.tp_size
         self.warnings: list[str] = []
         self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments
@@ -64,6 +66,13 @@ class NodePerformanceModel:
                 f"TorchSymmMemCommunicator: Device capability {hw.compute_capability.split('.')[0]} not "
                 "supported, communicator is not available."
             )
+        self.plan = memory.plan_memory(self)
+        self.startup_failure = failures.startup_failure(self)
+
+    def share_gpu(self, held_gb: float, mapped: bool) -> None:
+        """A weight cache daemon holds `held_gb` of each GPU and, `mapped`, this launch maps its weights
+        from it instead of loading them: the memory plan and the start-up follow."""
+        self.gpu_held_gb, self.weights_mapped = held_gb, mapped
         self.plan = memory.plan_memory(self)
         self.startup_failure = failures.startup_failure(self)
 

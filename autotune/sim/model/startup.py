@@ -24,6 +24,9 @@ PR_18124_SINGLE_S, PR_18124_THREADED_S = 24 * 60 + 46, 6 * 60 + 11
 QWEN_COLD_S, QWEN_COLD_WEIGHTS_S, QWEN_WARM_S, QWEN_WARM_WEIGHTS_S = 695.0, 531.0, 88.0, 31.0
 PAGE_CACHE_SPEEDUP = QWEN_COLD_WEIGHTS_S / QWEN_WARM_WEIGHTS_S
 WARM_COMPILE_SHARE = (QWEN_WARM_S - QWEN_WARM_WEIGHTS_S) / (QWEN_COLD_S - QWEN_COLD_WEIGHTS_S)
+# A weight cache client maps the daemon's weights over CUDA IPC: 0.05-0.07 s on one H200 for an 8B's 196
+# tensors (benchmarks/RESULTS-sglang-h200.md, SGLang 0.5.17), against 2.03 s from the page cache.
+IPC_LOAD_S = 0.07
 # The share of host memory the page cache may keep the weights in (the rest: processes, the loaders' buffers).
 PAGE_CACHE_SHARE = 0.8
 
@@ -57,10 +60,17 @@ def weights_fit_page_cache(hw: HardwareProfile, model: ModelProfile) -> bool:
 def load_seconds(node: NodePerformanceModel) -> float:
     """Weight loading: from the page cache when an earlier launch left the weights there (threads barely
     matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed."""
-    cold_single = node.model.weight_gb / node.model.load_gbps
-    if node.weights_cached:
+    if node.weights_mapped:
+        return IPC_LOAD_S
+    return disk_load_seconds(node.hw, node.model, node.settings.load_threads, node.weights_cached)
+
+
+def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: bool) -> float:
+    """The whole checkpoint read and loaded: from the page cache, else from disk at the threads' speed."""
+    cold_single = model.weight_gb / model.load_gbps
+    if cached:
         return cold_single / PAGE_CACHE_SPEEDUP
-    return cold_single / thread_speedup(node.hw, node.settings.load_threads)
+    return cold_single / thread_speedup(hw, threads)
 
 
 def compile_share(node: NodePerformanceModel) -> float:

@@ -16,6 +16,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout
 from autotune.sim.logfmt import tqdm_line
 from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
+from autotune.sim.weight_cache_daemon import TENSORS_PER_LAYER
 
 HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
 WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its first /get_model_info
@@ -93,6 +94,14 @@ class Startup(LaunchPart):
         self.ranks.all(f"Load weight begin. avail mem={plan.total_gb - plan.init_used_gb:.2f} GB")
         if fail:
             self._fail_here()
+        if self.node.weights_mapped:
+            await self._map_weights()
+            return
+        if self.ns.weight_cache_mode == "client":  # no daemon for this model and layout (ipc_loader.py:113)
+            self.ranks.all(
+                "[IpcModelLoader] Weight cache not available or config mismatch, falling back to disk load",
+                warning=True,
+            )
         shards = model.num_shards
         per_shard = self.node.load_seconds / shards
         # buffered_multi_thread_safetensors_weights_iterator's bar, or the single-threaded loader's.
@@ -108,6 +117,19 @@ class Startup(LaunchPart):
         quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
         self.ranks.all(
             f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={model.architecture}, {quant}"
+            f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
+        )
+
+    async def _map_weights(self) -> None:
+        """A weight cache client: the daemon's tensors mapped over CUDA IPC (0.5.17 ipc_loader.py:120-157)."""
+        plan, model, seconds = self.plan, self.node.model, self.node.load_seconds
+        tensors = model.num_layers * TENSORS_PER_LAYER + 4
+        self.ranks.all(f"[IpcModelLoader] Fetched {tensors} IPC handles from daemon in 0.00s")
+        await self._sleep_model(seconds)
+        self.ranks.all(f"[IpcModelLoader] Loaded model via IPC (mode=client), total={seconds:.2f}s")
+        quant = f"quant={model.quantization}, " if model.quantization else ""
+        self.ranks.all(
+            f"Load weight end. elapsed={seconds:.2f} s, type={model.architecture}, {quant}"
             f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
         )
 
