@@ -25,9 +25,5 @@ STUDY=$STUDY N_TRIALS=${N_TRIALS:-4} BUDGET_S=$(( BUDGET_S - 40 - ($(date +%s) -
 echo "[weight_cache_study +$(( $(date +%s) - T0 ))s] autotune_trials.sh exit $?" >> "$OUT/autotune_run.log"
 PYTHONPATH=$PWD:/tmp/at:/tmp/site timeout 30 python3 benchmarks/sglang-h200/weight_cache_study.py \
   --study "$STUDY" > "$OUT/weight_cache_study.txt" 2>&1
-# The study stops its daemon; anything a killed run left is stopped here (listed in the summary first).
-for pid in $(pgrep -f "sglang.srt.weight_cache.daemon" || true); do
-  echo "stopping a daemon left running: $(ps -o pid=,pgid=,args= -p "$pid")" >> "$OUT/weight_cache_study.txt"
-  kill -KILL "$pid" 2>/dev/null
-done
+# The study stops its daemon; the summary above lists any daemon, ready file or GPU app it left.
 echo "[weight_cache_study +$(( $(date +%s) - T0 ))s] done" >> "$OUT/weight_cache_study.txt"
