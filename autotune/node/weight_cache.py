@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -349,10 +349,18 @@ class WeightCacheKeeper:
         """The running daemon's process group, None when none runs."""
         return self._daemon.pgid if self._daemon is not None else None
 
-    def prepare(self, launch: ServerLaunch, folder: Path, wanted: bool, timeout_s: float) -> Prepared:
+    def prepare(
+        self,
+        launch: ServerLaunch,
+        folder: Path,
+        wanted: bool,
+        timeout_s: float,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Prepared:
         """The launch to start for a trial whose log folder is `folder`: a client of the daemon (started
         now when it must be, its log in `folder`) where it serves the launch, else the plain launch with no
-        daemon running. `wanted` False (the study's weight_cache off): the plain launch, no daemon."""
+        daemon running. `wanted` False (the study's weight_cache off): the plain launch, no daemon.
+        `stopped()` True (the trial was stopped): the daemon's start is not waited for."""
         if self._daemon is not None and self._daemon.poll() is not None:
             self._daemon, self.state.running = None, None  # it died: a served launch starts another
         if not wanted:
@@ -365,7 +373,7 @@ class WeightCacheKeeper:
             return Prepared(launch, plan, (plan.note,) if plan.note else ())
         daemon_s, daemon_log, notes = 0.0, "", []
         if self.state.running is None:
-            started = self._start(plan.layout, launch.env, folder / DAEMON_LOG, timeout_s)
+            started = self._start(plan.layout, launch.env, folder / DAEMON_LOG, timeout_s, stopped)
             daemon_s, daemon_log, why = started
             if why is not None:
                 return Prepared(launch, replace(plan, layout=None), (why,), daemon_s, daemon_log)
@@ -385,7 +393,12 @@ class WeightCacheKeeper:
             self.state.learn(started, prepared.plan, log, choices)
 
     def _start(
-        self, layout: DaemonLayout, env: Mapping[str, str], log_path: Path, timeout_s: float
+        self,
+        layout: DaemonLayout,
+        env: Mapping[str, str],
+        log_path: Path,
+        timeout_s: float,
+        stopped: Callable[[], bool],
     ) -> tuple[float, str, str | None]:
         """Start the daemon and wait until every rank listens: its node seconds, its log, and the sentence
         why it is not serving (None: it is)."""
@@ -404,7 +417,7 @@ class WeightCacheKeeper:
             if DAEMON_READY.search(log) or len(set(DAEMON_LISTENING.findall(log))) >= layout.ranks:
                 ready = True
                 break
-            if process.poll() is not None:
+            if process.poll() is not None or stopped():
                 break
             time.sleep(READY_POLL_S)
         log = process.read_log()
@@ -418,7 +431,13 @@ class WeightCacheKeeper:
                 return seconds, log, f"weights loaded from disk: {why}"
             lines = [line for line in log.splitlines() if line.strip()]
             last = lines[-1].strip() if lines else "no output"
-            state = "exited" if process.poll() is not None else f"was not ready in {timeout_s:.0f} s"
+            state = (
+                "start was stopped with the trial"
+                if stopped()
+                else "exited"
+                if process.poll() is not None
+                else f"was not ready in {timeout_s:.0f} s"
+            )
             return seconds, log, f"weights loaded from disk: the weight cache daemon {state}: {last[:300]}"
         self.state.running = layout
         used_after = self._gpu_used_mib(env)
