@@ -69,6 +69,9 @@ DAEMON_LOADED = re.compile(r"Model loaded from disk in ([0-9.]+)s")
 QUANT_REFUSED = re.compile(
     r"\[weight_cache:(?:daemon|client)\] quantization method '([^']*)' is not verified for CUDA IPC"
 )
+# A client whose fingerprint (model, layout, quantization, dtype, revision, GPU, torch) the daemon's does not
+# match loads from disk beside it (0.5.17 ipc_loader.py:113-117).
+CLIENT_FELL_BACK = "[IpcModelLoader] Weight cache not available or config mismatch, falling back to disk load"
 # A server's own report of its load (model_runner.py), every rank: the free memory before it, what it took.
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
 _LOAD_END = re.compile(r"Load weight end\. [^\n]*?\bmem usage=(-?[0-9.]+) GB")
@@ -310,7 +313,12 @@ class WeightCacheState:
         client = started.flag(WEIGHT_CACHE_FLAG) == WEIGHT_CACHE_CLIENT
         if isinstance(layout, DaemonLayout) and before is not None:
             readings = self.readings.setdefault(layout, LayoutReadings())
-            if client:
+            if client and CLIENT_FELL_BACK in log:
+                self.refused[layout] = (
+                    "a client of the weight cache daemon loaded from disk instead (SGLang: 'Weight cache not "
+                    "available or config mismatch'), so the daemon is not used again for this layout"
+                )
+            elif client:
                 if weights is not None and weights < 0.5:  # mapped, not fallen back to disk
                     readings.client_before_gb = before
                     readings.client_before_by_env[frozenset(started.env.items())] = before
