@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks.model_studies import StudyRun, load_profile, run_study, search_space_for
+from model_studies import StudyRun, load_profile, run_study, search_space_for
 
 PROFILE = Path(__file__).resolve().parent / "profiles" / "h100x8-qwen3coder480b.yaml"
 HOSTS = {"2 TB host (page cache)": None, "256 GB host (disk each launch)": 256}

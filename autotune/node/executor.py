@@ -193,10 +193,12 @@ class TrialExecutor:
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache)
         if not request.job:
             self._prepared = self.weight_cache.prepare(
-                launch, log_path.parent, request.weight_cache, request.startup_timeout_s
+                launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set
             )
             launch = self._prepared.launch
             self._startup_notes += self._prepared.notes
+            if self._aborted.is_set():  # stopped while the daemon started: no server to start and stop
+                raise LaunchError(list(launch.argv), "stopped before the server was started")
         if not self.runner.wait_port_free(launch.host, launch.port, self.port_wait_s):
             raise LaunchError(list(launch.argv), f"port {launch.host}:{launch.port} is already in use")
         return self.runner.start(launch.argv, launch.env, log_path, secrets=launch.secrets)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -69,6 +69,9 @@ DAEMON_LOADED = re.compile(r"Model loaded from disk in ([0-9.]+)s")
 QUANT_REFUSED = re.compile(
     r"\[weight_cache:(?:daemon|client)\] quantization method '([^']*)' is not verified for CUDA IPC"
 )
+# A client whose fingerprint (model, layout, quantization, dtype, revision, GPU, torch) the daemon's does not
+# match loads from disk beside it (0.5.17 ipc_loader.py:113-117).
+CLIENT_FELL_BACK = "[IpcModelLoader] Weight cache not available or config mismatch, falling back to disk load"
 # A server's own report of its load (model_runner.py), every rank: the free memory before it, what it took.
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
 _LOAD_END = re.compile(r"Load weight end\. [^\n]*?\bmem usage=(-?[0-9.]+) GB")
@@ -310,7 +313,12 @@ class WeightCacheState:
         client = started.flag(WEIGHT_CACHE_FLAG) == WEIGHT_CACHE_CLIENT
         if isinstance(layout, DaemonLayout) and before is not None:
             readings = self.readings.setdefault(layout, LayoutReadings())
-            if client:
+            if client and CLIENT_FELL_BACK in log:
+                self.refused[layout] = (
+                    "a client of the weight cache daemon loaded from disk instead (SGLang: 'Weight cache not "
+                    "available or config mismatch'), so the daemon is not used again for this layout"
+                )
+            elif client:
                 if weights is not None and weights < 0.5:  # mapped, not fallen back to disk
                     readings.client_before_gb = before
                     readings.client_before_by_env[frozenset(started.env.items())] = before
@@ -349,10 +357,18 @@ class WeightCacheKeeper:
         """The running daemon's process group, None when none runs."""
         return self._daemon.pgid if self._daemon is not None else None
 
-    def prepare(self, launch: ServerLaunch, folder: Path, wanted: bool, timeout_s: float) -> Prepared:
+    def prepare(
+        self,
+        launch: ServerLaunch,
+        folder: Path,
+        wanted: bool,
+        timeout_s: float,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Prepared:
         """The launch to start for a trial whose log folder is `folder`: a client of the daemon (started
         now when it must be, its log in `folder`) where it serves the launch, else the plain launch with no
-        daemon running. `wanted` False (the study's weight_cache off): the plain launch, no daemon."""
+        daemon running. `wanted` False (the study's weight_cache off): the plain launch, no daemon.
+        `stopped()` True (the trial was stopped): the daemon's start is not waited for."""
         if self._daemon is not None and self._daemon.poll() is not None:
             self._daemon, self.state.running = None, None  # it died: a served launch starts another
         if not wanted:
@@ -365,7 +381,7 @@ class WeightCacheKeeper:
             return Prepared(launch, plan, (plan.note,) if plan.note else ())
         daemon_s, daemon_log, notes = 0.0, "", []
         if self.state.running is None:
-            started = self._start(plan.layout, launch.env, folder / DAEMON_LOG, timeout_s)
+            started = self._start(plan.layout, launch.env, folder / DAEMON_LOG, timeout_s, stopped)
             daemon_s, daemon_log, why = started
             if why is not None:
                 return Prepared(launch, replace(plan, layout=None), (why,), daemon_s, daemon_log)
@@ -385,7 +401,12 @@ class WeightCacheKeeper:
             self.state.learn(started, prepared.plan, log, choices)
 
     def _start(
-        self, layout: DaemonLayout, env: Mapping[str, str], log_path: Path, timeout_s: float
+        self,
+        layout: DaemonLayout,
+        env: Mapping[str, str],
+        log_path: Path,
+        timeout_s: float,
+        stopped: Callable[[], bool],
     ) -> tuple[float, str, str | None]:
         """Start the daemon and wait until every rank listens: its node seconds, its log, and the sentence
         why it is not serving (None: it is)."""
@@ -404,7 +425,7 @@ class WeightCacheKeeper:
             if DAEMON_READY.search(log) or len(set(DAEMON_LISTENING.findall(log))) >= layout.ranks:
                 ready = True
                 break
-            if process.poll() is not None:
+            if process.poll() is not None or stopped():
                 break
             time.sleep(READY_POLL_S)
         log = process.read_log()
@@ -418,7 +439,13 @@ class WeightCacheKeeper:
                 return seconds, log, f"weights loaded from disk: {why}"
             lines = [line for line in log.splitlines() if line.strip()]
             last = lines[-1].strip() if lines else "no output"
-            state = "exited" if process.poll() is not None else f"was not ready in {timeout_s:.0f} s"
+            state = (
+                "start was stopped with the trial"
+                if stopped()
+                else "exited"
+                if process.poll() is not None
+                else f"was not ready in {timeout_s:.0f} s"
+            )
             return seconds, log, f"weights loaded from disk: the weight cache daemon {state}: {last[:300]}"
         self.state.running = layout
         used_after = self._gpu_used_mib(env)

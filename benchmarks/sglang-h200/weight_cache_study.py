@@ -19,6 +19,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import optuna
 import yaml
@@ -51,7 +52,8 @@ def main() -> int:
     print(f"study {name}: {len(trials)} trials")
     head = f"{'trial':>5} {'state':<9} {'launched f':>10} {'load s':>7} {'KV tokens':>10} {'node s':>7}"
     print(f"{head}  settings")
-    served, disk = [], {}
+    served: list[tuple[int, tuple[tuple[str, Any], ...], float | None]] = []
+    disk: dict[tuple[tuple[str, Any], ...], tuple[int, float]] = {}
     for t in trials:
         u = t.user_attrs
         notes = [str(n) for n in u.get("startup_notes") or []]

@@ -167,3 +167,20 @@ def test_the_daemon_is_ready_and_refuses_as_real_sglang_logs_it() -> None:
     )
     found = QUANT_REFUSED.search(refusal)
     assert found is not None and found.group(1) == "awq"
+
+
+def test_a_client_that_fell_back_to_disk_ends_the_daemon_for_its_layout() -> None:
+    state = WeightCacheState()
+    launch = _launch(("--mem-fraction-static", "0.85"))
+    _learned(state, launch, (H200 / "server-normal.log").read_text())
+    plan = state.plan(launch)
+    client = state.client(replace(plan, layout=plan.layout))
+    assert not isinstance(client, str) and plan.layout is not None
+    # 0.5.17 ipc_loader.py:113-117, as a client logs it when the daemon's fingerprint does not match
+    fell_back = (
+        "[2026-12-05 13:15:10 TP0] [IpcModelLoader] Weight cache not available or config mismatch, falling "
+        "back to disk load\n" + (H200 / "server-normal.log").read_text()
+    )
+    state.learn(client[0], plan, fell_back, {})
+    again = state.plan(launch)
+    assert again.layout is None and "loaded from disk instead" in (again.note or "")

@@ -59,3 +59,63 @@ def test_the_daemon_ends_with_its_pool(kind: str, tmp_path: Path) -> None:
     for daemon in daemons:
         with pytest.raises(ProcessLookupError):
             os.killpg(daemon.pid, 0)
+
+
+def test_a_trial_stopped_while_its_daemon_starts_does_not_wait_for_it(tmp_path: Path) -> None:
+    import sys
+    import threading
+
+    from autotune.measure.client import Workload
+    from autotune.node.executor import TrialExecutor
+    from autotune.node.runner import LocalCommandRunner, free_port
+    from autotune.trial.failures import FailureKind
+    from autotune.trial.launch import ServerLaunch
+
+    nvidia_smi = (sys.executable, "-m", "autotune.sim.nvidia_smi")
+    executor = TrialExecutor("local", LocalCommandRunner(), tmp_path, port_wait_s=5, nvidia_smi=nvidia_smi)
+    workload = Workload(num_prompts=2, input_len=100, output_len=8, concurrency=2)
+    env = {
+        "SGLANG_SIM_HARDWARE": "h200-nvlink-x8", "SGLANG_SIM_MODEL": "llama-70b-bf16",
+        "SGLANG_SIM_TIME_SCALE": "0.01", "SGLANG_SIM_STARTUP_TIME_SCALE": "0.1",  # a 5.6 s daemon load
+        "SGLANG_SIM_WEIGHT_CACHE_DIR": str(tmp_path / "weight-cache"),
+    }  # fmt: skip
+
+    def request(number: int) -> TrialRequest:
+        port = free_port()
+        argv = (sys.executable, "-m", "autotune.sim.sglang_server")
+        flags = (
+            ("--model-path", "/models/Llama-70B"),
+            ("--tp-size", "8"),
+            ("--mem-fraction-static", "0.85"),
+            ("--port", str(port)),
+        )
+        launch = ServerLaunch(argv, env, "127.0.0.1", port, flags=flags)
+        return TrialRequest(number, launch, workload, 60, 60, weight_cache=True)
+
+    try:
+        assert executor.run(request(0)).ok  # from disk: the readings
+        threading.Thread(
+            target=lambda: (
+                _wait_for(lambda: executor.weight_cache.daemon_pgid is not None),
+                executor.abort(),
+            ),
+            daemon=True,
+        ).start()
+        began = time.monotonic()
+        result = executor.run(request(1))
+        assert result.failure is not None and result.failure.kind is FailureKind.INTERRUPTED, (
+            result.startup_notes
+        )
+        assert any("start was stopped with the trial" in n for n in result.startup_notes), (
+            result.startup_notes
+        )
+        assert time.monotonic() - began < 5.6
+    finally:
+        executor.close()
+    assert not live_daemons(env)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
