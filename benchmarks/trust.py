@@ -186,6 +186,22 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "no-pool-noise": {"confirm": {"pool_noise": False}},  # the confirmation's own spread alone, as before
     "pool-noise-1": {"confirm": {"pool_noise": True, "min_rounds": 1}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
+    # The default sampler with one change (SAMPLER_SETTINGS), the trust defaults (issue 37 items 2/7).
+    "sweep-evidence": True,
+    "pairs-evidence": True,
+    "moves-evidence": True,
+    "one-knob": True,
+    "no-stop-moves-evidence": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
+}
+# Variants that change the default sampler's settings (autotune.study.samplers.tpe), not the trust section:
+# refuted knobs (every move lost > 2%) last in the moves' sweep, or never a two-knob move's second knob, or
+# no two-knob moves at all.
+SAMPLER_SETTINGS: dict[str, dict[str, Any]] = {
+    "sweep-evidence": {"order_by_evidence": True},
+    "pairs-evidence": {"pair_by_evidence": True},
+    "moves-evidence": {"order_by_evidence": True, "pair_by_evidence": True},
+    "one-knob": {"second": 0.0},  # every move changes one knob (the default: two with probability 0.3)
+    "no-stop-moves-evidence": {"order_by_evidence": True, "pair_by_evidence": True},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
@@ -220,6 +236,24 @@ def confirmation_rule(variant: str) -> contextlib.AbstractContextManager[object]
         stack.enter_context(
             mock.patch.object(confirm_rule, "precision_confidence", confirm_rule.look_confidence)
         )
+    return stack
+
+
+def sampler_rule(variant: str) -> contextlib.AbstractContextManager[object]:
+    """The default sampler with the variant's settings (SAMPLER_SETTINGS) over its own."""
+    from unittest import mock
+
+    from autotune.study import samplers
+
+    stack = contextlib.ExitStack()
+    if variant in SAMPLER_SETTINGS:
+        default, changed = samplers.tpe, SAMPLER_SETTINGS[variant]
+
+        def changed_tpe(seed: int | None, **settings: Any) -> optuna.samplers.BaseSampler:
+            return default(seed, **{**changed, **settings})
+
+        stack.enter_context(mock.patch.object(samplers, "tpe", changed_tpe))
+        stack.enter_context(mock.patch.dict(samplers.SAMPLERS, {"tpe": changed_tpe}))
     return stack
 
 
@@ -534,7 +568,7 @@ def run_job(job: Job) -> Outcome:
         )
 
     noise = SimNoise.calibrated(load_hardware_profile(profile.hardware).noise)
-    with confirmation_rule(job.variant):
+    with confirmation_rule(job.variant), sampler_rule(job.variant):
         run = run_study(
             profile,
             job.n_trials,
