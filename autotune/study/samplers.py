@@ -40,9 +40,6 @@ BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right aft
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
-# A knob whose every move measured so far lost more than this share of the value it moved from is refuted:
-# the moves try it after the others (`order_by_evidence`), and a two-knob move does not add it.
-REFUTED_LOSS = 0.02
 LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSED_ATTR)
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
@@ -329,8 +326,6 @@ class IncumbentMoves(_Wrapper):
         branch_trials: int = BRANCH_TRIALS,
         floor: bool = True,
         climb: bool = True,
-        order_by_evidence: bool = False,
-        pair_by_evidence: bool = False,
         staged: Mapping[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
@@ -344,8 +339,6 @@ class IncumbentMoves(_Wrapper):
         self.branch_trials = branch_trials
         self.floor = floor
         self.climb = climb
-        self.order_by_evidence = order_by_evidence
-        self.pair_by_evidence = pair_by_evidence
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any] | None] = {}
@@ -404,13 +397,8 @@ class IncumbentMoves(_Wrapper):
         climb = self._climb(study, best, finished, tried) if self.climb else None
         if climb is not None or self._rng.random() >= self.share:
             return climb
-        refuted = (
-            _refuted(finished, best, study.direction == optuna.study.StudyDirection.MAXIMIZE)
-            if self.order_by_evidence or self.pair_by_evidence
-            else set()
-        )
         for _ in range(20):  # a move that repeats a tried config is drawn again
-            move = self._move(best, with_params, refuted)
+            move = self._move(best, with_params)
             if _asked(move, best.params, with_params) not in tried:
                 changed = ", ".join(n for n in move if not same_value(move[n], best.params.get(n)))
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
@@ -575,22 +563,14 @@ class IncumbentMoves(_Wrapper):
                     return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
         return None
 
-    def _move(
-        self, best: FrozenTrial, trials: list[FrozenTrial], refuted: set[str] | None = None
-    ) -> dict[str, Any]:
+    def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
         params = {**best.params, **{n: v for n, v in self.held.items() if n in best.params}}
         free = sorted(n for n in params if n not in self.held)
         count = min(2 if self._rng.random() < self.second else 1, len(free))
         # A sweep: the first knob is one no trial has yet moved from this best, while there is one.
         moved = set().union(*(_moved_from(best, t) for t in trials if t.number != best.number))
-        unmoved = [n for n in free if n not in moved]
-        if self.order_by_evidence and refuted:  # the refuted knobs last in the sweep
-            unmoved = [n for n in unmoved if n not in refuted] or unmoved
-        first = self._rng.choice(unmoved or free)
-        others = [n for n in free if n != first]
-        if self.pair_by_evidence and refuted:
-            others = [n for n in others if n not in refuted] or others
-        for name in [first, *self._rng.sample(others, min(count - 1, len(others)))]:
+        first = self._rng.choice([n for n in free if n not in moved] or free)
+        for name in [first, *self._rng.sample([n for n in free if n != first], count - 1)]:
             if name in TREE_KNOBS and all(best.params.get(n) is not None for n in TREE_KNOBS[:2]):
                 # The tree's knobs move together, to a neighbouring tree.
                 params = {n: v for n, v in params.items() if n not in TREE_KNOBS}
@@ -722,34 +702,6 @@ def _matters(name: str, trials: Sequence[FrozenTrial], margin: float) -> bool:
     return False
 
 
-def _refuted(trials: Sequence[FrozenTrial], best: FrozenTrial, maximize: bool) -> set[str]:
-    """The knobs of `best` whose every move away from its value lost more than REFUTED_LOSS: a later trial
-    that differs from an earlier measured one in that knob alone (an EAGLE tree's knobs, or the algorithm
-    with its tree, as one), where the earlier one had the best's value, and measured worse or failed. The
-    landscape is mostly a product of each knob's own factor, so such a move from the best loses again."""
-    measured = sorted((t for t in trials if _feasible(t)), key=lambda t: t.number)
-    best_change: dict[str, float] = {}
-    for moved in sorted((t for t in trials if t.params), key=lambda t: t.number):
-        for start in (t for t in measured if t.number < moved.number):
-            changed = _moved_from(start, moved)
-            if SpeculativeRules.ALGORITHM in changed and changed <= {SpeculativeRules.ALGORITHM, *TREE_KNOBS}:
-                changed = {SpeculativeRules.ALGORITHM}  # another algorithm brings its own tree
-            if not changed or (len(changed) > 1 and not changed <= set(TREE_KNOBS)):
-                continue  # two knobs moved: which one lost is not known
-            if not all(same_value(start.params.get(n), best.params.get(n)) for n in changed):
-                continue  # a move towards the best's value, not away from it
-            assert start.value is not None
-            if _feasible(moved):
-                assert moved.value is not None
-                change = (moved.value - start.value) / abs(start.value) if start.value else 0.0
-                change = change if maximize else -change
-            else:
-                change = -math.inf
-            for name in changed:
-                best_change[name] = max(best_change.get(name, -math.inf), change)
-    return {name for name, change in best_change.items() if change < -REFUTED_LOSS}
-
-
 def _on_line(trial: FrozenTrial, best: FrozenTrial, name: str) -> bool:
     """Whether `trial` is `best` with only `name` changed (a finished launch: measured, or failed)."""
     if name not in trial.params or trial.state is TrialState.RUNNING:
@@ -865,17 +817,16 @@ def tpe(
     branch_trials: int = BRANCH_TRIALS,
     floor: bool = True,
     climb: bool = True,
-    order_by_evidence: bool = False,
-    pair_by_evidence: bool = False,
     start_values: Mapping[str, Any] | None = None,
     staged: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
     the defaults, steering clear of the configs that run out of memory, with a share `moves` of the trials
-    after the start moving from the best trial, and repairs of CUDA-graph OOMs. The keyword arguments change
-    its settings (`options` go to TPESampler; `feasibility_weight=0` and `moves=0` leave plain TPE after
-    the start, repairs aside), for measuring other settings against it (benchmarks/sample_efficiency.py)."""
+    after the start moving from the best trial (two knobs at once with probability `second`), and repairs
+    of CUDA-graph OOMs. The keyword arguments change its settings (`options` go to TPESampler;
+    `feasibility_weight=0` and `moves=0` leave plain TPE after the start, repairs aside), for measuring
+    other settings against it (benchmarks/sample_efficiency.py, benchmarks/trust.py's SAMPLER_SETTINGS)."""
     settings = {"multivariate": True, "group": True, **options}
     base = FeasibleTPESampler(
         seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
@@ -895,8 +846,6 @@ def tpe(
         branch_trials=branch_trials,
         floor=floor,
         climb=climb,
-        order_by_evidence=order_by_evidence,
-        pair_by_evidence=pair_by_evidence,
         staged=staged,
         seed=seed,
     )
