@@ -104,7 +104,10 @@ def refuted(trials: Sequence[FrozenTrial], best: FrozenTrial) -> set[str]:
             if not all(same_value(start.params.get(n), best.params.get(n)) for n in changed):
                 continue
             assert start.value is not None
-            change = (moved.value / start.value - 1) if _feasible(moved) and start.value else -math.inf
+            if _feasible(moved) and moved.value is not None and start.value:
+                change = moved.value / start.value - 1
+            else:
+                change = -math.inf  # a failed launch: a loss as large as any
             for name in changed:
                 best_change[name] = max(best_change.get(name, -math.inf), change)
     return {name for name, change in best_change.items() if change < -REFUTED_LOSS}
