@@ -381,6 +381,45 @@ def test_a_stopping_rule_replayed_on_a_search_no_rule_stopped_stops_where_the_st
     assert [t.params for t in trials[: len(stopped)]] == [t.params for t in stopped]
 
 
+def test_search_wait_reads_which_part_of_the_sampler_proposed_the_answer_and_what_came_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/search_wait.py on trust.py's dump of a short study: the answer's first launch, its proposer
+    and the launches before it by part; the moves by kind; the node hours to 2% and 5% of the best known."""
+    import search_wait
+    import trust
+    from trust import Job, run_job
+
+    trust.DUMP[:] = [tmp_path]
+    try:
+        run_job(Job(PROFILES["h200"], seed=0, n_trials=14, flat=False, compare_rounds=2, trust=True))
+    finally:
+        trust.DUMP.clear()
+    assert search_wait.main([str(tmp_path), "--profile", "h200"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| h200 | 0 |"))
+    assert "EAGLE3" in row and "baseline 3, start 7" in row  # the baseline and its repeats, the start
+    assert "| h200 | after | 1 |" in out
+
+
+def test_search_wait_calls_a_knob_refuted_when_every_move_away_from_the_bests_value_lost() -> None:
+    from search_wait import refuted
+
+    from tests.builders import stored_trial
+
+    trials = [
+        stored_trial({"a": None, "b": None}, 100.0),
+        stored_trial({"a": 1, "b": None}, 90.0),  # a away from the best's None: -10%
+        stored_trial({"a": None, "b": 1}, 120.0),  # b towards the best's value: not a move away from it
+        stored_trial({"a": None, "b": 2}, 119.0),  # b away from the best's 1: -0.8%, within 2%
+        stored_trial({"a": 2, "b": 1}, None),  # a away from the best's None, failed
+    ]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    assert refuted(trials, trials[2]) == {"a"}
+    assert refuted(trials[:1] + trials[2:4], trials[2]) == set()  # a never moved: not refuted
+
+
 def test_trust_counts_a_max_load_answer_over_defaults_at_no_rate_as_a_true_gain() -> None:
     """benchmarks/trust.py --objective max_load: the L40S defaults meet the SLO at no rate (true value 0);
     an answer meeting it at any rate is a gain, one at 0 is none (it counted every claim there as false)."""

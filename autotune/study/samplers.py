@@ -813,6 +813,7 @@ def tpe(
     keep_default: float = 0.8,
     feasibility_weight: float = 1.0,
     moves: float = 0.8,
+    second: float = 0.3,
     branch_trials: int = BRANCH_TRIALS,
     floor: bool = True,
     climb: bool = True,
@@ -822,9 +823,10 @@ def tpe(
 ) -> BaseSampler:
     """autotune's default: multivariate TPE, grouped for the conditional speculative knobs, started near
     the defaults, steering clear of the configs that run out of memory, with a share `moves` of the trials
-    after the start moving from the best trial, and repairs of CUDA-graph OOMs. The keyword arguments change
-    its settings (`options` go to TPESampler; `feasibility_weight=0` and `moves=0` leave plain TPE after
-    the start, repairs aside), for measuring other settings against it (benchmarks/sample_efficiency.py)."""
+    after the start moving from the best trial (two knobs at once with probability `second`), and repairs
+    of CUDA-graph OOMs. The keyword arguments change its settings (`options` go to TPESampler;
+    `feasibility_weight=0` and `moves=0` leave plain TPE after the start, repairs aside), for measuring
+    other settings against it (benchmarks/sample_efficiency.py, benchmarks/trust.py's SAMPLER_SETTINGS)."""
     settings = {"multivariate": True, "group": True, **options}
     base = FeasibleTPESampler(
         seed=seed, n_startup_trials=n_startup_trials, feasibility_weight=feasibility_weight, **settings
@@ -840,6 +842,7 @@ def tpe(
         start,
         n_startup_trials=n_startup_trials,
         share=moves,
+        second=second,
         branch_trials=branch_trials,
         floor=floor,
         climb=climb,

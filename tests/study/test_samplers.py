@@ -257,6 +257,25 @@ def test_a_move_changes_one_or_two_knobs_of_the_best_trial() -> None:
     assert len({tuple(t.params.values()) for t in study.trials}) == len(study.trials)  # none repeated
 
 
+def test_the_default_sampler_takes_the_share_of_two_knob_moves() -> None:
+    # tpe(second=...) reaches IncumbentMoves: at 0 every move changes one knob (benchmarks/trust.py's
+    # `one-knob` measures it against the default 0.3).
+    names = [f"k{i}" for i in range(6)]
+    changed = {}
+    for second in (0.0, 1.0):
+        study = optuna.create_study(
+            direction="maximize", sampler=tpe(0, n_startup_trials=3, moves=1.0, second=second)
+        )
+        for value in (0.5, 0.9, 0.7, *[0.1] * 12):  # the start, then moves from its best, none better
+            trial = study.ask()
+            for name in names:
+                trial.suggest_categorical(name, [None, 1, 2, 4])
+            study.tell(trial, value)
+        best = study.trials[1].params
+        changed[second] = {sum(t.params[n] != best[n] for n in names) for t in study.trials[3:]}
+    assert changed == {0.0: {1}, 1.0: {2}}
+
+
 def test_a_move_that_switches_a_branch_off_does_not_repeat_the_config_it_came_from() -> None:
     # The best trial is the one before it with EAGLE-3 switched on; switching it off again, its tree is not
     # asked, so the move would be that earlier trial once more.
