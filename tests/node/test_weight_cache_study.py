@@ -93,6 +93,8 @@ def _study(
 def _daemon_pids(root: Path) -> list[int]:
     pids = []
     for log in sorted(root.rglob("weight-cache-daemon.log")):
+        if "artifacts" in log.parts:  # MLflow's copy of a trial's log
+            continue
         pids += [
             int(p) for p in re.findall(r"Launched weight cache daemon gpu=0 .*pid=(\d+)", log.read_text())
         ]
@@ -103,8 +105,17 @@ def _notes(trial: optuna.trial.FrozenTrial) -> str:
     return " | ".join(trial.user_attrs.get("startup_notes") or [])
 
 
-def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(tmp_path: Path) -> None:
-    cached = _study(tmp_path, "cached", True, 8, **LLAMA)
+@pytest.fixture(scope="module")
+def cached_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[optuna.trial.FrozenTrial]]:
+    """One study with the cache on and MLflow tracking, read by the tests below (a study takes 20 s)."""
+    root = tmp_path_factory.mktemp("weight-cache")
+    return root, _study(root, "cached", True, 8, tracking=True, **LLAMA)
+
+
+def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(
+    tmp_path: Path, cached_root: tuple[Path, list[optuna.trial.FrozenTrial]]
+) -> None:
+    root, cached = cached_root
     plain = {t.number: t for t in _study(tmp_path, "plain", False, 8, **LLAMA)}
     served = [t for t in cached if "weights from the weight cache daemon" in _notes(t)]
     spec = [t for t in cached if t.params.get("--speculative-algorithm")]
@@ -127,19 +138,18 @@ def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(tm
     assert len(started) >= 2 and min(after_spec) in started
     first = next(t for t in cached if t.number == started[0])
     assert first.user_attrs["node_s"] > DISK_LOAD_S  # the daemon's load counts in its trial's node hours
-    pids = _daemon_pids(tmp_path / "cached")
+    pids = _daemon_pids(root / "cached")
     assert len(pids) == len(started) and len(set(pids)) == len(pids)
     for pid in pids:  # no daemon left: neither its process nor its group, nor its ready files
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)
-    assert not list((tmp_path / "cached" / "weight-cache").glob("*.ready"))
+    assert not list((root / "cached" / "weight-cache").glob("*.ready"))
 
 
 def test_the_exported_launch_script_is_the_plain_launch_and_mlflow_keeps_the_daemon_log(
-    tmp_path: Path,
+    cached_root: tuple[Path, list[optuna.trial.FrozenTrial]],
 ) -> None:
-    _study(tmp_path, "export", True, 5, tracking=True, **LLAMA)
-    folder = tmp_path / "export"
+    folder = cached_root[0] / "cached"
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "best", "study.yaml", "--export", "best.sh"],
         cwd=folder, capture_output=True, text=True, timeout=60,
@@ -147,7 +157,7 @@ def test_the_exported_launch_script_is_the_plain_launch_and_mlflow_keeps_the_dae
     assert done.returncode == 0, done.stderr
     script = (folder / "best.sh").read_text()
     assert "--weight-cache-mode" not in script and "weight_cache" not in script
-    artifacts = folder / ".autotune" / "export" / "artifacts"
+    artifacts = folder / ".autotune" / "cached" / "artifacts"
     logs = list(artifacts.glob("*/artifacts/weight-cache-daemon.log"))
     assert logs and "Loading model from disk" in logs[0].read_text()
     scripts = list(artifacts.glob("*/artifacts/launch.sh"))
