@@ -22,7 +22,7 @@ from autotune.node.node_time import logged_startup_s, node_seconds
 from autotune.study.loop import StudyDriver
 from autotune.study.records import NODE_S_ATTR
 from autotune.study.trust.answer import study_answer
-from autotune.study.trust.node_budget import dearest_launch_s, launch_s, node_hours, spent_s
+from autotune.study.trust.node_budget import dearest_launch_s, launch_s, node_hours, round_s, spent_s
 from autotune.views.tracked import study_tracker
 from tests.builders import FLAT, StudyFiles, launched, model_pool, stored_trial, study_of_trials
 
@@ -103,6 +103,22 @@ def test_the_reserve_prices_a_launch_at_the_dearest_but_a_nodes_first_which_read
     # Each node's first launch: a second node's too.
     other = stored_trial(value=85.0, node="m", node_s=700.0)
     assert dearest_launch_s(study_of_trials(first, other, *later)) == 290.0
+
+
+def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() -> None:
+    # The defaults' first launch read the weights from disk (680 s); their rounds' launches cost 240 s. A
+    # round priced at 680 + 260 refused one the hours left paid for (the MoE coder profile under 2x
+    # auto_benchmark's hours: 0.11 node h left, a round priced 0.13, costing 0.075).
+    trials = [
+        stored_trial(value=80.0, node="n", node_s=680.0, baseline=True),
+        stored_trial(value=90.0, node="n", node_s=250.0),
+        stored_trial(value=80.5, node="n", node_s=240.0, remeasure_of=0, confirm={"round": 0, "position": 0}),
+        stored_trial(value=90.5, node="n", node_s=260.0, remeasure_of=1, confirm={"round": 0, "position": 1}),
+    ]
+    settings = {"baseline": 0, "configs": [1], "queued": 1, "min_rounds": 2, "max_rounds": 3}
+    assert round_s(study_of_trials(*trials, confirm=settings)) == 240.0 + 260.0
+    # A config measured only in a node's first launch is priced at it: nothing cheaper is known.
+    assert round_s(study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
 
 
 # -- the search ends with the confirmation's reserve kept --------------------------------------------------

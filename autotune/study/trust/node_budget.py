@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.errors import ConfigError
@@ -53,36 +53,50 @@ def launch_s(optuna_study: optuna.Study) -> float | None:
     return statistics.median(seconds) if seconds else None
 
 
-def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
-    """The node seconds of the dearest launch that ran to its measurement, a node's first launch left out
-    where it has others: what the confirmation's reserve prices each launch at. Configs differ in cost (a
-    draft model loads and captures graphs too), so the median would leave the reserve short; a node's first
-    launch reads the weights from disk and fills its compile cache, which no confirmation launch does."""
-    trials = optuna_study.get_trials(deepcopy=False)
-    complete = [
-        t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
-    ]
+def _node_firsts(trials: list[FrozenTrial]) -> set[int]:
+    """Each node's first launch that spent node time: it reads the weights from disk and fills the node's
+    compile cache, which no later launch of the same config (a confirmation's) does again."""
     launched = [t for t in trials if TrialRecord.of(t).node_s and t.datetime_start]
     firsts: dict[str | None, int] = {}  # node -> its first launch that spent node time
     for trial in sorted(launched, key=lambda t: (t.datetime_start, t.number)):
         firsts.setdefault(TrialRecord.of(trial).node, trial.number)
-    later = [t for t in complete if t.number not in firsts.values()] or complete
+    return set(firsts.values())
+
+
+def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
+    """The node seconds of the dearest launch that ran to its measurement, a node's first launch left out
+    where it has others: what the confirmation's reserve prices each launch at. Configs differ in cost (a
+    draft model loads and captures graphs too), so the median would leave the reserve short."""
+    trials = optuna_study.get_trials(deepcopy=False)
+    complete = [
+        t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
+    ]
+    firsts = _node_firsts(trials)
+    later = [t for t in complete if t.number not in firsts] or complete
     seconds = [s for t in later if (s := TrialRecord.of(t).node_s)]
     return max(seconds) if seconds else launch_s(optuna_study)
 
 
 def round_s(optuna_study: optuna.Study) -> float | None:
-    """What a confirmation round costs: each of its configs' dearest launch so far; None before it began."""
+    """What a confirmation round costs: each of its configs' dearest launch so far, a node's first launch
+    left out where the config has others (the baseline's first reads the weights from disk: pricing every
+    round at it refused a round the hours left paid for); None before the rounds began."""
     state = confirmation(optuna_study)
     if state is None:
         return None
     configs = {state.baseline, *state.configs}
-    dearest: dict[int, float] = {}
-    for trial in optuna_study.get_trials(deepcopy=False):
+    trials = optuna_study.get_trials(deepcopy=False)
+    firsts = _node_firsts(trials)
+    launches: dict[int, list[tuple[bool, float]]] = {}  # config -> (a node's first launch, seconds)
+    for trial in trials:
         record = TrialRecord.of(trial)
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
         if of in configs and (seconds := record.node_s):
-            dearest[of] = max(dearest.get(of, 0.0), seconds)
+            launches.setdefault(of, []).append((trial.number in firsts, seconds))
+    dearest = {
+        of: max(s for first, s in measured if not first or all(f for f, _ in measured))
+        for of, measured in launches.items()
+    }
     median = launch_s(optuna_study) or 0.0
     return math.fsum(dearest.get(config, median) for config in configs)
 
