@@ -18,8 +18,14 @@ from typing import Any
 from autotune.config.init import ModelFacts
 from autotune.node.inspect import read_model
 from autotune.node.runner import LocalCommandRunner
-from autotune.sim.profiles import PROFILE_DIR, ModelProfile, load_model_profile
-from autotune.sim.server.options import DEFAULT_MODEL
+from autotune.sim.profiles import (
+    PROFILE_DIR,
+    HardwareProfile,
+    ModelProfile,
+    load_hardware_profile,
+    load_model_profile,
+)
+from autotune.sim.server.options import DEFAULT_MODEL, SimOptions
 
 __all__ = ["profile_from_config", "served_model", "shipped_profile_for", "what_is_served"]
 
@@ -167,3 +173,15 @@ def profile_from_config(facts: ModelFacts, config: Mapping[str, Any]) -> ModelPr
         draft=template.draft,
         standard_workload=template.standard_workload,
     )
+
+
+def node_profiles(
+    model_path: str, env: Mapping[str, str], default_seed: int | None = None
+) -> tuple[SimOptions, HardwareProfile, ModelProfile]:
+    """What a simulated process (server or weight cache daemon) serves: its options from `env`, the node's
+    hardware and the model (the environment's, else the one `model_path` holds, else the default);
+    `ConfigError` on a bad value."""
+    options = SimOptions.from_env(env, default_seed=default_seed)
+    hardware = load_hardware_profile(options.hardware)
+    found = served_model(model_path) if options.model is None else None
+    return options, hardware, found or load_model_profile(options.model or DEFAULT_MODEL)

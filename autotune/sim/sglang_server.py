@@ -17,8 +17,7 @@ import sys
 from autotune.errors import ConfigError
 from autotune.sim.logfmt import WARNING, SimLog
 from autotune.sim.model import LaunchSettings, NodePerformanceModel
-from autotune.sim.model_folder import served_model
-from autotune.sim.profiles import load_hardware_profile, load_model_profile
+from autotune.sim.model_folder import node_profiles
 from autotune.sim.server.api import HttpApi
 from autotune.sim.server.launch import Launch
 from autotune.sim.server.options import (
@@ -129,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser(version).parse_args(argv)
     log = SimLog(sys.stderr, ns.log_level, ns.log_level_http)
     try:
-        options = SimOptions.from_env(os.environ, default_seed=ns.random_seed)
-        hardware = load_hardware_profile(options.hardware)
-        found = served_model(ns.model_path) if options.model is None else None
-        model = found or load_model_profile(options.model or DEFAULT_MODEL)
+        options, hardware, model = node_profiles(ns.model_path, os.environ, ns.random_seed)
     except ConfigError as exc:
         print(f"autotune.sim.sglang_server: {exc}", file=sys.stderr)
         return 1

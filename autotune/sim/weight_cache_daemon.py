@@ -25,9 +25,7 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 from autotune.sim.model.startup import disk_load_seconds, load_threads
-from autotune.sim.model_folder import served_model
-from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.sim.server.options import DEFAULT_MODEL, SimOptions
+from autotune.sim.model_folder import node_profiles
 
 DIR_ENV = "SGLANG_SIM_WEIGHT_CACHE_DIR"
 READY_FILE = "sglang_weight_cache_rank{rank}.ready"  # 0.5.17 protocol.py WEIGHT_CACHE_READY_TEMPLATE's name
@@ -133,10 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        options = SimOptions.from_env(os.environ)
-        hardware = load_hardware_profile(options.hardware)
-        found = served_model(ns.model_path) if options.model is None else None
-        model = found or load_model_profile(options.model or DEFAULT_MODEL)
+        options, hardware, model = node_profiles(ns.model_path, os.environ)
     except ConfigError as exc:
         print(f"autotune.sim.weight_cache_daemon: {exc}", file=sys.stderr)
         return 1
