@@ -18,8 +18,9 @@ from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import open_study
+from autotune.views.startup import startup_summary
 from autotune.views.status import fitted
-from tests.builders import StudyFiles
+from tests.builders import StudyFiles, stored_trial
 
 # Every switch of the shipped space on at once: a row of 300+ columns unwrapped.
 WIDE = {
@@ -234,3 +235,31 @@ def test_status_and_the_trial_show_where_start_up_went(ran: Path, capsys: pytest
     out = capsys.readouterr().out
     shown = "start-up (median of 2 launches): init 15 s, weights 240 s, KV pool 0 s, CUDA graphs "
     assert shown in " ".join(out.split())
+    # Loading is most of it: the setting that skips it, and what SGLang's weight cache serves.
+    assert re.search(
+        r"; loading the weights is (8\d|9\d)% of it: .* `startup: \{weight_cache: true\}`",
+        " ".join(out.split()),
+    )
+
+
+SEED_STARTUP = {"init_s": 15.0, "weight_load_s": 240.0, "cuda_graph_s": 23.0, "ready_s": 278.0}
+
+
+@pytest.mark.parametrize(
+    ("phases", "notes", "hint"),
+    [
+        (SEED_STARTUP, [], True),
+        # the study used the weight cache, or the daemon refused the model: nothing to suggest
+        (SEED_STARTUP, ["weights from the weight cache daemon, at --mem-fraction-static 0.83794 ..."], False),
+        (SEED_STARTUP, ["weights loaded from disk: the weight cache daemon refused this model: ..."], False),
+        # loading is a small share of the start-up (the page cache), or a few seconds
+        ({**SEED_STARTUP, "weight_load_s": 35.0, "ready_s": 73.0}, [], False),
+        ({"weight_load_s": 2.0, "ready_s": 3.0}, [], False),
+    ],
+)
+def test_the_start_up_summary_suggests_the_weight_cache_only_where_loading_dominates(
+    phases: dict[str, float], notes: list[str], hint: bool
+) -> None:
+    summary = startup_summary([stored_trial(startup_phases=phases, startup_notes=notes)])
+    assert summary is not None and summary.startswith("start-up (launch): ")
+    assert ("`startup: {weight_cache: true}`" in summary) is hint, summary
