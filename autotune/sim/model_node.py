@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from functools import partial
 
 from autotune.measure.client import BenchmarkResult, MissLimit, RequestOutcome, Workload, summarize
 from autotune.measure.nccl import BenchSettings
@@ -30,12 +31,19 @@ from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.versions import sglang_version
 from autotune.trial.failures import Failure, FailureKind, classify
+from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
 # MemAvailable on an idle node, as a share of its host memory: the kernel, the GPU driver and the node's
 # daemons hold the rest (an assumption; no profile measures it).
 IDLE_AVAILABLE_SHARE = 0.95
+
+
+def _server_flags(launch: ServerLaunch) -> list[str]:
+    """The launch's server flags, from `--model-path` on (the command before it is not the model's)."""
+    argv = list(launch.argv)
+    return argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
 
 
 def startup_seconds(node: NodePerformanceModel) -> float:
@@ -151,7 +159,8 @@ class ModelNodeExecutor:
         cached = ModelLaunch(request.launch, None)
         if request.weight_cache:  # the node's own rule (node.weight_cache), a daemon's costs modelled
             in_page_cache = self.model.name in self._kept.page_cache
-            cached = self._weight_cache.prepare(request.launch, in_page_cache, self._init_s(request))
+            init_s = partial(self._init_s, request)  # asked only where a daemon starts
+            cached = self._weight_cache.prepare(request.launch, in_page_cache, init_s)
             request = replace(request, launch=cached.launch)
             if cached.daemon_s and weights_fit_page_cache(self.hardware, self.model):
                 self._kept.page_cache.add(self.model.name)  # the daemon read them
@@ -175,8 +184,7 @@ class ModelNodeExecutor:
         if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
             request = replace(request, launch=fit_loader(request.launch, memory)[0])
         cached = self._cached or ModelLaunch(request.launch, None)
-        argv = list(request.launch.argv)
-        flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
+        flags = _server_flags(request.launch)
         w = request.serving_workload
         workload = StandardWorkload(
             num_prompts=w.num_prompts,
@@ -210,8 +218,7 @@ class ModelNodeExecutor:
 
     def _init_s(self, request: TrialRequest) -> float:
         """The init a process of this launch spends before it loads (the daemon's too)."""
-        argv = list(request.launch.argv)
-        flags = argv[argv.index(_SERVER_FLAGS_START) :] if _SERVER_FLAGS_START in argv else argv
+        flags = _server_flags(request.launch)
         return predict(self.hardware, self.model, flags, request.launch.env, play=False).node.init_seconds
 
     def _run_job(self, request: TrialRequest) -> TrialResult:

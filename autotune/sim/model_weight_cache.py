@@ -5,6 +5,7 @@ filled) and init as node time, the GPU memory it holds, and a client's 0.07 s lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.node.weight_cache import LaunchPlan, WeightCacheState, started_note
@@ -37,9 +38,11 @@ class ModelWeightCache:
         self.state = WeightCacheState()
         self.held_gb = 0.0
 
-    def prepare(self, launch: ServerLaunch, in_page_cache: bool, init_s: float) -> ModelLaunch:
+    def prepare(
+        self, launch: ServerLaunch, in_page_cache: bool, init_s: Callable[[], float]
+    ) -> ModelLaunch:
         """`launch` as a client of the daemon (started now when it must be: its load from the page cache
-        when `in_page_cache`, and `init_s` of init) or the plain launch with no daemon running."""
+        when `in_page_cache`, and the init `init_s()` gives) or the plain launch with no daemon running."""
         plan = self.state.plan(launch)
         if plan.layout is None or plan.layout != self.state.running:
             self.state.running, self.held_gb = None, 0.0
@@ -49,7 +52,7 @@ class ModelWeightCache:
         daemon_s = 0.0
         if self.state.running is None:
             quantization = launch.flag("--quantization") or self.model.quantization
-            daemon_s = init_s  # the refusal comes before the load (protocol.py check_ipc_quant_support)
+            daemon_s = init_s()  # the refusal comes before the load (protocol.py check_ipc_quant_support)
             if quantization not in IPC_QUANTIZATIONS:
                 why = self.state.refuse(plan.layout, str(quantization))
                 return ModelLaunch(
