@@ -12,7 +12,7 @@ from autotune.node.weight_cache import LaunchPlan, WeightCacheState, started_not
 from autotune.sim.model import NodePerformanceModel
 from autotune.sim.model.startup import disk_load_seconds, load_threads
 from autotune.sim.profiles import HardwareProfile, ModelProfile
-from autotune.sim.weight_cache_daemon import IPC_QUANTIZATIONS
+from autotune.sim.weight_cache_daemon import IPC_QUANTIZATIONS, daemon_held_gb
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.startup import LOADER_FLAG
 
@@ -60,8 +60,7 @@ class ModelWeightCache:
                 )
             threads = load_threads(launch.flag(LOADER_FLAG))
             daemon_s += disk_load_seconds(self.hardware, self.model, threads, in_page_cache)
-            ranks = plan.layout.ranks
-            self.held_gb = self.model.weight_gb / ranks + self.hardware.cuda_context_gb
+            self.held_gb = daemon_held_gb(self.hardware, self.model, plan.layout.ranks)
             self.state.running = plan.layout
             self.state.readings[plan.layout].daemon_gb = self.held_gb
             notes.append(started_note(plan.layout, daemon_s))

@@ -26,6 +26,7 @@ from pathlib import Path
 from autotune.errors import ConfigError
 from autotune.sim.model.startup import disk_load_seconds, load_threads
 from autotune.sim.model_folder import node_profiles
+from autotune.sim.profiles import HardwareProfile, ModelProfile
 
 DIR_ENV = "SGLANG_SIM_WEIGHT_CACHE_DIR"
 READY_FILE = "sglang_weight_cache_rank{rank}.ready"  # 0.5.17 protocol.py WEIGHT_CACHE_READY_TEMPLATE's name
@@ -33,6 +34,16 @@ READY_FILE = "sglang_weight_cache_rank{rank}.ready"  # 0.5.17 protocol.py WEIGHT
 IPC_QUANTIZATIONS = (None, "fp8")
 # What the daemon exports: 196 tensors for the 32-layer Llama on the H200 (6 a layer, and 4 more).
 TENSORS_PER_LAYER = 6
+
+
+def exported_tensors(model: ModelProfile) -> int:
+    """The tensors a daemon exports (and a client fetches) for `model`: 6 a layer, and 4 more."""
+    return model.num_layers * TENSORS_PER_LAYER + 4
+
+
+def daemon_held_gb(hardware: HardwareProfile, model: ModelProfile, ranks: int) -> float:
+    """What a daemon holds on each of its GPUs: its share of the weights and a CUDA context."""
+    return model.weight_gb / ranks + hardware.cuda_context_gb
 
 
 def quant_refusal(quant_method: str, where: str) -> str:
@@ -168,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     load_s = disk_load_seconds(hardware, model, threads, cached=False)  # its page cache is not modelled
     time.sleep(load_s * scale)
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Model loaded from disk in {load_s:.2f}s")
-    tensors = model.num_layers * TENSORS_PER_LAYER + 4
-    per_gpu = model.weight_gb / ns.tp_size / ns.pp_size + hardware.cuda_context_gb
+    tensors = exported_tensors(model)
+    per_gpu = daemon_held_gb(hardware, model, ranks)
     folder.mkdir(parents=True, exist_ok=True)
     for rank, (gpu, path) in enumerate(zip(gpus, ready, strict=True)):
         config = {

@@ -16,7 +16,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout
 from autotune.sim.logfmt import tqdm_line
 from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
-from autotune.sim.weight_cache_daemon import TENSORS_PER_LAYER
+from autotune.sim.weight_cache_daemon import exported_tensors
 
 HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
 WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its first /get_model_info
@@ -123,7 +123,7 @@ class Startup(LaunchPart):
     async def _map_weights(self) -> None:
         """A weight cache client: the daemon's tensors mapped over CUDA IPC (0.5.17 ipc_loader.py:120-157)."""
         plan, model, seconds = self.plan, self.node.model, self.node.load_seconds
-        tensors = model.num_layers * TENSORS_PER_LAYER + 4
+        tensors = exported_tensors(model)
         self.ranks.all(f"[IpcModelLoader] Fetched {tensors} IPC handles from daemon in 0.00s")
         await self._sleep_model(seconds)
         self.ranks.all(f"[IpcModelLoader] Loaded model via IPC (mode=client), total={seconds:.2f}s")
