@@ -93,8 +93,8 @@ def round_s(optuna_study: optuna.Study) -> float | None:
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
         if of in configs and (seconds := record.node_s):
             launches.setdefault(of, []).append((trial.number in firsts, seconds))
-    dearest = {
-        of: max(s for first, s in measured if not first or all(f for f, _ in measured))
+    dearest = {  # as dearest_launch_s: a node's first only where nothing later was measured
+        of: max([s for first, s in measured if not first] or [s for _, s in measured])
         for of, measured in launches.items()
     }
     median = launch_s(optuna_study) or 0.0
