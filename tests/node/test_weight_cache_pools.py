@@ -94,22 +94,24 @@ def test_a_trial_stopped_while_its_daemon_starts_does_not_wait_for_it(tmp_path: 
 
     try:
         assert executor.run(request(0)).ok  # from disk: the readings
-        threading.Thread(
-            target=lambda: (
-                _wait_for(lambda: executor.weight_cache.daemon_pgid is not None),
-                executor.abort(),
-            ),
-            daemon=True,
-        ).start()
-        began = time.monotonic()
+        aborted_at: list[float] = []
+
+        def stop_once_the_daemon_starts() -> None:
+            _wait_for(lambda: executor.weight_cache.daemon_pgid is not None)
+            aborted_at.append(time.monotonic())
+            executor.abort()
+
+        threading.Thread(target=stop_once_the_daemon_starts, daemon=True).start()
         result = executor.run(request(1))
+        returned_at = time.monotonic()
         assert result.failure is not None and result.failure.kind is FailureKind.INTERRUPTED, (
             result.startup_notes
         )
         assert any("start was stopped with the trial" in n for n in result.startup_notes), (
             result.startup_notes
         )
-        assert time.monotonic() - began < 5.6
+        # timed from the stop, not the launch: a loaded machine's imports are not the daemon's load
+        assert aborted_at and returned_at - aborted_at[0] < 4.0
     finally:
         executor.close()
     assert not live_daemons(env)
