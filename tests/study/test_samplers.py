@@ -760,6 +760,22 @@ def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_ou
     assert ask_fraction(study) == pytest.approx(0.92)
 
 
+def test_a_line_search_from_a_best_whose_knob_is_now_held_does_not_repeat_a_tried_config() -> None:
+    # The best ran with NCCL_ALGO Ring; then the study held NCCL_ALGO at None (screening found it moves
+    # nothing beyond noise). Its line search's probe, 0.86, is asked as (0.86, None): trial 2's config.
+    # Planned from the best's own params it was launched again and again (20 repeats on the seed profile).
+    study = climb_study([(0.84, 700.0), (0.85, 720.0), (0.86, 690.0), (0.85, 730.0)], other=1)
+    sampler = study.sampler
+    assert isinstance(sampler, IncumbentMoves)
+    sampler.staged = {"NCCL_ALGO": None}
+    assert not planned_by_line_search(study), study.trials[-1].params
+    # Held at Ring, the same trials plan the probe: what the line search does stays where it can.
+    study = climb_study([(0.84, 700.0), (0.85, 720.0), (0.86, 690.0), (0.85, 730.0)], other=1)
+    assert isinstance(study.sampler, IncumbentMoves)
+    study.sampler.staged = {"NCCL_ALGO": "Ring"}
+    assert ask_fraction(study) == pytest.approx(0.86)
+
+
 def test_a_line_search_stops_where_the_slope_is_within_noise_or_the_best_is_bracketed() -> None:
     def planned(trials: list[tuple[float, float | None]]) -> bool:
         study = climb_study(trials)
