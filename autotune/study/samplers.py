@@ -458,9 +458,8 @@ class IncumbentMoves(_Wrapper):
         for choice in distribution.choices:
             ran = [t for t in finished if name in t.params and same_value(t.params[name], choice)]
             ran_well = [t for t in ran if _feasible(t)]
-            plan = {
-                n: v for n, v in self._as_asked(best.params).items() if not SpeculativeRules.is_speculative_flag(n)
-            }
+            start = self._as_asked(best.params)
+            plan = {n: v for n, v in start.items() if not SpeculativeRules.is_speculative_flag(n)}
             plan[name] = choice
             if choice is None:  # speculation off has no tree: the best trial without it, once
                 if len(ran_well) < self.branch_trials and _asked(plan, best.params, with_params) not in tried:
