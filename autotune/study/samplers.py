@@ -371,12 +371,6 @@ class IncumbentMoves(_Wrapper):
             self._floor = _finished(study)
         return self._plans[trial.number]
 
-    def _as_asked(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """`params` with the knobs the study holds at their held values, as the trial will ask them: a plan
-        checked against the tried configs without them would repeat one (a knob screening held after the
-        best trial ran at another value)."""
-        return {**params, **{n: v for n, v in self.held.items() if n in params}}
-
     def _viable(self, name: str, distribution: BaseDistribution, value: Any) -> Any:
         """Every proposal's memory fraction at least the smallest the server's messages said starts."""
         if name != MEM_FRACTION or not isinstance(value, float) or not self.floor:
@@ -426,7 +420,7 @@ class IncumbentMoves(_Wrapper):
                 current = record.server_choices.get(flag)
             smaller = [c for c in _numbers(failed.distributions[flag]) if current is None or c < current]
             if smaller:
-                repaired = self._as_asked({**failed.params, flag: min(smaller)})
+                repaired = _as_asked({**failed.params, flag: min(smaller)}, self.held)
                 if config_key(repaired) not in tried:
                     kind = record.failure_kind_text
                     return repaired, f"a repair of trial {failed.number} ({kind}): {flag} {min(smaller)}"
@@ -458,7 +452,7 @@ class IncumbentMoves(_Wrapper):
         for choice in distribution.choices:
             ran = [t for t in finished if name in t.params and same_value(t.params[name], choice)]
             ran_well = [t for t in ran if _feasible(t)]
-            start = self._as_asked(best.params)
+            start = _as_asked(best.params, self.held)
             plan = {n: v for n, v in start.items() if not SpeculativeRules.is_speculative_flag(n)}
             plan[name] = choice
             if choice is None:  # speculation off has no tree: the best trial without it, once
@@ -565,13 +559,13 @@ class IncumbentMoves(_Wrapper):
                     ahead and side * (ahead[0].params[name] - moved) <= 0
                 ):
                     continue  # at the range's end, or no step left between the best and the edge
-                plan = self._as_asked({**best.params, name: moved})
+                plan = _as_asked({**best.params, name: moved}, self.held)
                 if config_key(plan) not in tried:
                     return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
         return None
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
-        params = self._as_asked(best.params)
+        params = _as_asked(best.params, self.held)
         free = sorted(n for n in params if n not in self.held)
         count = min(2 if self._rng.random() < self.second else 1, len(free))
         # A sweep: the first knob is one no trial has yet moved from this best, while there is one.
@@ -673,6 +667,12 @@ def _asked(move: dict[str, Any], start: dict[str, Any], trials: list[FrozenTrial
     return config_key({n: move[n] for n in names})
 
 
+def _as_asked(params: Mapping[str, Any], held: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with the knobs the study holds at their held values, as a trial will ask them: a plan checked
+    against the tried configs without them repeats one (a knob screening held after the best ran without)."""
+    return {**params, **{n: v for n, v in held.items() if n in params}}
+
+
 def _edge_shift(
     failed: FrozenTrial, tried: set[ConfigKey], held: Mapping[str, Any]
 ) -> tuple[dict[str, Any], str] | None:
@@ -689,7 +689,7 @@ def _edge_shift(
     smaller = [c for c in _numbers(failed.distributions[flag]) if current is not None and c < current]
     if not smaller:
         return None
-    plan = {**failed.params, **{n: v for n, v in held.items() if n in failed.params}, flag: max(smaller)}
+    plan = {**_as_asked(failed.params, held), flag: max(smaller)}
     if config_key(plan) in tried:
         return None
     return plan, f"trial {failed.number}'s config ({kind}) with {flag} {max(smaller)}"
