@@ -48,11 +48,7 @@ def node_hours_spent(run: RunState) -> SearchEnds | None:
     hours = node_budget.node_hours(run.study, run.optuna_study)
     if hours.search_may_launch(len(run.running)):
         return None
-    return SearchEnds(
-        f"search ended: its share of the node-hour budget is spent ("
-        f"{hours.text().removeprefix('node hours: ')}); the rest pays for confirmation",
-        at_once=True,
-    )
+    return SearchEnds(node_budget.search_ended_text(run.study, run.optuna_study, hours), at_once=True)
 
 
 def stopping_rule(run: RunState) -> SearchEnds | None:

@@ -22,7 +22,15 @@ from autotune.node.node_time import logged_startup_s, node_seconds
 from autotune.study.loop import StudyDriver
 from autotune.study.records import NODE_S_ATTR
 from autotune.study.trust.answer import study_answer
-from autotune.study.trust.node_budget import dearest_launch_s, launch_s, node_hours, round_s, spent_s
+from autotune.study.trust.node_budget import (
+    NodeHours,
+    dearest_launch_s,
+    launch_s,
+    node_hours,
+    round_s,
+    search_ended_text,
+    spent_s,
+)
 from autotune.views.tracked import study_tracker
 from tests.builders import FLAT, StudyFiles, launched, model_pool, stored_trial, study_of_trials
 
@@ -119,6 +127,27 @@ def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() ->
     assert round_s(study_of_trials(*trials, confirm=settings)) == 240.0 + 260.0
     # A config measured only in a node's first launch is priced at it: nothing cheaper is known.
     assert round_s(study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
+
+
+def test_a_budget_that_leaves_no_search_launch_says_so_and_what_a_resume_needs(
+    study_file: StudyFiles,
+) -> None:
+    # 4x L40S, max_load under 2x auto_benchmark's hours: the defaults meet the SLO at no rate, their load
+    # search walks down to its floor (0.43 node h), and 2 rounds of 3 such launches outprice the 2.48 left.
+    # It said "its share of the node-hour budget is spent" of a search that never launched.
+    study = load_study(study_file(budget={"node_hours": 2.91}))
+    baseline = stored_trial(value=0.0, node="n", node_s=0.43 * 3600, baseline=True)
+    hours = NodeHours(2.91, 0.43 * 3600, 0.43 * 3600, 2.58 * 3600)
+    text = search_ended_text(study, study_of_trials(baseline), hours)
+    assert text.startswith("search ended before its first launch: the 2.48 node h left"), text
+    assert "(0.43 node h, the median measured) beside the 2.58 kept for confirmation" in text
+    offered = float(text.split("--hours ")[1].split("`")[0])
+    launches = (offered * 3600 - hours.spent_s - hours.reserve_s) / 0.43 / 3600
+    promised = int(text.rsplit("gives the search ", 1)[1].removesuffix(" launches"))
+    assert promised == 10 and promised <= launches < promised + 0.05  # 10: this file's stopping rule is off
+    searched = stored_trial(value=0.5, node="n", node_s=0.1 * 3600)
+    text = search_ended_text(study, study_of_trials(baseline, searched), hours)
+    assert text.startswith("search ended: its share of the node-hour budget is spent (0.43 spent of"), text
 
 
 # -- the search ends with the confirmation's reserve kept --------------------------------------------------

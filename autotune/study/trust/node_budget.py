@@ -36,6 +36,10 @@ __all__ = [
 ]
 
 
+# The search launches a resume is offered where the stopping rule, which would say how many, is off.
+_SEARCH_LAUNCHES = 10
+
+
 def spent_s(optuna_study: optuna.Study) -> float:
     """The node seconds the study spent: every finished launch's, and its NCCL stage's."""
     stage = StudyRecord.of(optuna_study).nccl_stage
@@ -138,6 +142,31 @@ class NodeHours:
         if pace is not None and pace > 0:  # wall seconds per node second, as measured so far
             line += f", ETA ~{_duration(max(self.left_s, 0.0) * pace)}"
         return line
+
+
+def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours) -> str:
+    """Why the search ends on the budget: its share is spent; or, where no search launch ran yet, that the
+    budget left it none (the baseline's launch priced the confirmation past it), with the hours a resume
+    needs for the launches the stopping rule looks at first."""
+    searched = any(
+        not (record := TrialRecord.of(t)).deliberate and record.node_s
+        for t in optuna_study.get_trials(deepcopy=False)
+    )
+    if searched or hours.left_s is None or not hours.launch_s:
+        return (
+            f"search ended: its share of the node-hour budget is spent ("
+            f"{hours.text().removeprefix('node hours: ')}); the rest pays for confirmation"
+        )
+    stop = study.file.trust.stop_early
+    launches = stop.min_trials if stop.enabled else _SEARCH_LAUNCHES
+    need = (hours.spent_s + hours.reserve_s + launches * hours.launch_s) / 3600
+    left = max(hours.left_s, 0.0) / 3600
+    return (
+        f"search ended before its first launch: the {left:.2f} node h left do not pay "
+        f"for a launch ({hours.launch_s / 3600:.2f} node h, the median measured) beside the "
+        f"{hours.reserve_s / 3600:.2f} kept for confirmation; `autotune resume --hours {_up(need):.2f}` "
+        f"gives the search {launches} launches"
+    )
 
 
 def _up(hours: float) -> float:
