@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import load_study
+from autotune.config import Study, load_study
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import budget_used, open_study
+from autotune.study.trust.node_budget import launch_s, spent_s
 from tests.builders import FLAT, StudyFiles, model_pool
 
 
@@ -86,3 +87,26 @@ def test_a_search_whose_defaults_met_the_slo_at_its_max_load_twice_stops_there(
         )
     else:
         assert budget_used(optuna_study) == 8 and driver.stopped is None
+
+
+def test_a_budget_that_leaves_no_search_launch_after_defaults_at_max_load_names_the_fix(
+    study_file: StudyFiles,
+) -> None:
+    # The H200 profile under 2x auto_benchmark's node hours: the baseline met the SLO at max (16 req/s) and
+    # the confirmation's reserve left no search launch. More hours would only buy launches that measure 16.
+    def study(**hours: float) -> Study:
+        budget = {"n_trials": 8, **hours}
+        trust = {"repeat_baseline_after": 0, "confirm": {"top": 2, "min_rounds": 2, "max_rounds": 2}}
+        files = study_file(search_space=FLAT, objective=max_load_objective(True), budget=budget, trust=trust)
+        return load_study(files)
+
+    first = StudyDriver(study(), pool=model_pool()).run(n_trials=1)  # the baseline alone
+    assert [t.value for t in first.trials] == [16.0]
+    spent, launch = spent_s(first), launch_s(first)
+    assert launch is not None
+    driver = StudyDriver(study(node_hours=(spent + 2 * launch) / 3600), pool=model_pool())
+    optuna_study = driver.run()
+    assert budget_used(optuna_study) == 1  # no launch after the baseline
+    assert driver.stopped is not None and driver.stopped.startswith("search ended before its first launch")
+    assert "met the SLO at the highest load the search tries (load_search.max 16)" in driver.stopped
+    assert driver.stopped.endswith("raise load_search.max to tell configs apart"), driver.stopped

@@ -23,6 +23,7 @@ from autotune.errors import ConfigError
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation
+from autotune.study.trust.stopping import defaults_at_load_max
 
 __all__ = [
     "NodeHours",
@@ -157,15 +158,24 @@ def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours
             f"search ended: its share of the node-hour budget is spent ("
             f"{hours.text().removeprefix('node hours: ')}); the rest pays for confirmation"
         )
+    left = max(hours.left_s, 0.0) / 3600
+    short = (
+        f"the {left:.2f} node h left do not pay for a launch ({hours.launch_s / 3600:.2f} node h, the median "
+        f"measured) beside the {hours.reserve_s / 3600:.2f} kept for confirmation"
+    )
+    search = study.objective.load_search
+    if search is not None and defaults_at_load_max(study, optuna_study):
+        return (  # more hours would buy launches that all measure `max`: the fix is a higher max
+            f"search ended before its first launch: {short}, and SGLang's defaults met the SLO at the "
+            f"highest load the search tries (load_search.max {search.max:g}), which no config can measure "
+            "past; raise load_search.max to tell configs apart"
+        )
     stop = study.file.trust.stop_early
     launches = stop.min_trials if stop.enabled else _SEARCH_LAUNCHES
     need = (hours.spent_s + hours.reserve_s + launches * hours.launch_s) / 3600
-    left = max(hours.left_s, 0.0) / 3600
     return (
-        f"search ended before its first launch: the {left:.2f} node h left do not pay "
-        f"for a launch ({hours.launch_s / 3600:.2f} node h, the median measured) beside the "
-        f"{hours.reserve_s / 3600:.2f} kept for confirmation; `autotune resume --hours {_up(need):.2f}` "
-        f"gives the search {launches} launches"
+        f"search ended before its first launch: {short}; `autotune resume --hours {_up(need):.2f}` gives the "
+        f"search {launches} launches"
     )
 
 

@@ -74,18 +74,29 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     return f"stopped early: the last {settings.patience} search trials raised the best by {gain}"
 
 
+def defaults_at_load_max(study: Study, optuna_study: optuna.Study) -> int:
+    """How many launches of SGLang's defaults met the SLO at the load search's `max`, where each of them did:
+    no config can measure more there; 0 otherwise (or where the objective is no max_load)."""
+    search = study.objective.load_search
+    if search is None or study.objective.metric != "max_load":
+        return 0
+    defaults = next((g for g in measurement_groups(optuna_study) if g.baseline), None)
+    if defaults is None or defaults.failed or min(defaults.values) < search.max:
+        return 0
+    return defaults.n
+
+
 def _at_load_max(study: Study, optuna_study: optuna.Study) -> str | None:
     """Why a max_load search stops once SGLang's defaults met the SLO at its `max` in each of their launches,
     the baseline and its repeat at least: no config can measure more than `max`; None otherwise."""
+    launches = defaults_at_load_max(study, optuna_study)
+    if launches < 2:
+        return None
     search = study.objective.load_search
-    if search is None or study.objective.metric != "max_load":
-        return None
-    defaults = next((g for g in measurement_groups(optuna_study) if g.baseline), None)
-    if defaults is None or defaults.n < 2 or defaults.failed or min(defaults.values) < search.max:
-        return None
+    assert search is not None
     return (
         f"stopped early: SGLang's defaults met the SLO at the highest load the search tries (load_search.max "
-        f"{search.max:g}) in each of their {defaults.n} launches, and no config can measure more; raise "
+        f"{search.max:g}) in each of their {launches} launches, and no config can measure more; raise "
         "load_search.max to tell configs apart"
     )
 
