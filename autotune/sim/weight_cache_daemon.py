@@ -177,7 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Loading model from disk: {ns.model_path}")
     threads = load_threads(ns.model_loader_extra_config)
     load_s = disk_load_seconds(hardware, model, threads, cached=False)  # its page cache is not modelled
-    time.sleep(load_s * scale)
+    # A SIGTERM during the load ends it there: the daemon has nothing to hand out yet.
+    loaded_at = time.monotonic() + load_s * scale
+    while not stopping and (left := loaded_at - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
+    if stopping:
+        log(f"[WeightCacheDaemon gpu=0] Received signal {stopping[0]} while loading, shutting down")
+        return 0
     log(f"[WeightCacheDaemon gpu=0 tp_rank=0] Model loaded from disk in {load_s:.2f}s")
     tensors = exported_tensors(model)
     per_gpu = daemon_held_gb(hardware, model, ranks)
