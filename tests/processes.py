@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from autotune.node.runner import ServerProcess
 
@@ -39,6 +42,29 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+T = TypeVar("T")
+
+
+def ended_side_by_side(calls: dict[str, Callable[[], T]]) -> dict[str, Future[T]]:
+    """Runs each call in a thread of its own, all at once (studies that mostly wait on their servers and
+    clocks), and returns their futures once all have ended: each test reads its own call's result, or
+    meets its own call's error (a failed assertion or pytest.fail included)."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return {name: pool.submit(call) for name, call in calls.items()}
+
+
+def side_by_side(*calls: Callable[[], T]) -> list[T]:
+    """The results of `calls` run side by side (ended_side_by_side), in order; the first one's error."""
+    futures = ended_side_by_side({str(n): call for n, call in enumerate(calls)})
+    return [future.result() for future in futures.values()]
+
+
+def own_node_locks() -> dict[str, str]:
+    """An environment whose node locks (autotune.node.lock, under TMPDIR) are its own: studies run side by
+    side on the simulated `local` node instead of each trial waiting for the other study's."""
+    return {"TMPDIR": tempfile.mkdtemp(prefix="n-")}  # in the session's own temporary folder
 
 
 def line_of(server: ServerProcess, prefix: str, timeout_s: float = 15.0) -> str:

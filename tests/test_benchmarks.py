@@ -4,7 +4,9 @@ do what their names say."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.builders import REPO
+from tests.processes import own_node_locks, side_by_side
 
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -42,9 +45,26 @@ def run_script(name: str, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, **own_node_locks()),  # its simulated nodes its own, beside another script's
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+# The benchmarks that mostly wait on their simulated servers (about 20 s each, a third of it on the CPU).
+SIDE_BY_SIDE = {
+    "overhead": ("overhead.py", "--quick"),
+    "scaling": ("scaling.py", "--quick"),
+    # Every variant of part 2 on 10-trial studies (its table's rows are checked, not their figures).
+    "failures": ("failures.py", "--quick", "--study-trials", "10"),
+}
+
+
+@pytest.fixture(scope="module")
+def outputs() -> dict[str, str]:
+    """What the benchmarks of SIDE_BY_SIDE printed, run side by side."""
+    printed = side_by_side(*(functools.partial(run_script, *argv) for argv in SIDE_BY_SIDE.values()))
+    return dict(zip(SIDE_BY_SIDE, printed, strict=True))
 
 
 @pytest.mark.integration
@@ -98,23 +118,22 @@ def test_sample_efficiency_reports_a_workers_error_instead_of_hanging(tmp_path: 
 
 
 @pytest.mark.integration
-def test_overhead_prints_where_the_time_goes() -> None:
-    out = run_script("overhead.py", "--quick")
+def test_overhead_prints_where_the_time_goes(outputs: dict[str, str]) -> None:
+    out = outputs["overhead"]
     assert "median overhead per trial" in out and "MLflow: create the trial's run" in out
     assert "Teardown until the port is free" in out
 
 
 @pytest.mark.integration
-def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice() -> None:
-    out = run_script("scaling.py", "--quick")
+def test_scaling_prints_trials_per_hour_and_checks_no_trial_ran_twice(outputs: dict[str, str]) -> None:
+    out = outputs["scaling"]
     assert "trials/hour" in out
     assert out.count("no trial run twice") == 1, out  # one row: two nodes
 
 
 @pytest.mark.integration
-def test_failures_prints_its_three_measurements() -> None:
-    # Every variant of part 2 on 10-trial studies (its table's rows are what is checked, not their figures).
-    out = run_script("failures.py", "--quick", "--study-trials", "10")
+def test_failures_prints_its_three_measurements(outputs: dict[str, str]) -> None:
+    out = outputs["failures"]
     assert "1. Fatal line to trial told" in out and "server lingers" in out
     assert "2. Node time spent on configs that failed, 10-trial studies" in out and "neither" in out
     assert "3. Pre-flight false rejections" in out and "false rejections: 0 of" in out

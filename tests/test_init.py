@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from autotune.node.inspect import inspect_node
 from autotune.node.runner import LocalCommandRunner
 from tests.builders import REPO
 from tests.conftest import run_cli
+from tests.processes import ended_side_by_side, own_node_locks
 
 pytestmark = pytest.mark.integration  # the node's commands and the CLI are processes
 
@@ -75,7 +77,27 @@ def test_a_node_whose_gpus_are_hidden_has_none(tmp_path: Path) -> None:
         _inspect("h200-x1", env={"SGLANG_SIM_HARDWARE": "h200-x1", "CUDA_VISIBLE_DEVICES": "5"})
 
 
-def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[None]]:
+    """The two tests below that init a study and run it, side by side (each mostly waits on its servers,
+    on a node lock of its own); each test meets its own run's failure."""
+    return ended_side_by_side(
+        {
+            "short": lambda: _init_then_validate_then_a_short_study(tmp_path_factory.mktemp("short")),
+            "readme": lambda: _the_readmes_simulated_init_runs_as_printed(tmp_path_factory.mktemp("readme")),
+        }
+    )
+
+
+def test_init_then_validate_then_a_short_study(studies: dict[str, Future[None]]) -> None:
+    studies["short"].result()
+
+
+def test_the_readmes_simulated_init_runs_as_printed(studies: dict[str, Future[None]]) -> None:
+    studies["readme"].result()
+
+
+def _init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     out = tmp_path / "study.yaml"
     init = [
         "init",
@@ -107,7 +129,7 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     assert written["server"]["model_weight_gb"] == 14.5 and written["server"]["port"] == "auto"
     assert written["server"]["env"]["HF_TOKEN"] == "${HF_TOKEN}" and TOKEN not in out.read_text()
     assert "note: HF_TOKEN is written as ${HF_TOKEN}: export it" in done.stdout and TOKEN not in done.stdout
-    secret = {"HF_TOKEN": TOKEN}  # the commands that read the study take it from the environment
+    secret = {"HF_TOKEN": TOKEN, **own_node_locks()}  # the commands that read the study take it from the env
 
     validated = run_cli("validate", str(out), cwd=tmp_path, env=secret)
     assert validated.returncode == 0, validated.stderr
@@ -122,7 +144,7 @@ def test_init_then_validate_then_a_short_study(tmp_path: Path) -> None:
     assert [t["state"] for t in trials][:2] == ["COMPLETE", "COMPLETE"]
 
 
-def test_the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
+def _the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
     # The README's no-GPU path, nothing added: the simulated node serves the model the study names (its
     # config.json), on the clock init writes, so the baseline completes in seconds.
     init = ["init", "--model", str(MODELS / "llama-3-8b-shape"), "--server-command"]
@@ -135,7 +157,9 @@ def test_the_readmes_simulated_init_runs_as_printed(tmp_path: Path) -> None:
     # Noise as on real GPUs: the simulated server is timed exactly, so without it any gain would hold up.
     assert env["SGLANG_SIM_NOISE"] == "calibrated"
     started = time.monotonic()
-    ran = run_cli("run", "s.yaml", "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path)
+    ran = run_cli(
+        "run", "s.yaml", "--n-trials", "2", "--no-ray", "--no-tracking", cwd=tmp_path, env=own_node_locks()
+    )
     assert ran.returncode == 0, ran.stderr
     assert time.monotonic() - started < 120
     trials = json.loads(run_cli("status", "s.yaml", "--json", cwd=tmp_path).stdout)["trials"]

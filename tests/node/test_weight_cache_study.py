@@ -16,6 +16,8 @@ from typing import Any
 import optuna
 import pytest
 
+from tests.processes import own_node_locks, side_by_side
+
 pytestmark = pytest.mark.integration
 
 SPACE = """parameters:
@@ -82,7 +84,7 @@ def _study(
     argv = [sys.executable, "-m", "autotune", "run", "study.yaml", "--no-ray"]
     done = subprocess.run(
         [*argv, *([] if tracking else ["--no-tracking"])],
-        cwd=folder, capture_output=True, text=True, timeout=240,
+        cwd=folder, capture_output=True, text=True, timeout=240, env=dict(os.environ, **own_node_locks()),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     storage = f"sqlite:///{folder / '.autotune' / name / 'optuna.db'}"
@@ -105,18 +107,27 @@ def _notes(trial: optuna.trial.FrozenTrial) -> str:
     return " | ".join(trial.user_attrs.get("startup_notes") or [])
 
 
+Studies = dict[str, list[optuna.trial.FrozenTrial]]
+
+
 @pytest.fixture(scope="module")
-def cached_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[optuna.trial.FrozenTrial]]:
-    """One study with the cache on and MLflow tracking, read by the tests below (a study takes 20 s)."""
+def studies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Studies]:
+    """The studies the tests below read, side by side (each takes 20 s, mostly waiting on its servers):
+    one with the cache on and MLflow tracking, the same without the cache, and a quantized model's."""
     root = tmp_path_factory.mktemp("weight-cache")
-    return root, _study(root, "cached", True, 8, tracking=True, **LLAMA)
+    cached, plain, int4 = side_by_side(
+        lambda: _study(root, "cached", True, 8, tracking=True, **LLAMA),
+        lambda: _study(root, "plain", False, 8, **LLAMA),
+        lambda: _study(root, "int4", True, 6, **KIMI),
+    )
+    return root, {"cached": cached, "plain": plain, "int4": int4}
 
 
 def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(
-    tmp_path: Path, cached_root: tuple[Path, list[optuna.trial.FrozenTrial]]
+    studies: tuple[Path, Studies],
 ) -> None:
-    root, cached = cached_root
-    plain = {t.number: t for t in _study(tmp_path, "plain", False, 8, **LLAMA)}
+    root, cached = studies[0], studies[1]["cached"]
+    plain = {t.number: t for t in studies[1]["plain"]}
     served = [t for t in cached if "weights from the weight cache daemon" in _notes(t)]
     spec = [t for t in cached if t.params.get("--speculative-algorithm")]
     assert len(served) >= 2 and spec, [(t.number, t.params, _notes(t)) for t in cached]
@@ -147,9 +158,9 @@ def test_a_study_with_the_weight_cache_maps_the_weights_with_the_same_kv_pool(
 
 
 def test_the_exported_launch_script_is_the_plain_launch_and_mlflow_keeps_the_daemon_log(
-    cached_root: tuple[Path, list[optuna.trial.FrozenTrial]],
+    studies: tuple[Path, Studies],
 ) -> None:
-    folder = cached_root[0] / "cached"
+    folder = studies[0] / "cached"
     done = subprocess.run(
         [sys.executable, "-m", "autotune", "best", "study.yaml", "--export", "best.sh"],
         cwd=folder, capture_output=True, text=True, timeout=60,
@@ -164,8 +175,8 @@ def test_the_exported_launch_script_is_the_plain_launch_and_mlflow_keeps_the_dae
     assert scripts and not any("--weight-cache-mode" in s.read_text() for s in scripts)  # each trial's own
 
 
-def test_a_quantized_model_is_told_why_and_launches_as_usual(tmp_path: Path) -> None:
-    trials = _study(tmp_path, "int4", True, 6, **KIMI)
+def test_a_quantized_model_is_told_why_and_launches_as_usual(studies: tuple[Path, Studies]) -> None:
+    root, trials = studies[0], studies[1]["int4"]
     refused = [t for t in trials if "refused this model" in _notes(t)]
     assert refused, [(t.number, _notes(t)) for t in trials]
     assert "its quantization 'compressed-tensors' is not one SGLang shares over CUDA IPC" in _notes(
@@ -176,7 +187,7 @@ def test_a_quantized_model_is_told_why_and_launches_as_usual(tmp_path: Path) -> 
         t for t in trials if t.number > refused[0].number and not t.params.get("--speculative-algorithm")
     ]
     assert later and all("refused this model" in _notes(t) for t in later)  # the daemon is not tried again
-    assert len(_daemon_pids(tmp_path / "int4")) == 1
-    for pid in _daemon_pids(tmp_path / "int4"):
+    assert len(_daemon_pids(root / "int4")) == 1
+    for pid in _daemon_pids(root / "int4"):
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.builders import REPO
 from tests.conftest import run_cli
+from tests.processes import own_node_locks, side_by_side
 
 pytestmark = pytest.mark.integration  # the study's servers are processes
 
@@ -52,7 +53,7 @@ def _run(folder: Path) -> tuple[list[dict[str, object]], list[str], dict[str, ob
     folder.mkdir()
     (folder / "study.yaml").write_text(STUDY)
     (folder / "objective.yaml").write_text(OBJECTIVE)
-    ran = run_cli("run", "study.yaml", "--no-ray", "--no-tracking", cwd=folder)
+    ran = run_cli("run", "study.yaml", "--no-ray", "--no-tracking", cwd=folder, env=own_node_locks())
     assert ran.returncode == 0, ran.stderr
     trials = json.loads(run_cli("status", "study.yaml", "--json", cwd=folder).stdout)["trials"]
     best = json.loads(run_cli("best", "study.yaml", "--json", cwd=folder).stdout)
@@ -62,8 +63,10 @@ def _run(folder: Path) -> tuple[list[dict[str, object]], list[str], dict[str, ob
 
 
 def test_a_seeded_simulated_study_runs_the_same_on_a_rerun(tmp_path: Path) -> None:
-    first, first_seeds, first_best = _run(tmp_path / "first")
-    second, second_seeds, second_best = _run(tmp_path / "second")
+    # The two runs side by side: each loads the machine as a busy one would, which must change nothing.
+    (first, first_seeds, first_best), (second, second_seeds, second_best) = side_by_side(
+        lambda: _run(tmp_path / "first"), lambda: _run(tmp_path / "second")
+    )
     assert len(first) == len(second) == TRIALS and len(first_seeds) == TRIALS
     # The same launches, each with the same noise: the seed the server drew its noise from.
     assert first_seeds == second_seeds and len(set(first_seeds)) == TRIALS

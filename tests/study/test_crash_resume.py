@@ -15,8 +15,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 import pytest
@@ -24,6 +26,7 @@ from optuna.trial import TrialState
 
 from autotune.study.storage import finished_count
 from tests.builders import SIM_TIMEOUTS, StudyFiles, simulated_server, small_objective, study_data
+from tests.processes import ended_side_by_side, own_node_locks
 
 pytestmark = pytest.mark.integration
 BUDGET = 10
@@ -51,12 +54,14 @@ def crash_study(
     )
 
 
-def start_driver(path: Path, log: Path, *, ray: bool = True) -> subprocess.Popen[bytes]:
+def start_driver(
+    path: Path, log: Path, *, ray: bool = True, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "autotune", "run", str(path), *([] if ray else ["--no-ray"])],
             cwd=path.parent,
-            env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", **(env or {})),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -283,18 +288,32 @@ def wait_until_loading(
     pytest.fail(f"no trial reached its weight load: {log.read_text(errors='replace')[-3000:]}")
 
 
-def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_trial_run_again(
-    study_file: StudyFiles,
-) -> None:
+class Stopped(NamedTuple):
+    """A driver's run that a test below looks at: its study file, its simulated model's unique path, and
+    what it left (the driver's log; `left`: the process group of the server a killed driver left)."""
+
+    path: Path
+    model_path: str
+    log: str = ""
+    status: int | None = None
+    left: int | None = None
+
+
+def _files(root: Path, kind: str, budget: int) -> tuple[Path, str, Path, Path]:
+    """A crash study of `budget` trials under `root`: its file, model path, trials folder and driver log."""
+    model_path = f"/models/{kind}-{uuid.uuid4().hex[:8]}"
+    path = StudyFiles(root)(crash_study(None, model_path, budget=budget))
+    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
+    return path, model_path, trials_dir, path.parent / "driver.log"
+
+
+def _node_actor_killed(root: Path) -> Stopped:
     # The actor's worker process dies (kill -9), not ray.kill: Ray frees its name later, and its server,
     # in a session of its own, outlives it. Killed while the baseline loads: SGLang's defaults run here, so
     # its server stays up until the new actor stops it (a proposal's server may die of its own settings
     # before the new actor has started: trial 1's, which this GPU cannot run, does a second after its load).
-    model_path = f"/models/actor-{uuid.uuid4().hex[:8]}"
-    path = study_file(crash_study(None, model_path, budget=4))
-    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
-    log = path.parent / "driver.log"
-    driver = start_driver(path, log)
+    path, model_path, trials_dir, log = _files(root, "actor", 4)
+    driver = start_driver(path, log, env=own_node_locks())
     try:
         wait_until_loading(driver, trials_dir, log, first=0, last=0)
         actors = session_processes(driver.pid, b"ray::NodeActor")
@@ -304,7 +323,55 @@ def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_t
     finally:
         if _group_alive(driver.pid):
             os.killpg(driver.pid, signal.SIGKILL)
+    return Stopped(path, model_path)
 
+
+def _stopped_by(root: Path, sig: signal.Signals) -> Stopped:
+    path, model_path, trials_dir, log = _files(root, "term", 3)
+    driver = start_driver(path, log, env=own_node_locks())
+    try:
+        wait_until_loading(driver, trials_dir, log)
+        os.kill(driver.pid, sig)  # the driver alone, as `timeout` or systemd stops it
+        status = driver.wait(timeout=90)
+    finally:
+        if _group_alive(driver.pid):
+            os.killpg(driver.pid, signal.SIGKILL)  # what Ray's own processes leave stays in the group
+    return Stopped(path, model_path, log.read_text(errors="replace"), status)
+
+
+def _killed_then_resumed(root: Path) -> Stopped:
+    path, model_path, trials_dir, log = _files(root, "left", 2)
+    locks = own_node_locks()
+    driver = start_driver(path, log, ray=False, env=locks)
+    wait_until_loading(driver, trials_dir, log, first=0)
+    os.killpg(driver.pid, signal.SIGKILL)  # the server, in a session of its own, outlives its driver
+    driver.wait(timeout=30)
+    left = servers_of(model_path)
+    assert left, "the killed driver's server still runs"
+    pgid = os.getpgid(left[0])
+
+    resumed = start_driver(path, log, ray=False, env=locks)
+    assert resumed.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
+    return Stopped(path, model_path, log.read_text(errors="replace"), left=pgid)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[Stopped]]:
+    """The runs of the tests below, side by side (each mostly waits on Ray's start and its servers' clocks,
+    each on a node lock of its own); a test meets its own run's failure."""
+    runs: dict[str, Callable[[], Stopped]] = {
+        "node actor": lambda: _node_actor_killed(tmp_path_factory.mktemp("actor")),
+        "SIGTERM": lambda: _stopped_by(tmp_path_factory.mktemp("sigterm"), signal.SIGTERM),
+        "SIGHUP": lambda: _stopped_by(tmp_path_factory.mktemp("sighup"), signal.SIGHUP),
+        "left running": lambda: _killed_then_resumed(tmp_path_factory.mktemp("left")),
+    }
+    return ended_side_by_side(runs)
+
+
+def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_trial_run_again(
+    stopped: dict[str, Future[Stopped]],
+) -> None:
+    path, model_path = stopped["node actor"].result()[:2]
     check_study(path, None, model_path, budget=4)  # nothing RUNNING, no server, every run closed
     optuna_study = optuna.load_study(
         study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
@@ -319,21 +386,11 @@ def test_a_node_actor_killed_mid_trial_is_node_lost_its_server_stopped_and_the_t
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
-    study_file: StudyFiles, sig: signal.Signals, status: int
+    stopped: dict[str, Future[Stopped]], sig: signal.Signals, status: int
 ) -> None:
-    model_path = f"/models/term-{uuid.uuid4().hex[:8]}"
-    path = study_file(crash_study(None, model_path, budget=3))
+    path, model_path, text, exited, _ = stopped[sig.name].result()
+    assert exited == status, text[-4000:]
     trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
-    log = path.parent / "driver.log"
-    driver = start_driver(path, log)
-    try:
-        wait_until_loading(driver, trials_dir, log)
-        os.kill(driver.pid, sig)  # the driver alone, as `timeout` or systemd stops it
-        assert driver.wait(timeout=90) == status, log.read_text(errors="replace")[-4000:]
-    finally:
-        if _group_alive(driver.pid):
-            os.killpg(driver.pid, signal.SIGKILL)  # what Ray's own processes leave stays in the group
-    text = log.read_text(errors="replace")
     assert f"autotune: stopped by {sig.name}: the running trials were stopped; resume to continue" in text
     assert f"({sig.name} again to stop at once)" in text and "Ctrl-C again" not in text, text[-4000:]
     assert "*** SIGTERM received" not in text and "Traceback" not in text, text[-4000:]
@@ -341,8 +398,8 @@ def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
         study_name="crash", storage=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'optuna.db'}"
     )
     assert not [t.number for t in optuna_study.trials if t.state is TrialState.RUNNING]
-    stopped = [t for t in optuna_study.trials if t.user_attrs.get("failure_kind") == "interrupted"]
-    assert len(stopped) == 1, [t.user_attrs for t in optuna_study.trials]
+    stopped_trials = [t for t in optuna_study.trials if t.user_attrs.get("failure_kind") == "interrupted"]
+    assert len(stopped_trials) == 1, [t.user_attrs for t in optuna_study.trials]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / '.autotune' / 'crash' / 'mlflow.db'}")
@@ -352,22 +409,11 @@ def test_sigterm_or_sighup_stops_the_driver_as_ctrl_c_does(
     assert not (trials_dir / "servers.json").exists()
 
 
-def test_resume_says_which_servers_a_killed_driver_left_running_it_stopped(study_file: StudyFiles) -> None:
-    model_path = f"/models/left-{uuid.uuid4().hex[:8]}"
-    path = study_file(crash_study(None, model_path, budget=2))
-    trials_dir = path.parent / ".autotune" / "crash" / "nodes" / "local"
-    log = path.parent / "driver.log"
-    driver = start_driver(path, log, ray=False)
-    wait_until_loading(driver, trials_dir, log, first=0)
-    os.killpg(driver.pid, signal.SIGKILL)  # the server, in a session of its own, outlives its driver
-    driver.wait(timeout=30)
-    left = servers_of(model_path)
-    assert left, "the killed driver's server still runs"
-    pgid = os.getpgid(left[0])
-
-    resumed = start_driver(path, log, ray=False)
-    assert resumed.wait(timeout=300) == 0, log.read_text(errors="replace")[-4000:]
-    said = [line for line in log.read_text(errors="replace").splitlines() if "left running" in line]
+def test_resume_says_which_servers_a_killed_driver_left_running_it_stopped(
+    stopped: dict[str, Future[Stopped]],
+) -> None:
+    _, model_path, text, _, pgid = stopped["left running"].result()
+    said = [line for line in text.splitlines() if "left running" in line]
     assert said == [
         "autotune: node local: stopped 1 server that a dead driver or node actor left running "
         f"(process group {pgid})"

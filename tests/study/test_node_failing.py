@@ -4,9 +4,12 @@ dies while measured)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import sqlite3
+import subprocess
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ from optuna.trial import TrialState
 from autotune.study.node_failing import FAILED_LAUNCHES_TO_STOP, node_failing
 from autotune.study.records import BASELINE_ATTR, FAILURE_KIND_ATTR, NODE_ATTR
 from tests.builders import StudyFiles, e2e_study
-from tests.conftest import run_cli
+from tests.conftest import run_cli as cli
+from tests.processes import ended_side_by_side, own_node_locks
 
 
 def launches(*outcomes: tuple[str, str | None], running: tuple[str, ...] = ()) -> optuna.Study:
@@ -111,20 +115,42 @@ def _trials(db: Path) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name="e2e", storage=f"sqlite:///{db}").get_trials()
 
 
+FAULTS = [("hang_load", "startup_timeout"), ("crash_benchmark", "server_died")]
+
+
+@pytest.fixture(scope="module")
+def broken_nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Future[None]]:
+    """The runs of the test below, one per fault, side by side (each mostly waits on its servers and
+    timeouts, on a node lock of its own); each parameter meets its own run's failure."""
+    return ended_side_by_side(
+        {
+            fault: functools.partial(_nothing_starts, tmp_path_factory.mktemp(fault), fault, kind)
+            for fault, kind in FAULTS
+        }
+    )
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    ("fault", "kind"), [("hang_load", "startup_timeout"), ("crash_benchmark", "server_died")]
-)
+@pytest.mark.parametrize(("fault", "kind"), FAULTS)
 def test_a_node_where_nothing_starts_stops_after_three_launches_and_exits_3(
-    tmp_path: Path, fault: str, kind: str
+    broken_nodes: dict[str, Future[None]], fault: str, kind: str
 ) -> None:
     """It ran the whole budget, exited 0 and suggested `best --export`, which then failed."""
+    broken_nodes[fault].result()
+
+
+def _nothing_starts(tmp_path: Path, fault: str, kind: str) -> None:
     # hang_load: each launch waits out startup_s; crash_benchmark: a start-up gets the time it needs
     startup_s = 3 if fault == "hang_load" else 60
     data = e2e_study(n_trials=12, trust=False, timeouts={"startup_s": startup_s, "benchmark_s": 20})
     data["server"]["env"]["SGLANG_SIM_FAULT"] = fault
     path = StudyFiles(tmp_path)(data)
-    done = run_cli("run", str(path), "--no-ray", cwd=tmp_path, timeout_s=300)
+    locks = own_node_locks()
+
+    def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return cli(*args, cwd=tmp_path, env=locks, timeout_s=300)
+
+    done = run_cli("run", str(path), "--no-ray")
 
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr
@@ -152,7 +178,7 @@ def test_a_node_where_nothing_starts_stops_after_three_launches_and_exits_3(
     if fault != "hang_load":
         return
     # Resumed on a node still broken: one launch (the baseline again), then the same stop.
-    done = run_cli("resume", str(path), "--no-ray", cwd=tmp_path, timeout_s=300)
+    done = run_cli("resume", str(path), "--no-ray")
     assert done.returncode == 3, done.stderr
     assert f"and 3 more launches failed before measuring anything ({kind} x4)" in done.stderr
     again = _trials(db)[len(trials) :]
@@ -162,7 +188,7 @@ def test_a_node_where_nothing_starts_stops_after_three_launches_and_exits_3(
     fixed_file = {"server": data["server"], "timeouts": {"startup_s": 60, "benchmark_s": 20}}
     path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | fixed_file))
     budget = str(len(_trials(db)) + 2)  # the baseline and one more
-    done = run_cli("resume", str(path), "--no-ray", "--n-trials", budget, cwd=tmp_path, timeout_s=300)
+    done = run_cli("resume", str(path), "--no-ray", "--n-trials", budget)
     assert done.returncode == 0, done.stderr
     fixed = _trials(db)[len(trials) + 1 :]
     assert fixed[0].user_attrs.get("baseline") and fixed[0].state is TrialState.COMPLETE, "the baseline first"

@@ -118,9 +118,10 @@ def test_a_study_with_an_api_key_completes_and_writes_no_secret(
 KEYED_ARGV = [*SIM_SEED_ARGV, "--api-key", API_KEY, "--host", "127.0.0.1"]
 
 
-@pytest.fixture
-def keyed_server(tmp_path: Path) -> Iterator[str]:
-    """The simulated server started with --api-key, ready."""
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The simulated server started with --api-key, ready (one for the tests below: each only asks it)."""
+    tmp_path = tmp_path_factory.mktemp("keyed")
     port = free_port()
     argv = [*KEYED_ARGV, "--port", str(port)]
     process = LocalCommandRunner().start(argv, {"SGLANG_SIM_TIME_SCALE": "0.001"}, tmp_path / "server.log")
