@@ -190,6 +190,13 @@ def fraction_key(launch: ServerLaunch) -> tuple[tuple[str, str | None], ...]:
     return tuple((f, v) for f, v in launch.flags if f not in _NOT_FRACTION_FLAGS)
 
 
+EnvKey = frozenset[tuple[str, str]]  # a launch's environment, as the readings are kept by it
+
+
+def _env_key(env: Mapping[str, str]) -> EnvKey:
+    return frozenset(env.items())
+
+
 @dataclass
 class LayoutReadings:
     """One layout's memory as its launches logged it, in GB: a disk-loaded launch's free memory before
@@ -199,8 +206,8 @@ class LayoutReadings:
     weights_gb: float | None = None
     client_before_gb: float | None = None  # the latest client's
     # each environment's (its NCCL settings size the init's buffers, which come before the load)
-    client_before_by_env: dict[frozenset[tuple[str, str]], float] = field(default_factory=dict)
-    before_load_by_env: dict[frozenset[tuple[str, str]], float] = field(default_factory=dict)
+    client_before_by_env: dict[EnvKey, float] = field(default_factory=dict)
+    before_load_by_env: dict[EnvKey, float] = field(default_factory=dict)
     daemon_gb: float | None = None
 
     def free_gb(self, env: Mapping[str, str] | None = None) -> tuple[float, float] | None:
@@ -213,7 +220,7 @@ class LayoutReadings:
         held = self.daemon_gb if self.daemon_gb is not None else self.weights_gb
         client, before = self.client_before_gb, self.before_load_gb
         if env is not None:
-            key = frozenset(env.items())
+            key = _env_key(env)
             if key in self.before_load_by_env and key not in self.client_before_by_env:
                 client = None  # a disk-loaded launch in this very environment says more than another's client
             client = self.client_before_by_env.get(key, client)
@@ -321,10 +328,10 @@ class WeightCacheState:
             elif client:
                 if weights is not None and weights < 0.5:  # mapped, not fallen back to disk
                     readings.client_before_gb = before
-                    readings.client_before_by_env[frozenset(started.env.items())] = before
+                    readings.client_before_by_env[_env_key(started.env)] = before
             elif weights is not None and self.running is None:  # a whole GPU: nothing else held memory
                 readings.before_load_gb, readings.weights_gb = before, weights
-                readings.before_load_by_env[frozenset(started.env.items())] = before
+                readings.before_load_by_env[_env_key(started.env)] = before
         chose = choices.get(MEM_FRACTION)
         if chose is not None and not client and launch_fraction(planned.launch.flags) is None:
             self.chosen[fraction_key(planned.launch)] = float(chose)

@@ -76,10 +76,15 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
-    firsts = _node_firsts(trials)
-    later = [t for t in complete if t.number not in firsts] or complete
-    seconds = [s for t in later if (s := TrialRecord.of(t).node_s)]
-    return max(seconds) if seconds else launch_s(optuna_study)
+    dearest = _dearest_s(complete, _node_firsts(trials))
+    return dearest if dearest is not None else launch_s(optuna_study)
+
+
+def _dearest_s(launches: list[FrozenTrial], firsts: set[int]) -> float | None:
+    """The node seconds of the dearest of `launches`, the nodes' first launches (`firsts`) left out where
+    there are others; None for no launch."""
+    later = [t for t in launches if t.number not in firsts] or launches
+    return max((s for t in later if (s := TrialRecord.of(t).node_s)), default=None)
 
 
 def round_s(optuna_study: optuna.Study) -> float | None:
@@ -92,18 +97,15 @@ def round_s(optuna_study: optuna.Study) -> float | None:
     configs = {state.baseline, *state.configs}
     trials = optuna_study.get_trials(deepcopy=False)
     firsts = _node_firsts(trials)
-    launches: dict[int, list[tuple[bool, float]]] = {}  # config -> (a node's first launch, seconds)
+    launches: dict[int, list[FrozenTrial]] = {}  # config -> its launches that spent node time
     for trial in trials:
         record = TrialRecord.of(trial)
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
-        if of in configs and (seconds := record.node_s):
-            launches.setdefault(of, []).append((trial.number in firsts, seconds))
-    dearest = {  # as dearest_launch_s: a node's first only where nothing later was measured
-        of: max([s for first, s in measured if not first] or [s for _, s in measured])
-        for of, measured in launches.items()
-    }
+        if of in configs and record.node_s:
+            launches.setdefault(of, []).append(trial)
     median = launch_s(optuna_study) or 0.0
-    return math.fsum(dearest.get(config, median) for config in configs)
+    dearest = {of: _dearest_s(measured, firsts) for of, measured in launches.items()}
+    return math.fsum(d if (d := dearest.get(config)) is not None else median for config in configs)
 
 
 def _confirm_launches(study: Study) -> tuple[int, int]:
