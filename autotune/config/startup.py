@@ -32,3 +32,4 @@ class Startup(BaseModel):
     compile_cache: StrictBool = True
     # Off unless asked: it holds the weights' GPU memory between trials and changes how the KV pool is sized.
     weight_cache: StrictBool = False
+    presharded_weights: StrictBool = True

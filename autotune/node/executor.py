@@ -50,6 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
+from autotune.node.presharded import PRESHARDED_FOLDER
 from autotune.node.runner import (
     CommandRunner,
     LaunchError,
@@ -190,7 +191,8 @@ class TrialExecutor:
 
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
         cache = self.workdir / COMPILE_CACHE_FOLDER if request.compile_cache and not request.job else None
-        launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache)
+        dumps = self.workdir / PRESHARDED_FOLDER if request.presharded_weights and not request.job else None
+        launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache, dumps)
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set

@@ -1,6 +1,6 @@
 """What the node adds to a launch before it starts it, for a cheaper start-up: its JIT and compile cache
-folder (kept across trials), and multithreaded weight loading turned down where the host's free memory
-cannot hold the shards it reads at once."""
+folder (kept across trials), multithreaded weight loading turned down where the host's free memory
+cannot hold the shards it reads at once, and presharded weights where they help (node.presharded)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from autotune.node.presharded import dump_folders, dump_room, presharded_launch, wants_presharded
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY, compile_cache_env
@@ -18,32 +19,39 @@ __all__ = ["COMPILE_CACHE_FOLDER", "HostMemory", "fit_loader", "loader_for_memor
 COMPILE_CACHE_FOLDER = "compile-cache"  # in the node's work folder, shared by every trial on it
 # The share of MemAvailable the loaders may fill: the rest is the page cache's and every other process's.
 HOST_MEMORY_SHARE = 0.9
-# MemAvailable in bytes, then the largest *.safetensors file under the model folder ($1), in bytes.
+# MemAvailable in bytes, then the largest *.safetensors file under the model folder ($1) and all of them
+# together, in bytes.
 _PROBE = (
-    "awk '/^MemAvailable:/ {printf \"%d\\n\", $2 * 1024}' /proc/meminfo; "
-    "find -L \"$1\" -maxdepth 1 -name '*.safetensors' -printf '%s\\n' 2>/dev/null | sort -n | tail -n 1"
+    "awk '/^MemAvailable:/ {printf \"%.0f\\n\", $2 * 1024}' /proc/meminfo; "
+    "find -L \"$1\" -maxdepth 1 -name '*.safetensors' -printf '%s\\n' 2>/dev/null | sort -n | "
+    "awk '{largest = $1; total += $1} END {if (NR) printf \"%.0f\\n%.0f\\n\", largest, total}'"
 )
 
 
 @dataclass(frozen=True)
 class HostMemory:
-    """The node's free host memory and the model's largest weight shard, in bytes."""
+    """The node's free host memory and the model's weight shards (the largest, all together), in bytes."""
 
     available_bytes: int
     largest_shard_bytes: int
+    checkpoint_bytes: int = 0  # every shard together
 
 
 def prepare_launch(
-    runner: CommandRunner, launch: ServerLaunch, cache_folder: Path | None
+    runner: CommandRunner,
+    launch: ServerLaunch,
+    cache_folder: Path | None,
+    presharded_root: Path | None = None,
 ) -> tuple[ServerLaunch, list[str]]:
-    """`launch` with the node's compile caches under `cache_folder` (None: none) and its weight loading
-    fitted to the host's free memory; with a sentence for each change a user should know of."""
+    """`launch` with the node's compile caches under `cache_folder` (None: none), its weight loading fitted
+    to the host's free memory, and presharded weights under `presharded_root` where they make its load
+    cheaper (None: never); with a sentence for each change a user should know of."""
     notes: list[str] = []
     if cache_folder is not None:
         launch = replace(
             launch, env={**launch.env, **compile_cache_env(runner.node_path(cache_folder), launch.env)}
         )
-    if _loader_config(launch) is None:
+    if _loader_config(launch) is None and presharded_root is None:
         return launch, notes
     memory = host_memory(runner, launch.model_path)
     if memory is None:
@@ -51,6 +59,12 @@ def prepare_launch(
     launch, note = fit_loader(launch, memory)
     if note is not None:
         notes.append(note)
+    if presharded_root is not None and wants_presharded(launch, memory):
+        folders = dump_folders(launch, runner.node_path(presharded_root))
+        room = dump_room(runner, folders[0])
+        if room is not None:
+            launch, note = presharded_launch(launch, folders, memory, room)
+            notes.append(note)
     return launch, notes
 
 
@@ -114,9 +128,9 @@ def host_memory(runner: CommandRunner, model_path: str | None) -> HostMemory | N
     except (NodeUnreachableError, TimeoutError):
         return None
     words = done.stdout.split()
-    if done.returncode != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+    if done.returncode != 0 or len(words) != 3 or not all(w.isdigit() for w in words):
         return None
-    return HostMemory(int(words[0]), int(words[1]))
+    return HostMemory(int(words[0]), int(words[1]), int(words[2]))
 
 
 def _ranks(launch: ServerLaunch) -> int:

@@ -19,11 +19,12 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
+from autotune.node.presharded import DumpRoom, dump_folders, presharded_launch, wants_presharded
 from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
-from autotune.sim.model.startup import weights_fit_page_cache
+from autotune.sim.model.startup import presharded_dump, weights_fit_page_cache
 from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
@@ -35,6 +36,8 @@ from autotune.trial.launch import ServerLaunch
 from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
+# The node's dump folder for presharded weights (a real node's is in its work folder).
+PRESHARDED_ROOT = "/node/presharded"
 # MemAvailable on an idle node, as a share of its host memory: the kernel, the GPU driver and the node's
 # daemons hold the rest (an assumption; no profile measures it).
 IDLE_AVAILABLE_SHARE = 0.95
@@ -103,7 +106,8 @@ def host_memory(hardware: HardwareProfile, model: ModelProfile) -> HostMemory | 
     if hardware.host_memory_gb is None:
         return None
     shard_gb = model.weight_gb / model.num_shards
-    return HostMemory(int(hardware.host_memory_gb * IDLE_AVAILABLE_SHARE * 1e9), int(shard_gb * 1e9))
+    available = int(hardware.host_memory_gb * IDLE_AVAILABLE_SHARE * 1e9)
+    return HostMemory(available, int(shard_gb * 1e9), int(model.weight_gb * 1e9))
 
 
 def server_memory(node: NodePerformanceModel) -> dict[str, float]:
@@ -166,6 +170,10 @@ class ModelNodeExecutor:
                 self._kept.page_cache.add(self.model.name)  # the daemon read them
         else:
             self._weight_cache.state.running = None
+        memory = host_memory(self.hardware, self.model)
+        if memory is not None:  # the node's own rules (startup_prep), as it fits a real node's launch
+            request, note = self._fit(request, memory)
+            cached = replace(cached, notes=(*cached.notes, *note))
         self._cached, self._node = cached, None
         if request.plan is not None:
             result = self._run_plan(request, request.plan)
@@ -180,9 +188,6 @@ class ModelNodeExecutor:
 
     def _run_one(self, request: TrialRequest, stop: MissLimit | None = None) -> TrialResult:
         """One launch and one benchmark of its workload, which stops sending where `stop` says."""
-        memory = host_memory(self.hardware, self.model)
-        if memory is not None:  # the node's own rule (startup_prep), as it fits a real node's launch
-            request = replace(request, launch=fit_loader(request.launch, memory)[0])
         cached = self._cached or ModelLaunch(request.launch, None)
         flags = _server_flags(request.launch)
         w = request.serving_workload
@@ -215,6 +220,18 @@ class ModelNodeExecutor:
         self._node = self._node or answer.node  # the launch's (later runs of a plan reuse it)
         self._kept.after(answer.node, request.compile_cache)
         return result
+
+    def _fit(self, request: TrialRequest, memory: HostMemory) -> tuple[TrialRequest, list[str]]:
+        """`request` with its weight loading fitted to the host's memory and, where the study asks and it
+        helps, presharded weights in the node's dump folder: a real node's rules (node.startup_prep)."""
+        launch = fit_loader(request.launch, memory)[0]
+        if not (request.presharded_weights and wants_presharded(launch, memory)):
+            return replace(request, launch=launch), []
+        folders = dump_folders(launch, PRESHARDED_ROOT)
+        free = (self.hardware.disk_free_gb or 0.0) * 1e9 - len(self._kept.dumps) * memory.checkpoint_bytes
+        room = DumpRoom(int(free), any(d.startswith(folders[0] + "/") for d in self._kept.dumps))
+        launch, note = presharded_launch(launch, folders, memory, room)
+        return replace(request, launch=launch), [note]
 
     def _init_s(self, request: TrialRequest) -> float:
         """The init a process of this launch spends before it loads (the daemon's too)."""
@@ -383,16 +400,19 @@ class ModelNodeExecutor:
 
 class NodeKeeps:
     """What a simulated node keeps from one launch to the next: the weights in its page cache (when its
-    host memory holds them) and its JIT/compile caches (when the study keeps a cache folder)."""
+    host memory holds them), its JIT/compile caches (when the study keeps a cache folder) and the
+    presharded dumps its launches wrote."""
 
     def __init__(self) -> None:
         self.page_cache: set[str] = set()  # the models whose weights the page cache holds
         self.compiled = False
+        self.dumps: set[str] = set()  # the presharded dumps on the node's disk, by folder
 
     def apply(self, node: NodePerformanceModel, compile_cache: bool) -> None:
         """Start `node`'s launch with what earlier launches left."""
         node.weights_cached = node.model.name in self.page_cache
         node.compile_cache_warm = compile_cache and self.compiled
+        node.weights_presharded = presharded_dump(node) in self.dumps
 
     def after(self, node: NodePerformanceModel, compile_cache: bool) -> None:
         """Keep what `node`'s launch read and compiled, as far as its start-up got."""
@@ -401,6 +421,9 @@ class NodeKeeps:
             self.page_cache.add(node.model.name)
         if compile_cache and phase in (None, "warmup"):
             self.compiled = True
+        dump = presharded_dump(node)
+        if dump is not None and phase not in ("init", "load"):
+            self.dumps.add(dump)
 
 
 class _RunFailed(Exception):

@@ -91,6 +91,12 @@ class HardwareProfile(_Profile):
         ge=1,
         description="cold weight loading with SGLang's 8 loader threads over one thread (1: not known)",
     )
+    disk_free_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="free disk in the node's work folder, for presharded weight dumps (unset: not known, "
+        "and autotune leaves them off, as on a node it cannot probe)",
+    )
 
 
 class DraftProfile(_Profile):

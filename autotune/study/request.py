@@ -12,7 +12,7 @@ from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import TrialRecord, record_short_cutoff
 from autotune.study.run_state import RunState
 from autotune.trial.launch import ServerLaunch
-from autotune.trial.startup import takes_weight_cache
+from autotune.trial.startup import takes_presharded, takes_weight_cache
 from autotune.trial.wire import TrialRequest
 
 
@@ -21,6 +21,7 @@ def trial_request(
 ) -> TrialRequest:
     """The request that runs `trial` as `launch` (the seeded one) on a node whose SGLang is `dialect`."""
     study = run.study
+    startup = study.file.startup
     return TrialRequest(
         number=trial.number,
         launch=launch,
@@ -30,8 +31,12 @@ def trial_request(
         seed=trial.number,
         plan=None if study.objective.is_job else measurement_plan(run, trial, baseline),
         job=study.objective.is_job,  # the launch measures itself (autotune.node.job)
-        compile_cache=study.file.startup.compile_cache,
-        weight_cache=study.file.startup.weight_cache and takes_weight_cache(dialect),
+        compile_cache=startup.compile_cache,
+        weight_cache=startup.weight_cache and takes_weight_cache(dialect),
+        # Not both: the daemon would load with the launch's --load-format, a path nothing here has tried.
+        presharded_weights=(
+            startup.presharded_weights and not startup.weight_cache and takes_presharded(dialect)
+        ),
     )
 
 

@@ -1,5 +1,6 @@
 """Start-up settings autotune adds to every launch where they help: multithreaded weight loading (a flag
-the node's SGLang version must take), and one JIT/compile cache folder per node (env vars)."""
+the node's SGLang version must take), one JIT/compile cache folder per node (env vars), and what tells
+whether the version takes the weight cache daemon and presharded weights."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ LOADER_FLAG = "--model-loader-extra-config"
 MULTITHREAD_KEY, THREADS_KEY = "enable_multithread_load", "num_threads"
 # A server that maps its weights from SGLang's weight cache daemon (0.5.17 to 0.5.23: server_args.py).
 WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT = "--weight-cache-mode", "client"
+# SGLang's presharded weights (0.5.17 to 0.5.23: model_loader/loader.py PreshardedModelLoader): the load
+# format, and the --model-loader-extra-config keys it takes out of the loader's settings for its dumps'
+# folders, the target model's and the draft model's (which loads with the target's format).
+LOAD_FORMAT_FLAG, PRESHARDED = "--load-format", "presharded"
+PRESHARDED_PATH_KEY, DRAFT_PRESHARDED_PATH_KEY = "presharded_path", "draft_presharded_path"
 
 # The JIT and compile caches SGLang and its kernels read (sglang wheels 0.5.17 and 0.5.23):
 # SGLANG_CACHE_DIR (srt/environ.py; 0.5.23 also points the others under it: third_party_cache_defaults),
@@ -59,9 +65,20 @@ def multithread_loading_flag(
 def takes_weight_cache(dialect: Dialect | None) -> bool:
     """Whether the node's SGLang takes `--weight-cache-mode client` (its flag table says so); without a
     dialect, the newest committed version's."""
+    return _takes_choice(dialect, WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT)
+
+
+def takes_presharded(dialect: Dialect | None) -> bool:
+    """Whether the node's SGLang takes `--load-format presharded` (its flag table says so); without a
+    dialect, the newest committed version's."""
+    return _takes_choice(dialect, LOAD_FORMAT_FLAG, PRESHARDED)
+
+
+def _takes_choice(dialect: Dialect | None, option: str, choice: str) -> bool:
+    """Whether the node's SGLang takes `option choice`; without a dialect, the newest committed version's."""
     table = dialect.table if dialect is not None else committed_table(committed_versions()[-1])
-    flag = table.get(WEIGHT_CACHE_FLAG) if table is not None else None
-    return flag is not None and flag.choices is not None and WEIGHT_CACHE_CLIENT in flag.choices
+    flag = table.get(option) if table is not None else None
+    return flag is not None and flag.choices is not None and choice in flag.choices
 
 
 def compile_cache_env(folder: str, env: Mapping[str, str]) -> dict[str, str]:

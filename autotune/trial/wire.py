@@ -42,6 +42,9 @@ class TrialRequest:
     # SGLang's weight cache daemon kept across trials where it can serve the launch (startup.weight_cache,
     # where the node's SGLang version takes --weight-cache-mode; autotune.node.weight_cache).
     weight_cache: bool = False
+    # SGLang's presharded weights where they make the launch's load cheaper (startup.presharded_weights,
+    # where the node's SGLang version takes --load-format presharded; autotune.node.presharded).
+    presharded_weights: bool = False
 
     @property
     def serving_workload(self) -> Workload:

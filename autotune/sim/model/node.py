@@ -50,6 +50,7 @@ class NodePerformanceModel:
         self.compile_cache_warm = False  # the JIT/compile caches hold this launch's kernels
         self.gpu_held_gb = 0.0  # each GPU's memory another process holds (a weight cache daemon)
         self.weights_mapped = False  # the weights are mapped from that daemon, not loaded
+        self.weights_presharded = False  # a presharded dump of this launch's layout is on the node's disk
         self.tp = settings.tp_size
         self.warnings: list[str] = []
         self.notes: list[str] = []  # what SGLang logs at info level while it resolves its arguments

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autotune.sim.model.startup import DEFAULT_LOAD_THREADS, load_threads
+from autotune.sim.model.startup import DEFAULT_LOAD_THREADS, load_threads, presharded_path
 from autotune.sim.profiles import P2P_LEVELS
 
 GB = 1e9
@@ -88,6 +88,8 @@ class LaunchSettings:
     speculative_num_draft_tokens: int | None = None
     force_custom_allreduce: bool = False
     load_threads: int = DEFAULT_LOAD_THREADS  # the weight loader's (--model-loader-extra-config)
+    load_format: str = "auto"
+    presharded_path: str | None = None  # the presharded dumps' folder (--model-loader-extra-config)
     nccl: NcclSettings = field(default_factory=NcclSettings)
 
     @classmethod
@@ -130,6 +132,8 @@ class LaunchSettings:
             speculative_num_draft_tokens=getattr(ns, "speculative_num_draft_tokens", None),
             force_custom_allreduce=env.get("SGLANG_SIM_FORCE_CUSTOM_ALLREDUCE") == "1",
             load_threads=load_threads(getattr(ns, "model_loader_extra_config", None)),
+            load_format=str(arg("load_format", "auto")),
+            presharded_path=presharded_path(getattr(ns, "model_loader_extra_config", None)),
             nccl=NcclSettings.from_env(env),
         )
 

@@ -1,10 +1,12 @@
 """How a launch's start-up time depends on what the node kept from earlier launches and on the loader:
-weights read from cold disk or from the page cache, SGLang's multithreaded loader, and a warm JIT/compile
-cache. From published figures, each with its source beside it."""
+weights read from cold disk or from the page cache, SGLang's multithreaded loader, presharded weights, and
+a warm JIT/compile cache. From published figures, each with its source beside it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +29,13 @@ WARM_COMPILE_SHARE = (QWEN_WARM_S - QWEN_WARM_WEIGHTS_S) / (QWEN_COLD_S - QWEN_C
 # A weight cache client maps the daemon's weights over CUDA IPC: 0.05-0.07 s on one H200 for an 8B's 196
 # tensors (benchmarks/RESULTS-sglang-h200.md, SGLang 0.5.17), against 2.03 s from the page cache.
 IPC_LOAD_S = 0.07
+# vllm-ascend PR 6058 (Llama3-70B; vLLM's sharded_state format, where each rank reads only its own files,
+# against the default loader, where every rank reads the whole checkpoint): TP=4 10.54 -> 3.94 s (2.7x),
+# TP=16 7.22 -> 0.99 s (7.3x). A power law through both, tp ** 0.717 (4.4x at TP=8), is assumed for
+# SGLang's presharded weights, which read the same way (each rank its own files, one thread), on any storage:
+# it was measured there, not on a disk like the seed's.
+SHARDED_READ_EXPONENT = math.log(7.3) / math.log(16)
+PRESHARDED = "presharded"
 # The share of host memory the page cache may keep the weights in (the rest: processes, the loaders' buffers).
 PAGE_CACHE_SHARE = 0.8
 
@@ -57,12 +66,59 @@ def weights_fit_page_cache(hw: HardwareProfile, model: ModelProfile) -> bool:
     return hw.host_memory_gb is not None and model.weight_gb <= PAGE_CACHE_SHARE * hw.host_memory_gb
 
 
+def presharded_path(extra_config: str | None) -> str | None:
+    """The presharded dumps' folder a `--model-loader-extra-config` value names, if any."""
+    try:
+        config = json.loads(extra_config or "{}")
+    except ValueError:
+        return None
+    folder = config.get("presharded_path") if isinstance(config, dict) else None
+    return str(folder) if folder else None
+
+
+def presharded_dump(node: NodePerformanceModel) -> str | None:
+    """The folder SGLang dumps this launch's presharded weights in and reads them back from: a subfolder
+    of the named folder per shard config (loader.py: `TP-<tp>-sig-<sha1 of the config>`); None where the
+    launch does not load presharded weights or names no folder (autotune always names one)."""
+    settings = node.settings
+    if settings.load_format != PRESHARDED or settings.presharded_path is None:
+        return None
+    config = {
+        "tp": settings.tp_size, "dp": settings.dp_size, "ep": settings.ep_size,
+        "quantization": node.model.quantization, "model": node.model.name,
+    }  # fmt: skip
+    signature = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{settings.presharded_path.rstrip('/')}/TP-{settings.tp_size}-sig-{signature}"
+
+
 def load_seconds(node: NodePerformanceModel) -> float:
     """Weight loading: from the page cache when an earlier launch left the weights there (threads barely
-    matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed."""
+    matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed; with
+    presharded weights, each rank reads its own share, after a first launch that loads and writes them."""
     if node.weights_mapped:
         return IPC_LOAD_S
-    return disk_load_seconds(node.hw, node.model, node.settings.load_threads, node.weights_cached)
+    settings, cached = node.settings, node.weights_cached
+    if presharded_dump(node) is not None and node.weights_presharded:
+        return sharded_read_seconds(node.model, settings.tp_size, cached)
+    load = disk_load_seconds(node.hw, node.model, settings.load_threads, cached)
+    if presharded_dump(node) is not None:  # the first launch of its layout: it dumps what it loaded
+        load += dump_seconds(node.model, settings.tp_size)
+    return load
+
+
+def sharded_read_seconds(model: ModelProfile, tp: int, cached: bool) -> float:
+    """Presharded weights read back, each rank its own share: from the page cache, else at the sharded
+    read's speed-up over one thread reading the whole checkpoint (SHARDED_READ_EXPONENT)."""
+    cold_single = model.weight_gb / model.load_gbps
+    if cached:
+        return cold_single / PAGE_CACHE_SPEEDUP
+    return cold_single / max(tp, 1) ** SHARDED_READ_EXPONENT
+
+
+def dump_seconds(model: ModelProfile, tp: int) -> float:
+    """The first launch's dump: every rank writes its share, assumed as long as reading it back (the same
+    files, each rank its own; no published figure)."""
+    return sharded_read_seconds(model, tp, cached=False)
 
 
 def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: bool) -> float:

@@ -5,6 +5,7 @@ time and a start-up failure dies in its own phase with SGLang's lines."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ from typing import NoReturn
 from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from autotune.sim.logfmt import tqdm_line
+from autotune.sim.model.startup import presharded_dump
 from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
 from autotune.sim.weight_cache_daemon import exported_tensors
@@ -22,6 +24,15 @@ HANG_LOAD_FRACTION = 0.19  # where the seed's log stopped: shard 12 of 64
 WARMUP_WAIT_S = 1.0  # SGLang's _wait_and_warmup sleeps a second before its first /get_model_info
 WARMUP_PROMPT = "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
+
+
+def write_dump(folder: Path, ranks: int) -> None:
+    """What SGLang's first presharded launch leaves (loader.py: _dump_state_to_disk): the plan, then READY
+    once every rank's files are written; the simulated weights are the plan alone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plan = {"version": 1, "world_size": ranks, "files": [], "rank_to_reads": {}}
+    (folder / "checksum.json").write_text(json.dumps(plan))
+    (folder / "READY").write_text(json.dumps({"plan_version": 1, "world_size": ranks}))
 
 
 def compile_cache_marker() -> Path | None:
@@ -49,6 +60,8 @@ class Startup(LaunchPart):
         phase = failure.phase if failure else None
         marker = compile_cache_marker()
         self.node.compile_cache_warm = marker is not None and marker.is_file()  # an earlier launch compiled
+        dump = presharded_dump(self.node)
+        self.node.weights_presharded = dump is not None and (Path(dump) / "READY").is_file()
         await self._init_distributed(fail=phase == "init")
         await self._load_weights(fail=phase == "load")
         if phase == "kv" and failure:
@@ -102,6 +115,12 @@ class Startup(LaunchPart):
                 "[IpcModelLoader] Weight cache not available or config mismatch, falling back to disk load",
                 warning=True,
             )
+        dump = presharded_dump(self.node)
+        if dump is not None and self.node.weights_presharded:
+            await self._load_presharded(dump)
+            return
+        if dump is not None:  # loader.py: PreshardedModelLoader.load_model
+            self.ranks.all(f"No presharded checkpoint at {dump}; doing first-time load and dump.")
         shards = model.num_shards
         per_shard = self.node.load_seconds / shards
         # buffered_multi_thread_safetensors_weights_iterator's bar, or the single-threaded loader's.
@@ -114,24 +133,32 @@ class Startup(LaunchPart):
                 await asyncio.Event().wait()  # no progress, no error: only a timeout catches this
             await self._sleep_model(per_shard)
             self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
+        if dump is not None:
+            write_dump(Path(dump), self.node.settings.tp_size)
+        self._load_weight_end(self.node.load_seconds)
+
+    async def _load_presharded(self, dump: str) -> None:
+        """Each rank reads its own share of an earlier launch's dump (loader.py: _load_from_presharded)."""
+        self.ranks.all(f"Loading from presharded checkpoint at {dump}")
+        await self._sleep_model(self.node.load_seconds)
+        self._load_weight_end(self.node.load_seconds)
+
+    def _load_weight_end(self, seconds: float) -> None:
+        plan, model = self.plan, self.node.model
         quant = f"quant={model.quantization}, " if model.quantization else ""  # model_runner.py:1097-1106
         self.ranks.all(
-            f"Load weight end. elapsed={self.node.load_seconds:.2f} s, type={model.architecture}, {quant}"
+            f"Load weight end. elapsed={seconds:.2f} s, type={model.architecture}, {quant}"
             f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
         )
 
     async def _map_weights(self) -> None:
         """A weight cache client: the daemon's tensors mapped over CUDA IPC (0.5.17 ipc_loader.py:120-157)."""
-        plan, model, seconds = self.plan, self.node.model, self.node.load_seconds
+        model, seconds = self.node.model, self.node.load_seconds
         tensors = exported_tensors(model)
         self.ranks.all(f"[IpcModelLoader] Fetched {tensors} IPC handles from daemon in 0.00s")
         await self._sleep_model(seconds)
         self.ranks.all(f"[IpcModelLoader] Loaded model via IPC (mode=client), total={seconds:.2f}s")
-        quant = f"quant={model.quantization}, " if model.quantization else ""
-        self.ranks.all(
-            f"Load weight end. elapsed={seconds:.2f} s, type={model.architecture}, {quant}"
-            f"avail mem={plan.avail_after_weights_gb:.2f} GB, mem usage={plan.weights_gb:.2f} GB."
-        )
+        self._load_weight_end(seconds)
 
     def _allocate_kv_cache(self) -> None:
         plan = self.plan

@@ -1,0 +1,137 @@
+"""SGLang's presharded weights (`--load-format presharded`, 0.5.17 to 0.5.23) where they make a launch's
+weight load cheaper. SGLang's default loader has every tensor-parallel rank read the whole checkpoint and
+keep its own slice of it; with presharded weights the first launch of a model and layout writes each rank's
+share, as loaded, into a dump folder, and every later launch of that layout reads only its own share
+(model_loader/loader.py, PreshardedModelLoader)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from autotune.node.runner import CommandRunner, NodeUnreachableError
+from autotune.trial.startup import (
+    DRAFT_PRESHARDED_PATH_KEY,
+    LOAD_FORMAT_FLAG,
+    LOADER_FLAG,
+    PRESHARDED,
+    PRESHARDED_PATH_KEY,
+    WEIGHT_CACHE_FLAG,
+)
+
+if TYPE_CHECKING:
+    from autotune.node.startup_prep import HostMemory
+    from autotune.trial.launch import ServerLaunch
+
+__all__ = [
+    "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_room", "presharded_launch", "wants_presharded",
+]  # fmt: skip
+
+PRESHARDED_FOLDER = "presharded"  # in the node's work folder: the dumps outlive trials and resumes
+# The share of MemAvailable the page cache keeps a checkpoint in from one launch to the next: where the
+# weights fit, every launch after the first reads them from memory already and a dump would only cost disk.
+PAGE_CACHE_SHARE = 0.8
+# The disk a dump needs over the checkpoint's size (SGLang's manifests beside the weights, which after
+# loading can be larger than on disk: an INT4 checkpoint repacked for its kernels).
+DUMP_ROOM = 1.1
+DRAFT_MODEL_FLAG = "--speculative-draft-model-path"
+# Flags that leave the weights as SGLang holds them after loading unchanged: launches that differ only in
+# these share one dump. Every other flag keys a dump of its own (an EP size, a MoE or attention backend or a
+# quantization can lay the weights out differently after loading); the draft model's dump adds its path.
+SAME_WEIGHTS_FLAGS = frozenset(
+    {
+        "--host", "--port", "--api-key", "--log-level", "--random-seed", "--skip-server-warmup",
+        "--mem-fraction-static", "--max-running-requests", "--max-total-tokens", "--max-prefill-tokens",
+        "--chunked-prefill-size", "--schedule-policy", "--schedule-conservativeness", "--stream-interval",
+        "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill", "--cuda-graph-bs",
+        "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill", "--disable-cuda-graph",
+        "--disable-radix-cache", "--disable-custom-all-reduce", "--enable-torch-symm-mem",
+        "--enable-flashinfer-allreduce-fusion", "--speculative-algorithm", "--speculative-num-steps",
+        "--speculative-eagle-topk", "--speculative-num-draft-tokens", DRAFT_MODEL_FLAG, LOADER_FLAG,
+        LOAD_FORMAT_FLAG,
+    }
+)  # fmt: skip
+# Free bytes on the dump folder's file system, then the READY file of a dump SGLang finished there ($1:
+# the folder, made first; SGLang appends a subfolder per shard config, TP-<n>-sig-<hash>).
+_PROBE = 'mkdir -p "$1" && df -P -B1 "$1" | awk \'NR == 2 {print $4}\' && find "$1" -maxdepth 2 -name READY'
+
+
+@dataclass(frozen=True)
+class DumpRoom:
+    """The dump folder's file system: its free bytes, and whether a finished dump is there already."""
+
+    free_bytes: int
+    ready: bool
+
+
+def wants_presharded(launch: ServerLaunch, memory: HostMemory | None) -> bool:
+    """Whether presharded weights would make `launch`'s load cheaper: a tensor-parallel server that reads its
+    weights from disk (the checkpoint larger than the page cache keeps), not a weight cache client, and no
+    load format of the user's own. Unknown host facts: no."""
+    if memory is None or memory.checkpoint_bytes <= 0:
+        return False
+    if launch.flag(LOAD_FORMAT_FLAG) not in (None, "auto") or launch.flag(WEIGHT_CACHE_FLAG) is not None:
+        return False
+    try:
+        tensor_parallel = launch.tensor_parallel_size > 1
+    except ValueError:
+        return False
+    return tensor_parallel and memory.checkpoint_bytes > PAGE_CACHE_SHARE * memory.available_bytes
+
+
+def dump_folders(launch: ServerLaunch, root: str) -> tuple[str, str]:
+    """The target model's and the draft model's dump folders under `root` (a node path) for `launch`: one
+    per model and weight layout, so a search over scheduling flags and speculative settings shares one."""
+    weights = sorted((flag, value) for flag, value in launch.flags if flag not in SAME_WEIGHTS_FLAGS)
+    key = hashlib.sha1(json.dumps(weights).encode()).hexdigest()[:12]
+    draft = hashlib.sha1(json.dumps([key, launch.flag(DRAFT_MODEL_FLAG)]).encode()).hexdigest()[:12]
+    base = root.rstrip("/")
+    return f"{base}/{key}", f"{base}/{key}-draft-{draft}"
+
+
+def presharded_launch(
+    launch: ServerLaunch, folders: tuple[str, str], memory: HostMemory, room: DumpRoom
+) -> tuple[ServerLaunch, str]:
+    """`launch` loading presharded weights from `folders` (dump_folders') with the sentence that says so,
+    or as given with the sentence that says why not: a first dump needs the checkpoint's size on disk."""
+    target, draft = folders
+    if not room.ready:
+        need = memory.checkpoint_bytes * DUMP_ROOM
+        if room.free_bytes < need:
+            return launch, (
+                f"presharded weights left off: a dump of this layout needs {need / 1e9:.0f} GB of disk and "
+                f"{target} has {room.free_bytes / 1e9:.0f} GB free (startup.presharded_weights: false "
+                "stops trying)"
+            )
+    try:
+        config = json.loads(launch.flag(LOADER_FLAG) or "{}")
+    except ValueError:
+        return launch, "presharded weights left off: --model-loader-extra-config is not JSON"
+    config = {**config, PRESHARDED_PATH_KEY: target, DRAFT_PRESHARDED_PATH_KEY: draft}
+    flags = [(f, v) for f, v in launch.flags if f not in (LOAD_FORMAT_FLAG, LOADER_FLAG)]
+    at = next((i for i, (f, _) in enumerate(flags) if f == "--host"), len(flags))
+    flags[at:at] = [(LOAD_FORMAT_FLAG, PRESHARDED), (LOADER_FLAG, json.dumps(config))]
+    if room.ready:
+        note = f"weights from the presharded dump in {target}: each rank reads only its own share"
+    else:
+        note = (
+            f"presharded weights: this launch writes each rank's share of the weights to {target} (once per "
+            f"model and layout, about {memory.checkpoint_bytes / 1e9:.0f} GB of disk) for later launches "
+            "to read"
+        )
+    return replace(launch, flags=tuple(flags)), note
+
+
+def dump_room(runner: CommandRunner, folder: str) -> DumpRoom | None:
+    """The free disk at `folder` (made if missing) and whether it holds a finished dump; None where the node
+    cannot say."""
+    try:
+        done = runner.run(["sh", "-c", _PROBE, "sh", folder], {}, timeout_s=30)
+    except (NodeUnreachableError, TimeoutError):
+        return None
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines or not lines[0].isdigit():
+        return None
+    return DumpRoom(int(lines[0]), len(lines) > 1)
