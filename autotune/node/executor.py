@@ -50,7 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
-from autotune.node.presharded import PRESHARDED_FOLDER
+from autotune.node.presharded import PRESHARDED_FOLDER, off_note, presharded_failure
 from autotune.node.runner import (
     CommandRunner,
     LaunchError,
@@ -62,6 +62,7 @@ from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
 from autotune.node.weight_cache import DAEMON_LOG, Prepared, WeightCacheKeeper
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import AUTO_PORT, ServerLaunch
+from autotune.trial.startup import LOAD_FORMAT_FLAG, PRESHARDED
 from autotune.trial.wire import TRIAL_PHASES, TrialRequest, TrialResult
 
 # SGLang needs 10 to 15 s to stop cleanly before the process group is killed.
@@ -108,6 +109,8 @@ class TrialExecutor:
         self._startup_notes: list[str] = []  # what prepare_launch changed in the running trial's launch
         self.weight_cache = WeightCacheKeeper(runner, nvidia_smi)  # its daemon outlives trials, not the node
         self._prepared: Prepared | None = None  # the running trial's launch as the weight cache left it
+        self._launched_presharded = False  # the running trial's launch loads presharded weights
+        self.presharded_failed: str | None = None  # why presharded weights are off on this node, if they are
 
     def _enter(self, phase: str) -> None:
         if phase not in TRIAL_PHASES:
@@ -122,13 +125,36 @@ class TrialExecutor:
         self._aborted.clear()
         self._startup_notes = []
         self._prepared = None
+        self._launched_presharded = False
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
-                return self._run_held(request, log_path)
+                result = self._run_held(request, log_path)
+                if self._launched_presharded:
+                    result = self._unless_presharded_failed(request, log_path, result)
+                return result
         except NodeBusy:
             kind = FailureKind.INTERRUPTED
             failure = Failure(kind, "stopped while waiting for the node", "", kind.advice)
             return self._result(request, None, failure, log_path)
+
+    def _unless_presharded_failed(
+        self, request: TrialRequest, log_path: Path, result: TrialResult
+    ) -> TrialResult:
+        """`result`, or where its start-up died in SGLang's presharded loader, the trial run again without
+        presharded weights (its node time and notes counting both runs), which stay off on this node."""
+        failure = result.failure
+        error = presharded_failure(result.log) if failure is not None and not failure.kind.is_oom else None
+        if error is None or self._aborted.is_set():
+            return result
+        self.presharded_failed = error
+        log_path.rename(log_path.with_name("server-presharded.log"))
+        notes = (*result.startup_notes, off_note(error))
+        again = self._run_held(request, log_path)
+        return replace(
+            again,
+            startup_notes=(*notes, *again.startup_notes),
+            node_s=(result.node_seconds or 0.0) + (again.node_seconds or 0.0),
+        )
 
     def _wait_for_node(self, holder: str) -> None:
         self._enter("waiting")
@@ -191,8 +217,10 @@ class TrialExecutor:
 
     def _launch(self, request: TrialRequest, log_path: Path) -> ServerProcess:
         cache = self.workdir / COMPILE_CACHE_FOLDER if request.compile_cache and not request.job else None
-        dumps = self.workdir / PRESHARDED_FOLDER if request.presharded_weights and not request.job else None
+        presharded = request.presharded_weights and self.presharded_failed is None and not request.job
+        dumps = self.workdir / PRESHARDED_FOLDER if presharded else None
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache, dumps)
+        self._launched_presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set

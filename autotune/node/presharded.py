@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
 
 __all__ = [
-    "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_room", "presharded_launch", "wants_presharded",
+    "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_room", "off_note", "presharded_failure",
+    "presharded_launch", "wants_presharded",
 ]  # fmt: skip
 
 PRESHARDED_FOLDER = "presharded"  # in the node's work folder: the dumps outlive trials and resumes
@@ -36,6 +38,9 @@ PAGE_CACHE_SHARE = 0.8
 # The disk a dump needs over the checkpoint's size (SGLang's manifests beside the weights, which after
 # loading can be larger than on disk: an INT4 checkpoint repacked for its kernels).
 DUMP_ROOM = 1.1
+# SGLang's dump and its read-back hold one dump file per rank in host memory (`max_file_bytes`, 20 GiB by
+# default): where the ranks' files would fill more than this share of MemAvailable, smaller files.
+DUMP_FILE_BYTES, DUMP_FILES_SHARE = 20 * 1024**3, 0.5
 DRAFT_MODEL_FLAG = "--speculative-draft-model-path"
 # Flags that leave the weights as SGLang holds them after loading unchanged: launches that differ only in
 # these share one dump. Every other flag keys a dump of its own (an EP size, a MoE or attention backend or a
@@ -53,6 +58,18 @@ SAME_WEIGHTS_FLAGS = frozenset(
         LOAD_FORMAT_FLAG,
     }
 )  # fmt: skip
+# The presharded loader's own errors (0.5.17 loader.py: PreshardedModelLoader's raises) and its frames in a
+# traceback: a launch that died there failed for the setting, not for its config.
+_LOADER_ERROR = re.compile(
+    r"^\w*Error: (Presharded .*|Unsupported presharded plan .*|Missing keys .* in presharded checkpoint.*"
+    r"|Rank-\d+ checksum mismatch for presharded .*|Plan at .* has no rank_checksums .*)$",
+    re.MULTILINE,
+)
+_LOADER_FRAME = re.compile(
+    r"model_loader/loader\.py\", line \d+, in (_first_time_load_and_dump|_load_from_presharded"
+    r"|_dump_state_to_disk|_dump_files_for_rank|_read_presharded_file|_apply_presharded_file)\b"
+)
+_RAISED = re.compile(r"^\w+(Error|Exception)\b")
 # Free bytes on the dump folder's file system, then the READY file of a dump SGLang finished there ($1:
 # the folder, made first; SGLang appends a subfolder per shard config, TP-<n>-sig-<hash>).
 _PROBE = 'mkdir -p "$1" && df -P -B1 "$1" | awk \'NR == 2 {print $4}\' && find "$1" -maxdepth 2 -name READY'
@@ -110,6 +127,9 @@ def presharded_launch(
     except ValueError:
         return launch, "presharded weights left off: --model-loader-extra-config is not JSON"
     config = {**config, PRESHARDED_PATH_KEY: target, DRAFT_PRESHARDED_PATH_KEY: draft}
+    file_bytes = int(memory.available_bytes * DUMP_FILES_SHARE / max(launch.tensor_parallel_size, 1))
+    if file_bytes < DUMP_FILE_BYTES:
+        config["max_file_bytes"] = max(file_bytes, 1024**3)
     flags = [(f, v) for f, v in launch.flags if f not in (LOAD_FORMAT_FLAG, LOADER_FLAG)]
     at = next((i for i, (f, _) in enumerate(flags) if f == "--host"), len(flags))
     flags[at:at] = [(LOAD_FORMAT_FLAG, PRESHARDED), (LOADER_FLAG, json.dumps(config))]
@@ -135,3 +155,24 @@ def dump_room(runner: CommandRunner, folder: str) -> DumpRoom | None:
     if done.returncode != 0 or not lines or not lines[0].isdigit():
         return None
     return DumpRoom(int(lines[0]), len(lines) > 1)
+
+
+def presharded_failure(log: str) -> str | None:
+    """The error line of a start-up the presharded loader failed (its own message, or any error raised
+    inside it), or None where the log shows no such failure."""
+    own = _LOADER_ERROR.search(log)
+    if own is not None:
+        return own.group(0)
+    frame = _LOADER_FRAME.search(log)
+    if frame is None:
+        return None
+    lines = log[frame.end() :].splitlines()
+    return next((line.strip() for line in lines if _RAISED.match(line)), frame.group(0))
+
+
+def off_note(error: str) -> str:
+    """The trial's note when its presharded launch failed and it ran again without."""
+    return (
+        f"presharded weights failed on this node ({error}): this trial ran again without them, and they stay "
+        "off for the rest of the study (startup.presharded_weights)"
+    )

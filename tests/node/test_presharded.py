@@ -12,6 +12,7 @@ from autotune.node.presharded import (
     DumpRoom,
     dump_folders,
     dump_room,
+    presharded_failure,
     presharded_launch,
     wants_presharded,
 )
@@ -91,6 +92,43 @@ def test_the_launch_loads_presharded_with_its_loader_settings_kept_and_a_short_d
     )
 
 
+def test_a_start_up_that_died_in_the_presharded_loader_is_told_from_one_that_died_elsewhere() -> None:
+    """SGLang 0.5.17's own messages (loader.py), and an error raised inside its dump."""
+    not_writable = (
+        "RuntimeError: Presharded dump directory is not writable: /node/presharded/abc/TP-8-sig-1. Set "
+        "model_loader_extra_config '{\"presharded_path\": \"...\"}' (or draft_presharded_path for the draft "
+        "model) to a writable shared filesystem path. Original error: [Errno 13] Permission denied"
+    )
+    assert presharded_failure(f"Traceback (most recent call last):\n{not_writable}\n") == not_writable
+    disk_full = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/dist-packages/sglang/srt/model_loader/loader.py", line 2035, in '
+        "_first_time_load_and_dump\n"
+        "    self._dump_state_to_disk(state_dict, extras, presharded_dir, shard_config)\n"
+        '  File "/usr/lib/python3/dist-packages/safetensors/torch.py", line 286, in save_file\n'
+        "OSError: [Errno 28] No space left on device\n"
+    )
+    assert presharded_failure(disk_full) == "OSError: [Errno 28] No space left on device"
+    loaded = (
+        "No presharded checkpoint at /d/TP-8-sig-1; doing first-time load and dump.\n"
+        "Loading from presharded checkpoint at /d/TP-8-sig-1\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/model_executor/model_runner.py", line 1, in init_memory_pool\n'
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+    )
+    assert presharded_failure(loaded) is None
+
+
+def test_a_small_host_gets_dump_files_its_ranks_can_hold() -> None:
+    """Each rank holds one dump file in host memory while it writes or reads it (20 GiB by default)."""
+    small = HostMemory(243 * GB, SEED_MEMORY.largest_shard_bytes, 547 * GB)  # a 256 GB host
+    folders, room = dump_folders(_launch(), ROOT), DumpRoom(2000 * GB, False)
+    launch, _ = presharded_launch(_launch(), folders, small, room)
+    assert json.loads(launch.flag(LOADER_FLAG) or "")["max_file_bytes"] == 243 * GB // 2 // 8
+    seed, _ = presharded_launch(_launch(), folders, SEED_MEMORY, room)
+    assert "max_file_bytes" not in json.loads(seed.flag(LOADER_FLAG) or "")  # 8 x 20 GiB fit half of 486 GB
+
+
 @pytest.mark.integration
 def test_the_probe_reads_the_real_disk_and_finds_a_finished_dump(tmp_path: Path) -> None:
     folder = tmp_path / "presharded" / "abc"
@@ -151,3 +189,16 @@ def test_the_first_launch_of_a_layout_dumps_and_the_next_reads_its_own_share(
     single = 547.0 / 0.91
     assert first["weight_load_s"] == pytest.approx(single + single / 8**SHARDED_READ_EXPONENT, rel=0.01)
     assert second["weight_load_s"] == pytest.approx(single / 8**SHARDED_READ_EXPONENT, rel=0.01)
+
+    # A dump SGLang cannot read back (another plan version) fails the launch in its loader: the trial runs
+    # again from the checkpoint, and presharded weights stay off on this node.
+    (plan,) = (tmp_path / "node" / "presharded").glob("*/TP-8-sig-*/checksum.json")
+    plan.write_text(json.dumps({"version": 99}))
+    third, third_notes, third_log = run(3)
+    failed = (tmp_path / "node" / "trial-0003" / "server-presharded.log").read_text()
+    error = f"ValueError: Unsupported presharded plan version 99 at {plan.parent}; expected 1."
+    assert error in failed
+    assert third_notes[-1].startswith(f"presharded weights failed on this node ({error}): this trial ran")
+    assert "presharded" not in third_log and third["weight_load_s"] == pytest.approx(single, rel=0.01)
+    _, fourth_notes, _ = run(4)
+    assert executor.presharded_failed is not None and not any("presharded" in n for n in fourth_notes)

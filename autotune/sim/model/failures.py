@@ -285,3 +285,16 @@ def oom_under_load_lines(node: NodePerformanceModel, prefill_tokens: int) -> lis
         ],
         _torch_oom(node, need, node.plan.avail_after_graph_gb),
     )
+
+
+def presharded_plan_lines(dump: str, version: object) -> list[str]:
+    """What a rank prints when the presharded dump it reads back has a plan of another version (0.5.17
+    loader.py: _load_from_presharded)."""
+    return _traceback(
+        [
+            *_SCHEDULER_INIT,
+            ("srt/model_loader/loader.py", 601, "load_model", "return self._load_from_presharded("),
+            ("srt/model_loader/loader.py", 2431, "_load_from_presharded", "raise ValueError("),
+        ],
+        f"ValueError: Unsupported presharded plan version {version!r} at {dump}; expected 1.",
+    )

@@ -15,6 +15,7 @@ from typing import NoReturn
 from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from autotune.sim.logfmt import tqdm_line
+from autotune.sim.model.failures import presharded_plan_lines
 from autotune.sim.model.startup import presharded_dump
 from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
@@ -138,8 +139,12 @@ class Startup(LaunchPart):
         self._load_weight_end(self.node.load_seconds)
 
     async def _load_presharded(self, dump: str) -> None:
-        """Each rank reads its own share of an earlier launch's dump (loader.py: _load_from_presharded)."""
+        """Each rank reads its own share of an earlier launch's dump (loader.py: _load_from_presharded),
+        whose plan must be of the version this SGLang writes."""
         self.ranks.all(f"Loading from presharded checkpoint at {dump}")
+        version = json.loads((Path(dump) / "checksum.json").read_text()).get("version")
+        if version != 1:
+            self.ranks.die(0, presharded_plan_lines(dump, version))
         await self._sleep_model(self.node.load_seconds)
         self._load_weight_end(self.node.load_seconds)
 
