@@ -1,8 +1,9 @@
 """The seed profile's start-up, phase by phase, as the simulated node models it (autotune.sim.model.startup):
 with the weights fitting the host's page cache and without, single-threaded (the seed's own SGLang) and with
 SGLang 0.5.17's default 8 loader threads, the first launch on a node and every one after it, with the node's
-compile cache kept across launches and without, and with presharded weights. Each figure is one SGLang baseline launch on the model node
-(ModelNodeExecutor), read back from the trial's start-up phases as status and MLflow show them.
+compile cache kept across launches and without, and with presharded weights. Each figure is one SGLang
+baseline launch on the model node (ModelNodeExecutor), read back from the trial's start-up phases as status
+and MLflow show them.
 
     python benchmarks/startup_seed.py > benchmarks/startup_seed.txt
 
@@ -70,8 +71,8 @@ def main() -> None:
     print("without the flag, loads with 8 threads and needs 684 GB too: a host short of it is not modeled.")
     print("Presharded weights (autotune.node.presharded) apply where the weights do not fit the page cache:")
     print("the first launch loads and writes each rank's share, every later one reads only its own share")
-    print("(a read 8 ** 0.717 = 4.4x faster than one thread reading the whole checkpoint: vllm-ascend PR 6058's")
-    print("sharded_state figures; the dump's write assumed as long as that read).")
+    print("(a read 8 ** 0.717 = 4.4x faster than one thread reading the whole checkpoint: vllm-ascend PR")
+    print("6058's sharded_state figures; the dump's write assumed as long as that read).")
     for memory in (512.0, 1024.0):
         hw = seed.model_copy(update={"host_memory_gb": memory})
         fits = "fit" if memory * 0.8 >= 547 else "do not fit"

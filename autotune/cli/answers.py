@@ -261,9 +261,9 @@ def _trust_record(answer: StudyAnswer | None) -> dict[str, Any]:
 
 
 def _status_notes(t: dict[str, Any]) -> list[str]:
-    """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement."""
+    """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement,
+    how the node started its server."""
     notes = [f"over the limit: {v['text']}" for v in (t["over_limits"] or {}).values()]
-    notes += list(t.get("startup_notes") or [])
     if t["pruned_by"]:
         notes.append(f"pruned after the {t['pruned_by']}")
     if t.get("load_warning"):
@@ -290,7 +290,7 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
 
     if sentence := failure_sentence(t):
         notes.append(sentence)
-    return notes
+    return notes + list(t.get("startup_notes") or [])  # how it was started, after what it is
 
 
 def cmd_best(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
-from autotune.node.presharded import PRESHARDED_FOLDER, off_note, presharded_failure
+from autotune.node.presharded import PRESHARDED_FOLDER, dump_note, off_note, presharded_failure, wrote_dump
 from autotune.node.runner import (
     CommandRunner,
     LaunchError,
@@ -109,7 +109,7 @@ class TrialExecutor:
         self._startup_notes: list[str] = []  # what prepare_launch changed in the running trial's launch
         self.weight_cache = WeightCacheKeeper(runner, nvidia_smi)  # its daemon outlives trials, not the node
         self._prepared: Prepared | None = None  # the running trial's launch as the weight cache left it
-        self._launched_presharded = False  # the running trial's launch loads presharded weights
+        self._presharded: ServerLaunch | None = None  # the running trial's launch where it loads presharded
         self.presharded_failed: str | None = None  # why presharded weights are off on this node, if they are
 
     def _enter(self, phase: str) -> None:
@@ -125,27 +125,31 @@ class TrialExecutor:
         self._aborted.clear()
         self._startup_notes = []
         self._prepared = None
-        self._launched_presharded = False
+        self._presharded = None
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
                 result = self._run_held(request, log_path)
-                if self._launched_presharded:
-                    result = self._unless_presharded_failed(request, log_path, result)
+                if self._presharded is not None:
+                    result = self._presharded_outcome(request, log_path, result, self._presharded)
                 return result
         except NodeBusy:
             kind = FailureKind.INTERRUPTED
             failure = Failure(kind, "stopped while waiting for the node", "", kind.advice)
             return self._result(request, None, failure, log_path)
 
-    def _unless_presharded_failed(
-        self, request: TrialRequest, log_path: Path, result: TrialResult
+    def _presharded_outcome(
+        self, request: TrialRequest, log_path: Path, result: TrialResult, launched: ServerLaunch
     ) -> TrialResult:
-        """`result`, or where its start-up died in SGLang's presharded loader, the trial run again without
-        presharded weights (its node time and notes counting both runs), which stay off on this node."""
+        """`result` of a launch with presharded weights, marked where its log says it wrote a dump; where its
+        start-up died in SGLang's presharded loader, the trial run again without them (its node time and
+        notes counting both runs), and they stay off on this node."""
         failure = result.failure
         error = presharded_failure(result.log) if failure is not None and not failure.kind.is_oom else None
         if error is None or self._aborted.is_set():
-            return result
+            if not wrote_dump(log_path.read_text(errors="replace") if log_path.is_file() else ""):
+                return result
+            notes = (*result.startup_notes, dump_note(launched))
+            return replace(result, wrote_weights_dump=True, startup_notes=notes)
         self.presharded_failed = error
         log_path.rename(log_path.with_name("server-presharded.log"))
         notes = (*result.startup_notes, off_note(error))
@@ -220,7 +224,7 @@ class TrialExecutor:
         presharded = request.presharded_weights and self.presharded_failed is None and not request.job
         dumps = self.workdir / PRESHARDED_FOLDER if presharded else None
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache, dumps)
-        self._launched_presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
+        self._presharded = launch if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED else None
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set

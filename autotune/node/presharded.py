@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
 
 __all__ = [
-    "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_room", "off_note", "presharded_failure",
-    "presharded_launch", "wants_presharded",
+    "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_note", "dump_room", "off_note",
+    "presharded_failure", "presharded_launch", "wants_presharded", "wrote_dump",
 ]  # fmt: skip
 
 PRESHARDED_FOLDER = "presharded"  # in the node's work folder: the dumps outlive trials and resumes
@@ -69,6 +69,8 @@ _LOADER_FRAME = re.compile(
     r"model_loader/loader\.py\", line \d+, in (_first_time_load_and_dump|_load_from_presharded"
     r"|_dump_state_to_disk|_dump_files_for_rank|_read_presharded_file|_apply_presharded_file)\b"
 )
+# What a rank logs before it loads the checkpoint and dumps it (0.5.17 loader.py: load_model).
+_DUMPING = re.compile(r"No presharded checkpoint at \S+; doing first-time load and dump\.")
 _RAISED = re.compile(r"^\w+(Error|Exception)\b")
 # Free bytes on the dump folder's file system, then the READY file of a dump SGLang finished there ($1:
 # the folder, made first; SGLang appends a subfolder per shard config, TP-<n>-sig-<hash>).
@@ -110,18 +112,17 @@ def dump_folders(launch: ServerLaunch, root: str) -> tuple[str, str]:
 
 def presharded_launch(
     launch: ServerLaunch, folders: tuple[str, str], memory: HostMemory, room: DumpRoom
-) -> tuple[ServerLaunch, str]:
-    """`launch` loading presharded weights from `folders` (dump_folders') with the sentence that says so,
-    or as given with the sentence that says why not: a first dump needs the checkpoint's size on disk."""
+) -> tuple[ServerLaunch, str | None]:
+    """`launch` loading presharded weights from `folders` (dump_folders'), or as given with the sentence
+    that says why not: a first dump needs the checkpoint's size on disk."""
     target, draft = folders
-    if not room.ready:
-        need = memory.checkpoint_bytes * DUMP_ROOM
-        if room.free_bytes < need:
-            return launch, (
-                f"presharded weights left off: a dump of this layout needs {need / 1e9:.0f} GB of disk and "
-                f"{target} has {room.free_bytes / 1e9:.0f} GB free (startup.presharded_weights: false "
-                "stops trying)"
-            )
+    need = memory.checkpoint_bytes * DUMP_ROOM
+    if not room.ready and room.free_bytes < need:
+        return launch, (
+            f"presharded weights left off: a dump of this layout needs {need / 1e9:.0f} GB of disk and "
+            f"{target} has {room.free_bytes / 1e9:.0f} GB free (startup.presharded_weights: false stops "
+            "trying)"
+        )
     try:
         config = json.loads(launch.flag(LOADER_FLAG) or "{}")
     except ValueError:
@@ -133,15 +134,19 @@ def presharded_launch(
     flags = [(f, v) for f, v in launch.flags if f not in (LOAD_FORMAT_FLAG, LOADER_FLAG)]
     at = next((i for i, (f, _) in enumerate(flags) if f == "--host"), len(flags))
     flags[at:at] = [(LOAD_FORMAT_FLAG, PRESHARDED), (LOADER_FLAG, json.dumps(config))]
-    if room.ready:
-        note = f"weights from the presharded dump in {target}: each rank reads only its own share"
-    else:
-        note = (
-            f"presharded weights: this launch writes each rank's share of the weights to {target} (once per "
-            f"model and layout, about {memory.checkpoint_bytes / 1e9:.0f} GB of disk) for later launches "
-            "to read"
-        )
-    return replace(launch, flags=tuple(flags)), note
+    return replace(launch, flags=tuple(flags)), None
+
+
+def dump_note(launch: ServerLaunch) -> str:
+    """The trial's note when its launch wrote a presharded dump (a dear launch, once per layout)."""
+    try:
+        folder = json.loads(launch.flag(LOADER_FLAG) or "{}").get(PRESHARDED_PATH_KEY)
+    except (ValueError, AttributeError):
+        folder = None
+    return (
+        f"wrote a presharded dump of the weights to {folder}: later launches of this model and layout read "
+        "their own share of it instead of the checkpoint"
+    )
 
 
 def dump_room(runner: CommandRunner, folder: str) -> DumpRoom | None:
@@ -176,3 +181,8 @@ def off_note(error: str) -> str:
         f"presharded weights failed on this node ({error}): this trial ran again without them, and they stay "
         "off for the rest of the study (startup.presharded_weights)"
     )
+
+
+def wrote_dump(log: str) -> bool:
+    """Whether the server's log says it loaded the checkpoint to write a presharded dump of it."""
+    return _DUMPING.search(log) is not None

@@ -63,8 +63,8 @@ def prepare_launch(
         folders = dump_folders(launch, runner.node_path(presharded_root))
         room = dump_room(runner, folders[0])
         if room is not None:
-            launch, note = presharded_launch(launch, folders, memory, room)
-            notes.append(note)
+            launch, why_not = presharded_launch(launch, folders, memory, room)
+            notes += [why_not] if why_not is not None else []
     return launch, notes
 
 

@@ -19,7 +19,7 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
-from autotune.node.presharded import DumpRoom, dump_folders, presharded_launch, wants_presharded
+from autotune.node.presharded import DumpRoom, dump_folders, dump_note, presharded_launch, wants_presharded
 from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
@@ -179,7 +179,7 @@ class ModelNodeExecutor:
             result = self._run_plan(request, request.plan)
         else:
             result = self._run_one(request)
-        result = replace(result, startup_notes=cached.notes)
+        result = replace(result, startup_notes=(*cached.notes, *result.startup_notes))
         if cached.daemon_s:  # node time, counted with the trial it started for
             result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
         if request.weight_cache and self._node is not None:
@@ -217,6 +217,11 @@ class ModelNodeExecutor:
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
         )
+        if presharded_dump(answer.node) is not None and not answer.node.weights_presharded:
+            phase = answer.node.startup_failure.phase if answer.node.startup_failure else None
+            if phase not in ("init", "load"):
+                notes = (*result.startup_notes, dump_note(request.launch))
+                result = replace(result, wrote_weights_dump=True, startup_notes=notes)
         self._node = self._node or answer.node  # the launch's (later runs of a plan reuse it)
         self._kept.after(answer.node, request.compile_cache)
         return result
@@ -230,8 +235,8 @@ class ModelNodeExecutor:
         folders = dump_folders(launch, PRESHARDED_ROOT)
         free = (self.hardware.disk_free_gb or 0.0) * 1e9 - len(self._kept.dumps) * memory.checkpoint_bytes
         room = DumpRoom(int(free), any(d.startswith(folders[0] + "/") for d in self._kept.dumps))
-        launch, note = presharded_launch(launch, folders, memory, room)
-        return replace(request, launch=launch), [note]
+        launch, why_not = presharded_launch(launch, folders, memory, room)
+        return replace(request, launch=launch), [why_not] if why_not is not None else []
 
     def _init_s(self, request: TrialRequest) -> float:
         """The init a process of this launch spends before it loads (the daemon's too)."""
@@ -383,6 +388,7 @@ class ModelNodeExecutor:
             startup_s=first.startup_s,
             benchmark_s=benchmark_s,
             startup_phases=first.startup_phases,
+            wrote_weights_dump=first.wrote_weights_dump,
         )
 
     def _failed(

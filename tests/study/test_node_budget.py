@@ -113,6 +113,16 @@ def test_the_reserve_prices_a_launch_at_the_dearest_but_a_nodes_first_which_read
     assert dearest_launch_s(study_of_trials(first, other, *later)) == 290.0
 
 
+def test_a_launch_that_wrote_a_presharded_dump_is_left_out_of_the_price_as_a_nodes_first() -> None:
+    # The seed's node with presharded weights: the baseline loads and dumps (0.10 h), a search launch of a
+    # new EP size dumps its own layout (0.10 h); the launches that read a dump back cost 0.04-0.05 h.
+    first = stored_trial(value=80.0, node="n", node_s=375.0, baseline=True, wrote_weights_dump=True)
+    new_layout = stored_trial(value=70.0, node="n", node_s=380.0, wrote_weights_dump=True)
+    later = [stored_trial(value=90.0, node="n", node_s=s) for s in (150.0, 170.0)]
+    assert dearest_launch_s(study_of_trials(first, new_layout, *later)) == 170.0
+    assert dearest_launch_s(study_of_trials(first, new_layout)) == 380.0  # nothing cheaper measured yet
+
+
 def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() -> None:
     # The defaults' first launch read the weights from disk (680 s); their rounds' launches cost 240 s. A
     # round priced at 680 + 260 refused one the hours left paid for (the MoE coder profile under 2x
@@ -226,11 +236,12 @@ def test_rounds_cut_short_by_the_hours_before_they_decided_are_no_answer_of_no_g
     (`autotune run examples/quickstart.yaml --hours 0.9` said "no config beat SGLang's defaults" from an
     interval of -264% to +268%)."""
     confirm = {"repeat_baseline_after": 0, "confirm": {"top": 1, "min_rounds": 2, "max_rounds": 3}}
-    path = study_file(n_trials=4, trust=CONFIRM_OFF, search_space=FLAT)
+    alike = {"presharded_weights": False}  # every launch after the first costs the same: no dump to write
+    path = study_file(n_trials=4, trust=CONFIRM_OFF, search_space=FLAT, startup=alike)
     searched = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
     spent_h, launch_h = spent_s(searched) / 3600, (launch_s(searched) or 0.0) / 3600
     budget = {"n_trials": 4, "node_hours": spent_h + 5.5 * launch_h}  # 2 rounds of 2 launches, not a third
-    study = load_study(study_file(budget=budget, trust=confirm, search_space=FLAT))
+    study = load_study(study_file(budget=budget, trust=confirm, search_space=FLAT, startup=alike))
     optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
     assert len(launched(optuna_study)) == 8
     answer = study_answer(optuna_study)
@@ -324,7 +335,7 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
     off = load_study(study_file(n_trials=30, trust={"stop_early": {"patience_node_hours": None}}))
     assert off.file.trust.stop_early.patience_node_hours is None
     # One loader thread, as the seed's SGLang loaded: launches of about 0.2 node h (8 threads: 0.08).
-    startup = {"weight_loading_threads": 1}
+    startup = {"weight_loading_threads": 1, "presharded_weights": False}
     study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust, startup=startup))
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
     optuna_study = driver.run()

@@ -58,14 +58,15 @@ def launch_s(optuna_study: optuna.Study) -> float | None:
     return statistics.median(seconds) if seconds else None
 
 
-def _node_firsts(trials: list[FrozenTrial]) -> set[int]:
-    """Each node's first launch that spent node time: it reads the weights from disk and fills the node's
-    compile cache, which no later launch of the same config (a confirmation's) does again."""
+def _one_time_launches(trials: list[FrozenTrial]) -> set[int]:
+    """The launches that paid a one-time cost no later launch of the same config (a confirmation's) pays
+    again: each node's first that spent node time (it reads the weights from disk and fills the node's
+    compile cache), and each that wrote a presharded dump of its layout's weights."""
     launched = [t for t in trials if TrialRecord.of(t).node_s and t.datetime_start]
     firsts: dict[str | None, int] = {}  # node -> its first launch that spent node time
     for trial in sorted(launched, key=lambda t: (t.datetime_start, t.number)):
         firsts.setdefault(TrialRecord.of(trial).node, trial.number)
-    return set(firsts.values())
+    return set(firsts.values()) | {t.number for t in launched if TrialRecord.of(t).wrote_weights_dump}
 
 
 def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
@@ -76,7 +77,7 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
-    dearest = _dearest_s(complete, _node_firsts(trials))
+    dearest = _dearest_s(complete, _one_time_launches(trials))
     return dearest if dearest is not None else launch_s(optuna_study)
 
 
@@ -96,7 +97,7 @@ def round_s(optuna_study: optuna.Study) -> float | None:
         return None
     configs = {state.baseline, *state.configs}
     trials = optuna_study.get_trials(deepcopy=False)
-    firsts = _node_firsts(trials)
+    firsts = _one_time_launches(trials)
     launches: dict[int, list[FrozenTrial]] = {}  # config -> its launches that spent node time
     for trial in trials:
         record = TrialRecord.of(trial)
