@@ -90,10 +90,13 @@ def read_into_page_cache(files: list[Path]) -> None:
 
 def start(
     model: Path, threads: int, port: int, log: Path, env: dict[str, str], timeout_s: float,
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), loader_extra: dict[str, object] | None = None,
 ) -> tuple[subprocess.Popen[bytes], StartupPhaseReader, float | None, list[str]]:
-    """`extra`: more server flags (weight_cache.py's --mem-fraction-static, --weight-cache-mode)."""
-    loader = {"enable_multithread_load": threads > 1, **({"num_threads": threads} if threads > 1 else {})}
+    """`extra`: more server flags (weight_cache.py's --mem-fraction-static, --weight-cache-mode);
+    `loader_extra`: more --model-loader-extra-config keys (presharded_h200.py's presharded_path)."""
+    loader: dict[str, object] = {"enable_multithread_load": threads > 1}
+    loader.update({"num_threads": threads} if threads > 1 else {})
+    loader.update(loader_extra or {})
     argv = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--attention-backend", "triton", "--sampling-backend", "pytorch",
