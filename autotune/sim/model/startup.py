@@ -35,6 +35,11 @@ IPC_LOAD_S = 0.07
 # SGLang's presharded weights, which read the same way (each rank its own files, one thread), on any storage:
 # it was measured there, not on a disk like the seed's.
 SHARDED_READ_EXPONENT = math.log(7.3) / math.log(16)
+# SGLang 0.5.17's first presharded launch on one H100 (benchmarks/RESULTS-sglang-h200.md, an 8B of 14.5 GB,
+# tp=1): its weights load took 38.52 s against 11.8 s for the default loader from the same cold disk, so the
+# dump (hashing every tensor, then writing it at 0.86 GB/s) took 26.7 s, 2.26x the read of the same bytes;
+# each rank's dump of its share is assumed to take that many times its own read.
+DUMP_OVER_READ = (38.52 - 11.8) / 11.8
 PRESHARDED = "presharded"
 # The share of host memory the page cache may keep the weights in (the rest: processes, the loaders' buffers).
 PAGE_CACHE_SHARE = 0.8
@@ -116,9 +121,8 @@ def sharded_read_seconds(model: ModelProfile, tp: int, cached: bool) -> float:
 
 
 def dump_seconds(model: ModelProfile, tp: int) -> float:
-    """The first launch's dump: every rank writes its share, assumed as long as reading it back (the same
-    files, each rank its own; no published figure)."""
-    return sharded_read_seconds(model, tp, cached=False)
+    """The first launch's dump: every rank hashes and writes its share, DUMP_OVER_READ times its read."""
+    return DUMP_OVER_READ * sharded_read_seconds(model, tp, cached=False)
 
 
 def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: bool) -> float:
