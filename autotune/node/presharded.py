@@ -72,9 +72,9 @@ _LOADER_FRAME = re.compile(
 # What a rank logs before it loads the checkpoint and dumps it (0.5.17 loader.py: load_model).
 _DUMPING = re.compile(r"No presharded checkpoint at \S+; doing first-time load and dump\.")
 _RAISED = re.compile(r"^\w+(Error|Exception)\b")
-# Free bytes on the dump folder's file system, then the READY file of a dump SGLang finished there ($1:
-# the folder, made first; SGLang appends a subfolder per shard config, TP-<n>-sig-<hash>).
-_PROBE = 'mkdir -p "$1" && df -P -B1 "$1" | awk \'NR == 2 {print $4}\' && find "$1" -maxdepth 2 -name READY'
+# Free KiB on the dump folder's file system (as the node check reads it), then the READY file of a dump
+# SGLang finished there ($1: the folder, made first; SGLang appends TP-<n>-sig-<hash> per shard config).
+_PROBE = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 {print $4}\' && find "$1" -maxdepth 2 -name READY'
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def dump_room(runner: CommandRunner, folder: str) -> DumpRoom | None:
     lines = done.stdout.split()
     if done.returncode != 0 or not lines or not lines[0].isdigit():
         return None
-    return DumpRoom(int(lines[0]), len(lines) > 1)
+    return DumpRoom(int(lines[0]) * 1024, len(lines) > 1)
 
 
 def presharded_failure(log: str) -> str | None:
