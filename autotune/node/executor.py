@@ -50,7 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
-from autotune.node.presharded import PRESHARDED_FOLDER, dump_note, off_note, presharded_failure, wrote_dump
+from autotune.node.presharded import PRESHARDED_FOLDER, dump_note, off_note, presharded_failure
 from autotune.node.runner import (
     CommandRunner,
     LaunchError,
@@ -58,6 +58,7 @@ from autotune.node.runner import (
     NodeUnreachableError,
     ServerProcess,
 )
+from autotune.node.startup_phases import DUMP_PHASE
 from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
 from autotune.node.weight_cache import DAEMON_LOG, Prepared, WeightCacheKeeper
 from autotune.trial.failures import Failure, FailureKind, classify
@@ -140,16 +141,15 @@ class TrialExecutor:
     def _presharded_outcome(
         self, request: TrialRequest, log_path: Path, result: TrialResult, launched: ServerLaunch
     ) -> TrialResult:
-        """`result` of a launch with presharded weights, marked where its log says it wrote a dump; where its
+        """`result` of a launch with presharded weights, with a note where it wrote a dump; where its
         start-up died in SGLang's presharded loader, the trial run again without them (its node time and
         notes counting both runs), and they stay off on this node."""
         failure = result.failure
         error = presharded_failure(result.log) if failure is not None and not failure.kind.is_oom else None
         if error is None or self._aborted.is_set():
-            if not wrote_dump(log_path.read_text(errors="replace") if log_path.is_file() else ""):
+            if DUMP_PHASE not in result.startup_phases:
                 return result
-            notes = (*result.startup_notes, dump_note(launched))
-            return replace(result, wrote_weights_dump=True, startup_notes=notes)
+            return replace(result, startup_notes=(*result.startup_notes, dump_note(launched)))
         self.presharded_failed = error
         log_path.rename(log_path.with_name("server-presharded.log"))
         notes = (*result.startup_notes, off_note(error))

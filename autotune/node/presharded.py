@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRESHARDED_FOLDER", "DumpRoom", "dump_folders", "dump_note", "dump_room", "off_note",
-    "presharded_failure", "presharded_launch", "wants_presharded", "wrote_dump",
+    "presharded_failure", "presharded_launch", "wants_presharded",
 ]  # fmt: skip
 
 PRESHARDED_FOLDER = "presharded"  # in the node's work folder: the dumps outlive trials and resumes
@@ -69,8 +69,6 @@ _LOADER_FRAME = re.compile(
     r"model_loader/loader\.py\", line \d+, in (_first_time_load_and_dump|_load_from_presharded"
     r"|_dump_state_to_disk|_dump_files_for_rank|_read_presharded_file|_apply_presharded_file)\b"
 )
-# What a rank logs before it loads the checkpoint and dumps it (0.5.17 loader.py: load_model).
-_DUMPING = re.compile(r"No presharded checkpoint at \S+; doing first-time load and dump\.")
 _RAISED = re.compile(r"^\w+(Error|Exception)\b")
 # Free KiB on the dump folder's file system (as the node check reads it), then the READY file of a dump
 # SGLang finished there ($1: the folder, made first; SGLang appends TP-<n>-sig-<hash> per shard config).
@@ -181,8 +179,3 @@ def off_note(error: str) -> str:
         f"presharded weights failed on this node ({error}): this trial ran again without them, and they stay "
         "off for the rest of the study (startup.presharded_weights)"
     )
-
-
-def wrote_dump(log: str) -> bool:
-    """Whether the server's log says it loaded the checkpoint to write a presharded dump of it."""
-    return _DUMPING.search(log) is not None

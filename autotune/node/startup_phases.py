@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-__all__ = ["STARTUP_PHASES", "StartupPhaseReader", "startup_phases_text"]
+__all__ = ["DUMP_PHASE", "STARTUP_PHASES", "StartupPhaseReader", "startup_phases_text"]
 
 # The phases, in start-up order, under the names the trial records them by (seconds).
 STARTUP_PHASES = ("init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s")
@@ -34,6 +34,12 @@ _KV_END = re.compile(r"Memory pool end\.")  # after the allocation line, where t
 # apart, so each is counted once however many ranks log it.
 _GRAPH_END = re.compile(r"Capture ((?:[a-z]+ ){0,3})cuda graph end\b", re.IGNORECASE)
 _ELAPSED_IN = re.compile(_ELAPSED)
+# A presharded launch that writes its dump (0.5.17 loader.py: load_model), and the checkpoint's shard bar at
+# 100% (tqdm: `... shards: 100% Completed | 64/64 [04:00<00:00, ...]`): the weight load's time past the bar
+# is the dump's, a one-time cost (`weight_dump_s`, part of weight_load_s).
+DUMP_PHASE = "weight_dump_s"
+_DUMPING = re.compile(r"No presharded checkpoint at \S+; doing first-time load and dump\.")
+_SHARDS_DONE = re.compile(r"shards: +100% Completed \| (\d+)/\1 \[(?:(\d+):)?(\d+):(\d+)<")
 # Phases timed between two markers where SGLang logs no `elapsed=` (before 0.5.17).
 _MEASURED_BETWEEN = (("init_s", "init_begin", "init_end"), ("weight_load_s", "load_begin", "load_end"))
 
@@ -47,6 +53,8 @@ class StartupPhaseReader:
         self._graphs: dict[str, float] = {}  # graph name -> its capture's logged seconds
         self._first_stamp: datetime | None = None
         self._first_seen: float | None = None
+        self._dumping = False  # the launch loads its checkpoint to write a presharded dump
+        self._shards_s: float | None = None  # the checkpoint's shard bar's time at 100%
 
     def take(self, line: str, seen_s: float) -> None:
         """One log line, seen `seen_s` seconds after the wait began."""
@@ -65,6 +73,10 @@ class StartupPhaseReader:
             said = _ELAPSED_IN.search(line)
             if said is not None and name in ("init_end", "load_end"):
                 self._said["init_s" if name == "init_end" else "weight_load_s"] = float(said.group(1))
+        self._dumping = self._dumping or _DUMPING.search(line) is not None
+        if self._dumping and "load_end" not in self._at:
+            for hours, minutes, seconds in (m.groups()[1:] for m in _SHARDS_DONE.finditer(line)):
+                self._shards_s = int(hours or 0) * 3600 + int(minutes) * 60 + int(seconds)
         graph = _GRAPH_END.search(line)
         if graph is not None:
             said = _ELAPSED_IN.search(line)
@@ -78,8 +90,8 @@ class StartupPhaseReader:
         return sum(self._said.values()) + sum(self._graphs.values())
 
     def phases(self, ready_s: float | None = None) -> dict[str, float]:
-        """Seconds per phase seen (STARTUP_PHASES' names); `ready_s`, the launch-to-ready time the caller
-        measured, is recorded as given."""
+        """Seconds per phase seen (STARTUP_PHASES' names, and DUMP_PHASE of a launch that wrote a presharded
+        dump); `ready_s`, the launch-to-ready time the caller measured, is recorded as given."""
         found: dict[str, float] = {}
         found.update(self._said)
         for phase, (begin, end) in (
@@ -95,7 +107,10 @@ class StartupPhaseReader:
             found["cuda_graph_s"] = sum(self._graphs.values())
         if ready_s is not None:
             found["ready_s"] = ready_s
-        return {phase: round(found[phase], 2) for phase in STARTUP_PHASES if phase in found}
+        phases = {phase: round(found[phase], 2) for phase in STARTUP_PHASES if phase in found}
+        if self._shards_s is not None and "weight_load_s" in phases:
+            phases[DUMP_PHASE] = round(max(phases["weight_load_s"] - self._shards_s, 0.0), 2)
+        return phases
 
     def _when(self, line: str, seen_s: float) -> float:
         """Seconds since the first timestamped line, by the log's clock; else when the line was seen."""

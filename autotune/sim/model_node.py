@@ -20,11 +20,12 @@ from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
 from autotune.node.presharded import DumpRoom, dump_folders, dump_note, presharded_launch, wants_presharded
+from autotune.node.startup_phases import DUMP_PHASE
 from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
-from autotune.sim.model.startup import presharded_dump, weights_fit_page_cache
+from autotune.sim.model.startup import dump_part, presharded_dump, weights_fit_page_cache
 from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
@@ -83,6 +84,8 @@ def startup_phases(node: NodePerformanceModel) -> dict[str, float]:
     phases = {"init_s": node.init_seconds}
     if phase != "load":
         phases["weight_load_s"] = node.load_seconds
+        if dump_part(node):
+            phases[DUMP_PHASE] = dump_part(node)
     if phase not in ("load", "kv", "runner"):
         phases["kv_pool_s"] = 0.0
     if phase is None or phase == "warmup":
@@ -217,11 +220,8 @@ class ModelNodeExecutor:
             server_memory=server_memory(answer.node),
             startup_phases=startup_phases(answer.node),
         )
-        if presharded_dump(answer.node) is not None and not answer.node.weights_presharded:
-            phase = answer.node.startup_failure.phase if answer.node.startup_failure else None
-            if phase not in ("init", "load"):
-                notes = (*result.startup_notes, dump_note(request.launch))
-                result = replace(result, wrote_weights_dump=True, startup_notes=notes)
+        if DUMP_PHASE in result.startup_phases:  # the node's note, as a real node adds it
+            result = replace(result, startup_notes=(*result.startup_notes, dump_note(request.launch)))
         self._node = self._node or answer.node  # the launch's (later runs of a plan reuse it)
         self._kept.after(answer.node, request.compile_cache)
         return result
@@ -388,7 +388,6 @@ class ModelNodeExecutor:
             startup_s=first.startup_s,
             benchmark_s=benchmark_s,
             startup_phases=first.startup_phases,
-            wrote_weights_dump=first.wrote_weights_dump,
         )
 
     def _failed(

@@ -62,7 +62,6 @@ def judge(study: Study, trial: optuna.Trial, result: TrialResult) -> Outcome:
         startup_phases=result.startup_phases,
         startup_notes=result.startup_notes,
         server_choices=result.server_choices,
-        wrote_weights_dump=result.wrote_weights_dump,
     )
     if result.ok and result.benchmark is None:  # a job trial: its metrics are its measurement
         return _job(study, trial, result.metrics)

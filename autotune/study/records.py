@@ -36,7 +36,6 @@ LOAD_DECIDED_ATTR = "load_decided"  # a load search's steps that stopped sending
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
 STARTUP_NOTES_ATTR = "startup_notes"  # what the node changed in the launch to start it faster, and why
-WEIGHTS_DUMP_ATTR = "wrote_weights_dump"  # the launch wrote a presharded dump: a one-time cost
 STARTUP_PHASES_ATTR = "startup_phases"  # seconds per start-up phase (node.startup_phases)
 ACCEPT_LENGTH_ATTR = "accept_length"  # tokens per speculative verify pass (avg_spec_accept_length)
 # A workload that shares prefixes: its cache hit rate, designed sharing, turns' TTFT (prefix_cache_text)
@@ -280,11 +279,6 @@ class TrialRecord:
     def startup_notes(self) -> list[str]:
         return [str(n) for n in self.user.get(STARTUP_NOTES_ATTR) or []]
 
-    @property
-    def wrote_weights_dump(self) -> bool:
-        """The launch wrote a presharded dump of its weights, which later launches of its layout read."""
-        return bool(self.user.get(WEIGHTS_DUMP_ATTR))
-
     # -- its measurement -------------------------------------------------------------------------------
     @property
     def metrics(self) -> Mapping[str, float]:
@@ -490,14 +484,12 @@ def record_server(
     startup_phases: Mapping[str, float],
     startup_notes: Sequence[str],
     server_choices: Mapping[str, Any],
-    wrote_weights_dump: bool = False,
 ) -> None:
     """What the node said of the server it started."""
     _set(trial, SERVER_PGID_ATTR, pgid)
     _set(trial, SERVER_MEMORY_ATTR, dict(memory))
     _set(trial, STARTUP_PHASES_ATTR, dict(startup_phases))
     _set(trial, STARTUP_NOTES_ATTR, list(startup_notes))
-    _set(trial, WEIGHTS_DUMP_ATTR, wrote_weights_dump or None)
     _set(trial, SERVER_CHOICES_ATTR, dict(server_choices))
 
 

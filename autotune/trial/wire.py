@@ -80,9 +80,6 @@ class TrialResult:
     startup_phases: dict[str, float] = field(default_factory=dict)
     # What the node changed in the launch to start it faster, in a sentence each (autotune.node.startup_prep).
     startup_notes: tuple[str, ...] = ()
-    # The launch wrote a presharded dump of its weights (SGLang's log said so): a one-time cost, which the
-    # later launches of its layout do not pay again (autotune.node.presharded).
-    wrote_weights_dump: bool = False
     # The node's own seconds for the launch where its clock is not the driver's (a simulated node's scaled
     # time: autotune.node.node_time); None where start-up and benchmark seconds are the node's.
     node_s: float | None = None

@@ -42,6 +42,32 @@ def test_sglang_0517_phases_from_its_elapsed_figures_and_timestamps() -> None:
     assert phases == {"weight_load_s": 4.12, "kv_pool_s": 1.0, "cuda_graph_s": 73.7, "ready_s": 300.0}
 
 
+# SGLang 0.5.17's first presharded launch on an H100 (benchmarks/sglang-h200/presharded/, server-presharded-
+# dump-call2.log): the shard bar's segments on one line (tqdm's carriage returns), then the dump, unlogged.
+DUMPING_0517 = [
+    "[2026-12-05 18:41:51] Init torch distributed begin.",
+    "[2026-12-05 18:41:51] Init torch distributed ends. elapsed=0.03 s, mem usage=0.09 GB",
+    "[2026-12-05 18:41:53] Load weight begin. avail mem=78.50 GB",
+    "[2026-12-05 18:41:53] No presharded checkpoint at <tmp>/presharded/model-8b/TP-1-sig-4ae641df17b30f18; "
+    "doing first-time load and dump.",
+    "Multi-thread loading shards:   0% Completed | 0/4 [00:00<?, ?it/s]\rMulti-thread loading shards:  25% "
+    "Completed | 1/4 [00:04<00:12,  4.24s/it]\rMulti-thread loading shards: 100% Completed | 4/4 "
+    "[00:09<00:00,  1.97s/it]\r",
+    "Multi-thread loading shards: 100% Completed | 4/4 [00:09<00:00,  2.41s/it]",
+    "[2026-12-05 18:42:32] Load weight end. elapsed=38.52 s, type=LlamaForCausalLM, avail mem=65.00 GB, "
+    "mem usage=13.51 GB.",
+]
+
+
+def test_a_presharded_launch_that_dumps_says_how_long_its_dump_took() -> None:
+    # 38.52 s of weight load, the shards read in 9 s (the bar at 100%): 29.52 s of hashing and writing
+    phases = _read(DUMPING_0517)
+    assert phases["weight_load_s"] == 38.52 and phases["weight_dump_s"] == 29.52
+    reload = [line for line in DUMPING_0517 if "No presharded" not in line]  # the same bar, no dump
+    assert "weight_dump_s" not in _read(reload)
+    assert startup_phases_text(phases) == "init 0 s, weights 39 s, other 261 s, ready 300 s"  # in weights
+
+
 def test_sglang_0523_counts_each_graph_once_across_ranks() -> None:
     phases = _read(STARTUP_0523)
     assert phases == {

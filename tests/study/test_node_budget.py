@@ -113,14 +113,17 @@ def test_the_reserve_prices_a_launch_at_the_dearest_but_a_nodes_first_which_read
     assert dearest_launch_s(study_of_trials(first, other, *later)) == 290.0
 
 
-def test_a_launch_that_wrote_a_presharded_dump_is_left_out_of_the_price_as_a_nodes_first() -> None:
-    # The seed's node with presharded weights: the baseline loads and dumps (0.10 h), a search launch of a
-    # new EP size dumps its own layout (0.10 h); the launches that read a dump back cost 0.04-0.05 h.
-    first = stored_trial(value=80.0, node="n", node_s=375.0, baseline=True, wrote_weights_dump=True)
-    new_layout = stored_trial(value=70.0, node="n", node_s=380.0, wrote_weights_dump=True)
-    later = [stored_trial(value=90.0, node="n", node_s=s) for s in (150.0, 170.0)]
-    assert dearest_launch_s(study_of_trials(first, new_layout, *later)) == 170.0
-    assert dearest_launch_s(study_of_trials(first, new_layout)) == 380.0  # nothing cheaper measured yet
+def test_a_presharded_dump_is_left_out_of_a_launchs_price_as_a_one_time_cost() -> None:
+    # The seed's node with presharded weights: the baseline loads and dumps (547 s of weights, 306 of them
+    # the dump), a search launch of a new EP size dumps its own layout; the launches that read a dump back
+    # cost less. A dump's launch would cost its node seconds less the dump again.
+    dumped = {"weight_dump_s": 306.0}
+    first = stored_trial(value=80.0, node="n", node_s=680.0, baseline=True, startup_phases=dumped)
+    new_layout = stored_trial(value=70.0, node="n", node_s=690.0, startup_phases=dumped)
+    assert dearest_launch_s(study_of_trials(first, new_layout)) == 690.0 - 306.0
+    assert dearest_launch_s(study_of_trials(first)) == 680.0 - 306.0  # nothing else measured yet
+    later = [stored_trial(value=90.0, node="n", node_s=s) for s in (250.0, 400.0)]
+    assert dearest_launch_s(study_of_trials(first, new_layout, *later)) == 400.0
 
 
 def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() -> None:
@@ -205,10 +208,12 @@ def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_
     study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A search of 4 launches, then confirmation asked for with a budget that does not pay for one round.
-    path = study_file(n_trials=4, trust=CONFIRM_OFF)
+    alike = {"presharded_weights": False}  # every launch after the first costs the same: no dump to write
+    path = study_file(n_trials=4, trust=CONFIRM_OFF, startup=alike)
     searched = StudyDriver(load_study(path), pool=model_pool(noise=0.01)).run()
     spent_h, launch_h = spent_s(searched) / 3600, (launch_s(searched) or 0.0) / 3600
-    path = study_file(budget={"n_trials": 4, "node_hours": spent_h + 1.5 * launch_h}, trust=CONFIRM)
+    budget = {"n_trials": 4, "node_hours": spent_h + 1.5 * launch_h}
+    path = study_file(budget=budget, trust=CONFIRM, startup=alike)
     study = load_study(path)
     optuna_study = StudyDriver(study, pool=model_pool(noise=0.01)).run()
     assert len(launched(optuna_study)) == 4  # no round: a round is 2 launches
@@ -221,7 +226,7 @@ def test_when_the_hours_run_out_before_the_rounds_the_answer_says_so_and_what_a_
     assert "the budget ran out after 0 of 2 rounds" in capsys.readouterr().out
     # What it says a resume buys is what a resume with those hours does: both rounds, an answer.
     hours = float(answer.text.split("--hours ")[1].split("`")[0])
-    again = load_study(study_file(budget={"n_trials": 4, "node_hours": hours}, trust=CONFIRM))
+    again = load_study(study_file(budget={"n_trials": 4, "node_hours": hours}, trust=CONFIRM, startup=alike))
     optuna_study = StudyDriver(again, pool=model_pool(noise=0.01)).run()
     answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict in ("confirmed", "no gain") and answer.rounds == 2

@@ -233,7 +233,8 @@ def test_status_and_the_trial_show_where_start_up_went(ran: Path, capsys: pytest
     phases = _trial_record(trial)["startup_phases"]
     dump = DUMP_OVER_READ * 601.1 / 8**SHARDED_READ_EXPONENT
     assert phases["weight_load_s"] == pytest.approx(601.1 / 2.5 + dump, abs=0.1)
-    assert set(phases) == {"init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s"}
+    assert set(phases) == {"init_s", "weight_load_s", "weight_dump_s", "kv_pool_s", "cuda_graph_s", "ready_s"}
+    assert phases["weight_dump_s"] == pytest.approx(dump, abs=0.1)
     assert main(["status", str(ran)]) == 0
     out = capsys.readouterr().out
     # the median of the baseline's load and dump (547 s) and the next launch's read of its share (135 s)

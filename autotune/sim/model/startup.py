@@ -105,10 +105,15 @@ def load_seconds(node: NodePerformanceModel) -> float:
     settings, cached = node.settings, node.weights_cached
     if presharded_dump(node) is not None and node.weights_presharded:
         return sharded_read_seconds(node.model, settings.tp_size, cached)
-    load = disk_load_seconds(node.hw, node.model, settings.load_threads, cached)
-    if presharded_dump(node) is not None:  # the first launch of its layout: it dumps what it loaded
-        load += dump_seconds(node.model, settings.tp_size)
-    return load
+    return disk_load_seconds(node.hw, node.model, settings.load_threads, cached) + dump_part(node)
+
+
+def dump_part(node: NodePerformanceModel) -> float:
+    """The seconds of its weight load the launch spends writing a presharded dump: none but the first
+    launch of a layout."""
+    if presharded_dump(node) is None or node.weights_presharded or node.weights_mapped:
+        return 0.0
+    return dump_seconds(node.model, node.settings.tp_size)
 
 
 def sharded_read_seconds(model: ModelProfile, tp: int, cached: bool) -> float:

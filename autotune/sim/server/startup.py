@@ -16,7 +16,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from autotune.sim.logfmt import tqdm_line
 from autotune.sim.model.failures import presharded_plan_lines
-from autotune.sim.model.startup import presharded_dump
+from autotune.sim.model.startup import dump_part, presharded_dump
 from autotune.sim.server.launch import LaunchPart
 from autotune.sim.server_args import server_args_repr
 from autotune.sim.weight_cache_daemon import exported_tensors
@@ -122,8 +122,8 @@ class Startup(LaunchPart):
             return
         if dump is not None:  # loader.py: PreshardedModelLoader.load_model
             self.ranks.all(f"No presharded checkpoint at {dump}; doing first-time load and dump.")
-        shards = model.num_shards
-        per_shard = self.node.load_seconds / shards
+        shards, dump_s = model.num_shards, dump_part(self.node)
+        per_shard = (self.node.load_seconds - dump_s) / shards
         # buffered_multi_thread_safetensors_weights_iterator's bar, or the single-threaded loader's.
         threaded = self.node.settings.load_threads > 1
         desc = "Multi-thread loading shards" if threaded else "Loading safetensors checkpoint shards"
@@ -134,7 +134,8 @@ class Startup(LaunchPart):
                 await asyncio.Event().wait()  # no progress, no error: only a timeout catches this
             await self._sleep_model(per_shard)
             self.log.raw(tqdm_line(desc, done, shards, done * per_shard))
-        if dump is not None:
+        if dump is not None:  # hashing and writing, after the shards' bar (no bar of its own)
+            await self._sleep_model(dump_s)
             write_dump(Path(dump), self.node.settings.tp_size)
         self._load_weight_end(self.node.load_seconds)
 

@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
 from autotune.errors import ConfigError
+from autotune.node.startup_phases import DUMP_PHASE
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation
@@ -58,15 +59,14 @@ def launch_s(optuna_study: optuna.Study) -> float | None:
     return statistics.median(seconds) if seconds else None
 
 
-def _one_time_launches(trials: list[FrozenTrial]) -> set[int]:
-    """The launches that paid a one-time cost no later launch of the same config (a confirmation's) pays
-    again: each node's first that spent node time (it reads the weights from disk and fills the node's
-    compile cache), and each that wrote a presharded dump of its layout's weights."""
+def _node_firsts(trials: list[FrozenTrial]) -> set[int]:
+    """Each node's first launch that spent node time: it reads the weights from disk and fills the node's
+    compile cache, which no later launch of the same config (a confirmation's) does again."""
     launched = [t for t in trials if TrialRecord.of(t).node_s and t.datetime_start]
     firsts: dict[str | None, int] = {}  # node -> its first launch that spent node time
     for trial in sorted(launched, key=lambda t: (t.datetime_start, t.number)):
         firsts.setdefault(TrialRecord.of(trial).node, trial.number)
-    return set(firsts.values()) | {t.number for t in launched if TrialRecord.of(t).wrote_weights_dump}
+    return set(firsts.values())
 
 
 def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
@@ -77,7 +77,7 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
-    dearest = _dearest_s(complete, _one_time_launches(trials))
+    dearest = _dearest_s(complete, _node_firsts(trials))
     return dearest if dearest is not None else launch_s(optuna_study)
 
 
@@ -85,7 +85,15 @@ def _dearest_s(launches: list[FrozenTrial], firsts: set[int]) -> float | None:
     """The node seconds of the dearest of `launches`, the nodes' first launches (`firsts`) left out where
     there are others; None for no launch."""
     later = [t for t in launches if t.number not in firsts] or launches
-    return max((s for t in later if (s := TrialRecord.of(t).node_s)), default=None)
+    return max((s for t in later if (s := _repeat_s(TrialRecord.of(t)))), default=None)
+
+
+def _repeat_s(record: TrialRecord) -> float | None:
+    """What the launch would cost again: its node seconds less its presharded dump's (a one-time cost: a
+    later launch of its layout reads the dump)."""
+    if not record.node_s:
+        return None
+    return record.node_s - (record.startup_phases.get(DUMP_PHASE) or 0.0)
 
 
 def round_s(optuna_study: optuna.Study) -> float | None:
@@ -97,7 +105,7 @@ def round_s(optuna_study: optuna.Study) -> float | None:
         return None
     configs = {state.baseline, *state.configs}
     trials = optuna_study.get_trials(deepcopy=False)
-    firsts = _one_time_launches(trials)
+    firsts = _node_firsts(trials)
     launches: dict[int, list[FrozenTrial]] = {}  # config -> its launches that spent node time
     for trial in trials:
         record = TrialRecord.of(trial)
