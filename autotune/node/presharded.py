@@ -38,6 +38,8 @@ PAGE_CACHE_SHARE = 0.8
 # The disk a dump needs over the checkpoint's size (SGLang's manifests beside the weights, which after
 # loading can be larger than on disk: an INT4 checkpoint repacked for its kernels).
 DUMP_ROOM = 1.1
+# Disk a dump leaves free beside it: the node's logs, compile caches and study stores share that disk.
+DISK_HEADROOM = 50 * 10**9
 # SGLang's dump and its read-back hold one dump file per rank in host memory (`max_file_bytes`, 20 GiB by
 # default): where the ranks' files would fill more than this share of MemAvailable, smaller files.
 DUMP_FILE_BYTES, DUMP_FILES_SHARE = 20 * 1024**3, 0.5
@@ -114,7 +116,7 @@ def presharded_launch(
     """`launch` loading presharded weights from `folders` (dump_folders'), or as given with the sentence
     that says why not: a first dump needs the checkpoint's size on disk."""
     target, draft = folders
-    need = memory.checkpoint_bytes * DUMP_ROOM
+    need = memory.checkpoint_bytes * DUMP_ROOM + DISK_HEADROOM
     if not room.ready and room.free_bytes < need:
         return launch, (
             f"presharded weights left off: a dump of this layout needs {need / 1e9:.0f} GB of disk and "
