@@ -224,7 +224,8 @@ class TrialExecutor:
         presharded = request.presharded_weights and self.presharded_failed is None and not request.job
         dumps = self.workdir / PRESHARDED_FOLDER if presharded else None
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache, dumps)
-        self._presharded = launch if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED else None
+        ours = dumps is not None and launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED  # not a study's own flag
+        self._presharded = launch if ours else None
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set

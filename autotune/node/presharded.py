@@ -179,5 +179,5 @@ def off_note(error: str) -> str:
     """The trial's note when its presharded launch failed and it ran again without."""
     return (
         f"presharded weights failed on this node ({error}): this trial ran again without them, and they stay "
-        "off for the rest of the study (startup.presharded_weights)"
+        "off on this node until the study stops (a resume tries them again; startup.presharded_weights)"
     )
