@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial
 
-from autotune.node.startup_phases import STARTUP_PHASES, startup_phases_text
+from autotune.node.startup_phases import DUMP_PHASE, STARTUP_PHASES, startup_phases_text
 from autotune.study.records import TrialRecord
 
 
@@ -20,10 +20,12 @@ def trial_startup_phases(trial: FrozenTrial) -> dict[str, float]:
 
 def startup_summary(trials: Sequence[FrozenTrial]) -> str | None:
     """`start-up (median of 12 launches): weights 601 s, KV pool 1 s, CUDA graphs 44 s, ready 660 s`, from
-    the launches that reached ready; None when none did."""
-    ready = [p for p in map(trial_startup_phases, trials) if "ready_s" in p]
-    if not ready:
+    the launches that reached ready, each without a presharded dump it wrote (a one-time cost, said apart:
+    `; 2 of them also wrote a presharded dump (306 s, once per layout)`); None when none did."""
+    launched = [t for t in trials if "ready_s" in trial_startup_phases(t)]
+    if not launched:
         return None
+    ready = [_again(t) for t in launched]
     medians = {
         phase: statistics.median(values)
         for phase in STARTUP_PHASES
@@ -31,8 +33,24 @@ def startup_summary(trials: Sequence[FrozenTrial]) -> str | None:
     }
     launches = "launch" if len(ready) == 1 else f"median of {len(ready)} launches"
     summary = f"start-up ({launches}): {startup_phases_text(medians)}"
+    dumps = [d for t in launched if (d := _dump_s(t))]
+    if dumps:
+        median = statistics.median(dumps)
+        summary += f"; {len(dumps)} of them also wrote a presharded dump ({median:.0f} s, once per layout)"
     hint = _weight_cache_hint(trials, medians)
     return f"{summary}; {hint}" if hint is not None else summary
+
+
+def _dump_s(trial: FrozenTrial) -> float:
+    """The seconds `trial`'s launch spent writing a presharded dump (0: none)."""
+    dump = TrialRecord.of(trial).startup_phases.get(DUMP_PHASE)
+    return float(dump) if isinstance(dump, int | float) else 0.0
+
+
+def _again(trial: FrozenTrial) -> dict[str, float]:
+    """`trial`'s start-up phases as its launch would take them again: without the dump it wrote."""
+    phases, dump = trial_startup_phases(trial), _dump_s(trial)
+    return {k: v - dump if k in ("weight_load_s", "ready_s") else v for k, v in phases.items()}
 
 
 # Weights worth mapping instead of loading: a share of start-up, and seconds a launch, both this large.
