@@ -35,7 +35,10 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dumps = Path("/tmp/presharded-failure")
-    loader = {"presharded_path": str(dumps / "m"), "draft_presharded_path": str(dumps / "m-draft")}
+    loader: dict[str, object] = {
+        "presharded_path": str(dumps / "m"),
+        "draft_presharded_path": str(dumps / "m-draft"),
+    }
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     flags = ("--load-format", "presharded")
     found: dict[str, object] = {}

@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
+from optuna.trial import FrozenTrial
 
 from autotune.cli import main
 from autotune.cli.console import ConsoleReporter
@@ -113,17 +114,22 @@ def test_the_reserve_prices_a_launch_at_the_dearest_but_a_nodes_first_which_read
     assert dearest_launch_s(study_of_trials(first, other, *later)) == 290.0
 
 
-def test_a_presharded_dump_is_left_out_of_a_launchs_price_as_a_one_time_cost() -> None:
-    # The seed's node with presharded weights: the baseline loads and dumps (547 s of weights, 306 of them
-    # the dump), a search launch of a new EP size dumps its own layout; the launches that read a dump back
-    # cost less. A dump's launch would cost its node seconds less the dump again.
-    dumped = {"weight_dump_s": 306.0}
-    first = stored_trial(value=80.0, node="n", node_s=680.0, baseline=True, startup_phases=dumped)
-    new_layout = stored_trial(value=70.0, node="n", node_s=690.0, startup_phases=dumped)
+def test_a_launch_that_wrote_a_presharded_dump_is_priced_as_it_would_run_again() -> None:
+    # The seed's node with presharded weights: the baseline loads the checkpoint (240 s) and dumps (306 s),
+    # a search launch of a new EP size dumps its own layout; a launch that reads a dump loads in 135 s.
+    def dumping(node_s: float, **attrs: object) -> FrozenTrial:
+        phases = {"weight_load_s": 546.0, "weight_dump_s": 306.0}
+        return stored_trial(value=80.0, node="n", node_s=node_s, startup_phases=phases, **attrs)
+
+    first, new_layout = dumping(680.0, baseline=True), dumping(690.0)
+    # Before a launch reads a dump back: its own load less the dump (it still read the whole checkpoint).
     assert dearest_launch_s(study_of_trials(first, new_layout)) == 690.0 - 306.0
-    assert dearest_launch_s(study_of_trials(first)) == 680.0 - 306.0  # nothing else measured yet
-    later = [stored_trial(value=90.0, node="n", node_s=s) for s in (250.0, 400.0)]
-    assert dearest_launch_s(study_of_trials(first, new_layout, *later)) == 400.0
+    assert dearest_launch_s(study_of_trials(first)) == 680.0 - 306.0
+    # After one did: a dump's launch would load in what it took (135 s), so 690 - 546 + 135.
+    reread = stored_trial(value=90.0, node="n", node_s=250.0, startup_phases={"weight_load_s": 135.0})
+    assert dearest_launch_s(study_of_trials(first, new_layout, reread)) == 690.0 - 546.0 + 135.0
+    dear = stored_trial(value=90.0, node="n", node_s=300.0, startup_phases={"weight_load_s": 135.0})
+    assert dearest_launch_s(study_of_trials(first, new_layout, reread, dear)) == 300.0  # a dearer config
 
 
 def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() -> None:

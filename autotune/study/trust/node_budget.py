@@ -77,23 +77,42 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
-    dearest = _dearest_s(complete, _node_firsts(trials))
+    dearest = _dearest_s(complete, _node_firsts(trials), _reload_s(trials))
     return dearest if dearest is not None else launch_s(optuna_study)
 
 
-def _dearest_s(launches: list[FrozenTrial], firsts: set[int]) -> float | None:
-    """The node seconds of the dearest of `launches`, the nodes' first launches (`firsts`) left out where
-    there are others; None for no launch."""
+def _dearest_s(launches: list[FrozenTrial], firsts: set[int], reload_s: float | None) -> float | None:
+    """The node seconds of the dearest of `launches` as they would cost again (`_repeat_s`), the nodes'
+    first launches (`firsts`) left out where there are others; None for no launch."""
     later = [t for t in launches if t.number not in firsts] or launches
-    return max((s for t in later if (s := _repeat_s(TrialRecord.of(t)))), default=None)
+    return max((s for t in later if (s := _repeat_s(TrialRecord.of(t), reload_s))), default=None)
 
 
-def _repeat_s(record: TrialRecord) -> float | None:
-    """What the launch would cost again: its node seconds less its presharded dump's (a one-time cost: a
-    later launch of its layout reads the dump)."""
+def _reload_s(trials: list[FrozenTrial]) -> float | None:
+    """The median weight load of the launches that wrote no presharded dump: what a launch of a layout
+    whose dump is on disk loads again (None before one is measured)."""
+    loads = [
+        float(load)
+        for t in trials
+        if (record := TrialRecord.of(t)).node_s and DUMP_PHASE not in record.startup_phases
+        and isinstance(load := record.startup_phases.get("weight_load_s"), int | float)
+    ]
+    return statistics.median(loads) if loads else None
+
+
+def _repeat_s(record: TrialRecord, reload_s: float | None) -> float | None:
+    """What the launch would cost again. One that wrote a presharded dump (a one-time cost) would read
+    the dump back: its weight load at what the launches without a dump loaded in, else at its own load
+    less the dump, which still read the whole checkpoint."""
     if not record.node_s:
         return None
-    return record.node_s - (record.startup_phases.get(DUMP_PHASE) or 0.0)
+    phases = record.startup_phases
+    dump, load = phases.get(DUMP_PHASE), phases.get("weight_load_s")
+    if not dump:
+        return record.node_s
+    if reload_s is not None and load is not None:
+        return record.node_s - load + reload_s
+    return record.node_s - dump
 
 
 def round_s(optuna_study: optuna.Study) -> float | None:
@@ -112,8 +131,8 @@ def round_s(optuna_study: optuna.Study) -> float | None:
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
         if of in configs and record.node_s:
             launches.setdefault(of, []).append(trial)
-    median = launch_s(optuna_study) or 0.0
-    dearest = {of: _dearest_s(measured, firsts) for of, measured in launches.items()}
+    median, reload_s = launch_s(optuna_study) or 0.0, _reload_s(trials)
+    dearest = {of: _dearest_s(measured, firsts, reload_s) for of, measured in launches.items()}
     return math.fsum(d if (d := dearest.get(config)) is not None else median for config in configs)
 
 
