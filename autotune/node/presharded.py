@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.node.runner import CommandRunner, NodeUnreachableError
@@ -131,10 +131,7 @@ def presharded_launch(
     file_bytes = int(memory.available_bytes * DUMP_FILES_SHARE / max(launch.tensor_parallel_size, 1))
     if file_bytes < DUMP_FILE_BYTES:
         config["max_file_bytes"] = max(file_bytes, 1024**3)
-    flags = [(f, v) for f, v in launch.flags if f not in (LOAD_FORMAT_FLAG, LOADER_FLAG)]
-    at = next((i for i, (f, _) in enumerate(flags) if f == "--host"), len(flags))
-    flags[at:at] = [(LOAD_FORMAT_FLAG, PRESHARDED), (LOADER_FLAG, json.dumps(config))]
-    return replace(launch, flags=tuple(flags)), None
+    return launch.with_node_flags({LOAD_FORMAT_FLAG: PRESHARDED, LOADER_FLAG: json.dumps(config)}), None
 
 
 def dump_note(launch: ServerLaunch) -> str:

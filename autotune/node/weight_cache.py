@@ -179,10 +179,7 @@ def client_launch(launch: ServerLaunch, fraction: float) -> ServerLaunch:
     """`launch` as a weight cache client at `fraction` (the matched one): the socket each rank finds by
     SGLang's own per-rank path."""
     value = f"{fraction:.5f}".rstrip("0")
-    flags = [(f, v) for f, v in launch.flags if f not in (MEM_FRACTION, WEIGHT_CACHE_FLAG)]
-    at = next((i for i, (f, _) in enumerate(flags) if f == "--host"), len(flags))
-    flags[at:at] = [(MEM_FRACTION, value), (WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT)]
-    return replace(launch, flags=tuple(flags))
+    return launch.with_node_flags({MEM_FRACTION: value, WEIGHT_CACHE_FLAG: WEIGHT_CACHE_CLIENT})
 
 
 def fraction_key(launch: ServerLaunch) -> tuple[tuple[str, str | None], ...]:

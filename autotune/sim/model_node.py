@@ -84,8 +84,8 @@ def startup_phases(node: NodePerformanceModel) -> dict[str, float]:
     phases = {"init_s": node.init_seconds}
     if phase != "load":
         phases["weight_load_s"] = node.load_seconds
-        if dump_part(node):
-            phases[DUMP_PHASE] = dump_part(node)
+        if dump := dump_part(node):
+            phases[DUMP_PHASE] = dump
     if phase not in ("load", "kv", "runner"):
         phases["kv_pool_s"] = 0.0
     if phase is None or phase == "warmup":

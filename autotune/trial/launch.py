@@ -151,6 +151,14 @@ class ServerLaunch:
         flags[at[-1]] = (name, value)
         return replace(self, flags=tuple(flags))
 
+    def with_node_flags(self, flags: Mapping[str, str]) -> ServerLaunch:
+        """The same launch with `flags` set by the node: each taken out where the launch had it, all put
+        together before `--host`, where the node's own address flags begin."""
+        kept = [(f, v) for f, v in self.flags if f not in flags]
+        at = next((i for i, (f, _) in enumerate(kept) if f == "--host"), len(kept))
+        kept[at:at] = list(flags.items())
+        return replace(self, flags=tuple(kept))
+
     def with_port(self, port: int) -> ServerLaunch:
         """The same launch listening on `port` (the node fills in an `auto` port just before starting)."""
         return replace(self.with_flag("--port", str(port)), port=port)
