@@ -82,7 +82,9 @@ _MODEL_FOLDER = '[ -d "$1" ] || exit 3; [ -f "$1/config.json" ] || exit 4'
 # A Hugging Face id (org/name), which SGLang downloads where no folder of that name is on the node.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
-_FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
+# The free KiB of the file system a folder ($1, made first) is on: the log folder's here, a dump folder's in
+# node.presharded.
+FREE_KB = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 { print $4 }\''
 
 
 @dataclass(frozen=True)
@@ -425,7 +427,7 @@ def gpu_problems(gpus: Sequence[GPU], visible: str | None = None) -> list[NodePr
 
 
 def _free_log_bytes(runner: CommandRunner, log_dir: str) -> tuple[int | None, list[NodeProblem]]:
-    done = _sh(runner, _FREE_KB, [log_dir])
+    done = _sh(runner, FREE_KB, [log_dir])
     text = done.stdout.strip()
     if done.returncode != 0 or not text.isdigit():
         return None, [

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.node.check import FREE_KB
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.startup import (
     DRAFT_PRESHARDED_PATH_KEY,
@@ -72,9 +73,9 @@ _LOADER_FRAME = re.compile(
     r"|_dump_state_to_disk|_dump_files_for_rank|_read_presharded_file|_apply_presharded_file)\b"
 )
 _RAISED = re.compile(r"^\w+(Error|Exception)\b")
-# Free KiB on the dump folder's file system (as the node check reads it), then the READY file of a dump
-# SGLang finished there ($1: the folder, made first; SGLang appends TP-<n>-sig-<hash> per shard config).
-_PROBE = 'mkdir -p "$1" && df -Pk "$1" | awk \'NR == 2 {print $4}\' && find "$1" -maxdepth 2 -name READY'
+# Free KiB on the dump folder's file system (as the node check reads its log folder's), then the READY file
+# of a dump SGLang finished there ($1: the folder; SGLang appends TP-<n>-sig-<hash> per shard config).
+_PROBE = f'{FREE_KB} && find "$1" -maxdepth 2 -name READY'
 
 
 @dataclass(frozen=True)
