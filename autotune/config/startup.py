@@ -23,6 +23,11 @@ class Startup(BaseModel):
     weights in GPU memory between trials and each launch it can serve maps them (`--weight-cache-mode
     client`) instead of loading them, at the --mem-fraction-static that gives the KV pool the flags give
     without it (autotune.node.weight_cache); the exported launch script stays the plain launch.
+    `presharded_weights`: SGLang's `--load-format presharded` where the checkpoint is larger than the page
+    cache keeps and the launch is tensor-parallel (autotune.node.presharded).
+    `weights_in_page_cache`: where the weights a launch reads are larger than the host's page cache keeps,
+    the part it can keep is read into it before each launch and the rest dropped from it, so every launch
+    after the first reads that part from memory (autotune.node.page_cache); the node's step, not a flag.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -33,3 +38,4 @@ class Startup(BaseModel):
     # Off unless asked: it holds the weights' GPU memory between trials and changes how the KV pool is sized.
     weight_cache: StrictBool = False
     presharded_weights: StrictBool = True
+    weights_in_page_cache: StrictBool = True

@@ -50,6 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
+from autotune.node.page_cache import KeptWeights, keep_weights
 from autotune.node.presharded import PRESHARDED_FOLDER, dump_note, off_note, presharded_failure
 from autotune.node.runner import (
     CommandRunner,
@@ -58,7 +59,7 @@ from autotune.node.runner import (
     NodeUnreachableError,
     ServerProcess,
 )
-from autotune.node.startup_phases import DUMP_PHASE
+from autotune.node.startup_phases import DUMP_PHASE, PAGE_CACHE_PHASE
 from autotune.node.startup_prep import COMPILE_CACHE_FOLDER, prepare_launch
 from autotune.node.weight_cache import DAEMON_LOG, Prepared, WeightCacheKeeper
 from autotune.trial.failures import Failure, FailureKind, classify
@@ -112,6 +113,7 @@ class TrialExecutor:
         self._prepared: Prepared | None = None  # the running trial's launch as the weight cache left it
         self._presharded: ServerLaunch | None = None  # the running trial's launch where it loads presharded
         self.presharded_failed: str | None = None  # why presharded weights are off on this node, if they are
+        self._kept: KeptWeights | None = None  # what the page cache step did before the trial's launch
 
     def _enter(self, phase: str) -> None:
         if phase not in TRIAL_PHASES:
@@ -127,6 +129,7 @@ class TrialExecutor:
         self._startup_notes = []
         self._prepared = None
         self._presharded = None
+        self._kept = None
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
                 result = self._run_held(request, log_path)
@@ -226,6 +229,8 @@ class TrialExecutor:
         launch, self._startup_notes = prepare_launch(self.runner, request.launch, cache, dumps)
         ours = dumps is not None and launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED  # not a study's own flag
         self._presharded = launch if ours else None
+        keep = request.weights_in_page_cache and not request.job
+        self._kept = keep_weights(self.runner, launch, request.startup_timeout_s) if keep else None
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set
@@ -424,6 +429,11 @@ class TrialExecutor:
         log_path: Path,
         **extra: object,
     ) -> TrialResult:
+        phases: dict[str, float] = extra.get("startup_phases") or {}  # type: ignore[assignment]
+        node_s = self._with_daemon_s(self._node_s(result, log_path, extra), extra)
+        if (kept := self._kept) is not None:  # the step before the launch is node time too
+            phases = {PAGE_CACHE_PHASE: kept.seconds, **phases}
+            node_s = (node_s or 0.0) + kept.seconds
         return TrialResult(
             number=request.number,
             node=self.node,
@@ -434,10 +444,10 @@ class TrialExecutor:
             phase_times=extra.get("phase_times") or {},  # type: ignore[arg-type]
             server_choices=extra.get("server_choices") or {},  # type: ignore[arg-type]
             server_memory=extra.get("server_memory") or {},  # type: ignore[arg-type]
-            startup_phases=extra.get("startup_phases") or {},  # type: ignore[arg-type]
+            startup_phases=phases,
             startup_notes=tuple(self._startup_notes),
             log=_tail(log_path),
-            node_s=self._with_daemon_s(self._node_s(result, log_path, extra), extra),
+            node_s=node_s,
             other_logs=self._daemon_logs(),
             returncode=extra.get("returncode"),  # type: ignore[arg-type]
             server_pgid=self._process.pgid if self._process is not None else None,

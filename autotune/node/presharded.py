@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.node.check import FREE_KB
+from autotune.node.page_cache import DUMP_FILE_BYTES, PAGE_CACHE_SHARE
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.startup import (
     DRAFT_PRESHARDED_PATH_KEY,
@@ -33,17 +34,15 @@ __all__ = [
 ]  # fmt: skip
 
 PRESHARDED_FOLDER = "presharded"  # in the node's work folder: the dumps outlive trials and resumes
-# The share of MemAvailable the page cache keeps a checkpoint in from one launch to the next: where the
-# weights fit, every launch after the first reads them from memory already and a dump would only cost disk.
-PAGE_CACHE_SHARE = 0.8
 # The disk a dump needs over the checkpoint's size (SGLang's manifests beside the weights, which after
 # loading can be larger than on disk: an INT4 checkpoint repacked for its kernels).
 DUMP_ROOM = 1.1
 # Disk a dump leaves free beside it: the node's logs, compile caches and study stores share that disk.
 DISK_HEADROOM = 50 * 10**9
 # SGLang's dump and its read-back hold one dump file per rank in host memory (`max_file_bytes`, 20 GiB by
-# default): where the ranks' files would fill more than this share of MemAvailable, smaller files.
-DUMP_FILE_BYTES, DUMP_FILES_SHARE = 20 * 1024**3, 0.5
+# default): where the ranks' files would fill more than this share of MemAvailable, smaller files, so the
+# page cache keeps more of the dump between launches (node.page_cache: 40% of the seed's against 63%).
+DUMP_FILES_SHARE = 0.1
 DRAFT_MODEL_FLAG = "--speculative-draft-model-path"
 # Flags that leave the weights as SGLang holds them after loading unchanged: launches that differ only in
 # these share one dump. Every other flag keys a dump of its own (an EP size, a MoE or attention backend or a
@@ -98,6 +97,7 @@ def wants_presharded(launch: ServerLaunch, memory: HostMemory | None) -> bool:
         tensor_parallel = launch.tensor_parallel_size > 1
     except ValueError:
         return False
+    # Where the weights fit the page cache, every launch after the first reads them from memory already.
     return tensor_parallel and memory.checkpoint_bytes > PAGE_CACHE_SHARE * memory.available_bytes
 
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-__all__ = ["DUMP_PHASE", "STARTUP_PHASES", "StartupPhaseReader", "startup_phases_text"]
+__all__ = ["DUMP_PHASE", "PAGE_CACHE_PHASE", "STARTUP_PHASES", "StartupPhaseReader", "startup_phases_text"]
 
+# The node's step before the launch that keeps the part of its weights the page cache holds there
+# (autotune.node.page_cache): node time, not part of the server's time to ready.
+PAGE_CACHE_PHASE = "page_cache_s"
 # The phases, in start-up order, under the names the trial records them by (seconds).
-STARTUP_PHASES = ("init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s")
+STARTUP_PHASES = (PAGE_CACHE_PHASE, "init_s", "weight_load_s", "kv_pool_s", "cuda_graph_s", "ready_s")
 _LABELS = {
+    PAGE_CACHE_PHASE: "page cache",
     "init_s": "init",
     "weight_load_s": "weights",
     "kv_pool_s": "KV pool",
@@ -134,7 +138,8 @@ def startup_phases_text(phases: dict[str, float]) -> str:
     shown = [f"{_LABELS[p]} {phases[p]:.0f} s" for p in STARTUP_PHASES if phases.get(p) is not None]
     ready = phases.get("ready_s")
     if ready is not None:
-        other = ready - sum(phases.get(p) or 0.0 for p in STARTUP_PHASES if p != "ready_s")
+        inside = [p for p in STARTUP_PHASES if p not in ("ready_s", PAGE_CACHE_PHASE)]
+        other = ready - sum(phases.get(p) or 0.0 for p in inside)
         if other >= 1.0:
             shown.insert(len(shown) - 1, f"other {other:.0f} s")
     return ", ".join(shown)

@@ -19,13 +19,14 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
+from autotune.node.page_cache import DUMP_FILE_BYTES, WeightFile, keep_plan, loader_config
 from autotune.node.presharded import DumpRoom, dump_folders, dump_note, presharded_launch, wants_presharded
-from autotune.node.startup_phases import DUMP_PHASE
+from autotune.node.startup_phases import DUMP_PHASE, PAGE_CACHE_PHASE
 from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals
 from autotune.sim.model import MemoryPlan, NodePerformanceModel
 from autotune.sim.model.noise import SimNoise
-from autotune.sim.model.startup import dump_part, presharded_dump, weights_fit_page_cache
+from autotune.sim.model.startup import KEEP_READ_GBPS, dump_part, presharded_dump, weights_fit_page_cache
 from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
 from autotune.sim.nvidia_smi import DRIVER_VERSION
@@ -34,6 +35,7 @@ from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkloa
 from autotune.sim.versions import sglang_version
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import ServerLaunch
+from autotune.trial.startup import LOAD_FORMAT_FLAG, PRESHARDED, PRESHARDED_PATH_KEY
 from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
@@ -101,6 +103,20 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
     return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)
+
+
+def model_weight_files(model: ModelProfile, launch: ServerLaunch, dumped: bool) -> list[WeightFile]:
+    """The files a launch of `model` reads its weights from: the checkpoint's shards, every rank reading
+    each; or, where the layout's dump is finished, each rank's own share in files of the dump's size."""
+    weight_bytes = int(model.weight_gb * 1e9)
+    if not dumped:
+        shard = weight_bytes // model.num_shards
+        return [WeightFile(f"shard-{i}", shard) for i in range(model.num_shards)]
+    tp = max(launch.tensor_parallel_size, 1)
+    file_bytes = int(str(loader_config(launch).get("max_file_bytes", DUMP_FILE_BYTES)))
+    per_rank = weight_bytes // tp
+    count = -(-per_rank // file_bytes)
+    return [WeightFile(f"rank-{r}-{i}", per_rank // count, (r,)) for r in range(tp) for i in range(count)]
 
 
 def host_memory(hardware: HardwareProfile, model: ModelProfile) -> HostMemory | None:
@@ -174,15 +190,20 @@ class ModelNodeExecutor:
         else:
             self._weight_cache.state.running = None
         memory = host_memory(self.hardware, self.model)
+        step_s = 0.0
         if memory is not None:  # the node's own rules (startup_prep), as it fits a real node's launch
             request, note = self._fit(request, memory)
             cached = replace(cached, notes=(*cached.notes, *note))
+            step_s = self._page_cache(request, memory) if request.weights_in_page_cache else 0.0
         self._cached, self._node = cached, None
         if request.plan is not None:
             result = self._run_plan(request, request.plan)
         else:
             result = self._run_one(request)
         result = replace(result, startup_notes=(*cached.notes, *result.startup_notes))
+        if step_s:  # the node's step before the launch: node time, as a real node counts it
+            phases = {PAGE_CACHE_PHASE: round(step_s, 2), **result.startup_phases}
+            result = replace(result, startup_phases=phases, node_s=(result.node_seconds or 0.0) + step_s)
         if cached.daemon_s:  # node time, counted with the trial it started for
             result = replace(result, node_s=(result.node_seconds or 0.0) + cached.daemon_s)
         if request.weight_cache and self._node is not None:
@@ -237,6 +258,29 @@ class ModelNodeExecutor:
         room = DumpRoom(int(free), any(d.startswith(folders[0] + "/") for d in self._kept.dumps))
         launch, why_not = presharded_launch(launch, folders, memory, room)
         return replace(request, launch=launch), [why_not] if why_not is not None else []
+
+    def _page_cache(self, request: TrialRequest, memory: HostMemory) -> float:
+        """The node's page cache step before `request`'s launch (node.page_cache's rule on the files the
+        profile's checkpoint, or the layout's finished dump, would have): the share of the weights it keeps
+        for the launch to read from memory, and its seconds, from memory where the last launch kept the
+        same files, else from disk."""
+        launch = request.launch
+        folder = str(loader_config(launch).get(PRESHARDED_PATH_KEY) or "")
+        dumped = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED and folder != ""
+        ready = dumped and any(d.startswith(folder + "/") for d in self._kept.dumps)
+        files = model_weight_files(self.model, launch, ready)
+        plan = keep_plan(launch, memory.available_bytes, files, [])
+        key = folder if ready else self.model.name
+        if plan is None:
+            self._kept.weights_kept, self._kept.kept_files = 0.0, None
+            return 0.0
+        kept_gb = sum(f.bytes for f in plan[0]) / 1e9
+        if self._kept.kept_files == key:
+            seconds = kept_gb / KEEP_READ_GBPS
+        else:
+            seconds = kept_gb / (self.model.load_gbps * self.hardware.multithread_load_speedup)
+        self._kept.weights_kept, self._kept.kept_files = kept_gb * 1e9 / plan[2], key
+        return seconds
 
     def _init_s(self, request: TrialRequest) -> float:
         """The init a process of this launch spends before it loads (the daemon's too)."""
@@ -410,12 +454,15 @@ class NodeKeeps:
 
     def __init__(self) -> None:
         self.page_cache: set[str] = set()  # the models whose weights the page cache holds
+        self.weights_kept = 0.0  # the share of the next launch's weights the page cache step kept
+        self.kept_files: str | None = None  # whose files it kept: a model's checkpoint, or a dump folder
         self.compiled = False
         self.dumps: set[str] = set()  # the presharded dumps on the node's disk, by folder
 
     def apply(self, node: NodePerformanceModel, compile_cache: bool) -> None:
         """Start `node`'s launch with what earlier launches left."""
         node.weights_cached = node.model.name in self.page_cache
+        node.weights_kept = self.weights_kept
         node.compile_cache_warm = compile_cache and self.compiled
         node.weights_presharded = presharded_dump(node) in self.dumps
 

@@ -37,6 +37,7 @@ def trial_request(
         presharded_weights=(
             startup.presharded_weights and not startup.weight_cache and takes_presharded(dialect)
         ),
+        weights_in_page_cache=startup.weights_in_page_cache and not startup.weight_cache,
     )
 
 

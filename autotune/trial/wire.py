@@ -45,6 +45,8 @@ class TrialRequest:
     # SGLang's presharded weights where they make the launch's load cheaper (startup.presharded_weights,
     # where the node's SGLang version takes --load-format presharded; autotune.node.presharded).
     presharded_weights: bool = False
+    # The part of the weights the page cache can hold kept there before the launch (autotune.node.page_cache).
+    weights_in_page_cache: bool = False
 
     @property
     def serving_workload(self) -> Workload:

@@ -78,6 +78,7 @@ def test_the_launch_loads_presharded_with_its_loader_settings_kept_and_a_short_d
         **THREADS,
         "presharded_path": folders[0],
         "draft_presharded_path": folders[1],
+        "max_file_bytes": int(486 * GB * 0.1 / 8),
     }
     assert [f for f, _ in launch.flags].index(LOAD_FORMAT_FLAG) < [f for f, _ in launch.flags].index("--host")
     assert note is None  # the trial's note comes from what the server did (dump_note)
@@ -121,14 +122,21 @@ def test_a_start_up_that_died_in_the_presharded_loader_is_told_from_one_that_die
     assert presharded_failure(loaded) is None
 
 
-def test_a_small_host_gets_dump_files_its_ranks_can_hold() -> None:
-    """Each rank holds one dump file in host memory while it writes or reads it (20 GiB by default)."""
+def test_dump_files_leave_the_page_cache_most_of_the_host() -> None:
+    """Each rank holds one dump file in host memory while it writes or reads it (20 GiB by default): the
+    ranks' files together are kept within a tenth of MemAvailable, the rest is the page cache's."""
     small = HostMemory(243 * GB, SEED_MEMORY.largest_shard_bytes, 547 * GB)  # a 256 GB host
     folders, room = dump_folders(_launch(), ROOT), DumpRoom(2000 * GB, False)
     launch, _ = presharded_launch(_launch(), folders, small, room)
-    assert json.loads(launch.flag(LOADER_FLAG) or "")["max_file_bytes"] == 243 * GB // 2 // 8
+    assert json.loads(launch.flag(LOADER_FLAG) or "")["max_file_bytes"] == int(243 * GB * 0.1 / 8)
+    tiny = HostMemory(60 * GB, SEED_MEMORY.largest_shard_bytes, 547 * GB)
+    launch, _ = presharded_launch(_launch(), folders, tiny, room)
+    assert json.loads(launch.flag(LOADER_FLAG) or "")["max_file_bytes"] == 1024**3  # at least 1 GiB
     seed, _ = presharded_launch(_launch(), folders, SEED_MEMORY, room)
-    assert "max_file_bytes" not in json.loads(seed.flag(LOADER_FLAG) or "")  # 8 x 20 GiB fit half of 486 GB
+    assert json.loads(seed.flag(LOADER_FLAG) or "")["max_file_bytes"] == int(486 * GB * 0.1 / 8)
+    big = HostMemory(2000 * GB, SEED_MEMORY.largest_shard_bytes, 2500 * GB)  # 8 x 20 GiB within 200 GB
+    launch, _ = presharded_launch(_launch(), folders, big, room)
+    assert "max_file_bytes" not in json.loads(launch.flag(LOADER_FLAG) or "")
 
 
 @pytest.mark.integration

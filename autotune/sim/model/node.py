@@ -47,6 +47,7 @@ class NodePerformanceModel:
         self.eager_host = 1.0  # this lease's host over the profile's eager dispatch (set by its noise)
         # What the node kept from earlier launches (autotune.sim.model.startup; set by whoever runs them).
         self.weights_cached = False  # the weights are in the host's page cache
+        self.weights_kept = 0.0  # the share of them the node kept in the page cache before the launch
         self.compile_cache_warm = False  # the JIT/compile caches hold this launch's kernels
         self.gpu_held_gb = 0.0  # each GPU's memory another process holds (a weight cache daemon)
         self.weights_mapped = False  # the weights are mapped from that daemon, not loaded

@@ -9,6 +9,8 @@ import json
 import math
 from typing import TYPE_CHECKING
 
+from autotune.node.page_cache import PAGE_CACHE_SHARE
+
 if TYPE_CHECKING:
     from autotune.sim.model.node import NodePerformanceModel
     from autotune.sim.profiles import HardwareProfile, ModelProfile
@@ -41,8 +43,10 @@ SHARDED_READ_EXPONENT = math.log(7.3) / math.log(16)
 # each rank's dump of its share is assumed to take that many times its own read.
 DUMP_OVER_READ = (38.52 - 11.8) / 11.8
 PRESHARDED = "presharded"
-# The share of host memory the page cache may keep the weights in (the rest: processes, the loaders' buffers).
-PAGE_CACHE_SHARE = 0.8
+# The node's page cache step (autotune.node.page_cache) reads the part it keeps with 8 readers: one reader
+# reads pages already in the page cache at 10 GB/s on the 2-core machine this was written on (dd, 16 MiB
+# blocks; benchmarks/page_cache_keep.py); 8 on a server node are assumed to share memory bandwidth at 40.
+KEEP_READ_GBPS = 40.0
 
 
 def load_threads(extra_config: str | None) -> int:
@@ -98,11 +102,13 @@ def presharded_dump(node: NodePerformanceModel) -> str | None:
 
 def load_seconds(node: NodePerformanceModel) -> float:
     """Weight loading: from the page cache when an earlier launch left the weights there (threads barely
-    matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed; with
-    presharded weights, each rank reads its own share, after a first launch that loads and writes them."""
+    matter then: SGLang PR 7943 measured 60 s against 56 s), else from disk at the threads' speed, the part
+    the node kept in the page cache (node.page_cache) from memory; with presharded weights, each rank reads
+    its own share, after a first launch that loads and writes them."""
     if node.weights_mapped:
         return IPC_LOAD_S
-    settings, cached = node.settings, node.weights_cached
+    settings = node.settings
+    cached = 1.0 if node.weights_cached else node.weights_kept
     if presharded_dump(node) is not None and node.weights_presharded:
         return sharded_read_seconds(node.model, settings.tp_size, cached)
     return disk_load_seconds(node.hw, node.model, settings.load_threads, cached) + dump_part(node)
@@ -116,26 +122,26 @@ def dump_part(node: NodePerformanceModel) -> float:
     return dump_seconds(node.model, node.settings.tp_size)
 
 
-def sharded_read_seconds(model: ModelProfile, tp: int, cached: bool) -> float:
-    """Presharded weights read back, each rank its own share: from the page cache, else at the sharded
-    read's speed-up over one thread reading the whole checkpoint (SHARDED_READ_EXPONENT)."""
+def sharded_read_seconds(model: ModelProfile, tp: int, cached: float) -> float:
+    """Presharded weights read back, each rank its own share: the `cached` share of them from the page
+    cache, the rest at the sharded read's speed-up over one thread reading the whole checkpoint
+    (SHARDED_READ_EXPONENT)."""
     cold_single = model.weight_gb / model.load_gbps
-    if cached:
-        return cold_single / PAGE_CACHE_SPEEDUP
-    return cold_single / max(tp, 1) ** SHARDED_READ_EXPONENT
+    cold = cold_single / max(tp, 1) ** SHARDED_READ_EXPONENT
+    return cached * cold_single / PAGE_CACHE_SPEEDUP + (1.0 - cached) * cold
 
 
 def dump_seconds(model: ModelProfile, tp: int) -> float:
     """The first launch's dump: every rank hashes and writes its share, DUMP_OVER_READ times its read."""
-    return DUMP_OVER_READ * sharded_read_seconds(model, tp, cached=False)
+    return DUMP_OVER_READ * sharded_read_seconds(model, tp, cached=0.0)
 
 
-def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: bool) -> float:
-    """The whole checkpoint read and loaded: from the page cache, else from disk at the threads' speed."""
+def disk_load_seconds(hw: HardwareProfile, model: ModelProfile, threads: int, cached: float) -> float:
+    """The whole checkpoint read and loaded: the `cached` share of it from the page cache, the rest from
+    disk at the threads' speed."""
     cold_single = model.weight_gb / model.load_gbps
-    if cached:
-        return cold_single / PAGE_CACHE_SPEEDUP
-    return cold_single / thread_speedup(hw, threads)
+    cold = cold_single / thread_speedup(hw, threads)
+    return cached * cold_single / PAGE_CACHE_SPEEDUP + (1.0 - cached) * cold
 
 
 def compile_share(node: NodePerformanceModel) -> float:

@@ -1,0 +1,199 @@
+"""The part of a launch's weights that the host's page cache can hold, kept there from one launch to the next.
+
+Where the weights are larger than the page cache, every launch reads all of them from disk although the
+cache holds most of them between launches: a read larger than memory, repeated, evicts each page before
+its next read (the kernel's LRU). Before each launch the node drops from the cache what the launch will
+read beyond the part that fits, and reads that part once: pages read twice sit on the kernel's active
+list, which the rest of the load streams past, so every later launch reads that part from memory
+(benchmarks/page_cache_keep.py measures it on this kernel: 0% of a set of files 1.28x a memory cgroup
+read from the cache, launch after launch, against 62% with the part kept).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.node.runner import CommandRunner, NodeUnreachableError
+from autotune.trial.startup import LOAD_FORMAT_FLAG, LOADER_FLAG, PRESHARDED, PRESHARDED_PATH_KEY
+
+if TYPE_CHECKING:
+    from autotune.trial.launch import ServerLaunch
+
+__all__ = [
+    "DUMP_FILE_BYTES", "PAGE_CACHE_SHARE", "KeptWeights", "WeightFile", "cache_weights", "keep_plan",
+    "keep_weights", "kept_part", "loader_config", "loader_peak_bytes", "weight_files",
+]  # fmt: skip
+
+# The share of MemAvailable the page cache keeps weights in from one launch to the next (the rest: the
+# server's own processes and the kernel's room to read what is not kept).
+PAGE_CACHE_SHARE = 0.8
+# SGLang's multithreaded loader holds threads + 2 whole shards per rank in host memory (startup_prep), and
+# its presharded loader one dump file per rank (`max_file_bytes`, 20 GiB unless the config says).
+DEFAULT_THREADS, DUMP_FILE_BYTES = 8, 20 * 1024**3
+READERS = 8  # files read at once when the kept part is read: memory, not one reader, is the limit
+# SGLang 0.5.17's presharded dump files (loader.py, PreshardedModelLoader._make_filename): one every rank
+# reads, or one the listed ranks read.
+_DUMP_FILE = re.compile(r"model-(\d+)-(?:common|rank-(\d{3}(?:,\d{3})*))\.safetensor$")
+# MemAvailable in bytes; then the weights a launch of `$1` (the checkpoint) reads: a finished presharded
+# dump's files under `$2` where there is one (D), else the checkpoint's shards (C).
+_LIST = (
+    "awk '/^MemAvailable:/ {printf \"%.0f\\n\", $2 * 1024}' /proc/meminfo && "
+    'if [ -n "$2" ] && [ -n "$(find "$2" -maxdepth 2 -name READY 2>/dev/null)" ]; then '
+    "find \"$2\" -maxdepth 2 -name '*.safetensor' -printf 'D %s %p\\n'; fi; "
+    "find \"$1\" -maxdepth 1 -name '*.safetensors' -printf 'C %s %p\\n'"
+)
+# Drop from the page cache every file before `--keep` (GNU dd: "iflag=nocache count=0" drops a whole
+# file's cache), then read the files after it, READERS at a time, as the loader reads them (read(2)).
+_KEEP = (
+    'drop=1; for f in "$@"; do if [ "$f" = --keep ]; then drop=; continue; fi; '
+    'if [ -n "$drop" ]; then dd if="$f" iflag=nocache count=0 status=none; else printf "%s\\0" "$f"; fi; '
+    f"done | xargs -0 -r -P {READERS} -n 1 sh -c 'dd if=\"$0\" of=/dev/null bs=16M status=none'"
+)
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    """One file a launch reads its weights from: its bytes, and the tensor-parallel ranks that read it
+    (None: every rank, as every checkpoint shard under SGLang's default loader)."""
+
+    path: str
+    bytes: int
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class KeptWeights:
+    """What the step did before a launch: the bytes kept in the page cache of the weights it reads, and
+    its seconds (node time)."""
+
+    kept_bytes: int
+    weight_bytes: int
+    seconds: float
+
+    @property
+    def share(self) -> float:
+        return self.kept_bytes / self.weight_bytes if self.weight_bytes else 0.0
+
+
+def weight_files(listing: str) -> tuple[int, list[WeightFile], list[WeightFile]] | None:
+    """MemAvailable, the files a launch reads its weights from and the ones it no longer reads, from the
+    node's listing (_LIST); None where the listing is not one."""
+    lines = listing.splitlines()
+    if not lines or not lines[0].strip().isdigit():
+        return None
+    available, dump, checkpoint = int(lines[0]), [], []
+    for line in lines[1:]:
+        kind, size, path = [*line.split(" ", 2), "", ""][:3]
+        if not size.isdigit() or not path:
+            continue
+        if kind == "D" and (name := _DUMP_FILE.search(path)) is not None:
+            ranks = tuple(int(r) for r in name.group(2).split(",")) if name.group(2) else None
+            dump.append(WeightFile(path, int(size), ranks))
+        elif kind == "C":
+            checkpoint.append(WeightFile(path, int(size)))
+    return (available, dump, checkpoint) if dump else (available, checkpoint, [])
+
+
+def kept_part(files: list[WeightFile], budget: int) -> list[WeightFile]:
+    """The files kept within `budget` bytes: those every rank reads first, then a rank's own, always
+    adding to the rank that keeps least (a launch's load ends with its slowest rank's)."""
+    kept: list[WeightFile] = []
+    used = 0
+    for f in sorted((f for f in files if f.ranks is None), key=lambda f: f.path):
+        if used + f.bytes <= budget:
+            kept.append(f)
+            used += f.bytes
+    by_rank: dict[int, int] = {}
+    left = sorted((f for f in files if f.ranks is not None), key=lambda f: f.path)
+    while left:
+        fits = [f for f in left if used + f.bytes <= budget]
+        if not fits:
+            break
+        chosen = min(fits, key=lambda f: max(by_rank.get(r, 0) + f.bytes for r in f.ranks or ()))
+        left.remove(chosen)
+        kept.append(chosen)
+        used += chosen.bytes
+        for rank in chosen.ranks or ():
+            by_rank[rank] = by_rank.get(rank, 0) + chosen.bytes
+    return kept
+
+
+def loader_peak_bytes(launch: ServerLaunch, largest_shard: int) -> int:
+    """The host memory the launch's loaders hold at once beside the page cache: per rank, one presharded
+    dump file, or threads + 2 shards of the multithreaded loader, or none (a single thread maps them)."""
+    config = loader_config(launch)
+    try:
+        ranks = max(launch.tensor_parallel_size, 1)
+    except ValueError:
+        return 0
+    if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED:
+        return ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES)))
+    if launch.flag(LOADER_FLAG) is None or not config.get("enable_multithread_load", True):
+        return 0
+    return ranks * (int(str(config.get("num_threads", DEFAULT_THREADS))) + 2) * largest_shard
+
+
+def keep_budget(available: int, launch: ServerLaunch, largest_shard: int) -> int:
+    """The bytes of weights the page cache can keep beside the launch's loaders."""
+    return max(int(PAGE_CACHE_SHARE * available) - loader_peak_bytes(launch, largest_shard), 0)
+
+
+def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) -> KeptWeights | None:
+    """Before `launch`: where its weights are larger than the page cache keeps, the part that fits read
+    into the cache and the rest (and a checkpoint a finished dump replaced) dropped from it. None where the
+    weights fit (the cache keeps them whole), the node's listing is unreadable, or nothing fits."""
+    if launch.model_path is None:
+        return None
+    config = loader_config(launch)
+    dump = str(config.get(PRESHARDED_PATH_KEY) or "") if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED else ""
+    try:
+        listed = runner.run(["sh", "-c", _LIST, "sh", launch.model_path, dump], {}, timeout_s=60)
+    except (NodeUnreachableError, TimeoutError):
+        return None
+    found = weight_files(listed.stdout) if listed.returncode == 0 else None
+    plan = keep_plan(launch, *found) if found is not None else None
+    if plan is None:
+        return None
+    kept, drop, total = plan
+    started = time.monotonic()
+    try:
+        cache_weights(runner, kept, drop, timeout_s)
+    except (NodeUnreachableError, TimeoutError):
+        return None
+    return KeptWeights(sum(f.bytes for f in kept), total, round(time.monotonic() - started, 2))
+
+
+def keep_plan(
+    launch: ServerLaunch, available: int, files: list[WeightFile], unread: list[WeightFile]
+) -> tuple[list[WeightFile], list[WeightFile], int] | None:
+    """The files to keep in the page cache and to drop from it before `launch`, and the bytes of weights
+    it reads; None where they fit the page cache whole or no file fits beside the loaders."""
+    total = sum(f.bytes for f in files)
+    if not files or total <= PAGE_CACHE_SHARE * available:
+        return None
+    largest = max((f.bytes for f in files if f.ranks is None), default=0)
+    kept = kept_part(files, keep_budget(available, launch, largest))
+    if not kept:
+        return None
+    return kept, [f for f in (*files, *unread) if f not in kept], total
+
+
+def cache_weights(
+    runner: CommandRunner, kept: list[WeightFile], drop: list[WeightFile], timeout_s: float
+) -> None:
+    """`drop` out of the node's page cache, then `kept` read into it (_KEEP)."""
+    argv = ["sh", "-c", _KEEP, "sh", *(f.path for f in drop), "--keep", *(f.path for f in kept)]
+    runner.run(argv, {}, timeout_s=timeout_s)
+
+
+def loader_config(launch: ServerLaunch) -> dict[str, object]:
+    """The launch's `--model-loader-extra-config` ({} where none, or not a JSON object)."""
+    try:
+        config = json.loads(launch.flag(LOADER_FLAG) or "{}")
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
