@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
 
 __all__ = [
-    "DUMP_FILE_BYTES", "PAGE_CACHE_SHARE", "KeptWeights", "WeightFile", "cache_weights", "keep_plan",
-    "keep_weights", "kept_part", "loader_config", "loader_peak_bytes", "weight_files",
+    "DUMP_FILE_BYTES", "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "KeptWeights", "WeightFile",
+    "cache_weights", "keep_plan", "keep_weights", "kept_part", "loader_config", "loader_peak_bytes",
+    "weight_files",
 ]  # fmt: skip
 
 # The share of MemAvailable the page cache keeps weights in from one launch to the next (the rest: the
@@ -48,7 +49,7 @@ _LIST = (
 )
 # Drop from the page cache every file before `--keep` (GNU dd: "iflag=nocache count=0" drops a whole
 # file's cache), then read the files after it, READERS at a time, as the loader reads them (read(2)).
-_KEEP = (
+KEEP_STEP = (
     'drop=1; for f in "$@"; do if [ "$f" = --keep ]; then drop=; continue; fi; '
     'if [ -n "$drop" ]; then dd if="$f" iflag=nocache count=0 status=none; else printf "%s\\0" "$f"; fi; '
     f"done | xargs -0 -r -P {READERS} -n 1 sh -c 'dd if=\"$0\" of=/dev/null bs=16M status=none'"
@@ -185,8 +186,8 @@ def keep_plan(
 def cache_weights(
     runner: CommandRunner, kept: list[WeightFile], drop: list[WeightFile], timeout_s: float
 ) -> None:
-    """`drop` out of the node's page cache, then `kept` read into it (_KEEP)."""
-    argv = ["sh", "-c", _KEEP, "sh", *(f.path for f in drop), "--keep", *(f.path for f in kept)]
+    """`drop` out of the node's page cache, then `kept` read into it (KEEP_STEP)."""
+    argv = ["sh", "-c", KEEP_STEP, "sh", *(f.path for f in drop), "--keep", *(f.path for f in kept)]
     runner.run(argv, {}, timeout_s=timeout_s)
 
 

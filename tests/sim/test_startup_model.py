@@ -18,7 +18,7 @@ from autotune.sim.model.startup import (
 from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import HardwareProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import ServerLaunch
-from autotune.trial.wire import TrialRequest
+from autotune.trial.wire import TrialRequest, TrialResult
 
 SEED_HW, SEED_MODEL = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
 SHORT = Workload(num_prompts=8, input_len=200, output_len=32, concurrency=8)
@@ -107,3 +107,38 @@ def test_the_node_fits_the_loaders_threads_to_the_host_memory_of_the_profile() -
 
     assert weight_load_s(SEED_HW) == pytest.approx(547 / 0.91 / 2.5, 0.01)  # 4 threads
     assert weight_load_s(SEED_HW.model_copy(update={"host_memory_gb": 1024.0})) == pytest.approx(150.3, 0.01)
+
+
+def test_the_page_cache_step_keeps_what_fits_beside_the_loaders_and_its_seconds_are_node_time() -> None:
+    """The seed's node with presharded weights (autotune.node.page_cache's rule on the model's files): the
+    dump's files are sized within a tenth of MemAvailable, so 0.8 of the idle node's 491 GB less the 8 ranks'
+    files is kept, 0.63 of the 547 GB; the step reads it from disk before the first launch that reads the
+    dump, from memory before every later one."""
+    command = ("python", "-m", "sglang.launch_server")
+    loader = '{"enable_multithread_load": true, "num_threads": 8}'
+    flags = (("--model-path", "/models/kimi"), ("--tp-size", "8"), ("--model-loader-extra-config", loader))
+    launch = ServerLaunch(command, {}, "127.0.0.1", 30000, flags=flags)
+
+    def launches(keep: bool) -> list[TrialResult]:
+        node = ModelNodeExecutor("n", SEED_HW, SEED_MODEL)
+        requests = [
+            TrialRequest(n, launch, SHORT, 60, 60, presharded_weights=True, weights_in_page_cache=keep)
+            for n in (1, 2, 3)
+        ]
+        return [node.run(request) for request in requests]
+
+    without, kept = launches(False), launches(True)
+    assert all(r.ok for r in (*without, *kept))
+    assert all("page_cache_s" not in r.startup_phases for r in without)
+    dump_read = without[2].startup_phases["weight_load_s"]  # each rank its share, from disk
+    kept_share = (0.8 * 491.52 - 8 * 491.52 * 0.1 / 8) / 547
+    from_memory = 547 / 0.91 / PAGE_CACHE_SPEEDUP
+    expected = kept_share * from_memory + (1 - kept_share) * dump_read
+    assert kept[2].startup_phases["weight_load_s"] == pytest.approx(expected, rel=0.02)
+    assert kept[1].startup_phases["page_cache_s"] > 5 * kept[2].startup_phases["page_cache_s"]  # disk, memory
+    for step in kept[1:]:  # node time: the launch's and the step's
+        phases = step.startup_phases
+        assert step.node_seconds == pytest.approx(
+            phases["ready_s"] + phases["page_cache_s"] + (step.benchmark_s or 0.0), abs=0.1
+        )
+    assert (kept[2].node_seconds or 0.0) < (without[2].node_seconds or 0.0) - 40  # each launch from there on
