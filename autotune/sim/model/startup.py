@@ -43,9 +43,9 @@ SHARDED_READ_EXPONENT = math.log(7.3) / math.log(16)
 # each rank's dump of its share is assumed to take that many times its own read.
 DUMP_OVER_READ = (38.52 - 11.8) / 11.8
 PRESHARDED = "presharded"
-# The node's page cache step (autotune.node.page_cache) reads the part it keeps with 8 readers: one reader
-# reads pages already in the page cache at 10 GB/s on the 2-core machine this was written on (dd, 16 MiB
-# blocks; benchmarks/page_cache_keep.py); 8 on a server node are assumed to share memory bandwidth at 40.
+# The node's page cache step (autotune.node.page_cache) reads the part it keeps with 8 readers: 7.3-9.6 GB/s
+# over pages already in the page cache on the 2-core machine this was written on (processes started
+# included; benchmarks/page_cache_keep.txt); a server node's cores are assumed to reach 40.
 KEEP_READ_GBPS = 40.0
 
 
