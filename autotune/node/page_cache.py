@@ -123,24 +123,25 @@ def kept_part(files: list[WeightFile], budget: int) -> list[WeightFile]:
     return kept
 
 
-def loader_peak_bytes(launch: ServerLaunch, largest_shard: int) -> int:
+def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:
     """The host memory the launch's loaders hold at once beside the page cache: per rank, one presharded
-    dump file, or threads + 2 shards of the multithreaded loader, or none (a single thread maps them)."""
+    dump file where it reads or writes a dump, and, where it loads the checkpoint, threads + 2 shards of the
+    multithreaded loader (a single thread maps them)."""
     config = loader_config(launch)
     try:
         ranks = max(launch.tensor_parallel_size, 1)
     except ValueError:
         return 0
-    if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED:
-        return ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES)))
-    if launch.flag(LOADER_FLAG) is None or not config.get("enable_multithread_load", True):
-        return 0
-    return ranks * (int(str(config.get("num_threads", DEFAULT_THREADS))) + 2) * largest_shard
+    presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
+    dump_file = ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES))) if presharded else 0
+    if reads_dump or launch.flag(LOADER_FLAG) is None or not config.get("enable_multithread_load", True):
+        return dump_file
+    return dump_file + ranks * (int(str(config.get("num_threads", DEFAULT_THREADS))) + 2) * largest_shard
 
 
-def keep_budget(available: int, launch: ServerLaunch, largest_shard: int) -> int:
+def keep_budget(available: int, launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:
     """The bytes of weights the page cache can keep beside the launch's loaders."""
-    return max(int(PAGE_CACHE_SHARE * available) - loader_peak_bytes(launch, largest_shard), 0)
+    return max(int(PAGE_CACHE_SHARE * available) - loader_peak_bytes(launch, largest_shard, reads_dump), 0)
 
 
 def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) -> KeptWeights | None:
@@ -176,8 +177,9 @@ def keep_plan(
     total = sum(f.bytes for f in files)
     if not files or total <= PAGE_CACHE_SHARE * available:
         return None
+    reads_dump = any(_DUMP_FILE.search(f.path) for f in files)
     largest = max((f.bytes for f in files if f.ranks is None), default=0)
-    kept = kept_part(files, keep_budget(available, launch, largest))
+    kept = kept_part(files, keep_budget(available, launch, largest, reads_dump))
     if not kept:
         return None
     return kept, [f for f in (*files, *unread) if f not in kept], total

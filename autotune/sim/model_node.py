@@ -111,12 +111,14 @@ def model_weight_files(model: ModelProfile, launch: ServerLaunch, dumped: bool) 
     weight_bytes = int(model.weight_gb * 1e9)
     if not dumped:
         shard = weight_bytes // model.num_shards
-        return [WeightFile(f"shard-{i}", shard) for i in range(model.num_shards)]
+        total = model.num_shards
+        return [WeightFile(f"model-{i + 1:05d}-of-{total:05d}.safetensors", shard) for i in range(total)]
     tp = max(launch.tensor_parallel_size, 1)
     file_bytes = int(str(loader_config(launch).get("max_file_bytes", DUMP_FILE_BYTES)))
     per_rank = weight_bytes // tp
     count = -(-per_rank // file_bytes)
-    return [WeightFile(f"rank-{r}-{i}", per_rank // count, (r,)) for r in range(tp) for i in range(count)]
+    names = [(r, r * count + i) for r in range(tp) for i in range(count)]  # SGLang's names (loader.py)
+    return [WeightFile(f"model-{n:05d}-rank-{r:03d}.safetensor", per_rank // count, (r,)) for r, n in names]
 
 
 def host_memory(hardware: HardwareProfile, model: ModelProfile) -> HostMemory | None:
