@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.node.runner import CommandRunner, NodeUnreachableError
-from autotune.trial.startup import LOAD_FORMAT_FLAG, LOADER_FLAG, PRESHARDED, PRESHARDED_PATH_KEY
+from autotune.trial.startup import (
+    DEFAULT_LOAD_THREADS,
+    LOAD_FORMAT_FLAG,
+    LOADER_FLAG,
+    MULTITHREAD_KEY,
+    PRESHARDED,
+    PRESHARDED_PATH_KEY,
+    THREADS_KEY,
+    threaded_loader_bytes,
+)
 
 if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
@@ -32,9 +41,9 @@ __all__ = [
 # The share of MemAvailable the page cache keeps weights in from one launch to the next (the rest: the
 # server's own processes and the kernel's room to read what is not kept).
 PAGE_CACHE_SHARE = 0.8
-# SGLang's multithreaded loader holds threads + 2 whole shards per rank in host memory (startup_prep), and
-# its presharded loader one dump file per rank (`max_file_bytes`, 20 GiB unless the config says).
-DEFAULT_THREADS, DUMP_FILE_BYTES = 8, 20 * 1024**3
+# SGLang's presharded loader holds one dump file per rank in host memory (`max_file_bytes`, 20 GiB unless
+# the config says).
+DUMP_FILE_BYTES = 20 * 1024**3
 READERS = 8  # files read at once when the kept part is read: memory, not one reader, is the limit
 # SGLang 0.5.17's presharded dump files (loader.py, PreshardedModelLoader._make_filename): one every rank
 # reads, or one the listed ranks read.
@@ -134,9 +143,10 @@ def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool
         return 0
     presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
     dump_file = ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES))) if presharded else 0
-    if reads_dump or launch.flag(LOADER_FLAG) is None or not config.get("enable_multithread_load", True):
+    if reads_dump or launch.flag(LOADER_FLAG) is None or not config.get(MULTITHREAD_KEY, True):
         return dump_file
-    return dump_file + ranks * (int(str(config.get("num_threads", DEFAULT_THREADS))) + 2) * largest_shard
+    threads = int(str(config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)))
+    return dump_file + threaded_loader_bytes(ranks, threads, largest_shard)
 
 
 def keep_budget(available: int, launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:

@@ -12,7 +12,14 @@ from pathlib import Path
 from autotune.node.presharded import dump_folders, dump_room, presharded_launch, wants_presharded
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.launch import ServerLaunch
-from autotune.trial.startup import LOADER_FLAG, MULTITHREAD_KEY, THREADS_KEY, compile_cache_env
+from autotune.trial.startup import (
+    DEFAULT_LOAD_THREADS,
+    LOADER_FLAG,
+    MULTITHREAD_KEY,
+    THREADS_KEY,
+    compile_cache_env,
+    threaded_loader_bytes,
+)
 
 __all__ = ["COMPILE_CACHE_FOLDER", "HostMemory", "fit_loader", "loader_for_memory", "prepare_launch"]
 
@@ -98,15 +105,13 @@ def loader_for_memory(
     config: dict[str, object], ranks: int, memory: HostMemory
 ) -> tuple[dict[str, object], str | None]:
     """The loader settings that fit: as given when they do, fewer threads, or multithreading off, with
-    the sentence that says why. SGLang's multithreaded loader holds up to threads + 2 whole shards in host
-    memory per rank (buffered_multi_thread_safetensors_weights_iterator: "Peak CPU RAM ~ (max_workers + 2)
-    x shard_file_size")."""
-    threads = int(str(config.get(THREADS_KEY, 8)))
+    the sentence that says why (trial.startup.threaded_loader_bytes: what the loader holds)."""
+    threads = int(str(config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)))
     shard, budget = memory.largest_shard_bytes, memory.available_bytes * HOST_MEMORY_SHARE
-    if shard <= 0 or ranks * (threads + 2) * shard <= budget:
+    need = threaded_loader_bytes(ranks, threads, shard)
+    if shard <= 0 or need <= budget:
         return config, None
     fits = math.floor(budget / (ranks * shard)) - 2
-    need = ranks * (threads + 2) * shard
     why = (
         f"{ranks} rank(s) x ({threads} threads + 2) shards of {shard / 1e9:.1f} GB need "
         f"{need / 1e9:.0f} GB of host memory and {memory.available_bytes / 1e9:.0f} GB is free"

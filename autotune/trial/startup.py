@@ -12,6 +12,9 @@ from autotune.dialect import Dialect, committed_table, committed_versions
 
 LOADER_FLAG = "--model-loader-extra-config"
 MULTITHREAD_KEY, THREADS_KEY = "enable_multithread_load", "num_threads"
+# SGLang 0.5.17 to 0.5.23's default loader: multithreaded, 8 threads, unless the extra config says otherwise
+# (model_loader/loader.py: DEFAULT_NUM_THREADS = 8, extra_config.get("enable_multithread_load", True)).
+DEFAULT_LOAD_THREADS = 8
 # A server that maps its weights from SGLang's weight cache daemon (0.5.17 to 0.5.23: server_args.py).
 WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT = "--weight-cache-mode", "client"
 # SGLang's presharded weights (0.5.17 to 0.5.23: model_loader/loader.py PreshardedModelLoader): the load
@@ -66,6 +69,13 @@ def takes_weight_cache(dialect: Dialect | None) -> bool:
     """Whether the node's SGLang takes `--weight-cache-mode client` (its flag table says so); without a
     dialect, the newest committed version's."""
     return _takes_choice(dialect, WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT)
+
+
+def threaded_loader_bytes(ranks: int, threads: int, shard_bytes: int) -> int:
+    """The host memory SGLang's multithreaded loader holds at most: up to threads + 2 whole shards per rank
+    (buffered_multi_thread_safetensors_weights_iterator: "Peak CPU RAM ~ (max_workers + 2) x
+    shard_file_size")."""
+    return ranks * (threads + 2) * shard_bytes
 
 
 def takes_presharded(dialect: Dialect | None) -> bool:

@@ -10,15 +10,12 @@ import math
 from typing import TYPE_CHECKING
 
 from autotune.node.page_cache import PAGE_CACHE_SHARE
+from autotune.trial.startup import DEFAULT_LOAD_THREADS, MULTITHREAD_KEY, THREADS_KEY
 
 if TYPE_CHECKING:
     from autotune.sim.model.node import NodePerformanceModel
     from autotune.sim.profiles import HardwareProfile, ModelProfile
 
-# SGLang 0.5.17 to 0.5.23's default loader: multithreaded, 8 threads, unless --model-loader-extra-config
-# says otherwise (model_loader/loader.py: DEFAULT_NUM_THREADS = 8,
-# extra_config.get("enable_multithread_load", True)).
-DEFAULT_LOAD_THREADS = 8
 # SGLang PR 18124: Kimi-K2.5, 64 shards of ~10 GB, loaded in 24m46s single-threaded and 6m11s multithreaded;
 # the hardware profile's `multithread_load_speedup` is that ratio where its storage is like theirs.
 PR_18124_SINGLE_S, PR_18124_THREADED_S = 24 * 60 + 46, 6 * 60 + 11
@@ -55,9 +52,9 @@ def load_threads(extra_config: str | None) -> int:
         config = json.loads(extra_config or "{}")
     except ValueError:
         config = {}
-    if not isinstance(config, dict) or not config.get("enable_multithread_load", True):
+    if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
         return 1
-    threads = config.get("num_threads", DEFAULT_LOAD_THREADS)
+    threads = config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)
     return max(int(threads), 1) if isinstance(threads, int | float) else DEFAULT_LOAD_THREADS
 
 
