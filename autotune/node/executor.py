@@ -50,7 +50,7 @@ from autotune.node.job import wait_for_job
 from autotune.node.lock import NodeBusy, node_held
 from autotune.node.logwatch import StartupStatus, follow_log, wait_until_ready
 from autotune.node.node_time import node_seconds
-from autotune.node.page_cache import KeptWeights, keep_weights
+from autotune.node.page_cache import keep_weights
 from autotune.node.presharded import PRESHARDED_FOLDER, dump_note, off_note, presharded_failure
 from autotune.node.runner import (
     CommandRunner,
@@ -113,7 +113,7 @@ class TrialExecutor:
         self._prepared: Prepared | None = None  # the running trial's launch as the weight cache left it
         self._presharded: ServerLaunch | None = None  # the running trial's launch where it loads presharded
         self.presharded_failed: str | None = None  # why presharded weights are off on this node, if they are
-        self._kept: KeptWeights | None = None  # what the page cache step did before the trial's launch
+        self._kept_s: float | None = None  # the page cache step's seconds before the trial's launch
 
     def _enter(self, phase: str) -> None:
         if phase not in TRIAL_PHASES:
@@ -129,7 +129,7 @@ class TrialExecutor:
         self._startup_notes = []
         self._prepared = None
         self._presharded = None
-        self._kept = None
+        self._kept_s = None
         try:
             with node_held(self.node, _holder(request), on_wait=self._wait_for_node, stop=self._aborted):
                 result = self._run_held(request, log_path)
@@ -230,7 +230,7 @@ class TrialExecutor:
         ours = dumps is not None and launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED  # not a study's own flag
         self._presharded = launch if ours else None
         keep = request.weights_in_page_cache and not request.job
-        self._kept = keep_weights(self.runner, launch, request.startup_timeout_s) if keep else None
+        self._kept_s = keep_weights(self.runner, launch, request.startup_timeout_s) if keep else None
         if not request.job:
             self._prepared = self.weight_cache.prepare(
                 launch, log_path.parent, request.weight_cache, request.startup_timeout_s, self._aborted.is_set
@@ -431,9 +431,9 @@ class TrialExecutor:
     ) -> TrialResult:
         phases: dict[str, float] = extra.get("startup_phases") or {}  # type: ignore[assignment]
         node_s = self._with_daemon_s(self._node_s(result, log_path, extra), extra)
-        if (kept := self._kept) is not None:  # the step before the launch is node time too
-            phases = {PAGE_CACHE_PHASE: kept.seconds, **phases}
-            node_s = (node_s or 0.0) + kept.seconds
+        if (kept_s := self._kept_s) is not None:  # the step before the launch is node time too
+            phases = {PAGE_CACHE_PHASE: kept_s, **phases}
+            node_s = (node_s or 0.0) + kept_s
         return TrialResult(
             number=request.number,
             node=self.node,

@@ -5,8 +5,8 @@ cache holds most of them between launches: a read larger than memory, repeated, 
 its next read (the kernel's LRU). Before each launch the node drops from the cache what the launch will
 read beyond the part that fits, and reads that part once: pages read twice sit on the kernel's active
 list, which the rest of the load streams past, so every later launch reads that part from memory
-(benchmarks/page_cache_keep.py measures it on this kernel: 0% of a set of files 1.28x a memory cgroup
-read from the cache, launch after launch, against 62% with the part kept).
+(benchmarks/page_cache_keep.py measures it on this kernel: of a set of files 1.07x a memory cgroup, 0%
+served from the cache launch after launch, against 69% with the part kept, the step's own reads counted).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.startup import (
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
 
 __all__ = [
-    "DUMP_FILE_BYTES", "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "KeptWeights", "WeightFile",
+    "DUMP_FILE_BYTES", "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "WeightFile", "WeightListing",
     "cache_weights", "keep_plan", "keep_weights", "kept_part", "loader_config", "loader_peak_bytes",
     "weight_files",
 ]  # fmt: skip
@@ -75,23 +75,18 @@ class WeightFile:
     ranks: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class KeptWeights:
-    """What the step did before a launch: the bytes kept in the page cache of the weights it reads, and
-    its seconds (node time)."""
+class WeightListing(NamedTuple):
+    """What the node's listing (_LIST) found: MemAvailable, the files a launch reads its weights from, the
+    ones it no longer reads (a checkpoint its finished dump replaced), and whether it reads a dump."""
 
-    kept_bytes: int
-    weight_bytes: int
-    seconds: float
-
-    @property
-    def share(self) -> float:
-        return self.kept_bytes / self.weight_bytes if self.weight_bytes else 0.0
+    available: int
+    files: list[WeightFile]
+    unread: list[WeightFile]
+    reads_dump: bool
 
 
-def weight_files(listing: str) -> tuple[int, list[WeightFile], list[WeightFile]] | None:
-    """MemAvailable, the files a launch reads its weights from and the ones it no longer reads, from the
-    node's listing (_LIST); None where the listing is not one."""
+def weight_files(listing: str) -> WeightListing | None:
+    """The node's listing (_LIST) read; None where it is not one."""
     lines = listing.splitlines()
     if not lines or not lines[0].strip().isdigit():
         return None
@@ -105,7 +100,9 @@ def weight_files(listing: str) -> tuple[int, list[WeightFile], list[WeightFile]]
             dump.append(WeightFile(path, int(size), ranks))
         elif kind == "C":
             checkpoint.append(WeightFile(path, int(size)))
-    return (available, dump, checkpoint) if dump else (available, checkpoint, [])
+    if dump:
+        return WeightListing(available, dump, checkpoint, reads_dump=True)
+    return WeightListing(available, checkpoint, [], reads_dump=False)
 
 
 def kept_part(files: list[WeightFile], budget: int) -> list[WeightFile]:
@@ -154,10 +151,11 @@ def keep_budget(available: int, launch: ServerLaunch, largest_shard: int, reads_
     return max(int(PAGE_CACHE_SHARE * available) - loader_peak_bytes(launch, largest_shard, reads_dump), 0)
 
 
-def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) -> KeptWeights | None:
+def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) -> float | None:
     """Before `launch`: where its weights are larger than the page cache keeps, the part that fits read
-    into the cache and the rest (and a checkpoint a finished dump replaced) dropped from it. None where the
-    weights fit (the cache keeps them whole), the node's listing is unreadable, or nothing fits."""
+    into the cache and the rest (and a checkpoint a finished dump replaced) dropped from it; the step's
+    seconds (node time). None where the weights fit (the cache keeps them whole), the node's listing is
+    unreadable, or nothing fits."""
     if launch.model_path is None:
         return None
     config = loader_config(launch)
@@ -167,27 +165,27 @@ def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) 
     except (NodeUnreachableError, TimeoutError):
         return None
     found = weight_files(listed.stdout) if listed.returncode == 0 else None
-    plan = keep_plan(launch, *found) if found is not None else None
+    plan = keep_plan(launch, found) if found is not None else None
     if plan is None:
         return None
-    kept, drop, total = plan
+    kept, drop, _ = plan
     started = time.monotonic()
     try:
         cache_weights(runner, kept, drop, timeout_s)
     except (NodeUnreachableError, TimeoutError):
         return None
-    return KeptWeights(sum(f.bytes for f in kept), total, round(time.monotonic() - started, 2))
+    return round(time.monotonic() - started, 2)
 
 
 def keep_plan(
-    launch: ServerLaunch, available: int, files: list[WeightFile], unread: list[WeightFile]
+    launch: ServerLaunch, listing: WeightListing
 ) -> tuple[list[WeightFile], list[WeightFile], int] | None:
     """The files to keep in the page cache and to drop from it before `launch`, and the bytes of weights
     it reads; None where they fit the page cache whole or no file fits beside the loaders."""
+    available, files, unread, reads_dump = listing
     total = sum(f.bytes for f in files)
     if not files or total <= PAGE_CACHE_SHARE * available:
         return None
-    reads_dump = any(_DUMP_FILE.search(f.path) for f in files)
     largest = max((f.bytes for f in files if f.ranks is None), default=0)
     kept = kept_part(files, keep_budget(available, launch, largest, reads_dump))
     if not kept:

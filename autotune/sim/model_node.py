@@ -19,7 +19,7 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
-from autotune.node.page_cache import DUMP_FILE_BYTES, WeightFile, keep_plan, loader_config
+from autotune.node.page_cache import DUMP_FILE_BYTES, WeightFile, WeightListing, keep_plan, loader_config
 from autotune.node.presharded import DumpRoom, dump_folders, dump_note, presharded_launch, wants_presharded
 from autotune.node.startup_phases import DUMP_PHASE, PAGE_CACHE_PHASE
 from autotune.node.startup_prep import HostMemory, fit_loader
@@ -117,7 +117,7 @@ def model_weight_files(model: ModelProfile, launch: ServerLaunch, dumped: bool) 
     file_bytes = int(str(loader_config(launch).get("max_file_bytes", DUMP_FILE_BYTES)))
     per_rank = weight_bytes // tp
     count = -(-per_rank // file_bytes)
-    names = [(r, r * count + i) for r in range(tp) for i in range(count)]  # SGLang's names (loader.py)
+    names = [(r, r * count + i) for r in range(tp) for i in range(count)]  # as SGLang names them (loader.py)
     return [WeightFile(f"model-{n:05d}-rank-{r:03d}.safetensor", per_rank // count, (r,)) for r, n in names]
 
 
@@ -257,7 +257,7 @@ class ModelNodeExecutor:
             return replace(request, launch=launch), []
         folders = dump_folders(launch, PRESHARDED_ROOT)
         free = (self.hardware.disk_free_gb or 0.0) * 1e9 - len(self._kept.dumps) * memory.checkpoint_bytes
-        room = DumpRoom(int(free), any(d.startswith(folders[0] + "/") for d in self._kept.dumps))
+        room = DumpRoom(int(free), self._kept.dumped(folders[0]))
         launch, why_not = presharded_launch(launch, folders, memory, room)
         return replace(request, launch=launch), [why_not] if why_not is not None else []
 
@@ -269,9 +269,9 @@ class ModelNodeExecutor:
         launch = request.launch
         folder = str(loader_config(launch).get(PRESHARDED_PATH_KEY) or "")
         dumped = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED and folder != ""
-        ready = dumped and any(d.startswith(folder + "/") for d in self._kept.dumps)
+        ready = dumped and self._kept.dumped(folder)
         files = model_weight_files(self.model, launch, ready)
-        plan = keep_plan(launch, memory.available_bytes, files, [])
+        plan = keep_plan(launch, WeightListing(memory.available_bytes, files, [], reads_dump=ready))
         key = folder if ready else self.model.name
         if plan is None:
             self._kept.weights_kept, self._kept.kept_files = 0.0, None
@@ -460,6 +460,10 @@ class NodeKeeps:
         self.kept_files: str | None = None  # whose files it kept: a model's checkpoint, or a dump folder
         self.compiled = False
         self.dumps: set[str] = set()  # the presharded dumps on the node's disk, by folder
+
+    def dumped(self, folder: str) -> bool:
+        """Whether a launch finished a presharded dump under `folder` (a launch's presharded_path)."""
+        return any(d.startswith(folder + "/") for d in self.dumps)
 
     def apply(self, node: NodePerformanceModel, compile_cache: bool) -> None:
         """Start `node`'s launch with what earlier launches left."""

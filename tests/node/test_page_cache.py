@@ -14,6 +14,7 @@ import pytest
 from autotune.node.page_cache import (
     PAGE_CACHE_SHARE,
     WeightFile,
+    WeightListing,
     cache_weights,
     keep_plan,
     keep_weights,
@@ -54,7 +55,7 @@ def test_a_finished_dump_is_what_the_launch_reads_and_its_checkpoint_is_dropped(
             "C 8500000000 /models/kimi/model-00001-of-00064.safetensors",
         ]
     )
-    assert weight_files(listing) == (
+    assert weight_files(listing) == WeightListing(
         490 * GB,
         [
             WeightFile("/w/presharded/ab/TP-8-sig-1/model-00000-common.safetensor", 3 * GB, None),
@@ -62,12 +63,14 @@ def test_a_finished_dump_is_what_the_launch_reads_and_its_checkpoint_is_dropped(
             WeightFile("/w/presharded/ab/TP-8-sig-1/model-00002-rank-001,003.safetensor", 9 * GB, (1, 3)),
         ],
         [WeightFile("/models/kimi/model-00001-of-00064.safetensors", 8_500_000_000)],
+        reads_dump=True,
     )
     checkpoint_only = "490000000000\nC 8500000000 /models/kimi/model-00001-of-00064.safetensors\n"
-    assert weight_files(checkpoint_only) == (
+    assert weight_files(checkpoint_only) == WeightListing(
         490 * GB,
         [WeightFile("/models/kimi/model-00001-of-00064.safetensors", 8_500_000_000)],
         [],
+        reads_dump=False,
     )
     assert weight_files("sh: awk: not found\n") is None
 
@@ -98,17 +101,19 @@ def test_the_budget_leaves_the_loaders_their_memory() -> None:
     assert loader_peak_bytes(single, 9 * GB, reads_dump=False) == 0
     # The seed's node: 547 GB of weights, 490 GB free. Kept: 0.8 x 490 less the loaders' 8 dump files.
     files = [_rank_file(i, i % 8, 4_273_437_500) for i in range(128)]
-    plan = keep_plan(presharded, 490 * GB, files, [WeightFile("/models/kimi/a.safetensors", GB)])
+    unread = [WeightFile("/models/kimi/a.safetensors", GB)]
+    plan = keep_plan(presharded, WeightListing(490 * GB, files, unread, reads_dump=True))
     assert plan is not None
     kept, drop, total = plan
     budget = PAGE_CACHE_SHARE * 490 * GB - 8 * 4 * 1024**3
     assert total == 547 * GB and budget - 4_273_437_500 < sum(f.bytes for f in kept) <= budget
     assert len(kept) + len(drop) == 129 and drop[-1].path == "/models/kimi/a.safetensors"
     # Weights the page cache holds whole need nothing; nor do loaders that leave it no room.
-    assert keep_plan(presharded, 1000 * GB, files, []) is None
+    assert keep_plan(presharded, WeightListing(1000 * GB, files, [], reads_dump=True)) is None
     shards = [WeightFile(f"/models/kimi/model-{i:05d}-of-00064.safetensors", SHARD) for i in range(64)]
-    assert keep_plan(threaded, 490 * GB, shards, []) is None  # 8 x (4 + 2) shards: 410 GB
-    kept_shards = keep_plan(single, 490 * GB, shards, [])
+    # 8 ranks x (4 threads + 2) shards: 410 GB of buffers leave the page cache nothing
+    assert keep_plan(threaded, WeightListing(490 * GB, shards, [], reads_dump=False)) is None
+    kept_shards = keep_plan(single, WeightListing(490 * GB, shards, [], reads_dump=False))
     assert kept_shards is not None and len(kept_shards[0]) == 45  # 392 GB of 8.5 GB shards
 
 
