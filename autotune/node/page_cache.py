@@ -45,6 +45,7 @@ PAGE_CACHE_SHARE = 0.8
 # the config says).
 DUMP_FILE_BYTES = 20 * 1024**3
 READERS = 8  # files read at once when the kept part is read: memory, not one reader, is the limit
+STEP_KILL_S = 5  # after the step's time is up, its readers get this long to end on SIGTERM
 # SGLang 0.5.17's presharded dump files (loader.py, PreshardedModelLoader._make_filename): one every rank
 # reads, or one the listed ranks read.
 _DUMP_FILE = re.compile(r"model-(\d+)-(?:common|rank-(\d{3}(?:,\d{3})*))\.safetensor$")
@@ -171,10 +172,10 @@ def keep_weights(runner: CommandRunner, launch: ServerLaunch, timeout_s: float) 
     kept, drop, _ = plan
     started = time.monotonic()
     try:
-        cache_weights(runner, kept, drop, timeout_s)
+        done = cache_weights(runner, kept, drop, timeout_s)
     except (NodeUnreachableError, TimeoutError):
         return None
-    return round(time.monotonic() - started, 2)
+    return round(time.monotonic() - started, 2) if done else None
 
 
 def keep_plan(
@@ -195,10 +196,14 @@ def keep_plan(
 
 def cache_weights(
     runner: CommandRunner, kept: list[WeightFile], drop: list[WeightFile], timeout_s: float
-) -> None:
-    """`drop` out of the node's page cache, then `kept` read into it (KEEP_STEP)."""
-    argv = ["sh", "-c", KEEP_STEP, "sh", *(f.path for f in drop), "--keep", *(f.path for f in kept)]
-    runner.run(argv, {}, timeout_s=timeout_s)
+) -> bool:
+    """`drop` out of the node's page cache, then `kept` read into it (KEEP_STEP); whether it finished
+    within `timeout_s`. The node's `timeout` ends the step's whole process group, its readers too, a little
+    before the runner stops waiting (a runner's timeout ends only the command it started)."""
+    paths = [*(f.path for f in drop), "--keep", *(f.path for f in kept)]
+    bound = ["timeout", "-k", str(STEP_KILL_S), f"{max(timeout_s - 2 * STEP_KILL_S, 1):.0f}"]
+    done = runner.run([*bound, "sh", "-c", KEEP_STEP, "sh", *paths], {}, timeout_s=timeout_s)
+    return done.returncode == 0
 
 
 def loader_config(launch: ServerLaunch) -> dict[str, object]:

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -141,8 +142,28 @@ def test_the_step_drops_the_rest_and_reads_the_kept_part_into_the_page_cache(tmp
         pytest.skip(f"{tmp_path}'s file system keeps no page cache of its own (tmpfs)")
     kept = [WeightFile(str(shards[2]), 4 * 1024 * 1024), WeightFile(str(shards[3]), 4 * 1024 * 1024)]
     drop = [WeightFile(str(s), 4 * 1024 * 1024) for s in shards[:2]]
-    cache_weights(LocalCommandRunner(), kept, drop, timeout_s=30)
+    assert cache_weights(LocalCommandRunner(), kept, drop, timeout_s=30)
     assert [_resident(s) for s in shards] == [0, 0, 4 * 1024 * 1024, 4 * 1024 * 1024]
+
+
+@pytest.mark.integration
+def test_a_step_past_its_time_ends_with_its_readers(tmp_path: Path) -> None:
+    """A reader that never finishes (a FIFO no one writes to): the step ends within its time, and no
+    reader of it is left on the node."""
+    fifo = tmp_path / "model-00001-of-00001.safetensors"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    assert not cache_weights(LocalCommandRunner(), [WeightFile(str(fifo), 1)], [], timeout_s=12)
+    assert time.monotonic() - started < 12
+    readers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(fifo).encode() in _cmdline(p)]
+    assert readers == []
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.integration
