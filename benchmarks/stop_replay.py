@@ -43,6 +43,8 @@ RULES: dict[str, dict[str, Any]] = {
     "trials-16-12": {"min_trials": 16, "patience": 12},
     "trials-15-10": {"min_trials": 15, "patience": 10},
     "trials-12-8": {"min_trials": 12, "patience": 8},
+    "grows-from-8": {"min_patience": 8},
+    "grows-from-10": {"min_patience": 10},
     "hours-1.0": {"min_node_hours": 1.0, "patience_node_hours": 1.0},
     "hours-1.5": {"min_node_hours": 1.5, "patience_node_hours": 1.0},
 }

@@ -70,3 +70,31 @@ def test_a_stretch_of_node_hours_holds_five_search_launches_before_it_stops_a_st
     assert why_stop(study, _searched(node_s=4500.0)) is None
     stopped = why_stop(study, _searched(node_s=1440.0))  # 0.4 node h a launch: 5 in the last 2 node hours
     assert stopped is not None and "(5 trials)" in stopped
+
+
+def _raised_at(position: int) -> optuna.Study:
+    """SGLang's defaults at 0, 3 and 6 (the noise: 2 degrees of freedom) and seven search launches, the best
+    raised 20% by the search's `position`-th launch and flat after it."""
+    trials, searched = [], 0
+    for number in range(10):
+        if number in (0, 3, 6):
+            repeat = {"remeasure_of": 0} if number else {}
+            value = (100.0, 101.0, 100.0)[number // 3]
+            trials.append(stored_trial({}, value, node="n", baseline=True, **repeat))
+            continue
+        searched += 1
+        value = 120.0 - 0.5 * (searched % 2) if searched >= position else 100.0 + 0.5 * (searched % 2)
+        trials.append(stored_trial({"--stream-interval": number}, value, node="n"))
+    return study_of_trials(*trials)
+
+
+def test_a_patience_that_grows_with_the_search_stops_sooner_after_a_best_raised_early(
+    study_file: StudyFiles,
+) -> None:
+    rule = {"min_trials": 5, "patience": 10, "min_node_hours": None, "patience_node_hours": None}
+    fixed = load_study(study_file(n_trials=40, trust={"stop_early": rule}))
+    grows = load_study(study_file(n_trials=40, trust={"stop_early": {**rule, "min_patience": 3}}))
+    assert why_stop(fixed, _raised_at(2)) is None  # 7 search launches: fewer than `patience`
+    stopped = why_stop(grows, _raised_at(2))  # raised at the 2nd: waited on max(3, 0.75 x 2) launches
+    assert stopped is not None and stopped.startswith("stopped early: the last 3 search trials")
+    assert why_stop(grows, _raised_at(6)) is None  # raised at the 6th: 5 launches to wait, 1 so far

@@ -45,6 +45,10 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
             ["trust.confirm.min_rounds", "1", "pool_noise: true"],
         ),
         ({"stop_early": {"patience": 0}}, ["trust.stop_early.patience"]),
+        (
+            {"stop_early": {"min_patience": 20}},
+            ["trust.stop_early.min_patience", "20", "Lower min_patience to 15"],
+        ),
         ({"skip_repeats": True}, ["trust.skip_repeats"]),
     ],
 )

@@ -2,13 +2,15 @@
 
 After `min_trials` (and `min_node_hours`), when the last `patience` search trials (or
 `patience_node_hours`) did not raise the best value by more than the noise band, the search stops and the
-study goes on to confirmation; without a noise estimate it never stops a study. Why this rule, and its
+study goes on to confirmation; without a noise estimate it never stops a study. With `min_patience` the
+patience grows with the search: a best raised early is waited on fewer trials. Why this rule, and its
 figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md. A max_load search stops once
 SGLang's defaults met the SLO at the highest load it tries in each of their first launches (`at_load_max`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import optuna
@@ -16,6 +18,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from autotune.config import Study
+from autotune.config.trust import StopEarly
 from autotune.study.records import StudyRecord, TrialRecord, record_stopped
 from autotune.study.rules import best_measured, direction_sign, measurement_groups
 from autotune.study.storage import counts
@@ -64,14 +67,37 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     since = _stopped_after(optuna_study)
     fresh = [t for t in search if t.number > since]
     min_trials = 0 if StudyRecord.of(optuna_study).warm_start is not None else settings.min_trials
-    if len(launched) < min_trials or len(search) <= settings.patience:
+    patience = _patience(settings, optuna_study, launched, search)
+    if len(launched) < min_trials or len(search) <= patience:
         return None
-    if len(fresh) < settings.patience:
+    if len(fresh) < patience:
         return None
-    recent = {t.number for t in search[-settings.patience :]}
+    recent = {t.number for t in search[-patience:]}
     if (gain := _within_noise(optuna_study, launched, recent, settings.min_noise_dof)) is None:
         return None
-    return f"stopped early: the last {settings.patience} search trials raised the best by {gain}"
+    return f"stopped early: the last {patience} search trials raised the best by {gain}"
+
+
+# The patience that grows with the search: this share of the search trials it took to raise the best the
+# last time (a best found in 8 trials is waited on 8 more where `min_patience` is 8; one found in 20, 15).
+PATIENCE_SHARE = 0.75
+
+
+def _patience(
+    settings: StopEarly, optuna_study: optuna.Study, launched: list[FrozenTrial], search: list[FrozenTrial]
+) -> int:
+    """The search trials the rule waits on: `patience`, or with `min_patience` PATIENCE_SHARE of the
+    search trials until the best was last raised beyond the noise band, between the two."""
+    noise = noise_estimate(optuna_study)
+    if settings.min_patience is None or noise is None:
+        return settings.patience
+    band, direction, found = noise.band(spread_known=True), optuna_study.direction, 0
+    for position, trial in enumerate(search, start=1):
+        before = _best([t for t in launched if t.number < trial.number], direction)
+        now = _best([t for t in launched if t.number <= trial.number], direction)
+        if before is not None and now is not None and before != 0 and (now - before) / abs(before) > band:
+            found = position
+    return min(settings.patience, max(settings.min_patience, math.ceil(PATIENCE_SHARE * found)))
 
 
 def defaults_at_load_max(study: Study, optuna_study: optuna.Study) -> int:
