@@ -9,26 +9,13 @@
 # did not have them; RESULTS-sglang-h200.md says how. The script finds presharded_h200.py beside itself.)
 # What comes back under $OUT: presharded_h200.txt (the table), presharded_h200.jsonl, machine.txt, run.log,
 # server-logs.tar.gz (every start's server log).
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-T0=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/run.log; BUDGET_S=${BUDGET_S:-565}
-say() { echo "[presharded_h200 +$(( $(date +%s) - T0 ))s] $*" >> "$LOG"; }
-bash .sglkit/kit/install.sh --require >> "$LOG" 2>&1 || { say "install.sh --require failed"; exit 4; }
-export PYTHONPATH=$PWD:/tmp/site
-M=/tmp/model-8b
+NAME=presharded_h200; . "$(dirname "$0")/device_prelude.sh"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 --version;
   lscpu | grep -E "^(Model name|CPU\(s\)):"; free -g | head -2; df -h /tmp | tail -1;
   python3 -c 'import importlib.metadata as m; print("torch", m.version("torch"), "sglang", m.version("sglang"))'
   python3 -c 'import xxhash; print("xxhash", xxhash.VERSION, xxhash.xxh3_128(b"x").hexdigest())'; } > "$OUT/machine.txt" 2>&1
 say "machine noted"
-if [ "$(ls $M/*.safetensors 2>/dev/null | wc -l)" -ge 1 ] && [ -f $M/config.json ]; then
-  say "model kept from an earlier call: $(du -sh $M | cut -f1)"
-else
-  python3 .sglkit/kit/make_model.py skeleton --out $M --size 8b >> "$LOG" 2>&1 || { say "no skeleton"; exit 3; }
-  python3 .sglkit/kit/make_model.py weights --model $M >> "$LOG" 2>&1 || { say "no weights"; exit 3; }
-  sync; say "model written: $(du -sh $M | cut -f1)"
-fi
+model_8b
 ls -d /tmp/presharded/*/* >> "$LOG" 2>&1
 # python gets the budget less 15 s for the tar below; no start runs past its own deadline (30 s before that)
 timeout $(( BUDGET_S - 15 - ($(date +%s) - T0) )) python3 "$(dirname "$0")/presharded_h200.py" --model $M \
