@@ -26,6 +26,7 @@ from autotune.trial.startup import (
     PRESHARDED,
     PRESHARDED_PATH_KEY,
     THREADS_KEY,
+    maps_shards,
     threaded_loader_bytes,
 )
 
@@ -131,9 +132,10 @@ def kept_part(files: list[WeightFile], budget: int) -> list[WeightFile]:
 
 
 def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:
-    """The host memory the launch's loaders hold at once beside the page cache: per rank, one presharded
-    dump file where it reads or writes a dump, and, where it loads the checkpoint, threads + 2 shards of the
-    multithreaded loader (a single thread maps them)."""
+    """The host memory the launch's loaders hold at once beside the kept weights: per rank, one presharded
+    dump file where it reads or writes a dump, and, where it loads the checkpoint, the shard it maps (its
+    pages pass through the page cache), or with `--weight-loader-disable-mmap` the threads + 2 shards the
+    multithreaded loader reads into its own memory."""
     config = loader_config(launch)
     try:
         ranks = max(launch.tensor_parallel_size, 1)
@@ -141,8 +143,11 @@ def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool
         return 0
     presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
     dump_file = ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES))) if presharded else 0
-    if reads_dump or launch.flag(LOADER_FLAG) is None or not config.get(MULTITHREAD_KEY, True):
+    if reads_dump:
         return dump_file
+    threaded = launch.flag(LOADER_FLAG) is not None and config.get(MULTITHREAD_KEY, True)
+    if not threaded or maps_shards(launch):
+        return dump_file + ranks * largest_shard
     threads = int(str(config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)))
     return dump_file + threaded_loader_bytes(ranks, threads, largest_shard)
 
@@ -187,6 +192,8 @@ def keep_plan(
     total = sum(f.bytes for f in files)
     if not files or total <= PAGE_CACHE_SHARE * available:
         return None
+    if launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED and not reads_dump:
+        return None  # it writes the dump: the checkpoint is read this once, every later launch reads the dump
     largest = max((f.bytes for f in files if f.ranks is None), default=0)
     kept = kept_part(files, keep_budget(available, launch, largest, reads_dump))
     if not kept:

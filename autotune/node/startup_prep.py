@@ -18,6 +18,7 @@ from autotune.trial.startup import (
     MULTITHREAD_KEY,
     THREADS_KEY,
     compile_cache_env,
+    maps_shards,
     threaded_loader_bytes,
 )
 
@@ -77,9 +78,10 @@ def prepare_launch(
 
 def fit_loader(launch: ServerLaunch, memory: HostMemory) -> tuple[ServerLaunch, str | None]:
     """`launch` with its multithreaded weight loading fitted to `memory` (`loader_for_memory`), and the
-    sentence that says why, or as given and None when it fits or the launch does not load multithreaded."""
+    sentence that says why, or as given and None when it fits, the launch does not load multithreaded, or
+    SGLang maps the shards (its default: their pages are the page cache's, not the loader's own)."""
     config = _loader_config(launch)
-    if config is None:
+    if config is None or maps_shards(launch):
         return launch, None
     fitted, note = loader_for_memory(config, _ranks(launch), memory)
     if note is None:

@@ -294,6 +294,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "--context-length", type=human_readable_int, default=None, help="The model's maximum context length."
     )
     parser.add_argument("--revision", type=str, default=None)
+    parser.add_argument("--weight-loader-disable-mmap", action="store_true")  # read shards, not map them
     # SGLang's weight cache (server_args.py 3388-3416 in 0.5.17): a client maps a daemon's weights.
     parser.add_argument("--weight-cache-mode", type=str, default="off", choices=["off", "daemon", "client"])
     parser.add_argument("--weight-cache-socket", type=str, default=None)

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.dialect import Dialect, committed_table, committed_versions
+
+if TYPE_CHECKING:
+    from autotune.trial.launch import ServerLaunch
 
 LOADER_FLAG = "--model-loader-extra-config"
 MULTITHREAD_KEY, THREADS_KEY = "enable_multithread_load", "num_threads"
 # SGLang 0.5.17 to 0.5.23's default loader: multithreaded, 8 threads, unless the extra config says otherwise
 # (model_loader/loader.py: DEFAULT_NUM_THREADS = 8, extra_config.get("enable_multithread_load", True)).
 DEFAULT_LOAD_THREADS = 8
+DISABLE_MMAP_FLAG = "--weight-loader-disable-mmap"
 # A server that maps its weights from SGLang's weight cache daemon (0.5.17 to 0.5.23: server_args.py).
 WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT = "--weight-cache-mode", "client"
 # SGLang's presharded weights (0.5.17 to 0.5.23: model_loader/loader.py PreshardedModelLoader): the load
@@ -72,10 +76,20 @@ def takes_weight_cache(dialect: Dialect | None) -> bool:
 
 
 def threaded_loader_bytes(ranks: int, threads: int, shard_bytes: int) -> int:
-    """The host memory SGLang's multithreaded loader holds at most: up to threads + 2 whole shards per rank
+    """The host memory SGLang's multithreaded loader reads shards into where it does not map them
+    (`--weight-loader-disable-mmap`): up to threads + 2 whole shards per rank
     (buffered_multi_thread_safetensors_weights_iterator: "Peak CPU RAM ~ (max_workers + 2) x
-    shard_file_size")."""
+    shard_file_size"). By default it maps them instead (`maps_shards`)."""
     return ranks * (threads + 2) * shard_bytes
+
+
+def maps_shards(launch: ServerLaunch) -> bool:
+    """Whether SGLang maps the checkpoint's shards rather than reading them into its own memory: its default
+    (safetensors' safe_open; `--weight-loader-disable-mmap` reads them). Mapped, a shard's pages are the
+    page cache's, which the kernel reclaims: measured on 0.5.17 (benchmarks/RESULTS-sglang-h200.md, "The
+    page cache step on real SGLang"), 8 threads over 4 shards of 3.6 GB took 2.6 GB of MemAvailable, the
+    server's own, and raised its mapped pages by 3.1 GB, about the shard in flight."""
+    return all(name != DISABLE_MMAP_FLAG for name, _ in launch.flags)
 
 
 def takes_presharded(dialect: Dialect | None) -> bool:

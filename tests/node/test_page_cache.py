@@ -25,6 +25,7 @@ from autotune.node.page_cache import (
 )
 from autotune.node.runner import LocalCommandRunner
 from autotune.trial.launch import ServerLaunch, TrialConfig, build_server_launch
+from autotune.trial.startup import DISABLE_MMAP_FLAG
 
 GB = 10**9
 SHARD = 8_546_875_000  # the seed's checkpoint: 64 shards, 547 GB
@@ -34,11 +35,12 @@ def _rank_file(file_id: int, rank: int, size: int) -> WeightFile:
     return WeightFile(f"/d/model-{file_id:05d}-rank-{rank:03d}.safetensor", size, (rank,))
 
 
-def _launch(*flags: str, model: str = "/models/kimi") -> ServerLaunch:
+def _launch(*flags: str, model: str = "/models/kimi", switch: str | None = None) -> ServerLaunch:
+    valued: dict[str, str | None] = dict(zip(flags[::2], flags[1::2], strict=True))
     return build_server_launch(
         command=("python", "-m", "sglang.launch_server"),
         model_path=model,
-        config=TrialConfig(flags=dict(zip(flags[::2], flags[1::2], strict=True))),
+        config=TrialConfig(flags={**valued, **({switch: None} if switch else {})}),
         host="127.0.0.1",
         port=30000,
         base_flags={"--tp-size": "8"},
@@ -94,12 +96,15 @@ def test_the_budget_leaves_the_loaders_their_memory() -> None:
     dump = json.dumps({"presharded_path": "/w/presharded/ab", "max_file_bytes": 4 * 1024**3})
     presharded = _launch("--load-format", "presharded", "--model-loader-extra-config", dump)
     assert loader_peak_bytes(presharded, 9 * GB, reads_dump=True) == 8 * 4 * 1024**3
-    # the launch that writes the dump loads the checkpoint first, with SGLang's 8 threads
-    assert loader_peak_bytes(presharded, 9 * GB, reads_dump=False) == 8 * 4 * 1024**3 + 8 * (8 + 2) * 9 * GB
+    # the launch that writes the dump loads the checkpoint first: SGLang maps each rank's shard in flight
+    assert loader_peak_bytes(presharded, 9 * GB, reads_dump=False) == 8 * 4 * 1024**3 + 8 * 9 * GB
     threaded = _launch("--model-loader-extra-config", json.dumps({"num_threads": 4}))
-    assert loader_peak_bytes(threaded, 9 * GB, reads_dump=False) == 8 * (4 + 2) * 9 * GB
+    assert loader_peak_bytes(threaded, 9 * GB, reads_dump=False) == 8 * 9 * GB
     single = _launch("--model-loader-extra-config", json.dumps({"enable_multithread_load": False}))
-    assert loader_peak_bytes(single, 9 * GB, reads_dump=False) == 0
+    assert loader_peak_bytes(single, 9 * GB, reads_dump=False) == 8 * 9 * GB
+    # told not to map them, the multithreaded loader reads threads + 2 shards per rank into its own memory
+    copies = _launch("--model-loader-extra-config", json.dumps({"num_threads": 4}), switch=DISABLE_MMAP_FLAG)
+    assert loader_peak_bytes(copies, 9 * GB, reads_dump=False) == 8 * (4 + 2) * 9 * GB
     # The seed's node: 547 GB of weights, 490 GB free. Kept: 0.8 x 490 less the loaders' 8 dump files.
     files = [_rank_file(i, i % 8, 4_273_437_500) for i in range(128)]
     unread = [WeightFile("/models/kimi/a.safetensors", GB)]
@@ -112,10 +117,13 @@ def test_the_budget_leaves_the_loaders_their_memory() -> None:
     # Weights the page cache holds whole need nothing; nor do loaders that leave it no room.
     assert keep_plan(presharded, WeightListing(1000 * GB, files, [], reads_dump=True)) is None
     shards = [WeightFile(f"/models/kimi/model-{i:05d}-of-00064.safetensors", SHARD) for i in range(64)]
-    # 8 ranks x (4 threads + 2) shards: 410 GB of buffers leave the page cache nothing
-    assert keep_plan(threaded, WeightListing(490 * GB, shards, [], reads_dump=False)) is None
-    kept_shards = keep_plan(single, WeightListing(490 * GB, shards, [], reads_dump=False))
-    assert kept_shards is not None and len(kept_shards[0]) == 45  # 392 GB of 8.5 GB shards
+    # 8 ranks x (4 threads + 2) shards read into memory: 410 GB of buffers leave the page cache nothing
+    assert keep_plan(copies, WeightListing(490 * GB, shards, [], reads_dump=False)) is None
+    # the launch that writes the dump reads the checkpoint this once: nothing of it is worth keeping
+    assert keep_plan(presharded, WeightListing(490 * GB, shards, [], reads_dump=False)) is None
+    for mapped in (threaded, single):  # 392 GB less 8 ranks' mapped shard: 37 of the 8.5 GB shards
+        kept_shards = keep_plan(mapped, WeightListing(490 * GB, shards, [], reads_dump=False))
+        assert kept_shards is not None and len(kept_shards[0]) == 37
 
 
 def _resident(path: Path) -> int:

@@ -11,14 +11,16 @@ import pytest
 from autotune.node.runner import LocalCommandRunner
 from autotune.node.startup_prep import HostMemory, host_memory, loader_for_memory, prepare_launch
 from autotune.trial.launch import ServerLaunch, TrialConfig, build_server_launch
-from autotune.trial.startup import COMPILE_CACHE_ENV, LOADER_FLAG
+from autotune.trial.startup import COMPILE_CACHE_ENV, DISABLE_MMAP_FLAG, LOADER_FLAG
 
 THREADED = {"enable_multithread_load": True, "num_threads": 8}
 GB = 10**9
 
 
-def _launch(model: Path, loader: dict[str, object] | None, env: dict[str, str] | None = None) -> ServerLaunch:
-    flags: dict[str, str | None] = {"--tp-size": "8"}
+def _launch(
+    model: Path, loader: dict[str, object] | None, env: dict[str, str] | None = None, *, mapped: bool = True
+) -> ServerLaunch:
+    flags: dict[str, str | None] = {"--tp-size": "8", **({} if mapped else {DISABLE_MMAP_FLAG: None})}
     if loader is not None:
         flags[LOADER_FLAG] = json.dumps(loader)
     return build_server_launch(
@@ -47,7 +49,9 @@ def test_kimi_shards_fit_a_large_host_and_are_turned_down_on_a_small_one() -> No
 
 
 @pytest.mark.integration
-def test_a_shard_larger_than_the_node_leaves_threading_off(tmp_path: Path) -> None:
+def test_a_shard_larger_than_the_node_leaves_threading_off_where_the_loader_reads_it_into_memory(
+    tmp_path: Path,
+) -> None:
     model = tmp_path / "model"
     model.mkdir()
     (model / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
@@ -61,9 +65,12 @@ def test_a_shard_larger_than_the_node_leaves_threading_off(tmp_path: Path) -> No
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     assert memory.available_bytes == pytest.approx(available, rel=0.2)
-    launch, notes = prepare_launch(runner, _launch(model, THREADED), None)
+    launch, notes = prepare_launch(runner, _launch(model, THREADED, mapped=False), None)
     assert json.loads(launch.flag(LOADER_FLAG) or "") == {"enable_multithread_load": False}
     assert len(notes) == 1 and notes[0].startswith("multithreaded weight loading left off: 8 rank(s)")
+    # SGLang's default maps the shards: their pages are the page cache's, the loader is left as it is
+    launch, notes = prepare_launch(runner, _launch(model, THREADED), None)
+    assert json.loads(launch.flag(LOADER_FLAG) or "") == THREADED and notes == []
 
 
 @pytest.mark.integration

@@ -18,6 +18,7 @@ from autotune.sim.model.startup import (
 from autotune.sim.model_node import ModelNodeExecutor
 from autotune.sim.profiles import HardwareProfile, load_hardware_profile, load_model_profile
 from autotune.trial.launch import ServerLaunch
+from autotune.trial.startup import DISABLE_MMAP_FLAG
 from autotune.trial.wire import TrialRequest, TrialResult
 
 SEED_HW, SEED_MODEL = load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
@@ -93,20 +94,24 @@ def test_a_kept_compile_cache_makes_every_launch_after_the_first_capture_faster(
 
 
 def test_the_node_fits_the_loaders_threads_to_the_host_memory_of_the_profile() -> None:
-    """As the node does on a real one (startup_prep.fit_loader): 8 ranks x (8 threads + 2) shards of 8.5 GB
-    need 684 GB, more than an idle 512 GB node has free, so autotune's loader flag gets 4 threads there."""
+    """As the node does on a real one (startup_prep.fit_loader): told not to map its shards, SGLang's loader
+    reads 8 ranks x (8 threads + 2) shards of 8.5 GB into memory, 684 GB, more than an idle 512 GB node has
+    free, so autotune's loader flag gets 4 threads there; mapping them (its default) it keeps its 8."""
     command = ("python", "-m", "sglang.launch_server")
     loader = '{"enable_multithread_load": true, "num_threads": 8}'
     flags = (("--model-path", "/models/kimi"), ("--tp-size", "8"), ("--model-loader-extra-config", loader))
-    launch = ServerLaunch(command, {}, "127.0.0.1", 30000, flags=flags)
+    mapped = ServerLaunch(command, {}, "127.0.0.1", 30000, flags=flags)
+    read = ServerLaunch(command, {}, "127.0.0.1", 30000, flags=(*flags, (DISABLE_MMAP_FLAG, None)))
 
-    def weight_load_s(hw: HardwareProfile) -> float:
+    def weight_load_s(hw: HardwareProfile, launch: ServerLaunch) -> float:
         result = ModelNodeExecutor("n", hw, SEED_MODEL).run(TrialRequest(1, launch, SHORT, 60, 60))
         assert result.ok, result.failure
         return result.startup_phases["weight_load_s"]
 
-    assert weight_load_s(SEED_HW) == pytest.approx(547 / 0.91 / 2.5, 0.01)  # 4 threads
-    assert weight_load_s(SEED_HW.model_copy(update={"host_memory_gb": 1024.0})) == pytest.approx(150.3, 0.01)
+    assert weight_load_s(SEED_HW, read) == pytest.approx(547 / 0.91 / 2.5, 0.01)  # 4 threads
+    assert weight_load_s(SEED_HW, mapped) == pytest.approx(150.3, 0.01)  # 8 threads
+    large_hw = SEED_HW.model_copy(update={"host_memory_gb": 1024.0})
+    assert weight_load_s(large_hw, read) == pytest.approx(150.3, 0.01)
 
 
 def test_the_page_cache_step_keeps_what_fits_beside_the_loaders_and_its_seconds_are_node_time() -> None:

@@ -226,26 +226,27 @@ def test_a_ctrl_c_in_the_nccl_stage_leaves_a_status_that_shows_the_stage(
 
 
 def test_status_and_the_trial_show_where_start_up_went(ran: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The baseline: 547 GB at 0.91 GB/s with 4 loader threads (2.5x on this node: the 8 asked, fitted to the
-    # 512 GB host's memory, startup_prep.fit_loader), then its presharded dump (the host's page cache cannot
-    # keep the weights: node.presharded), graphs, ready.
+    # The baseline: 547 GB at 0.91 GB/s with SGLang's 8 loader threads (4.0x on this node; it maps the
+    # shards, so the 512 GB host's memory asks for no fewer: startup_prep.fit_loader), then its presharded
+    # dump (the host's page cache cannot keep the weights: node.presharded), graphs, ready. No page cache
+    # step before it: the checkpoint is read this once.
     trial = open_study(load_study(ran)).trials[0]
     phases = _trial_record(trial)["startup_phases"]
     dump = DUMP_OVER_READ * 601.1 / 8**SHARDED_READ_EXPONENT
-    assert phases["weight_load_s"] == pytest.approx(601.1 / 2.5 + dump, abs=0.1)
+    assert phases["weight_load_s"] == pytest.approx(601.1 / 4.0 + dump, abs=0.1)
     assert set(phases) == {"init_s", "weight_load_s", "weight_dump_s", "kv_pool_s", "cuda_graph_s", "ready_s"}
     assert phases["weight_dump_s"] == pytest.approx(dump, abs=0.1)
     assert main(["status", str(ran)]) == 0
     out = capsys.readouterr().out
-    # the median of the baseline's load without its dump (240 s) and the next launch's read of its share
+    # the median of the baseline's load without its dump (150 s) and the next launch's read of its share
     # (74 s: 0.63 of it from the page cache, node.page_cache, whose step read that part from disk first);
     # the dump said apart, a one-time cost
-    shown = "start-up (median of 2 launches): page cache 92 s, init 15 s, weights 157 s, KV pool 0 s, CUDA "
+    shown = "start-up (median of 2 launches): page cache 92 s, init 15 s, weights 112 s, KV pool 0 s, CUDA "
     assert shown in " ".join(out.split())
     assert "; 1 of them also wrote a presharded dump (306 s, once per layout)" in " ".join(out.split())
     # Loading is most of it: the setting that skips it, and what SGLang's weight cache serves.
     assert re.search(
-        r"; loading the weights is (8\d|9\d)% of it: .* `startup: \{weight_cache: true\}`",
+        r"; loading the weights is (7\d|8\d|9\d)% of it: .* `startup: \{weight_cache: true\}`",
         " ".join(out.split()),
     )
 
