@@ -89,11 +89,11 @@ def main() -> None:
     print("(a read 8 ** 0.717 = 4.4x faster than one thread reading the whole checkpoint: vllm-ascend PR")
     print("6058's sharded_state figures; the dump 2.26x that read, as SGLang 0.5.17 took on one H100).")
     print("The page cache's part (autotune.node.page_cache): before each launch the node drops what the")
-    print("launch reads beyond what 0.8 of MemAvailable holds beside the loaders, and reads that part in")
+    print("launch reads beyond what 0.8 of MemAvailable holds beside the server, and reads that part in")
     print("once (from disk the first time a launch reads those files, else from memory); the launch reads")
-    print("that share from memory. Kept: 0.8 x 491 GB - 8 ranks x a shard they map (8.5 GB) of the")
-    print("checkpoint; 0.8 x 491 GB - 8 x a dump file with presharded weights; nothing before the launch")
-    print("that writes the dump (it reads the checkpoint that once).")
+    print("that share from memory. Kept: 0.8 x 491 GB - 8 ranks x 2.3 GB of the server's own (SGLang 0.5.17")
+    print("at tp=1), less a mapped 8.5 GB shard per rank where the checkpoint is read; nothing before the")
+    print("launch that writes the dump (it reads the checkpoint that once).")
     for memory in (512.0, 1024.0):
         hw = seed.model_copy(update={"host_memory_gb": memory})
         fits = "fit" if memory * 0.8 >= 547 else "do not fit"

@@ -36,17 +36,18 @@ if TYPE_CHECKING:
     from autotune.trial.launch import ServerLaunch
 
 __all__ = [
-    "DUMP_FILE_BYTES", "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "WeightFile", "WeightListing",
+    "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "SERVER_HOST_BYTES", "WeightFile", "WeightListing",
     "cache_weights", "keep_plan", "keep_weights", "kept_part", "loader_config", "loader_peak_bytes",
     "weight_files",
 ]  # fmt: skip
 
-# The share of MemAvailable the page cache keeps weights in from one launch to the next (the rest: the
-# server's own processes and the kernel's room to read what is not kept).
+# The share of MemAvailable the page cache keeps weights in from one launch to the next, the server's own
+# memory and its loaders' taken from it (the rest: the kernel's room to read what is not kept).
 PAGE_CACHE_SHARE = 0.8
-# SGLang's presharded loader holds one dump file per rank in host memory (`max_file_bytes`, 20 GiB unless
-# the config says).
-DUMP_FILE_BYTES = 20 * 1024**3
+# The host memory of SGLang's own processes per rank, which they take once the step has run: SGLang 0.5.17's
+# at tp=1 (scheduler, tokenizer, detokenizer, launcher) held 2.32 GB of anonymous memory through every load
+# (benchmarks/RESULTS-sglang-h200.md); per rank it overstates tp > 1, where the tokenizer is shared.
+SERVER_HOST_BYTES = 2_300_000_000
 READERS = 8  # files read at once when the kept part is read: memory, not one reader, is the limit
 STEP_KILL_S = 5  # after the step's time is up, its readers get this long to end on SIGTERM
 # SGLang 0.5.17's presharded dump files (loader.py, PreshardedModelLoader._make_filename): one every rank
@@ -134,24 +135,24 @@ def kept_part(files: list[WeightFile], budget: int) -> list[WeightFile]:
 
 
 def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:
-    """The host memory the launch's loaders hold at once beside the kept weights: per rank, one presharded
-    dump file where it reads or writes a dump, and, where it loads the checkpoint, the shard it maps (its
-    pages pass through the page cache), or with `--weight-loader-disable-mmap` the threads + 2 shards the
-    multithreaded loader reads into its own memory."""
+    """The host memory the launch's server holds at once beside the kept weights: per rank its processes'
+    own (SERVER_HOST_BYTES), and where it loads the checkpoint, the shard it maps (its pages pass through the
+    page cache), or with `--weight-loader-disable-mmap` the threads + 2 shards the multithreaded loader reads
+    into its own memory. A dump's read-back holds none of its files (measured on 0.5.17: no more memory than
+    the server's own)."""
     config = loader_config(launch)
     try:
         ranks = max(launch.tensor_parallel_size, 1)
     except ValueError:
         return 0
-    presharded = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED
-    dump_file = ranks * int(str(config.get("max_file_bytes", DUMP_FILE_BYTES))) if presharded else 0
+    own = ranks * SERVER_HOST_BYTES
     if reads_dump:
-        return dump_file
+        return own
     threaded = launch.flag(LOADER_FLAG) is not None and config.get(MULTITHREAD_KEY, True)
     if not threaded or maps_shards(launch):
-        return dump_file + ranks * largest_shard
+        return own + ranks * largest_shard
     threads = int(str(config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)))
-    return dump_file + threaded_loader_bytes(ranks, threads, largest_shard)
+    return own + threaded_loader_bytes(ranks, threads, largest_shard)
 
 
 def keep_budget(available: int, launch: ServerLaunch, largest_shard: int, reads_dump: bool) -> int:

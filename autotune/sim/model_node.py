@@ -19,8 +19,15 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
-from autotune.node.page_cache import DUMP_FILE_BYTES, WeightFile, WeightListing, keep_plan, loader_config
-from autotune.node.presharded import DumpRoom, dump_folders, dump_note, presharded_launch, wants_presharded
+from autotune.node.page_cache import WeightFile, WeightListing, keep_plan, loader_config
+from autotune.node.presharded import (
+    DUMP_FILE_BYTES,
+    DumpRoom,
+    dump_folders,
+    dump_note,
+    presharded_launch,
+    wants_presharded,
+)
 from autotune.node.startup_phases import DUMP_PHASE, PAGE_CACHE_PHASE
 from autotune.node.startup_prep import HostMemory, fit_loader
 from autotune.sim.engine import RequestTimes, input_too_long, run_arrivals

@@ -239,9 +239,9 @@ def test_status_and_the_trial_show_where_start_up_went(ran: Path, capsys: pytest
     assert main(["status", str(ran)]) == 0
     out = capsys.readouterr().out
     # the median of the baseline's load without its dump (150 s) and the next launch's read of its share
-    # (74 s: 0.63 of it from the page cache, node.page_cache, whose step read that part from disk first);
+    # (67 s: 0.68 of it from the page cache, node.page_cache, whose step read that part from disk first);
     # the dump said apart, a one-time cost
-    shown = "start-up (median of 2 launches): page cache 92 s, init 15 s, weights 112 s, KV pool 0 s, CUDA "
+    shown = "start-up (median of 2 launches): page cache 102 s, init 15 s, weights 109 s, KV pool 0 s, CUDA "
     assert shown in " ".join(out.split())
     assert "; 1 of them also wrote a presharded dump (306 s, once per layout)" in " ".join(out.split())
     # Loading is most of it: the setting that skips it, and what SGLang's weight cache serves.
