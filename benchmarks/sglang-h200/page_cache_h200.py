@@ -145,6 +145,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--presharded-root", type=Path, default=Path("/tmp/presharded-pc"))
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--alone-passes", type=int, default=None, help="page cache alone (default: --passes)")
+    ap.add_argument("--no-threaded", action="store_true", help="leave out the 8-thread checkpoint load")
     ap.add_argument("--ratio", type=float, default=SEED_RATIO, help="the weights over MemAvailable")
     ap.add_argument("--deadline-s", type=float, default=480)
     args = ap.parse_args()
@@ -200,7 +202,8 @@ def main() -> int:
     try:
         record("held", {"hog_gb": round((meminfo("MemTotal") - meminfo("MemAvailable")) / 1e9, 1)})
         drop_from_page_cache(dump + files)
-        for i, name in enumerate(["alone"] * args.passes + ["step"] * args.passes):
+        alone = args.passes if args.alone_passes is None else args.alone_passes
+        for i, name in enumerate(["alone"] * alone + ["step"] * args.passes):
             if left() < 60:
                 print(f"{name}: skipped, {left():.0f} s left", flush=True)
                 continue
@@ -218,7 +221,7 @@ def main() -> int:
     finally:
         if hog is not None:
             stop(hog)
-    if left() > 90:
+    if left() > 90 and not args.no_threaded:
         drop_from_page_cache(files + dump)
         available = {"available_gb": round(meminfo("MemAvailable") / 1e9, 2)}
         record(

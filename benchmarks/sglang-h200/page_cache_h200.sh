@@ -15,7 +15,7 @@ say "machine noted"
 model_8b
 # python gets the budget less 15 s for the tar below; no start runs past its own deadline (30 s before that)
 timeout $(( BUDGET_S - 15 - ($(date +%s) - T0) )) python3 "$(dirname "$0")/page_cache_h200.py" --model $M \
-  --out "$OUT" ${PASSES:+--passes "$PASSES"} --deadline-s $(( BUDGET_S - 30 - ($(date +%s) - T0) )) >> "$LOG" 2>&1
+  --out "$OUT" ${PASSES:+--passes "$PASSES"} ${EXTRA:-} --deadline-s $(( BUDGET_S - 30 - ($(date +%s) - T0) )) >> "$LOG" 2>&1
 say "python rc=$?"
 ls -la /tmp/presharded-pc/*/* >> "$LOG" 2>&1; free -g >> "$LOG"; df -h /tmp | tail -1 >> "$LOG"
 (cd "$OUT" && tar czf server-logs.tar.gz server-*.log && rm -f server-*.log)
