@@ -345,8 +345,8 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
     assert (defaults.min_node_hours, defaults.patience_node_hours) == (2.5, 2.0)  # beside (20, 15)
     off = load_study(study_file(n_trials=30, trust={"stop_early": {"patience_node_hours": None}}))
     assert off.file.trust.stop_early.patience_node_hours is None
-    # One loader thread, as the seed's SGLang loaded: launches of about 0.2 node h (8 threads: 0.08).
-    startup = {"weight_loading_threads": 1, "presharded_weights": False}
+    # One loader thread, as the seed's SGLang loaded, every launch from disk: about 0.2 node h a launch.
+    startup = {"weight_loading_threads": 1, "presharded_weights": False, "weights_in_page_cache": False}
     study = load_study(study_file(n_trials=30, search_space=FLAT, trust=trust, startup=startup))
     driver = StudyDriver(study, pool=model_pool(noise=0.01))
     optuna_study = driver.run()
