@@ -12,7 +12,8 @@ class Startup(BaseModel):
 
     `multithread_weight_loading`: pass `--model-loader-extra-config '{"enable_multithread_load": true,
     "num_threads": N}'` where the node's SGLang version takes it (its dialect table says so), and the
-    exported launch script keeps it; the node turns it down (fewer threads, or off) when the largest
+    exported launch script keeps it; where `--weight-loader-disable-mmap` makes SGLang read the shards
+    into memory (by default it maps them), the node turns it down (fewer threads, or off) when the largest
     shard times its ranks and threads would not fit the host's free memory. False: autotune passes
     nothing and SGLang's own default applies.
     `weight_loading_threads`: N; unset: SGLang's own default for the version (8 in 0.5.17 to 0.5.23).
