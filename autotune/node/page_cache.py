@@ -13,7 +13,6 @@ alone against 10.2 GB after the step, its weights in 5.5-5.9 s against 10.2-11.2
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -23,12 +22,12 @@ from autotune.node.runner import CommandRunner, NodeUnreachableError
 from autotune.trial.startup import (
     DEFAULT_LOAD_THREADS,
     LOAD_FORMAT_FLAG,
-    LOADER_FLAG,
-    MULTITHREAD_KEY,
     PRESHARDED,
     PRESHARDED_PATH_KEY,
     THREADS_KEY,
+    loader_config,
     maps_shards,
+    multithread_config,
     threaded_loader_bytes,
 )
 
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KEEP_STEP", "PAGE_CACHE_SHARE", "READERS", "SERVER_HOST_BYTES", "WeightFile", "WeightListing",
-    "cache_weights", "keep_plan", "keep_weights", "kept_part", "loader_config", "loader_peak_bytes",
+    "cache_weights", "keep_plan", "keep_weights", "kept_part", "loader_peak_bytes",
     "weight_files",
 ]  # fmt: skip
 
@@ -140,7 +139,6 @@ def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool
     page cache), or with `--weight-loader-disable-mmap` the threads + 2 shards the multithreaded loader reads
     into its own memory. A dump's read-back holds none of its files (measured on 0.5.17: no more memory than
     the server's own)."""
-    config = loader_config(launch)
     try:
         ranks = max(launch.tensor_parallel_size, 1)
     except ValueError:
@@ -148,8 +146,8 @@ def loader_peak_bytes(launch: ServerLaunch, largest_shard: int, reads_dump: bool
     own = ranks * SERVER_HOST_BYTES
     if reads_dump:
         return own
-    threaded = launch.flag(LOADER_FLAG) is not None and config.get(MULTITHREAD_KEY, True)
-    if not threaded or maps_shards(launch):
+    config = multithread_config(launch)
+    if config is None or maps_shards(launch):
         return own + ranks * largest_shard
     threads = int(str(config.get(THREADS_KEY, DEFAULT_LOAD_THREADS)))
     return own + threaded_loader_bytes(ranks, threads, largest_shard)
@@ -214,12 +212,3 @@ def cache_weights(
     bound = ["timeout", "-k", str(STEP_KILL_S), f"{max(timeout_s - 2 * STEP_KILL_S, 1):.0f}"]
     done = runner.run([*bound, "sh", "-c", KEEP_STEP, "sh", *paths], {}, timeout_s=timeout_s)
     return done.returncode == 0
-
-
-def loader_config(launch: ServerLaunch) -> dict[str, object]:
-    """The launch's `--model-loader-extra-config` ({} where none, or not a JSON object)."""
-    try:
-        config = json.loads(launch.flag(LOADER_FLAG) or "{}")
-    except ValueError:
-        return {}
-    return config if isinstance(config, dict) else {}

@@ -19,6 +19,7 @@ from autotune.trial.startup import (
     THREADS_KEY,
     compile_cache_env,
     maps_shards,
+    multithread_config,
     threaded_loader_bytes,
 )
 
@@ -59,7 +60,7 @@ def prepare_launch(
         launch = replace(
             launch, env={**launch.env, **compile_cache_env(runner.node_path(cache_folder), launch.env)}
         )
-    if _loader_config(launch) is None and presharded_root is None:
+    if multithread_config(launch) is None and presharded_root is None:
         return launch, notes
     memory = host_memory(runner, launch.model_path)
     if memory is None:
@@ -80,27 +81,13 @@ def fit_loader(launch: ServerLaunch, memory: HostMemory) -> tuple[ServerLaunch, 
     """`launch` with its multithreaded weight loading fitted to `memory` (`loader_for_memory`), and the
     sentence that says why, or as given and None when it fits, the launch does not load multithreaded, or
     SGLang maps the shards (its default: their pages are the page cache's, not the loader's own)."""
-    config = _loader_config(launch)
+    config = multithread_config(launch)
     if config is None or maps_shards(launch):
         return launch, None
     fitted, note = loader_for_memory(config, _ranks(launch), memory)
     if note is None:
         return launch, None
     return launch.with_flag(LOADER_FLAG, json.dumps(fitted)), note
-
-
-def _loader_config(launch: ServerLaunch) -> dict[str, object] | None:
-    """The launch's `--model-loader-extra-config` where it loads multithreaded, else None."""
-    text = launch.flag(LOADER_FLAG)
-    if text is None:
-        return None
-    try:
-        config = json.loads(text)
-    except ValueError:
-        return None  # the user's own text: SGLang says what is wrong with it
-    if not isinstance(config, dict) or not config.get(MULTITHREAD_KEY, True):
-        return None
-    return config
 
 
 def loader_for_memory(

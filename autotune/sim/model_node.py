@@ -19,7 +19,7 @@ from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
 from autotune.node.check import GPU, NodeReport
-from autotune.node.page_cache import WeightFile, WeightListing, keep_plan, loader_config
+from autotune.node.page_cache import WeightFile, WeightListing, keep_plan
 from autotune.node.presharded import (
     DUMP_FILE_BYTES,
     DumpRoom,
@@ -42,7 +42,7 @@ from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkloa
 from autotune.sim.versions import sglang_version
 from autotune.trial.failures import Failure, FailureKind, classify
 from autotune.trial.launch import ServerLaunch
-from autotune.trial.startup import LOAD_FORMAT_FLAG, PRESHARDED, PRESHARDED_PATH_KEY
+from autotune.trial.startup import LOAD_FORMAT_FLAG, PRESHARDED, PRESHARDED_PATH_KEY, loader_config
 from autotune.trial.wire import TrialRequest, TrialResult
 
 _SERVER_FLAGS_START = "--model-path"
@@ -270,9 +270,9 @@ class ModelNodeExecutor:
 
     def _page_cache(self, request: TrialRequest, memory: HostMemory) -> float:
         """The node's page cache step before `request`'s launch (node.page_cache's rule on the files the
-        profile's checkpoint, or the layout's finished dump, would have): the share of the weights it keeps
-        for the launch to read from memory, and its seconds, from memory where the last launch kept the
-        same files, else from disk."""
+        profile's checkpoint, or the layout's finished dump, would have): its seconds, from memory where the
+        last launch kept the same files, else from disk; the share of the weights it keeps for the launch to
+        read from memory goes to NodeKeeps."""
         launch = request.launch
         folder = str(loader_config(launch).get(PRESHARDED_PATH_KEY) or "")
         dumped = launch.flag(LOAD_FORMAT_FLAG) == PRESHARDED and folder != ""

@@ -75,6 +75,26 @@ def takes_weight_cache(dialect: Dialect | None) -> bool:
     return _takes_choice(dialect, WEIGHT_CACHE_FLAG, WEIGHT_CACHE_CLIENT)
 
 
+def loader_config(launch: ServerLaunch) -> dict[str, object]:
+    """The launch's `--model-loader-extra-config` ({} where none, or not a JSON object)."""
+    return _loader_object(launch.flag(LOADER_FLAG)) or {}
+
+
+def multithread_config(launch: ServerLaunch) -> dict[str, object] | None:
+    """The launch's `--model-loader-extra-config` where it loads multithreaded by it, else None (no flag,
+    the user's own text that is not a JSON object: SGLang says what is wrong with it, or threading off)."""
+    config = _loader_object(launch.flag(LOADER_FLAG))
+    return config if config is not None and config.get(MULTITHREAD_KEY, True) else None
+
+
+def _loader_object(text: str | None) -> dict[str, object] | None:
+    try:
+        config = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def threaded_loader_bytes(ranks: int, threads: int, shard_bytes: int) -> int:
     """The host memory SGLang's multithreaded loader reads shards into where it does not map them
     (`--weight-loader-disable-mmap`): up to threads + 2 whole shards per rank

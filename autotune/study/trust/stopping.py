@@ -88,8 +88,7 @@ def _patience(
 ) -> int:
     """The search trials the rule waits on: `patience`, or with `min_patience` PATIENCE_SHARE of the
     search trials until the best was last raised beyond the noise band, between the two."""
-    noise = noise_estimate(optuna_study)
-    if settings.min_patience is None or noise is None:
+    if settings.min_patience is None or (noise := noise_estimate(optuna_study)) is None:
         return settings.patience
     band, direction, found = noise.band(spread_known=True), optuna_study.direction, 0
     for position, trial in enumerate(search, start=1):
