@@ -28,7 +28,6 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import Study
 from autotune.node.pool import LocalNodePool, NodePool
-from autotune.node.runner import free_port
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
 
@@ -57,12 +56,14 @@ def model_server(**fields: Any) -> dict[str, Any]:
 
 
 def simulated_server(*, env: Mapping[str, str] | None = None, **fields: Any) -> dict[str, Any]:
-    """A server section that launches the simulated SGLang server on a free port, at a thousandth of real
-    time; `env` adds to (or replaces) its environment, `fields` replace its keys (None leaves one out)."""
+    """A server section that launches the simulated SGLang server at a thousandth of real time, on a port
+    the node finds free at each launch (`port: auto`: a port picked when the file is written may be taken
+    by another process by the time the study checks its node; `port=N` fixes one); `env` adds to (or
+    replaces) its environment, `fields` replace its keys (None leaves one out)."""
     server = {
         "command": list(SIM_SERVER),
         "model_path": "/models/Kimi-K2.5",
-        "port": free_port(),
+        "port": "auto",
         "flags": {"--tp-size": 8},
         "env": {"SGLANG_SIM_TIME_SCALE": "0.001", **(env or {})},
     }

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 
 from tests.conftest import N_TRIALS, run_cli
+from tests.processes import left_behind, study_servers
 
 pytestmark = pytest.mark.integration
 
@@ -94,13 +94,11 @@ def test_secrets_never_reach_mlflow_or_launch_scripts(finished_study) -> None:
 
 
 def test_no_server_outlives_the_study(finished_study) -> None:
+    # `port: auto`: each launch's port, as the node picked it, and its server's process group, as recorded.
     path, _ = finished_study
-    study = yaml.safe_load(path.read_text())
-    from autotune.node.runner import port_is_free
-
-    assert port_is_free("127.0.0.1", study["server"]["port"])
-    ours = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert f"--port {study['server']['port']}" not in ours
+    pgids, ports = study_servers(path.parent / ".autotune" / "e2e", "e2e")
+    assert pgids and ports, "the launched trials recorded where their servers ran"
+    assert left_behind(pgids, ports) == []
 
 
 def test_status_and_best_read_the_finished_study(finished_study) -> None:

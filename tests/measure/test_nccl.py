@@ -40,7 +40,7 @@ from autotune.measure.result_line import RESULT_PREFIX, ResultLineError, parse_r
 from autotune.measure.stats import mean_ci, paired_gain, t_quantile
 from autotune.node.executor import TrialExecutor
 from autotune.node.job import wait_for_job
-from autotune.node.runner import LocalCommandRunner, free_port
+from autotune.node.runner import LocalCommandRunner
 from autotune.study.compare import Comparison, Run, compare, order_of_round
 from autotune.trial.failures import FailureKind
 from autotune.trial.launch import AUTO_PORT, ServerLaunch, TrialConfig
@@ -486,11 +486,12 @@ def stand_in_study(tmp_path: Path, study_file: StudyFiles) -> Path:
     study.update(
         search_space=str(SPACE),
         objective=str(OBJECTIVE),
-        # A free port, not SGLang's 30000, which another run or a quickstart on this host may be serving on.
+        # `auto`, not SGLang's 30000, which another run or a quickstart on this host may be serving on (nor a
+        # port free when the file is written: another process may take it before the node check).
         server={
             "command": [sys.executable, str(tmp_path / "bench.py")],
             "env": {"NCCL_NVLS_ENABLE": "0"},
-            "port": free_port(),
+            "port": "auto",
         },
         budget={"n_trials": 5},
         timeouts={"benchmark_s": 30},

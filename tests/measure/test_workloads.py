@@ -37,7 +37,7 @@ from autotune.measure.plan import MeasurementPlan, run_plan, run_seed
 from autotune.measure.workloads import TOKEN_IDS, arrival_offsets, load_prompts, requests_for
 from autotune.node.bench_serving import command, parse_output
 from autotune.node.executor import TrialExecutor
-from autotune.node.runner import LocalCommandRunner, free_port
+from autotune.node.runner import LocalCommandRunner
 from autotune.sim.predictability import predictability
 from autotune.tracking.tracker import measurement_metrics
 from tests.builders import REPO, StudyFiles
@@ -375,7 +375,6 @@ def test_a_max_load_study_runs_and_logs_each_step_to_mlflow(tmp_path: Path, stud
     study["objective"] = str(tmp_path / "objective.yaml")
     study["budget"] = {"n_trials": 1}  # the baseline: one launch, one search
     study["nccl_stage"] = False  # the objective is what is under test, not the NCCL stage's 26 jobs
-    study["server"]["port"] = free_port()
     study_file(study)
     done = subprocess.run(  # --no-ray: nor the Ray pool's start (its own tests start it)
         [sys.executable, "-m", "autotune", "run", "study.yaml", "--no-ray"],

@@ -15,7 +15,6 @@ from typing import Any
 
 import optuna
 import pytest
-import yaml
 
 from autotune.config import load_study
 from autotune.errors import ConfigError
@@ -30,7 +29,7 @@ from autotune.trial.redaction import Secrets
 from autotune.trial.wire import TrialRequest, TrialResult
 from tests.builders import SIM_SERVER, StudyFiles, e2e_study
 from tests.conftest import run_cli
-from tests.processes import alive, python, wait_for
+from tests.processes import alive, left_behind, python, study_servers, wait_for
 from tests.sshd import SSHServer, sshd_unavailable
 
 SIM = tuple(SIM_SERVER)
@@ -349,8 +348,10 @@ def test_a_study_runs_on_an_ssh_node_and_is_recorded(
             (workdir / "nodes" / "ssh-sim" / f"trial-{trial.number:04d}" / "server.log").read_text()[:200]
         )
 
-    port = yaml.safe_load(path.read_text())["server"]["port"]
-    assert port_is_free("127.0.0.1", port)
+    # `port: auto`: the ports the node picked and the servers' process groups, as the trials recorded them.
+    pgids, ports = study_servers(workdir, "e2e")
+    assert pgids and ports, "the launched trials recorded where their servers ran"
+    assert left_behind(pgids, ports) == []
     assert not (workdir / "nodes" / "ssh-sim" / "servers.json").exists()  # every server was stopped
 
 
