@@ -189,8 +189,10 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "pool-noise-1": {"confirm": {"pool_noise": True, "min_rounds": 1}},
     "no-stop": {"stop_early": {"min_trials": 999, "patience": 999, "patience_node_hours": None}},
     # The patience that grows with the search (study.trust.stopping, `min_patience`): 0.75 of the search
-    # trials to the best's last raise, between 8 and 15.
+    # trials to the best's last raise, between 8 and 15 (the default since session 12); `fixed-patience`:
+    # 15 always, the default before.
     "grows-from-8": {"stop_early": {"min_patience": 8}},
+    "fixed-patience": {"stop_early": {"min_patience": None}},
     "one-knob": True,  # the defaults, every move from the best changing one knob (SAMPLER_SETTINGS)
 }
 # Variants that change the default sampler's settings (autotune.study.samplers.tpe), not the trust section.

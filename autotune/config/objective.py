@@ -379,6 +379,25 @@ class Objective(BaseModel):
     def is_multi_objective(self) -> bool:
         return bool(self.also_optimize)
 
+    def tokens_in_flight(self, replicas: int = 1) -> int | None:
+        """The KV tokens the workload's requests hold at once on each of `replicas` server replicas that
+        run them all: their share of `concurrency` (at most `num_prompts`) requests of `input_len` +
+        `output_len` tokens. None where the load or the lengths vary (a prompts file, lengths other than
+        fixed, shared prefixes, a request rate, a ladder, a load search) or a job is measured."""
+        w = self.workload
+        if (
+            w is None
+            or self.is_job
+            or self.ladder is not None
+            or self.load_search is not None
+            or w.prompts is not None
+            or w.sharing is not None
+            or w.lengths != "fixed"
+            or w.request_rate is not None
+        ):
+            return None
+        return -(-min(w.concurrency, w.num_prompts) // replicas) * (w.input_len + w.output_len)
+
     @property
     def is_job(self) -> bool:
         """True when a trial runs a job that measures itself (autotune.node.job) instead of a server."""

@@ -51,6 +51,7 @@ from autotune.dialect import Dialect, FlagTable, all_committed_tables, unknown_f
 from autotune.errors import ConfigError, did_you_mean
 from autotune.trial.launch import (
     AUTO_PORT,
+    DP_FLAGS,
     ServerLaunch,
     TrialConfig,
     build_server_launch,
@@ -554,6 +555,13 @@ class Study:
         """A study autotune creates for itself from this one (the NCCL stage): `changes` replace fields,
         and whatever it writes hides this study's secrets as well as its own (`secrets`)."""
         return replace(self, derived_from=self, **changes)
+
+    @property
+    def tokens_in_flight(self) -> int | None:
+        """The KV tokens each server replica's pool holds at once for the objective's workload: its share
+        of the requests over the --dp-size the server section sets (Objective.tokens_in_flight)."""
+        dp = next((v for f, v in self.file.server.flags.items() if f in DP_FLAGS and v is not None), "1")
+        return self.objective.tokens_in_flight(int(dp)) if dp.isdigit() and int(dp) > 0 else None
 
     @property
     def search_space_text(self) -> str:

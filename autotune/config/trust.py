@@ -77,6 +77,9 @@ class Confirm(BaseModel):
         return self
 
 
+MIN_PATIENCE = 8  # StopEarly.min_patience's default
+
+
 class StopEarly(BaseModel):
     """After `min_trials` launched trials, the search stops when its last `patience` search trials did not
     improve the best by more than the measured noise band; it needs a noise estimate of `min_noise_dof`
@@ -89,11 +92,12 @@ class StopEarly(BaseModel):
     # 0.867 of the best known (median of 5 seeds); 20 and 15 reach 0.954 and still stop a flat search at 18.
     min_trials: PositiveInt = 20
     patience: PositiveInt = 15
-    # Off by default: a patience that grows with the search, `min_patience` trials where the best was last
-    # raised early, up to `patience` (study.trust.stopping). Replayed on 20 seeds (RESULTS.md, "A patience
-    # that grows with the search"): the seed's node 2.40 -> 1.84 node h to the stop at 8, the median answer
-    # the same, but 2 of 20 seeds stopped on a plateau at 0.846 of the best known.
-    min_patience: PositiveInt | None = None
+    # A patience that grows with the search: `min_patience` trials where the best was last raised early, up
+    # to `patience` (study.trust.stopping; null: `patience` always). trust.py, 20 seeds a profile (RESULTS.md,
+    # "The KV pool's shortfall"): the seed's node 2.41 -> 1.98 node h to a confirmed answer at 0.995 (min
+    # 0.980), L40S 1.34 -> 1.10, others within 0.05; before the KV pool's probe (samplers._pool_short) 2 of
+    # the seed's 20 stopped on a plateau at 0.846, which kept it off by default.
+    min_patience: PositiveInt | None = MIN_PATIENCE
     # One pair of runs gives an SD anywhere from half to 16 times the true one (90%): too little to stop on.
     min_noise_dof: PositiveInt = 2
     # The rule in node hours beside the one in trials, whichever is met first (issue 37): after
@@ -110,7 +114,13 @@ class StopEarly(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _on_off(cls, value: Any) -> Any:
-        return _switch(value, "stop_early", "{min_trials: 20, patience: 15}")
+        value = _switch(value, "stop_early", "{min_trials: 20, patience: 15}")
+        # A patience set below the default min_patience, which was left unset, is the patience it starts at.
+        if isinstance(value, dict) and "min_patience" not in value:
+            patience = value.get("patience")
+            if isinstance(patience, int) and 0 < patience < MIN_PATIENCE:
+                return {**value, "min_patience": patience}
+        return value
 
     @model_validator(mode="after")
     def _patience(self) -> StopEarly:

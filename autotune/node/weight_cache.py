@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.node.runner import CommandRunner, LaunchError, NodeUnreachableError, ServerProcess
-from autotune.trial.launch import MODEL_PATH_FLAG, TP_FLAGS, ServerLaunch
+from autotune.trial.launch import DP_FLAGS, MODEL_PATH_FLAG, TP_FLAGS, ServerLaunch
 from autotune.trial.memory_fraction import MEM_FRACTION, launch_fraction
 from autotune.trial.startup import LOADER_FLAG, WEIGHT_CACHE_CLIENT, WEIGHT_CACHE_FLAG
 
@@ -50,7 +50,7 @@ DAEMON_MODULES = {
 LAYOUT_FLAGS = {
     "--tp-size": TP_FLAGS,
     "--pp-size": ("--pp-size", "--pipeline-parallel-size"),
-    "--dp-size": ("--dp-size", "--data-parallel-size"),
+    "--dp-size": DP_FLAGS,
     "--ep-size": ("--ep-size", "--expert-parallel-size", "--ep"),
 }
 # What the daemon loads the weights as: passed to it as the launch gives them (0.5.17's daemon CLI).

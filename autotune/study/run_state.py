@@ -104,7 +104,10 @@ class RunState:
 
     def current_sampler(self) -> optuna.samplers.BaseSampler:
         """The study's sampler now: its base, with what the study learned fixed (`KnownIncompatibilities`),
-        its moves starting from a config tied with the best within noise when `trust.noise_ties` says so."""
-        if isinstance(self.base_sampler, samplers.IncumbentMoves) and self.study.file.trust.noise_ties:
-            self.base_sampler.reference = move_from
+        its moves starting from a config tied with the best within noise when `trust.noise_ties` says so and
+        told the KV tokens the workload holds at once (a best whose pool held fewer raises its fraction)."""
+        if isinstance(self.base_sampler, samplers.IncumbentMoves):
+            self.base_sampler.tokens_in_flight = self.study.tokens_in_flight
+            if self.study.file.trust.noise_ties:
+                self.base_sampler.reference = move_from
         return self.known.sampler(self.base_sampler, self.hardware)

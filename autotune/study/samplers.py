@@ -32,7 +32,7 @@ from autotune.study import optuna_internals
 from autotune.study.records import StudyRecord, TrialRecord, record_proposed
 from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
 from autotune.trial.failures import FailureKind
-from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, minimum_viable
+from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, fraction_to_hold, minimum_viable
 
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
@@ -41,6 +41,11 @@ BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right aft
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
 LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSED_ATTR)
+# A best whose KV pool held fewer tokens than the workload keeps in flight raises its memory fraction at most
+# this many steps at once, the two launches of a line search's growing steps (1 + 2): holding them all may
+# take the memory a fast config needs for activations and graphs (on the MoE coder profile an uncapped jump
+# to 0.93 was slower than 0.83 every time; benchmarks/RESULTS.md, "The KV pool's shortfall").
+POOL_STEPS = 3
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
 EDGE_KNOBS = {FailureKind.OOM_UNDER_LOAD.value: "--chunked-prefill-size"}
@@ -351,6 +356,9 @@ class IncumbentMoves(_Wrapper):
         # The trial the moves start from among the finished ones: the best (the study loop may set another
         # rule, such as any config within the run-to-run noise of the best: study.noise.move_from).
         self.reference: Reference = _best_of
+        # The KV tokens the workload's requests hold at once on each replica (set by the study loop from
+        # Objective.tokens_in_flight): a best whose pool held fewer gets its memory fraction raised first.
+        self.tokens_in_flight: int | None = None
 
     @property
     def held(self) -> dict[str, Any]:
@@ -551,6 +559,9 @@ class IncumbentMoves(_Wrapper):
                             plan, why = shift
                             return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {why}"
                     targets.append(value + side * halves * step)
+            held_short = self._pool_short(best, name, step, sides[1], edges[1])
+            if held_short is not None:
+                targets.insert(0, held_short[0])
             for target in targets:
                 moved = nearest(distribution, target)
                 side = 1 if moved > value else -1
@@ -561,8 +572,34 @@ class IncumbentMoves(_Wrapper):
                     continue  # at the range's end, or no step left between the best and the edge
                 plan = _as_asked({**best.params, name: moved}, self.held)
                 if config_key(plan) not in tried:
-                    return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
+                    why = f"{LINE_SEARCH} from trial {best.number}, the best so far: {name} {moved}"
+                    if held_short is not None and target == held_short[0]:
+                        why += held_short[1]
+                    return plan, why
         return None
+
+    def _pool_short(
+        self, best: FrozenTrial, name: str, step: float, above: list[FrozenTrial], edge: float | None
+    ) -> tuple[float, str] | None:
+        """Where the best trial's KV pool held fewer tokens than the workload keeps in flight (its memory
+        report against `tokens_in_flight`), the memory fraction that would hold them, on the knob's step, at
+        most POOL_STEPS up and short of the nearest value a config ran out of memory at (`edge`), and why;
+        None where it held them, nothing says, or a trial above the best on this line ran already. SGLang
+        then runs fewer requests at a time and queues the rest: the first thing a person reading its log
+        raises, with no need of two trials showing the fraction matters."""
+        if name != MEM_FRACTION or self.tokens_in_flight is None or above:
+            return None
+        record = TrialRecord.of(best)
+        value = best.params[name]
+        fit = fraction_to_hold(self.tokens_in_flight, value, record.server_memory)
+        if fit is None:
+            return None
+        target = value + min(math.ceil((fit - value) / step - 1e-9), POOL_STEPS) * step
+        if edge is not None and target >= edge:
+            target = edge - step
+        held = int(record.server_memory["kv_cache_tokens"])
+        why = f" (its KV pool held {held} of the workload's {self.tokens_in_flight} tokens in flight)"
+        return target, why
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
         params = _as_asked(best.params, self.held)

@@ -36,6 +36,7 @@ Flags = tuple[tuple[str, str | None], ...]
 # SGLang's spellings of the tensor-parallel size (srt/server_args.py): `--tp-size`, its alias
 # `--tensor-parallel-size`, and `--tp`, which argparse takes as an abbreviation of `--tp-size`.
 TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+DP_FLAGS = ("--dp-size", "--data-parallel-size", "--dp")  # the same for data-parallel replicas
 MODEL_PATH_FLAG = "--model-path"
 
 

@@ -37,6 +37,19 @@ def running_fraction(params: Mapping[str, object], server_choices: Mapping[str, 
     return own if own is not None else server_choices.get(MEM_FRACTION)
 
 
+def fraction_to_hold(tokens: int, fraction: float, memory: Mapping[str, float]) -> float | None:
+    """The fraction whose KV pool would hold `tokens`, from a launch's memory report (`memory`: its
+    weights_gb, kv_cache_gb and kv_cache_tokens) at `fraction`; None where its pool held them already or
+    the report lacks a figure. The static pool is `fraction` of the GPU (weights, then KV cache), so the
+    pool grows by that GPU memory per unit of fraction; weights + KV over the fraction is at most the GPU's
+    memory (a draft model's share makes it less), so the step this gives errs on the large side."""
+    weights, kv_gb, kv_tokens = (memory.get(k) for k in ("weights_gb", "kv_cache_gb", "kv_cache_tokens"))
+    if not weights or not kv_gb or not kv_tokens or fraction <= 0 or kv_tokens >= tokens:
+        return None
+    gpu_gb = (weights + kv_gb) / fraction
+    return fraction + (tokens - kv_tokens) * (kv_gb / kv_tokens) / gpu_gb
+
+
 def minimum_viable(message: str) -> float | None:
     """The smallest fraction SGLang's out-of-memory message says would start, or None where it names none."""
     named = _MINIMUM_VIABLE.search(message)

@@ -15,6 +15,7 @@ import yaml
 
 from autotune.config import (
     METRICS,
+    Objective,
     load_objective,
     load_study,
     load_yaml,
@@ -25,7 +26,7 @@ from autotune.dialect import Dialect, committed_table, committed_versions, table
 from autotune.errors import ConfigError, ForbiddenLaunchError
 from autotune.study import samplers
 from autotune.trial.launch import TrialConfig, launch_script
-from tests.builders import REPO, StudyFiles, study_data
+from tests.builders import REPO, StudyFiles, model_server, study_data
 
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
 SHIPPED_OBJECTIVE = REPO / "objectives" / "throughput.yaml"
@@ -159,6 +160,28 @@ def test_workload_ints_must_be_positive(tmp_path: Path, key: str) -> None:
     )
     assert error.field == f"workload.{key}" and error.value == 0
     assert error.problem == "must be > 0"
+
+
+def test_the_kv_tokens_a_workload_keeps_in_flight_where_its_load_and_lengths_say_it() -> None:
+    objective = Objective(name="t", metric="output_throughput", workload=WORKLOAD)
+    assert objective.tokens_in_flight() == 4 * 28_500
+    assert objective.tokens_in_flight(replicas=3) == 2 * 28_500  # 4 requests over 3 replicas: 2 at most
+    few = Objective(name="t", metric="output_throughput", workload={**WORKLOAD, "num_prompts": 2})
+    assert few.tokens_in_flight() == 2 * 28_500
+    for varying in ({"lengths": "uniform"}, {"request_rate": 2.0}):
+        objective = Objective(name="t", metric="output_throughput", workload={**WORKLOAD, **varying})
+        assert objective.tokens_in_flight() is None, varying
+    levels = {"concurrency": [2, 4]}
+    ladder = Objective(name="t", metric="output_throughput", workload=WORKLOAD, ladder=levels)
+    assert ladder.tokens_in_flight() is None
+
+
+def test_a_study_shares_the_workloads_requests_among_the_servers_replicas(study_file: StudyFiles) -> None:
+    # The quickstart's 4 requests of 28,000 + 1,000 tokens; --dp-size 2 (or its alias) gives each 2.
+    assert load_study(study_file()).tokens_in_flight == 4 * 29_000
+    for dp in ("--dp-size", "--data-parallel-size"):
+        study = load_study(study_file(server=model_server(flags={"--tp-size": 4, dp: 2})))
+        assert study.tokens_in_flight == 2 * 29_000, dp
 
 
 def test_workload_unknown_key(tmp_path: Path) -> None:

@@ -15,7 +15,13 @@ from optuna.trial import create_trial
 
 from autotune.cli.answers import _status_notes, _trial_record
 from autotune.config.study import SAMPLER_NAMES, SamplerSpec
-from autotune.study.records import ACCEPT_LENGTH_ATTR, PROPOSED_ATTR, REMEASURE_OF_ATTR, SERVER_CHOICES_ATTR
+from autotune.study.records import (
+    ACCEPT_LENGTH_ATTR,
+    PROPOSED_ATTR,
+    REMEASURE_OF_ATTR,
+    SERVER_CHOICES_ATTR,
+    SERVER_MEMORY_ATTR,
+)
 from autotune.study.rules import best_trial
 from autotune.study.samplers import (
     NEAR_STEPS,
@@ -705,10 +711,12 @@ def test_ngram_gets_draft_tokens_on_purpose_not_an_eagle_tree() -> None:
     assert tree(eagle[0])[:2] == (5, 4)
 
 
-def climb_study(trials: list[tuple[float, float | None]], climb: bool = True, other: int = 0) -> optuna.Study:
+def climb_study(
+    trials: list[tuple[float, float | None]], climb: bool = True, other: int = 0, first: dict | None = None
+) -> optuna.Study:
     """A study of the memory fraction and one other knob whose trials ran at these (fraction, value) pairs
     (None: ran out of memory), the other knob alike in all but the last `other` trials (NCCL_ALGO Ring
-    there); moves off (`share=0`), no start."""
+    there), the first with the user attributes `first`; moves off (`share=0`), no start."""
     sampler = IncumbentMoves(
         optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, branch_trials=0, climb=climb
     )
@@ -721,7 +729,8 @@ def climb_study(trials: list[tuple[float, float | None]], climb: bool = True, ot
         failed = {"state": optuna.trial.TrialState.PRUNED, "system_attrs": {"constraints": [1.0]}}
         done = {"value": value} if value is not None else failed
         params = {MEM: fraction, "NCCL_ALGO": "Ring" if number >= len(trials) - other else None}
-        study.add_trial(create_trial(params=params, distributions=distributions, **done))
+        attrs = (first or {}) if number == 0 else {}
+        study.add_trial(create_trial(params=params, distributions=distributions, user_attrs=attrs, **done))
     return study
 
 
@@ -758,6 +767,49 @@ def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_ou
     assert ask_fraction(study) == pytest.approx(0.93)
     study = climb_study([(0.87, 760.0), (0.91, 800.0), (0.93, None), (0.95, None)])
     assert ask_fraction(study) == pytest.approx(0.92)
+
+
+def pool_study(
+    held: int, trials: list[tuple[float, float | None]], token_kb: float = 4.5, other: int = 0
+) -> optuna.Study:
+    """climb_study's trials (the last `other` off the best's line), the first (the best) with a memory
+    report at its fraction: 60 GB of weights per GPU and a KV pool of `held` tokens of `token_kb` kB each;
+    the workload keeps 116,000 tokens in flight (4 requests of 28,000 + 1,000, the seed's)."""
+    kv_gb = held * token_kb * 1e-6
+    memory = {"weights_gb": 60.0, "kv_cache_gb": kv_gb, "kv_cache_tokens": float(held)}
+    study = climb_study(trials, other=other, first={SERVER_MEMORY_ATTR: memory})
+    assert isinstance(study.sampler, IncumbentMoves)
+    study.sampler.tokens_in_flight = 116_000
+    return study
+
+
+def test_a_best_whose_kv_pool_held_fewer_tokens_than_the_workload_sends_raises_its_fraction() -> None:
+    # 105,675 tokens held (the seed's EAGLE-3 best at 0.86), 10,325 short: 0.046 GB more, on a GPU of
+    # (60 + 0.476) / 0.86 = 70.3 GB, is +0.0007 of it: the next step, 0.87. No trial had shown that the
+    # fraction matters (a lone best), which the plain line search waits for.
+    study = pool_study(105_675, [(0.86, 700.0)])
+    assert ask_fraction(study) == pytest.approx(0.87)
+    why = study.trials[-1].system_attrs[PROPOSED_ATTR]
+    assert "its KV pool held 105675 of the workload's 116000 tokens in flight" in why, why
+    # Far short, it goes POOL_STEPS at once: 96,000 tokens of 45 kB are 4.32 GB, on a GPU of
+    # (60 + 0.9) / 0.80 = 76.1 GB +0.057 of it (0.86), so 0.83; two steps short, two steps.
+    assert ask_fraction(pool_study(20_000, [(0.80, 700.0)], token_kb=45.0)) == pytest.approx(0.83)
+    assert ask_fraction(pool_study(90_000, [(0.80, 700.0)], token_kb=45.0)) == pytest.approx(0.82)
+    # Short of a value another config ran out of memory at (0.83: 0.82); none where that leaves no step.
+    study = pool_study(20_000, [(0.80, 700.0), (0.83, None)], token_kb=45.0, other=1)
+    assert ask_fraction(study) == pytest.approx(0.82)
+    study = pool_study(20_000, [(0.80, 700.0), (0.81, None)], token_kb=45.0, other=1)
+    assert not planned_by_line_search(study)
+    # Nothing where the pool held the workload, nor with no workload's figure (a prompts file, a ladder).
+    assert not planned_by_line_search(pool_study(116_000, [(0.86, 700.0)]))
+    study = pool_study(105_675, [(0.86, 700.0)])
+    assert isinstance(study.sampler, IncumbentMoves)
+    study.sampler.tokens_in_flight = None
+    assert not planned_by_line_search(study)
+    # A trial above the best on its line ran (and did worse): the plain line search goes the other way.
+    study = pool_study(105_675, [(0.86, 700.0), (0.87, 690.0)])
+    assert ask_fraction(study) == pytest.approx(0.84)
+    assert "KV pool" not in study.trials[-1].system_attrs[PROPOSED_ATTR]
 
 
 def test_a_line_search_from_a_best_whose_knob_is_now_held_does_not_repeat_a_tried_config() -> None:

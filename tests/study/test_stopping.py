@@ -92,7 +92,7 @@ def test_a_patience_that_grows_with_the_search_stops_sooner_after_a_best_raised_
     study_file: StudyFiles,
 ) -> None:
     rule = {"min_trials": 5, "patience": 10, "min_node_hours": None, "patience_node_hours": None}
-    fixed = load_study(study_file(n_trials=40, trust={"stop_early": rule}))
+    fixed = load_study(study_file(n_trials=40, trust={"stop_early": {**rule, "min_patience": None}}))
     grows = load_study(study_file(n_trials=40, trust={"stop_early": {**rule, "min_patience": 3}}))
     assert why_stop(fixed, _raised_at(2)) is None  # 7 search launches: fewer than `patience`
     stopped = why_stop(grows, _raised_at(2))  # raised at the 2nd: waited on max(3, 0.75 x 2) launches

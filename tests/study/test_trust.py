@@ -28,9 +28,12 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
     assert trust.skip_same_launch and trust.repeat_baseline_after == 3
     assert trust.confirm.enabled and trust.confirm.top == 2 and trust.confirm.max_rounds == 6
     assert trust.confirm.pool_noise and trust.confirm.min_rounds == 2  # RESULTS.md, issue 37 item 4
-    assert trust.stop_early.enabled
+    assert trust.stop_early.enabled and trust.stop_early.min_patience == 8  # RESULTS.md, session 12
     off = load_study(study_file(trust={"confirm": False, "stop_early": {"patience": 4}})).file.trust
     assert not off.confirm.enabled and off.stop_early.enabled and off.stop_early.patience == 4
+    assert off.stop_early.min_patience == 4  # unset, it starts at a patience set below its default
+    fixed = load_study(study_file(trust={"stop_early": {"min_patience": None}})).file.trust
+    assert fixed.stop_early.min_patience is None and fixed.stop_early.patience == 15
     everything = load_study(study_file(trust=False)).file.trust
     assert not (everything.skip_same_launch or everything.confirm.enabled or everything.stop_early.enabled)
 
@@ -48,6 +51,10 @@ def test_trust_is_on_by_default_and_each_part_switches_off(study_file: StudyFile
         (
             {"stop_early": {"min_patience": 20}},
             ["trust.stop_early.min_patience", "20", "Lower min_patience to 15"],
+        ),
+        (
+            {"stop_early": {"patience": 4, "min_patience": 8}},
+            ["trust.stop_early.min_patience", "8", "Lower min_patience to 4"],
         ),
         ({"skip_repeats": True}, ["trust.skip_repeats"]),
     ],
