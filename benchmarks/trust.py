@@ -194,7 +194,6 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "grows-from-8": {"stop_early": {"min_patience": 8}},
     "fixed-patience": {"stop_early": {"min_patience": None}},
     "one-knob": True,  # the defaults, every move from the best changing one knob (SAMPLER_SETTINGS)
-    "branch-first": True,  # the defaults, the branch and the KV pool's probe first (SAMPLER_SETTINGS)
 }
 # Variants that change the default sampler's settings (autotune.study.samplers.tpe), not the trust section.
 # Issue 37 items 2/7 measured these too, and took them out again (they lived at `0ecfc8f`): the knobs whose
@@ -202,10 +201,9 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
 # second knob either (`moves-evidence`).
 SAMPLER_SETTINGS: dict[str, dict[str, Any]] = {
     "one-knob": {"second": 0.0},  # the default: a move changes two knobs with probability 0.3
-    # The speculative branch's trees and the KV pool's probe during the start, before its own proposals.
-    "branch-first": {"branch_first": True},
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
+NO_STAGE = ("no-nccl-stage",)
 NO_STAGE = ("no-nccl-stage",)
 
 

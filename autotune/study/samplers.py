@@ -331,7 +331,6 @@ class IncumbentMoves(_Wrapper):
         branch_trials: int = BRANCH_TRIALS,
         floor: bool = True,
         climb: bool = True,
-        branch_first: bool = False,
         staged: Mapping[str, Any] | None = None,
         seed: int | None = None,
     ) -> None:
@@ -345,7 +344,6 @@ class IncumbentMoves(_Wrapper):
         self.branch_trials = branch_trials
         self.floor = floor
         self.climb = climb
-        self.branch_first = branch_first
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any] | None] = {}
@@ -395,10 +393,8 @@ class IncumbentMoves(_Wrapper):
         with_params = [t for t in trials if t.params]
         tried = {config_key(t.params) for t in with_params}
         repair = self._repair(finished, tried)
-        if repair is not None or len(study.directions) > 1:
+        if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
-        if len(finished) < self.n_startup_trials:
-            return self._first_on_purpose(study, finished, with_params, tried) if self.branch_first else None
         # The study's answer, moved from (or, set by the study loop, a config tied with it within noise).
         best = self.reference(study, [t for t in finished if t.params], self._rng)
         if best is None:
@@ -415,23 +411,6 @@ class IncumbentMoves(_Wrapper):
                 changed = ", ".join(n for n in move if not same_value(move[n], best.params.get(n)))
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
         return None
-
-    def _first_on_purpose(
-        self,
-        study: Study,
-        finished: list[FrozenTrial],
-        with_params: list[FrozenTrial],
-        tried: set[ConfigKey],
-    ) -> _Planned | None:
-        """During the start, what a person tries first on purpose from the best so far (SGLang's defaults
-        at first): each speculative tree of the branch, then the KV pool's probe (`_pool_short`); the start's
-        own proposals fill the rest."""
-        best = self.reference(study, [t for t in finished if t.params], self._rng)
-        if best is None:
-            return None
-        return self._branch(best, finished, with_params, tried) or (
-            self._climb(study, best, finished, tried, pool_only=True) if self.climb else None
-        )
 
     def _repair(
         self, finished: list[FrozenTrial], tried: set[ConfigKey]
@@ -506,12 +485,7 @@ class IncumbentMoves(_Wrapper):
         return None
 
     def _climb(
-        self,
-        study: Study,
-        best: FrozenTrial,
-        finished: list[FrozenTrial],
-        tried: set[ConfigKey],
-        pool_only: bool = False,
+        self, study: Study, best: FrozenTrial, finished: list[FrozenTrial], tried: set[ConfigKey]
     ) -> _Planned | None:
         """A line search along a range knob (the memory fraction) from the best trial: growing steps the way
         its neighbours rise, then halfway back towards where a config ran out of memory. The best configs sit
@@ -567,7 +541,7 @@ class IncumbentMoves(_Wrapper):
                 and _matters(name, finished, CLIMB_MARGIN)
             ):
                 targets.append(value + step)  # a probe of which way the line goes, short of a known edge
-            for side in () if pool_only else (-1, 1):  # pool_only: the KV pool's probe alone
+            for side in (-1, 1):
                 behind, ahead = sides[-side], sides[side]
                 if not behind or not _feasible(behind[0]) or not worse(behind[0]):
                     continue
@@ -586,7 +560,6 @@ class IncumbentMoves(_Wrapper):
                             return plan, f"{LINE_SEARCH} from trial {best.number}, the best so far: {why}"
                     targets.append(value + side * halves * step)
             held_short = self._pool_short(best, name, step, sides[1], edges[1])
-            targets = targets[:0] if pool_only else targets
             if held_short is not None:
                 targets.insert(0, held_short[0])
             for target in targets:
@@ -888,7 +861,6 @@ def tpe(
     branch_trials: int = BRANCH_TRIALS,
     floor: bool = True,
     climb: bool = True,
-    branch_first: bool = False,
     start_values: Mapping[str, Any] | None = None,
     staged: Mapping[str, Any] | None = None,
     **options: Any,
@@ -918,7 +890,6 @@ def tpe(
         branch_trials=branch_trials,
         floor=floor,
         climb=climb,
-        branch_first=branch_first,
         staged=staged,
         seed=seed,
     )

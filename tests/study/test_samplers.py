@@ -24,7 +24,6 @@ from autotune.study.records import (
 )
 from autotune.study.rules import best_trial
 from autotune.study.samplers import (
-    BRANCH_PLAN,
     NEAR_STEPS,
     SAMPLERS,
     DefaultsStartSampler,
@@ -513,27 +512,6 @@ def test_speculation_gets_its_trees_on_purpose_right_after_the_start() -> None:
         trial = ask_branch(study)
         study.tell(trial, 0.1)
         assert PROPOSED_ATTR not in study.trials[trial.number].system_attrs
-
-
-def test_branch_first_gives_the_trees_right_after_the_baseline_and_the_start_the_rest() -> None:
-    def study_of(branch_first: bool) -> optuna.Study:
-        sampler = IncumbentMoves(
-            optuna.samplers.RandomSampler(seed=0), n_startup_trials=10, share=0.0, branch_first=branch_first
-        )
-        study = optuna.create_study(direction="maximize", sampler=sampler)
-        study.enqueue_trial({"NCCL_ALGO": None, ALGO: None})  # SGLang's defaults
-        study.tell(ask_branch(study), 0.5)
-        for _ in range(5):
-            study.tell(ask_branch(study), 0.4)  # no tree beats the defaults: each is planned from them
-        return study
-
-    first = study_of(branch_first=True).trials
-    planned = [str(t.system_attrs.get(PROPOSED_ATTR, "")) for t in first[1:]]
-    assert [p.split(": trial 0 with ")[-1] for p in planned[:3]] == list(BRANCH_PLAN), planned
-    assert tree(first[1]) == (5, 4, 8) and first[1].params["NCCL_ALGO"] is None
-    assert planned[3:] == ["", ""]  # the branch explored: the start's own proposals, 10 trials in all
-    # Off (the default), the start's 10 trials are its own.
-    assert not any(PROPOSED_ATTR in t.system_attrs for t in study_of(branch_first=False).trials)
 
 
 def test_a_branch_trial_in_a_space_without_the_trees_knobs_does_not_repeat_a_config() -> None:
