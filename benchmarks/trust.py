@@ -204,7 +204,6 @@ SAMPLER_SETTINGS: dict[str, dict[str, Any]] = {
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
-NO_STAGE = ("no-nccl-stage",)
 
 
 def per_look_confidence(settings: dict[str, Any], candidates: int) -> float:
