@@ -3,9 +3,13 @@ default (SGLang's own choice, from the baseline's log)."""
 
 from __future__ import annotations
 
+import pytest
+
+from autotune.node.logwatch import server_memory
 from autotune.trial.memory_fraction import (
     MEM_FRACTION,
     config_fraction,
+    fraction_to_hold,
     launch_fraction,
     minimum_viable,
     running_fraction,
@@ -37,3 +41,25 @@ def test_a_launch_gives_the_last_fraction_and_sglang_names_the_smallest_that_sta
     assert launch_fraction([("--tp-size", "8")]) is None
     assert minimum_viable(KV_POOL_LINE) == 0.016
     assert minimum_viable("Not enough memory. Please try to increase --mem-fraction-static.") is None
+
+
+# The memory report of real SGLang 0.5.17 on the lent H200 (the kit's 8B at SGLang's own 0.909;
+# benchmarks/sglang-h200/startup/server-warm-8.log), as the node reads it.
+H200_REPORT = (
+    "[2026-12-05 03:02:49] Load weight end. elapsed=1.94 s, type=LlamaForCausalLM, avail mem=125.62 GB, "
+    "mem usage=13.51 GB.\n"
+    "[2026-12-05 03:02:50] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 925293, K size: 56.48 GB, "
+    "V size: 56.48 GB"
+)
+
+
+def test_the_fraction_that_holds_more_tokens_grows_by_the_gpus_memory_per_unit() -> None:
+    memory: dict[str, float] = {}
+    for line in H200_REPORT.splitlines():
+        memory.update(server_memory(line))
+    # Weights and KV over the fraction: 139.1 GB, the H200's 139.8 GiB less what the fraction leaves out.
+    assert (memory["weights_gb"] + memory["kv_cache_gb"]) / 0.909 == pytest.approx(139.1, abs=0.1)
+    # 100,000 tokens more at 112.96 GB / 925,293 tokens = 12.2 GB: +0.0878 of 139.1 GB.
+    assert fraction_to_hold(1_025_293, 0.909, memory) == pytest.approx(0.909 + 12.208 / 139.07, abs=1e-4)
+    assert fraction_to_hold(925_293, 0.909, memory) is None  # it holds them already
+    assert fraction_to_hold(1_025_293, 0.909, {**memory, "kv_cache_gb": 0.0}) is None  # a report lacking
