@@ -174,6 +174,18 @@ class LimitCheck:
         )
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """The requests a workload keeps in flight on one server replica, and the KV tokens each holds."""
+
+    requests: int
+    tokens_each: int
+
+    def tokens(self, running: int | None = None) -> int:
+        """The KV tokens they hold at once, on a server that runs at most `running` at a time (None: all)."""
+        return min(self.requests, running or self.requests) * self.tokens_each
+
+
 class Objective(BaseModel):
     """What a trial measures and optimizes; `limits` are the worst acceptable values of other metrics.
 
@@ -379,11 +391,11 @@ class Objective(BaseModel):
     def is_multi_objective(self) -> bool:
         return bool(self.also_optimize)
 
-    def tokens_in_flight(self, replicas: int = 1) -> int | None:
-        """The KV tokens the workload's requests hold at once on each of `replicas` server replicas that
-        run them all: their share of `concurrency` (at most `num_prompts`) requests of `input_len` +
-        `output_len` tokens. None where the load or the lengths vary (a prompts file, lengths other than
-        fixed, shared prefixes, a request rate, a ladder, a load search) or a job is measured."""
+    def in_flight(self, replicas: int = 1) -> InFlight | None:
+        """The requests the workload keeps in flight on each of `replicas` server replicas that run them all
+        (their share of `concurrency`, at most `num_prompts`), each holding `input_len` + `output_len` KV
+        tokens. None where the load or the lengths vary (a prompts file, lengths other than fixed, shared
+        prefixes, a request rate, a ladder, a load search) or a job is measured."""
         w = self.workload
         if (
             w is None
@@ -396,7 +408,7 @@ class Objective(BaseModel):
             or w.request_rate is not None
         ):
             return None
-        return -(-min(w.concurrency, w.num_prompts) // replicas) * (w.input_len + w.output_len)
+        return InFlight(-(-min(w.concurrency, w.num_prompts) // replicas), w.input_len + w.output_len)
 
     @property
     def is_job(self) -> bool:

@@ -35,7 +35,7 @@ from autotune.config._yaml import (
     switch_or_section,
 )
 from autotune.config.hosts import AddressError, is_loopback, parse_ssh_address
-from autotune.config.objective import Objective, load_objective
+from autotune.config.objective import InFlight, Objective, load_objective
 from autotune.config.search_space import (
     FLAG_NAME,
     MANAGED_FLAGS,
@@ -557,11 +557,11 @@ class Study:
         return replace(self, derived_from=self, **changes)
 
     @property
-    def tokens_in_flight(self) -> int | None:
-        """The KV tokens each server replica's pool holds at once for the objective's workload: its share
-        of the requests over the --dp-size the server section sets (Objective.tokens_in_flight)."""
+    def in_flight(self) -> InFlight | None:
+        """The requests each server replica holds at once for the objective's workload: their share over
+        the --dp-size the server section sets (Objective.in_flight)."""
         dp = next((v for f, v in self.file.server.flags.items() if f in DP_FLAGS and v is not None), "1")
-        return self.objective.tokens_in_flight(int(dp)) if dp.isdigit() and int(dp) > 0 else None
+        return self.objective.in_flight(int(dp)) if dp.isdigit() and int(dp) > 0 else None
 
     @property
     def search_space_text(self) -> str:

@@ -107,7 +107,7 @@ class RunState:
         its moves starting from a config tied with the best within noise when `trust.noise_ties` says so and
         told the KV tokens the workload holds at once (a best whose pool held fewer raises its fraction)."""
         if isinstance(self.base_sampler, samplers.IncumbentMoves):
-            self.base_sampler.tokens_in_flight = self.study.tokens_in_flight
+            self.base_sampler.in_flight = self.study.in_flight
             if self.study.file.trust.noise_ties:
                 self.base_sampler.reference = move_from
         return self.known.sampler(self.base_sampler, self.hardware)

@@ -26,6 +26,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.objective import InFlight
 from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
@@ -46,6 +47,7 @@ LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSE
 # take the memory a fast config needs for activations and graphs (on the MoE coder profile an uncapped jump
 # to 0.93 was slower than 0.83 every time; benchmarks/RESULTS.md, "The KV pool's shortfall").
 POOL_STEPS = 3
+MAX_RUNNING = "--max-running-requests"  # SGLang's cap on the requests it runs at once
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
 EDGE_KNOBS = {FailureKind.OOM_UNDER_LOAD.value: "--chunked-prefill-size"}
@@ -356,9 +358,9 @@ class IncumbentMoves(_Wrapper):
         # The trial the moves start from among the finished ones: the best (the study loop may set another
         # rule, such as any config within the run-to-run noise of the best: study.noise.move_from).
         self.reference: Reference = _best_of
-        # The KV tokens the workload's requests hold at once on each replica (set by the study loop from
-        # Objective.tokens_in_flight): a best whose pool held fewer gets its memory fraction raised first.
-        self.tokens_in_flight: int | None = None
+        # The requests the workload keeps in flight on each replica (set by the study loop from
+        # Study.in_flight): a best whose KV pool held fewer of their tokens gets its fraction raised first.
+        self.in_flight: InFlight | None = None
 
     @property
     def held(self) -> dict[str, Any]:
@@ -582,23 +584,25 @@ class IncumbentMoves(_Wrapper):
         self, best: FrozenTrial, name: str, step: float, above: list[FrozenTrial], edge: float | None
     ) -> tuple[float, str] | None:
         """Where the best trial's KV pool held fewer tokens than the workload keeps in flight (its memory
-        report against `tokens_in_flight`), the memory fraction that would hold them, on the knob's step, at
+        report against `in_flight`), the memory fraction that would hold them, on the knob's step, at
         most POOL_STEPS up and short of the nearest value a config ran out of memory at (`edge`), and why;
         None where it held them, nothing says, or a trial above the best on this line ran already. SGLang
         then runs fewer requests at a time and queues the rest: the first thing a person reading its log
         raises, with no need of two trials showing the fraction matters."""
-        if name != MEM_FRACTION or self.tokens_in_flight is None or above:
+        if name != MEM_FRACTION or self.in_flight is None or above:
             return None
         record = TrialRecord.of(best)
         value = best.params[name]
-        fit = fraction_to_hold(self.tokens_in_flight, value, record.server_memory)
+        running = best.params.get(MAX_RUNNING)  # a server that runs fewer at once cannot use the room
+        tokens = self.in_flight.tokens(running if isinstance(running, int) else None)
+        fit = fraction_to_hold(tokens, value, record.server_memory)
         if fit is None:
             return None
         target = value + min(math.ceil((fit - value) / step - 1e-9), POOL_STEPS) * step
         if edge is not None and target >= edge:
             target = edge - step
         held = int(record.server_memory["kv_cache_tokens"])
-        why = f" (its KV pool held {held} of the workload's {self.tokens_in_flight} tokens in flight)"
+        why = f" (its KV pool held {held} of the workload's {tokens} tokens in flight)"
         return target, why
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from autotune.config import (
     load_yaml,
     parse_objective,
 )
+from autotune.config.objective import InFlight
 from autotune.config.study import DEFAULT_NEVER_LAUNCH_FLAGS
 from autotune.dialect import Dialect, committed_table, committed_versions, table_from_help
 from autotune.errors import ConfigError, ForbiddenLaunchError
@@ -162,26 +163,29 @@ def test_workload_ints_must_be_positive(tmp_path: Path, key: str) -> None:
     assert error.problem == "must be > 0"
 
 
-def test_the_kv_tokens_a_workload_keeps_in_flight_where_its_load_and_lengths_say_it() -> None:
+def test_the_requests_a_workload_keeps_in_flight_where_its_load_and_lengths_say_it() -> None:
     objective = Objective(name="t", metric="output_throughput", workload=WORKLOAD)
-    assert objective.tokens_in_flight() == 4 * 28_500
-    assert objective.tokens_in_flight(replicas=3) == 2 * 28_500  # 4 requests over 3 replicas: 2 at most
+    assert objective.in_flight() == InFlight(4, 28_500)
+    assert objective.in_flight(replicas=3) == InFlight(2, 28_500)  # 4 requests over 3 replicas: 2 at most
+    assert InFlight(4, 28_500).tokens() == 4 * 28_500
+    assert InFlight(4, 28_500).tokens(running=2) == 2 * 28_500  # --max-running-requests 2: 2 at once
+    assert InFlight(4, 28_500).tokens(running=64) == 4 * 28_500
     few = Objective(name="t", metric="output_throughput", workload={**WORKLOAD, "num_prompts": 2})
-    assert few.tokens_in_flight() == 2 * 28_500
+    assert few.in_flight() == InFlight(2, 28_500)
     for varying in ({"lengths": "uniform"}, {"request_rate": 2.0}):
         objective = Objective(name="t", metric="output_throughput", workload={**WORKLOAD, **varying})
-        assert objective.tokens_in_flight() is None, varying
+        assert objective.in_flight() is None, varying
     levels = {"concurrency": [2, 4]}
     ladder = Objective(name="t", metric="output_throughput", workload=WORKLOAD, ladder=levels)
-    assert ladder.tokens_in_flight() is None
+    assert ladder.in_flight() is None
 
 
 def test_a_study_shares_the_workloads_requests_among_the_servers_replicas(study_file: StudyFiles) -> None:
     # The quickstart's 4 requests of 28,000 + 1,000 tokens; --dp-size 2 (or its alias) gives each 2.
-    assert load_study(study_file()).tokens_in_flight == 4 * 29_000
+    assert load_study(study_file()).in_flight == InFlight(4, 29_000)
     for dp in ("--dp-size", "--data-parallel-size"):
         study = load_study(study_file(server=model_server(flags={"--tp-size": 4, dp: 2})))
-        assert study.tokens_in_flight == 2 * 29_000, dp
+        assert study.in_flight == InFlight(2, 29_000), dp
 
 
 def test_workload_unknown_key(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import create_trial
 
 from autotune.cli.answers import _status_notes, _trial_record
+from autotune.config.objective import InFlight
 from autotune.config.study import SAMPLER_NAMES, SamplerSpec
 from autotune.study.records import (
     ACCEPT_LENGTH_ATTR,
@@ -24,6 +25,7 @@ from autotune.study.records import (
 )
 from autotune.study.rules import best_trial
 from autotune.study.samplers import (
+    MAX_RUNNING,
     NEAR_STEPS,
     SAMPLERS,
     DefaultsStartSampler,
@@ -712,11 +714,16 @@ def test_ngram_gets_draft_tokens_on_purpose_not_an_eagle_tree() -> None:
 
 
 def climb_study(
-    trials: list[tuple[float, float | None]], climb: bool = True, other: int = 0, first: dict | None = None
+    trials: list[tuple[float, float | None]],
+    climb: bool = True,
+    other: int = 0,
+    first: dict | None = None,
+    running: int | None = None,
 ) -> optuna.Study:
     """A study of the memory fraction and one other knob whose trials ran at these (fraction, value) pairs
     (None: ran out of memory), the other knob alike in all but the last `other` trials (NCCL_ALGO Ring
-    there), the first with the user attributes `first`; moves off (`share=0`), no start."""
+    there), the first with the user attributes `first`, each with --max-running-requests `running` where
+    it is set; moves off (`share=0`), no start."""
     sampler = IncumbentMoves(
         optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, branch_trials=0, climb=climb
     )
@@ -729,6 +736,9 @@ def climb_study(
         failed = {"state": optuna.trial.TrialState.PRUNED, "system_attrs": {"constraints": [1.0]}}
         done = {"value": value} if value is not None else failed
         params = {MEM: fraction, "NCCL_ALGO": "Ring" if number >= len(trials) - other else None}
+        if running is not None:
+            distributions[MAX_RUNNING] = CategoricalDistribution([None, 2, 4, 8])
+            params[MAX_RUNNING] = running
         attrs = (first or {}) if number == 0 else {}
         study.add_trial(create_trial(params=params, distributions=distributions, user_attrs=attrs, **done))
     return study
@@ -770,16 +780,20 @@ def test_a_line_search_pushes_the_memory_fraction_on_to_the_edge_where_it_ran_ou
 
 
 def pool_study(
-    held: int, trials: list[tuple[float, float | None]], token_kb: float = 4.5, other: int = 0
+    held: int,
+    trials: list[tuple[float, float | None]],
+    token_kb: float = 4.5,
+    other: int = 0,
+    running: int | None = None,
 ) -> optuna.Study:
     """climb_study's trials (the last `other` off the best's line), the first (the best) with a memory
     report at its fraction: 60 GB of weights per GPU and a KV pool of `held` tokens of `token_kb` kB each;
     the workload keeps 116,000 tokens in flight (4 requests of 28,000 + 1,000, the seed's)."""
     kv_gb = held * token_kb * 1e-6
     memory = {"weights_gb": 60.0, "kv_cache_gb": kv_gb, "kv_cache_tokens": float(held)}
-    study = climb_study(trials, other=other, first={SERVER_MEMORY_ATTR: memory})
+    study = climb_study(trials, other=other, first={SERVER_MEMORY_ATTR: memory}, running=running)
     assert isinstance(study.sampler, IncumbentMoves)
-    study.sampler.tokens_in_flight = 116_000
+    study.sampler.in_flight = InFlight(4, 29_000)
     return study
 
 
@@ -804,7 +818,19 @@ def test_a_best_whose_kv_pool_held_fewer_tokens_than_the_workload_sends_raises_i
     assert not planned_by_line_search(pool_study(116_000, [(0.86, 700.0)]))
     study = pool_study(105_675, [(0.86, 700.0)])
     assert isinstance(study.sampler, IncumbentMoves)
-    study.sampler.tokens_in_flight = None
+    study.sampler.in_flight = None
+    assert not planned_by_line_search(study)
+    # 8 requests of 29,000 tokens of 45 kB: 232,000, 0.076 short, so three steps up (0.89); a best that
+    # runs at most 4 at once (--max-running-requests) uses room for 116,000 (0.87); one that runs 2, none.
+    for running, fraction in ((None, 0.89), (4, 0.87)):
+        study = pool_study(105_675, [(0.86, 700.0)], token_kb=45.0, running=running)
+        assert isinstance(study.sampler, IncumbentMoves)
+        study.sampler.in_flight = InFlight(8, 29_000)
+        assert ask_fraction(study) == pytest.approx(fraction), running
+    assert "of the workload's 116000 tokens in flight" in study.trials[-1].system_attrs[PROPOSED_ATTR]
+    study = pool_study(105_675, [(0.86, 700.0)], token_kb=45.0, running=2)
+    assert isinstance(study.sampler, IncumbentMoves)
+    study.sampler.in_flight = InFlight(8, 29_000)
     assert not planned_by_line_search(study)
     # A trial above the best on its line ran (and did worse): the plain line search goes the other way.
     study = pool_study(105_675, [(0.86, 700.0), (0.87, 690.0)])
