@@ -35,14 +35,17 @@ from autotune.study.records import CONFIRM_ATTR
 from autotune.study.rules import best_trial
 from autotune.study.trust.stopping import why_stop
 
-# The rules replayed: the study file's `stop_early` section of each (over the defaults).
+# The rules replayed: the study file's `stop_early` section of each (over the defaults: `min_patience` 8
+# since session 12). The trials-* rules wait a fixed patience, as the defaults did before (`fixed-15`).
+FIXED = {"min_patience": None}
 RULES: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "trials-20-12": {"patience": 12},
-    "trials-20-10": {"patience": 10},
-    "trials-16-12": {"min_trials": 16, "patience": 12},
-    "trials-15-10": {"min_trials": 15, "patience": 10},
-    "trials-12-8": {"min_trials": 12, "patience": 8},
+    "fixed-15": FIXED,
+    "trials-20-12": {**FIXED, "patience": 12},
+    "trials-20-10": {**FIXED, "patience": 10},
+    "trials-16-12": {**FIXED, "min_trials": 16, "patience": 12},
+    "trials-15-10": {**FIXED, "min_trials": 15, "patience": 10},
+    "trials-12-8": {**FIXED, "min_trials": 12, "patience": 8},
     "grows-from-8": {"min_patience": 8},
     "grows-from-10": {"min_patience": 10},
     "hours-1.0": {"min_node_hours": 1.0, "patience_node_hours": 1.0},
