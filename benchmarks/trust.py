@@ -194,6 +194,7 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "grows-from-8": {"stop_early": {"min_patience": 8}},
     "fixed-patience": {"stop_early": {"min_patience": None}},
     "one-knob": True,  # the defaults, every move from the best changing one knob (SAMPLER_SETTINGS)
+    "start-6": True,  # the defaults, a start of 6 trials instead of 10 (SAMPLER_SETTINGS)
 }
 # Variants that change the default sampler's settings (autotune.study.samplers.tpe), not the trust section.
 # Issue 37 items 2/7 measured these too, and took them out again (they lived at `0ecfc8f`): the knobs whose
@@ -201,6 +202,7 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
 # second knob either (`moves-evidence`).
 SAMPLER_SETTINGS: dict[str, dict[str, Any]] = {
     "one-knob": {"second": 0.0},  # the default: a move changes two knobs with probability 0.3
+    "start-6": {"n_startup_trials": 6},  # the default start is 10 trials
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
