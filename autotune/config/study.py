@@ -56,6 +56,7 @@ from autotune.trial.launch import (
     TrialConfig,
     build_server_launch,
     check_never_launch,
+    flag_value,
     is_env_name,
     to_arg,
     to_env_value,
@@ -560,7 +561,7 @@ class Study:
     def in_flight(self) -> InFlight | None:
         """The requests each server replica holds at once for the objective's workload: their share over
         the --dp-size the server section sets (Objective.in_flight)."""
-        dp = next((v for f, v in self.file.server.flags.items() if f in DP_FLAGS and v is not None), "1")
+        dp = flag_value(self.file.server.flags.items(), *DP_FLAGS) or "1"
         return self.objective.in_flight(int(dp)) if dp.isdigit() and int(dp) > 0 else None
 
     @property

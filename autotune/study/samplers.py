@@ -549,10 +549,7 @@ class IncumbentMoves(_Wrapper):
                     continue
                 if not ahead:
                     target = value + 2 * (value - behind[0].params[name])
-                    edge = edges[side]  # short of the nearest value another config ran out of memory at
-                    if edge is not None and side * (target - (edge - side * step)) > 0:
-                        target = edge - side * step
-                    targets.append(target)
+                    targets.append(_short_of(edges[side], target, side, step))
                 elif not _feasible(ahead[0]):
                     halves = math.floor(abs(ahead[0].params[name] - value) / step / 2 + 1e-9)
                     if halves == 0:  # the edge: move it, with less of what ran out of memory there
@@ -598,9 +595,8 @@ class IncumbentMoves(_Wrapper):
         fit = fraction_to_hold(tokens, value, record.server_memory)
         if fit is None:
             return None
-        target = value + min(math.ceil((fit - value) / step - 1e-9), POOL_STEPS) * step
-        if edge is not None and target >= edge:
-            target = edge - step
+        steps = min(math.ceil((fit - value) / step - 1e-9), POOL_STEPS)
+        target = _short_of(edge, value + steps * step, 1, step)
         held = int(record.server_memory["kv_cache_tokens"])
         why = f" (its KV pool held {held} of the workload's {tokens} tokens in flight)"
         return target, why
@@ -734,6 +730,14 @@ def _edge_shift(
     if config_key(plan) in tried:
         return None
     return plan, f"trial {failed.number}'s config ({kind}) with {flag} {max(smaller)}"
+
+
+def _short_of(edge: float | None, target: float, side: int, step: float) -> float:
+    """`target` on a line going `side` (1: up), at least a step short of `edge`, the nearest value another
+    config ran out of memory at that way (None: none)."""
+    if edge is not None and side * (target - (edge - side * step)) > 0:
+        return edge - side * step
+    return target
 
 
 def _matters(name: str, trials: Sequence[FrozenTrial], margin: float) -> bool:
