@@ -159,8 +159,11 @@ class StudyDriver:
                     run.observers.knob_held(KnobHeld(run.stopped))
                 node_budget.clear_ran_out(optuna_study)
                 affordable = partial(self._affordable, run)
+                pays = partial(node_budget.rounds_pay, study, optuna_study)
                 rounds = (
-                    () if run.options.queued_only else confirmation_rounds(study, optuna_study, affordable)
+                    ()
+                    if run.options.queued_only
+                    else confirmation_rounds(study, optuna_study, affordable, pays)
                 )
                 for total in rounds:
                     run.total = total  # a round at a time (study.confirm), while the node hours pay for it

@@ -10,6 +10,7 @@ import json
 import math
 import socket
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -626,3 +627,33 @@ def test_with_the_study_s_noise_the_search_s_round_alone_decides_nothing(study_f
     next(rounds)
     state = confirmation(optuna_study)
     assert state is not None and state.searched == 0 and state.gain is None and state.queued == 1
+
+
+def test_a_runner_up_within_the_noise_is_left_out_where_the_hours_do_not_pay_for_its_rounds(
+    study_file: StudyFiles,
+) -> None:
+    """The runner-up (149) lies within the noise of the leader (150): both would be confirmed. With node
+    hours for the rounds of the defaults and one config (launches of 600 s), only the leader's are run."""
+    from autotune.study.trust.confirm import LEFT_OUT_KEY, confirmation_rounds
+
+    study = load_study(study_file(n_trials=8, search_space=FLAT, trust={"confirm": {"top": 2}}))
+    values = {0: 100.0, 1: 101.0, 2: 150.0, 3: 100.5, 4: 149.0, 5: 99.0, 6: 99.8}
+    asked: list[list[int]] = []
+
+    def pays(configs: Sequence[int]) -> bool:
+        asked.append(list(configs))
+        return len(configs) * 2 * 600.0 <= 2 * 2 * 600.0  # 2 rounds of 2 launches, not of 3
+
+    optuna_study = _search_study(values)
+    next(confirmation_rounds(study, optuna_study, pays=pays))
+    state = confirmation(optuna_study)
+    assert state is not None and state.configs == (2,)
+    assert optuna_study.user_attrs["confirm"][LEFT_OUT_KEY] == [4]
+    assert asked == [[0, 2, 4]]  # the leader alone is not asked: its rounds always run while they pay
+    queued = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["remeasure_of"] for t in queued) == [0, 2]
+    # Hours for all three: the runner-up is confirmed beside the leader.
+    optuna_study = _search_study(values)
+    next(confirmation_rounds(study, optuna_study, pays=lambda configs: True))
+    state = confirmation(optuna_study)
+    assert state is not None and state.configs == (2, 4)

@@ -148,15 +148,61 @@ def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() ->
     assert round_s(study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
 
 
+def test_the_reserve_keeps_rounds_of_the_defaults_at_their_price_and_of_one_leader_at_the_dearest(
+    study_file: StudyFiles,
+) -> None:
+    # The seed's node: the defaults' first launch read the weights from disk (680 s), their repeat 240 s;
+    # the search's launches 250 and 290 s. A round is the defaults and the leader: a runner-up is
+    # confirmed only where the hours pay for it (study.trust.confirm). Priced at 3 x 290 s a round, the
+    # reserve held back a launch the seed's budget under 2x auto_benchmark's hours could make.
+    study = load_study(study_file(budget={"node_hours": 2.0}, trust={"confirm": {"top": 2, "min_rounds": 2}}))
+    trials = [
+        stored_trial(value=80.0, node="n", node_s=680.0, baseline=True),
+        stored_trial({"--stream-interval": 1}, value=90.0, node="n", node_s=250.0),
+        stored_trial({"--stream-interval": 2}, value=95.0, node="n", node_s=290.0),
+        stored_trial(value=80.5, node="n", node_s=240.0, baseline=True, remeasure_of=0),
+    ]
+    hours = node_hours(study, study_of_trials(*trials))
+    assert hours.reserve_s == hours.search_reserve_s == 2 * (240.0 + 290.0)
+    # Before the defaults ran again, their round is priced at their only launch: nothing cheaper is known.
+    assert node_hours(study, study_of_trials(*trials[:3])).reserve_s == 2 * (680.0 + 290.0)
+
+
+def test_after_its_rounds_ran_a_further_search_launch_still_keeps_every_round_back(
+    study_file: StudyFiles,
+) -> None:
+    # A resume given more hours after the confirmation decided: its rounds are paid for, but a search
+    # launch may make a new leader, whose rounds are all to run. It spent the hours to the last launch
+    # and ran out after 0 of 2 rounds.
+    study = load_study(study_file(budget={"node_hours": 1.0}, trust=CONFIRM))
+    round_marks = [{"round": r, "position": p} for r in (0, 1) for p in (0, 1)]
+    trials = [
+        stored_trial(value=80.0, node="n", node_s=600.0, baseline=True),
+        stored_trial({"--stream-interval": 1}, value=95.0, node="n", node_s=600.0),
+        *(
+            stored_trial(value=v, node="n", node_s=600.0, remeasure_of=of, baseline=of == 0, confirm=mark)
+            for (of, v), mark in zip(((0, 80.2), (1, 95.1), (1, 95.3), (0, 80.1)), round_marks, strict=True)
+        ),
+    ]
+    settings = {"baseline": 0, "configs": [1], "queued": 2, "since": 1, "min_rounds": 2, "max_rounds": 2}
+    hours = node_hours(study, study_of_trials(*trials, confirm=settings))
+    assert hours.reserve_s == 0.0  # nothing more to keep for this confirmation
+    assert hours.search_reserve_s == 2 * (600.0 + 600.0)
+    assert hours.left_s == 3600.0 - 6 * 600.0 == 0.0 and not hours.search_may_launch()
+    more = NodeHours(2.0, hours.spent_s, hours.launch_s, hours.reserve_s, hours.search_reserve_s)
+    assert more.search_may_launch()  # 1.0 h left: a launch (600 s) and two rounds (2400 s)
+    assert not NodeHours(1.8, hours.spent_s, hours.launch_s, 0.0, hours.search_reserve_s).search_may_launch()
+
+
 def test_a_budget_that_leaves_no_search_launch_says_so_and_what_a_resume_needs(
     study_file: StudyFiles,
 ) -> None:
     # 4x L40S, max_load under 2x auto_benchmark's hours: the defaults meet the SLO at no rate, their load
-    # search walks down to its floor (0.43 node h), and 2 rounds of 3 such launches outprice the 2.48 left.
+    # search walks down to its floor (0.43 node h), and a reserve of 2.58 outprices the 2.48 left.
     # It said "its share of the node-hour budget is spent" of a search that never launched.
     study = load_study(study_file(budget={"node_hours": 2.91}))
     baseline = stored_trial(value=0.0, node="n", node_s=0.43 * 3600, baseline=True)
-    hours = NodeHours(2.91, 0.43 * 3600, 0.43 * 3600, 2.58 * 3600)
+    hours = NodeHours(2.91, 0.43 * 3600, 0.43 * 3600, 2.58 * 3600, 2.58 * 3600)
     text = search_ended_text(study, study_of_trials(baseline), hours)
     assert text.startswith("search ended before its first launch: the 2.48 node h left"), text
     assert "(0.43 node h, the median measured) beside the 2.58 kept for confirmation" in text

@@ -368,9 +368,13 @@ def search_rounds(
     return sorted(rounds, key=lambda paired: paired[0][1])  # in time, over the nodes
 
 
-def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None:
+def _start(
+    study: Study, optuna_study: optuna.Study, pays: Callable[[Sequence[int]], bool] | None = None
+) -> Mapping[str, Any] | None:
     """Choose the configs to confirm (the `top` by mean of their measurements, feasible and never failed)
-    and the baseline, and remember them in the study; None when there is nothing to confirm."""
+    and the baseline, and remember them in the study; None when there is nothing to confirm. A runner-up
+    is left out where the node hours left do not pay for its rounds (`pays(configs)`, the baseline's
+    first): the leader's rounds come first."""
     settings = study.file.trust.confirm
     groups = [g for g in measurement_groups(optuna_study, settings.confidence) if g.n and not g.failed]
     base = next((g for g in groups if g.baseline), None)
@@ -382,6 +386,8 @@ def _start(study: Study, optuna_study: optuna.Study) -> Mapping[str, Any] | None
     if not top:
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
+    while pays is not None and len(top) > 1 and not pays([base.of, *(g.of for g in top)]):
+        left_out.insert(0, top.pop())
     zero = settings.decide_at_no_rate and at_no_rate(base, maximize)
     since = max((t.number for t in optuna_study.get_trials(deepcopy=False)), default=-1)
     paired_in_time = search_rounds(optuna_study, base, top) if settings.pair_search_launches else []
@@ -414,16 +420,20 @@ def _searched_since(optuna_study: optuna.Study, since: int) -> bool:
 
 
 def confirmation_rounds(
-    study: Study, optuna_study: optuna.Study, affordable: Callable[[int], bool] | None = None
+    study: Study,
+    optuna_study: optuna.Study,
+    affordable: Callable[[int], bool] | None = None,
+    pays: Callable[[Sequence[int]], bool] | None = None,
 ) -> Iterator[int]:
     """Queue the confirmation's rounds one at a time; yields the budget the study loop runs to for each
     (every trial of the round: budget used plus the queued). A resumed study continues its rounds.
-    `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not."""
+    `affordable(launches)` says whether the node hours left pay for a round; the rounds end when not;
+    `pays(configs)`, whether they pay for every round of these configs (a runner-up's are left out)."""
     if not study.file.trust.confirm.enabled or len(optuna_study.directions) != 1:
         return
     settings = _settings(optuna_study)
     if settings is None or _searched_since(optuna_study, int(settings.get("since", -1))):
-        settings = _start(study, optuna_study)  # first, or again after a resumed search found more configs
+        settings = _start(study, optuna_study, pays)  # first, or again after the search found more configs
     if settings is None:
         return
     groups = groups_by_trial(optuna_study)

@@ -2,16 +2,20 @@
 
 Every launch records its node seconds (`records.NODE_S_ATTR`, counted by `TrialResult.node_seconds` in the
 node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation's cost is kept back: its
-`min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured. The search ends
-when its next launch would eat into that reserve; a confirmation round starts only when the hours left
-pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because the
-budget ran out after k of n rounds (recorded in `records.BUDGET_ATTR`, worded by `ran_out_text`).
+`min_rounds` rounds of SGLang's defaults and one leader, the defaults at their dearest launch and the
+leader at the dearest launch the study measured (a runner-up is confirmed only where the hours left pay
+for its rounds too: study.trust.confirm). The search ends when its next launch would eat into that
+reserve; a confirmation round starts only when the hours left pay for it, so the study always ends with an
+answer: confirmed, no gain, or unconfirmed because the budget ran out after k of n rounds (recorded in
+`records.BUDGET_ATTR`, worded by `ran_out_text`). A search launch after a confirmation (a resume given
+more hours) keeps every round back again: the leader it may make has none.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +39,7 @@ __all__ = [
     "ran_out_text",
     "record_budget",
     "record_ran_out",
+    "rounds_pay",
 ]
 
 
@@ -94,7 +99,8 @@ def _reload_s(trials: list[FrozenTrial]) -> float | None:
     loads = [
         float(load)
         for t in trials
-        if (record := TrialRecord.of(t)).node_s and DUMP_PHASE not in record.startup_phases
+        if (record := TrialRecord.of(t)).node_s
+        and DUMP_PHASE not in record.startup_phases
         and isinstance(load := record.startup_phases.get("weight_load_s"), int | float)
     ]
     return statistics.median(loads) if loads else None
@@ -115,25 +121,48 @@ def _repeat_s(record: TrialRecord, reload_s: float | None) -> float | None:
     return record.node_s - dump
 
 
-def round_s(optuna_study: optuna.Study) -> float | None:
-    """What a confirmation round costs: each of its configs' dearest launch so far, a node's first launch
-    left out where the config has others (the baseline's first reads the weights from disk: pricing every
-    round at it refused a round the hours left paid for); None before the rounds began."""
-    state = confirmation(optuna_study)
-    if state is None:
-        return None
-    configs = {state.baseline, *state.configs}
-    trials = optuna_study.get_trials(deepcopy=False)
-    firsts = _node_firsts(trials)
-    launches: dict[int, list[FrozenTrial]] = {}  # config -> its launches that spent node time
+def _launches_by_config(trials: list[FrozenTrial]) -> dict[int, list[FrozenTrial]]:
+    """Each config (its first trial) -> its launches that spent node time."""
+    launches: dict[int, list[FrozenTrial]] = {}
     for trial in trials:
         record = TrialRecord.of(trial)
         of = record.remeasure_of if record.remeasure_of is not None else trial.number
-        if of in configs and record.node_s:
+        if record.node_s:
             launches.setdefault(of, []).append(trial)
+    return launches
+
+
+def configs_round_s(optuna_study: optuna.Study, configs: Iterable[int]) -> float:
+    """What a round of `configs` (their first trials) costs: each one's dearest launch so far, a node's
+    first launch left out where the config has others (the baseline's first reads the weights from disk:
+    pricing every round at it refused a round the hours left paid for); the median launch for a config
+    not measured."""
+    trials = optuna_study.get_trials(deepcopy=False)
+    firsts, launches = _node_firsts(trials), _launches_by_config(trials)
     median, reload_s = launch_s(optuna_study) or 0.0, _reload_s(trials)
-    dearest = {of: _dearest_s(measured, firsts, reload_s) for of, measured in launches.items()}
-    return math.fsum(d if (d := dearest.get(config)) is not None else median for config in configs)
+    prices = (_dearest_s(launches[of], firsts, reload_s) if of in launches else None for of in configs)
+    return math.fsum(price if price is not None else median for price in prices)
+
+
+def round_s(optuna_study: optuna.Study) -> float | None:
+    """What the confirmation's next round costs (`configs_round_s` of its configs); None before the rounds
+    began."""
+    state = confirmation(optuna_study)
+    if state is None:
+        return None
+    return configs_round_s(optuna_study, {state.baseline, *state.configs})
+
+
+def _reserve_round_s(optuna_study: optuna.Study) -> float | None:
+    """What a confirmation round of SGLang's defaults and one leader will cost: the defaults at their own
+    dearest launch, the leader, which the next launch may yet be, at the study's dearest (None before a
+    launch was measured)."""
+    dearest = dearest_launch_s(optuna_study)
+    if dearest is None:
+        return None
+    records = [(t.number, TrialRecord.of(t)) for t in optuna_study.get_trials(deepcopy=False)]
+    baseline = [r.remeasure_of if r.remeasure_of is not None else n for n, r in records if r.baseline]
+    return dearest + (configs_round_s(optuna_study, baseline[:1]) if baseline else dearest)
 
 
 def _confirm_launches(study: Study) -> tuple[int, int]:
@@ -149,17 +178,19 @@ class NodeHours:
     budget_h: float | None
     spent_s: float
     launch_s: float | None  # the median launch measured
-    reserve_s: float  # kept back for the confirmation
+    reserve_s: float  # kept back for the confirmation's rounds still to run
+    search_reserve_s: float  # what a search launch must leave: every round, for a leader it may make
 
     @property
     def left_s(self) -> float | None:
         return None if self.budget_h is None else self.budget_h * 3600 - self.spent_s
 
     def search_may_launch(self, running: int = 0) -> bool:
-        """Whether one more search launch (with `running` ones under way) leaves the reserve whole."""
+        """Whether one more search launch (with `running` ones under way) leaves the reserve whole: every
+        round of a confirmation, whose rounds so far a new leader would not have."""
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
-        return (running + 1) * self.launch_s + self.reserve_s <= self.left_s
+        return (running + 1) * self.launch_s + self.search_reserve_s <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
         """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
@@ -221,14 +252,12 @@ def _duration(seconds: float) -> str:
 def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False) -> NodeHours:
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
     `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
-    launch = launch_s(optuna_study)
-    rounds, per_round = _confirm_launches(study)
-    rounds = max(rounds - _rounds_measured(optuna_study), 0)
-    dearest = dearest_launch_s(optuna_study)
-    reserve = rounds * per_round * dearest if dearest is not None else 0.0
+    rounds = _confirm_launches(study)[0]
+    price = (_reserve_round_s(optuna_study) or 0.0) if rounds else 0.0
+    reserve = max(rounds - _rounds_measured(optuna_study), 0) * price
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
-    return NodeHours(budget, spent_s(optuna_study), launch, reserve)
+    return NodeHours(budget, spent_s(optuna_study), launch_s(optuna_study), reserve, rounds * price)
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
@@ -283,6 +312,14 @@ def round_fits(study: Study, optuna_study: optuna.Study, launches: int) -> bool:
         return True
     cost = round_s(optuna_study)
     return (cost if cost is not None else launches * hours.launch_s) <= hours.left_s
+
+
+def rounds_pay(study: Study, optuna_study: optuna.Study, configs: Sequence[int]) -> bool:
+    """Whether the hours left pay for the confirmation's `min_rounds` rounds of `configs` (first trials)."""
+    hours = node_hours(study, optuna_study)
+    if hours.left_s is None:
+        return True
+    return _confirm_launches(study)[0] * configs_round_s(optuna_study, configs) <= hours.left_s
 
 
 def record_ran_out(study: Study, optuna_study: optuna.Study, rounds: int) -> None:
