@@ -557,11 +557,11 @@ class Study:
         and whatever it writes hides this study's secrets as well as its own (`secrets`)."""
         return replace(self, derived_from=self, **changes)
 
-    @property
-    def in_flight(self) -> InFlight | None:
+    def in_flight(self, params: Mapping[str, Any] | None = None) -> InFlight | None:
         """The requests each server replica holds at once for the objective's workload: their share over
-        the --dp-size the server section sets (Objective.in_flight)."""
-        dp = flag_value(self.file.server.flags.items(), *DP_FLAGS) or "1"
+        the --dp-size a trial's `params` set, else the server section (Objective.in_flight)."""
+        searched = [(name, str(value)) for name, value in (params or {}).items() if value is not None]
+        dp = flag_value(searched, *DP_FLAGS) or flag_value(self.file.server.flags.items(), *DP_FLAGS) or "1"
         return self.objective.in_flight(int(dp)) if dp.isdigit() and int(dp) > 0 else None
 
     @property

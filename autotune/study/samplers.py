@@ -358,9 +358,9 @@ class IncumbentMoves(_Wrapper):
         # The trial the moves start from among the finished ones: the best (the study loop may set another
         # rule, such as any config within the run-to-run noise of the best: study.noise.move_from).
         self.reference: Reference = _best_of
-        # The requests the workload keeps in flight on each replica (set by the study loop from
-        # Study.in_flight): a best whose KV pool held fewer of their tokens gets its fraction raised first.
-        self.in_flight: InFlight | None = None
+        # The requests the workload keeps in flight on each replica of a trial's params (set by the study
+        # loop: Study.in_flight): a best whose KV pool held fewer of their tokens gets its fraction raised.
+        self.in_flight: Callable[[Mapping[str, Any]], InFlight | None] = lambda _params: None
 
     @property
     def held(self) -> dict[str, Any]:
@@ -586,12 +586,13 @@ class IncumbentMoves(_Wrapper):
         None where it held them, nothing says, or a trial above the best on this line ran already. SGLang
         then runs fewer requests at a time and queues the rest: the first thing a person reading its log
         raises, with no need of two trials showing the fraction matters."""
-        if name != MEM_FRACTION or self.in_flight is None or above:
+        in_flight = self.in_flight(best.params)
+        if name != MEM_FRACTION or in_flight is None or above:
             return None
         record = TrialRecord.of(best)
         value = best.params[name]
         running = best.params.get(MAX_RUNNING)  # a server that runs fewer at once cannot use the room
-        tokens = self.in_flight.tokens(running if isinstance(running, int) else None)
+        tokens = in_flight.tokens(running if isinstance(running, int) else None)
         fit = fraction_to_hold(tokens, value, record.server_memory)
         if fit is None:
             return None

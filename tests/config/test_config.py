@@ -182,10 +182,14 @@ def test_the_requests_a_workload_keeps_in_flight_where_its_load_and_lengths_say_
 
 def test_a_study_shares_the_workloads_requests_among_the_servers_replicas(study_file: StudyFiles) -> None:
     # The quickstart's 4 requests of 28,000 + 1,000 tokens; --dp-size 2 (or its alias) gives each 2.
-    assert load_study(study_file()).in_flight == InFlight(4, 29_000)
+    assert load_study(study_file()).in_flight() == InFlight(4, 29_000)
     for dp in ("--dp-size", "--data-parallel-size"):
         study = load_study(study_file(server=model_server(flags={"--tp-size": 4, dp: 2})))
-        assert study.in_flight == InFlight(2, 29_000), dp
+        assert study.in_flight() == InFlight(2, 29_000), dp
+        # A trial whose search space set the replicas: its own, over the server section's.
+        assert study.in_flight({dp: 4, "--mem-fraction-static": 0.85}) == InFlight(1, 29_000), dp
+        assert study.in_flight({dp: None}) == InFlight(2, 29_000), dp  # left at the section's
+    assert load_study(study_file()).in_flight({"--dp-size": 2}) == InFlight(2, 29_000)
 
 
 def test_workload_unknown_key(tmp_path: Path) -> None:

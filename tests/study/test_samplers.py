@@ -793,7 +793,7 @@ def pool_study(
     memory = {"weights_gb": 60.0, "kv_cache_gb": kv_gb, "kv_cache_tokens": float(held)}
     study = climb_study(trials, other=other, first={SERVER_MEMORY_ATTR: memory}, running=running)
     assert isinstance(study.sampler, IncumbentMoves)
-    study.sampler.in_flight = InFlight(4, 29_000)
+    study.sampler.in_flight = lambda _params: InFlight(4, 29_000)
     return study
 
 
@@ -802,7 +802,11 @@ def test_a_best_whose_kv_pool_held_fewer_tokens_than_the_workload_sends_raises_i
     # (60 + 0.476) / 0.86 = 70.3 GB, is +0.0007 of it: the next step, 0.87. No trial had shown that the
     # fraction matters (a lone best), which the plain line search waits for.
     study = pool_study(105_675, [(0.86, 700.0)])
+    asked: list[dict[str, object]] = []  # the requests in flight are the best's: its --dp-size, if searched
+    assert isinstance(study.sampler, IncumbentMoves)
+    study.sampler.in_flight = lambda params: asked.append(dict(params)) or InFlight(4, 29_000)
     assert ask_fraction(study) == pytest.approx(0.87)
+    assert asked and all(params["--mem-fraction-static"] == 0.86 for params in asked)
     why = study.trials[-1].system_attrs[PROPOSED_ATTR]
     assert "its KV pool held 105675 of the workload's 116000 tokens in flight" in why, why
     # Far short, it goes POOL_STEPS at once: 96,000 tokens of 45 kB are 4.32 GB, on a GPU of
@@ -818,19 +822,19 @@ def test_a_best_whose_kv_pool_held_fewer_tokens_than_the_workload_sends_raises_i
     assert not planned_by_line_search(pool_study(116_000, [(0.86, 700.0)]))
     study = pool_study(105_675, [(0.86, 700.0)])
     assert isinstance(study.sampler, IncumbentMoves)
-    study.sampler.in_flight = None
+    study.sampler.in_flight = lambda _params: None
     assert not planned_by_line_search(study)
     # 8 requests of 29,000 tokens of 45 kB: 232,000, 0.076 short, so three steps up (0.89); a best that
     # runs at most 4 at once (--max-running-requests) uses room for 116,000 (0.87); one that runs 2, none.
     for running, fraction in ((None, 0.89), (4, 0.87)):
         study = pool_study(105_675, [(0.86, 700.0)], token_kb=45.0, running=running)
         assert isinstance(study.sampler, IncumbentMoves)
-        study.sampler.in_flight = InFlight(8, 29_000)
+        study.sampler.in_flight = lambda _params: InFlight(8, 29_000)
         assert ask_fraction(study) == pytest.approx(fraction), running
     assert "of the workload's 116000 tokens in flight" in study.trials[-1].system_attrs[PROPOSED_ATTR]
     study = pool_study(105_675, [(0.86, 700.0)], token_kb=45.0, running=2)
     assert isinstance(study.sampler, IncumbentMoves)
-    study.sampler.in_flight = InFlight(8, 29_000)
+    study.sampler.in_flight = lambda _params: InFlight(8, 29_000)
     assert not planned_by_line_search(study)
     # A trial above the best on its line ran (and did worse): the plain line search goes the other way.
     study = pool_study(105_675, [(0.86, 700.0), (0.87, 690.0)])
