@@ -2,13 +2,14 @@
 
 Every launch records its node seconds (`records.NODE_S_ATTR`, counted by `TrialResult.node_seconds` in the
 node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation's cost is kept back: its
-`min_rounds` rounds of SGLang's defaults and one leader, the defaults at their dearest launch and the
-leader at the dearest launch the study measured (a runner-up is confirmed only where the hours left pay
-for its rounds too: study.trust.confirm). The search ends when its next launch would eat into that
-reserve; a confirmation round starts only when the hours left pay for it, so the study always ends with an
-answer: confirmed, no gain, or unconfirmed because the budget ran out after k of n rounds (recorded in
-`records.BUDGET_ATTR`, worded by `ran_out_text`). A search launch after a confirmation (a resume given
-more hours) keeps every round back again: the leader it may make has none.
+`min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured (where the runner-up is
+not confirmed, that pays for a round more of the leader, which a leader noisier than the study's noise
+needs; a runner-up is confirmed only where the hours left pay for its rounds: study.trust.confirm). The
+search ends when its next launch would eat into that reserve; a confirmation round starts only when the
+hours left pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because
+the budget ran out after k of n rounds (recorded in `records.BUDGET_ATTR`, worded by `ran_out_text`). A
+search launch after a confirmation (a resume given more hours) keeps every round back again: the leader it
+may make has none.
 """
 
 from __future__ import annotations
@@ -153,18 +154,6 @@ def round_s(optuna_study: optuna.Study) -> float | None:
     return configs_round_s(optuna_study, {state.baseline, *state.configs})
 
 
-def _reserve_round_s(optuna_study: optuna.Study) -> float | None:
-    """What a confirmation round of SGLang's defaults and one leader will cost: the defaults at their own
-    dearest launch, the leader, which the next launch may yet be, at the study's dearest (None before a
-    launch was measured)."""
-    dearest = dearest_launch_s(optuna_study)
-    if dearest is None:
-        return None
-    records = [(t.number, TrialRecord.of(t)) for t in optuna_study.get_trials(deepcopy=False)]
-    baseline = [r.remeasure_of if r.remeasure_of is not None else n for n, r in records if r.baseline]
-    return dearest + (configs_round_s(optuna_study, baseline[:1]) if baseline else dearest)
-
-
 def _confirm_launches(study: Study) -> tuple[int, int]:
     """(rounds, launches a round) the confirmation needs at least: (0, 0) without one."""
     confirm = study.file.trust.confirm
@@ -252,8 +241,8 @@ def _duration(seconds: float) -> str:
 def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False) -> NodeHours:
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
     `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
-    rounds = _confirm_launches(study)[0]
-    price = (_reserve_round_s(optuna_study) or 0.0) if rounds else 0.0
+    rounds, per_round = _confirm_launches(study)
+    price = per_round * (dearest_launch_s(optuna_study) or 0.0)  # a round's launches, each at the dearest
     reserve = max(rounds - _rounds_measured(optuna_study), 0) * price
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
