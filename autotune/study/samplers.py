@@ -38,6 +38,12 @@ from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, fracti
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
+# The start's finished trials (the baseline's among them) without a node-hour budget; under one, a share of
+# the search launches it affords, at least MIN_START (start_for): moves from the best find more in a few
+# launches than proposals near the defaults (benchmarks/RESULTS.md, "A start sized to the budget").
+START_TRIALS = 10
+START_SHARE = 0.25
+MIN_START = 3
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
@@ -862,7 +868,7 @@ def gp(seed: int | None) -> BaseSampler:
 def tpe(
     seed: int | None,
     *,
-    n_startup_trials: int = 10,
+    n_startup_trials: int = START_TRIALS,
     keep_default: float = 0.8,
     feasibility_weight: float = 1.0,
     moves: float = 0.8,
@@ -914,8 +920,20 @@ SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
 }
 
 
+def start_for(launches: int | None) -> int | None:
+    """The default sampler's start under a node-hour budget that affords `launches` search launches:
+    START_SHARE of them, at least MIN_START, at most START_TRIALS; None (its own) without a budget."""
+    if launches is None:
+        return None
+    return max(MIN_START, min(START_TRIALS, round(launches * START_SHARE)))
+
+
 def build(
-    spec: SamplerSpec, staged: Mapping[str, Any] | None = None, *, trials_so_far: int = 0
+    spec: SamplerSpec,
+    staged: Mapping[str, Any] | None = None,
+    *,
+    trials_so_far: int = 0,
+    start: int | None = None,
 ) -> BaseSampler:
     """A new sampler of the study file's kind and seed, for a study that has `trials_so_far` trials.
 
@@ -923,13 +941,12 @@ def build(
     keeps them out of its moves, others have them fixed). A continued study draws from a seed of its own,
     made from the file's and the trials so far: the file's seed again would replay the first trials'
     proposals (a resumed study on the H200 re-ran trials 1 and 2). The same study resumed at the same point
-    still proposes the same trials."""
+    still proposes the same trials. `start`: the finished trials tpe's start lasts (`start_for`)."""
     seed = continued_seed(spec.seed, trials_so_far)
-    if not staged:
-        return SAMPLERS[spec.name](seed)
     if spec.name == "tpe":
-        return tpe(seed, staged=staged)
-    return optuna.samplers.PartialFixedSampler(dict(staged), SAMPLERS[spec.name](seed))
+        return tpe(seed, staged=staged, n_startup_trials=start or START_TRIALS)
+    sampler = SAMPLERS[spec.name](seed)
+    return optuna.samplers.PartialFixedSampler(dict(staged), sampler) if staged else sampler
 
 
 def continued_seed(seed: int | None, trials_so_far: int) -> int | None:

@@ -26,8 +26,10 @@ from autotune.study.records import (
 from autotune.study.rules import best_trial
 from autotune.study.samplers import (
     MAX_RUNNING,
+    MIN_START,
     NEAR_STEPS,
     SAMPLERS,
+    START_TRIALS,
     DefaultsStartSampler,
     FeasibleTPESampler,
     IncumbentMoves,
@@ -36,6 +38,7 @@ from autotune.study.samplers import (
     build,
     fraction_floor,
     nearest,
+    start_for,
     tpe,
 )
 from autotune.trial.failures import Failure, FailureKind
@@ -929,3 +932,15 @@ def test_a_line_searchs_launch_past_the_edge_is_not_repaired() -> None:
     tell_failed(study, trial, "cuda_graph_oom")
     ask_launch(study)
     assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # the base sampler's, not a repair
+
+
+def test_a_node_hour_budget_gives_the_start_a_share_of_the_search_launches_it_affords() -> None:
+    assert start_for(None) is None  # no budget: the sampler's own start
+    assert start_for(0) == start_for(4) == MIN_START == 3  # the baseline and two proposals near the defaults
+    assert start_for(20) == 5
+    assert start_for(1000) == START_TRIALS == 10
+    spec = SamplerSpec(name="tpe", seed=1)
+    sampler = build(spec, start=start_for(4))
+    assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == 3
+    assert isinstance(build(spec), IncumbentMoves) and build(spec).n_startup_trials == 10
+    assert not isinstance(build(SamplerSpec(name="random", seed=1), start=3), IncumbentMoves)

@@ -41,6 +41,7 @@ __all__ = [
     "record_budget",
     "record_ran_out",
     "rounds_pay",
+    "search_launches",
 ]
 
 
@@ -193,6 +194,16 @@ class NodeHours:
         if pace is not None and pace > 0:  # wall seconds per node second, as measured so far
             line += f", ETA ~{_duration(max(self.left_s, 0.0) * pace)}"
         return line
+
+
+def search_launches(study: Study, optuna_study: optuna.Study) -> int | None:
+    """The search launches the hours left pay for beside the confirmation's reserve, each at the dearest
+    launch as it would run again (the baseline's first read the weights from disk); None without a budget
+    or before a launch was measured."""
+    hours, price = node_hours(study, optuna_study), dearest_launch_s(optuna_study)
+    if hours.left_s is None or not price:
+        return None
+    return max(int((hours.left_s - hours.search_reserve_s) // price), 0)
 
 
 def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours) -> str:
