@@ -119,7 +119,8 @@ def hold(run: RunState, held: dict[str, Any]) -> None:
     held in every server trial the sampler proposes, its start sized to the launches a node-hour budget
     affords now that the baseline's launch is measured."""
     run.stage_held = held
-    run.start = samplers.start_for(node_budget.search_launches(run.study, run.optuna_study))
+    if run.sampler is None:  # the study file's sampler (a stage's study brings its own)
+        run.start = samplers.start_for(node_budget.search_launches(run.study, run.optuna_study))
     screened = screening.held_knobs(run.optuna_study)  # a resumed study holds what its screening held
     if held or screened or run.start is not None:
         run.base_sampler = run.holding({**held, **screened})

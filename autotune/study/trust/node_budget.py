@@ -198,8 +198,8 @@ class NodeHours:
 
 def search_launches(study: Study, optuna_study: optuna.Study) -> int | None:
     """The search launches the hours left pay for beside the confirmation's reserve, each at the dearest
-    launch as it would run again (the baseline's first read the weights from disk); None without a budget
-    or before a launch was measured."""
+    launch measured as it would run again (a dump left out; right after the baseline, its own launch, which
+    read the weights from disk: a count on the low side); None without a budget or before a launch."""
     hours, price = node_hours(study, optuna_study), dearest_launch_s(optuna_study)
     if hours.left_s is None or not price:
         return None
