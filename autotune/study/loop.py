@@ -146,8 +146,8 @@ class StudyDriver:
         learn_nodes(run, pool, remember_incompatible=self.options.remember_incompatible)
         try:
             with ctrl_c_remembered() as ctrl_c:
-                first = nccl_stage.pending(run) or study.file.budget.node_hours is not None
-                if stage is not None and not run.options.queued_only and first:
+                main = stage is not None and not run.options.queued_only  # not a stage's own study
+                if main and (nccl_stage.pending(run) or study.file.budget.node_hours is not None):
                     # The baseline alone first: a measured server before the stage's all-reduces, and
                     # the cost of a launch before a node-hour budget sizes the search's start.
                     run.baseline_only = True
