@@ -122,6 +122,17 @@ def test_a_start_up_that_died_in_the_presharded_loader_is_told_from_one_that_die
     assert presharded_failure(loaded) is None
 
 
+def test_a_dump_real_sglang_refused_is_read_from_its_own_log() -> None:
+    """Real SGLang 0.5.17 (an H100, benchmarks/sglang-h200/presharded/failure-session-14-h100): a dump whose
+    plan says another version; the failure table alone calls it an unknown crash, so this reader is what
+    turns presharded weights off and runs the trial again without them."""
+    log = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-h100" / "presharded-plan-refused.log").read_text()
+    assert presharded_failure(log) == (
+        "ValueError: Unsupported presharded plan version 99 at "
+        "/tmp/presharded-failure/m/TP-1-sig-4ae641df17b30f18; expected 1."
+    )
+
+
 def test_dump_files_leave_the_page_cache_most_of_the_host() -> None:
     """Each rank holds one dump file in host memory while it writes or reads it (20 GiB by default): the
     ranks' files together are kept within a tenth of MemAvailable, the rest is the page cache's."""
