@@ -47,11 +47,14 @@ DUMP_FILE_BYTES = 20 * 1024**3
 DUMP_FILES_SHARE = 0.1
 DRAFT_MODEL_FLAG = "--speculative-draft-model-path"
 # Flags that leave the weights as SGLang holds them after loading unchanged: launches that differ only in
-# these share one dump. Every other flag keys a dump of its own (an EP size, a MoE or attention backend or a
-# quantization can lay the weights out differently after loading); the draft model's dump adds its path.
+# these share one dump. Every other flag keys a dump of its own (an EP size, a MoE backend or a quantization
+# can lay the weights out differently after loading); the draft model's dump adds its path. The attention
+# backends act on the KV cache only: in 0.5.17 no quantization, MoE or linear layer and no model's
+# post_load_weights reads them, and SGLang's own dump key leaves them out (loader.py, _collect_shard_config).
 SAME_WEIGHTS_FLAGS = frozenset(
     {
         "--host", "--port", "--api-key", "--log-level", "--random-seed", "--skip-server-warmup",
+        "--attention-backend", "--prefill-attention-backend", "--decode-attention-backend",
         "--mem-fraction-static", "--max-running-requests", "--max-total-tokens", "--max-prefill-tokens",
         "--chunked-prefill-size", "--schedule-policy", "--schedule-conservativeness", "--stream-interval",
         "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill", "--cuda-graph-bs",

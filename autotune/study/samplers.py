@@ -483,14 +483,58 @@ class IncumbentMoves(_Wrapper):
             ranges = {n: d for t in with_params for n, d in t.distributions.items() if n in TREE_KNOBS}
             lacking = _lacking(with_params)
             steps = BRANCH_PLAN if SpeculativeRules.has_tree(choice) else NGRAM_PLAN
+            # A best of this algorithm had its fraction raised already where its pool ran short (_climb).
+            pool = (
+                None
+                if same_value(best.params.get(name), choice)
+                else self._branch_pool(plan, ran, best.distributions.get(MEM_FRACTION), finished)
+            )
             for step in steps[len(planned) : self.branch_trials]:
                 if SpeculativeRules.has_tree(choice):
                     moved = {**plan, **_planned_tree(step, ran_well, ranges, lacking)}
                 else:
                     moved = {**plan, **_planned_ngram(step, ranges)}
+                if pool is not None:
+                    moved[MEM_FRACTION] = pool[0]
                 if _asked(moved, best.params, with_params) not in tried:
-                    return moved, f"{why}: trial {best.number} with {step}"
+                    return moved, f"{why}: trial {best.number} with {step}" + (pool[1] if pool else "")
         return None
+
+    def _branch_pool(
+        self,
+        plan: Mapping[str, Any],
+        ran: list[FrozenTrial],
+        distribution: BaseDistribution | None,
+        finished: list[FrozenTrial],
+    ) -> tuple[float, str] | None:
+        """The memory fraction a branch's next tree runs at where an earlier trial of its algorithm (measured,
+        or cut after a short run) had a KV pool short of the tokens the workload keeps in flight (its draft
+        model takes memory the best trial, without one, gave the pool): the fraction that holds them, as
+        the line search's probe raises a best's (`_held_short`), and why; None where none was short. A
+        tree judged on a starved pool queues requests and loses to the best on memory, not on its
+        speculation."""
+        value = plan.get(MEM_FRACTION)
+        if MEM_FRACTION in self.held or not isinstance(distribution, FloatDistribution):
+            return None
+        if not isinstance(value, float):
+            return None
+        step = distribution.step or (distribution.high - distribution.low) / 25
+        raised = [(found, t.number) for t in ran if (found := self._held_short(t, step)) is not None]
+        if not raised:
+            return None
+        (target, held, tokens), number = max(raised, key=lambda pair: pair[0][0])
+        why = f" at {MEM_FRACTION} raised (trial {number}'s KV pool held {held} of {tokens} tokens in flight)"
+        edge = min(
+            (
+                f
+                for t in finished
+                if _infeasible(t) and isinstance(f := t.params.get(MEM_FRACTION), float) and f > value
+            ),
+            default=None,
+        )
+        target = min(target, value + POOL_STEPS * step)  # at most POOL_STEPS above the best's in all
+        moved = nearest(distribution, _short_of(edge, target, 1, step))
+        return (moved, why) if moved > value + step / 2 else None
 
     def _climb(
         self, study: Study, best: FrozenTrial, finished: list[FrozenTrial], tried: set[ConfigKey]
@@ -592,21 +636,31 @@ class IncumbentMoves(_Wrapper):
         None where it held them, nothing says, or a trial above the best on this line ran already. SGLang
         then runs fewer requests at a time and queues the rest: the first thing a person reading its log
         raises, with no need of two trials showing the fraction matters."""
-        in_flight = self.in_flight(best.params)
-        if name != MEM_FRACTION or in_flight is None or above:
+        if name != MEM_FRACTION or above:
             return None
-        record = TrialRecord.of(best)
-        value = best.params[name]
-        running = best.params.get(MAX_RUNNING)  # a server that runs fewer at once cannot use the room
+        short = self._held_short(best, step)
+        if short is None:
+            return None
+        target, held, tokens = short
+        why = f" (its KV pool held {held} of the workload's {tokens} tokens in flight)"
+        return _short_of(edge, target, 1, step), why
+
+    def _held_short(self, trial: FrozenTrial, step: float) -> tuple[float, int, int] | None:
+        """Where `trial`'s KV pool held fewer tokens than the workload keeps in flight (its memory report
+        against `in_flight`), the memory fraction that would hold them (at most POOL_STEPS steps up), the
+        tokens it held and those in flight; None where it held them or nothing says."""
+        in_flight = self.in_flight(trial.params)
+        value = trial.params.get(MEM_FRACTION)
+        if in_flight is None or not isinstance(value, float):
+            return None
+        record = TrialRecord.of(trial)
+        running = trial.params.get(MAX_RUNNING)  # a server that runs fewer at once cannot use the room
         tokens = in_flight.tokens(running if isinstance(running, int) else None)
         fit = fraction_to_hold(tokens, value, record.server_memory)
         if fit is None:
             return None
         steps = min(math.ceil((fit - value) / step - 1e-9), POOL_STEPS)
-        target = _short_of(edge, value + steps * step, 1, step)
-        held = int(record.server_memory["kv_cache_tokens"])
-        why = f" (its KV pool held {held} of the workload's {tokens} tokens in flight)"
-        return target, why
+        return value + steps * step, int(record.server_memory["kv_cache_tokens"]), tokens
 
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
         params = _as_asked(best.params, self.held)

@@ -99,7 +99,7 @@ def test_a_start_up_that_died_in_the_presharded_loader_is_told_from_one_that_die
     """SGLang 0.5.17's own messages (loader.py), and an error raised inside its dump."""
     not_writable = (
         "RuntimeError: Presharded dump directory is not writable: /node/presharded/abc/TP-8-sig-1. Set "
-        "model_loader_extra_config '{\"presharded_path\": \"...\"}' (or draft_presharded_path for the draft "
+        'model_loader_extra_config \'{"presharded_path": "..."}\' (or draft_presharded_path for the draft '
         "model) to a writable shared filesystem path. Original error: [Errno 13] Permission denied"
     )
     assert presharded_failure(f"Traceback (most recent call last):\n{not_writable}\n") == not_writable
@@ -126,8 +126,8 @@ def test_a_dump_real_sglang_refused_is_read_from_its_own_log() -> None:
     """Real SGLang 0.5.17 (an H100, benchmarks/sglang-h200/presharded/failure-session-14-h100): a dump whose
     plan says another version; the failure table alone calls it an unknown crash, so this reader is what
     turns presharded weights off and runs the trial again without them."""
-    log = (Path(__file__).parents[1] / "data" / "sglang-0.5.17-h100" / "presharded-plan-refused.log").read_text()
-    assert presharded_failure(log) == (
+    log = Path(__file__).parents[1] / "data" / "sglang-0.5.17-h100" / "presharded-plan-refused.log"
+    assert presharded_failure(log.read_text()) == (
         "ValueError: Unsupported presharded plan version 99 at "
         "/tmp/presharded-failure/m/TP-1-sig-4ae641df17b30f18; expected 1."
     )

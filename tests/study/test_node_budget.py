@@ -150,13 +150,13 @@ def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() ->
     assert round_s(study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
 
 
-def test_the_reserve_keeps_rounds_of_top_and_the_defaults_at_the_dearest_launch(
+def test_the_reserve_keeps_rounds_of_the_defaults_and_the_leader_and_a_spare_launch_at_the_dearest(
     study_file: StudyFiles,
 ) -> None:
     # The seed's node: the defaults' first launch read the weights from disk (680 s), the search's
-    # launches cost 250 and 290 s. Two rounds of 3 launches at 290 s: where the runner-up is not confirmed,
-    # a third round of the leader (a leader noisier than the study's noise needs one). Priced at the
-    # defaults and one leader, 5 of 16 of the coder profile's budgeted studies ran out after 2 of 3 rounds.
+    # launches cost 250 and 290 s. Two rounds of the defaults and the leader, and one launch toward a third
+    # round, at 290 s (rounds of the runner-up too left a third of the seed's 2x auto_benchmark budget
+    # unspent; no spare launch, 5 of 16 of the coder profile's budgeted studies ran out after 2 of 3 rounds).
     study = load_study(study_file(budget={"node_hours": 2.0}, trust={"confirm": {"top": 2, "min_rounds": 2}}))
     trials = [
         stored_trial(value=80.0, node="n", node_s=680.0, baseline=True),
@@ -164,8 +164,31 @@ def test_the_reserve_keeps_rounds_of_top_and_the_defaults_at_the_dearest_launch(
         stored_trial({"--stream-interval": 2}, value=95.0, node="n", node_s=290.0),
     ]
     hours = node_hours(study, study_of_trials(*trials))
-    assert hours.reserve_s == hours.search_reserve_s == 2 * 3 * 290.0
-    assert node_hours(study, study_of_trials(*trials[:1])).reserve_s == 2 * 3 * 680.0  # nothing else yet
+    assert hours.reserve_s == hours.search_reserve_s == (2 * 2 + 1) * 290.0
+    assert node_hours(study, study_of_trials(*trials[:1])).reserve_s == 5 * 680.0  # nothing else yet
+
+
+def test_the_next_search_launch_is_priced_as_it_would_run_not_at_the_median_of_first_launches(
+    study_file: StudyFiles,
+) -> None:
+    # The defaults' first launch read the weights from disk and wrote the presharded dump (595 s, 306 of
+    # them the dump); the median of the launches so far (595 s) would have ended the search a launch early.
+    trust = {"confirm": {"top": 2, "min_rounds": 2}}
+    study = load_study(study_file(budget={"node_hours": 0.85}, trust=trust))
+    dumped = {"weight_load_s": 457.0, "weight_dump_s": 306.0}
+    trials = [
+        stored_trial(value=80.0, node="n", node_s=595.0, baseline=True, startup_phases=dumped),
+        stored_trial({"--stream-interval": 1}, value=90.0, node="n", node_s=206.0,
+                     startup_phases={"weight_load_s": 67.0}),
+        stored_trial({"--stream-interval": 2}, value=95.0, node="n", node_s=621.0, startup_phases=dumped),
+    ]  # fmt: skip
+    hours = node_hours(study, study_of_trials(*trials))
+    assert hours.launch_s == 595.0
+    assert hours.next_launch_s == 621.0 - 457.0 + 67.0  # its dump read back as a launch without one loads
+    assert hours.left_s == 0.85 * 3600 - (595.0 + 206.0 + 621.0)
+    assert hours.search_may_launch()  # 1638 s left: a launch at 231 s and the reserve's 5 x 231 s
+    at_median = NodeHours(0.85, hours.spent_s, hours.launch_s, hours.reserve_s, hours.search_reserve_s)
+    assert not at_median.search_may_launch()
 
 
 def test_after_its_rounds_ran_a_further_search_launch_still_keeps_every_round_back(
@@ -187,10 +210,10 @@ def test_after_its_rounds_ran_a_further_search_launch_still_keeps_every_round_ba
     settings = {"baseline": 0, "configs": [1], "queued": 2, "since": 1, "min_rounds": 2, "max_rounds": 2}
     hours = node_hours(study, study_of_trials(*trials, confirm=settings))
     assert hours.reserve_s == 0.0  # nothing more to keep for this confirmation
-    assert hours.search_reserve_s == 2 * (600.0 + 600.0)
+    assert hours.search_reserve_s == 2 * (600.0 + 600.0) + 600.0  # and the spare launch
     assert hours.left_s == 3600.0 - 6 * 600.0 == 0.0 and not hours.search_may_launch()
     more = NodeHours(2.0, hours.spent_s, hours.launch_s, hours.reserve_s, hours.search_reserve_s)
-    assert more.search_may_launch()  # 1.0 h left: a launch (600 s) and two rounds (2400 s)
+    assert more.search_may_launch()  # 1.0 h left: a launch (600 s), two rounds (2400 s) and the spare
     assert not NodeHours(1.8, hours.spent_s, hours.launch_s, 0.0, hours.search_reserve_s).search_may_launch()
 
 
@@ -316,6 +339,53 @@ def test_rounds_cut_short_by_the_hours_before_they_decided_are_no_answer_of_no_g
     assert lines[2].endswith("(the mean of its confirmation rounds)")
 
 
+def test_a_leader_ahead_in_every_round_by_more_than_the_noise_is_the_answer_when_the_hours_ran_out() -> None:
+    """The MoE coder profile under 2x auto_benchmark's hours (peers, seed 9): two rounds, the second split by
+    a machine change, so the rounds' own interval spans -33% to +136%; the leader was ahead by 50% and 53%.
+    The answer is the leader, unconfirmed, not "use SGLang's defaults"; ahead by less than two runs of one
+    config differ, the defaults stay."""
+
+    def cut_short(leader_values: tuple[float, float]) -> optuna.Study:
+        marks = [{"round": r, "position": p} for r in (0, 1) for p in (0, 1)]
+        rounds = ((0, 0.507), (1, leader_values[0]), (1, leader_values[1]), (0, 0.528))
+        trials = [
+            stored_trial(value=0.513, node="n", node_s=294.0, baseline=True),
+            stored_trial(value=0.514, node="n", node_s=97.0, baseline=True, remeasure_of=0),
+            stored_trial({"--stream-interval": 1}, value=0.786, node="n", node_s=88.0),
+            *(
+                stored_trial(
+                    {"--stream-interval": 1} if of else None,
+                    value=v,
+                    node="n",
+                    node_s=90.0,
+                    remeasure_of=2 if of else 0,
+                    baseline=not of,
+                    confirm=mark,
+                )
+                for (of, v), mark in zip(rounds, marks, strict=True)
+            ),
+        ]
+        settings = {
+            "baseline": 0, "configs": [2], "queued": 2, "since": 2, "min_rounds": 2, "max_rounds": 6,
+            "confidence": 0.95, "target_pct": 1.0, "pool_noise": True,
+        }  # fmt: skip
+        budget = {"hours": 0.2, "spent_h": 0.2, "ran_out": {"rounds": 2, "of": 3, "round_h": 0.05}}
+        return study_of_trials(*trials, confirm=settings, node_budget=budget)
+
+    answer = study_answer(cut_short((0.773, 0.786)))
+    assert answer is not None and answer.verdict == "unconfirmed" and answer.reason == "budget ran out"
+    assert answer.trial == answer.leader == 2 and answer.value == pytest.approx((0.773 + 0.786) / 2)
+    assert answer.text.startswith("unconfirmed: the budget ran out after 2 of 3 rounds; `autotune resume")
+    assert "the best so far: trial 2's config, ahead of SGLang's defaults by +48.9% to +52.5% in each" in (
+        answer.text
+    ), answer.text
+    assert "but not confirmed (" in answer.text and "use SGLang's defaults" not in answer.text
+    # Ahead by 0.2% and 0.4%, within what two runs of one config differ: the defaults stay the answer.
+    close = study_answer(cut_short((0.508, 0.530)))
+    assert close is not None and close.verdict == "unconfirmed" and close.trial == 0
+    assert "use SGLang's defaults" in close.text
+
+
 # -- node seconds in the study, status and MLflow -----------------------------------------------------------
 def test_every_launch_records_its_node_seconds_in_status_and_mlflow(
     study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
@@ -406,11 +476,11 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
 # -- the sampler's start, sized to the launches the budget affords ------------------------------------------
 def test_the_search_launches_a_budget_affords_are_counted_beside_the_reserve(study_file: StudyFiles) -> None:
     # 2.0 node h; the baseline's first launch 680 s (it read the weights from disk), a search launch 300 s:
-    # 7200 - 980 spent, less 2 rounds x 2 launches x 300 s kept back, pays for 16 more at 300 s.
+    # 7200 - 980 spent, less 2 rounds x 2 launches and a spare launch x 300 s kept back, pays for 15 more.
     study = load_study(study_file(budget={"node_hours": 2.0}, trust=CONFIRM))
     first = stored_trial(value=80.0, node="n", node_s=680.0, baseline=True)
     searched = stored_trial({"--stream-interval": 1}, value=90.0, node="n", node_s=300.0)
-    assert search_launches(study, study_of_trials(first, searched)) == (7200 - 980 - 1200) // 300 == 16
+    assert search_launches(study, study_of_trials(first, searched)) == (7200 - 980 - 1500) // 300 == 15
     assert search_launches(study, study_of_trials()) is None  # nothing measured yet
     unbounded = load_study(study_file(trust=CONFIRM))
     assert search_launches(unbounded, study_of_trials(first, searched)) is None

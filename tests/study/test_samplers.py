@@ -519,6 +519,51 @@ def test_speculation_gets_its_trees_on_purpose_right_after_the_start() -> None:
         assert PROPOSED_ATTR not in study.trials[trial.number].system_attrs
 
 
+def test_a_branch_tree_after_one_whose_kv_pool_ran_short_runs_at_the_fraction_that_holds_it() -> None:
+    # The seed's node: the best (no draft model) at 0.86; the first EAGLE-3 tree there held 105,675 of the
+    # 116,000 tokens in flight (its draft took the room), so it lost to the best on memory. The branch's
+    # tree runs at 0.87, as the line search raises a short best's; with no short trial, at 0.86.
+    def branch_study(held: int, edge: bool = False) -> optuna.Study:
+        sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=2, share=0.0, seed=0)
+        sampler.in_flight = lambda _params: InFlight(4, 29_000)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        memory = {"weights_gb": 60.0, "kv_cache_gb": held * 4.5e-6, "kv_cache_tokens": float(held)}
+        fraction = FloatDistribution(0.80, 0.95, step=0.01)
+        first = {ALGO: None, MEM: 0.86}
+        spec = {ALGO: "EAGLE3", SPEC_STEPS: 5, SPEC_TOPK: 4, SPEC_DRAFT: 8, MEM: 0.86}
+        for params, value, attrs in ((first, 700.0, {}), (spec, 690.0, {SERVER_MEMORY_ATTR: memory})):
+            dists = {n: fraction if n == MEM else CategoricalDistribution([v]) for n, v in params.items()}
+            dists[ALGO] = CategoricalDistribution([None, "EAGLE3"])
+            study.add_trial(create_trial(params=params, distributions=dists, value=value, user_attrs=attrs))
+        if edge:  # a config ran out of memory at 0.87: the tree stays a step short of it, so no raise
+            study.enqueue_trial({ALGO: None, MEM: 0.87})
+            trial = study.ask()
+            trial.suggest_categorical(ALGO, [None, "EAGLE3"])
+            trial.suggest_float(MEM, 0.80, 0.95, step=0.01)
+            trial.set_constraint("memory", 1.0)  # as the driver tells an out-of-memory launch
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return study
+
+    def ask(study: optuna.Study) -> optuna.trial.FrozenTrial:
+        trial = study.ask()
+        if trial.suggest_categorical(ALGO, [None, "EAGLE3"]) == "EAGLE3":
+            trial.suggest_int(SPEC_STEPS, 1, 6)
+            trial.suggest_categorical(SPEC_TOPK, [1, 2, 4, 8])
+            trial.suggest_int(SPEC_DRAFT, 2, 16)
+        trial.suggest_float(MEM, 0.80, 0.95, step=0.01)
+        study.tell(trial, 1.0)
+        return study.trials[trial.number]
+
+    # The documented tree again (trial 1 ran it, but not as the branch's), now at a fraction that holds them.
+    raised = ask(branch_study(105_675))
+    assert raised.params[MEM] == pytest.approx(0.87) and tree(raised) == (5, 4, 8)
+    why = raised.system_attrs[PROPOSED_ATTR]
+    assert "with SGLang's documented tree at --mem-fraction-static raised" in why, why
+    assert "(trial 1's KV pool held 105675 of 116000 tokens in flight)" in why, why
+    assert ask(branch_study(116_000)).params[MEM] == pytest.approx(0.86)  # it held them
+    assert ask(branch_study(105_675, edge=True)).params[MEM] == pytest.approx(0.86)
+
+
 def test_a_branch_trial_in_a_space_without_the_trees_knobs_does_not_repeat_a_config() -> None:
     # Without draft tokens in the space, "twice the draft tokens" is the documented tree again: skipped.
     sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=1, share=0.0, seed=0)

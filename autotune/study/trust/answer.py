@@ -133,8 +133,51 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
         return answer
     # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
     best = re.sub(r"; confirmation under way \([^)]*\): [^;]*", "", answer.text.removeprefix("unconfirmed: "))
+    ahead = _ahead_in_every_round(optuna_study, answer)
+    if ahead is not None:
+        return ahead
     text = f"{said}; the best so far: {best}"
     return replace(answer, verdict="unconfirmed", reason="budget ran out", text=text)
+
+
+def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer) -> StudyAnswer | None:
+    """Rounds the budget cut short before they decided, whose leader beat SGLang's defaults in every one by
+    more than the noise band (two runs of one config stay within it): the leader is the config to use,
+    unconfirmed. Its interval, from a round or two whose spread the study's noise does not explain (a
+    machine change inside a round), is too wide to claim a gain; the defaults, which lost every round by
+    more than the noise, would be the worse bet. None where that does not hold."""
+    state = confirmation(optuna_study)
+    noise = answer.noise
+    if answer.verdict != "no gain" or state is None or state.leader is None or state.gain is None:
+        return None
+    if noise is None:
+        return None
+    leader, base, band = state.leader, state.baseline, 100 * noise.band()
+    gains = [
+        pct
+        for values in state.rounds.values()
+        if (pct := gain_pct(values.get(leader), values.get(base), optuna_study.direction)) is not None
+    ]
+    if not gains or min(gains) <= band:
+        return None
+    gain = state.gain
+    said = ran_out_text(optuna_study)
+    shown = f"{gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%"
+    text = (
+        f"{said}; the best so far: trial {leader}'s config, ahead of SGLang's defaults by {min(gains):+.1f}% "
+        f"to {max(gains):+.1f}% in each of its {len(gains)} round{'s' if len(gains) != 1 else ''}, more than "
+        f"two runs of one config differ ({band:.2f}%), but not confirmed ({gain.pct:+.1f}%, {shown}); "
+        f"{_noise_text(noise)}"
+    )
+    values = [v for round_values in state.rounds.values() if (v := round_values.get(leader)) is not None]
+    return replace(
+        answer,
+        verdict="unconfirmed",
+        reason="budget ran out",
+        trial=leader,
+        value=sum(values) / len(values),
+        text=text,
+    )
 
 
 def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:

@@ -2,10 +2,10 @@
 
 Every launch records its node seconds (`records.NODE_S_ATTR`, counted by `TrialResult.node_seconds` in the
 node's own clock); the NCCL stage's all-reduce jobs count too. The confirmation's cost is kept back: its
-`min_rounds` rounds of `top` + 1 launches at the dearest launch the study measured (where the runner-up is
-not confirmed, that pays for a round more of the leader, which a leader noisier than the study's noise
-needs; a runner-up is confirmed only where the hours left pay for its rounds: study.trust.confirm). The
-search ends when its next launch would eat into that reserve; a confirmation round starts only when the
+`min_rounds` rounds of SGLang's defaults and the leader, and SPARE_LAUNCHES toward a round more, each at
+the dearest launch the study measured as it would run again (a runner-up is confirmed only where the hours
+left pay for its rounds: study.trust.confirm). The search ends when its next launch, priced the same way,
+would eat into that reserve; a confirmation round starts only when the
 hours left pay for it, so the study always ends with an answer: confirmed, no gain, or unconfirmed because
 the budget ran out after k of n rounds (recorded in `records.BUDGET_ATTR`, worded by `ran_out_text`). A
 search launch after a confirmation (a resume given more hours) keeps every round back again: the leader it
@@ -47,6 +47,12 @@ __all__ = [
 
 # The search launches a resume is offered where the stopping rule, which would say how many, is off.
 _SEARCH_LAUNCHES = 10
+# Launches the reserve keeps beyond the confirmation's min_rounds rounds, toward a round more: a leader
+# whose rounds spread wider than the study's noise needs one, and rounds cost less than the dearest launch
+# they are priced at. Rounds of the defaults, the leader and the runner-up (top + 1 launches each) instead
+# left a third of the seed's 2x auto_benchmark budget unspent; none at all, 86 of 96 answers confirmed
+# against 94 (benchmarks/RESULTS.md, "The reserve: the defaults and the leader").
+SPARE_LAUNCHES = 1
 
 
 def spent_s(optuna_study: optuna.Study) -> float:
@@ -156,9 +162,11 @@ def round_s(optuna_study: optuna.Study) -> float | None:
 
 
 def _confirm_launches(study: Study) -> tuple[int, int]:
-    """(rounds, launches a round) the confirmation needs at least: (0, 0) without one."""
+    """(rounds, launches a round) the confirmation's reserve pays for: its `min_rounds` rounds of SGLang's
+    defaults and the leader; (0, 0) without one. A runner-up is confirmed only where the hours left pay
+    for its rounds too (study.trust.confirm)."""
     confirm = study.file.trust.confirm
-    return (confirm.min_rounds, confirm.top + 1) if confirm.enabled else (0, 0)
+    return (confirm.min_rounds, 2) if confirm.enabled else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,10 @@ class NodeHours:
     launch_s: float | None  # the median launch measured
     reserve_s: float  # kept back for the confirmation's rounds still to run
     search_reserve_s: float  # what a search launch must leave: every round, for a leader it may make
+    # What the next search launch is priced at: the dearest launch as it would run again (`dearest_launch_s`,
+    # the reserve's price too); the median would count first launches that read the weights from disk or
+    # wrote a dump, which the search's next launch of the same layout does not. None: `launch_s`.
+    next_launch_s: float | None = None
 
     @property
     def left_s(self) -> float | None:
@@ -180,7 +192,8 @@ class NodeHours:
         round of a confirmation, whose rounds so far a new leader would not have."""
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
-        return (running + 1) * self.launch_s + self.search_reserve_s <= self.left_s
+        price = self.next_launch_s or self.launch_s
+        return (running + 1) * price + self.search_reserve_s <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
         """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
@@ -253,11 +266,15 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
     `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
     rounds, per_round = _confirm_launches(study)
-    price = per_round * (dearest_launch_s(optuna_study) or 0.0)  # a round's launches, each at the dearest
-    reserve = max(rounds - _rounds_measured(optuna_study), 0) * price
+    dearest = dearest_launch_s(optuna_study) or 0.0
+    price = per_round * dearest  # a round's launches, each at the dearest
+    left = max(rounds - _rounds_measured(optuna_study), 0)
+    spare = SPARE_LAUNCHES * dearest if rounds else 0.0
+    reserve = left * price + (spare if left else 0.0)
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
-    return NodeHours(budget, spent_s(optuna_study), launch_s(optuna_study), reserve, rounds * price)
+    median = launch_s(optuna_study)
+    return NodeHours(budget, spent_s(optuna_study), median, reserve, rounds * price + spare, dearest or None)
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
