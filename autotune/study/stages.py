@@ -68,14 +68,25 @@ def allreduce_messages(hidden_size: int, workload: Workload, chunk: int) -> dict
     return weights
 
 
+# The knobs that choose NCCL's transport between two GPUs: by default NCCL does not use P2P across PCIe host
+# bridges, so GPUs behind different root ports go through host memory unless NCCL_P2P_LEVEL reaches them
+# (shared/reference/nccl.md). Every other knob's best depends on the transport, and on such a node it is
+# the knob that matters (4x L40S: 351.8 -> 265.1 us at SYS, no other knob past 1%), so they sweep first:
+# a pass a node-hour budget cuts short has them.
+TRANSPORT_KNOBS = ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE")
+
+
 def stage_knobs(study: Study) -> Knobs:
-    """The search space's NCCL knobs the stage can sweep: those with listed values and no `when`."""
+    """The search space's NCCL knobs the stage can sweep (those with listed values and no `when`), in the
+    space's order with the transport's first (TRANSPORT_KNOBS)."""
     space = study.search_space
-    return {
+    knobs = {
         name: list(values)
         for name, parameter in space.parameters.items()
         if parameter.kind == "nccl" and not parameter.when and (values := space.possible_values(name))
     }
+    first = [name for name in knobs if name in TRANSPORT_KNOBS]
+    return {name: knobs[name] for name in [*first, *(n for n in knobs if n not in first)]}
 
 
 def tensor_parallel_size(study: Study) -> int:

@@ -256,12 +256,16 @@ def test_under_a_node_hour_budget_the_stage_gets_half_of_what_the_search_may_spe
     assert 0 < len(stage) < ascent_size(knobs)
     record = optuna_study.user_attrs["nccl_stage"]
     assert record["shortened"] == "its share of the node-hour budget"
-    unreached = ["NCCL_BUFFSIZE", "NCCL_P2P_LEVEL"]
-    assert record["unreached"] == unreached  # knob order: the search space's
+    # Knob order: the transport's first (the seed's PCIe GPUs reach each other over P2P only at SYS), then
+    # the search space's.
+    assert next(iter(knobs)) == "NCCL_P2P_LEVEL" and record["held"]["NCCL_P2P_LEVEL"] == "SYS"
+    unreached = ["NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE"]
+    assert record["unreached"] == unreached
     assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: 18 all-reduce trials, cut short by its share")
     assert f"NCCL stage: {', '.join(unreached)} not reached, held at NCCL's defaults" in lines
     search = optuna_study.trials[1:]
-    assert search and all(t.params["NCCL_P2P_LEVEL"] is None for t in search)
+    assert search and all(t.params["NCCL_P2P_LEVEL"] == "SYS" for t in search)
+    assert all(t.params["NCCL_BUFFSIZE"] is None for t in search)
     launched = len(optuna_study.trials)
     # A resume given more hours holds the values its search ran with: the shortened stage is not continued.
     study = load_study(path)
@@ -270,7 +274,7 @@ def test_under_a_node_hour_budget_the_stage_gets_half_of_what_the_search_may_spe
     resumed = StudyDriver(more, [again], pool=model_pool(), tracking=False).run(6)
     assert len(stage_trials(path)) == len(stage) and again.lines[0] == lines[0]
     assert len(resumed.trials) > launched
-    assert all(t.params["NCCL_P2P_LEVEL"] is None for t in resumed.trials[1:])
+    assert all(t.params["NCCL_BUFFSIZE"] is None for t in resumed.trials[1:])
 
 
 def test_the_switch_turns_the_stage_off(files: StudyFiles) -> None:
