@@ -26,8 +26,11 @@ from autotune.study.trust import node_budget
 
 RunStage = Callable[[Study, optuna.samplers.BaseSampler], optuna.Study]  # the stage's study, run to its end
 # Under a node-hour budget the stage gets at most this share of the hours the search may spend (the
-# budget less what the baseline spent and the confirmation's reserve): a tight budget still searches.
-STAGE_SHARE = 0.5
+# budget less what the baseline spent and the confirmation's reserve): a tight budget still searches. With
+# the transport's knobs swept first, a fifth keeps what the PCIe nodes gain and gives the NVLink nodes,
+# whose NCCL values move the answer 2-4%, server launches instead (2x auto_benchmark's hours, 16 seeds:
+# H200 0.608 -> 0.751 of the best known at 0.5 -> 0.2; benchmarks/RESULTS.md, first section).
+STAGE_SHARE = 0.2
 
 
 def settled(run: RunState) -> stages.StageResult | None:
