@@ -68,6 +68,12 @@ def test_launches_differing_in_scheduling_and_speculation_share_one_dump_and_a_l
     assert tuned[1] != base[1]  # the draft model's dump is keyed by its path too
     assert dump_folders(_launch(__ep_size="8"), ROOT)[0] != base[0]  # experts laid out differently
     assert dump_folders(_launch(__moe_runner_backend="triton"), ROOT)[0] != base[0]  # unknown flags key too
+    # The attention backends act on the KV cache: one dump serves them all (read back under torch_native
+    # from a dump written under triton, real SGLang 0.5.17 gave the checkpoint's greedy text:
+    # benchmarks/sglang-h200/presharded/backends-session-14-h100/).
+    for backend in ("triton", "flashinfer", "fa3"):
+        assert dump_folders(_launch(__attention_backend=backend), ROOT)[0] == base[0]
+    assert dump_folders(_launch(__decode_attention_backend="triton"), ROOT)[0] == base[0]
 
 
 def test_the_launch_loads_presharded_with_its_loader_settings_kept_and_a_short_disk_leaves_it_off() -> None:
