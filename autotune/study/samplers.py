@@ -516,7 +516,7 @@ class IncumbentMoves(_Wrapper):
         value = plan.get(MEM_FRACTION)
         if MEM_FRACTION in self.held or not isinstance(distribution, FloatDistribution):
             return None
-        if not isinstance(value, float):
+        if not isinstance(value, float):  # a plan that does not set the fraction
             return None
         step = distribution.step or (distribution.high - distribution.low) / 25
         raised = [(found, t.number) for t in ran if (found := self._held_short(t, step)) is not None]
@@ -524,16 +524,8 @@ class IncumbentMoves(_Wrapper):
             return None
         (target, held, tokens), number = max(raised, key=lambda pair: pair[0][0])
         why = f" at {MEM_FRACTION} raised (trial {number}'s KV pool held {held} of {tokens} tokens in flight)"
-        edge = min(
-            (
-                f
-                for t in finished
-                if _infeasible(t) and isinstance(f := t.params.get(MEM_FRACTION), float) and f > value
-            ),
-            default=None,
-        )
         target = min(target, value + POOL_STEPS * step)  # at most POOL_STEPS above the best's in all
-        moved = nearest(distribution, _short_of(edge, target, 1, step))
+        moved = nearest(distribution, _short_of(_edge(finished, MEM_FRACTION, value, 1), target, 1, step))
         return (moved, why) if moved > value + step / 2 else None
 
     def _climb(
@@ -571,20 +563,7 @@ class IncumbentMoves(_Wrapper):
                 for side in (-1, 1)
             }
             # The nearest value above and below the best that any config ran out of memory at.
-            edges = {
-                side: min(
-                    (
-                        t.params[name]
-                        for t in finished
-                        if _infeasible(t)
-                        and isinstance(t.params.get(name), int | float)
-                        and side * (t.params[name] - value) > 0
-                    ),
-                    key=lambda edge: abs(edge - value),
-                    default=None,
-                )
-                for side in (-1, 1)
-            }
+            edges = {side: _edge(finished, name, value, side) for side in (-1, 1)}
             targets = []
             up = edges[1]
             if (
@@ -791,6 +770,22 @@ def _edge_shift(
     if config_key(plan) in tried:
         return None
     return plan, f"trial {failed.number}'s config ({kind}) with {flag} {max(smaller)}"
+
+
+def _edge(finished: Sequence[FrozenTrial], name: str, value: float, side: int) -> float | None:
+    """The nearest value of `name` beyond `value` going `side` (1: up) that a config ran out of memory at,
+    or None."""
+    return min(
+        (
+            t.params[name]
+            for t in finished
+            if _infeasible(t)
+            and isinstance(t.params.get(name), int | float)
+            and side * (t.params[name] - value) > 0
+        ),
+        key=lambda edge: abs(edge - value),
+        default=None,
+    )
 
 
 def _short_of(edge: float | None, target: float, side: int, step: float) -> float:

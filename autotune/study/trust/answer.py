@@ -133,24 +133,24 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
         return answer
     # The rounds' own "under way: `autotune resume` finishes it" would promise what the hours left cannot.
     best = re.sub(r"; confirmation under way \([^)]*\): [^;]*", "", answer.text.removeprefix("unconfirmed: "))
-    ahead = _ahead_in_every_round(optuna_study, answer)
+    ahead = _ahead_in_every_round(optuna_study, answer, said)
     if ahead is not None:
         return ahead
     text = f"{said}; the best so far: {best}"
     return replace(answer, verdict="unconfirmed", reason="budget ran out", text=text)
 
 
-def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer) -> StudyAnswer | None:
+def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer, said: str) -> StudyAnswer | None:
     """Rounds the budget cut short before they decided, whose leader beat SGLang's defaults in every one by
     more than the noise band (two runs of one config stay within it): the leader is the config to use,
     unconfirmed. Its interval, from a round or two whose spread the study's noise does not explain (a
     machine change inside a round), is too wide to claim a gain; the defaults, which lost every round by
-    more than the noise, would be the worse bet. None where that does not hold."""
-    state = confirmation(optuna_study)
-    noise = answer.noise
+    more than the noise, would be the worse bet (`said`: how the budget ran out). None where that does not
+    hold."""
+    state, noise = confirmation(optuna_study), answer.noise
     if answer.verdict != "no gain" or state is None or state.leader is None or state.gain is None:
         return None
-    if noise is None:
+    if noise is None:  # no band to be ahead of
         return None
     leader, base, band = state.leader, state.baseline, 100 * noise.band()
     gains = [
@@ -161,7 +161,6 @@ def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer) -> St
     if not gains or min(gains) <= band:
         return None
     gain = state.gain
-    said = ran_out_text(optuna_study)
     shown = f"{gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%"
     text = (
         f"{said}; the best so far: trial {leader}'s config, ahead of SGLang's defaults by {min(gains):+.1f}% "
@@ -169,15 +168,20 @@ def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer) -> St
         f"two runs of one config differ ({band:.2f}%), but not confirmed ({gain.pct:+.1f}%, {shown}); "
         f"{_noise_text(noise)}"
     )
-    values = [v for round_values in state.rounds.values() if (v := round_values.get(leader)) is not None]
     return replace(
         answer,
         verdict="unconfirmed",
         reason="budget ran out",
         trial=leader,
-        value=sum(values) / len(values),
+        value=_rounds_mean(state, leader),
         text=text,
     )
+
+
+def _rounds_mean(state: Confirmation, config: int) -> float | None:
+    """The mean of `config`'s values in the confirmation's rounds, None where none measured."""
+    values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
+    return sum(values) / len(values) if values else None
 
 
 def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
@@ -212,10 +216,6 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
     beats = gain.verdict == "gain"  # the whole interval above zero
     chosen = leader if beats else state.baseline
 
-    def mean(config: int) -> float | None:
-        values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
-        return sum(values) / len(values) if values else None
-
     # Rounds made of the search's own launches paired in time (study.confirm.search_rounds) are said so.
     searched = f", {state.searched} of them the search's launches paired in time" if state.searched else ""
     # An interval that pooled the rounds' spread with the study's noise (study.confirm.pooled_gain) says so.
@@ -241,10 +241,10 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         verdict="confirmed" if beats else "no gain",
         trial=chosen,
         leader=leader,
-        value=mean(chosen),
+        value=_rounds_mean(state, chosen),
         value_interval=None,
         baseline=state.baseline,
-        baseline_value=mean(state.baseline),
+        baseline_value=_rounds_mean(state, state.baseline),
         gain_pct=gain.pct,
         gain_interval_pct=interval,
         confidence=gain.confidence,

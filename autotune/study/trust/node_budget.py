@@ -213,10 +213,10 @@ def search_launches(study: Study, optuna_study: optuna.Study) -> int | None:
     """The search launches the hours left pay for beside the confirmation's reserve, each at the dearest
     launch measured as it would run again (a dump left out; right after the baseline, its own launch, which
     read the weights from disk: a count on the low side); None without a budget or before a launch."""
-    hours, price = node_hours(study, optuna_study), dearest_launch_s(optuna_study)
-    if hours.left_s is None or not price:
+    hours = node_hours(study, optuna_study)
+    if hours.left_s is None or not hours.next_launch_s:
         return None
-    return max(int((hours.left_s - hours.search_reserve_s) // price), 0)
+    return max(int((hours.left_s - hours.search_reserve_s) // hours.next_launch_s), 0)
 
 
 def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours) -> str:
