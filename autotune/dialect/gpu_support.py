@@ -1,10 +1,10 @@
 """Which SGLang flag values a GPU architecture cannot run: the one table, each row with the SGLang source that
 fails it, so that a proposal the node's GPU cannot run is refused before a ten-minute launch.
 
-Only failures SGLang itself raises, every time, on that architecture are listed. Left out on purpose:
-`--enable-torch-symm-mem` on SM120 (real SGLang logs "Device capability 12 not supported" and runs without
-it: reference/sglang-versions.md B7, distributed/device_communicators/torch_symm_mem.py:80-89) and
-`--ep-size` on SM120 (the seed's assertion was under `--moe-a2a-backend flashinfer`, unverified: B10).
+Only failures SGLang itself raises, every time, on that architecture are listed (`REQUIREMENTS`). Left out
+on purpose: `--ep-size` on SM120 (the seed's assertion was under `--moe-a2a-backend flashinfer`, unverified:
+B10). A flag value SGLang ignores on an architecture, warning and running without it, is in `IGNORED`
+instead: a trial of it measures the config without it again.
 """
 
 from __future__ import annotations
@@ -88,12 +88,39 @@ REQUIREMENTS: tuple[GpuRequirement, ...] = (
 )
 
 
+# Flag values SGLang runs without on the architectures `runs_on` refuses, with the warning it logs.
+IGNORED: tuple[GpuRequirement, ...] = (
+    GpuRequirement(
+        ("--enable-torch-symm-mem",),
+        None,
+        "TorchSymmMemCommunicator: Device capability not supported, communicator is not available",
+        # all_reduce_utils.py:3-16 sizes only SM 9 and 10 (reference/sglang-versions.md B7).
+        _major(9, 10),
+        "distributed/device_communicators/torch_symm_mem.py:80-89",
+    ),
+)
+
+
+def ignored(
+    params: Mapping[str, object], capability: Capability
+) -> tuple[str, object, GpuRequirement] | None:
+    """The first (flag, value) among `params` that SGLang ignores on a GPU of `capability`, with its row, or
+    None."""
+    return _first(IGNORED, params, capability)
+
+
 def cannot_run(
     params: Mapping[str, object], capability: Capability
 ) -> tuple[str, object, GpuRequirement] | None:
     """The first (flag, value) among `params` (flag -> value) a GPU of `capability` cannot run, with the
     row that says so, or None."""
-    for requirement in REQUIREMENTS:
+    return _first(REQUIREMENTS, params, capability)
+
+
+def _first(
+    rows: tuple[GpuRequirement, ...], params: Mapping[str, object], capability: Capability
+) -> tuple[str, object, GpuRequirement] | None:
+    for requirement in rows:
         for flag in requirement.flags:
             value = params.get(flag)
             if requirement.blocks(value) and not requirement.runs_on(capability):

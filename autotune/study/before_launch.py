@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace, Study
-from autotune.dialect.gpu_support import cannot_run, compute_capability
+from autotune.dialect.gpu_support import cannot_run, compute_capability, ignored
 from autotune.node.check import NodeReport
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.records import StudyRecord, TrialRecord
@@ -88,6 +88,27 @@ def gpu_cannot_run_values(space: SearchSpace, facts: NodeReport | None) -> dict[
         for value in space.possible_values(name) or ()
     }
     return {pair: why for pair, why in found.items() if why is not None}
+
+
+def ignored_on_gpu(space: SearchSpace, facts: NodeReport | None) -> tuple[dict[str, object], str | None]:
+    """The parameters of `space` with a value SGLang ignores on the node's GPU (gpu_support.IGNORED: it warns
+    and runs without it), each held at the one value left, and what to tell the user; a trial of such a
+    value would measure the config without it again."""
+    capability = compute_capability(facts.gpus[0].name) if facts is not None and facts.gpus else None
+    if capability is None:
+        return {}, None
+    held, said = {}, []
+    for name in space.spec.parameters:
+        values = space.possible_values(name) or []
+        kept = [value for value in values if ignored({name: value}, capability) is None]
+        if len(kept) == 1 and len(values) > 1:
+            held[name] = kept[0]
+            said += [f"{name}={value}" for value in values if value not in kept]
+    if not held:
+        return {}, None
+    assert facts is not None and facts.gpus  # a capability was read from them
+    gpu = facts.gpus[0].name
+    return held, f"not proposed on this node's GPU ({gpu}), which SGLang runs without them: {', '.join(said)}"
 
 
 def remember_known_failures(

@@ -94,11 +94,16 @@ class KnownIncompatibilities:
         return fixed
 
     def sampler(
-        self, base: optuna.samplers.BaseSampler, hardware: set[str | None]
+        self,
+        base: optuna.samplers.BaseSampler,
+        hardware: set[str | None],
+        ignored: Mapping[str, object] | None = None,
     ) -> optuna.samplers.BaseSampler:
         """`base`, with the parameters that have one safe value left fixed to it when all nodes share one
-        hardware (with several kinds, proposals for the wrong kind are refused at launch instead)."""
+        hardware (with several kinds, proposals for the wrong kind are refused at launch instead), and those
+        the nodes' GPUs ignore every other value of (`ignored`: study.before_launch.ignored_on_gpu)."""
         fixed = self.fixed_params(next(iter(hardware))) if len(hardware) == 1 else {}
+        fixed = {**(ignored or {}), **fixed}
         if isinstance(base, IncumbentMoves):
             base.held = dict(fixed)  # its moves leave these alone, or the fixing would undo them
         return optuna.samplers.PartialFixedSampler(fixed, base) if fixed else base

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from autotune.dialect import Dialect, FlagTable
 from autotune.node.pool import NodePool
-from autotune.study.before_launch import remember_known_failures
+from autotune.study.before_launch import ignored_on_gpu, remember_known_failures
 from autotune.study.callbacks import KnobHeld
 from autotune.study.run_state import RunState
 from autotune.study.trust import screening
@@ -44,9 +44,17 @@ def learn_nodes(run: RunState, pool: NodePool, *, remember_incompatible: bool) -
     `remember_incompatible`) what each node's GPU cannot run, told to the observers and to the sampler."""
     run.flag_defaults = screening.flag_defaults(flag_tables(pool))
     run.hardware = {hardware_of(run, pool, node) for node in pool.idle_nodes()}
+    ignored: list[tuple[dict[str, object], str | None]] = []
     for node in pool.idle_nodes() if remember_incompatible else ():
         facts, hardware = pool.facts(node), run.hardware_by_node[node]
         notice = remember_known_failures(run.known, run.optuna_study, run.study.search_space, facts, hardware)
         if notice:
             run.observers.knob_held(KnobHeld(notice))
+        ignored.append(ignored_on_gpu(run.study.search_space, facts))
+    # Held where every node's GPU ignores the value (a node that runs it may still gain from it).
+    first = ignored[0][0] if ignored else {}
+    held = {name: value for name, value in first.items() if all(o.get(name) == value for o, _ in ignored)}
+    if held:
+        run.ignored = held
+        run.observers.knob_held(KnobHeld(next(said for _, said in ignored if said)))
     run.optuna_study.sampler = run.current_sampler()

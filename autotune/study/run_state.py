@@ -78,6 +78,7 @@ class RunState:
     start: int | None = None  # the sampler's start sized to a node-hour budget (samplers.start_for)
     flag_defaults: dict[str, Any] = field(default_factory=dict)  # a flag left unset: its parser's default
     hardware: set[str | None] = field(default_factory=set)
+    ignored: dict[str, Any] = field(default_factory=dict)  # values the GPUs ignore: held (before_launch)
     hardware_by_node: dict[str, str | None] = field(default_factory=dict)
     dialects: dict[tuple[str | None, str], Dialect] = field(default_factory=dict)  # one notice each
 
@@ -112,4 +113,4 @@ class RunState:
             self.base_sampler.in_flight = self.study.in_flight
             if self.study.file.trust.noise_ties:
                 self.base_sampler.reference = move_from
-        return self.known.sampler(self.base_sampler, self.hardware)
+        return self.known.sampler(self.base_sampler, self.hardware, self.ignored)

@@ -68,6 +68,20 @@ DOCUMENTED_TREE = {
 # The trees a speculative branch gets on purpose, in order (see IncumbentMoves._branch).
 BRANCH_PLAN = ("SGLang's documented tree", "the chain of SGLang's adaptive mode", "twice the draft tokens")
 TREE_KNOBS = (SpeculativeRules.STEPS, SpeculativeRules.TOPK, SpeculativeRules.DRAFT_TOKENS)
+# SGLang hands an all-reduce to the first of its communicators that takes it: the custom kernel (every tensor
+# under 8 MiB where it runs: full NVLink, or two GPUs), quick all-reduce, mscclpp, torch symmetric memory,
+# NCCL (reference/sglang.md). So turning torch symmetric memory on alone reaches only the large all-reduces,
+# and turning the custom kernel off alone hands the small ones to NCCL: the path is tried as one move, then
+# with FlashInfer's fusion of the all-reduce and the norm after it. Each step once, from the best.
+FUSION = "--enable-flashinfer-allreduce-fusion"
+_SYMM_MEM = {"--disable-custom-all-reduce": True, "--enable-torch-symm-mem": True}
+ALLREDUCE_PLAN: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("torch symmetric memory in place of the custom all-reduce", _SYMM_MEM),
+    ("torch symmetric memory and FlashInfer's all-reduce fusion", {**_SYMM_MEM, FUSION: True}),
+)
+# How `autotune status` names the branches' trials (PROPOSED_ATTR).
+SPECULATIVE_BRANCH = f"exploring {SpeculativeRules.ALGORITHM}"
+ALLREDUCE_BRANCH = "exploring the all-reduce path"
 # NGRAM has no tree (SpeculativeRules): its branch tries SGLang's own draft tokens, then half and twice them.
 NGRAM_PLAN = (
     f"SGLang's ngram default of {SpeculativeRules.NGRAM_DEFAULT_DRAFT_TOKENS} draft tokens",
@@ -325,8 +339,9 @@ def _contains(distribution: BaseDistribution, value: Any) -> bool:
 class IncumbentMoves(_Wrapper):
     """`base`, with the trials a person tuning by hand would run, planned from the trials so far: a repair
     (a failure SGLang says a smaller value of one flag cures runs again with less of it), a move (one or two
-    knobs of the best feasible trial changed), a branch trial (each speculative tree once, right after the
-    start) and a line search along a range knob (`_climb`). A config that ran is not planned again; a
+    knobs of the best feasible trial changed), a branch trial right after the start (each speculative tree
+    once, and in turn with them each step of the all-reduce path's) and a line search along a range knob
+    (`_climb`). A config that ran is not planned again; a
     multi-objective study gets `base` alone. Each kind, and why: docs/design.md, "IncumbentMoves"."""
 
     def __init__(
@@ -407,9 +422,17 @@ class IncumbentMoves(_Wrapper):
         best = self.reference(study, [t for t in finished if t.params], self._rng)
         if best is None:
             return None
-        branch = self._branch(best, finished, with_params, tried)
-        if branch is not None:
-            return branch
+        branches = [
+            (kind, planned)
+            for kind, planned in (
+                (SPECULATIVE_BRANCH, self._branch(best, finished, with_params, tried)),
+                (ALLREDUCE_BRANCH, self._allreduce_branch(best, finished, with_params, tried)),
+            )
+            if planned is not None
+        ]
+        if branches:  # in turn, fewer trials so far first: each finds what the other's moves miss
+            ran = [TrialRecord.of(t).proposed or "" for t in finished]
+            return min(branches, key=lambda branch: sum(r.startswith(branch[0]) for r in ran))[1]
         climb = self._climb(study, best, finished, tried) if self.climb else None
         if climb is not None or self._rng.random() >= self.share:
             return climb
@@ -466,16 +489,17 @@ class IncumbentMoves(_Wrapper):
         ):
             return None
         for choice in distribution.choices:
-            ran = [t for t in finished if name in t.params and same_value(t.params[name], choice)]
+            # A trial without the knob (the baseline) ran with SGLang's default: speculation off.
+            ran = [t for t in finished if same_value(t.params.get(name), choice)]
             ran_well = [t for t in ran if _feasible(t)]
             start = _as_asked(best.params, self.held)
             plan = {n: v for n, v in start.items() if not SpeculativeRules.is_speculative_flag(n)}
             plan[name] = choice
             if choice is None:  # speculation off has no tree: the best trial without it, once
                 if len(ran_well) < self.branch_trials and _asked(plan, best.params, with_params) not in tried:
-                    return plan, f"exploring {name} off: trial {best.number} without it"
+                    return plan, f"{SPECULATIVE_BRANCH} off: trial {best.number} without it"
                 continue
-            why = f"exploring {name} {choice}"
+            why = f"{SPECULATIVE_BRANCH} {choice}"
             planned = [t for t in ran if (TrialRecord.of(t).proposed or "").startswith(why)]
             if len(planned) >= self.branch_trials or len(ran) - len(ran_well) >= 2 * self.branch_trials:
                 continue  # explored (a branch that keeps failing stops too: the repairs had their turn)
@@ -498,6 +522,32 @@ class IncumbentMoves(_Wrapper):
                     moved[MEM_FRACTION] = pool[0]
                 if _asked(moved, best.params, with_params) not in tried:
                     return moved, f"{why}: trial {best.number} with {step}" + (pool[1] if pool else "")
+        return None
+
+    def _allreduce_branch(
+        self,
+        best: FrozenTrial,
+        finished: list[FrozenTrial],
+        with_params: list[FrozenTrial],
+        tried: set[ConfigKey],
+    ) -> _Planned | None:
+        """The next step of ALLREDUCE_PLAN not yet run, on the best trial's other knobs, where the space has
+        every flag of the step free and the best does not set them all already."""
+        ran = {TrialRecord.of(t).proposed or "" for t in finished}
+        # The flags' ranges, from any trial that had them (the best may be the baseline, which has none).
+        ranges = {n: d for t in with_params for n, d in t.distributions.items()}
+        for step, flags in ALLREDUCE_PLAN:
+            why = f"{ALLREDUCE_BRANCH}: {step}"
+            if any(r.startswith(why) for r in ran):
+                continue
+            if any(
+                name in self.held or name not in ranges or not _contains(ranges[name], value)
+                for name, value in flags.items()
+            ) or all(same_value(best.params.get(name), value) for name, value in flags.items()):
+                continue
+            plan = {**_as_asked(best.params, self.held), **flags}
+            if _asked(plan, best.params, with_params) not in tried:
+                return plan, f"{why}, from trial {best.number}"
         return None
 
     def _branch_pool(

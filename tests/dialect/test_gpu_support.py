@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.dialect.gpu_support import cannot_run, compute_capability
+from autotune.dialect.gpu_support import cannot_run, compute_capability, ignored
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,13 @@ def test_what_real_sglang_runs_on_sm120_is_not_refused() -> None:
     # torch symmetric memory is a warning there, not a failure (reference/sglang-versions.md B7); expert
     # parallelism without the FlashInfer all-to-all backend is not known to fail (B10).
     assert cannot_run({"--enable-torch-symm-mem": True, "--ep-size": 8}, (12, 0)) is None
+
+
+def test_torch_symmetric_memory_is_ignored_outside_sm90_and_sm10x() -> None:
+    # all_reduce_utils.py sizes only SM 9 and 10; elsewhere TorchSymmMemCommunicator warns and is skipped.
+    for capability in ((12, 0), (8, 9), (8, 0)):
+        found = ignored({"--enable-torch-symm-mem": True}, capability)
+        assert found is not None and found[:2] == ("--enable-torch-symm-mem", True)
+    for capability in ((9, 0), (10, 0), (10, 3)):
+        assert ignored({"--enable-torch-symm-mem": True}, capability) is None
+    assert ignored({"--enable-torch-symm-mem": False}, (12, 0)) is None

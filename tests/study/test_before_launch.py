@@ -16,7 +16,13 @@ from autotune.node.check import GPU, NodeReport
 from autotune.sim.model_node import server_memory
 from autotune.sim.predict import predict
 from autotune.sim.profiles import load_hardware_profile, load_model_profile
-from autotune.study.before_launch import gpu_cannot_run, kv_pool_too_small, remember_known_failures
+from autotune.study.before_launch import (
+    gpu_cannot_run,
+    ignored_on_gpu,
+    kv_pool_too_small,
+    remember_known_failures,
+)
+from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import open_study
@@ -227,3 +233,48 @@ def test_a_value_the_gpu_cannot_run_is_checked_once_at_the_start_and_refused_wit
     learned = known.blocking({"--ep-size": 8}, "sm120")
     assert learned is not None
     assert known.why(learned) == "known incompatible with this node (sm120): --ep-size=8"
+
+
+SYMM = "--enable-torch-symm-mem"
+
+
+def test_a_value_sglang_ignores_on_the_nodes_gpu_is_held_not_refused(tmp_path: Path) -> None:
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(
+        f"parameters:\n  {SYMM}: {{kind: sglang, type: bool}}\n"
+        "  NCCL_ALGO: {kind: nccl, type: categorical, choices: [null, Ring]}\n"
+    )
+    space = load_search_space(space_file)
+    gpu = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    held, said = ignored_on_gpu(space, _facts(gpu))
+    assert held == {SYMM: False}
+    assert said == f"not proposed on this node's GPU ({gpu}), which SGLang runs without them: {SYMM}=True"
+    assert ignored_on_gpu(space, _facts("NVIDIA H200")) == ({}, None)
+    assert ignored_on_gpu(space, None) == ({}, None)  # no node check: nothing is held
+    # It is no failure: a trial queued with it is not refused (SGLang runs it, without the communicator).
+    assert gpu_cannot_run({SYMM: True}, _facts(gpu)) is None
+
+
+class Notices(StudyCallback):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def knob_held(self, event: KnobHeld) -> None:
+        self.lines.append(event.text)
+
+
+def test_the_study_on_the_seeds_node_never_proposes_torch_symmetric_memory(study_file: StudyFiles) -> None:
+    space = {
+        "parameters": {
+            SYMM: {"kind": "sglang", "type": "bool"},
+            "--mem-fraction-static": {"kind": "sglang", "type": "categorical", "choices": [0.84, 0.86, 0.87]},
+        }
+    }
+    study = load_study(study_file(n_trials=8, search_space=space, trust=TRUST_OFF))
+    notices = Notices()
+    # A sampler that would propose it in about half the trials, the held value fixed over it.
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    optuna_study = StudyDriver(study, pool=model_pool(), sampler=sampler, callbacks=[notices]).run()
+    ran = launched(optuna_study)
+    assert len(ran) >= 6 and all(t.params.get(SYMM) is not True for t in ran)
+    assert any(line.endswith(f"which SGLang runs without them: {SYMM}=True") for line in notices.lines)

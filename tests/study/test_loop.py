@@ -280,10 +280,14 @@ def test_the_loop_tells_each_observer_every_trial_in_order_and_the_console_print
     assert events[-1] == ("study_ended", False, best.best_value)
 
     # Not a terminal: the study's heading, then one line per finished trial, no progress bar.
-    known, heading, *lines = stream.getvalue().splitlines()
+    known, ignored, heading, *lines = stream.getvalue().splitlines()
     assert known == (  # known before any launch (study.before_launch): the sampler never proposes it
         "not proposed on this node's GPU (NVIDIA RTX PRO 6000 Blackwell Server Edition), which SGLang cannot "
         "run them on: --enable-flashinfer-allreduce-fusion=True"
+    )
+    assert ignored == (  # a value SGLang runs without there: held too
+        "not proposed on this node's GPU (NVIDIA RTX PRO 6000 Blackwell Server Edition), which SGLang runs "
+        "without them: --enable-torch-symm-mem=True"
     )
     assert heading.startswith("== study t: 4 trials of the server")
     baseline = optuna_study.trials[0].value

@@ -519,6 +519,76 @@ def test_speculation_gets_its_trees_on_purpose_right_after_the_start() -> None:
         assert PROPOSED_ATTR not in study.trials[trial.number].system_attrs
 
 
+CUSTOM_OFF, SYMM = "--disable-custom-all-reduce", "--enable-torch-symm-mem"
+FUSION = "--enable-flashinfer-allreduce-fusion"
+
+
+def ask_paths(study: optuna.Study) -> optuna.Trial:
+    """`ask_branch`'s knobs and the all-reduce path's flags."""
+    trial = ask_branch(study)
+    for flag in (CUSTOM_OFF, SYMM, FUSION):
+        trial.suggest_categorical(flag, [False, True])
+    return trial
+
+
+def paths_study(**kwargs: object) -> optuna.Study:
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=3, share=0.0, seed=0)
+    sampler.held = kwargs
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({})  # the baseline: no knob set, SGLang's defaults (speculation off)
+    for algo in ("Ring", "Tree"):
+        study.enqueue_trial({"NCCL_ALGO": algo, ALGO: None, CUSTOM_OFF: False, SYMM: False, FUSION: False})
+    study.tell(study.ask(), 0.5)
+    for value in (0.9, 0.7):
+        study.tell(ask_paths(study), value)
+    return study
+
+
+def test_the_all_reduce_path_runs_as_one_move_in_turn_with_the_speculative_trees() -> None:
+    # SGLang's custom all-reduce takes every small all-reduce first: torch symmetric memory alone reaches only
+    # the large ones, the custom kernel off alone hands the small ones to NCCL. The path's steps come in turn
+    # with the speculative trees, each on the best so far.
+    study = paths_study()
+    planned = []
+    for value in (0.8, 0.95, 0.85, 0.97, 0.6):
+        trial = ask_paths(study)
+        study.tell(trial, value)
+        planned.append(study.trials[trial.number])
+    whys = [str(t.system_attrs[PROPOSED_ATTR]) for t in planned]
+    assert [w.split(":")[0] for w in whys] == [
+        f"exploring {ALGO} EAGLE3",
+        "exploring the all-reduce path",
+        f"exploring {ALGO} EAGLE3",
+        "exploring the all-reduce path",
+        f"exploring {ALGO} EAGLE3",
+    ], whys
+    paths = [{f: t.params[f] for f in (CUSTOM_OFF, SYMM, FUSION)} for t in planned]
+    # The path's first step, on trial 1's knobs (the documented tree lost to it): the custom kernel off and
+    # torch's on, together.
+    assert paths[1] == {CUSTOM_OFF: True, SYMM: True, FUSION: False}
+    assert planned[1].params["NCCL_ALGO"] == "Ring" and planned[1].params[ALGO] is None
+    # The chain is planned on trial 4, the best now, and keeps its path; the path's next step adds the fusion.
+    assert paths[2] == paths[1] and planned[2].params[SPEC_TOPK] == 1
+    assert paths[3] == {CUSTOM_OFF: True, SYMM: True, FUSION: True}
+    assert "FlashInfer's all-reduce fusion, from trial 4" in whys[3], whys[3]
+    assert paths[4] == paths[3] and tree(planned[4]) == (5, 4, 16)  # on trial 6, the best now
+    # The baseline counts as a trial without speculation: with it, three ran, so no "speculation off" trial.
+    assert not any("off:" in w for w in whys)
+    trial = ask_paths(study)  # both branches explored: the base decides
+    assert PROPOSED_ATTR not in study.trials[trial.number].system_attrs
+
+
+def test_the_all_reduce_path_is_left_alone_where_the_study_holds_one_of_its_flags() -> None:
+    # On a GPU that ignores torch symmetric memory (SM120: the study holds it off), neither step runs.
+    study = paths_study(**{SYMM: False})
+    for _ in range(5):
+        trial = ask_paths(study)
+        study.tell(trial, 0.5)
+        assert not str(study.trials[trial.number].system_attrs.get(PROPOSED_ATTR, "")).startswith(
+            "exploring the all-reduce path"
+        )
+
+
 def test_a_branch_tree_after_one_whose_kv_pool_ran_short_runs_at_the_fraction_that_holds_it() -> None:
     # The seed's node: the best (no draft model) at 0.86; the first EAGLE-3 tree there held 105,675 of the
     # 116,000 tokens in flight (its draft took the room), so it lost to the best on memory. The branch's

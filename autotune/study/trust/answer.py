@@ -178,9 +178,14 @@ def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer, said:
     )
 
 
-def _rounds_mean(state: Confirmation, config: int) -> float | None:
-    """The mean of `config`'s values in the confirmation's rounds, None where none measured."""
-    values = [value for v in state.rounds.values() if (value := v.get(config)) is not None]
+def _rounds_mean(state: Confirmation, config: int, beside: int | None = None) -> float | None:
+    """The mean of `config`'s values in the confirmation's rounds (those that measured `beside` too: the
+    defaults beside the answer, not in a round of the runner-up alone), None where none measured."""
+    values = [
+        value
+        for v in state.rounds.values()
+        if (value := v.get(config)) is not None and (beside is None or v.get(beside) is not None)
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -244,13 +249,13 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         value=_rounds_mean(state, chosen),
         value_interval=None,
         baseline=state.baseline,
-        baseline_value=_rounds_mean(state, state.baseline),
+        baseline_value=_rounds_mean(state, state.baseline, chosen),
         gain_pct=gain.pct,
         gain_interval_pct=interval,
         confidence=gain.confidence,
         within_noise=None,
         rounds=state.pairs,
-        trials=_round_trials(optuna_study, {leader, state.baseline}),
+        trials=_round_trials(optuna_study, {leader, state.baseline}, leader),
         text=f"{text}; {_noise_text(context['noise'])}",
         in_rounds=True,
         **context,
@@ -298,12 +303,21 @@ def _interval(gain: Gain) -> tuple[float, float] | None:
     return (low, high) if low is not None and high is not None else None
 
 
-def _round_trials(optuna_study: optuna.Study, configs: set[int]) -> tuple[int, ...]:
+def _round_trials(
+    optuna_study: optuna.Study, configs: set[int], leader: int | None = None
+) -> tuple[int, ...]:
     """The complete confirmation-round trials of `configs` (the rounds after the confirmation started, and
-    the search's launches paired in time that count as rounds: study.trust.confirm.search_rounds)."""
+    the search's launches paired in time that count as rounds: study.trust.confirm.search_rounds; of those,
+    only the ones that measured `leader`)."""
     settings = StudyRecord.of(optuna_study).confirm or {}
     since = int(settings.get("since", -1))
-    searched = {int(n) for pairs in settings.get(SEARCH_ROUNDS_KEY) or [] for of, n in pairs if of in configs}
+    searched = {
+        int(n)
+        for pairs in settings.get(SEARCH_ROUNDS_KEY) or []
+        if leader is None or any(of == leader for of, _ in pairs)
+        for of, n in pairs
+        if of in configs
+    }
     rounds = tuple(
         t.number
         for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
