@@ -195,6 +195,7 @@ VARIANTS: dict[str, bool | dict[str, Any]] = {
     "fixed-patience": {"stop_early": {"min_patience": None}},
     "one-knob": True,  # the defaults, every move from the best changing one knob (SAMPLER_SETTINGS)
     "start-6": True,  # the defaults, a start of 6 trials instead of 10 (SAMPLER_SETTINGS)
+    "half-hours": True,  # the defaults under half the node hours "after" spends (HALF_HOURS)
 }
 # Variants that change the default sampler's settings (autotune.study.samplers.tpe), not the trust section.
 # Issue 37 items 2/7 measured these too, and took them out again (they lived at `0ecfc8f`): the knobs whose
@@ -206,6 +207,21 @@ SAMPLER_SETTINGS: dict[str, dict[str, Any]] = {
 }
 DUMP: list[Path] = []  # --dump: the folder each study's trials are written to
 NO_STAGE = ("no-nccl-stage",)
+# "half-hours": a node-hour budget of half the median node hours the defaults spent on each profile, with
+# gains and on the flat landscape (`--variants after` at 1d918e5, 20 seeds): the false gains, the flat
+# landscape's "no gain" and the answers' worth where the budget binds (study.trust.node_budget).
+HALF_HOURS: dict[tuple[str, bool], float] = {
+    (key, flat): round(hours / 2, 2)
+    for key, with_gains, flat_h in (
+        ("h200-x1", 0.26, 0.17),
+        ("seed", 1.74, 1.44),
+        ("h200", 0.94, 0.48),
+        ("h100x4-llama70b", 1.17, 0.55),
+        ("h100x8-qwen3coder480b", 1.19, 0.61),
+        ("heldout-l40sx4-qwen32b", 1.15, 0.71),
+    )
+    for flat, hours in ((False, with_gains), (True, flat_h))
+}
 
 
 def per_look_confidence(settings: dict[str, Any], candidates: int) -> float:
@@ -580,6 +596,7 @@ def run_job(job: Job) -> Outcome:
             nccl_stage=not job.flat and profile.tp > 1 and job.variant not in NO_STAGE,
             trust=job.trust,
             inspect=inspect,
+            node_hours=HALF_HOURS[(profile.key, job.flat)] if job.variant == "half-hours" else None,
         )
     outcome: Outcome = run.inspected
     return outcome

@@ -9,6 +9,7 @@ docs/design.md, "Samplers"; the measurements behind each choice: benchmarks/RESU
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -40,10 +41,13 @@ NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
 # The start's finished trials (the baseline's among them) without a node-hour budget; under one, a share of
 # the search launches it affords, at least MIN_START (start_for): moves from the best find more in a few
-# launches than proposals near the defaults (benchmarks/RESULTS.md, "A start sized to the budget").
+# launches than proposals near the defaults (benchmarks/RESULTS.md, "A start sized to the budget"). The
+# baseline and one proposal: the branches move from the defaults where the proposal lost to them
+# (IncumbentMoves._reference), and a second proposal took a launch the branches need under 2x auto_benchmark's
+# hours (RESULTS.md, "The branches from the defaults").
 START_TRIALS = 10
 START_SHARE = 0.25
-MIN_START = 3
+MIN_START = 2
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
@@ -419,9 +423,10 @@ class IncumbentMoves(_Wrapper):
         if repair is not None or len(study.directions) > 1 or len(finished) < self.n_startup_trials:
             return repair
         # The study's answer, moved from (or, set by the study loop, a config tied with it within noise).
-        best = self.reference(study, [t for t in finished if t.params], self._rng)
+        best = self._reference(study, finished)
         if best is None:
             return None
+        tried.add(config_key(best.params))  # the baseline's, where it leads: its knobs at their defaults
         branches = [
             (kind, planned)
             for kind, planned in (
@@ -442,6 +447,34 @@ class IncumbentMoves(_Wrapper):
                 changed = ", ".join(n for n in move if not same_value(move[n], best.params.get(n)))
                 return move, f"a move from trial {best.number}, the best so far: {changed} changed"
         return None
+
+    def _reference(self, study: Study, finished: list[FrozenTrial]) -> FrozenTrial | None:
+        """The trial the moves start from (`reference`), among those that set knobs and the baseline. The
+        baseline sets none: where it leads, it is moved from as the trial it is with every knob of the
+        best trial that set them at its default (a range at SGLang's choice in the baseline, else left),
+        speculation's tree knobs left out. A start whose proposals all lost to the defaults then does not
+        hand its worst knob (a cap of 16 running requests: 0.67 of the defaults) to every branch trial."""
+        knobs = [t for t in finished if t.params]
+        baseline = [t for t in finished if not t.params and TrialRecord.of(t).baseline]
+        best = self.reference(study, knobs + baseline, self._rng)
+        if best is None or best.params or not knobs:
+            return best
+        template = self.reference(study, knobs, self._rng)
+        if template is None:  # no trial that set knobs was measured: nothing to move
+            return None
+        chosen = StudyRecord.of(study).server_choices
+        params: dict[str, Any] = {}
+        for name, distribution in template.distributions.items():
+            value = default_of(distribution)
+            if value is _NO_DEFAULT and name in chosen:
+                value = nearest(distribution, chosen[name])
+            params[name] = template.params[name] if value is _NO_DEFAULT else value
+        if params.get(SpeculativeRules.ALGORITHM) is None:
+            params = {n: v for n, v in params.items() if n not in TREE_KNOBS}
+        defaults = copy.deepcopy(best)
+        defaults.params = params
+        defaults.distributions = {n: template.distributions[n] for n in params}
+        return defaults
 
     def _repair(
         self, finished: list[FrozenTrial], tried: set[ConfigKey]

@@ -168,6 +168,24 @@ def test_the_reserve_keeps_rounds_of_the_defaults_and_the_leader_and_a_spare_lau
     assert node_hours(study, study_of_trials(*trials[:1])).reserve_s == 5 * 680.0  # nothing else yet
 
 
+def test_a_search_s_first_launch_priced_at_a_launch_from_disk_keeps_one_round_back(
+    study_file: StudyFiles,
+) -> None:
+    # The coder's node under half the hours an unbudgeted study spends (0.59 node h): the defaults' launch
+    # read the weights from disk (296 s; a launch after it costs about 110 s). Every round at 296 s left no
+    # search launch, and the study ended with SGLang's defaults and 0.49 node h unspent.
+    trust = {"confirm": {"top": 2, "min_rounds": 2}}
+    study = load_study(study_file(budget={"node_hours": 0.59}, trust=trust))
+    baseline = stored_trial(value=600.0, node="n", node_s=296.0, baseline=True)
+    hours = node_hours(study, study_of_trials(baseline))
+    assert hours.reserve_s == 5 * 296.0  # the confirmation keeps every round
+    assert hours.search_reserve_s == 3 * 296.0 and hours.search_may_launch()  # the search launches once
+    assert search_launches(study, study_of_trials(baseline)) == int((0.59 * 3600 - 296 - 5 * 296) // 296)
+    searched = stored_trial({"--stream-interval": 1}, value=700.0, node="n", node_s=110.0)
+    hours = node_hours(study, study_of_trials(baseline, searched))
+    assert hours.search_reserve_s == hours.reserve_s == 5 * 110.0  # priced by a launch after it: every round
+
+
 def test_the_next_search_launch_is_priced_as_it_would_run_not_at_the_median_of_first_launches(
     study_file: StudyFiles,
 ) -> None:

@@ -18,6 +18,7 @@ from autotune.config.objective import InFlight
 from autotune.config.study import SAMPLER_NAMES, SamplerSpec
 from autotune.study.records import (
     ACCEPT_LENGTH_ATTR,
+    BASELINE_ATTR,
     PROPOSED_ATTR,
     REMEASURE_OF_ATTR,
     SERVER_CHOICES_ATTR,
@@ -589,6 +590,41 @@ def test_the_all_reduce_path_is_left_alone_where_the_study_holds_one_of_its_flag
         )
 
 
+def test_where_the_baseline_leads_the_branches_move_from_the_defaults_not_the_proposal_that_lost() -> None:
+    # The H200 under a budget: the start's one proposal capped running requests at 16 (0.67 of the defaults);
+    # moved from, it would hand that cap to every branch trial. The defaults lead: the branch moves from them,
+    # a range at SGLang's own choice in the baseline.
+    sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=2, share=0.0, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.874})  # what SGLang logged for the baseline
+
+    def ask() -> optuna.Trial:
+        trial = ask_branch(study)
+        trial.suggest_float(MEM, 0.70, 0.95, step=0.01)
+        return trial
+
+    baseline = study.ask()  # no knob set: SGLang's defaults
+    baseline.set_user_attr(BASELINE_ATTR, True)
+    study.tell(baseline, 0.6)
+    study.enqueue_trial({"NCCL_ALGO": "Ring", ALGO: None, MEM: 0.80})
+    study.tell(ask(), 0.4)
+    first = ask()
+    tree = {ALGO: "EAGLE3", SPEC_STEPS: 5, SPEC_TOPK: 4, SPEC_DRAFT: 8}
+    assert first.params == {"NCCL_ALGO": None, **tree, MEM: 0.87}
+    assert "trial 0 with SGLang's documented tree" in study.trials[first.number].system_attrs[PROPOSED_ATTR]
+    study.tell(first, 0.5)
+    # Speculation off on the defaults is the baseline again: not planned; the chain comes next.
+    chain = ask()
+    assert chain.params[SPEC_TOPK] == 1 and chain.params["NCCL_ALGO"] is None
+    # Once a trial that set knobs leads, the moves start from it, as before.
+    study.tell(chain, 0.9)
+    trial = ask()
+    study.tell(trial, 0.1)
+    assert study.trials[trial.number].system_attrs[PROPOSED_ATTR] == (
+        f"exploring {ALGO} off: trial {chain.number} without it"
+    )
+
+
 def test_a_branch_tree_after_one_whose_kv_pool_ran_short_runs_at_the_fraction_that_holds_it() -> None:
     # The seed's node: the best (no draft model) at 0.86; the first EAGLE-3 tree there held 105,675 of the
     # 116,000 tokens in flight (its draft took the room), so it lost to the best on memory. The branch's
@@ -1051,11 +1087,11 @@ def test_a_line_searchs_launch_past_the_edge_is_not_repaired() -> None:
 
 def test_a_node_hour_budget_gives_the_start_a_share_of_the_search_launches_it_affords() -> None:
     assert start_for(None) is None  # no budget: the sampler's own start
-    assert start_for(0) == start_for(4) == MIN_START == 3  # the baseline and two proposals near the defaults
+    assert start_for(0) == start_for(4) == MIN_START == 2  # the baseline and one proposal near the defaults
     assert start_for(20) == 5
     assert start_for(1000) == START_TRIALS == 10
     spec = SamplerSpec(name="tpe", seed=1)
     sampler = build(spec, start=start_for(4))
-    assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == 3
+    assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == 2
     assert isinstance(build(spec), IncumbentMoves) and build(spec).n_startup_trials == 10
     assert not isinstance(build(SamplerSpec(name="random", seed=1), start=3), IncumbentMoves)

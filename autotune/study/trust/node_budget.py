@@ -216,7 +216,8 @@ def search_launches(study: Study, optuna_study: optuna.Study) -> int | None:
     hours = node_hours(study, optuna_study)
     if hours.left_s is None or not hours.next_launch_s:
         return None
-    return max(int((hours.left_s - hours.search_reserve_s) // hours.next_launch_s), 0)
+    reserve = max(hours.search_reserve_s, hours.reserve_s)  # every round: the count is on the low side
+    return max(int((hours.left_s - reserve) // hours.next_launch_s), 0)
 
 
 def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours) -> str:
@@ -274,7 +275,18 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
     median = launch_s(optuna_study)
-    return NodeHours(budget, spent_s(optuna_study), median, reserve, rounds * price + spare, dearest or None)
+    # Priced at a node's first launch alone (it read the weights from disk, and no launch after it is
+    # measured yet), the search's first launch keeps back one round: a launch after it prices the rest.
+    search_rounds = min(rounds, 1) if _firsts_only(optuna_study) else rounds
+    search_reserve = search_rounds * price + (spare if search_rounds else 0.0)
+    return NodeHours(budget, spent_s(optuna_study), median, reserve, search_reserve, dearest or None)
+
+
+def _firsts_only(optuna_study: optuna.Study) -> bool:
+    """Whether every launch that spent node time is its node's first (`_node_firsts`)."""
+    trials = optuna_study.get_trials(deepcopy=False)
+    firsts = _node_firsts(trials)
+    return all(t.number in firsts for t in trials if TrialRecord.of(t).node_s)
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
