@@ -345,8 +345,8 @@ class IncumbentMoves(_Wrapper):
     (a failure SGLang says a smaller value of one flag cures runs again with less of it), a move (one or two
     knobs of the best feasible trial changed), a branch trial right after the start (each speculative tree
     once, and in turn with them each step of the all-reduce path's) and a line search along a range knob
-    (`_climb`). A config that ran is not planned again; a
-    multi-objective study gets `base` alone. Each kind, and why: docs/design.md, "IncumbentMoves"."""
+    (`_climb`). A config that ran is not planned again; a multi-objective study gets `base` alone. Each
+    kind, and why: docs/design.md, "IncumbentMoves"."""
 
     def __init__(
         self,
