@@ -29,7 +29,8 @@ judged at the looks' confidence); `no-nccl-stage` the defaults without the NCCL 
 confirmation's rounds judged by their own spread alone (before issue 37 item 4's second round), `pool-noise-1`
 the defaults with one round deciding on the study's noise (`min_rounds: 1`); `one-knob` the default sampler
 with every move from the best changing one knob (SAMPLER_SETTINGS: the sampler's settings, not the trust
-section's).
+section's); `half-hours` the defaults under a node-hour budget of half what "after" spends on each profile
+(HALF_HOURS): false gains, "no gain" on flat landscapes and the answers' worth where a budget binds.
 
 A last table splits the node hours of the studies where gains exist by part (PARTS: the NCCL stage, the
 baseline and its repeats, the search, its failed launches, the confirmation), with what the NCCL values the
