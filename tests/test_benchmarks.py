@@ -417,7 +417,8 @@ def test_search_wait_reads_which_part_of_the_sampler_proposed_the_answer_and_wha
     assert search_wait.main([str(tmp_path), "--profile", "h200"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| h200 | 0 |"))
-    assert "EAGLE3" in row and "baseline 3, start 7" in row  # the baseline and its repeats, the start
+    # The baseline and its repeats, the start's one proposal, the branch trials (the answer one of them).
+    assert "EAGLE3" in row and "| branch |" in row and "baseline 3, start 1, branch" in row
     assert "| h200 | after | 1 |" in out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.study import nccl_stage, samplers
+from autotune.study import nccl_stage
 from autotune.study.callbacks import KnobHeld
 from autotune.study.node_failing import node_failing
 from autotune.study.run_state import RunState
@@ -116,13 +116,10 @@ def may_ask(run: RunState, budget: int | None, deadline: float | None) -> bool:
 
 def hold(run: RunState, held: dict[str, Any]) -> None:
     """Before the search: hold the NCCL stage's values `held` and the knobs a resumed study's screening
-    held in every server trial the sampler proposes, its start sized to the launches a node-hour budget
-    affords now that the baseline's launch is measured."""
+    held in every server trial the sampler proposes."""
     run.stage_held = held
-    if run.sampler is None:  # the study file's sampler (a stage's study brings its own)
-        run.start = samplers.start_for(node_budget.search_launches(run.study, run.optuna_study))
     screened = screening.held_knobs(run.optuna_study)  # a resumed study holds what its screening held
-    if held or screened or run.start is not None:
+    if held or screened:
         run.base_sampler = run.holding({**held, **screened})
         for line in screening.screened_lines(run.optuna_study):
             run.observers.knob_held(KnobHeld(line))

@@ -149,7 +149,7 @@ class StudyDriver:
                 main = stage is not None and not run.options.queued_only  # not a stage's own study
                 if main and (nccl_stage.pending(run) or study.file.budget.node_hours is not None):
                     # The baseline alone first: a measured server before the stage's all-reduces, and
-                    # the cost of a launch before a node-hour budget sizes the search's start.
+                    # the cost of a launch before a node-hour budget prices the search's launches.
                     run.baseline_only = True
                     self._trials(run, pool, run.budget, run.deadline, ctrl_c)
                     run.baseline_only = False

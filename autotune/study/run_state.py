@@ -75,7 +75,6 @@ class RunState:
     same_in_a_row: int = 0  # proposals in a row of launches made before
     standing: tuple[float | None, float | None] = (None, None)  # the best value and the baseline's
     stage_held: dict[str, Any] = field(default_factory=dict)  # the NCCL stage's values
-    start: int | None = None  # the sampler's start sized to a node-hour budget (samplers.start_for)
     flag_defaults: dict[str, Any] = field(default_factory=dict)  # a flag left unset: its parser's default
     hardware: set[str | None] = field(default_factory=set)
     ignored: dict[str, Any] = field(default_factory=dict)  # values the GPUs ignore: held (before_launch)
@@ -102,7 +101,7 @@ class RunState:
         if self.sampler is None:
             so_far = self.trials_before if trials_so_far is None else trials_so_far
             spec = self.study.file.sampler
-            return samplers.build(spec, staged=held, trials_so_far=so_far, start=self.start)
+            return samplers.build(spec, staged=held, trials_so_far=so_far)
         return optuna.samplers.PartialFixedSampler(held, self.sampler)
 
     def current_sampler(self) -> optuna.samplers.BaseSampler:

@@ -39,15 +39,13 @@ from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, fracti
 _NO_DEFAULT = object()
 NEAR_STEPS = 2  # a start trial keeps a range knob within this many steps of the server's own value
 BRANCH_TRIALS = 3  # trials each speculative algorithm gets on purpose right after the start
-# The start's finished trials (the baseline's among them) without a node-hour budget; under one, a share of
-# the search launches it affords, at least MIN_START (start_for): moves from the best find more in a few
-# launches than proposals near the defaults (benchmarks/RESULTS.md, "A start sized to the budget"). The
-# baseline and one proposal: the branches move from the defaults where the proposal lost to them
-# (IncumbentMoves._reference), and a second proposal took a launch the branches need under 2x auto_benchmark's
-# hours (RESULTS.md, "The branches from the defaults").
-START_TRIALS = 10
-START_SHARE = 0.25
-MIN_START = 2
+# The start's finished trials, the baseline's among them: the baseline and one proposal near the defaults,
+# then the moves from the best (the branch trials first). They find more in a few launches than proposals
+# near the defaults, and move from the defaults where the proposal lost to them (IncumbentMoves._reference):
+# a start of 10, then 3, cost every profile node hours for the same answers and the coder its first
+# good launch by auto_benchmark's node hours (benchmarks/RESULTS.md, "A start of the baseline and one
+# proposal").
+START_TRIALS = 2
 # A line search goes on past a neighbour worse than the best by more than this share of the best's value:
 # less is within the run-to-run noise of the nodes measured (benchmarks/RESULTS.md, issue 29).
 CLIMB_MARGIN = 0.005
@@ -399,7 +397,9 @@ class IncumbentMoves(_Wrapper):
     def _plan(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         # Asked once per parameter: planned once per trial.
         if trial.number not in self._plans:
-            plan, why = self._new_plan(study) or (None, "")
+            # A queued trial (the baseline, a config asked for by hand) runs its own values: no plan, no why.
+            queued = bool(optuna_internals.fixed_params(trial))
+            plan, why = (None, "") if queued else (self._new_plan(study) or (None, ""))
             if plan is not None:  # a system attr, as Optuna's own samplers keep theirs
                 record_proposed(optuna_internals.StoredTrial(study, trial), why)
             self._plans = {trial.number: plan}
@@ -727,6 +727,8 @@ class IncumbentMoves(_Wrapper):
     def _move(self, best: FrozenTrial, trials: list[FrozenTrial]) -> dict[str, Any]:
         params = _as_asked(best.params, self.held)
         free = sorted(n for n in params if n not in self.held)
+        if not free:  # every knob held: no move (the config ran, so it is not planned again)
+            return params
         count = min(2 if self._rng.random() < self.second else 1, len(free))
         # A sweep: the first knob is one no trial has yet moved from this best, while there is one.
         moved = set().union(*(_moved_from(best, t) for t in trials if t.number != best.number))
@@ -1052,20 +1054,11 @@ SAMPLERS: Mapping[str, Callable[[int | None], BaseSampler]] = {
 }
 
 
-def start_for(launches: int | None) -> int | None:
-    """The default sampler's start under a node-hour budget that affords `launches` search launches:
-    START_SHARE of them, at least MIN_START, at most START_TRIALS; None (its own) without a budget."""
-    if launches is None:
-        return None
-    return max(MIN_START, min(START_TRIALS, round(launches * START_SHARE)))
-
-
 def build(
     spec: SamplerSpec,
     staged: Mapping[str, Any] | None = None,
     *,
     trials_so_far: int = 0,
-    start: int | None = None,
 ) -> BaseSampler:
     """A new sampler of the study file's kind and seed, for a study that has `trials_so_far` trials.
 
@@ -1073,10 +1066,10 @@ def build(
     keeps them out of its moves, others have them fixed). A continued study draws from a seed of its own,
     made from the file's and the trials so far: the file's seed again would replay the first trials'
     proposals (a resumed study on the H200 re-ran trials 1 and 2). The same study resumed at the same point
-    still proposes the same trials. `start`: the finished trials tpe's start lasts (`start_for`)."""
+    still proposes the same trials."""
     seed = continued_seed(spec.seed, trials_so_far)
     if spec.name == "tpe":
-        return tpe(seed, staged=staged, n_startup_trials=start or START_TRIALS)
+        return tpe(seed, staged=staged)
     sampler = SAMPLERS[spec.name](seed)
     return optuna.samplers.PartialFixedSampler(dict(staged), sampler) if staged else sampler
 

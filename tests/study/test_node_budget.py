@@ -20,7 +20,6 @@ from autotune.cli.console import ConsoleReporter
 from autotune.config import load_study
 from autotune.errors import ConfigError
 from autotune.node.node_time import logged_startup_s, node_seconds
-from autotune.study import samplers
 from autotune.study.loop import StudyDriver
 from autotune.study.records import NODE_S_ATTR
 from autotune.study.trust.answer import study_answer
@@ -31,7 +30,6 @@ from autotune.study.trust.node_budget import (
     node_hours,
     round_s,
     search_ended_text,
-    search_launches,
     spent_s,
 )
 from autotune.views.tracked import study_tracker
@@ -180,7 +178,6 @@ def test_a_search_s_first_launch_priced_at_a_launch_from_disk_keeps_one_round_ba
     hours = node_hours(study, study_of_trials(baseline))
     assert hours.reserve_s == 5 * 296.0  # the confirmation keeps every round
     assert hours.search_reserve_s == 3 * 296.0 and hours.search_may_launch()  # the search launches once
-    assert search_launches(study, study_of_trials(baseline)) == int((0.59 * 3600 - 296 - 5 * 296) // 296)
     searched = stored_trial({"--stream-interval": 1}, value=700.0, node="n", node_s=110.0)
     hours = node_hours(study, study_of_trials(baseline, searched))
     assert hours.search_reserve_s == hours.reserve_s == 5 * 110.0  # priced by a launch after it: every round
@@ -489,41 +486,3 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
     trials = launched(optuna_study)
     # The trial counts (100, 100) would never have stopped it: the hours did, soon after their minimum.
     assert len(trials) < 15 and spent_s(optuna_study) / 3600 >= 1.0
-
-
-# -- the sampler's start, sized to the launches the budget affords ------------------------------------------
-def test_the_search_launches_a_budget_affords_are_counted_beside_the_reserve(study_file: StudyFiles) -> None:
-    # 2.0 node h; the baseline's first launch 680 s (it read the weights from disk), a search launch 300 s:
-    # 7200 - 980 spent, less 2 rounds x 2 launches and a spare launch x 300 s kept back, pays for 15 more.
-    study = load_study(study_file(budget={"node_hours": 2.0}, trust=CONFIRM))
-    first = stored_trial(value=80.0, node="n", node_s=680.0, baseline=True)
-    searched = stored_trial({"--stream-interval": 1}, value=90.0, node="n", node_s=300.0)
-    assert search_launches(study, study_of_trials(first, searched)) == (7200 - 980 - 1500) // 300 == 15
-    assert search_launches(study, study_of_trials()) is None  # nothing measured yet
-    unbounded = load_study(study_file(trust=CONFIRM))
-    assert search_launches(unbounded, study_of_trials(first, searched)) is None
-    assert (
-        search_launches(
-            load_study(study_file(budget={"node_hours": 0.5}, trust=CONFIRM)),
-            study_of_trials(first, searched),
-        )
-        == 0
-    )  # spent past what the reserve leaves
-
-
-def test_under_a_tight_budget_the_sampler_s_start_is_short_and_without_one_it_is_its_own(
-    study_file: StudyFiles,
-) -> None:
-    # Under 2x auto_benchmark's hours a start of 10 left the moves from the best (the line search, the
-    # KV pool's probe) no launch: benchmarks/RESULTS.md, "A start sized to the budget".
-    study = load_study(study_file(budget={"node_hours": 1.2}, trust=CONFIRM))
-    driver = StudyDriver(study, pool=model_pool(noise=0.01))
-    driver.run()
-    assert driver.state is not None and driver.state.start == samplers.MIN_START
-    assert isinstance(driver.state.base_sampler, samplers.IncumbentMoves)
-    assert driver.state.base_sampler.n_startup_trials == samplers.MIN_START
-    free = StudyDriver(load_study(study_file(n_trials=3, trust=CONFIRM)), pool=model_pool(noise=0.01))
-    free.run()
-    assert free.state is not None and free.state.start is None
-    assert isinstance(free.state.base_sampler, samplers.IncumbentMoves)
-    assert free.state.base_sampler.n_startup_trials == samplers.START_TRIALS

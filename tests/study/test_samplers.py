@@ -27,7 +27,6 @@ from autotune.study.records import (
 from autotune.study.rules import best_trial
 from autotune.study.samplers import (
     MAX_RUNNING,
-    MIN_START,
     NEAR_STEPS,
     SAMPLERS,
     START_TRIALS,
@@ -39,7 +38,6 @@ from autotune.study.samplers import (
     build,
     fraction_floor,
     nearest,
-    start_for,
     tpe,
 )
 from autotune.trial.failures import Failure, FailureKind
@@ -386,7 +384,9 @@ def best_of_toy(moves: float, seed: int) -> float:
     factors = [
         {c: 1.0 if c == best else rng.uniform(0.8, 0.97) for c in (None, 1, 2, 4)} for best in best_values
     ]
-    study = optuna.create_study(direction="maximize", sampler=tpe(seed, moves=moves))
+    # A start of 10, as measured below: after the default start of 2, TPE alone climbs it as well (0.779
+    # against 0.780 with moves, seeds 0-7); the moves' worth on the simulated nodes: benchmarks/RESULTS.md.
+    study = optuna.create_study(direction="maximize", sampler=tpe(seed, moves=moves, n_startup_trials=10))
     for _ in range(30):
         trial = study.ask()
         value = 1.0
@@ -1085,13 +1085,8 @@ def test_a_line_searchs_launch_past_the_edge_is_not_repaired() -> None:
     assert PROPOSED_ATTR not in study.trials[-1].system_attrs  # the base sampler's, not a repair
 
 
-def test_a_node_hour_budget_gives_the_start_a_share_of_the_search_launches_it_affords() -> None:
-    assert start_for(None) is None  # no budget: the sampler's own start
-    assert start_for(0) == start_for(4) == MIN_START == 2  # the baseline and one proposal near the defaults
-    assert start_for(20) == 5
-    assert start_for(1000) == START_TRIALS == 10
-    spec = SamplerSpec(name="tpe", seed=1)
-    sampler = build(spec, start=start_for(4))
-    assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == 2
-    assert isinstance(build(spec), IncumbentMoves) and build(spec).n_startup_trials == 10
-    assert not isinstance(build(SamplerSpec(name="random", seed=1), start=3), IncumbentMoves)
+def test_the_default_sampler_starts_with_the_baseline_and_one_proposal() -> None:
+    # A start of 10, then 3, cost every profile node hours for the same answers: benchmarks/RESULTS.md.
+    sampler = build(SamplerSpec(name="tpe", seed=1))
+    assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == START_TRIALS == 2
+    assert not isinstance(build(SamplerSpec(name="random", seed=1)), IncumbentMoves)

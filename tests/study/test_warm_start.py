@@ -128,7 +128,11 @@ def test_a_knob_the_new_search_space_lacks_names_the_file_the_knob_and_the_fix(
     with pytest.raises(ConfigError) as error:
         read_earlier(old_path, new)
     assert error.value.path == new.search_space.path
-    assert error.value.field == "parameters.--cuda-graph-max-bs-decode" and error.value.value == 128
+    earlier = open_study(load_study(old_path))
+    answer = study_answer(earlier)
+    assert answer is not None
+    value = earlier.trials[answer.trial].params["--cuda-graph-max-bs-decode"]  # the answer's, the one lost
+    assert error.value.field == "parameters.--cuda-graph-max-bs-decode" and error.value.value == value
     assert "the earlier study's answer (trial" in error.value.problem
     assert "Add --cuda-graph-max-bs-decode to space.yaml" in error.value.fix
     # A value the new space does not take: the enqueue rule's error, with the way out.

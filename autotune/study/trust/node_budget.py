@@ -41,7 +41,6 @@ __all__ = [
     "record_budget",
     "record_ran_out",
     "rounds_pay",
-    "search_launches",
 ]
 
 
@@ -207,17 +206,6 @@ class NodeHours:
         if pace is not None and pace > 0:  # wall seconds per node second, as measured so far
             line += f", ETA ~{_duration(max(self.left_s, 0.0) * pace)}"
         return line
-
-
-def search_launches(study: Study, optuna_study: optuna.Study) -> int | None:
-    """The search launches the hours left pay for beside the confirmation's reserve, each at the dearest
-    launch measured as it would run again (a dump left out; right after the baseline, its own launch, which
-    read the weights from disk: a count on the low side); None without a budget or before a launch."""
-    hours = node_hours(study, optuna_study)
-    if hours.left_s is None or not hours.next_launch_s:
-        return None
-    reserve = max(hours.search_reserve_s, hours.reserve_s)  # every round: the count is on the low side
-    return max(int((hours.left_s - reserve) // hours.next_launch_s), 0)
 
 
 def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours) -> str:
