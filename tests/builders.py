@@ -30,6 +30,7 @@ from autotune.config import Study
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model_node import ModelNodeExecutor, node_report
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware_profile, load_model_profile
+from autotune.study.callbacks import KnobHeld, StudyCallback
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_SPACE = REPO / "search_spaces" / "sglang-nccl-eagle3.yaml"
@@ -175,6 +176,16 @@ def seed_node() -> tuple[HardwareProfile, ModelProfile]:
     """The seed's node (Kimi-K2.5 INT4 on eight RTX PRO 6000 over PCIe), its profiles read once a session
     (they are frozen)."""
     return load_hardware_profile("rtx-pro-6000-pcie-x8"), load_model_profile("kimi-k2.5-int4")
+
+
+class Said(StudyCallback):
+    """What a study told its observers about the knobs it holds (`KnobHeld`), line by line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def knob_held(self, event: KnobHeld) -> None:
+        self.lines.append(event.text)
 
 
 def model_pool(nodes: int = 1, *, noise: float = 0.0, checked: bool = True) -> Callable[[Study], NodePool]:

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import SearchSpace, Study
-from autotune.dialect.gpu_support import cannot_run, compute_capability, ignored
+from autotune.dialect.gpu_support import Capability, cannot_run, compute_capability, ignored
 from autotune.node.check import NodeReport
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.records import StudyRecord, TrialRecord
@@ -61,15 +61,22 @@ def kv_pool_before_launch(
     )
 
 
-def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> str | None:
-    """Why a flag value among `params` cannot run on the node's GPU architecture (gpu_support.REQUIREMENTS),
-    in the words a refused proposal is recorded with, or None."""
+def _gpu(facts: NodeReport | None) -> tuple[str, Capability] | None:
+    """The node's GPU as its node check named it, and its compute capability; None where either is unknown."""
     if facts is None or not facts.gpus:
         return None
     name = facts.gpus[0].name
     capability = compute_capability(name)
-    if capability is None:
+    return None if capability is None else (name, capability)
+
+
+def gpu_cannot_run(params: Mapping[str, object], facts: NodeReport | None) -> str | None:
+    """Why a flag value among `params` cannot run on the node's GPU architecture (gpu_support.REQUIREMENTS),
+    in the words a refused proposal is recorded with, or None."""
+    gpu = _gpu(facts)
+    if gpu is None:
         return None
+    name, capability = gpu
     found = cannot_run(params, capability)
     if found is None:
         return None
@@ -94,9 +101,10 @@ def ignored_on_gpu(space: SearchSpace, facts: NodeReport | None) -> tuple[dict[s
     """The parameters of `space` with a value SGLang ignores on the node's GPU (gpu_support.IGNORED: it warns
     and runs without it), each held at the one value left, and what to tell the user; a trial of such a
     value would measure the config without it again."""
-    capability = compute_capability(facts.gpus[0].name) if facts is not None and facts.gpus else None
-    if capability is None:
+    gpu = _gpu(facts)
+    if gpu is None:
         return {}, None
+    gpu_name, capability = gpu
     held, said = {}, []
     for name in space.spec.parameters:
         values = space.possible_values(name) or []
@@ -106,9 +114,8 @@ def ignored_on_gpu(space: SearchSpace, facts: NodeReport | None) -> tuple[dict[s
             said += [f"{name}={value}" for value in values if value not in kept]
     if not held:
         return {}, None
-    assert facts is not None and facts.gpus  # a capability was read from them
-    gpu = facts.gpus[0].name
-    return held, f"not proposed on this node's GPU ({gpu}), which SGLang runs without them: {', '.join(said)}"
+    listed = ", ".join(said)
+    return held, f"not proposed on this node's GPU ({gpu_name}), which SGLang runs without them: {listed}"
 
 
 def remember_known_failures(

@@ -427,17 +427,17 @@ class IncumbentMoves(_Wrapper):
         if best is None:
             return None
         tried.add(config_key(best.params))  # the baseline's, where it leads: its knobs at their defaults
+        proposed = [TrialRecord.of(t).proposed or "" for t in finished]  # why each finished trial ran
         branches = [
             (kind, planned)
             for kind, planned in (
                 (SPECULATIVE_BRANCH, self._branch(best, finished, with_params, tried)),
-                (ALLREDUCE_BRANCH, self._allreduce_branch(best, finished, with_params, tried)),
+                (ALLREDUCE_BRANCH, self._allreduce_branch(best, proposed, with_params, tried)),
             )
             if planned is not None
         ]
         if branches:  # in turn, fewer trials so far first: each finds what the other's moves miss
-            ran = [TrialRecord.of(t).proposed or "" for t in finished]
-            return min(branches, key=lambda branch: sum(r.startswith(branch[0]) for r in ran))[1]
+            return min(branches, key=lambda branch: sum(why.startswith(branch[0]) for why in proposed))[1]
         climb = self._climb(study, best, finished, tried) if self.climb else None
         if climb is not None or self._rng.random() >= self.share:
             return climb
@@ -560,18 +560,18 @@ class IncumbentMoves(_Wrapper):
     def _allreduce_branch(
         self,
         best: FrozenTrial,
-        finished: list[FrozenTrial],
+        proposed: list[str],
         with_params: list[FrozenTrial],
         tried: set[ConfigKey],
     ) -> _Planned | None:
-        """The next step of ALLREDUCE_PLAN not yet run, on the best trial's other knobs, where the space has
-        every flag of the step free and the best does not set them all already."""
-        ran = {TrialRecord.of(t).proposed or "" for t in finished}
+        """The next step of ALLREDUCE_PLAN not yet run (none of the finished trials was `proposed` for it), on
+        the best trial's other knobs, where the space has every flag of the step free and the best does not
+        set them all already."""
         # The flags' ranges, from any trial that had them (the best may be the baseline, which has none).
         ranges = {n: d for t in with_params for n, d in t.distributions.items()}
         for step, flags in ALLREDUCE_PLAN:
             why = f"{ALLREDUCE_BRANCH}: {step}"
-            if any(r.startswith(why) for r in ran):
+            if any(said.startswith(why) for said in proposed):
                 continue
             if any(
                 name in self.held or name not in ranges or not _contains(ranges[name], value)

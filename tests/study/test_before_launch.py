@@ -22,12 +22,11 @@ from autotune.study.before_launch import (
     kv_pool_too_small,
     remember_known_failures,
 )
-from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.incompatible import KnownIncompatibilities
 from autotune.study.loop import StudyDriver
 from autotune.study.storage import open_study
 from autotune.trial.failures import Failure, FailureKind
-from tests.builders import TRUST_OFF, StudyFiles, launched, model_pool, seed_node
+from tests.builders import TRUST_OFF, Said, StudyFiles, launched, model_pool, seed_node
 
 SEED_PROMPT = 28000  # the quickstart objective's prompts, the seed's
 
@@ -255,14 +254,6 @@ def test_a_value_sglang_ignores_on_the_nodes_gpu_is_held_not_refused(tmp_path: P
     assert gpu_cannot_run({SYMM: True}, _facts(gpu)) is None
 
 
-class Notices(StudyCallback):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def knob_held(self, event: KnobHeld) -> None:
-        self.lines.append(event.text)
-
-
 def test_the_study_on_the_seeds_node_never_proposes_torch_symmetric_memory(study_file: StudyFiles) -> None:
     space = {
         "parameters": {
@@ -271,7 +262,7 @@ def test_the_study_on_the_seeds_node_never_proposes_torch_symmetric_memory(study
         }
     }
     study = load_study(study_file(n_trials=8, search_space=space, trust=TRUST_OFF))
-    notices = Notices()
+    notices = Said()
     # A sampler that would propose it in about half the trials, the held value fixed over it.
     sampler = optuna.samplers.RandomSampler(seed=0)
     optuna_study = StudyDriver(study, pool=model_pool(), sampler=sampler, callbacks=[notices]).run()

@@ -14,12 +14,11 @@ from optuna.distributions import CategoricalDistribution
 from autotune.cli import main
 from autotune.config import load_study
 from autotune.errors import ConfigError
-from autotune.study.callbacks import KnobHeld, StudyCallback
 from autotune.study.loop import StudyDriver
 from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR, SCREEN_ATTR
 from autotune.study.storage import budget_used
 from autotune.study.trust.screening import held_knobs, screen
-from tests.builders import FLAT, StudyFiles, launched, model_pool, stored_trial, study_of_trials
+from tests.builders import FLAT, Said, StudyFiles, launched, model_pool, stored_trial, study_of_trials
 
 POLICY, STREAM, CHUNKED = "--schedule-policy", "--stream-interval", "--chunked-prefill-size"
 # Two knobs the model ignores and one it does not: a chunk of 512 tokens costs the seed's node a third.
@@ -35,14 +34,6 @@ ALONE = {
     "stop_early": False,
     "screen": {"method": "alone"},
 }
-
-
-class Said(StudyCallback):
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def knob_held(self, event: KnobHeld) -> None:
-        self.lines.append(event.text)
 
 
 def test_screening_reads_the_search_s_moves_by_default_and_switches_off(study_file: StudyFiles) -> None:
