@@ -174,7 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     summary = study_summary(optuna_study)
     from autotune.views.status import fitted, nccl_stage, terminal_width, too_narrow
 
-    stage_lines, stage_held = nccl_stage(study, study.storage)
+    stage_lines, stage_held = nccl_stage(study, study.storage, optuna_study)
     from autotune.study.trust.node_budget import node_hours, node_hours_record
 
     if args.json:

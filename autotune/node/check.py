@@ -36,6 +36,7 @@ __all__ = [
     "parse_gpus",
     "port_problems",
     "server_flags",
+    "slowest_link",
     "visible_gpus",
 ]
 
@@ -76,6 +77,9 @@ _WEIGHT_BYTES = (
     'find "$1" -maxdepth 2 -name "*.safetensors" -printf "%s\\n" 2>/dev/null '
     '| awk "{s+=\\$1} END {print s+0}"'
 )
+
+# Exit 3 where there is no nvidia-smi; else its GPU-to-GPU matrix.
+_TOPOLOGY = 'command -v "$1" >/dev/null 2>&1 || exit 3; exec "$@" topo -m'
 
 # Exit 3: no such folder; 4: a folder without config.json.
 _MODEL_FOLDER = '[ -d "$1" ] || exit 3; [ -f "$1/config.json" ] || exit 4'
@@ -123,6 +127,14 @@ class NodeReport:
     server_flags: FlagTable | None = None
     # Servers a dead actor or driver left running on the node, stopped before the check (process groups).
     stopped_left_behind: tuple[int, ...] = ()
+    # The slowest path between two of the server's GPUs (`slowest_link`: NV18, SYS, ...); None for one GPU
+    # or where `nvidia-smi topo -m` did not say.
+    gpu_links: str | None = None
+
+    @property
+    def nvlink(self) -> bool:
+        """Whether every pair of the server's GPUs is linked by NVLink."""
+        return bool(self.gpu_links and self.gpu_links.startswith("NV"))
 
     @property
     def ok(self) -> bool:
@@ -182,6 +194,7 @@ def check_node(
     weights: int | None = None
     version: str | None = None
     flags: FlagTable | None = None
+    links: str | None = None
     try:
         # The first command also connects: an unreachable node ends the check here.
         tools: Sequence[str] = getattr(runner, "required_tools", ())
@@ -201,6 +214,7 @@ def check_node(
         problems += model_folder_problems(runner, model_folders or {})
         gpus, gpu_trouble = _gpus(runner, env, nvidia_smi)
         problems += gpu_trouble
+        links = _links(runner, env, nvidia_smi, gpus) if not gpu_trouble else None
         if model_path:
             found = _sh(runner, _WEIGHT_BYTES, [model_path]).stdout.strip()
             weights = int(found) if found.isdigit() and int(found) > 0 else None
@@ -214,7 +228,7 @@ def check_node(
         problems.append(
             NodeProblem(f"the node did not answer a check: {exc}", "Check the node's load and network.")
         )
-    return NodeReport(node, tuple(problems), gpus, free, weights, version, flags)
+    return NodeReport(node, tuple(problems), gpus, free, weights, version, flags, gpu_links=links)
 
 
 def port_problems(runner: CommandRunner, host: str, port: int | None) -> list[NodeProblem]:
@@ -365,6 +379,18 @@ def _gpus(
     return gpus, gpu_problems(gpus, env.get("CUDA_VISIBLE_DEVICES"))
 
 
+def _links(
+    runner: CommandRunner, env: Mapping[str, str], nvidia_smi: Sequence[str], gpus: Sequence[GPU] | None
+) -> str | None:
+    """The slowest path between two of the GPUs the server sees (None for fewer than two, or where
+    `nvidia-smi topo -m` does not say)."""
+    visible = visible_gpus(gpus or (), env.get("CUDA_VISIBLE_DEVICES"))
+    if len(visible) < 2:
+        return None
+    done = _sh(runner, _TOPOLOGY, nvidia_smi, env=env)
+    return slowest_link(done.stdout, [g.index for g in visible]) if done.returncode == 0 else None
+
+
 def parse_gpus(text: str) -> tuple[GPU, ...]:
     """GPUs from nvidia-smi's `--query-gpu=index,name,memory.total,memory.free,driver_version` as
     csv,noheader,nounits (the driver column may be missing)."""
@@ -381,6 +407,39 @@ def parse_gpus(text: str) -> tuple[GPU, ...]:
         except ValueError:
             continue  # "[N/A]" or "[Not Supported]" fields
     return tuple(gpus)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_GPU_NAME = re.compile(r"^GPU(\d+)$")
+# `nvidia-smi topo -m`'s path types between two GPUs, fastest first after NVLink (its legend's order).
+PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def slowest_link(text: str, indices: Sequence[int] | None = None) -> str | None:
+    """The slowest path between two GPUs (of `indices`, when given) in `nvidia-smi topo -m`'s matrix:
+    `NV<n>` (n bonded NVLinks, the fewest of any pair) when every pair has NVLink, else the farthest PCIe
+    path (PIX < PXB < PHB < NODE < SYS). None for a single GPU or a matrix it cannot read."""
+    rows = [_ANSI.sub("", line).split("\t") for line in text.splitlines()]
+    header = next((row for row in rows if any(_GPU_NAME.match(cell.strip()) for cell in row)), None)
+    if header is None:
+        return None
+    columns = {i: int(m.group(1)) for i, cell in enumerate(header) if (m := _GPU_NAME.match(cell.strip()))}
+    wanted = set(indices) if indices is not None else set(columns.values())
+    links: list[str] = []
+    for row in rows:
+        label = _GPU_NAME.match(row[0].strip()) if row and row is not header else None
+        if label is None or int(label.group(1)) not in wanted:
+            continue
+        for i, gpu in columns.items():
+            if gpu in wanted and gpu != int(label.group(1)) and i < len(row):
+                links.append(row[i].strip())
+    if not links:
+        return None
+    pcie = [link for link in links if link in PCIE_PATHS]
+    if pcie:
+        return max(pcie, key=PCIE_PATHS.index)
+    nvlinks = [int(link[2:]) for link in links if link.startswith("NV") and link[2:].isdigit()]
+    return f"NV{min(nvlinks)}" if nvlinks else None
 
 
 def visible_gpus(gpus: Sequence[GPU], visible: str | None) -> list[GPU]:

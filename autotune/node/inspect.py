@@ -8,61 +8,29 @@ Everything missing (no GPU, no SGLang, no config.json) is reported at once, each
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config.init import InitError, ModelFacts, NodeFacts, model_facts
 from autotune.node.check import (
     _GPUS,
+    _TOPOLOGY,
     _WEIGHT_BYTES,
     _command_problems,
     _sh,
     gpu_problems,
     parse_gpus,
     server_flags,
+    slowest_link,
     visible_gpus,
 )
 from autotune.node.runner import CommandRunner, NodeUnreachableError
 
 __all__ = ["inspect_node", "read_model", "slowest_link"]
 
-# Exit 3 where there is no nvidia-smi; else its GPU-to-GPU matrix.
-_TOPOLOGY = 'command -v "$1" >/dev/null 2>&1 || exit 3; exec "$@" topo -m'
 _CONFIG = 'cat "$1/config.json"'
 # The first *.safetensors.index.json of the folder (exit 3 without one).
 _INDEX = 'for f in "$1"/*.safetensors.index.json; do [ -f "$f" ] && exec cat "$f"; done; exit 3'
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_GPU_NAME = re.compile(r"^GPU(\d+)$")
-# `nvidia-smi topo -m`'s path types between two GPUs, fastest first after NVLink (its legend's order).
-PCIE_PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")
-
-
-def slowest_link(text: str, indices: Sequence[int] | None = None) -> str | None:
-    """The slowest path between two GPUs (of `indices`, when given) in `nvidia-smi topo -m`'s matrix:
-    `NV<n>` (n bonded NVLinks, the fewest of any pair) when every pair has NVLink, else the farthest PCIe
-    path (PIX < PXB < PHB < NODE < SYS). None for a single GPU or a matrix it cannot read."""
-    rows = [_ANSI.sub("", line).split("\t") for line in text.splitlines()]
-    header = next((row for row in rows if any(_GPU_NAME.match(cell.strip()) for cell in row)), None)
-    if header is None:
-        return None
-    columns = {i: int(m.group(1)) for i, cell in enumerate(header) if (m := _GPU_NAME.match(cell.strip()))}
-    wanted = set(indices) if indices is not None else set(columns.values())
-    links: list[str] = []
-    for row in rows:
-        label = _GPU_NAME.match(row[0].strip()) if row and row is not header else None
-        if label is None or int(label.group(1)) not in wanted:
-            continue
-        for i, gpu in columns.items():
-            if gpu in wanted and gpu != int(label.group(1)) and i < len(row):
-                links.append(row[i].strip())
-    if not links:
-        return None
-    pcie = [link for link in links if link in PCIE_PATHS]
-    if pcie:
-        return max(pcie, key=PCIE_PATHS.index)
-    nvlinks = [int(link[2:]) for link in links if link.startswith("NV") and link[2:].isdigit()]
-    return f"NV{min(nvlinks)}" if nvlinks else None
 
 
 def read_model(runner: CommandRunner, path: str, what: str = "model") -> tuple[ModelFacts | None, str | None]:

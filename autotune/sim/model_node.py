@@ -18,7 +18,7 @@ from autotune.measure.client import BenchmarkResult, MissLimit, RequestOutcome, 
 from autotune.measure.nccl import BenchSettings
 from autotune.measure.plan import MeasurementPlan, run_plan_sync
 from autotune.measure.workloads import arrival_offsets
-from autotune.node.check import GPU, NodeReport
+from autotune.node.check import GPU, NodeReport, slowest_link
 from autotune.node.page_cache import WeightFile, WeightListing, keep_plan
 from autotune.node.presharded import (
     DUMP_FILE_BYTES,
@@ -36,7 +36,7 @@ from autotune.sim.model.noise import SimNoise
 from autotune.sim.model.startup import KEEP_READ_GBPS, dump_part, presharded_dump, weights_fit_page_cache
 from autotune.sim.model_weight_cache import ModelLaunch, ModelWeightCache
 from autotune.sim.nccl_job import JOB_SECONDS, allreduce_payload
-from autotune.sim.nvidia_smi import DRIVER_VERSION
+from autotune.sim.nvidia_smi import DRIVER_VERSION, topology
 from autotune.sim.predict import Prediction, predict
 from autotune.sim.profiles import HardwareProfile, ModelProfile, StandardWorkload
 from autotune.sim.versions import sglang_version
@@ -109,7 +109,10 @@ def node_report(node: str, hardware: HardwareProfile, model: ModelProfile) -> No
     them) and the model's weights."""
     mib = hardware.gpu_memory_gb * 1000 / 1.048576
     gpus = tuple(GPU(i, hardware.gpu_name, mib, mib - 500, DRIVER_VERSION) for i in range(hardware.num_gpus))
-    return NodeReport(node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name)
+    links = slowest_link(topology(hardware)) if hardware.num_gpus > 1 else None
+    return NodeReport(
+        node, (), gpus, None, int(model.weight_gb * 1e9), sglang_version(os.environ).name, gpu_links=links
+    )
 
 
 def model_weight_files(model: ModelProfile, launch: ServerLaunch, dumped: bool) -> list[WeightFile]:

@@ -36,7 +36,7 @@ STAGE_SHARE = 0.2
 def settled(run: RunState) -> stages.StageResult | None:
     """The stage `run`'s study holds: its finished pass, or one the study recorded as cut short (its
     search then ran with those values, so a resume keeps them); None while it is still to run."""
-    result = stages.finished_stage(run.study, run.storage)
+    result = stages.finished_stage(run.study, run.storage, run.nvlink)
     record = StudyRecord.of(run.optuna_study).nccl_stage
     if result is None and record is not None and record.get("shortened"):
         return stages.StageResult.from_record(record)
@@ -91,7 +91,7 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
 def _run(run: RunState, pool: NodePool, run_stage: RunStage) -> stages.StageResult:
     """Run the stage's pass within the study's time and, under a node-hour budget, `STAGE_SHARE` of the
     hours its search may spend; a pass either cuts short holds the knobs it swept whole."""
-    study, knobs = run.study, stages.stage_knobs(run.study)
+    study, knobs = run.study, stages.stage_knobs(run.study, run.nvlink)
     left = None if run.deadline is None else max(run.deadline - time.monotonic(), 1e-3)
     jobs = stages.stage_trials(study, run.storage)  # a stage Ctrl-C stopped has jobs already
     job_s = max((TrialRecord.of(t).node_s or 0.0 for t in jobs), default=0.0)
@@ -100,7 +100,7 @@ def _run(run: RunState, pool: NodePool, run_stage: RunStage) -> stages.StageResu
     if room is None or room > job_s:
         spent = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in jobs)
         hours = None if room is None else (spent + room) / 3600
-        stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left, hours)
+        stage = stages.stage_study(study, stages.smallest_gpu_gb(pool), left, hours, nvlink=run.nvlink)
         jobs = run_stage(stage, stages.CoordinateAscent(knobs)).get_trials(deepcopy=False)
         timed_out = run.deadline is not None and time.monotonic() >= run.deadline
         why = "the study's time" if room is None or timed_out else "its share of the node-hour budget"

@@ -77,6 +77,7 @@ class RunState:
     stage_held: dict[str, Any] = field(default_factory=dict)  # the NCCL stage's values
     flag_defaults: dict[str, Any] = field(default_factory=dict)  # a flag left unset: its parser's default
     hardware: set[str | None] = field(default_factory=set)
+    nvlink: bool = False  # every node's GPUs linked by NVLink, pair by pair (their node checks)
     ignored: dict[str, Any] = field(default_factory=dict)  # values the GPUs ignore: held (before_launch)
     hardware_by_node: dict[str, str | None] = field(default_factory=dict)
     dialects: dict[tuple[str | None, str], Dialect] = field(default_factory=dict)  # one notice each

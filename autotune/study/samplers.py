@@ -426,7 +426,9 @@ class IncumbentMoves(_Wrapper):
         best = self._reference(study, finished)
         if best is None:
             return None
-        tried.add(config_key(best.params))  # the baseline's, where it leads: its knobs at their defaults
+        # The baseline's, where it leads: its knobs at their defaults, also as a plan asks them (with the
+        # NCCL stage's values: the branches' "off" trial would otherwise run the defaults again).
+        tried |= {config_key(best.params), config_key(_as_asked(best.params, self.held))}
         proposed = [TrialRecord.of(t).proposed or "" for t in finished]  # why each finished trial ran
         branches = [
             (kind, planned)

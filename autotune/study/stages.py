@@ -74,19 +74,39 @@ def allreduce_messages(hidden_size: int, workload: Workload, chunk: int) -> dict
 # the knob that matters (4x L40S: 351.8 -> 265.1 us at SYS, no other knob past 1%), so they sweep first:
 # a pass a node-hour budget cuts short has them.
 TRANSPORT_KNOBS = ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE")
+# P2P levels at or above NVLink's own path type: GPUs that NVLink links pair by pair use P2P at each of them,
+# as they do by default, so on such a node they cannot change the transport: not swept (the four of them
+# were a pass's first jobs, all the 8x H200's budgeted stage ran).
+NVLINK_P2P_LEVELS = ("NVL", "PIX", "PXB", "PHB", "NODE", "SYS")
+# Then the knobs that set how many channels NCCL runs and how large their buffers are: they move both an
+# all-reduce's time (every channel is polled on every operation) and the GPU memory NCCL takes from the KV
+# cache (about 9 MiB per channel per peer; 1.43 -> 0.98 GiB at NCCL_MAX_NCHANNELS=1 on 2x H200,
+# shared/reference/nccl.md). NCCL_ALGO and NCCL_PROTO sweep last: each forces one choice for every message
+# size where NCCL's tuner picks one per size (within a node, rings; LL for decode's small messages).
+# Measured under 2x auto_benchmark's node hours (16 seeds; benchmarks/RESULTS.md, first section): the
+# H200 0.949 -> 0.981 of the best known, the 480B MoE coder 0.943 -> 0.987.
+CHANNEL_KNOBS = ("NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE")
+FORCING_KNOBS = ("NCCL_PROTO", "NCCL_ALGO")
 
 
-def stage_knobs(study: Study) -> Knobs:
-    """The search space's NCCL knobs the stage can sweep (those with listed values and no `when`), in the
-    space's order with the transport's first (TRANSPORT_KNOBS)."""
+def stage_knobs(study: Study, nvlink: bool = False) -> Knobs:
+    """The search space's NCCL knobs the stage can sweep (those with listed values and no `when`) in the
+    order their values matter: the transport's (TRANSPORT_KNOBS), the channels' (CHANNEL_KNOBS), the
+    space's others in its order, those that force one choice for every message size (FORCING_KNOBS).
+    `nvlink` (every pair of GPUs on NVLink): the P2P levels that cannot change the transport left out."""
     space = study.search_space
-    knobs = {
-        name: list(values)
-        for name, parameter in space.parameters.items()
-        if parameter.kind == "nccl" and not parameter.when and (values := space.possible_values(name))
-    }
-    first = [name for name in knobs if name in TRANSPORT_KNOBS]
-    return {name: knobs[name] for name in [*first, *(n for n in knobs if n not in first)]}
+    knobs: Knobs = {}
+    for name, parameter in space.parameters.items():
+        if parameter.kind != "nccl" or parameter.when or not (values := space.possible_values(name)):
+            continue
+        if nvlink and name == "NCCL_P2P_LEVEL":  # held at NCCL's default where no other value is left
+            values = [v for v in values if v not in NVLINK_P2P_LEVELS] or values
+        knobs[name] = list(values)
+    rank = {name: i for i, name in enumerate((*TRANSPORT_KNOBS, *CHANNEL_KNOBS))}
+    last = {name: i for i, name in enumerate(FORCING_KNOBS)}
+    names = list(knobs)
+    order = sorted(names, key=lambda n: (n in last, last.get(n, 0), rank.get(n, len(rank)), names.index(n)))
+    return {name: knobs[name] for name in order}
 
 
 def tensor_parallel_size(study: Study) -> int:
@@ -203,13 +223,18 @@ class CoordinateAscent(BaseSampler):
 
 # -- the stage's study ----------------------------------------------------------------------------------
 def stage_study(
-    study: Study, gpu_memory_gb: float | None, timeout_s: float | None, node_hours: float | None = None
+    study: Study,
+    gpu_memory_gb: float | None,
+    timeout_s: float | None,
+    node_hours: float | None = None,
+    *,
+    nvlink: bool = False,
 ) -> Study:
     """The stage as a study of its own: the NCCL knobs, the all-reduce objective of the server's messages,
     the job on the study's nodes with the server's env, in the study's storage, within `timeout_s` and
     `node_hours` (its share of the study's). Its search space and objective are written to the study's
     work dir (MLflow logs them, and a resume compares them)."""
-    knobs, tp, size = stage_knobs(study), tensor_parallel_size(study), hidden_size(study)
+    knobs, tp, size = stage_knobs(study, nvlink), tensor_parallel_size(study), hidden_size(study)
     workload = study.objective.workload
     assert size is not None and workload is not None  # why_not(study) is None
     server = study.file.server
@@ -274,7 +299,8 @@ class StageResult:
     trials: int
     node_s: float
     shortened: str | None = None  # e.g. "its share of the node-hour budget"; None: the whole pass ran
-    unreached: tuple[str, ...] = ()  # the knobs a shortened pass did not sweep whole: NCCL's defaults
+    unreached: tuple[str, ...] = ()  # the knobs a shortened pass did not reach: NCCL's defaults
+    in_part: str | None = None  # the knob a shortened pass was sweeping: its best value measured so far
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> StageResult:
@@ -287,6 +313,7 @@ class StageResult:
             float(record.get("node_s") or 0.0),
             record.get("shortened"),
             tuple(record.get("unreached") or ()),
+            record.get("in_part"),
         )
 
     def record(self) -> dict[str, Any]:
@@ -299,6 +326,7 @@ class StageResult:
             "node_s": self.node_s,  # counted in the study's node hours (study.node_budget)
             "shortened": self.shortened,
             "unreached": list(self.unreached),
+            "in_part": self.in_part,
         }
 
     def lines(self, name: str) -> list[str]:
@@ -310,7 +338,7 @@ class StageResult:
                 f"its best ({(self.best_us - self.baseline_us) / self.baseline_us:+.0%})"
             )
         changed = {n: v for n, v in self.held.items() if v is not None}
-        kept = [n for n, v in self.held.items() if v is None and n not in self.unreached]
+        kept = [n for n, v in self.held.items() if v is None and n not in (*self.unreached, self.in_part)]
         cut = f", cut short by {self.shortened}" if self.shortened else ""
         lines = [
             f"NCCL stage {name}: {self.trials} all-reduce trials{cut}, {self.node_s:.0f} s on the node{gain}"
@@ -318,6 +346,8 @@ class StageResult:
         lines += [f"NCCL stage: {n}={v} held in every server trial" for n, v in changed.items()]
         if kept:
             lines.append(f"NCCL stage: {', '.join(kept)} held at NCCL's defaults")
+        if self.in_part:
+            lines.append(f"NCCL stage: {self.in_part} swept in part, its best value measured held")
         if self.unreached:
             lines.append(f"NCCL stage: {', '.join(self.unreached)} not reached, held at NCCL's defaults")
         return lines
@@ -327,22 +357,32 @@ def stage_result(
     knobs: Knobs, trials: Sequence[FrozenTrial], shortened: str | None = None
 ) -> StageResult | None:
     """The finished stage's result, from its trials; None while its pass is not done, unless it was
-    `shortened` (why): then the knobs it swept whole hold their best, the rest NCCL's defaults."""
+    `shortened` (why): then it holds its best point measured, the knobs it swept whole at their best and
+    the one it was sweeping at its best value so far (a pass a budget cuts short after MAX_NCHANNELS 1, 2,
+    4 and 8 holds the best of them), the rest at NCCL's defaults."""
     values = measured(trials)
     point, best = ascent(knobs, values)
     if point is not None and shortened is None:
         return None
+    in_part: str | None = None
+    unreached: tuple[str, ...] = ()
+    if point is not None:
+        names = list(knobs)  # the knob the pass was sweeping differs from its best in the next point
+        current = next((n for n in names if point.get(n) != best.get(n)), names[0])
+        unreached = tuple(names[names.index(current) + 1 :])
+        swept = [v for v in knobs[current] if point_key({**best, current: v}) in values]
+        if any(v is not None for v in swept):
+            in_part = current
+            best = {**best, current: min(swept, key=lambda v: values[point_key({**best, current: v})])}
+        else:
+            unreached = (current, *unreached)
     baseline = values.get(())
     best_us = values.get(point_key(best))
     node_s = math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
     if best_us is None or not math.isfinite(best_us):
         best = {}  # nothing completed: hold nothing
-    if point is None:
-        return StageResult(best, baseline, best_us, len(trials), node_s)
-    names = list(knobs)  # the knob the pass was sweeping differs from its best in the next point
-    current = next((n for n in names if point.get(n) != best.get(n)), names[0])
-    unreached = tuple(names[names.index(current) :])
-    return StageResult(best, baseline, best_us, len(trials), node_s, shortened, unreached)
+    cut = shortened if point is not None else None
+    return StageResult(best, baseline, best_us, len(trials), node_s, cut, unreached, in_part)
 
 
 def stage_trials(study: Study, storage: optuna.storages.BaseStorage | str) -> list[FrozenTrial]:
@@ -354,9 +394,11 @@ def stage_trials(study: Study, storage: optuna.storages.BaseStorage | str) -> li
     return optuna_study.get_trials(deepcopy=False)
 
 
-def finished_stage(study: Study, storage: optuna.storages.BaseStorage | str) -> StageResult | None:
+def finished_stage(
+    study: Study, storage: optuna.storages.BaseStorage | str, nvlink: bool = False
+) -> StageResult | None:
     """The stage's result when its Optuna study exists and its pass is done (a resume reuses it)."""
-    return stage_result(stage_knobs(study), stage_trials(study, storage))
+    return stage_result(stage_knobs(study, nvlink), stage_trials(study, storage))
 
 
 class LentPool(NodePool):

@@ -9,9 +9,12 @@ from __future__ import annotations
 import shutil
 import textwrap
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import Study
+
+if TYPE_CHECKING:
+    import optuna
 
 # Failures whose fix is in SGLang's own message (a rejected flag, an unsupported feature): status quotes it.
 SHOWN_WITH_MESSAGE = frozenset({"invalid_arguments", "unsupported"})
@@ -59,20 +62,26 @@ def fitted(prefix: str, text: str, width: int, under: bool | None = None) -> lis
     return [prefix + parts[0], *(" " * len(prefix) + part for part in parts[1:])]
 
 
-def nccl_stage(study: Study, storage: str) -> tuple[list[str], dict[str, Any]]:
+def nccl_stage(
+    study: Study, storage: str, optuna_study: optuna.Study | None = None
+) -> tuple[list[str], dict[str, Any]]:
     """The study's NCCL stage as status shows it once, above the table: its result and the values every
-    server trial holds, or, while it is not finished (a Ctrl-C during it), how many of its all-reduce
-    trials are measured; and the values held (the rows leave them out). Nothing without a stage."""
+    server trial holds (as the study recorded them once its search began: a pass cut short, or one that
+    left out what the node's links could not change), or, while it is not finished (a Ctrl-C during it),
+    how many of its all-reduce trials are measured; and the values held (the rows leave them out).
+    Nothing without a stage."""
     import optuna
 
     from autotune.study import stages
+    from autotune.study.records import StudyRecord
 
     knobs = stages.stage_knobs(study)
     name = study.name + stages.STAGE_SUFFIX
     if not knobs or name not in optuna.get_all_study_names(storage):
         return [], {}
+    record = StudyRecord.of(optuna_study).nccl_stage if optuna_study is not None else None
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-    result = stages.stage_result(knobs, trials)
+    result = stages.StageResult.from_record(record) if record else stages.stage_result(knobs, trials)
     if result is not None:
         return result.lines(name), {n: v for n, v in result.held.items() if v is not None}
     done = sum(t.state.is_finished() for t in trials)

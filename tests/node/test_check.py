@@ -57,3 +57,28 @@ def test_autotunes_own_python_first_on_the_path_gets_no_such_words(tmp_path: Pat
     env = {"PATH": f"{own}:{os.environ['PATH']}"}
     found = problems(tmp_path, env)
     assert not [p for p in found if MODULE in p or "not the Python autotune runs in" in p], found
+
+
+@pytest.mark.parametrize(
+    ("hardware", "visible", "links"),
+    [
+        ("h200-nvlink-x8", None, "NV18"),
+        ("rtx-pro-6000-pcie-x8", None, "SYS"),
+        ("rtx-pro-6000-pcie-x8", "0,1", "PIX"),
+    ],
+)
+def test_the_check_reads_how_the_servers_gpus_are_linked(
+    tmp_path: Path, hardware: str, visible: str | None, links: str
+) -> None:
+    env = {"SGLANG_SIM_HARDWARE": hardware, **({"CUDA_VISIBLE_DEVICES": visible} if visible else {})}
+    report = check_node(
+        "local",
+        LocalCommandRunner(),
+        command=[sys.executable, "-m", MODULE],
+        env=env,
+        host="127.0.0.1",
+        port=None,
+        log_dir=str(tmp_path / "logs"),
+        nvidia_smi=(sys.executable, "-m", "autotune.sim.nvidia_smi"),
+    )
+    assert report.gpu_links == links and report.nvlink == links.startswith("NV")

@@ -590,11 +590,16 @@ def test_the_all_reduce_path_is_left_alone_where_the_study_holds_one_of_its_flag
         )
 
 
-def test_where_the_baseline_leads_the_branches_move_from_the_defaults_not_the_proposal_that_lost() -> None:
+@pytest.mark.parametrize("staged", [None, "Ring"])
+def test_where_the_baseline_leads_the_branches_move_from_the_defaults_not_the_proposal_that_lost(
+    staged: str | None,
+) -> None:
     # The H200 under a budget: the start's one proposal capped running requests at 16 (0.67 of the defaults);
     # moved from, it would hand that cap to every branch trial. The defaults lead: the branch moves from them,
-    # a range at SGLang's own choice in the baseline.
+    # a range at SGLang's own choice in the baseline. With an NCCL value the stage holds (`staged`), the
+    # defaults with it are the baseline still: no "speculation off" trial runs them again.
     sampler = IncumbentMoves(optuna.samplers.RandomSampler(seed=0), n_startup_trials=2, share=0.0, seed=0)
+    sampler.staged = {"NCCL_ALGO": staged} if staged else {}
     study = optuna.create_study(direction="maximize", sampler=sampler)
     study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.874})  # what SGLang logged for the baseline
 
@@ -610,12 +615,12 @@ def test_where_the_baseline_leads_the_branches_move_from_the_defaults_not_the_pr
     study.tell(ask(), 0.4)
     first = ask()
     tree = {ALGO: "EAGLE3", SPEC_STEPS: 5, SPEC_TOPK: 4, SPEC_DRAFT: 8}
-    assert first.params == {"NCCL_ALGO": None, **tree, MEM: 0.87}
+    assert first.params == {"NCCL_ALGO": staged, **tree, MEM: 0.87}
     assert "trial 0 with SGLang's documented tree" in study.trials[first.number].system_attrs[PROPOSED_ATTR]
     study.tell(first, 0.5)
     # Speculation off on the defaults is the baseline again: not planned; the chain comes next.
     chain = ask()
-    assert chain.params[SPEC_TOPK] == 1 and chain.params["NCCL_ALGO"] is None
+    assert chain.params[SPEC_TOPK] == 1 and chain.params["NCCL_ALGO"] == staged
     # Once a trial that set knobs leads, the moves start from it, as before.
     study.tell(chain, 0.9)
     trial = ask()

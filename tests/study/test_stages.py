@@ -128,6 +128,53 @@ def test_the_ascent_sweeps_each_knob_with_the_ones_before_at_their_best() -> Non
     assert ascent(knobs, values)[1] == {"A": "x", "B": 2}
 
 
+def _stage_trials(knobs: stages.Knobs, times: dict[Any, float]) -> list[optuna.trial.FrozenTrial]:
+    """The ascent's trials over `knobs` as far as `times` measured them, in its order."""
+    trials = []
+    while (point := ascent(knobs, {point_key(t.params): t.value for t in trials})[0]) is not None:
+        if point_key(point) not in times:
+            break
+        distributions = {n: optuna.distributions.CategoricalDistribution(v) for n, v in knobs.items()}
+        trials.append(
+            optuna.trial.create_trial(
+                params=point, distributions=distributions, value=times[point_key(point)]
+            )
+        )
+    return trials
+
+
+def test_a_pass_cut_short_holds_its_best_point_measured() -> None:
+    knobs = {"A": [None, "x"], "B": [None, 1, 2, 4, 8], "C": [None, 8]}
+    times = {(): 10.0, (("A", "x"),): 11.0, (("B", "1"),): 12.0, (("B", "2"),): 9.0, (("B", "4"),): 9.5}
+    trials = _stage_trials(knobs, times)
+    assert len(trials) == 5  # cut while B was swept (8 not measured): C never ran
+    assert stages.stage_result(knobs, trials) is None  # a pass still to finish
+    result = stages.stage_result(knobs, trials, shortened="its share of the node-hour budget")
+    assert result is not None and result.held == {"A": None, "B": 2, "C": None} and result.best_us == 9.0
+    assert result.in_part == "B" and result.unreached == ("C",)
+    assert "NCCL stage: B swept in part, its best value measured held" in result.lines("s")
+    assert "NCCL stage: A held at NCCL's defaults" in result.lines("s")
+    # Cut before any of B's values ran: B is not reached, and NCCL's default held.
+    early = stages.stage_result(knobs, trials[:2], shortened="the study's time")
+    assert early is not None and early.held == {"A": None, "B": None, "C": None}
+    assert early.in_part is None and early.unreached == ("B", "C")
+    # A whole pass is not cut short, whatever the caller says.
+    times |= {(("B", "8"),): 9.9, (("B", "2"), ("C", "8")): 9.2}
+    whole = stages.stage_result(knobs, _stage_trials(knobs, times), shortened="the study's time")
+    assert whole is not None and whole.shortened is None and whole.held == {"A": None, "B": 2, "C": None}
+
+
+def test_the_knobs_sweep_transport_then_channels_and_forcing_ones_last(files: StudyFiles) -> None:
+    study = load_study(staged_study(files))
+    order = ["NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_MIN_NCHANNELS"]
+    assert list(stages.stage_knobs(study)) == [*order, "NCCL_PROTO", "NCCL_ALGO"]
+    assert stages.stage_knobs(study)["NCCL_P2P_LEVEL"] == [None, "PIX", "PXB", "PHB", "SYS"]
+    # Every pair on NVLink: no P2P level changes the transport, so NCCL's default is held and not swept.
+    nvlink = stages.stage_knobs(study, nvlink=True)
+    assert nvlink["NCCL_P2P_LEVEL"] == [None] and list(nvlink) == list(stages.stage_knobs(study))
+    assert stages.ascent_size(nvlink) == stages.ascent_size(stages.stage_knobs(study)) - 4
+
+
 # -- the study loop --------------------------------------------------------------------------------------
 def test_the_baseline_runs_before_the_stage_and_every_search_trial_holds_its_best(files: StudyFiles) -> None:
     path = staged_study(files)
@@ -257,14 +304,31 @@ def test_under_a_node_hour_budget_the_stage_gets_a_fifth_of_what_the_search_may(
     record = optuna_study.user_attrs["nccl_stage"]
     assert record["shortened"] == "its share of the node-hour budget"
     # Knob order: the transport's first (the seed's PCIe GPUs reach each other over P2P only at SYS), then
-    # the search space's.
-    assert next(iter(knobs)) == "NCCL_P2P_LEVEL" and record["held"]["NCCL_P2P_LEVEL"] == "SYS"
-    unreached = ["NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE"]
+    # the channels', those that force one choice for every message size last.
+    assert list(knobs) == [
+        "NCCL_P2P_LEVEL",
+        "NCCL_MAX_NCHANNELS",
+        "NCCL_BUFFSIZE",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_PROTO",
+        "NCCL_ALGO",
+    ]
+    assert record["held"]["NCCL_P2P_LEVEL"] == "SYS"
+    # Cut short while sweeping NCCL_MAX_NCHANNELS: the best of its values measured (at SYS) is held.
+    at_sys = {
+        t.params.get("NCCL_MAX_NCHANNELS"): t.value for t in stage if t.params.get("NCCL_P2P_LEVEL") == "SYS"
+    }
+    assert len(at_sys) == 3 and record["in_part"] == "NCCL_MAX_NCHANNELS"
+    channels = min(at_sys, key=lambda value: at_sys[value])  # here NCCL's default: 1 and 2 were slower
+    assert record["held"]["NCCL_MAX_NCHANNELS"] == channels
+    unreached = ["NCCL_BUFFSIZE", "NCCL_MIN_NCHANNELS", "NCCL_PROTO", "NCCL_ALGO"]
     assert record["unreached"] == unreached
     assert lines[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: 7 all-reduce trials, cut short by its share")
+    assert "NCCL stage: NCCL_MAX_NCHANNELS swept in part, its best value measured held" in lines
     assert f"NCCL stage: {', '.join(unreached)} not reached, held at NCCL's defaults" in lines
     search = optuna_study.trials[1:]
     assert search and all(t.params["NCCL_P2P_LEVEL"] == "SYS" for t in search)
+    assert all(t.params["NCCL_MAX_NCHANNELS"] == channels for t in search)
     assert all(t.params["NCCL_BUFFSIZE"] is None for t in search)
     launched = len(optuna_study.trials)
     # A resume given more hours holds the values its search ran with: the shortened stage is not continued.
@@ -275,6 +339,27 @@ def test_under_a_node_hour_budget_the_stage_gets_a_fifth_of_what_the_search_may(
     assert len(stage_trials(path)) == len(stage) and again.lines[0] == lines[0]
     assert len(resumed.trials) > launched
     assert all(t.params["NCCL_BUFFSIZE"] is None for t in resumed.trials[1:])
+
+
+def test_on_gpus_linked_by_nvlink_the_stage_sweeps_no_p2p_level(files: StudyFiles) -> None:
+    hw, model = load_hardware_profile("h200-nvlink-x8"), load_model_profile("llama-70b-bf16")
+    node = ModelNodeExecutor("n", hw, model)
+    report = node_report("n", hw, model)
+    assert report.nvlink  # what the node check reads from nvidia-smi topo -m
+    path = files(n_trials=2, nccl_stage={"hidden_size": 8192})
+    lines = Lines()
+    pool = LocalNodePool({"n": node}, {"n": report})
+    optuna_study = StudyDriver(load_study(path), [lines], pool=lambda _: pool, tracking=False).run()
+    stage = stage_trials(path)
+    assert len(stage) == ascent_size(stages.stage_knobs(load_study(path))) - 4  # PIX, PXB, PHB, SYS
+    assert not any(t.params.get("NCCL_P2P_LEVEL") for t in stage)
+    assert all(t.params["NCCL_P2P_LEVEL"] is None for t in optuna_study.trials[1:])  # held, not searched
+    assert any(
+        line.startswith("NCCL stage: NCCL_P2P_LEVEL") and "NCCL's defaults" in line for line in lines.lines
+    )
+    # A resume finds the stage finished on the same links: it is not run again.
+    StudyDriver(load_study(path), pool=lambda _: pool, tracking=False).run(1)
+    assert len(stage_trials(path)) == len(stage)
 
 
 def test_the_switch_turns_the_stage_off(files: StudyFiles) -> None:

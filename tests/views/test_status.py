@@ -127,6 +127,22 @@ def test_the_values_the_nccl_stage_held_are_said_once_above_the_table(
     assert not any("NCCL_" in line for line in lines[table:end]), "\n".join(lines)
 
 
+def test_a_stage_a_budget_cut_short_is_shown_as_the_study_held_it(
+    study_file: StudyFiles, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0.4 node h on the seed's node: the stage gets a fifth of what the search may spend, 7 of its jobs.
+    budget = {"node_hours": 0.4, "n_trials": 3}
+    path = study_file(
+        n_trials=None, nccl_stage={"hidden_size": 7168}, budget=budget, startup={"presharded_weights": False}
+    )
+    StudyDriver(load_study(path), pool=model_pool, tracking=False).run()
+    assert main(["status", str(path), "--json"]) == 0
+    stage = json.loads(capsys.readouterr().out)["nccl_stage"]
+    assert stage["text"][0].startswith("NCCL stage t.nccl-stage: 7 all-reduce trials, cut short by its share")
+    assert stage["held"] == {"NCCL_P2P_LEVEL": "SYS"}  # not "not finished": a resume does not continue it
+    assert not any("not finished" in line for line in stage["text"])
+
+
 def test_status_after_a_ctrl_c_in_the_nccl_stage_shows_its_progress(
     study_file: StudyFiles, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
