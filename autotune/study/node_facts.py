@@ -44,11 +44,11 @@ def learn_nodes(run: RunState, pool: NodePool, *, remember_incompatible: bool) -
     `remember_incompatible`) what each node's GPU cannot run, told to the observers and to the sampler."""
     run.flag_defaults = screening.flag_defaults(flag_tables(pool))
     run.hardware = {hardware_of(run, pool, node) for node in pool.idle_nodes()}
-    reports = [pool.facts(node) for node in pool.idle_nodes()]
-    run.nvlink = bool(reports) and all(r is not None and r.nvlink for r in reports)
+    reports = {node: pool.facts(node) for node in pool.idle_nodes()}
+    run.nvlink = bool(reports) and all(r is not None and r.nvlink for r in reports.values())
     ignored: list[tuple[dict[str, object], str | None]] = []
-    for node in pool.idle_nodes() if remember_incompatible else ():
-        facts, hardware = pool.facts(node), run.hardware_by_node[node]
+    for node in reports if remember_incompatible else ():
+        facts, hardware = reports[node], run.hardware_by_node[node]
         notice = remember_known_failures(run.known, run.optuna_study, run.study.search_space, facts, hardware)
         if notice:
             run.observers.knob_held(KnobHeld(notice))

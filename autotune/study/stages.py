@@ -102,11 +102,10 @@ def stage_knobs(study: Study, nvlink: bool = False) -> Knobs:
         if nvlink and name == "NCCL_P2P_LEVEL":  # held at NCCL's default where no other value is left
             values = [v for v in values if v not in NVLINK_P2P_LEVELS] or values
         knobs[name] = list(values)
-    rank = {name: i for i, name in enumerate((*TRANSPORT_KNOBS, *CHANNEL_KNOBS))}
-    last = {name: i for i, name in enumerate(FORCING_KNOBS)}
-    names = list(knobs)
-    order = sorted(names, key=lambda n: (n in last, last.get(n, 0), rank.get(n, len(rank)), names.index(n)))
-    return {name: knobs[name] for name in order}
+    first = [name for name in (*TRANSPORT_KNOBS, *CHANNEL_KNOBS) if name in knobs]
+    last = [name for name in FORCING_KNOBS if name in knobs]
+    others = [name for name in knobs if name not in first and name not in last]
+    return {name: knobs[name] for name in (*first, *others, *last)}
 
 
 def tensor_parallel_size(study: Study) -> int:
@@ -370,10 +369,10 @@ def stage_result(
         names = list(knobs)  # the knob the pass was sweeping differs from its best in the next point
         current = next((n for n in names if point.get(n) != best.get(n)), names[0])
         unreached = tuple(names[names.index(current) + 1 :])
-        swept = [v for v in knobs[current] if point_key({**best, current: v}) in values]
-        if any(v is not None for v in swept):
+        times = {v: values[key] for v in knobs[current] if (key := point_key({**best, current: v})) in values}
+        if any(v is not None for v in times):
             in_part = current
-            best = {**best, current: min(swept, key=lambda v: values[point_key({**best, current: v})])}
+            best = {**best, current: min(times, key=lambda v: times[v])}  # a tie keeps the earlier value
         else:
             unreached = (current, *unreached)
     baseline = values.get(())

@@ -56,16 +56,23 @@ SPARE_LAUNCHES = 1
 
 def spent_s(optuna_study: optuna.Study) -> float:
     """The node seconds the study spent: every finished launch's, and its NCCL stage's."""
+    return _spent_s(optuna_study, optuna_study.get_trials(deepcopy=False))
+
+
+def _spent_s(optuna_study: optuna.Study, trials: list[FrozenTrial]) -> float:
     stage = StudyRecord.of(optuna_study).nccl_stage
     stage_s = float(stage.get("node_s") or 0.0) if stage is not None else 0.0
-    trials = optuna_study.get_trials(deepcopy=False)
     return stage_s + math.fsum(TrialRecord.of(t).node_s or 0.0 for t in trials)
 
 
 def launch_s(optuna_study: optuna.Study) -> float | None:
     """The median node seconds of a launch that ran to its measurement (as every confirmation launch is:
     its configs completed before); of any launch before one completed; None before the first."""
-    finished = [t for t in optuna_study.get_trials(deepcopy=False) if t.state.is_finished() and counts(t)]
+    return _launch_s(optuna_study.get_trials(deepcopy=False))
+
+
+def _launch_s(trials: list[FrozenTrial]) -> float | None:
+    finished = [t for t in trials if t.state.is_finished() and counts(t)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE and TrialRecord.of(t).node_s]
     seconds = [s for t in complete or finished if (s := TrialRecord.of(t).node_s)]
     return statistics.median(seconds) if seconds else None
@@ -86,11 +93,15 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     where it has others: what the confirmation's reserve prices each launch at. Configs differ in cost (a
     draft model loads and captures graphs too), so the median would leave the reserve short."""
     trials = optuna_study.get_trials(deepcopy=False)
+    return _dearest_launch_s(trials, _node_firsts(trials))
+
+
+def _dearest_launch_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
     ]
-    dearest = _dearest_s(complete, _node_firsts(trials), _reload_s(trials))
-    return dearest if dearest is not None else launch_s(optuna_study)
+    dearest = _dearest_s(complete, firsts, _reload_s(trials))
+    return dearest if dearest is not None else _launch_s(trials)
 
 
 def _dearest_s(launches: list[FrozenTrial], firsts: set[int], reload_s: float | None) -> float | None:
@@ -146,7 +157,7 @@ def configs_round_s(optuna_study: optuna.Study, configs: Iterable[int]) -> float
     not measured."""
     trials = optuna_study.get_trials(deepcopy=False)
     firsts, launches = _node_firsts(trials), _launches_by_config(trials)
-    median, reload_s = launch_s(optuna_study) or 0.0, _reload_s(trials)
+    median, reload_s = _launch_s(trials) or 0.0, _reload_s(trials)
     prices = (_dearest_s(launches[of], firsts, reload_s) if of in launches else None for of in configs)
     return math.fsum(price if price is not None else median for price in prices)
 
@@ -255,26 +266,22 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     """The study's node hours now, against the budget its last run was given (`record_budget`: the file's
     `budget.node_hours` or `--hours`), else (or with `given`: a run about to start) the study file's."""
     rounds, per_round = _confirm_launches(study)
-    dearest = dearest_launch_s(optuna_study) or 0.0
+    trials = optuna_study.get_trials(deepcopy=False)  # read once: every part below is of them
+    firsts = _node_firsts(trials)
+    dearest = _dearest_launch_s(trials, firsts) or 0.0
     price = per_round * dearest  # a round's launches, each at the dearest
     left = max(rounds - _rounds_measured(optuna_study), 0)
     spare = SPARE_LAUNCHES * dearest if rounds else 0.0
     reserve = left * price + (spare if left else 0.0)
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
-    median = launch_s(optuna_study)
+    median = _launch_s(trials)
     # Priced at a node's first launch alone (it read the weights from disk, and no launch after it is
     # measured yet), the search's first launch keeps back one round: a launch after it prices the rest.
-    search_rounds = min(rounds, 1) if _firsts_only(optuna_study) else rounds
+    firsts_only = all(t.number in firsts for t in trials if TrialRecord.of(t).node_s)
+    search_rounds = min(rounds, 1) if firsts_only else rounds
     search_reserve = search_rounds * price + (spare if search_rounds else 0.0)
-    return NodeHours(budget, spent_s(optuna_study), median, reserve, search_reserve, dearest or None)
-
-
-def _firsts_only(optuna_study: optuna.Study) -> bool:
-    """Whether every launch that spent node time is its node's first (`_node_firsts`)."""
-    trials = optuna_study.get_trials(deepcopy=False)
-    firsts = _node_firsts(trials)
-    return all(t.number in firsts for t in trials if TrialRecord.of(t).node_s)
+    return NodeHours(budget, _spent_s(optuna_study, trials), median, reserve, search_reserve, dearest or None)
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
