@@ -45,21 +45,14 @@ def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
     if remeasured is not None and remeasured.baseline is not None and remeasured.baseline.n:
         lines = [_remeasured_lines(remeasured, study)[0]]  # the baseline's mean and interval
     elif answer.baseline_value is not None:
-        how = ", the mean of its confirmation rounds" if answer.in_rounds else ""
+        how = f", {answer.value_how}" if answer.in_rounds or answer.measured is not None else ""
         lines = [f"baseline {metric}: {with_unit(answer.baseline_value, metric)} (SGLang's defaults{how})"]
     else:
         lines = ["baseline: did not complete"]
     lines.append(f"answer: {answer.text}")
     if answer.value is not None:
-        how = (
-            "the mean of its confirmation rounds"
-            if answer.in_rounds
-            else f"the mean of its {remeasured.best.n} launches"
-            if remeasured is not None
-            else "its best single measurement"
-        )
         config = "SGLang's defaults" if answer.trial == answer.baseline else f"trial {answer.trial}'s config"
-        lines.append(f"        {metric} {with_unit(answer.value, metric)} with {config} ({how})")
+        lines.append(f"        {metric} {with_unit(answer.value, metric)} with {config} ({answer.value_how})")
     if remeasured is not None:
         lines += _remeasured_lines(remeasured, study)[1:]
     if answer.nccl is not None:

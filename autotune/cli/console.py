@@ -44,8 +44,10 @@ def unit(metric: str) -> str:
 def with_unit(value: float | None, metric: str) -> str:
     if value is None:
         return "-"
+    # Three significant digits below 10: a max_load of 0.099 and one of 0.125 req/s are not both "0.1".
+    number = f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
     shown = unit(metric)
-    return f"{value:.1f} {shown}" if shown else f"{value:.1f}"
+    return f"{number} {shown}" if shown else number
 
 
 def describe_metric(study: Study) -> str:

@@ -107,8 +107,8 @@ class StopEarly(BaseModel):
     # rule in node hours"): 10 seeds, the seed's node 7.77 -> 6.63 node h at the same answers, others equal.
     min_node_hours: PositiveFloat | None = 2.5
     patience_node_hours: PositiveFloat | None = 2.0
-    # A max_load search whose defaults met the SLO at the load search's `max` in their first launches stops:
-    # no config can measure more (on the H200 profile every launch after them did, 2.9 node h; RESULTS-peers).
+    # A max_load study whose defaults met the SLO at the load search's `max` in their first two launches is
+    # settled: no stage, search or round can measure more (H200 profile: 0.96 -> 0.26 node h; RESULTS-peers).
     at_load_max: StrictBool = True
 
     @model_validator(mode="before")

@@ -1,7 +1,8 @@
 """The steps the search takes before it asks Optuna for each trial, in order (`STEPS`): a node on which
-nothing starts, the node hours spent, the stopping rule, the noise measured, knobs screened out. A step
-returns `SearchEnds` to end the search, or None; the rules themselves live in autotune.study.trust.
-Whether another trial may start at all is `may_ask`; the knobs the search holds from its start, `hold`.
+nothing starts, SGLang's defaults at the load search's max, the node hours spent, the stopping rule, the
+noise measured, knobs screened out. A step returns `SearchEnds` to end the search, or None; the rules
+themselves live in autotune.study.trust. Whether another trial may start at all is `may_ask`; the knobs the
+search holds from its start, `hold`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ from optuna.trial import TrialState
 from autotune.study import nccl_stage
 from autotune.study.callbacks import KnobHeld
 from autotune.study.node_failing import node_failing
+from autotune.study.records import TrialRecord
+from autotune.study.remeasure import enqueue_measurement
 from autotune.study.run_state import RunState
 from autotune.study.storage import budget_used
 from autotune.study.trust import node_budget, screening
 from autotune.study.trust.noise import repeat_baseline
-from autotune.study.trust.stopping import record_stop, why_stop
+from autotune.study.trust.stopping import (
+    at_load_max_rule,
+    defaults_at_max,
+    load_max_settled,
+    record_stop,
+    why_stop,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,13 @@ def nodes_failing(run: RunState) -> SearchEnds | None:
     return None if dead is None else SearchEnds(dead.text, recorded=False, at_once=True)
 
 
+def settled_at_load_max(run: RunState) -> SearchEnds | None:
+    """SGLang's defaults met the SLO at the load search's max twice: no launch can measure more
+    (study.trust.stopping.load_max_settled), whatever the node hours left would buy."""
+    why = load_max_settled(run.study, run.optuna_study)
+    return None if why is None else SearchEnds(why, at_once=True)
+
+
 def node_hours_spent(run: RunState) -> SearchEnds | None:
     """The search's share of the node-hour budget is spent; recorded: a resume given more hours goes on
     to confirm."""
@@ -58,8 +74,28 @@ def stopping_rule(run: RunState) -> SearchEnds | None:
 
 
 def noise_measured(run: RunState) -> None:
-    """The baseline launched again while the noise is not known well enough (study.trust.noise)."""
+    """The baseline launched again while the noise is not known well enough (study.trust.noise), or at once
+    where it met the SLO at the load search's max (`defaults_again_at_load_max`)."""
+    defaults_again_at_load_max(run)
     repeat_baseline(run.study, run.optuna_study)
+
+
+def defaults_again_at_load_max(run: RunState) -> None:
+    """SGLang's defaults met the SLO at the load search's `max` in their one launch: launch them again next,
+    where the hours left pay for it. A second launch there settles the study (stopping.load_max_settled):
+    no stage, search launch or confirmation round can measure more, and their node hours are saved."""
+    study, optuna_study = run.study, run.optuna_study
+    defaults = defaults_at_max(study, optuna_study)
+    if defaults is None or defaults.n != 1 or not at_load_max_rule(study):
+        return
+    waiting = optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if any(TrialRecord.of(t).baseline for t in waiting):
+        return
+    hours = node_budget.node_hours(study, optuna_study)
+    price = hours.next_launch_s or hours.launch_s
+    if hours.left_s is not None and price is not None and price > hours.left_s:
+        return
+    enqueue_measurement(optuna_study, defaults)
 
 
 def knobs_screened(run: RunState) -> SearchEnds | None:
@@ -81,7 +117,14 @@ def knobs_screened(run: RunState) -> SearchEnds | None:
     return None if why is None else SearchEnds(why)
 
 
-STEPS: tuple[Step, ...] = (nodes_failing, node_hours_spent, stopping_rule, noise_measured, knobs_screened)
+STEPS: tuple[Step, ...] = (
+    nodes_failing,
+    settled_at_load_max,
+    node_hours_spent,
+    stopping_rule,
+    noise_measured,
+    knobs_screened,
+)
 
 
 def between_trials(run: RunState) -> None:
@@ -103,6 +146,7 @@ def may_ask(run: RunState, budget: int | None, deadline: float | None) -> bool:
     if deadline is not None and time.monotonic() >= deadline:
         return False
     if run.baseline_only:
+        defaults_again_at_load_max(run)  # before the stage, which cannot raise a max_load past the max
         return nccl_stage.baseline_next(run.optuna_study)
     if budget is not None and budget_used(run.optuna_study) >= budget:
         return False

@@ -23,6 +23,7 @@ from autotune.study.callbacks import KnobHeld
 from autotune.study.records import STAGE_AFTER_KEY, StudyRecord, TrialRecord, record_nccl_stage
 from autotune.study.run_state import RunState
 from autotune.study.trust import node_budget
+from autotune.study.trust.stopping import load_max_settled
 
 RunStage = Callable[[Study, optuna.samplers.BaseSampler], optuna.Study]  # the stage's study, run to its end
 # Under a node-hour budget the stage gets at most this share of the hours the search may spend (the
@@ -68,6 +69,8 @@ def held_values(run: RunState, pool: NodePool, run_stage: RunStage) -> dict[str,
     recorded in the study (its answer names them)."""
     study = run.study
     reason = stages.why_not(study)
+    if reason is None and (settled_why := load_max_settled(study, run.optuna_study)) is not None:
+        reason = "skipped: " + settled_why.removeprefix("stopped early: ")
     if reason is not None:
         if reason.startswith("skipped"):
             run.observers.knob_held(KnobHeld(f"NCCL stage {reason}"))

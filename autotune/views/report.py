@@ -75,13 +75,7 @@ class StudyFindings:
         a = self.answer
         if a is None:
             return [("answer", "no feasible trial has completed yet")]
-        how = (
-            "the mean of its confirmation rounds"
-            if a.in_rounds
-            else "the mean of its launches"
-            if a.remeasured is not None
-            else "its best single measurement"
-        )
+        how = a.value_how
         config = "SGLang's defaults" if a.trial == a.baseline else f"trial {a.trial}'s config"
         interval = ""
         if a.gain_interval_pct is not None and a.confidence is not None:

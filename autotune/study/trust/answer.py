@@ -85,11 +85,24 @@ class StudyAnswer:
     reason: str | None = None
     # `value` and `baseline_value` are the means of confirmation rounds (decided or not: a budget cut them).
     in_rounds: bool = False
+    # How `value` was measured where neither rounds nor a re-measurement say it (`value_how`).
+    measured: str | None = None
+
+    @property
+    def value_how(self) -> str:
+        """How `value` was measured, as the views say it after the value."""
+        if self.measured is not None:
+            return self.measured
+        if self.in_rounds:
+            return "the mean of its confirmation rounds"
+        if self.remeasured is not None:
+            return f"the mean of its {self.remeasured.best.n} launches"
+        return "its best single measurement"
 
     @property
     def confirmed(self) -> bool:
         """Measured side by side with the defaults in rounds (`best --json`'s `confirmed`): with or
-        without a gain."""
+        without a gain; or the defaults met the SLO at the load search's max, which no config can pass."""
         return self.verdict in ("confirmed", "no gain")
 
     @property
@@ -204,6 +217,8 @@ def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
         return _confirmed(optuna_study, state, context)
     if state is not None and met_at_no_rate(state, StudyRecord.of(optuna_study).confirm or {}):
         return _confirmed_at_no_rate(optuna_study, state, context)
+    if state is not None and state.defaults_at_max:
+        return _defaults_at_max(optuna_study, state, context)
     # Once confirmation began, its rounds are the answer: the means of its launches would be a second one.
     remeasured = remeasured_answer(optuna_study) if not StudyRecord.of(optuna_study).confirming else None
     if remeasured is not None:
@@ -294,6 +309,42 @@ def _confirmed_at_no_rate(
         trials=_round_trials(optuna_study, {leader}),
         text=f"{text}; {_noise_text(context['noise'])}",
         in_rounds=True,
+        **context,
+    )
+
+
+def _defaults_at_max(optuna_study: optuna.Study, state: Confirmation, context: dict[str, Any]) -> StudyAnswer:
+    """SGLang's defaults met the SLO at the load search's `max` in each of their launches (confirm's
+    DEFAULTS_AT_MAX_KEY): no config can measure more, so they are the answer with no round run; the
+    launches' spread is that of a ceiling, not the server's noise, so none is quoted."""
+    launches = state.defaults_at_max
+    value = min(
+        v
+        for t in optuna_study.get_trials(deepcopy=False)
+        if t.number in launches and (v := t.value) is not None
+    )
+    metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+    text = (
+        f"no config can beat SGLang's defaults: they met your SLO at the highest load the search tries "
+        f"({metric} {value:g}, load_search.max, in each of their {len(launches)} launches), and no config "
+        "can measure more; use SGLang's defaults, or raise load_search.max to tell configs apart"
+    )
+    return StudyAnswer(
+        verdict="no gain",
+        trial=state.baseline,
+        leader=state.baseline,
+        value=value,
+        value_interval=None,
+        baseline=state.baseline,
+        baseline_value=value,
+        gain_pct=None,
+        gain_interval_pct=None,
+        confidence=None,
+        within_noise=None,
+        rounds=0,
+        trials=tuple(sorted(launches)),
+        text=text,
+        measured=f"each of its {len(launches)} launches, at load_search.max",
         **context,
     )
 

@@ -32,6 +32,7 @@ from autotune.study.rules import (
 )
 from autotune.study.storage import budget_used, counts
 from autotune.study.trust.noise import NoiseEstimate, noise_apart_from, noise_estimate
+from autotune.study.trust.stopping import load_max_settled
 
 __all__ = [
     "Confirmation",
@@ -52,6 +53,9 @@ LEFT_OUT_KEY = "left_out"
 SEARCH_ROUNDS_KEY = "search_rounds"
 # In the study's CONFIRM_ATTR record: the defaults' launches, where every one measured 0 (see `at_no_rate`).
 DEFAULTS_AT_ZERO_KEY = "defaults_at_zero"
+# In the study's CONFIRM_ATTR record: the defaults' launches, where each met the SLO at the load search's
+# `max` (stopping.load_max_settled): no round can show a config that measures more, so none runs.
+DEFAULTS_AT_MAX_KEY = "defaults_at_max"
 
 T = TypeVar("T")
 
@@ -83,6 +87,8 @@ class Confirmation:
     searched: int = 0  # rounds made of the search's launches paired in time (`search_rounds`), before these
     # The defaults' launches, where every one measured 0 in the search and in the rounds (`at_no_rate`).
     defaults_at_zero: tuple[int, ...] = ()
+    # The defaults' launches, each at the load search's `max` (DEFAULTS_AT_MAX_KEY): decided with no round.
+    defaults_at_max: tuple[int, ...] = ()
     # The degrees of freedom of the leader's interval pooled with the study's noise (`pooled_gain`); None:
     # its rounds' own spread alone.
     pooled_dof: int | None = None
@@ -206,12 +212,15 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
             launched[index - len(searched)] = {int(of): int(n) for of, n in pairs_in_time}
+    queued = int(settings.get("queued", 0))
+    at_max = tuple(int(n) for n in settings.get(DEFAULTS_AT_MAX_KEY) or ())
+    if at_max:
+        return Confirmation(base, configs, rounds, queued, None, None, 0, defaults_at_max=at_max)
     maximize = maximizes(optuna_study.direction)
     zero = tuple(int(n) for n in settings.get(DEFAULTS_AT_ZERO_KEY) or ())
     if zero and not any(values.get(base) for values in rounds.values()):
         # No percent gain over 0: the leader is the best that met the SLO in every round beside them.
         leader, met = _met_in_every_round(rounds, base, configs)
-        queued = int(settings.get("queued", 0))
         at_zero = (*zero, *(n for n in _round_launches(optuna_study, base, since)))
         return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=at_zero)
     confidence = look_confidence(settings, len(configs))
@@ -236,7 +245,6 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     if best[0] is not None:
         at = precision_confidence(settings, len(configs))
         precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]))
-    queued = int(settings.get("queued", 0))
     return Confirmation(
         base,
         configs,
@@ -300,7 +308,7 @@ def _decided(state: Confirmation, settings: Mapping[str, Any]) -> bool:
     """The leader's interval is narrow enough (`precision_confidence`) or clear of zero (`look_confidence`),
     after the first rounds (one round has an interval only pooled with the study's noise: `pooled_gain`);
     or rounds ran out. With the defaults at no rate: the leader met the SLO in each of the first rounds."""
-    if state.queued + state.searched >= int(settings["max_rounds"]):
+    if state.queued + state.searched >= int(settings["max_rounds"]) or state.defaults_at_max:
         return True
     if state.defaults_at_zero:
         return met_at_no_rate(state, settings)
@@ -383,7 +391,8 @@ def _start(
     maximize = maximizes(optuna_study.direction)
     sign = 1.0 if maximize else -1.0
     top = sorted((g for g in groups if not g.baseline), key=lambda g: -sign * g.mean)[: settings.top]
-    if not top:
+    at_max = load_max_settled(study, optuna_study) is not None
+    if not top and not at_max:
         return None
     top, left_out = contenders(top, noise_estimate(optuna_study), maximize, settings.confidence, base.mean)
     while pays is not None and len(top) > 1 and not pays([base.of, *(g.of for g in top)]):
@@ -404,6 +413,7 @@ def _start(
             if not zero  # at 0 the rounds' own launches decide
         ],
         DEFAULTS_AT_ZERO_KEY: list(base.trials) if zero else [],
+        DEFAULTS_AT_MAX_KEY: list(base.trials) if at_max else [],
         "queued": 0,
         "since": since,  # its rounds are the trials after this one
     }

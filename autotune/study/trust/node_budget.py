@@ -29,7 +29,6 @@ from autotune.node.startup_phases import DUMP_PHASE
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation
-from autotune.study.trust.stopping import defaults_at_load_max
 
 __all__ = [
     "NodeHours",
@@ -237,13 +236,6 @@ def search_ended_text(study: Study, optuna_study: optuna.Study, hours: NodeHours
         f"the {left:.2f} node h left do not pay for a launch ({hours.launch_s / 3600:.2f} node h, the median "
         f"measured) beside the {hours.reserve_s / 3600:.2f} kept for confirmation"
     )
-    search = study.objective.load_search
-    if search is not None and defaults_at_load_max(study, optuna_study):
-        return (  # more hours would buy launches that all measure `max`: the fix is a higher max
-            f"search ended before its first launch: {short}, and SGLang's defaults met the SLO at the "
-            f"highest load the search tries (load_search.max {search.max:g}), which no config can measure "
-            "past; raise load_search.max to tell configs apart"
-        )
     stop = study.file.trust.stop_early
     launches = stop.min_trials if stop.enabled else _SEARCH_LAUNCHES
     need = (hours.spent_s + hours.reserve_s + launches * hours.launch_s) / 3600
@@ -304,10 +296,12 @@ def node_hours_record(study: Study, optuna_study: optuna.Study) -> dict[str, Any
     }
 
 
-def _rounds_measured(optuna_study: optuna.Study) -> int:
+def _rounds_measured(optuna_study: optuna.Study) -> float:
     """The confirmation rounds queued so far (each paid for as it runs) and those the search's launches
-    made (study.confirm.search_rounds), 0 before it began."""
+    made (study.confirm.search_rounds), 0 before it began; every one where none is needed."""
     state = confirmation(optuna_study)
+    if state is not None and state.defaults_at_max:  # decided with no round: none is kept back
+        return math.inf
     return state.queued + state.searched if state is not None else 0
 
 

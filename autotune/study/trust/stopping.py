@@ -4,8 +4,9 @@ After `min_trials` (and `min_node_hours`), when the last `patience` search trial
 `patience_node_hours`) did not raise the best value by more than the noise band, the search stops and the
 study goes on to confirmation; without a noise estimate it never stops a study. With `min_patience` the
 patience grows with the search: a best raised early is waited on fewer trials. Why this rule, and its
-figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md. A max_load search stops once
-SGLang's defaults met the SLO at the highest load it tries in each of their first launches (`at_load_max`).
+figures: docs/design.md, "The stopping rule", and benchmarks/RESULTS.md. A max_load study is settled once
+SGLang's defaults met the SLO at the highest load it tries in each of their first two launches
+(`load_max_settled`): no stage, search or confirmation round can measure more.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from optuna.trial import FrozenTrial
 from autotune.config import Study
 from autotune.config.trust import StopEarly
 from autotune.study.records import StudyRecord, TrialRecord, record_stopped
-from autotune.study.rules import best_measured, direction_sign, measurement_groups
+from autotune.study.rules import ConfigMeasurements, best_measured, direction_sign, measurement_groups
 from autotune.study.storage import counts
 from autotune.study.trust.noise import noise_estimate
 
-__all__ = ["record_stop", "stopped_early", "why_stop"]
+__all__ = [
+    "at_load_max_rule",
+    "defaults_at_load_max",
+    "defaults_at_max",
+    "load_max_settled",
+    "record_stop",
+    "stopped_early",
+    "why_stop",
+]
 
 
 def _search_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
@@ -53,8 +62,6 @@ def why_stop(study: Study, optuna_study: optuna.Study) -> str | None:
     settings = study.file.trust.stop_early
     if not settings.enabled or len(optuna_study.directions) != 1:
         return None
-    if settings.at_load_max and (why := _at_load_max(study, optuna_study)) is not None:
-        return why
     if (
         settings.patience_node_hours is not None
         and (why := _why_stop_in_hours(study, optuna_study)) is not None
@@ -99,16 +106,37 @@ def _patience(
     return min(settings.patience, max(settings.min_patience, math.ceil(PATIENCE_SHARE * found)))
 
 
-def defaults_at_load_max(study: Study, optuna_study: optuna.Study) -> int:
-    """How many launches of SGLang's defaults met the SLO at the load search's `max`, where each of them did:
-    no config can measure more there; 0 otherwise (or where the objective is no max_load)."""
+def defaults_at_max(study: Study, optuna_study: optuna.Study) -> ConfigMeasurements | None:
+    """SGLang's defaults' measurements, where each of their launches met the SLO at the load search's `max`:
+    no config can measure more there; None otherwise (or where the objective is no max_load)."""
     search = study.objective.load_search
     if search is None or study.objective.metric != "max_load":
-        return 0
+        return None
     defaults = next((g for g in measurement_groups(optuna_study) if g.baseline), None)
-    if defaults is None or defaults.failed or min(defaults.values) < search.max:
-        return 0
-    return defaults.n
+    if defaults is None or not defaults.n or defaults.failed or min(defaults.values) < search.max:
+        return None
+    return defaults
+
+
+def defaults_at_load_max(study: Study, optuna_study: optuna.Study) -> int:
+    """How many launches of SGLang's defaults met the SLO at the load search's `max`, where each of them did;
+    0 otherwise."""
+    defaults = defaults_at_max(study, optuna_study)
+    return 0 if defaults is None else defaults.n
+
+
+def at_load_max_rule(study: Study) -> bool:
+    """Whether the study ends once SGLang's defaults met the SLO at the load search's `max` twice
+    (`stop_early.at_load_max`)."""
+    settings = study.file.trust.stop_early
+    return settings.enabled and settings.at_load_max
+
+
+def load_max_settled(study: Study, optuna_study: optuna.Study) -> str | None:
+    """Why the study is settled with SGLang's defaults: they met the SLO at the load search's `max` in each
+    of their launches, two at least, so no NCCL stage, search launch or confirmation round can show a config
+    that measures more (`at_load_max_rule`); None otherwise."""
+    return _at_load_max(study, optuna_study) if at_load_max_rule(study) else None
 
 
 def _at_load_max(study: Study, optuna_study: optuna.Study) -> str | None:
