@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.cli.console import ConsoleReporter
+from autotune.cli.console import ConsoleReporter, with_unit
 from autotune.config import Study, load_study
 from autotune.node.pool import LocalNodePool, NodePool
 from autotune.sim.model_node import ModelNodeExecutor, node_report
@@ -101,3 +101,9 @@ def test_on_a_terminal_a_progress_bar_shows_the_time_left_and_piped_output_has_n
     piped = io.StringIO()
     StudyDriver(load_study(path), [ConsoleReporter(piped)], pool=model_pool(), tracking=None).run(4)
     assert " left]" not in piped.getvalue() and "\r" not in piped.getvalue()
+
+
+def test_a_value_under_ten_shows_three_significant_digits() -> None:
+    # A max_load of 0.099 req/s and one of 0.125 both showed as 0.1 (one decimal) on a slow node.
+    assert [with_unit(v, "max_load") for v in (0.0987, 0.125, 16.0)] == ["0.0987", "0.125", "16.0"]
+    assert with_unit(1234.56, "output_throughput") == "1234.6 tok/s" and with_unit(None, "max_load") == "-"

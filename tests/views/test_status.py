@@ -288,3 +288,11 @@ def test_the_start_up_summary_suggests_the_weight_cache_only_where_loading_domin
     summary = startup_summary([stored_trial(startup_phases=phases, startup_notes=notes)])
     assert summary is not None and summary.startswith("start-up (launch): ")
     assert ("`startup: {weight_cache: true}`" in summary) is hint, summary
+
+
+def test_the_weight_cache_hint_counts_the_logged_phases_where_the_stopwatch_ran_faster() -> None:
+    # A simulated node with its start-up sped up 200x: SGLang's log says 150 s of weights, the driver's
+    # stopwatch 2 s to ready (the hint said "6210% of it").
+    phases = {"init_s": 15.0, "weight_load_s": 150.0, "kv_pool_s": 0.0, "cuda_graph_s": 15.0, "ready_s": 2.0}
+    summary = startup_summary([stored_trial(startup_phases=phases)])
+    assert summary is not None and "; loading the weights is 83% of it: " in summary, summary
