@@ -77,6 +77,24 @@ def small_objective(name: str = "small", *, num_prompts: int = 4, concurrency: i
     return {"name": name, "metric": "output_throughput", "workload": workload}
 
 
+def max_load_objective(stop_below_best: bool = True) -> dict[str, Any]:
+    """The highest request rate at which 90% of 8 short requests meet a loose SLO on the seed's node."""
+    return {
+        "name": "max-load",
+        "metric": "max_load",
+        "workload": {
+            "num_prompts": 8,
+            "input_len": 200,
+            "output_len": 64,
+            "concurrency": 8,
+            "slo": {"ttft_ms": 1000, "tpot_ms": 200},
+        },
+        "load_search": {
+            "start": 0.5, "max": 16, "min": 0.0625, "steps": 6, "stop_below_best": stop_below_best,
+        },
+    }  # fmt: skip
+
+
 def study_data(*, n_trials: int | None = None, **keys: Any) -> dict[str, Any]:
     """A study file's contents: the model-answered study, with `keys` replacing or adding top-level keys
     (None leaves a key out) and `n_trials` as its budget."""

@@ -73,14 +73,29 @@ def test_a_candidate_that_missed_the_slo_in_a_round_is_not_the_one_confirmed() -
     assert answer is not None and answer.verdict != "confirmed"
 
 
-def test_defaults_served_at_a_rate_in_a_round_leave_the_decision_to_the_percent_rule() -> None:
+def test_defaults_served_at_a_rate_in_a_round_leave_the_decision_to_the_rounds_differences() -> None:
     # A later lease served the defaults at 0.097 req/s (seed 0 of the L40S max_load runs): a config equal
-    # to them meeting the SLO there is no gain, and only a paired percent can say how much one is.
+    # to them meeting the SLO there is no gain, and only the rounds' paired differences can say how much one
+    # is (`floor_gain`: in req/s, every round's, in percent of the defaults' mean).
     flat = confirmed_rounds([{0: 0.097, 2: 0.098}, {2: 0.096, 0: 0.0}], configs=[2])
     state = confirmation(flat)
     assert state is not None and state.defaults_at_zero == ()
     answer = study_answer(flat)
     assert answer is not None and answer.verdict != "confirmed"
+
+
+def test_a_leader_far_above_defaults_near_the_floor_in_every_round_is_confirmed() -> None:
+    # Seed 6 of the L40S max_load runs: the leader at 0.875 req/s in each round beside the defaults at 0.078,
+    # 0.0625 and 0: in percent of each round's defaults, the rounds at 0 left out, it was "no gain" (+1163%,
+    # 99.5% CI -16706% to +19032% from 2 rounds) and the answer SGLang's defaults.
+    rounds = [{0: 0.078, 2: 0.877}, {2: 0.877, 0: 0.0625}, {0: 0.0, 2: 0.875}]
+    state = confirmation(confirmed_rounds(rounds, configs=[2]))
+    assert state is not None and state.leader == 2 and state.pairs == 3 and state.gain is not None
+    differences = [0.877 - 0.078, 0.877 - 0.0625, 0.875]
+    assert abs(state.gain.difference.mean - sum(differences) / 3) < 1e-9
+    assert abs(state.gain.pct - 100 * (sum(differences) / 3) / ((0.078 + 0.0625) / 3)) < 1e-6
+    answer = study_answer(confirmed_rounds(rounds, configs=[2]))
+    assert answer is not None and answer.verdict == "confirmed" and answer.trial == 2, answer.text
 
 
 def test_the_rounds_launch_the_defaults_beside_the_candidates(study_file: StudyFiles) -> None:

@@ -17,26 +17,7 @@ from autotune.study.stages import STAGE_SUFFIX
 from autotune.study.storage import budget_used, open_study
 from autotune.study.trust.answer import study_answer
 from autotune.study.trust.node_budget import launch_s, node_hours, spent_s
-from tests.builders import FLAT, Said, StudyFiles, model_pool
-
-
-def max_load_objective(stop_below_best: bool) -> dict[str, Any]:
-    """The highest request rate at which 90% of 8 short requests meet a loose SLO on the seed's node."""
-    return {
-        "name": "max-load",
-        "metric": "max_load",
-        "workload": {
-            "num_prompts": 8,
-            "input_len": 200,
-            "output_len": 64,
-            "concurrency": 8,
-            "slo": {"ttft_ms": 1000, "tpot_ms": 200},
-        },
-        "load_search": {
-            "start": 0.5, "max": 16, "min": 0.0625, "steps": 6, "stop_below_best": stop_below_best,
-        },
-    }  # fmt: skip
-
+from tests.builders import FLAT, Said, StudyFiles, max_load_objective, model_pool
 
 SPACE = {"parameters": {"--max-running-requests": {"kind": "sglang", "type": "categorical", "choices": [1]}}}
 

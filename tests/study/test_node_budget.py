@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -33,7 +34,15 @@ from autotune.study.trust.node_budget import (
     spent_s,
 )
 from autotune.views.tracked import study_tracker
-from tests.builders import FLAT, StudyFiles, launched, model_pool, stored_trial, study_of_trials
+from tests.builders import (
+    FLAT,
+    StudyFiles,
+    launched,
+    max_load_objective,
+    model_pool,
+    stored_trial,
+    study_of_trials,
+)
 
 # Confirmation kept short: 2 rounds of the leader and the defaults (2 launches a round).
 CONFIRM = {"repeat_baseline_after": 0, "confirm": {"top": 1, "min_rounds": 2, "max_rounds": 2}}
@@ -164,6 +173,37 @@ def test_the_reserve_keeps_rounds_of_the_defaults_and_the_leader_and_a_spare_lau
     hours = node_hours(study, study_of_trials(*trials))
     assert hours.reserve_s == hours.search_reserve_s == (2 * 2 + 1) * 290.0
     assert node_hours(study, study_of_trials(*trials[:1])).reserve_s == 5 * 680.0  # nothing else yet
+
+
+def test_a_max_load_reserve_prices_the_rounds_of_the_defaults_and_the_leader_as_each_measured(
+    study_file: StudyFiles,
+) -> None:
+    # 4x L40S under 2x auto_benchmark's node hours (2.91): a search launch whose config passes only the
+    # slow rates took 3813 s, the next, at 0.65 req/s, 525 s. Rounds priced at 3813 s a launch kept 5.3
+    # node h back with 1.37 left: the search stopped, and trial 1 (0.099 req/s) ended unconfirmed.
+    objective = max_load_objective()
+    trust = {"confirm": {"top": 2, "min_rounds": 2}}
+    study = load_study(study_file(budget={"node_hours": 2.91}, trust=trust, objective=objective))
+    trials = [
+        stored_trial(value=0.0, node="n", node_s=963.0, baseline=True),
+        stored_trial({"--stream-interval": 1}, value=0.099, node="n", node_s=3813.0),
+    ]
+    stage = {"node_s": 780.0}
+    hours = node_hours(study, study_of_trials(*trials, nccl_stage=stage))
+    # Trial 1's rounds (and a spare launch of it) cost more than the 4920 s left: nothing to keep whole,
+    # and a leader that serves more is cheaper to confirm. The next launch, at the dearest, fits; with
+    # less left than it, none does.
+    assert hours.search_reserve_s == 2 * (963.0 + 3813.0) + 3813.0 and hours.left_s == 4920.0
+    assert hours.reserve_unpaid and hours.search_may_launch()
+    assert not replace(hours, spent_s=hours.spent_s + 1200.0).search_may_launch()
+    trials.append(stored_trial({"--stream-interval": 2}, value=0.65, node="n", node_s=525.0))
+    hours = node_hours(study, study_of_trials(*trials, nccl_stage=stage))
+    assert hours.search_reserve_s == 2 * (963.0 + 525.0) + 525.0 and not hours.reserve_unpaid
+    assert not hours.search_may_launch()  # the next launch, at 3813 s, would eat into trial 2's rounds
+    # Output tok/s: every launch at the dearest, as before (a new leader may be a dearer config).
+    throughput = load_study(study_file(budget={"node_hours": 2.91}, trust=trust))
+    hours = node_hours(throughput, study_of_trials(*trials, nccl_stage=stage))
+    assert hours.search_reserve_s == 5 * 3813.0 and not hours.reserve_unpaid and not hours.search_may_launch()
 
 
 def test_a_search_s_first_launch_priced_at_a_launch_from_disk_keeps_one_round_back(

@@ -14,11 +14,12 @@ from autotune.study.records import BASELINE_ATTR, REMEASURE_OF_ATTR
 from autotune.study.rules import ConfigMeasurements
 from autotune.study.samplers import IncumbentMoves, _best_of
 from autotune.study.storage import budget_used
-from autotune.study.trust.noise import move_from, noise_apart_from, noise_estimate, pooled
+from autotune.study.trust.noise import move_from, noise_apart_from, noise_estimate, pooled, repeat_baseline
 from tests.builders import (
     TRUST_OFF,
     StudyFiles,
     launched,
+    max_load_objective,
     model_pool,
     stored_trial,
     study_of_trials,
@@ -74,6 +75,21 @@ def test_the_baseline_is_launched_again_early_and_gives_the_noise(study_file: St
     assert noise is not None and noise.dof == 1 and noise.configs[0] == (0, (0, 3))
     assert 0 < noise.relative_sd < 0.05  # the model's 1% noise, from one pair
     assert budget_used(optuna_study) == 7  # the repeat is a launch: it counts
+
+
+@pytest.mark.parametrize(("defaults", "repeated"), [(0.0, False), (0.067, True)])
+def test_defaults_at_no_rate_are_not_launched_again_for_the_noise(
+    study_file: StudyFiles, defaults: float, repeated: bool
+) -> None:
+    # 4x L40S under 2x auto_benchmark's node hours: the defaults' repeat at 0 req/s took 1608 s (0.45 node
+    # h) to measure 0 again, a spread of nothing; their rounds beside the leader still launch them.
+    objective = max_load_objective()
+    study = load_study(study_file(objective=objective, trust={**TRUST_OFF, "repeat_baseline_after": 2}))
+    trials = [stored_trial(value=defaults, baseline=True), stored_trial({KNOB: 1}, value=0.65)]
+    optuna_study = study_of_trials(*trials)
+    assert (repeat_baseline(study, optuna_study) == 0) is repeated
+    waiting = [t for t in optuna_study.get_trials(deepcopy=False) if not t.state.is_finished()]
+    assert len(waiting) == repeated
 
 
 # -- the sampler reading it (`trust.noise_ties`) -----------------------------------------------------------

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import Study
-from autotune.measure.stats import Gain, MeanCI, paired_gain, t_quantile
+from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain, t_quantile
 from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
@@ -154,14 +154,37 @@ def pooled_gain(
     return Gain(pool(own.percent, predicted), pool(own.difference, absolute)), dof
 
 
-def _paired_rounds(rounds: dict[int, dict[int, float | None]], base: int, config: int) -> list[int]:
+def _paired_rounds(
+    rounds: dict[int, dict[int, float | None]], base: int, config: int, floor: bool = False
+) -> list[int]:
     # A gain is in percent of the defaults' value: a round where they measured 0 (a max_load: no rate tried
-    # met the SLO) has none to give, and is left out rather than divided by.
+    # met the SLO) has none to give, and is left out rather than divided by; at the floor (`floor_gain`)
+    # it is a difference like any other.
     return [
         index
         for index, values in sorted(rounds.items())
-        if values.get(base) and values.get(config) is not None
+        if (values.get(base) if not floor else values.get(base) is not None)
+        and values.get(config) is not None
     ]
+
+
+def floor_gain(reference: Sequence[float], candidate: Sequence[float], confidence: float) -> Gain:
+    """The candidate's max_load gain over defaults that measured 0 in the search and above it in some round
+    (the load search's floor, where a later lease served them at a slow rate): the rounds' paired
+    differences in req/s, every round's, shown in percent of the defaults' mean over them. In percent of
+    each round's own value, the rounds at 0 had none to give and the rest divided by a few hundredths of a
+    req/s: on 4x L40S a leader at 0.875 req/s in each of 6 rounds beside defaults at 0, 0.078 and 0.0625
+    was "no gain" (+1163%, 99.5% CI -16706% to +19032% from 2 rounds)."""
+    difference = mean_ci([c - r for r, c in zip(reference, candidate, strict=True)], confidence)
+    scale = 100.0 / (math.fsum(reference) / len(reference))
+    percent = MeanCI(
+        difference.mean * scale,
+        difference.half_width * scale,
+        difference.n,
+        difference.std * scale,
+        confidence,
+    )
+    return Gain(percent, difference)
 
 
 def _pooled(
@@ -171,14 +194,22 @@ def _pooled(
     maximize: bool,
     confidence: float,
     noise: NoiseEstimate | None,
+    floor: bool = False,
 ) -> tuple[Gain | None, int, int | None]:
     """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
-    (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with."""
-    paired = _paired_rounds(rounds, base, config)
+    (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with. `floor`: the
+    defaults measured 0 in the search (`floor_gain`, not pooled: the study's noise is relative)."""
+    paired = _paired_rounds(rounds, base, config, floor)
     if not paired:
         return None, 0, None
     references = [float(rounds[i][base] or 0.0) for i in paired]
     candidates = [float(rounds[i][config] or 0.0) for i in paired]
+    if floor and maximize:  # at least two rounds, and the defaults above 0 in one of them
+        return (
+            floor_gain(references, candidates, confidence) if len(paired) >= 2 and any(references) else None,
+            len(paired),
+            None,
+        )
     gain, dof = pooled_gain(references, candidates, noise, minimize=not maximize, confidence=confidence)
     if len(paired) < 2 and dof is None:
         return None, len(paired), None
@@ -237,14 +268,15 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
 
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     pooled_dof = None
+    floor = bool(zero)  # the defaults at 0 in the search, above it in a round: `floor_gain`
     for config in configs:
-        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config))
+        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config), floor)
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
             best, pooled_dof = (config, gain, pairs), dof
     precision = None
     if best[0] is not None:
         at = precision_confidence(settings, len(configs))
-        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]))
+        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]), floor)
     return Confirmation(
         base,
         configs,

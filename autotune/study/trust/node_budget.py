@@ -27,6 +27,7 @@ from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.node.startup_phases import DUMP_PHASE
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
+from autotune.study.rules import maximizes, measurement_groups
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation
 
@@ -155,10 +156,44 @@ def configs_round_s(optuna_study: optuna.Study, configs: Iterable[int]) -> float
     pricing every round at it refused a round the hours left paid for); the median launch for a config
     not measured."""
     trials = optuna_study.get_trials(deepcopy=False)
-    firsts, launches = _node_firsts(trials), _launches_by_config(trials)
-    median, reload_s = _launch_s(trials) or 0.0, _reload_s(trials)
+    return math.fsum(_config_prices(trials, _node_firsts(trials), configs))
+
+
+def _config_prices(trials: list[FrozenTrial], firsts: set[int], configs: Iterable[int]) -> list[float]:
+    """Each of `configs`' launch as `configs_round_s` prices it."""
+    launches, median, reload_s = _launches_by_config(trials), _launch_s(trials) or 0.0, _reload_s(trials)
     prices = (_dearest_s(launches[of], firsts, reload_s) if of in launches else None for of in configs)
-    return math.fsum(price if price is not None else median for price in prices)
+    return [price if price is not None else median for price in prices]
+
+
+@dataclass(frozen=True)
+class _LoadSearchPrices:
+    """A load-search objective's launches as a confirmation round would pay them (`_load_search_prices`)."""
+
+    defaults_s: float
+    leader_s: float | None  # None before a config other than the defaults was measured
+
+
+def _load_search_prices(
+    study: Study, optuna_study: optuna.Study, trials: list[FrozenTrial], firsts: set[int]
+) -> _LoadSearchPrices | None:
+    """For a load-search objective: SGLang's defaults' and the leader's launch as each measured. Such a launch
+    is mostly its load search, which the worst configs make longest (the slow rates they pass: 3813 s against
+    420-620 s for the configs near the best on 4x L40S), so the dearest launch would price the rounds of a
+    leader at a config that does not lead. None for another objective, or before the defaults were
+    measured."""
+    if study.objective.load_search is None:
+        return None
+    groups = [g for g in measurement_groups(optuna_study) if g.n and not g.failed]
+    base = next((g for g in groups if g.baseline), None)
+    if base is None:
+        return None
+    sign = 1.0 if maximizes(optuna_study.direction) else -1.0
+    leader = max((g for g in groups if not g.baseline), key=lambda g: sign * g.mean, default=None)
+    if leader is None:
+        return _LoadSearchPrices(_config_prices(trials, firsts, (base.of,))[0], None)
+    defaults_s, leader_s = _config_prices(trials, firsts, (base.of, leader.of))
+    return _LoadSearchPrices(defaults_s, leader_s)
 
 
 def round_s(optuna_study: optuna.Study) -> float | None:
@@ -191,6 +226,9 @@ class NodeHours:
     # the reserve's price too); the median would count first launches that read the weights from disk or
     # wrote a dump, which the search's next launch of the same layout does not. None: `launch_s`.
     next_launch_s: float | None = None
+    # A load-search leader's rounds cost more than the hours left (`_load_search_prices`): no launch can keep
+    # them whole, so the search goes on while its launches fit, for a leader cheaper to confirm.
+    reserve_unpaid: bool = False
 
     @property
     def left_s(self) -> float | None:
@@ -202,7 +240,8 @@ class NodeHours:
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
         price = self.next_launch_s or self.launch_s
-        return (running + 1) * price + self.search_reserve_s <= self.left_s
+        reserve = 0.0 if self.reserve_unpaid else self.search_reserve_s
+        return (running + 1) * price + reserve <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
         """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
@@ -261,9 +300,12 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     trials = optuna_study.get_trials(deepcopy=False)  # read once: every part below is of them
     firsts = _node_firsts(trials)
     dearest = _dearest_launch_s(trials, firsts) or 0.0
-    price = per_round * dearest  # a round's launches, each at the dearest
+    price, spare_s = per_round * dearest, dearest  # a round's launches, each at the dearest
+    loads = _load_search_prices(study, optuna_study, trials, firsts)
+    if loads is not None and loads.leader_s is not None:
+        price, spare_s = loads.defaults_s + loads.leader_s, loads.leader_s
     left = max(rounds - _rounds_measured(optuna_study), 0)
-    spare = SPARE_LAUNCHES * dearest if rounds else 0.0
+    spare = SPARE_LAUNCHES * spare_s if rounds else 0.0
     reserve = left * price + (spare if left else 0.0)
     record = StudyRecord.of(optuna_study).budget
     budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
@@ -273,7 +315,12 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     firsts_only = all(t.number in firsts for t in trials if TrialRecord.of(t).node_s)
     search_rounds = min(rounds, 1) if firsts_only else rounds
     search_reserve = search_rounds * price + (spare if search_rounds else 0.0)
-    return NodeHours(budget, _spent_s(optuna_study, trials), median, reserve, search_reserve, dearest or None)
+    spent = _spent_s(optuna_study, trials)
+    # A load search's rounds cost more than the hours left: no launch can keep them whole, and a leader that
+    # serves more runs a shorter load search, so the search goes on while its launches fit. (Keeping the
+    # defaults' launches in the rounds back instead: 8/16 -> 2/16 confirmed on 4x L40S, RESULTS-peers.md.)
+    unpaid = loads is not None and budget is not None and search_reserve > budget * 3600 - spent
+    return NodeHours(budget, spent, median, reserve, search_reserve, dearest or None, unpaid)
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
