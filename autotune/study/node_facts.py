@@ -9,6 +9,7 @@ from autotune.dialect import Dialect, FlagTable
 from autotune.node.pool import NodePool
 from autotune.study.before_launch import ignored_on_gpu, remember_known_failures
 from autotune.study.callbacks import KnobHeld
+from autotune.study.records import StudyRecord, record_nvlink
 from autotune.study.run_state import RunState
 from autotune.study.trust import screening
 
@@ -46,6 +47,8 @@ def learn_nodes(run: RunState, pool: NodePool, *, remember_incompatible: bool) -
     run.hardware = {hardware_of(run, pool, node) for node in pool.idle_nodes()}
     reports = {node: pool.facts(node) for node in pool.idle_nodes()}
     run.nvlink = bool(reports) and all(r is not None and r.nvlink for r in reports.values())
+    if StudyRecord.of(run.optuna_study).nvlink != run.nvlink:  # status counts the stage's jobs by it
+        record_nvlink(run.optuna_study, run.nvlink)
     ignored: list[tuple[dict[str, object], str | None]] = []
     for node in reports if remember_incompatible else ():
         facts, hardware = reports[node], run.hardware_by_node[node]

@@ -55,6 +55,7 @@ CONFIG_ATTR = "config"
 ABLATION_OF_ATTR = "ablation_of"
 ABLATION_PARAM_ATTR = "ablation_param"
 SERVER_CHOICES_ATTR = "server_choices"  # a study attribute: what the server chose in the baseline
+NVLINK_ATTR = "nvlink"  # a study attribute: every node's GPUs linked by NVLink pair by pair (the node checks)
 QUEUED_ATTR = "queued"  # `autotune enqueue`: {set: the knobs a user set, from_trial: the rest from}
 LAUNCH_ATTR = "launch"  # the launch's identity (study.rules.launch_identity): flags, and a digest of the rest
 SAME_AS_ATTR = "same_as"  # proposed with the same launch as this earlier trial: recorded with its result
@@ -376,6 +377,12 @@ class StudyRecord:
         return dict(self.attrs.get(SERVER_CHOICES_ATTR) or {})
 
     @property
+    def nvlink(self) -> bool:
+        """Whether the node checks found every node's GPUs linked by NVLink pair by pair (the NCCL stage's
+        knobs: stages.stage_knobs)."""
+        return bool(self.attrs.get(NVLINK_ATTR))
+
+    @property
     def remeasure(self) -> Mapping[str, Any]:
         """The settings the study's re-measurement ran with (study.remeasure); empty before one."""
         return self.attrs.get(REMEASURE_SETTINGS_ATTR) or {}
@@ -597,6 +604,10 @@ def record_proposed(trial: _SystemSettable, why: str) -> None:
 
 def record_study_config(optuna_study: optuna.Study, record: Mapping[str, Any]) -> None:
     optuna_study.set_user_attr(CONFIG_ATTR, dict(record))
+
+
+def record_nvlink(optuna_study: optuna.Study, nvlink: bool) -> None:
+    optuna_study.set_user_attr(NVLINK_ATTR, nvlink)
 
 
 def record_server_choices(optuna_study: optuna.Study, choices: Mapping[str, Any]) -> None:

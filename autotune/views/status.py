@@ -75,11 +75,12 @@ def nccl_stage(
     from autotune.study import stages
     from autotune.study.records import StudyRecord
 
-    knobs = stages.stage_knobs(study)
+    recorded = StudyRecord.of(optuna_study) if optuna_study is not None else None
+    knobs = stages.stage_knobs(study, nvlink=recorded is not None and recorded.nvlink)
     name = study.name + stages.STAGE_SUFFIX
     if not knobs or name not in optuna.get_all_study_names(storage):
         return [], {}
-    record = StudyRecord.of(optuna_study).nccl_stage if optuna_study is not None else None
+    record = recorded.nccl_stage if recorded is not None else None
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
     result = stages.StageResult.from_record(record) if record else stages.stage_result(knobs, trials)
     if result is not None:

@@ -29,6 +29,7 @@ from autotune.study.loop import StudyDriver, StudyInterrupted
 from autotune.study.stages import STAGE_SUFFIX, allreduce_messages, ascent, ascent_size, point_key
 from autotune.study.trust.answer import study_answer
 from autotune.trial.wire import TrialRequest, TrialResult
+from autotune.views.status import nccl_stage as status_nccl_stage
 from tests.builders import REPO, SIM_TIMEOUTS, StudyFiles, model_server, simulated_server, small_objective
 
 HARDWARE, MODEL = "rtx-pro-6000-pcie-x8", "kimi-k2.5-int4"
@@ -357,6 +358,11 @@ def test_on_gpus_linked_by_nvlink_the_stage_sweeps_no_p2p_level(files: StudyFile
     assert any(
         line.startswith("NCCL stage: NCCL_P2P_LEVEL") and "NCCL's defaults" in line for line in lines.lines
     )
+    # Status counts the pass by the links the study recorded: the stage's jobs as they stand, before the
+    # study recorded its result (a Ctrl-C during the stage), are not "22 of 26, not finished".
+    optuna_study.set_user_attr("nccl_stage", None)
+    lines_now, _held = status_nccl_stage(load_study(path), load_study(path).storage, optuna_study)
+    assert lines_now[0].startswith(f"NCCL stage t{STAGE_SUFFIX}: {len(stage)} all-reduce trials"), lines_now
     # A resume finds the stage finished on the same links: it is not run again.
     StudyDriver(load_study(path), pool=lambda _: pool, tracking=False).run(1)
     assert len(stage_trials(path)) == len(stage)
