@@ -39,6 +39,7 @@ __all__ = [
     "confirmation",
     "confirmation_rounds",
     "contenders",
+    "floor_gain",
     "look_confidence",
     "met_at_no_rate",
     "pooled_gain",
@@ -171,7 +172,8 @@ def _paired_rounds(
 def floor_gain(reference: Sequence[float], candidate: Sequence[float], confidence: float) -> Gain:
     """The candidate's max_load gain over defaults that measured 0 in the search and above it in some round
     (the load search's floor, where a later lease served them at a slow rate): the rounds' paired
-    differences in req/s, every round's, shown in percent of the defaults' mean over them. In percent of
+    differences in the metric's unit (req/s, or requests in flight), every round's, shown in percent of the
+    defaults' mean over them. In percent of
     each round's own value, the rounds at 0 had none to give and the rest divided by a few hundredths of a
     req/s: on 4x L40S a leader at 0.875 req/s in each of 6 rounds beside defaults at 0, 0.078 and 0.0625
     was "no gain" (+1163%, 99.5% CI -16706% to +19032% from 2 rounds)."""

@@ -27,7 +27,6 @@ from autotune.study.trust.noise import noise_estimate
 
 __all__ = [
     "at_load_max_rule",
-    "defaults_at_load_max",
     "defaults_at_max",
     "load_max_settled",
     "record_stop",
@@ -118,13 +117,6 @@ def defaults_at_max(study: Study, optuna_study: optuna.Study) -> ConfigMeasureme
     return defaults
 
 
-def defaults_at_load_max(study: Study, optuna_study: optuna.Study) -> int:
-    """How many launches of SGLang's defaults met the SLO at the load search's `max`, where each of them did;
-    0 otherwise."""
-    defaults = defaults_at_max(study, optuna_study)
-    return 0 if defaults is None else defaults.n
-
-
 def at_load_max_rule(study: Study) -> bool:
     """Whether the study ends once SGLang's defaults met the SLO at the load search's `max` twice
     (`stop_early.at_load_max`)."""
@@ -136,20 +128,13 @@ def load_max_settled(study: Study, optuna_study: optuna.Study) -> str | None:
     """Why the study is settled with SGLang's defaults: they met the SLO at the load search's `max` in each
     of their launches, two at least, so no NCCL stage, search launch or confirmation round can show a config
     that measures more (`at_load_max_rule`); None otherwise."""
-    return _at_load_max(study, optuna_study) if at_load_max_rule(study) else None
-
-
-def _at_load_max(study: Study, optuna_study: optuna.Study) -> str | None:
-    """Why a max_load search stops once SGLang's defaults met the SLO at its `max` in each of their launches,
-    the baseline and its repeat at least: no config can measure more than `max`; None otherwise."""
-    launches = defaults_at_load_max(study, optuna_study)
-    if launches < 2:
-        return None
+    defaults = defaults_at_max(study, optuna_study) if at_load_max_rule(study) else None
     search = study.objective.load_search
-    assert search is not None
+    if defaults is None or defaults.n < 2 or search is None:
+        return None
     return (
         f"stopped early: SGLang's defaults met the SLO at the highest load the search tries (load_search.max "
-        f"{search.max:g}) in each of their {launches} launches, and no config can measure more; raise "
+        f"{search.max:g}) in each of their {defaults.n} launches, and no config can measure more; raise "
         "load_search.max to tell configs apart"
     )
 
