@@ -92,8 +92,7 @@ def defaults_again_at_load_max(run: RunState) -> None:
     if any(TrialRecord.of(t).baseline for t in waiting):
         return
     hours = node_budget.node_hours(study, optuna_study)
-    price = hours.next_launch_s or hours.launch_s
-    if hours.left_s is not None and price is not None and price > hours.left_s:
+    if hours.left_s is not None and (hours.next_price_s or 0.0) > hours.left_s:
         return
     enqueue_measurement(optuna_study, defaults)
 

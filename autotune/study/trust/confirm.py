@@ -31,7 +31,7 @@ from autotune.study.rules import (
     measurement_groups,
 )
 from autotune.study.storage import budget_used, counts
-from autotune.study.trust.noise import NoiseEstimate, noise_apart_from, noise_estimate
+from autotune.study.trust.noise import NoiseEstimate, at_no_rate, noise_apart_from, noise_estimate
 from autotune.study.trust.stopping import load_max_settled
 
 __all__ = [
@@ -289,14 +289,6 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         searched=len(searched),
         pooled_dof=pooled_dof,
     )
-
-
-def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
-    """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): a gain
-    in percent of 0 has no value, so the rounds ask whether the leader meets the SLO in each round where the
-    defaults, launched beside it, measured 0 again (a later lease may serve them at a rate: then the
-    percent rule decides, on the rounds where they did)."""
-    return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
 
 
 def met_at_no_rate(state: Confirmation, settings: Mapping[str, Any]) -> bool:

@@ -231,6 +231,11 @@ class NodeHours:
     reserve_unpaid: bool = False
 
     @property
+    def next_price_s(self) -> float | None:
+        """What the next launch is priced at: `next_launch_s`, else the median launch."""
+        return self.next_launch_s or self.launch_s
+
+    @property
     def left_s(self) -> float | None:
         return None if self.budget_h is None else self.budget_h * 3600 - self.spent_s
 
@@ -239,9 +244,8 @@ class NodeHours:
         round of a confirmation, whose rounds so far a new leader would not have."""
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
-        price = self.next_launch_s or self.launch_s
         reserve = 0.0 if self.reserve_unpaid else self.search_reserve_s
-        return (running + 1) * price + reserve <= self.left_s
+        return (running + 1) * (self.next_price_s or 0.0) + reserve <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
         """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
@@ -304,7 +308,7 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     loads = _load_search_prices(study, optuna_study, trials, firsts)
     if loads is not None and loads.leader_s is not None:
         price, spare_s = loads.defaults_s + loads.leader_s, loads.leader_s
-    left = max(rounds - _rounds_measured(optuna_study), 0)
+    left = _rounds_left(optuna_study, rounds)
     spare = SPARE_LAUNCHES * spare_s if rounds else 0.0
     reserve = left * price + (spare if left else 0.0)
     record = StudyRecord.of(optuna_study).budget
@@ -343,13 +347,16 @@ def node_hours_record(study: Study, optuna_study: optuna.Study) -> dict[str, Any
     }
 
 
-def _rounds_measured(optuna_study: optuna.Study) -> float:
-    """The confirmation rounds queued so far (each paid for as it runs) and those the search's launches
-    made (study.confirm.search_rounds), 0 before it began; every one where none is needed."""
+def _rounds_left(optuna_study: optuna.Study, rounds: int) -> int:
+    """The confirmation's `rounds` less those queued so far (each paid for as it runs) and those the
+    search's launches made (study.confirm.search_rounds); none where the defaults at the load search's max
+    decided it with no round."""
     state = confirmation(optuna_study)
-    if state is not None and state.defaults_at_max:  # decided with no round: none is kept back
-        return math.inf
-    return state.queued + state.searched if state is not None else 0
+    if state is None:
+        return rounds
+    if state.defaults_at_max:
+        return 0
+    return max(rounds - state.queued - state.searched, 0)
 
 
 def check_budget(study: Study, optuna_study: optuna.Study, field: str) -> None:

@@ -175,11 +175,19 @@ def repeat_baseline(study: Study, optuna_study: optuna.Study) -> int | None:
     return base.of
 
 
+def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
+    """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): the load
+    search's floor, not a draw. A gain in percent of 0 has no value, so the confirmation's rounds ask whether
+    the leader meets the SLO in each round where the defaults, launched beside it, measured 0 again (a later
+    lease may serve them at a rate: then the rounds' paired differences decide, `confirm.floor_gain`)."""
+    return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
+
+
 def _at_floor(study: Study, defaults: ConfigMeasurements) -> bool:
-    """SGLang's defaults met the SLO at no rate a max_load's load search tried, in each launch: the floor,
-    not a draw (`noise_apart_from`), so a repeat measures no spread, and its load search down to the slowest
-    rates is among the dearest launches (960-1600 s on 4x L40S against 420-620 s near the best)."""
-    return study.objective.metric == "max_load" and not any(defaults.values)
+    """A max_load's defaults at the floor (`at_no_rate`): a repeat measures no spread, and its load search
+    down to the slowest rates is among the dearest launches (960-1600 s on 4x L40S against 420-620 s near
+    the best)."""
+    return study.objective.metric == "max_load" and at_no_rate(defaults, maximize=True)
 
 
 def move_from(

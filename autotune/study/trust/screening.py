@@ -75,9 +75,7 @@ def flag_defaults(tables: Sequence[FlagTable]) -> dict[str, Any]:
     return defaults
 
 
-def knob_defaults(
-    study: Study, known: Mapping[str, Any], held: Iterable[str] = ()
-) -> dict[str, Any]:
+def knob_defaults(study: Study, known: Mapping[str, Any], held: Iterable[str] = ()) -> dict[str, Any]:
     """The knobs screening may hold, each with SGLang's default as the search space writes it: unset (None),
     off (False), or for a range with no "unset" the step nearest to `known[knob]`: the value the server chose
     for itself in the baseline, or its parser's default (`flag_defaults`); a knob with neither waits."""
