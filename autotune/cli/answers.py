@@ -46,7 +46,9 @@ def answer_lines(answer: StudyAnswer | None, study: Study) -> list[str]:
         lines = [_remeasured_lines(remeasured, study)[0]]  # the baseline's mean and interval
     elif answer.baseline_value is not None:
         how = f", {answer.value_how}" if answer.in_rounds or answer.measured is not None else ""
-        lines = [f"baseline {metric}: {with_unit(answer.baseline_value, metric)} (SGLang's defaults{how})"]
+        at_most = "at most " if answer.baseline_at_most else ""
+        value = with_unit(answer.baseline_value, metric)
+        lines = [f"baseline {metric}: {at_most}{value} (SGLang's defaults{how})"]
     else:
         lines = ["baseline: did not complete"]
     lines.append(f"answer: {answer.text}")
@@ -350,6 +352,7 @@ ANSWER_KEYS = (
     "noise",
     "within_noise",
     "baseline_value",
+    "baseline_at_most",
     "trials",
     "nccl_stage",
     "text",

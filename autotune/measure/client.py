@@ -127,6 +127,9 @@ class BenchmarkResult:
     max_load: float | None = None
     load_stopped_by: str | None = None
     load_warning: str | None = None
+    # A load search stopped below its cutoff (`stopped_early`): the lowest load that missed, which its
+    # max_load lies below.
+    load_below: float | None = None
     # A workload that shares prefixes: the share of prompt tokens the server served from its prefix cache
     # (its responses' meta_info.cached_tokens; None when it reported none), the share an unbounded cache
     # could have served, and the mean TTFT of sessions' first turns and of their later turns.

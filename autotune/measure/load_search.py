@@ -3,9 +3,12 @@
 The load doubles while a step meets the SLO and halves while it misses, then the bracket is bisected;
 `max_load` interpolates where the SLO attainment crosses its threshold, so that configs whose search
 stopped at the same bracket are still told apart. The steps, failures, and the peers it follows:
-docs/design.md, "Load search". A search launch given the study's best max_load (`cutoff`) stops halving
-once a load at or below it missed with none passed: it cannot beat the best, and the slow rates below
-would cost most of the launch (`stopped_early`; the driver tells it PRUNED). A step stops sending once
+docs/design.md, "Load search". A launch given a `cutoff` (a search launch: the study's best max_load; the
+defaults' launch in a confirmation round: a share of the configs' beside them) stops halving once a load at
+or below it missed with none passed: it cannot reach the cutoff, and the slow rates below would cost most of
+the launch (`stopped_early`, its max_load below `load_below`; the driver tells it PRUNED). Halving that would
+pass the cutoff measures at the cutoff first: a miss there stops at once, a pass brackets above it. A step
+stops sending once
 more of its requests missed than `attainment` allows of its num_prompts (`miss_limit`): it has missed
 whatever the rest would measure, and their node time is saved.
 """
@@ -36,6 +39,7 @@ class LoadSearchPlan:
     stop_below_best: bool = True  # whether `cutoff` stops the halving (the objective's switch)
     stop_when_decided: bool = True  # whether a step stops sending once it has missed (`miss_limit`)
     cutoff: float | None = None  # the study's best max_load when the driver handed out the trial
+    cutoff_is: str = "the study's best max_load"  # what `cutoff` is, as `load_stopped_by` says it
 
     def below_best(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
         """Whether the search can stop: nothing passed and a load at or below the study's best missed, so
@@ -83,11 +87,22 @@ class LoadSearchPlan:
             return None if highest_pass >= self.max else min(highest_pass * 2, self.max)
         if highest_pass is None:
             lower = math.floor(lowest_miss / 2) if whole else lowest_miss / 2
+            probe = self._probe(lower, lowest_miss)
+            if probe is not None:
+                return probe
             return lower if lower >= self.floor else None
         if lowest_miss - highest_pass <= (1 if whole else self.tolerance * highest_pass):
             return None
         middle = (highest_pass + lowest_miss) / 2
         return float(math.floor(middle)) if whole else middle
+
+    def _probe(self, lower: float, lowest_miss: float) -> float | None:
+        """The cutoff, where halving from `lowest_miss` to `lower` would step past it: a miss at the cutoff
+        decides the launch (`below_best`) for one step's time, where the rates below it cost the most."""
+        if not self.stop_below_best or self.cutoff is None:
+            return None
+        probe = float(math.floor(self.cutoff)) if self.vary == "concurrency" else self.cutoff
+        return probe if lower < probe < lowest_miss and probe >= self.floor else None
 
     def crossing_load(self, passed: BenchmarkResult, missed: BenchmarkResult | None) -> float:
         """The load at which the attainment crosses `attainment` between a passing step and the missing step
@@ -141,10 +156,7 @@ async def search_load(
                 stopped_by = f"the SLO missed at {load:g} ({_good_share(result)})"
         if steps and plan.below_best(highest_pass, lowest_miss):
             assert plan.cutoff is not None
-            stopped_by = (
-                f"stopped below the study's best: {stopped_by}, at or below the best max_load measured "
-                f"({plan.cutoff:.4g})"
-            )
+            stopped_by = f"stopped below {plan.cutoff_is}: {stopped_by}, at or below it ({plan.cutoff:.4g})"
             below = True
             break
         load = plan.next_load(highest_pass, lowest_miss)
@@ -175,6 +187,7 @@ async def search_load(
         load_stopped_by=stopped_by,
         load_warning=warning,
         stopped_early=below,
+        load_below=lowest_miss if below else None,
     )
 
 

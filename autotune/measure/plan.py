@@ -45,6 +45,7 @@ _NOT_AVERAGED = (
     "time_scale",
     "load_stopped_by",
     "load_warning",
+    "load_below",
     "decided_after",
 )
 
@@ -160,10 +161,12 @@ def plan_for(
     short: bool = True,
     cutoff: float | None = None,
     load_cutoff: float | None = None,
+    load_cutoff_is: str | None = None,
 ) -> MeasurementPlan:
     """The plan that measures `objective`; `short=False` leaves its short measurement out (a re-measurement),
-    `cutoff` is the short value below which (above, when minimizing) the trial stops; `load_cutoff` the
-    study's best max_load, at or below which a load search that found no passing load stops."""
+    `cutoff` is the short value below which (above, when minimizing) the trial stops; `load_cutoff` the load
+    at or below which a load search that found no passing load stops (`load_cutoff_is` says what it is: the
+    study's best max_load by default)."""
     w = objective.workload
     if w is None:  # a job objective (autotune.node.job): its launch measures itself
         raise ValueError(f"`workload` must be set for a plan, but objective {objective.name!r} has none.")
@@ -189,7 +192,6 @@ def plan_for(
             command=tuple(spec.command) if spec and spec.command else None,
             extra_args=tuple(spec.extra_args) if spec else (),
         )
-    search = objective.load_search
     return MeasurementPlan(
         levels=tuple(levels),
         target=w.concurrency,
@@ -200,8 +202,18 @@ def plan_for(
         cutoff=cutoff if short_levels else None,
         client=objective.client,
         bench_serving=options,
-        load_search=LoadSearchPlan(**search.model_dump(), cutoff=load_cutoff) if search is not None else None,
+        load_search=_load_search(objective, load_cutoff, load_cutoff_is),
     )
+
+
+def _load_search(
+    objective: PlannedObjective, cutoff: float | None, cutoff_is: str | None
+) -> LoadSearchPlan | None:
+    search = objective.load_search
+    if search is None:
+        return None
+    plan = LoadSearchPlan(**search.model_dump(), cutoff=cutoff)
+    return plan if cutoff_is is None else replace(plan, cutoff_is=cutoff_is)
 
 
 def combine(results: Sequence[BenchmarkResult], how: Combine, target: int) -> BenchmarkResult:

@@ -38,9 +38,7 @@ class ModelWeightCache:
         self.state = WeightCacheState()
         self.held_gb = 0.0
 
-    def prepare(
-        self, launch: ServerLaunch, in_page_cache: bool, init_s: Callable[[], float]
-    ) -> ModelLaunch:
+    def prepare(self, launch: ServerLaunch, in_page_cache: bool, init_s: Callable[[], float]) -> ModelLaunch:
         """`launch` as a client of the daemon (started now when it must be: its load from the page cache
         when `in_page_cache`, and the init `init_s()` gives) or the plain launch with no daemon running."""
         plan = self.state.plan(launch)

@@ -77,7 +77,11 @@ def noise_measured(run: RunState) -> None:
     """The baseline launched again while the noise is not known well enough (study.trust.noise), or at once
     where it met the SLO at the load search's max (`defaults_again_at_load_max`)."""
     defaults_again_at_load_max(run)
-    repeat_baseline(run.study, run.optuna_study)
+    hours = node_budget.node_hours(run.study, run.optuna_study)
+    # Where the hours pay for it beside the rounds, at what the defaults cost (a load search near the
+    # slowest rates: 4066 s on 4x L40S, queued on a price of 571 s, took a 2.9 node h study to 3.26).
+    if hours.search_may_launch(len(run.running), defaults=True):
+        repeat_baseline(run.study, run.optuna_study)
 
 
 def defaults_again_at_load_max(run: RunState) -> None:
@@ -92,7 +96,7 @@ def defaults_again_at_load_max(run: RunState) -> None:
     if any(TrialRecord.of(t).baseline for t in waiting):
         return
     hours = node_budget.node_hours(study, optuna_study)
-    if hours.left_s is not None and (hours.next_price_s or 0.0) > hours.left_s:
+    if hours.left_s is not None and (hours.defaults_s or hours.next_price_s or 0.0) > hours.left_s:
         return
     enqueue_measurement(optuna_study, defaults)
 

@@ -96,6 +96,7 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         load_stopped_by=measured.load_stopped_by,
         load_warning=measured.load_warning,
         load_decided=decided_steps(measured),
+        load_below=measured.load_below,
         prefix_cache={
             "hit_rate": measured.cache_hit_rate,
             "designed": measured.designed_hit_rate,
@@ -118,7 +119,7 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
                 f"short measurement: {objective.metric} {short_value:.4g} worse than the pruner's "
                 f"cutoff {cutoff:.4g}"
                 if measured.max_load is None or stopped_by is None
-                else f"load search: {stopped_by}"  # it stopped below the study's best (measure.load_search)
+                else f"load search: {stopped_by}"  # it stopped below its cutoff (measure.load_search)
             )
             record_pruned_by(trial, why)
             # Told PRUNED without values: the stored value is the short one, reported above.

@@ -11,6 +11,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import TrialRecord, record_short_cutoff
 from autotune.study.run_state import RunState
+from autotune.study.trust.confirm import DEFAULTS_CUTOFF_IS, defaults_cutoff
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.startup import takes_presharded, takes_weight_cache
 from autotune.trial.wire import TrialRequest
@@ -52,7 +53,10 @@ def measurement_plan(run: RunState, trial: optuna.Trial, baseline: bool) -> Meas
         if cutoff is not None:
             record_short_cutoff(trial, cutoff)
     search = objective.load_search
-    below = None  # a search launch's load search stops below the study's best (measure.load_search)
+    below, below_is = None, None  # a search launch's load search stops below the study's best
     if search is not None and search.stop_below_best and not (baseline or again):
         below = load_cutoff(run.optuna_study)
-    return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below)
+    elif search is not None and baseline and again and TrialRecord.of(trial).confirm is not None:
+        below = defaults_cutoff(run.study, run.optuna_study)  # a round's defaults, below their configs'
+        below_is = DEFAULTS_CUTOFF_IS
+    return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below, load_cutoff_is=below_is)

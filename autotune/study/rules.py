@@ -239,7 +239,12 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
         good = [t for t in members if t.state.name == "COMPLETE" and t.value is not None and is_feasible(t)]
         # A first trial that failed says the config failed; only failures among measurements that count.
         again = [TrialRecord.of(t).remeasure_of is not None for t in members]
-        counted = [t for t, a in zip(members, again, strict=True) if t.state.name == "COMPLETE" or a]
+        # A launch stopped at its load search's cutoff measured no value and did not fail (confirm's rounds).
+        counted = [
+            t
+            for t, a in zip(members, again, strict=True)
+            if t.state.name == "COMPLETE" or (a and TrialRecord.of(t).load_below is None)
+        ]
         bad = [t.number for t in counted if t not in good]
         out.append(
             ConfigMeasurements(

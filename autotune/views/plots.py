@@ -74,9 +74,7 @@ def plot_data(optuna_study: optuna.Study, metric: str, unit: str, title: str | N
     trials = tuple(
         t
         for t in optuna_study.get_trials(deepcopy=False)
-        if t.state.is_finished()
-        and not TrialRecord.of(t).skipped
-        and TrialRecord.of(t).remeasure_of is None
+        if t.state.is_finished() and not TrialRecord.of(t).skipped and TrialRecord.of(t).remeasure_of is None
     )
     base = baseline_trial(optuna_study) if len(optuna_study.directions) == 1 else None
     return PlotData(

@@ -88,7 +88,10 @@ class StudyFindings:
             ("answer", a.text),
             ("use", f"{config}: {self.value_text(a.value)} ({how})"),
             ("gain over SGLang's defaults", gain),
-            ("baseline (SGLang defaults)", self.value_text(a.baseline_value)),
+            (
+                "baseline (SGLang defaults)",
+                ("at most " if a.baseline_at_most else "") + self.value_text(a.baseline_value),
+            ),
             (
                 "noise",
                 a.noise.describe() if a.noise is not None else "unknown: no config measured twice yet",

@@ -119,16 +119,16 @@ def test_a_search_launch_stops_halving_once_it_missed_at_or_below_the_studys_bes
     assert [s.workload.request_rate for s in result.levels] == [0.5]
     assert result.stopped_early and result.max_load == 0.0
     assert result.load_stopped_by == (
-        "stopped below the study's best: the SLO missed at 0.5 (7% good), at or below the best max_load "
-        "measured (0.5)"
+        "stopped below the study's best max_load: the SLO missed at 0.5 (7% good), at or below it (0.5)"
     )
+    assert result.load_below == 0.5  # its max_load lies below the load it missed at
 
 
 def test_a_search_above_the_best_or_with_a_passing_load_or_switched_off_runs_to_its_answer() -> None:
     plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=6, cutoff=0.3)
-    below = search(plan, lambda load: 1.0 if load <= 0.1 else 0.07)  # 0.5 misses above 0.3: halves on
-    assert [s.workload.request_rate for s in below.levels] == [0.5, 0.25]
-    assert below.stopped_early
+    below = search(plan, lambda load: 1.0 if load <= 0.1 else 0.07)  # 0.5 misses above 0.3: on to 0.3
+    assert [s.workload.request_rate for s in below.levels] == [0.5, 0.3]
+    assert below.stopped_early and below.load_below == 0.3
     passes_at_half = lambda load: 1.0 if load <= 0.5 else 0.5  # noqa: E731
     passing = search(replace(plan, cutoff=2.0), passes_at_half)  # a load passed: bisects as without it
     assert not passing.stopped_early
@@ -136,3 +136,21 @@ def test_a_search_above_the_best_or_with_a_passing_load_or_switched_off_runs_to_
     off = search(replace(plan, stop_below_best=False), lambda load: 1.0 if load <= 0.1 else 0.07)
     assert not off.stopped_early and 0.0625 < off.max_load < 0.125  # type: ignore[operator]
     assert [s.workload.request_rate for s in off.levels][:4] == [0.5, 0.25, 0.125, 0.0625]
+
+
+def test_halving_past_the_cutoff_measures_at_the_cutoff_first() -> None:
+    # The L40S study's best was the defaults' 0.0957 req/s: a config that halved from 0.125 to 1/16 req/s
+    # passed there (80 prompts, 21 minutes) and bisected at the slow rates below the best, 3724 s a launch.
+    plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=8, cutoff=0.0957)
+    below = search(plan, lambda load: 1.0 if load <= 0.078 else 0.5)
+    assert [s.workload.request_rate for s in below.levels] == [0.5, 0.25, 0.125, 0.0957]
+    assert below.stopped_early and below.load_below == 0.0957 and below.max_load == 0.0
+    above = search(plan, lambda load: 1.0 if load <= 0.11 else 0.5)  # it passes at the best: bracketed above
+    assert [s.workload.request_rate for s in above.levels][:4] == [0.5, 0.25, 0.125, 0.0957]
+    assert not above.stopped_early and above.load_below is None
+    assert 0.0957 <= above.max_load < 0.125  # type: ignore[operator]
+    under_the_floor = search(replace(plan, cutoff=0.05), lambda load: 1.0 if load <= 0.078 else 0.5)
+    assert [s.workload.request_rate for s in under_the_floor.levels][:4] == [0.5, 0.25, 0.125, 0.0625]
+    whole = LoadSearchPlan("concurrency", start=32, max=64, steps=8, cutoff=9.5)
+    rates = [s.workload.concurrency for s in search(whole, lambda load: 1.0 if load <= 4 else 0.5).levels]
+    assert rates == [32, 16, 9]  # halving from 16 to 8 measures at the cutoff, in whole requests

@@ -37,7 +37,7 @@ def test_a_search_launch_that_misses_at_or_below_the_best_stops_there_and_is_tol
     steps = one_at_a_time.user_attrs.get("load_stopped_by", "")
     if stop_below_best:
         assert one_at_a_time.state == TrialState.PRUNED
-        assert steps.startswith("stopped below the study's best: the SLO missed at 0.5")
+        assert steps.startswith("stopped below the study's best max_load: the SLO missed at 0.5")
         assert one_at_a_time.user_attrs["pruned_by"].startswith("load search: stopped below the study's best")
     else:
         assert one_at_a_time.state == TrialState.COMPLETE

@@ -141,7 +141,7 @@ def test_a_launch_that_wrote_a_presharded_dump_is_priced_as_it_would_run_again()
     assert dearest_launch_s(study_of_trials(first, new_layout, reread, dear)) == 300.0  # a dearer config
 
 
-def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() -> None:
+def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first(study_file: StudyFiles) -> None:
     # The defaults' first launch read the weights from disk (680 s); their rounds' launches cost 240 s. A
     # round priced at 680 + 260 refused one the hours left paid for (the MoE coder profile under 2x
     # auto_benchmark's hours: 0.11 node h left, a round priced 0.13, costing 0.075).
@@ -152,9 +152,10 @@ def test_a_round_prices_each_config_at_its_dearest_launch_but_a_nodes_first() ->
         stored_trial(value=90.5, node="n", node_s=260.0, remeasure_of=1, confirm={"round": 0, "position": 1}),
     ]
     settings = {"baseline": 0, "configs": [1], "queued": 1, "min_rounds": 2, "max_rounds": 3}
-    assert round_s(study_of_trials(*trials, confirm=settings)) == 240.0 + 260.0
+    study = load_study(study_file())
+    assert round_s(study, study_of_trials(*trials, confirm=settings)) == 240.0 + 260.0
     # A config measured only in a node's first launch is priced at it: nothing cheaper is known.
-    assert round_s(study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
+    assert round_s(study, study_of_trials(*trials[:2], confirm=settings)) == 680.0 + 250.0
 
 
 def test_the_reserve_keeps_rounds_of_the_defaults_and_the_leader_and_a_spare_launch_at_the_dearest(
@@ -198,8 +199,20 @@ def test_a_max_load_reserve_prices_the_rounds_of_the_defaults_and_the_leader_as_
     assert not replace(hours, spent_s=hours.spent_s + 1200.0).search_may_launch()
     trials.append(stored_trial({"--stream-interval": 2}, value=0.65, node="n", node_s=525.0))
     hours = node_hours(study, study_of_trials(*trials, nccl_stage=stage))
-    assert hours.search_reserve_s == 2 * (963.0 + 525.0) + 525.0 and not hours.reserve_unpaid
-    assert not hours.search_may_launch()  # the next launch, at 3813 s, would eat into trial 2's rounds
+    # The defaults' launch in its rounds stops at half of 0.65 req/s (confirm.defaults_cutoff): priced at
+    # the leader's, not at their own search down to the slowest rates (963 s). Above, half of 0.099 lay
+    # under the slowest rate tried (1/16): their rounds would search down to it, at 963 s.
+    assert hours.search_reserve_s == 2 * (525.0 + 525.0) + 525.0 and not hours.reserve_unpaid
+    # The next search launch measures at 0.65 req/s before any slower rate (measure.load_search): priced as
+    # the launches that measured at least that (525 s), not as trial 1's walk down the slow rates (3813 s).
+    assert hours.next_price_s == 525.0 and hours.search_may_launch()
+    assert not replace(hours, spent_s=hours.spent_s + 1300.0).search_may_launch()
+    # SGLang's defaults again (the noise's repeat) run their own search down to the slow rates: 963 s, and
+    # they keep the reserve even where it is unpaid (they cannot be a leader cheaper to confirm).
+    assert hours.defaults_s == 963.0 and not replace(hours, spent_s=hours.spent_s + 900.0).search_may_launch(
+        defaults=True
+    )
+    assert replace(hours, spent_s=hours.spent_s + 900.0).search_may_launch()
     # Output tok/s: every launch at the dearest, as before (a new leader may be a dearer config).
     throughput = load_study(study_file(budget={"node_hours": 2.91}, trust=trust))
     hours = node_hours(throughput, study_of_trials(*trials, nccl_stage=stage))

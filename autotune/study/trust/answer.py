@@ -26,7 +26,14 @@ from autotune.study.rules import (
     is_feasible,
 )
 from autotune.study.storage import counts
-from autotune.study.trust.confirm import SEARCH_ROUNDS_KEY, Confirmation, confirmation, met_at_no_rate
+from autotune.study.trust.confirm import (
+    DEFAULTS_CUTOFF_SHARE,
+    SEARCH_ROUNDS_KEY,
+    Confirmation,
+    confirmation,
+    met_at_no_rate,
+    stopped_below,
+)
 from autotune.study.trust.node_budget import ran_out_text
 from autotune.study.trust.noise import NoiseEstimate, noise_estimate
 from autotune.study.trust.screening import screened_lines
@@ -87,6 +94,9 @@ class StudyAnswer:
     in_rounds: bool = False
     # How `value` was measured where neither rounds nor a re-measurement say it (`value_how`).
     measured: str | None = None
+    # `baseline_value` is at most what it says: some of its rounds' launches stopped at their cutoff and
+    # gave the load they missed at (confirm.defaults_cutoff).
+    baseline_at_most: bool = False
 
     @property
     def value_how(self) -> str:
@@ -121,6 +131,7 @@ class StudyAnswer:
             "value": self.value,
             "value_interval": list(self.value_interval) if self.value_interval else None,
             "baseline_value": self.baseline_value,
+            "baseline_at_most": self.baseline_at_most,
             "gain_pct": self.gain_pct,
             "gain_interval_pct": list(self.gain_interval_pct) if self.gain_interval_pct else None,
             "confidence": self.confidence,
@@ -244,9 +255,18 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
             f", {'their' if state.pairs != 1 else 'its'} spread pooled with the study's run-to-run noise "
             f"({state.pooled_dof} degrees of freedom)"
         )
+    # The defaults' launches that stopped at their cutoff gave the load they missed at, above their own.
+    below = len(state.defaults_below)
+    if below:
+        metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+        searched += (
+            f"; in {below} of them SGLang's defaults missed your SLO at or below {DEFAULTS_CUTOFF_SHARE:.0%} "
+            f"of the lowest {metric} the configs measured and stopped there, and every round counts them at "
+            "no less than the load they missed at: the gain is at least this"
+        )
     shown = (
-        f"{gain.pct:+.1f}% ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to {gain.high_pct:+.1f}%, "
-        f"{state.pairs} round{'s' if state.pairs != 1 else ''}{searched})"
+        f"{gain.pct:+.1f}%{' or more' if below else ''} ({gain.confidence:.1%} CI {gain.low_pct:+.1f}% to "
+        f"{gain.high_pct:+.1f}%, {state.pairs} round{'s' if state.pairs != 1 else ''}{searched})"
     )
     text = (
         f"confirmed: trial {leader}'s config beats SGLang's defaults by {shown}"
@@ -265,6 +285,7 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
         value_interval=None,
         baseline=state.baseline,
         baseline_value=_rounds_mean(state, state.baseline, chosen),
+        baseline_at_most=bool(below),
         gain_pct=gain.pct,
         gain_interval_pct=interval,
         confidence=gain.confidence,
@@ -371,12 +392,12 @@ def _round_trials(
     }
     rounds = tuple(
         t.number
-        for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         if t.number > since
         and TrialRecord.of(t).confirm is not None
         and TrialRecord.of(t).remeasure_of in configs
         and counts(t)
-        and is_feasible(t)
+        and ((t.state == TrialState.COMPLETE and is_feasible(t)) or stopped_below(t))
     )
     return tuple(sorted(searched)) + rounds
 

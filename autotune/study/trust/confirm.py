@@ -6,7 +6,9 @@ paired gain over the defaults is narrow enough or clear of zero, or `max_rounds`
 and of their error: docs/design.md, "Confirmation"; the answer built on them is
 autotune.study.trust.answer's. Where every launch of the defaults measured 0 (a max_load: they met the SLO
 at no rate tried), in the search and in every round, there is no percent gain: the rounds decide once the
-leader met the SLO in each of `min_rounds` rounds beside them (`at_no_rate`).
+leader met the SLO in each of `min_rounds` rounds beside them (`at_no_rate`). A round's launch of the
+defaults stops its load search below half the configs' lowest value (`defaults_cutoff`): their value in that
+round is the load they missed at, above their own, so the gain the rounds show is at most the true one.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Study
+from autotune.measure.load_search import LoadSearchPlan
 from autotune.measure.stats import Gain, MeanCI, mean_ci, paired_gain, t_quantile
 from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, TrialRecord, record_confirm
 from autotune.study.remeasure import enqueue_measurement
@@ -35,16 +38,21 @@ from autotune.study.trust.noise import NoiseEstimate, at_no_rate, noise_apart_fr
 from autotune.study.trust.stopping import load_max_settled
 
 __all__ = [
+    "DEFAULTS_CUTOFF_IS",
+    "DEFAULTS_CUTOFF_SHARE",
     "Confirmation",
     "confirmation",
     "confirmation_rounds",
     "contenders",
+    "defaults_cutoff",
+    "defaults_stop_early",
     "floor_gain",
     "look_confidence",
     "met_at_no_rate",
     "pooled_gain",
     "precision_confidence",
     "round_order",
+    "stopped_below",
 ]
 
 # In the CONFIRM_ATTR record: the candidates beyond noise of the leader, or no better than the defaults
@@ -59,6 +67,13 @@ DEFAULTS_AT_ZERO_KEY = "defaults_at_zero"
 DEFAULTS_AT_MAX_KEY = "defaults_at_max"
 
 T = TypeVar("T")
+
+# A round's launch of SGLang's defaults (a load-search objective's) stops once it missed at or below this
+# share of the lowest value its configs measured (`defaults_cutoff`): below half of it, their exact value
+# cannot change a verdict, and the slow rates it takes to find cost most of a round (on 4x L40S, defaults
+# near 0.1 req/s cost 1537 to 3583 s a launch beside 500-600 s for the leader's).
+DEFAULTS_CUTOFF_SHARE = 0.5
+DEFAULTS_CUTOFF_IS = "half the lowest value of the configs in its round"  # as load_stopped_by says it
 
 # The pairs' own spread pools with the study's noise only while their variance is within this quantile of F
 # (their degrees of freedom against the noise estimate's) of what that noise predicts: a leader noisier than
@@ -93,6 +108,9 @@ class Confirmation:
     # The degrees of freedom of the leader's interval pooled with the study's noise (`pooled_gain`); None:
     # its rounds' own spread alone.
     pooled_dof: int | None = None
+    # The defaults' launches in the rounds that stopped at their cutoff (`defaults_cutoff`): their value in
+    # `rounds` is the load they missed at, which their own lies below.
+    defaults_below: tuple[int, ...] = ()
 
 
 def look_confidence(settings: Mapping[str, Any], candidates: int) -> float:
@@ -113,6 +131,41 @@ def precision_confidence(settings: Mapping[str, Any], candidates: int) -> float:
 
 def _settings(optuna_study: optuna.Study) -> Mapping[str, Any] | None:
     return StudyRecord.of(optuna_study).confirm
+
+
+def round_cutoff(configs: Sequence[ConfigMeasurements]) -> float | None:
+    """Where the defaults' launch in a round beside `configs` stops its load search: DEFAULTS_CUTOFF_SHARE
+    of the lowest value they measured; None where one measured nothing above 0."""
+    low = min((v for g in configs for v in g.values), default=0.0)
+    return DEFAULTS_CUTOFF_SHARE * low if low > 0 else None
+
+
+def _stops_below(study: Study) -> bool:
+    """A load-search objective whose launches stop below their cutoff (`stop_below_best`)."""
+    search = study.objective.load_search
+    return search is not None and search.stop_below_best
+
+
+def defaults_cutoff(study: Study, optuna_study: optuna.Study) -> float | None:
+    """The cutoff of the defaults' launches in the confirmation's rounds (`round_cutoff` of its configs),
+    where `_stops_below`; None otherwise, or before the confirmation."""
+    settings = _settings(optuna_study)
+    if not _stops_below(study) or settings is None:
+        return None
+    groups = groups_by_trial(optuna_study)
+    return round_cutoff([groups[int(c)] for c in settings["configs"] if int(c) in groups])
+
+
+def defaults_stop_early(
+    study: Study, defaults: ConfigMeasurements, configs: Sequence[ConfigMeasurements]
+) -> bool:
+    """Whether the defaults' launch in a round beside `configs` will stop at its cutoff: every value they
+    measured lies below it (how a node-hour budget prices that launch)."""
+    search = study.objective.load_search
+    cutoff = round_cutoff(configs) if _stops_below(study) else None
+    if search is None or cutoff is None or cutoff < LoadSearchPlan(**search.model_dump()).floor:
+        return False  # a cutoff under the slowest rate tried: the search runs down to it as ever
+    return max(defaults.values, default=0.0) < cutoff
 
 
 def pooled_gain(
@@ -226,6 +279,10 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
     rounds: dict[int, dict[int, float | None]] = {}
     launched: dict[int, dict[int, int]] = {}
+    below: list[
+        int
+    ] = []  # the defaults' launches that stopped at their cutoff, the highest load they missed at
+    bound = 0.0
     since = int(settings.get("since", -1))
     for trial in optuna_study.get_trials(deepcopy=False):
         record = TrialRecord.of(trial)
@@ -234,17 +291,19 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
             continue
         if not trial.state.is_finished() or not counts(trial):
             continue
-        good = trial.state == TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
-        rounds.setdefault(mark["round"], {})[of] = (
-            float(trial.value) if good and trial.value is not None else None
-        )
+        rounds.setdefault(mark["round"], {})[of] = _round_value(trial)
         launched.setdefault(mark["round"], {})[of] = trial.number
+        if of == base and stopped_below(trial):
+            below.append(trial.number)
+            bound = max(bound, TrialRecord.of(trial).load_below or 0.0)
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
     if searched:
         values = {t.number: t.value for t in optuna_study.get_trials(deepcopy=False)}
         for index, pairs_in_time in enumerate(searched):  # rounds -len .. -1: before the confirmation's
             rounds[index - len(searched)] = {int(of): values.get(int(n)) for of, n in pairs_in_time}
             launched[index - len(searched)] = {int(of): int(n) for of, n in pairs_in_time}
+    if below:
+        _count_at_least(rounds, base, bound)
     queued = int(settings.get("queued", 0))
     at_max = tuple(int(n) for n in settings.get(DEFAULTS_AT_MAX_KEY) or ())
     if at_max:
@@ -288,7 +347,34 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         precision=precision,
         searched=len(searched),
         pooled_dof=pooled_dof,
+        defaults_below=tuple(below),
     )
+
+
+def _count_at_least(rounds: dict[int, dict[int, float | None]], base: int, bound: float) -> None:
+    """Count the defaults at no less than `bound` (the highest load a launch of theirs that stopped at its
+    cutoff missed at) in every round, the ones that measured them whole too: every round's difference is
+    then one of the same kind, and at most the true one. Mixed with a round of the search that measured
+    them at 0.094 req/s beside a leader at 0.81, five rounds at their bound of 0.41 spread the gain in percent
+    from +100% to +768%: "no gain", -320% to +743%, on 4x L40S."""
+    for values in rounds.values():
+        value = values.get(base)
+        if value is not None:
+            values[base] = max(value, bound)
+
+
+def stopped_below(trial: FrozenTrial) -> bool:
+    """A launch whose load search stopped at its cutoff (PRUNED, with the load it missed at)."""
+    return trial.state == TrialState.PRUNED and TrialRecord.of(trial).load_below is not None
+
+
+def _round_value(trial: FrozenTrial) -> float | None:
+    """A round launch's value: its measurement; the load it missed at where it stopped at its cutoff (its
+    own lies below: `defaults_cutoff`); None where it failed or broke a limit."""
+    if stopped_below(trial):
+        return TrialRecord.of(trial).load_below
+    good = trial.state == TrialState.COMPLETE and trial.value is not None and is_feasible(trial)
+    return float(trial.value) if good and trial.value is not None else None
 
 
 def met_at_no_rate(state: Confirmation, settings: Mapping[str, Any]) -> bool:

@@ -27,9 +27,9 @@ from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.node.startup_phases import DUMP_PHASE
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
-from autotune.study.rules import maximizes, measurement_groups
+from autotune.study.rules import best_measured, groups_by_trial, maximizes, measurement_groups
 from autotune.study.storage import counts
-from autotune.study.trust.confirm import confirmation
+from autotune.study.trust.confirm import confirmation, defaults_stop_early, stopped_below
 
 __all__ = [
     "NodeHours",
@@ -96,6 +96,25 @@ def dearest_launch_s(optuna_study: optuna.Study) -> float | None:
     return _dearest_launch_s(trials, _node_firsts(trials))
 
 
+def _like_the_next(study: Study, optuna_study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The launches the next one may cost as much as. A load search that stops below the study's best
+    (`stop_below_best`) measures at the best before any slower rate (measure.load_search): a launch that
+    measured below it walked rates no launch now runs (on 4x L40S, 3965 s at 0.105 req/s against 592 s
+    for the best's 0.65), so it is left out; the best's own launches stay."""
+    search = study.objective.load_search
+    if search is None or not search.stop_below_best:
+        return trials
+    best = best_measured(trials, optuna_study.direction)  # (a load search's max_load is maximized)
+    if best is None or best.value is None:
+        return trials
+    slower = {
+        t.number
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.value is not None and t.value < best.value
+    }
+    return [t for t in trials if t.number not in slower]
+
+
 def _dearest_launch_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
     complete = [
         t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
@@ -150,20 +169,42 @@ def _launches_by_config(trials: list[FrozenTrial]) -> dict[int, list[FrozenTrial
     return launches
 
 
-def configs_round_s(optuna_study: optuna.Study, configs: Iterable[int]) -> float:
+def configs_round_s(study: Study, optuna_study: optuna.Study, configs: Iterable[int]) -> float:
     """What a round of `configs` (their first trials) costs: each one's dearest launch so far, a node's
     first launch left out where the config has others (the baseline's first reads the weights from disk:
     pricing every round at it refused a round the hours left paid for); the median launch for a config
-    not measured."""
+    not measured; the defaults' launch that stops at its cutoff as such launches cost (`_round_prices`)."""
     trials = optuna_study.get_trials(deepcopy=False)
-    return math.fsum(_config_prices(trials, _node_firsts(trials), configs))
+    return math.fsum(_round_prices(study, optuna_study, trials, _node_firsts(trials), configs).values())
 
 
-def _config_prices(trials: list[FrozenTrial], firsts: set[int], configs: Iterable[int]) -> list[float]:
-    """Each of `configs`' launch as `configs_round_s` prices it."""
+def _round_prices(
+    study: Study,
+    optuna_study: optuna.Study,
+    trials: list[FrozenTrial],
+    firsts: set[int],
+    configs: Iterable[int],
+) -> dict[int, float]:
+    """Each of `configs`' launch in a round. The defaults' where it will stop its load search at its cutoff
+    (confirm.defaults_stop_early): their dearest launch that stopped there, else the dearest of the others'
+    (a start-up and a few steps at rates near theirs), not their own search down to the slowest rates."""
+    configs = list(configs)
     launches, median, reload_s = _launches_by_config(trials), _launch_s(trials) or 0.0, _reload_s(trials)
-    prices = (_dearest_s(launches[of], firsts, reload_s) if of in launches else None for of in configs)
-    return [price if price is not None else median for price in prices]
+    prices = {
+        of: price if of in launches and (price := _dearest_s(launches[of], firsts, reload_s)) else median
+        for of in configs
+    }
+    groups = groups_by_trial(optuna_study)
+    base = next((of for of in configs if of in groups and groups[of].baseline), None)
+    others = [of for of in configs if of != base and of in groups]
+    if (
+        base is not None
+        and others
+        and defaults_stop_early(study, groups[base], [groups[of] for of in others])
+    ):
+        stopped = [s for t in launches.get(base, []) if stopped_below(t) and (s := TrialRecord.of(t).node_s)]
+        prices[base] = max(stopped, default=max(prices[of] for of in others))
+    return prices
 
 
 @dataclass(frozen=True)
@@ -191,18 +232,20 @@ def _load_search_prices(
     sign = 1.0 if maximizes(optuna_study.direction) else -1.0
     leader = max((g for g in groups if not g.baseline), key=lambda g: sign * g.mean, default=None)
     if leader is None:
-        return _LoadSearchPrices(_config_prices(trials, firsts, (base.of,))[0], None)
-    defaults_s, leader_s = _config_prices(trials, firsts, (base.of, leader.of))
-    return _LoadSearchPrices(defaults_s, leader_s)
+        return _LoadSearchPrices(
+            _round_prices(study, optuna_study, trials, firsts, (base.of,))[base.of], None
+        )
+    prices = _round_prices(study, optuna_study, trials, firsts, (base.of, leader.of))
+    return _LoadSearchPrices(prices[base.of], prices[leader.of])
 
 
-def round_s(optuna_study: optuna.Study) -> float | None:
+def round_s(study: Study, optuna_study: optuna.Study) -> float | None:
     """What the confirmation's next round costs (`configs_round_s` of its configs); None before the rounds
     began."""
     state = confirmation(optuna_study)
     if state is None:
         return None
-    return configs_round_s(optuna_study, {state.baseline, *state.configs})
+    return configs_round_s(study, optuna_study, {state.baseline, *state.configs})
 
 
 def _confirm_launches(study: Study) -> tuple[int, int]:
@@ -229,6 +272,9 @@ class NodeHours:
     # A load-search leader's rounds cost more than the hours left (`_load_search_prices`): no launch can keep
     # them whole, so the search goes on while its launches fit, for a leader cheaper to confirm.
     reserve_unpaid: bool = False
+    # SGLang's defaults launched again as they measured (`_defaults_s`): a load search's, unlike the next
+    # search launch (`_like_the_next`), runs down to the slowest rates when theirs are slow. None: not yet.
+    defaults_s: float | None = None
 
     @property
     def next_price_s(self) -> float | None:
@@ -239,13 +285,17 @@ class NodeHours:
     def left_s(self) -> float | None:
         return None if self.budget_h is None else self.budget_h * 3600 - self.spent_s
 
-    def search_may_launch(self, running: int = 0) -> bool:
+    def search_may_launch(self, running: int = 0, defaults: bool = False) -> bool:
         """Whether one more search launch (with `running` ones under way) leaves the reserve whole: every
-        round of a confirmation, whose rounds so far a new leader would not have."""
+        round of a confirmation, whose rounds so far a new leader would not have. `defaults`: a launch of
+        SGLang's defaults, at what theirs cost (`defaults_s`), which keeps the reserve even where it is
+        unpaid: it cannot be the leader cheaper to confirm that an unpaid reserve searches on for."""
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
-        reserve = 0.0 if self.reserve_unpaid else self.search_reserve_s
-        return (running + 1) * (self.next_price_s or 0.0) + reserve <= self.left_s
+        reserve = 0.0 if self.reserve_unpaid and not defaults else self.search_reserve_s
+        price_s = self.defaults_s if defaults else None
+        price = price_s or self.next_price_s or 0.0
+        return running * (self.next_price_s or 0.0) + price + reserve <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
         """ "node hours: 1.52 spent of 2.00, 0.48 left (0.36 kept for confirmation), ETA ~4 min"."""
@@ -303,7 +353,7 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     rounds, per_round = _confirm_launches(study)
     trials = optuna_study.get_trials(deepcopy=False)  # read once: every part below is of them
     firsts = _node_firsts(trials)
-    dearest = _dearest_launch_s(trials, firsts) or 0.0
+    dearest = _dearest_launch_s(_like_the_next(study, optuna_study, trials), firsts) or 0.0
     price, spare_s = per_round * dearest, dearest  # a round's launches, each at the dearest
     loads = _load_search_prices(study, optuna_study, trials, firsts)
     if loads is not None and loads.leader_s is not None:
@@ -323,8 +373,22 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     # A load search's rounds cost more than the hours left: no launch can keep them whole, and a leader that
     # serves more runs a shorter load search, so the search goes on while its launches fit. (Keeping the
     # defaults' launches in the rounds back instead: 8/16 -> 2/16 confirmed on 4x L40S, RESULTS-peers.md.)
-    unpaid = loads is not None and budget is not None and search_reserve > budget * 3600 - spent
-    return NodeHours(budget, spent, median, reserve, search_reserve, dearest or None, unpaid)
+    # A leader's rounds alone (a spare launch that does not fit leaves them to run, not the search); before
+    # one, the whole reserve, priced at the defaults' own launch, which its rounds would not run.
+    kept = search_rounds * price if loads is not None and loads.leader_s is not None else search_reserve
+    unpaid = loads is not None and budget is not None and kept > budget * 3600 - spent
+    defaults_s = _defaults_s(trials, firsts)
+    return NodeHours(budget, spent, median, reserve, search_reserve, dearest or None, unpaid, defaults_s)
+
+
+def _defaults_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
+    """SGLang's defaults' dearest launch that ran its whole measurement, as it would cost again."""
+    launches = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE and counts(t) and (r := TrialRecord.of(t)).baseline and r.node_s
+    ]
+    return _dearest_s(launches, firsts, _reload_s(trials))
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
@@ -382,7 +446,7 @@ def round_fits(study: Study, optuna_study: optuna.Study, launches: int) -> bool:
     hours = node_hours(study, optuna_study)
     if hours.left_s is None or hours.launch_s is None:
         return True
-    cost = round_s(optuna_study)
+    cost = round_s(study, optuna_study)
     return (cost if cost is not None else launches * hours.launch_s) <= hours.left_s
 
 
@@ -391,13 +455,13 @@ def rounds_pay(study: Study, optuna_study: optuna.Study, configs: Sequence[int])
     hours = node_hours(study, optuna_study)
     if hours.left_s is None:
         return True
-    return _confirm_launches(study)[0] * configs_round_s(optuna_study, configs) <= hours.left_s
+    return _confirm_launches(study)[0] * configs_round_s(study, optuna_study, configs) <= hours.left_s
 
 
 def record_ran_out(study: Study, optuna_study: optuna.Study, rounds: int) -> None:
     """Remember that the budget ran out after `rounds` confirmation rounds, and what a round costs."""
     need, per_round = _confirm_launches(study)
-    cost = round_s(optuna_study)
+    cost = round_s(study, optuna_study)
     cost = cost if cost is not None else per_round * (launch_s(optuna_study) or 0.0)
     record = StudyRecord.of(optuna_study).budget
     ran = {"rounds": rounds, "of": max(need, rounds + 1), "round_h": cost / 3600}
