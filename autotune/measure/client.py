@@ -130,6 +130,9 @@ class BenchmarkResult:
     # A load search stopped below its cutoff (`stopped_early`): the lowest load that missed, which its
     # max_load lies below.
     load_below: float | None = None
+    # The width of the bracket the search ended in (its lowest miss less its highest pass): its max_load
+    # lies within it, and two launches ending in one bracket can measure the same value (noise.pooled).
+    load_bracket: float | None = None
     # A workload that shares prefixes: the share of prompt tokens the server served from its prefix cache
     # (its responses' meta_info.cached_tokens; None when it reported none), the share an unbounded cache
     # could have served, and the mean TTFT of sessions' first turns and of their later turns.

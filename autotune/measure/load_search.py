@@ -188,6 +188,9 @@ async def search_load(
         load_warning=warning,
         stopped_early=below,
         load_below=lowest_miss if below else None,
+        load_bracket=(
+            lowest_miss - highest_pass if highest_pass is not None and lowest_miss is not None else None
+        ),
     )
 
 

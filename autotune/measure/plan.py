@@ -46,6 +46,7 @@ _NOT_AVERAGED = (
     "load_stopped_by",
     "load_warning",
     "load_below",
+    "load_bracket",
     "decided_after",
 )
 

@@ -97,6 +97,7 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         load_warning=measured.load_warning,
         load_decided=decided_steps(measured),
         load_below=measured.load_below,
+        load_bracket=measured.load_bracket,
         prefix_cache={
             "hit_rate": measured.cache_hit_rate,
             "designed": measured.designed_hit_rate,

@@ -194,6 +194,8 @@ class ConfigMeasurements:
     failed: tuple[int, ...]  # measurements that failed, were pruned or broke a limit
     confidence: float = DEFAULT_CONFIDENCE
     remeasured: bool = False  # measured again on purpose (`remeasure_of`), not proposed twice by chance
+    # Each value's resolution, a relative SD (`resolution`): a load search's bracket; empty: none known.
+    resolutions: tuple[float, ...] = ()
 
     @property
     def n(self) -> int:
@@ -254,11 +256,21 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
                 trials=tuple(t.number for t in good),
                 values=tuple(float(t.value) for t in good if t.value is not None),
                 failed=tuple(bad),
+                resolutions=tuple(resolution(t) for t in good),
                 confidence=confidence,
                 remeasured=any(again),
             )
         )
     return out
+
+
+def resolution(trial: FrozenTrial) -> float:
+    """The relative SD a measurement cannot resolve below: a load search's value lies in the bracket it ended
+    in (`load_bracket`), anywhere alike for all it knows (a uniform's SD, width / sqrt(12)); 0 for another."""
+    bracket, value = TrialRecord.of(trial).load_bracket, trial.value
+    if not bracket or not value:
+        return 0.0
+    return bracket / math.sqrt(12) / abs(float(value))
 
 
 def groups_by_trial(optuna_study: optuna.Study) -> dict[int, ConfigMeasurements]:

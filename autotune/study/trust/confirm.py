@@ -222,15 +222,23 @@ def _paired_rounds(
     ]
 
 
-def floor_gain(reference: Sequence[float], candidate: Sequence[float], confidence: float) -> Gain:
+def floor_gain(
+    reference: Sequence[float], candidate: Sequence[float], confidence: float, floor_sd: float = 0.0
+) -> Gain:
     """The candidate's max_load gain over defaults that measured 0 in the search and above it in some round
     (the load search's floor, where a later lease served them at a slow rate): the rounds' paired
     differences in the metric's unit (req/s, or requests in flight), every round's, shown in percent of the
     defaults' mean over them. In percent of
     each round's own value, the rounds at 0 had none to give and the rest divided by a few hundredths of a
     req/s: on 4x L40S a leader at 0.875 req/s in each of 6 rounds beside defaults at 0, 0.078 and 0.0625
-    was "no gain" (+1163%, 99.5% CI -16706% to +19032% from 2 rounds)."""
+    was "no gain" (+1163%, 99.5% CI -16706% to +19032% from 2 rounds). The differences spread no less than
+    `floor_sd` (their load searches' resolution: `_resolution_sd`)."""
     difference = mean_ci([c - r for r, c in zip(reference, candidate, strict=True)], confidence)
+    if difference.std < floor_sd:
+        quantile = t_quantile(confidence, difference.n - 1)
+        difference = MeanCI(
+            difference.mean, quantile * floor_sd / math.sqrt(difference.n), difference.n, floor_sd, confidence
+        )
     scale = 100.0 / (math.fsum(reference) / len(reference))
     percent = MeanCI(
         difference.mean * scale,
@@ -250,6 +258,7 @@ def _pooled(
     confidence: float,
     noise: NoiseEstimate | None,
     floor: bool = False,
+    floor_sd: float = 0.0,
 ) -> tuple[Gain | None, int, int | None]:
     """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
     (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with. `floor`: the
@@ -261,7 +270,9 @@ def _pooled(
     candidates = [float(rounds[i][config] or 0.0) for i in paired]
     if floor and maximize:  # at least two rounds, and the defaults above 0 in one of them
         return (
-            floor_gain(references, candidates, confidence) if len(paired) >= 2 and any(references) else None,
+            floor_gain(references, candidates, confidence, floor_sd)
+            if len(paired) >= 2 and any(references)
+            else None,
             len(paired),
             None,
         )
@@ -327,17 +338,22 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         left_out = {launched[i][of] for i in paired for of in (base, config)}
         return noise_apart_from(groups, left_out, maximize, keep=base)  # the defaults: one side of each pair
 
+    resolutions = {of: g.resolutions for of, g in groups_by_trial(optuna_study).items()}
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     pooled_dof = None
     floor = bool(zero)  # the defaults at 0 in the search, above it in a round: `floor_gain`
     for config in configs:
-        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config), floor)
+        spread = _resolution_sd(rounds, base, config, resolutions) if floor else 0.0
+        gain, pairs, dof = _pooled(
+            rounds, base, config, maximize, confidence, noise_of(config), floor, spread
+        )
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
             best, pooled_dof = (config, gain, pairs), dof
     precision = None
     if best[0] is not None:
         at = precision_confidence(settings, len(configs))
-        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]), floor)
+        spread = _resolution_sd(rounds, base, best[0], resolutions) if floor else 0.0
+        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]), floor, spread)
     return Confirmation(
         base,
         configs,
@@ -361,6 +377,25 @@ def _count_at_least(rounds: dict[int, dict[int, float | None]], base: int, bound
         value = values.get(base)
         if value is not None:
             values[base] = max(value, bound)
+
+
+def _resolution_sd(
+    rounds: dict[int, dict[int, float | None]],
+    base: int,
+    config: int,
+    resolutions: Mapping[int, Sequence[float]],
+) -> float:
+    """The SD a round's difference of `config` and the defaults cannot resolve below, in the metric's unit:
+    each side's load-search resolution (rules.resolution, as their launches measured it) at its mean in the
+    rounds, added in quadrature."""
+    squares = 0.0
+    for of in (base, config):
+        own = resolutions.get(of) or ()
+        values = [v for r in rounds.values() if (v := r.get(of)) is not None]
+        if own and values:
+            relative = math.fsum(x**2 for x in own) / len(own)
+            squares += relative * (math.fsum(values) / len(values)) ** 2
+    return math.sqrt(squares)
 
 
 def stopped_below(trial: FrozenTrial) -> bool:

@@ -48,6 +48,8 @@ class NoiseEstimate:
     dof: int
     configs: tuple[tuple[int, tuple[int, ...]], ...]  # (first trial, its measured trials) of each config
     earlier: str | None = None  # the earlier study it comes from, until this one measured its own
+    # Some configs' spread is their load search's resolution, not what they measured (`pooled`).
+    resolution: bool = False
 
     def band(self, confidence: float = 0.95, *, spread_known: bool = False) -> float:
         """The relative difference two single measurements of one config stay within at `confidence`:
@@ -69,10 +71,11 @@ class NoiseEstimate:
         sources = "; ".join(
             f"trial {of}'s config ({', '.join(map(str, trials))})" for of, trials in self.configs
         )
+        floor = ", at least its load search's resolution" if self.resolution else ""
         return (
-            f"run-to-run noise: {self.relative_sd:.2%} of a measurement (pooled relative SD, {self.dof} "
-            f"degree{'s' if self.dof != 1 else ''} of freedom, from {sources}); two runs of one config "
-            f"differ by up to {self.band():.2%} (95%)"
+            f"run-to-run noise: {self.relative_sd:.2%} of a measurement (pooled relative SD{floor}, "
+            f"{self.dof} degree{'s' if self.dof != 1 else ''} of freedom, from {sources}); two runs of one "
+            f"config differ by up to {self.band():.2%} (95%)"
         )
 
     def record(self) -> dict[str, Any]:
@@ -101,15 +104,20 @@ def pooled(
     sign = 1.0 if maximize else -1.0
     top = max(sign * g.mean for g in repeated)
     near = [g for g in repeated if sign * g.mean >= top - NEAR_BEST * abs(top) or g.of in keep]
-    squares, dof, sources = 0.0, 0, []
+    squares, dof, sources, floored = 0.0, 0, [], False
     for group in near or repeated:
         mean = group.mean
-        squares += math.fsum(((v - mean) / mean) ** 2 for v in group.values)
+        own = math.fsum(((v - mean) / mean) ** 2 for v in group.values)
+        # Launches that ended in one load-search bracket can measure one value: their spread is no less
+        # than the bracket's (on 4x L40S a leader measured 0.8144 req/s in 3 launches, "noise 0.00%").
+        floor = (group.n - 1) * math.fsum(r**2 for r in group.resolutions) / group.n
+        floored = floored or floor > own
+        squares += max(own, floor)
         dof += group.n - 1
         sources.append((group.of, group.trials))
     if dof == 0:
         return None
-    return NoiseEstimate(math.sqrt(squares / dof), dof, tuple(sources))
+    return NoiseEstimate(math.sqrt(squares / dof), dof, tuple(sources), resolution=floored)
 
 
 def noise_apart_from(
@@ -124,8 +132,20 @@ def noise_apart_from(
     freedom) twice. The earlier study's (`--from`) never: another node."""
     kept = []
     for group in groups:
-        left = [(n, v) for n, v in zip(group.trials, group.values, strict=True) if n not in trials]
-        kept.append(replace(group, trials=tuple(n for n, _ in left), values=tuple(v for _, v in left)))
+        resolutions = group.resolutions or (0.0,) * group.n
+        left = [
+            (n, v, r)
+            for n, v, r in zip(group.trials, group.values, resolutions, strict=True)
+            if n not in trials
+        ]
+        kept.append(
+            replace(
+                group,
+                trials=tuple(n for n, _, _ in left),
+                values=tuple(v for _, v, _ in left),
+                resolutions=tuple(r for _, _, r in left),
+            )
+        )
     # A max_load of 0 (no rate met the SLO) is the load search's floor, not a draw around a mean: defaults
     # that measured one give no relative spread, and count only as any config far below the best does.
     floored = any(g.of == keep and 0 in g.values for g in kept)
