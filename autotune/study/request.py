@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import optuna
 
+from autotune.config import Study
 from autotune.dialect import Dialect
 from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
@@ -30,7 +31,7 @@ def trial_request(
         startup_timeout_s=study.file.timeouts.startup_s,
         benchmark_timeout_s=study.file.timeouts.benchmark_s,
         seed=trial.number,
-        plan=None if study.objective.is_job else measurement_plan(run, trial, baseline),
+        plan=None if study.objective.is_job else measurement_plan(study, run.optuna_study, trial, baseline),
         job=study.objective.is_job,  # the launch measures itself (autotune.node.job)
         compile_cache=startup.compile_cache,
         weight_cache=startup.weight_cache and takes_weight_cache(dialect),
@@ -42,21 +43,24 @@ def trial_request(
     )
 
 
-def measurement_plan(run: RunState, trial: optuna.Trial, baseline: bool) -> MeasurementPlan:
+def measurement_plan(
+    study: Study, optuna_study: optuna.Study, trial: optuna.Trial, baseline: bool
+) -> MeasurementPlan:
     """What the node measures: the objective's ladder, its short run first with the pruner's cutoff now
-    (never for the baseline, whose short value is a reference, nor for a re-measurement)."""
-    objective = run.study.objective
+    (never for the baseline, whose short value is a reference, nor for a re-measurement); a load search's
+    cutoff: the study's best for a search launch, `defaults_cutoff` for the defaults in a round."""
+    objective = study.objective
     again = TrialRecord.of(trial).remeasure_of is not None
     cutoff = None
     if objective.short_first is not None and not (baseline or again):
-        cutoff = short_cutoff(run.optuna_study, short_pruner(objective.short_first))
+        cutoff = short_cutoff(optuna_study, short_pruner(objective.short_first))
         if cutoff is not None:
             record_short_cutoff(trial, cutoff)
     search = objective.load_search
     below, below_is = None, None  # a search launch's load search stops below the study's best
     if search is not None and search.stop_below_best and not (baseline or again):
-        below = load_cutoff(run.optuna_study)
+        below = load_cutoff(optuna_study)
     elif search is not None and baseline and again and TrialRecord.of(trial).confirm is not None:
-        below = defaults_cutoff(run.study, run.optuna_study)  # a round's defaults, below their configs'
+        below = defaults_cutoff(study, optuna_study)  # a round's defaults, below their configs'
         below_is = DEFAULTS_CUTOFF_IS
     return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below, load_cutoff_is=below_is)

@@ -13,9 +13,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autotune.config import load_study
+from autotune.measure.load_search import LoadSearchPlan
+from autotune.study.request import measurement_plan
 from autotune.study.rules import measurement_groups
 from autotune.study.trust.answer import study_answer
-from autotune.study.trust.confirm import confirmation, defaults_cutoff, defaults_stop_early
+from autotune.study.trust.confirm import (
+    DEFAULTS_CUTOFF_IS,
+    confirmation,
+    defaults_cutoff,
+    defaults_stop_early,
+)
 from tests.builders import StudyFiles, max_load_objective, stored_trial, study_of_trials
 
 SETTINGS: dict[str, Any] = {
@@ -124,3 +131,26 @@ def test_a_round_that_measured_the_defaults_whole_counts_them_at_the_bound_too()
     assert state is not None and [r[0] for _, r in sorted(state.rounds.items())] == [0.325] * 3
     answer = study_answer(optuna_study)
     assert answer is not None and answer.verdict == "confirmed" and answer.trial == 1
+
+
+def test_the_driver_hands_the_defaults_in_a_round_their_cutoff_and_a_search_launch_the_best(
+    study_file: StudyFiles,
+) -> None:
+    study = load_study(study_file(objective=max_load_objective()))
+    optuna_study = rounds([], [])  # the defaults' search launch at 0.0957 req/s, the leader's at 0.65
+
+    def plan_of(params: dict[str, Any], **attrs: Any) -> LoadSearchPlan | None:
+        optuna_study.enqueue_trial(params, user_attrs=attrs)
+        trial = optuna_study.ask()
+        return measurement_plan(study, optuna_study, trial, bool(attrs.get("baseline"))).load_search
+
+    defaults = plan_of({}, baseline=True, remeasure_of=0, confirm={"round": 0, "position": 0})
+    assert defaults is not None and defaults.cutoff == 0.325 and defaults.cutoff_is == DEFAULTS_CUTOFF_IS
+    leader = plan_of({"--stream-interval": 2}, remeasure_of=1, confirm={"round": 0, "position": 1})
+    assert leader is not None and leader.cutoff is None  # a config in a round measures whole
+    searched = plan_of({"--stream-interval": 3})
+    assert (
+        searched is not None and searched.cutoff == 0.65 and searched.cutoff_is == "the study's best max_load"
+    )
+    noise = plan_of({}, baseline=True, remeasure_of=0)  # the defaults again for the noise: whole
+    assert noise is not None and noise.cutoff is None
