@@ -66,7 +66,8 @@ class LoadSearch(BaseModel):
     # The lowest load tried while halving (default start / 8): a rate step's time grows as 1 / rate.
     min: Annotated[float, Field(gt=0)] | None = None
     # A search launch stops halving once a load at or below the study's best max_load missed with none
-    # passed (it cannot beat the best; told PRUNED): the slow rates below cost most of such a launch.
+    # passed (it cannot beat the best; told PRUNED): the slow rates below cost most of such a launch. The
+    # defaults' launch in a confirmation round stops so at half its configs' lowest (confirm.defaults_cutoff).
     stop_below_best: bool = True
     # A step stops sending once more of its requests missed the SLO (or one failed) than `attainment` allows
     # of its num_prompts: it has missed whatever the rest would measure, and their node time is saved.

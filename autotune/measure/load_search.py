@@ -38,12 +38,12 @@ class LoadSearchPlan:
     min: float | None = None  # the lowest load tried; None: start / 8 (a step's time grows as 1 / rate)
     stop_below_best: bool = True  # whether `cutoff` stops the halving (the objective's switch)
     stop_when_decided: bool = True  # whether a step stops sending once it has missed (`miss_limit`)
-    cutoff: float | None = None  # the study's best max_load when the driver handed out the trial
+    cutoff: float | None = None  # the load it stops below, handed out with the trial (`cutoff_is`)
     cutoff_is: str = "the study's best max_load"  # what `cutoff` is, as `load_stopped_by` says it
 
-    def below_best(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
-        """Whether the search can stop: nothing passed and a load at or below the study's best missed, so
-        this config's max_load (below its lowest miss) cannot reach the best."""
+    def below_cutoff(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
+        """Whether the search can stop: nothing passed and a load at or below the cutoff missed, so this
+        config's max_load (below its lowest miss) cannot reach it."""
         if not self.stop_below_best or self.cutoff is None or highest_pass is not None:
             return False
         return lowest_miss is not None and lowest_miss <= self.cutoff
@@ -98,7 +98,7 @@ class LoadSearchPlan:
 
     def _probe(self, lower: float, lowest_miss: float) -> float | None:
         """The cutoff, where halving from `lowest_miss` to `lower` would step past it: a miss at the cutoff
-        decides the launch (`below_best`) for one step's time, where the rates below it cost the most."""
+        decides the launch (`below_cutoff`) for one step's time, where the rates below it cost the most."""
         if not self.stop_below_best or self.cutoff is None:
             return None
         probe = float(math.floor(self.cutoff)) if self.vary == "concurrency" else self.cutoff
@@ -154,7 +154,7 @@ async def search_load(
             else:
                 lowest_miss = load if lowest_miss is None else min(lowest_miss, load)
                 stopped_by = f"the SLO missed at {load:g} ({_good_share(result)})"
-        if steps and plan.below_best(highest_pass, lowest_miss):
+        if steps and plan.below_cutoff(highest_pass, lowest_miss):
             assert plan.cutoff is not None
             stopped_by = f"stopped below {plan.cutoff_is}: {stopped_by}, at or below it ({plan.cutoff:.4g})"
             below = True
