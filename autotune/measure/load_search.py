@@ -40,6 +40,9 @@ class LoadSearchPlan:
     stop_when_decided: bool = True  # whether a step stops sending once it has missed (`miss_limit`)
     cutoff: float | None = None  # the load it stops below, handed out with the trial (`cutoff_is`)
     cutoff_is: str = "the study's best max_load"  # what `cutoff` is, as `load_stopped_by` says it
+    # The slowest rate a node-hour budget pays a step at (its num_prompts in a share of the hours left:
+    # study.trust.node_budget.step_floor); None: no budget, or a concurrency search.
+    budget_floor: float | None = None
 
     def below_cutoff(self, highest_pass: float | None, lowest_miss: float | None) -> bool:
         """Whether the search can stop: nothing passed and a load at or below the cutoff missed, so this
@@ -50,9 +53,12 @@ class LoadSearchPlan:
 
     @property
     def floor(self) -> float:
+        """The lowest load tried: `min` (default start / 8), or the budget's where it is higher."""
         if self.min is not None:
-            return self.min
-        return max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
+            own = self.min
+        else:
+            own = max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
+        return max(own, self.budget_floor or 0.0)
 
     def load_of(self, workload: Workload) -> float:
         if self.vary == "concurrency":
@@ -167,6 +173,8 @@ async def search_load(
                 stopped_by = f"bracketed: {highest_pass:g} met the SLO, {lowest_miss:g} did not"
             else:
                 stopped_by = f"the SLO missed down to the lowest load tried ({plan.floor:g}): {stopped_by}"
+                if plan.budget_floor is not None and plan.floor == plan.budget_floor:
+                    stopped_by += "; a slower step costs more than the node-hour budget gives one step"
             break
     else:
         passed = "none" if highest_pass is None else f"{highest_pass:g}"

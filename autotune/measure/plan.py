@@ -163,11 +163,12 @@ def plan_for(
     cutoff: float | None = None,
     load_cutoff: float | None = None,
     load_cutoff_is: str | None = None,
+    load_floor: float | None = None,
 ) -> MeasurementPlan:
     """The plan that measures `objective`; `short=False` leaves its short measurement out (a re-measurement),
     `cutoff` is the short value below which (above, when minimizing) the trial stops; `load_cutoff` the load
     at or below which a load search that found no passing load stops (`load_cutoff_is` says what it is: the
-    study's best max_load by default)."""
+    study's best max_load by default); `load_floor` the slowest rate a node-hour budget pays a step at."""
     w = objective.workload
     if w is None:  # a job objective (autotune.node.job): its launch measures itself
         raise ValueError(f"`workload` must be set for a plan, but objective {objective.name!r} has none.")
@@ -203,17 +204,17 @@ def plan_for(
         cutoff=cutoff if short_levels else None,
         client=objective.client,
         bench_serving=options,
-        load_search=_load_search(objective, load_cutoff, load_cutoff_is),
+        load_search=_load_search(objective, load_cutoff, load_cutoff_is, load_floor),
     )
 
 
 def _load_search(
-    objective: PlannedObjective, cutoff: float | None, cutoff_is: str | None
+    objective: PlannedObjective, cutoff: float | None, cutoff_is: str | None, floor: float | None
 ) -> LoadSearchPlan | None:
     search = objective.load_search
     if search is None:
         return None
-    plan = LoadSearchPlan(**search.model_dump(), cutoff=cutoff)
+    plan = LoadSearchPlan(**search.model_dump(), cutoff=cutoff, budget_floor=floor)
     return plan if cutoff_is is None else replace(plan, cutoff_is=cutoff_is)
 
 

@@ -12,6 +12,7 @@ from autotune.measure.plan import MeasurementPlan, plan_for
 from autotune.study.pruning import load_cutoff, short_cutoff, short_pruner
 from autotune.study.records import TrialRecord, record_short_cutoff
 from autotune.study.run_state import RunState
+from autotune.study.trust import node_budget
 from autotune.study.trust.confirm import DEFAULTS_CUTOFF_IS, defaults_cutoff
 from autotune.trial.launch import ServerLaunch
 from autotune.trial.startup import takes_presharded, takes_weight_cache
@@ -63,4 +64,12 @@ def measurement_plan(
     elif search is not None and baseline and again and TrialRecord.of(trial).confirm is not None:
         below = defaults_cutoff(study, optuna_study)  # a round's defaults, below their configs'
         below_is = DEFAULTS_CUTOFF_IS
-    return plan_for(objective, short=not again, cutoff=cutoff, load_cutoff=below, load_cutoff_is=below_is)
+    floor = node_budget.step_floor(study, optuna_study) if search is not None else None
+    return plan_for(
+        objective,
+        short=not again,
+        cutoff=cutoff,
+        load_cutoff=below,
+        load_cutoff_is=below_is,
+        load_floor=floor,
+    )

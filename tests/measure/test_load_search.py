@@ -154,3 +154,23 @@ def test_halving_past_the_cutoff_measures_at_the_cutoff_first() -> None:
     whole = LoadSearchPlan("concurrency", start=32, max=64, steps=8, cutoff=9.5)
     rates = [s.workload.concurrency for s in search(whole, lambda load: 1.0 if load <= 4 else 0.5).levels]
     assert rates == [32, 16, 9]  # halving from 16 to 8 measures at the cutoff, in whole requests
+
+
+def test_under_a_node_hour_budget_halving_stops_where_a_step_would_cost_more_than_its_share() -> None:
+    # 4x L40S under 2.9 node h: the defaults' and a config's walk down to 1/16 req/s (80 prompts, 1280 s a
+    # step) took 0.95 and 1.10 node h before a config near the best was launched. A tenth of 2.9 node h pays
+    # 80 prompts at 0.0766 req/s or faster (node_budget.step_floor).
+    plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=6, budget_floor=0.0766)
+    result = search(plan, lambda load: 1.0 if load <= 0.07 else 0.5)
+    assert [s.workload.request_rate for s in result.levels] == [0.5, 0.25, 0.125]
+    assert result.max_load == 0.0
+    assert result.load_stopped_by is not None and result.load_stopped_by.startswith(
+        "the SLO missed down to the lowest load tried (0.0766)"
+    )
+    assert result.load_stopped_by.endswith(
+        "a slower step costs more than the node-hour budget gives one step"
+    )
+    # Under the user's own `min`, the budget changes nothing.
+    loose = search(replace(plan, budget_floor=0.01), lambda load: 1.0 if load <= 0.07 else 0.5)
+    assert [s.workload.request_rate for s in loose.levels][:4] == [0.5, 0.25, 0.125, 0.0625]
+    assert "node-hour budget" not in (loose.load_stopped_by or "")

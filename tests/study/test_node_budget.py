@@ -23,6 +23,7 @@ from autotune.errors import ConfigError
 from autotune.node.node_time import logged_startup_s, node_seconds
 from autotune.study.loop import StudyDriver
 from autotune.study.records import NODE_S_ATTR
+from autotune.study.request import measurement_plan
 from autotune.study.trust.answer import study_answer
 from autotune.study.trust.node_budget import (
     NodeHours,
@@ -32,6 +33,7 @@ from autotune.study.trust.node_budget import (
     round_s,
     search_ended_text,
     spent_s,
+    step_floor,
 )
 from autotune.views.tracked import study_tracker
 from tests.builders import (
@@ -539,3 +541,20 @@ def test_a_flat_search_stops_when_its_last_stretch_of_node_hours_gained_no_more_
     trials = launched(optuna_study)
     # The trial counts (100, 100) would never have stopped it: the hours did, soon after their minimum.
     assert len(trials) < 15 and spent_s(optuna_study) / 3600 >= 1.0
+
+
+def test_a_load_search_step_gets_at_most_a_tenth_of_the_node_hours_left(study_file: StudyFiles) -> None:
+    objective = max_load_objective()  # 8 prompts a step
+    study = load_study(study_file(budget={"node_hours": 0.5}, objective=objective))
+    optuna_study = study_of_trials(stored_trial(value=0.0, node="n", node_s=1000.0, baseline=True))
+    floor = step_floor(study, optuna_study)
+    assert floor == pytest.approx(8 / (0.1 * (1800.0 - 1000.0)))  # a step of 8 prompts in 80 s
+    optuna_study.enqueue_trial({}, user_attrs={})
+    plan = measurement_plan(study, optuna_study, optuna_study.ask(), baseline=False).load_search
+    assert (
+        plan is not None and plan.budget_floor == pytest.approx(floor) and plan.floor == pytest.approx(floor)
+    )
+    unbudgeted = load_study(study_file(objective=objective))
+    assert step_floor(unbudgeted, optuna_study) is None
+    throughput = load_study(study_file(budget={"node_hours": 0.5}))
+    assert step_floor(throughput, optuna_study) is None

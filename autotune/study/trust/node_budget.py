@@ -41,6 +41,7 @@ __all__ = [
     "record_budget",
     "record_ran_out",
     "rounds_pay",
+    "step_floor",
 ]
 
 
@@ -52,6 +53,11 @@ _SEARCH_LAUNCHES = 10
 # left a third of the seed's 2x auto_benchmark budget unspent; none at all, 86 of 96 answers confirmed
 # against 94 (benchmarks/RESULTS.md, "The reserve: the defaults and the leader").
 SPARE_LAUNCHES = 1
+
+# A load-search step may take at most this share of the node hours left (`step_floor`): on 4x L40S under
+# 2.9 node h, walks down to 1/16 req/s (80 prompts, 1280 s a step) took 0.94 and 0.98 node h for the
+# defaults' first launch, 1.10 for a config's, before a config near the best was launched.
+STEP_SHARE = 0.1
 
 
 def spent_s(optuna_study: optuna.Study) -> float:
@@ -389,6 +395,20 @@ def _defaults_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
         if t.state == TrialState.COMPLETE and counts(t) and (r := TrialRecord.of(t)).baseline and r.node_s
     ]
     return _dearest_s(launches, firsts, _reload_s(trials))
+
+
+def step_floor(study: Study, optuna_study: optuna.Study) -> float | None:
+    """The slowest request rate at which one load-search step (its num_prompts) takes no more than
+    STEP_SHARE of the node hours left: where the load search stops halving under a budget (LoadSearchPlan's
+    `budget_floor`). None without a budget, or for a search of requests in flight (a step's time is not
+    its prompts over its rate)."""
+    search, workload = study.objective.load_search, study.objective.workload
+    if search is None or search.vary != "request_rate" or workload is None:
+        return None
+    left = node_hours(study, optuna_study).left_s
+    if left is None:
+        return None
+    return workload.num_prompts / (STEP_SHARE * max(left, 1.0))
 
 
 def record_budget(study: Study, optuna_study: optuna.Study) -> None:
