@@ -22,7 +22,10 @@ from typing import Literal
 
 from autotune.measure.client import BenchmarkError, BenchmarkResult, MissLimit, Workload
 
-__all__ = ["LoadSearchPlan", "decided_steps", "search_load"]
+__all__ = ["BUDGET_FLOOR_SAID", "LoadSearchPlan", "decided_steps", "search_load"]
+
+# How `load_stopped_by` ends where the node-hour budget's floor (`budget_floor`) stopped the halving.
+BUDGET_FLOOR_SAID = "a slower step costs more than the node-hour budget gives one step"
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ async def search_load(
             else:
                 stopped_by = f"the SLO missed down to the lowest load tried ({plan.floor:g}): {stopped_by}"
                 if plan.budget_floor is not None and plan.floor == plan.budget_floor:
-                    stopped_by += "; a slower step costs more than the node-hour budget gives one step"
+                    stopped_by += f"; {BUDGET_FLOOR_SAID}"
             break
     else:
         passed = "none" if highest_pass is None else f"{highest_pass:g}"

@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from autotune.measure.load_search import LoadSearchPlan
+from autotune.measure.load_search import BUDGET_FLOOR_SAID, LoadSearchPlan
 from autotune.study.rules import measurement_groups
+from autotune.study.trust.answer import study_answer
 from autotune.study.trust.confirm import floor_gain
 from autotune.study.trust.noise import noise_estimate
 from tests.builders import stored_trial, study_of_trials
@@ -56,3 +57,17 @@ def test_rounds_of_one_value_have_an_interval_as_wide_as_their_resolution() -> N
     assert resolved.pct == pytest.approx(exact.pct)
     assert resolved.low_pct is not None and resolved.high_pct is not None
     assert resolved.low_pct < 90 < 110 < resolved.high_pct
+
+
+def test_an_answer_of_no_rate_under_a_budget_says_the_budget_kept_the_search_from_slower_rates() -> None:
+    floored = "the SLO missed down to the lowest load tried (0.0766): the SLO missed at 0.125 (50% good); "
+    said = f"{floored}{BUDGET_FLOOR_SAID}"
+    answer = study_answer(study_of_trials(stored_trial({}, 0.0, baseline=True, load_stopped_by=said)))
+    assert answer is not None and answer.value == 0.0
+    assert answer.text.endswith(
+        "under this node-hour budget no load search went slower than the rate at which a step takes 10% of "
+        "the hours left (`autotune status` says where each stopped): more hours reach slower rates"
+    )
+    own_floor = "the SLO missed down to the lowest load tried (0.0625): the SLO missed at 0.0625 (50% good)"
+    plain = study_answer(study_of_trials(stored_trial({}, 0.0, baseline=True, load_stopped_by=own_floor)))
+    assert plain is not None and "node-hour budget" not in plain.text

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.measure.load_search import BUDGET_FLOOR_SAID
 from autotune.measure.stats import Gain
 from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.remeasure import RemeasuredAnswer, remeasured_answer
@@ -34,7 +35,7 @@ from autotune.study.trust.confirm import (
     met_at_no_rate,
     stopped_below,
 )
-from autotune.study.trust.node_budget import ran_out_text
+from autotune.study.trust.node_budget import STEP_SHARE, ran_out_text
 from autotune.study.trust.noise import NoiseEstimate, noise_estimate
 from autotune.study.trust.screening import screened_lines
 from autotune.study.trust.stopping import stopped_early
@@ -149,7 +150,7 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     """The study's answer: confirmed in rounds (or not beaten), else the re-measured best mean, else the
     best single measurement. None for a multi-objective study (its answer is the Pareto front) or before
     any feasible trial completed. Rounds the node-hour budget cut short make it unconfirmed, saying so."""
-    answer = _answer(optuna_study)
+    answer = _budget_floor(optuna_study, _answer(optuna_study))
     said = ran_out_text(optuna_study)
     # The hours ran out only before rounds that had not decided (trust.confirm): a "no gain" from them is
     # an interval still across zero and wider than the target, which claims nothing.
@@ -162,6 +163,25 @@ def study_answer(optuna_study: optuna.Study) -> StudyAnswer | None:
         return ahead
     text = f"{said}; the best so far: {best}"
     return replace(answer, verdict="unconfirmed", reason="budget ran out", text=text)
+
+
+def _budget_floor(optuna_study: optuna.Study, answer: StudyAnswer | None) -> StudyAnswer | None:
+    """An answer of max_load 0 where the node-hour budget kept load searches from the slower rates
+    (load_search.BUDGET_FLOOR_SAID) says so: more hours would measure them."""
+    if answer is None or answer.value != 0:
+        return answer
+    floored = any(
+        (TrialRecord.of(t).load_stopped_by or "").endswith(BUDGET_FLOOR_SAID)
+        for t in optuna_study.get_trials(deepcopy=False)
+    )
+    if not floored:
+        return answer
+    note = (
+        "; under this node-hour budget no load search went slower than the rate at which a step takes "
+        f"{STEP_SHARE:.0%} of the hours left (`autotune status` says where each stopped): more hours reach "
+        "slower rates"
+    )
+    return replace(answer, text=answer.text + note)
 
 
 def _ahead_in_every_round(optuna_study: optuna.Study, answer: StudyAnswer, said: str) -> StudyAnswer | None:

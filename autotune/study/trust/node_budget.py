@@ -32,6 +32,7 @@ from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation, defaults_stop_early, stopped_below
 
 __all__ = [
+    "STEP_SHARE",
     "NodeHours",
     "check_budget",
     "node_hours",
