@@ -56,12 +56,16 @@ class LoadSearchPlan:
 
     @property
     def floor(self) -> float:
-        """The lowest load tried: `min` (default start / 8), or the budget's where it is higher."""
+        """The lowest load tried: `min` (default start / 8), or the budget's where it is higher (never above
+        `start`, which is always tried)."""
+        return max(self.own_floor, min(self.budget_floor or 0.0, self.start))
+
+    @property
+    def own_floor(self) -> float:
+        """The lowest load the objective lets the search try: `min`, by default start / 8."""
         if self.min is not None:
-            own = self.min
-        else:
-            own = max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
-        return max(own, self.budget_floor or 0.0)
+            return self.min
+        return max(1.0, self.start / 8) if self.vary == "concurrency" else self.start / 8
 
     def load_of(self, workload: Workload) -> float:
         if self.vary == "concurrency":
@@ -175,8 +179,8 @@ async def search_load(
             elif highest_pass is not None:
                 stopped_by = f"bracketed: {highest_pass:g} met the SLO, {lowest_miss:g} did not"
             else:
-                stopped_by = f"the SLO missed down to the lowest load tried ({plan.floor:g}): {stopped_by}"
-                if plan.budget_floor is not None and plan.floor == plan.budget_floor:
+                stopped_by = f"the SLO missed down to the lowest load tried ({lowest_miss:g}): {stopped_by}"
+                if plan.floor > plan.own_floor:
                     stopped_by += f"; {BUDGET_FLOOR_SAID}"
             break
     else:

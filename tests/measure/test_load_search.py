@@ -165,7 +165,7 @@ def test_under_a_node_hour_budget_halving_stops_where_a_step_would_cost_more_tha
     assert [s.workload.request_rate for s in result.levels] == [0.5, 0.25, 0.125]
     assert result.max_load == 0.0
     assert result.load_stopped_by is not None and result.load_stopped_by.startswith(
-        "the SLO missed down to the lowest load tried (0.0766)"
+        "the SLO missed down to the lowest load tried (0.125)"
     )
     assert result.load_stopped_by.endswith(
         "a slower step costs more than the node-hour budget gives one step"
@@ -174,3 +174,12 @@ def test_under_a_node_hour_budget_halving_stops_where_a_step_would_cost_more_tha
     loose = search(replace(plan, budget_floor=0.01), lambda load: 1.0 if load <= 0.07 else 0.5)
     assert [s.workload.request_rate for s in loose.levels][:4] == [0.5, 0.25, 0.125, 0.0625]
     assert "node-hour budget" not in (loose.load_stopped_by or "")
+
+
+def test_the_budget_never_floors_the_search_above_its_start() -> None:
+    # 1000 prompts a step under a small budget: the floor would lie above `start`, which is always tried.
+    plan = LoadSearchPlan("request_rate", start=0.5, max=16, min=0.0625, steps=6, budget_floor=1.39)
+    assert plan.floor == 0.5 and plan.own_floor == 0.0625
+    result = search(plan, lambda load: 0.5)
+    assert [s.workload.request_rate for s in result.levels] == [0.5]
+    assert (result.load_stopped_by or "").startswith("the SLO missed down to the lowest load tried (0.5)")

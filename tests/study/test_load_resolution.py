@@ -60,7 +60,7 @@ def test_rounds_of_one_value_have_an_interval_as_wide_as_their_resolution() -> N
 
 
 def test_an_answer_of_no_rate_under_a_budget_says_the_budget_kept_the_search_from_slower_rates() -> None:
-    floored = "the SLO missed down to the lowest load tried (0.0766): the SLO missed at 0.125 (50% good); "
+    floored = "the SLO missed down to the lowest load tried (0.125): the SLO missed at 0.125 (50% good); "
     said = f"{floored}{BUDGET_FLOOR_SAID}"
     answer = study_answer(study_of_trials(stored_trial({}, 0.0, baseline=True, load_stopped_by=said)))
     assert answer is not None and answer.value == 0.0
