@@ -77,11 +77,14 @@ def noise_measured(run: RunState) -> None:
     """The baseline launched again while the noise is not known well enough (study.trust.noise), or at once
     where it met the SLO at the load search's max (`defaults_again_at_load_max`)."""
     defaults_again_at_load_max(run)
-    hours = node_budget.node_hours(run.study, run.optuna_study)
-    # Where the hours pay for it beside the rounds, at what the defaults cost (a load search near the
-    # slowest rates: 4066 s on 4x L40S, queued on a price of 571 s, took a 2.9 node h study to 3.26).
-    if hours.search_may_launch(len(run.running), defaults=True):
-        repeat_baseline(run.study, run.optuna_study)
+
+    def affordable() -> bool:
+        # Where the hours pay for it beside the rounds, at what the defaults cost (a load search near the
+        # slowest rates: 4066 s on 4x L40S, queued on a price of 571 s, took a 2.9 node h study to 3.26).
+        hours = node_budget.node_hours(run.study, run.optuna_study)
+        return hours.search_may_launch(len(run.running), defaults=True)
+
+    repeat_baseline(run.study, run.optuna_study, affordable)
 
 
 def defaults_again_at_load_max(run: RunState) -> None:

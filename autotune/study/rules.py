@@ -273,12 +273,15 @@ def resolution(trial: FrozenTrial) -> float:
     return bracket / math.sqrt(12) / abs(float(value))
 
 
-def groups_by_trial(optuna_study: optuna.Study) -> dict[int, ConfigMeasurements]:
+def groups_by_trial(
+    optuna_study: optuna.Study, groups: Sequence[ConfigMeasurements] | None = None
+) -> dict[int, ConfigMeasurements]:
     """Each config's measurements under its first trial's number, and also under the number of a launch of
     it that measured nothing (interrupted, node lost), as `of`: a store written before issue 41 named a
-    config by such a trial, and its confirmation rounds go on under that name."""
+    config by such a trial, and its confirmation rounds go on under that name. `groups`: the study's
+    `measurement_groups`, where the caller has them."""
     trials = {t.number: t for t in optuna_study.get_trials(deepcopy=False)}
-    groups = measurement_groups(optuna_study)
+    groups = measurement_groups(optuna_study) if groups is None else groups
     by_number = {g.of: g for g in groups}
     by_config = {_config_of(trials[g.of]): g for g in groups}
     for trial in trials.values():

@@ -257,6 +257,11 @@ def _answer(optuna_study: optuna.Study) -> StudyAnswer | None:
     return _single(optuna_study, state, context)
 
 
+def _load_metric(optuna_study: optuna.Study) -> str:
+    """The name of a load-search study's metric, as the answers about its load search say it."""
+    return optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+
+
 def _noise_text(noise: NoiseEstimate | None) -> str:
     return noise.describe() if noise is not None else "no config measured twice yet: noise unknown"
 
@@ -278,7 +283,7 @@ def _confirmed(optuna_study: optuna.Study, state: Confirmation, context: dict[st
     # The defaults' launches that stopped at their cutoff gave the load they missed at, above their own.
     below = len(state.defaults_below)
     if below:
-        metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+        metric = _load_metric(optuna_study)
         searched += (
             f"; in {below} of them SGLang's defaults missed your SLO at or below {DEFAULTS_CUTOFF_SHARE:.0%} "
             f"of the lowest {metric} the configs measured and stopped there, and every round counts them at "
@@ -327,7 +332,7 @@ def _confirmed_at_no_rate(
     assert leader is not None  # the caller checked
     values = [v for round_values in state.rounds.values() if (v := round_values.get(leader)) is not None]
     value = sum(values) / len(values)
-    metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+    metric = _load_metric(optuna_study)
     launches = len(state.defaults_at_zero)
     text = (
         f"confirmed: SGLang's defaults meet your SLO at no rate tried ({metric} 0 in each of their "
@@ -364,7 +369,7 @@ def _defaults_at_max(optuna_study: optuna.Study, state: Confirmation, context: d
         for t in optuna_study.get_trials(deepcopy=False)
         if t.number in launches and (v := t.value) is not None
     )
-    metric = optuna_study.metric_names[0] if optuna_study.metric_names else "max_load"
+    metric = _load_metric(optuna_study)
     text = (
         f"no config can beat SGLang's defaults: they met your SLO at the highest load the search tries "
         f"({metric} {value:g}, load_search.max, in each of their {len(launches)} launches), and no config "

@@ -257,20 +257,21 @@ def _pooled(
     maximize: bool,
     confidence: float,
     noise: NoiseEstimate | None,
-    floor: bool = False,
-    floor_sd: float = 0.0,
+    floor: Mapping[int, Sequence[float]] | None = None,
 ) -> tuple[Gain | None, int, int | None]:
     """The config's gain over the defaults in the rounds, their count and the pooled degrees of freedom
     (`pooled_gain`); no gain before two rounds, or one with the study's `noise` to pool with. `floor`: the
-    defaults measured 0 in the search (`floor_gain`, not pooled: the study's noise is relative)."""
-    paired = _paired_rounds(rounds, base, config, floor)
+    defaults measured 0 in the search (`floor_gain`, not pooled: the study's noise is relative), with each
+    config's load-search resolutions (`_resolution_sd`)."""
+    paired = _paired_rounds(rounds, base, config, floor is not None)
     if not paired:
         return None, 0, None
     references = [float(rounds[i][base] or 0.0) for i in paired]
     candidates = [float(rounds[i][config] or 0.0) for i in paired]
-    if floor and maximize:  # at least two rounds, and the defaults above 0 in one of them
+    if floor is not None and maximize:  # at least two rounds, and the defaults above 0 in one of them
+        spread = _resolution_sd(rounds, base, config, floor)
         return (
-            floor_gain(references, candidates, confidence, floor_sd)
+            floor_gain(references, candidates, confidence, spread)
             if len(paired) >= 2 and any(references)
             else None,
             len(paired),
@@ -290,9 +291,8 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     base, configs = int(settings["baseline"]), tuple(int(c) for c in settings["configs"])
     rounds: dict[int, dict[int, float | None]] = {}
     launched: dict[int, dict[int, int]] = {}
-    below: list[
-        int
-    ] = []  # the defaults' launches that stopped at their cutoff, the highest load they missed at
+    # The defaults' launches that stopped at their cutoff, and the highest load they missed at.
+    below: list[int] = []
     bound = 0.0
     since = int(settings.get("since", -1))
     for trial in optuna_study.get_trials(deepcopy=False):
@@ -338,22 +338,18 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         left_out = {launched[i][of] for i in paired for of in (base, config)}
         return noise_apart_from(groups, left_out, maximize, keep=base)  # the defaults: one side of each pair
 
-    resolutions = {of: g.resolutions for of, g in groups_by_trial(optuna_study).items()}
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     pooled_dof = None
-    floor = bool(zero)  # the defaults at 0 in the search, above it in a round: `floor_gain`
+    # The defaults at 0 in the search, above it in a round: `floor_gain`, on the rounds' resolution.
+    floor = {of: g.resolutions for of, g in groups_by_trial(optuna_study).items()} if zero else None
     for config in configs:
-        spread = _resolution_sd(rounds, base, config, resolutions) if floor else 0.0
-        gain, pairs, dof = _pooled(
-            rounds, base, config, maximize, confidence, noise_of(config), floor, spread
-        )
+        gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config), floor)
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):
             best, pooled_dof = (config, gain, pairs), dof
     precision = None
     if best[0] is not None:
         at = precision_confidence(settings, len(configs))
-        spread = _resolution_sd(rounds, base, best[0], resolutions) if floor else 0.0
-        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]), floor, spread)
+        precision, _, _ = _pooled(rounds, base, best[0], maximize, at, noise_of(best[0]), floor)
     return Confirmation(
         base,
         configs,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,13 @@ from autotune.config import Study
 from autotune.errors import ConfigError
 from autotune.node.startup_phases import DUMP_PHASE
 from autotune.study.records import StudyRecord, TrialRecord, record_node_budget
-from autotune.study.rules import best_measured, groups_by_trial, maximizes, measurement_groups
+from autotune.study.rules import (
+    ConfigMeasurements,
+    best_measured,
+    groups_by_trial,
+    maximizes,
+    measurement_groups,
+)
 from autotune.study.storage import counts
 from autotune.study.trust.confirm import confirmation, defaults_stop_early, stopped_below
 
@@ -122,11 +128,13 @@ def _like_the_next(study: Study, optuna_study: optuna.Study, trials: list[Frozen
     return [t for t in trials if t.number not in slower]
 
 
+def _measured_launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The launches that ran to their measurement and spent node time."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s]
+
+
 def _dearest_launch_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
-    complete = [
-        t for t in trials if t.state == TrialState.COMPLETE and counts(t) and TrialRecord.of(t).node_s
-    ]
-    dearest = _dearest_s(complete, firsts, _reload_s(trials))
+    dearest = _dearest_s(_measured_launches(trials), firsts, _reload_s(trials))
     return dearest if dearest is not None else _launch_s(trials)
 
 
@@ -182,28 +190,30 @@ def configs_round_s(study: Study, optuna_study: optuna.Study, configs: Iterable[
     pricing every round at it refused a round the hours left paid for); the median launch for a config
     not measured; the defaults' launch that stops at its cutoff as such launches cost (`_round_prices`)."""
     trials = optuna_study.get_trials(deepcopy=False)
-    return math.fsum(_round_prices(study, optuna_study, trials, _node_firsts(trials), configs).values())
+    prices = _round_prices(study, trials, _node_firsts(trials), configs, groups_by_trial(optuna_study))
+    return math.fsum(prices.values())
 
 
 def _round_prices(
     study: Study,
-    optuna_study: optuna.Study,
     trials: list[FrozenTrial],
     firsts: set[int],
     configs: Iterable[int],
+    groups: Mapping[int, ConfigMeasurements],
 ) -> dict[int, float]:
-    """Each of `configs`' launch in a round. The defaults' where it will stop its load search at its cutoff
-    (confirm.defaults_stop_early): their dearest launch that stopped there, else the dearest of the others'
-    (a start-up and a few steps at rates near theirs), not their own search down to the slowest rates."""
-    configs = list(configs)
+    """Each of `configs`' launch in a round (`groups`: the study's by first trial). The defaults' where it
+    will stop its load search at its cutoff (confirm.defaults_stop_early): their dearest launch that stopped
+    there, else the dearest of the others' (a start-up and a few steps at rates near theirs), not their own
+    search down to the slowest rates."""
     launches, median, reload_s = _launches_by_config(trials), _launch_s(trials) or 0.0, _reload_s(trials)
-    prices = {
-        of: price if of in launches and (price := _dearest_s(launches[of], firsts, reload_s)) else median
-        for of in configs
-    }
-    groups = groups_by_trial(optuna_study)
-    base = next((of for of in configs if of in groups and groups[of].baseline), None)
-    others = [of for of in configs if of != base and of in groups]
+
+    def dearest(of: int) -> float:
+        price = _dearest_s(launches[of], firsts, reload_s) if of in launches else None
+        return median if price is None else price
+
+    prices = {of: dearest(of) for of in configs}
+    base = next((of for of in prices if of in groups and groups[of].baseline), None)
+    others = [of for of in prices if of != base and of in groups]
     if (
         base is not None
         and others
@@ -232,18 +242,16 @@ def _load_search_prices(
     measured."""
     if study.objective.load_search is None:
         return None
-    groups = [g for g in measurement_groups(optuna_study) if g.n and not g.failed]
+    measured = measurement_groups(optuna_study)
+    groups = [g for g in measured if g.n and not g.failed]
     base = next((g for g in groups if g.baseline), None)
     if base is None:
         return None
     sign = 1.0 if maximizes(optuna_study.direction) else -1.0
     leader = max((g for g in groups if not g.baseline), key=lambda g: sign * g.mean, default=None)
-    if leader is None:
-        return _LoadSearchPrices(
-            _round_prices(study, optuna_study, trials, firsts, (base.of,))[base.of], None
-        )
-    prices = _round_prices(study, optuna_study, trials, firsts, (base.of, leader.of))
-    return _LoadSearchPrices(prices[base.of], prices[leader.of])
+    configs = (base.of,) if leader is None else (base.of, leader.of)
+    prices = _round_prices(study, trials, firsts, configs, groups_by_trial(optuna_study, measured))
+    return _LoadSearchPrices(prices[base.of], None if leader is None else prices[leader.of])
 
 
 def round_s(study: Study, optuna_study: optuna.Study) -> float | None:
@@ -368,8 +376,7 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     left = _rounds_left(optuna_study, rounds)
     spare = SPARE_LAUNCHES * spare_s if rounds else 0.0
     reserve = left * price + (spare if left else 0.0)
-    record = StudyRecord.of(optuna_study).budget
-    budget = record["hours"] if "hours" in record and not given else study.file.budget.node_hours
+    budget = _budget_h(study, optuna_study, given)
     median = _launch_s(trials)
     # Priced at a node's first launch alone (it read the weights from disk, and no launch after it is
     # measured yet), the search's first launch keeps back one round: a launch after it prices the rest.
@@ -388,13 +395,16 @@ def node_hours(study: Study, optuna_study: optuna.Study, *, given: bool = False)
     return NodeHours(budget, spent, median, reserve, search_reserve, dearest or None, unpaid, defaults_s)
 
 
+def _budget_h(study: Study, optuna_study: optuna.Study, given: bool = False) -> float | None:
+    """The node-hour budget the study's last run was given (`record_budget`: the file's `budget.node_hours`
+    or `--hours`), else (or with `given`: a run about to start) the study file's; None: no budget."""
+    record = StudyRecord.of(optuna_study).budget
+    return record["hours"] if "hours" in record and not given else study.file.budget.node_hours
+
+
 def _defaults_s(trials: list[FrozenTrial], firsts: set[int]) -> float | None:
     """SGLang's defaults' dearest launch that ran its whole measurement, as it would cost again."""
-    launches = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE and counts(t) and (r := TrialRecord.of(t)).baseline and r.node_s
-    ]
+    launches = [t for t in _measured_launches(trials) if TrialRecord.of(t).baseline]
     return _dearest_s(launches, firsts, _reload_s(trials))
 
 
@@ -406,9 +416,10 @@ def step_floor(study: Study, optuna_study: optuna.Study) -> float | None:
     search, workload = study.objective.load_search, study.objective.workload
     if search is None or search.vary != "request_rate" or workload is None:
         return None
-    left = node_hours(study, optuna_study).left_s
-    if left is None:
+    budget = _budget_h(study, optuna_study)
+    if budget is None:
         return None
+    left = budget * 3600 - spent_s(optuna_study)  # NodeHours.left_s, without pricing what is left
     return workload.num_prompts / (STEP_SHARE * max(left, 1.0))
 
 

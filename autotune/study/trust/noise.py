@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any, cast
@@ -170,10 +170,13 @@ def _earlier(optuna_study: optuna.Study) -> NoiseEstimate | None:
     return NoiseEstimate(float(noise["relative_sd"]), int(noise["dof"]), (), earlier=str(record.get("study")))
 
 
-def repeat_baseline(study: Study, optuna_study: optuna.Study) -> int | None:
+def repeat_baseline(
+    study: Study, optuna_study: optuna.Study, affordable: Callable[[], bool] | None = None
+) -> int | None:
     """Queue the baseline again once `trust.repeat_baseline_after` trials were launched (and once more after
     each as many more, while the stopping rule wants more degrees of freedom: `stop_early.min_noise_dof`),
-    once it completed; returns the baseline's trial number when queued."""
+    once it completed, where `affordable()` says the node hours pay for it; returns the baseline's trial
+    number when queued."""
     trust = study.file.trust
     after = trust.repeat_baseline_after
     wanted = max(
@@ -189,7 +192,7 @@ def repeat_baseline(study: Study, optuna_study: optuna.Study) -> int | None:
     if repeats >= wanted or budget_used(optuna_study) < after * (repeats + 1):
         return None
     base = next((g for g in measurement_groups(optuna_study) if g.baseline and g.n), None)
-    if base is None or _at_floor(study, base):
+    if base is None or _at_floor(study, base) or (affordable is not None and not affordable()):
         return None
     enqueue_measurement(optuna_study, base)
     return base.of
