@@ -557,6 +557,14 @@ class Study:
         and whatever it writes hides this study's secrets as well as its own (`secrets`)."""
         return replace(self, derived_from=self, **changes)
 
+    @property
+    def tree_algorithms(self) -> tuple[str, ...]:
+        """The speculative algorithms with a draft tree that the search space offers, in its order."""
+        algorithm = self.search_space.parameters.get(SpeculativeRules.ALGORITHM)
+        if not isinstance(algorithm, CategoricalParameter):
+            return ()
+        return tuple(c for c in algorithm.choices if SpeculativeRules.has_tree(c))
+
     def in_flight(self, params: Mapping[str, Any] | None = None) -> InFlight | None:
         """The requests each server replica holds at once for the objective's workload: their share over
         the --dp-size a trial's `params` set, else the server section (Objective.in_flight)."""

@@ -264,6 +264,14 @@ def _measurements(trials: Iterable[FrozenTrial], confidence: float) -> list[Conf
     return out
 
 
+def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
+    """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): the load
+    search's floor, not a draw. A gain in percent of 0 has no value, so the confirmation's rounds ask whether
+    the leader meets the SLO in each round where the defaults, launched beside it, measured 0 again (a later
+    lease may serve them at a rate: then the rounds' paired differences decide, `confirm.floor_gain`)."""
+    return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
+
+
 def resolution(trial: FrozenTrial) -> float:
     """The relative SD a measurement cannot resolve below: a load search's value lies in the bracket it ended
     in (`load_bracket`), anywhere alike for all it knows (a uniform's SD, width / sqrt(12)); 0 for another."""

@@ -111,6 +111,8 @@ class RunState:
         told the KV tokens the workload holds at once (a best whose pool held fewer raises its fraction)."""
         if isinstance(self.base_sampler, samplers.IncumbentMoves):
             self.base_sampler.in_flight = self.study.in_flight
+            if isinstance(self.base_sampler.base, samplers.DefaultsStartSampler):
+                self.base_sampler.base.tree_algorithms = self.study.tree_algorithms
             if self.study.file.trust.noise_ties:
                 self.base_sampler.reference = move_from
         return self.known.sampler(self.base_sampler, self.hardware, self.ignored)

@@ -32,7 +32,14 @@ from autotune.config.search_space import SpeculativeRules, same_value
 from autotune.config.study import SamplerSpec
 from autotune.study import optuna_internals
 from autotune.study.records import StudyRecord, TrialRecord, record_proposed
-from autotune.study.rules import ConfigKey, best_trial, config_key, is_feasible
+from autotune.study.rules import (
+    ConfigKey,
+    at_no_rate,
+    best_trial,
+    config_key,
+    is_feasible,
+    measurement_groups,
+)
 from autotune.trial.failures import FailureKind
 from autotune.trial.memory_fraction import MEM_FRACTION, config_fraction, fraction_to_hold, minimum_viable
 
@@ -85,6 +92,8 @@ ALLREDUCE_PLAN: tuple[tuple[str, dict[str, Any]], ...] = (
 SPECULATIVE_BRANCH = f"exploring {SpeculativeRules.ALGORITHM}"
 ALLREDUCE_BRANCH = "exploring the all-reduce path"
 # NGRAM has no tree (SpeculativeRules): its branch tries SGLang's own draft tokens, then half and twice them.
+# Why a start speculates where SGLang's defaults met the SLO at no rate (DefaultsStartSampler).
+NO_RATE_SAID = "SGLang's defaults met your SLO at no rate"
 NGRAM_PLAN = (
     f"SGLang's ngram default of {SpeculativeRules.NGRAM_DEFAULT_DRAFT_TOKENS} draft tokens",
     "half the ngram draft tokens",
@@ -133,7 +142,12 @@ class _Wrapper(BaseSampler):
 
 
 class DefaultsStartSampler(_Wrapper):
-    """`base` after `n_startup_trials`; before, each parameter keeps its default with `keep_default`."""
+    """`base` after `n_startup_trials`; before, each parameter keeps its default with `keep_default`. Where
+    SGLang's defaults met the objective's SLO at no rate (`at_no_rate`), the start's proposal is the defaults
+    with SGLang's documented tree of the first speculative algorithm that has one (`tree_algorithms`): a
+    proposal near the defaults would walk its load search down the slow rates where they missed (555-837 s
+    of 2.9 node hours on 4x L40S, an hour without a budget), and speculation is what cuts the time per
+    output token. The speculative branch counts it as its documented tree (IncumbentMoves._branch)."""
 
     def __init__(
         self,
@@ -155,14 +169,27 @@ class DefaultsStartSampler(_Wrapper):
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._decided: dict[int, bool] = {}
         self._server_choices: dict[str, float] = {}
+        # The speculative algorithms with a tree the search space offers (set by the study loop).
+        self.tree_algorithms: tuple[str, ...] = ()
+        self._speculative: str | None = None  # the start's algorithm where the defaults met no rate
 
     def _starting(self, study: Study, trial: FrozenTrial) -> bool:
         # Asked once per parameter: decided once per trial (reading every trial from storage is slow).
         if trial.number not in self._decided:
             self._decided = {trial.number: len(_finished(study)) < self.n_startup_trials}
+            self._speculative = None
             if self._decided[trial.number]:
                 self._server_choices = StudyRecord.of(study).server_choices
+                self._speculative = self._no_rate_start(study)
         return self._decided[trial.number]
+
+    def _no_rate_start(self, study: Study) -> str | None:
+        """The algorithm the start's proposal speculates with: the first with a tree, where every launch of
+        SGLang's defaults measured 0; None otherwise."""
+        if not self.tree_algorithms or study.direction != optuna.study.StudyDirection.MAXIMIZE:
+            return None
+        defaults = next((g for g in measurement_groups(study) if g.baseline), None)
+        return self.tree_algorithms[0] if at_no_rate(defaults, maximize=True) else None
 
     def _default(self, name: str, distribution: BaseDistribution) -> Any:
         """The value that leaves the server's own behaviour, or near it; _NO_DEFAULT when unknown."""
@@ -192,12 +219,32 @@ class DefaultsStartSampler(_Wrapper):
         if not self._starting(study, trial):
             return self.base.sample_independent(study, trial, param_name, param_distribution)
         default = self._default(param_name, param_distribution)
+        if self._speculative is not None:
+            speculated = self._speculative_start(study, trial, param_name, param_distribution)
+            if speculated is not _NO_DEFAULT:
+                return speculated
+            if default is not _NO_DEFAULT:
+                return default
         # A knob with no "unset" (the memory fraction) stays near the server's choice in every start trial.
         if default is not _NO_DEFAULT and (
             self._rng.random() < self.keep_default or default_of(param_distribution) is _NO_DEFAULT
         ):
             return default
         return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def _speculative_start(
+        self, study: Study, trial: FrozenTrial, name: str, distribution: BaseDistribution
+    ) -> Any:
+        """The no-rate start's value of a speculative knob (the algorithm, its documented tree), and why the
+        trial runs where it is the algorithm; _NO_DEFAULT for the other knobs."""
+        algorithm = self._speculative
+        if name == SpeculativeRules.ALGORITHM and _contains(distribution, algorithm):
+            why = f"{SPECULATIVE_BRANCH} {algorithm}: SGLang's defaults with {BRANCH_PLAN[0]}, first"
+            record_proposed(optuna_internals.StoredTrial(study, trial), f"{why} ({NO_RATE_SAID})")
+            return algorithm
+        if name in DOCUMENTED_TREE:
+            return nearest(distribution, DOCUMENTED_TREE[name])
+        return _NO_DEFAULT
 
     def reseed_rng(self) -> None:
         super().reseed_rng()

@@ -522,6 +522,16 @@ def test_speculative_knobs_need_an_algorithm(project: Path) -> None:
     assert launch.argv[-2:] == ("--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3")
 
 
+def test_the_start_speculates_with_the_first_algorithm_with_a_tree_the_space_offers(project: Path) -> None:
+    # The sampler's start where SGLang's defaults met the SLO at no rate (samplers.DefaultsStartSampler).
+    assert load_study(_write(project, _study_data())).tree_algorithms == ("EAGLE3",)
+    space = project / "search_spaces" / "ngram.yaml"
+    ngram_only = "{kind: speculative, type: categorical, choices: [null, NGRAM]}"
+    space.write_text(f"parameters:\n  {ALG}: {ngram_only}\n")
+    ngram = _study_data(search_space="../search_spaces/ngram.yaml")
+    assert load_study(_write(project, ngram)).tree_algorithms == ()  # NGRAM drafts no tree
+
+
 # ---- server launches from a study ----
 
 

@@ -1095,3 +1095,47 @@ def test_the_default_sampler_starts_with_the_baseline_and_one_proposal() -> None
     sampler = build(SamplerSpec(name="tpe", seed=1))
     assert isinstance(sampler, IncumbentMoves) and sampler.n_startup_trials == START_TRIALS == 2
     assert not isinstance(build(SamplerSpec(name="random", seed=1)), IncumbentMoves)
+
+
+def no_rate_start(baseline_value: float, trees: tuple[str, ...] = ("EAGLE3",)) -> optuna.Study:
+    """The default sampler's study after its baseline (SGLang's defaults, at `baseline_value`) and its start's
+    proposal, on a space of the memory fraction, an NCCL knob and EAGLE-3's tree."""
+    sampler = build(SamplerSpec(name="tpe", seed=1))
+    assert isinstance(sampler, IncumbentMoves) and isinstance(sampler.base, DefaultsStartSampler)
+    sampler.base.tree_algorithms = trees  # as the study loop tells it (Study.tree_algorithms)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.set_user_attr(SERVER_CHOICES_ATTR, {MEM: 0.85})
+    study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    study.tell(study.ask(), baseline_value)
+    proposal = ask_branch(study)
+    proposal.suggest_float(MEM, 0.70, 0.95, step=0.01)
+    study.tell(proposal, 0.65)
+    return study
+
+
+def test_where_the_defaults_met_the_slo_at_no_rate_the_start_speculates_with_the_documented_tree() -> None:
+    # On 4x L40S the defaults serve no rate within the cookbook's SLO: a proposal near them walked its load
+    # search down the slow rates (555-837 s of a 2.9 node-hour budget, an hour without one) and measured 0.
+    study = no_rate_start(0.0)
+    proposal = study.trials[1]
+    assert tree(proposal) == (5, 4, 8) and proposal.params[ALGO] == "EAGLE3"
+    assert proposal.params["NCCL_ALGO"] is None and near(proposal.params[MEM])  # the rest: the defaults
+    why = proposal.system_attrs[PROPOSED_ATTR]
+    assert why.startswith("exploring --speculative-algorithm EAGLE3: SGLang's defaults with SGLang's docum")
+    assert why.endswith("(SGLang's defaults met your SLO at no rate)")
+    # The branch counts it as its documented tree: its next tree is the chain, not the same tree again.
+    trees = []
+    for _ in range(3):
+        trial = ask_branch(study)
+        trial.suggest_float(MEM, 0.70, 0.95, step=0.01)
+        trees.append(tree(study.trials[trial.number]))
+        study.tell(trial, 0.1)
+    assert (5, 4, 8) not in trees and any(topk == 1 for _, topk, _ in trees if topk is not None)
+
+
+@pytest.mark.parametrize(("baseline_value", "trees"), [(0.4, ("EAGLE3",)), (0.0, ())])
+def test_a_start_speculates_only_where_the_defaults_met_no_rate_and_the_space_has_a_tree(
+    baseline_value: float, trees: tuple[str, ...]
+) -> None:
+    proposal = no_rate_start(baseline_value, trees).trials[1]
+    assert PROPOSED_ATTR not in proposal.system_attrs  # the start's proposal near the defaults, as before

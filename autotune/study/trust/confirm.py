@@ -28,13 +28,14 @@ from autotune.study.records import STAGE_AFTER_KEY, ConfirmMark, StudyRecord, Tr
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
+    at_no_rate,
     groups_by_trial,
     is_feasible,
     maximizes,
     measurement_groups,
 )
 from autotune.study.storage import budget_used, counts
-from autotune.study.trust.noise import NoiseEstimate, at_no_rate, noise_apart_from, noise_estimate
+from autotune.study.trust.noise import NoiseEstimate, noise_apart_from, noise_estimate
 from autotune.study.trust.stopping import load_max_settled
 
 __all__ = [

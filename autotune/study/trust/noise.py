@@ -26,6 +26,7 @@ from autotune.study.records import StudyRecord, TrialRecord
 from autotune.study.remeasure import enqueue_measurement
 from autotune.study.rules import (
     ConfigMeasurements,
+    at_no_rate,
     best_trial,
     direction_sign,
     is_feasible,
@@ -196,14 +197,6 @@ def repeat_baseline(
         return None
     enqueue_measurement(optuna_study, base)
     return base.of
-
-
-def at_no_rate(defaults: ConfigMeasurements | None, maximize: bool) -> bool:
-    """Whether every launch of SGLang's defaults measured 0 (a max_load: no rate tried met the SLO): the load
-    search's floor, not a draw. A gain in percent of 0 has no value, so the confirmation's rounds ask whether
-    the leader meets the SLO in each round where the defaults, launched beside it, measured 0 again (a later
-    lease may serve them at a rate: then the rounds' paired differences decide, `confirm.floor_gain`)."""
-    return maximize and defaults is not None and defaults.n > 0 and not any(defaults.values)
 
 
 def _at_floor(study: Study, defaults: ConfigMeasurements) -> bool:
