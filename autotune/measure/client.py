@@ -122,6 +122,9 @@ class BenchmarkResult:
     # With the workload's SLO: good requests per server second, and the share of requests sent that were good.
     request_goodput: float | None = None
     slo_attainment: float | None = None
+    # With the workload's SLO: how many of the successful requests broke each limit set (by its key in the
+    # study file: ttft_ms, tpot_ms, e2el_ms; a request may break more than one).
+    slo_over: dict[str, int] | None = None
     # A load search (autotune.measure.load_search): the load at which the SLO attainment crossed its
     # threshold, why the search ended, and a warning when it ran out of steps before its tolerance.
     max_load: float | None = None
@@ -133,6 +136,9 @@ class BenchmarkResult:
     # The width of the bracket the search ended in (its lowest miss less its highest pass): its max_load
     # lies within it, and two launches ending in one bracket can measure the same value (noise.pooled).
     load_bracket: float | None = None
+    # The step a load search missed at just above its max_load: its load, how many of its requests broke each
+    # limit (`slo_over`) and how many it ran at once on average (Little's law: request rate x mean latency).
+    load_missed: dict[str, Any] | None = None
     # A workload that shares prefixes: the share of prompt tokens the server served from its prefix cache
     # (its responses' meta_info.cached_tokens; None when it reported none), the share an unbounded cache
     # could have served, and the mean TTFT of sessions' first turns and of their later turns.
@@ -292,7 +298,8 @@ def summarize(
     server_duration = duration_s / time_scale
     total_in = sum(o.prompt_tokens for o in ok)
     total_out = sum(o.output_tokens for o in ok)
-    good = sum(_good(o, workload.slo, ms) for o in ok) if workload.slo is not None else 0
+    over = [_over(o, workload.slo, ms) for o in ok] if workload.slo is not None else []
+    good = sum(not broke for broke in over)
     reported = [o for o in ok if o.cached_tokens is not None]
     reported_prompt = sum(o.prompt_tokens for o in reported)
     turns = workload.sessions is not None or (workload.trace is not None and any(o.turn for o in outcomes))
@@ -326,6 +333,11 @@ def summarize(
         first_error=next((o.error for o in outcomes if o.error), None),
         request_goodput=rate(good) if workload.slo is not None else None,
         slo_attainment=good / len(outcomes) if workload.slo is not None and outcomes else None,
+        slo_over=(
+            {name: sum(name in broke for broke in over) for name in workload.slo.limits}
+            if workload.slo is not None
+            else None
+        ),
         cache_hit_rate=(
             sum(o.cached_tokens or 0 for o in reported) / reported_prompt
             if workload.sharing is not None and reported_prompt
@@ -345,12 +357,17 @@ def designed_hit_rate(requests: Sequence[Request]) -> float | None:
 
 
 def _good(outcome: RequestOutcome, slo: Slo, ms: float) -> bool:
-    """Whether a successful request met the SLO, as SGLang 0.5.23's calculate_goodput decides (a single-token
+    """Whether a successful request met the SLO."""
+    return not _over(outcome, slo, ms)
+
+
+def _over(outcome: RequestOutcome, slo: Slo, ms: float) -> tuple[str, ...]:
+    """The limits a successful request broke, as SGLang 0.5.23's calculate_goodput decides (a single-token
     answer has no inter-token gap: its TPOT counts as 0)."""
     ttft = (outcome.ttft_s or 0.0) * ms
     latency = outcome.latency_s * ms
     tpot = (latency - ttft) / (outcome.output_tokens - 1) if outcome.output_tokens > 1 else 0.0
-    return slo.met(ttft, tpot, latency)
+    return slo.over(ttft, tpot, latency)
 
 
 def _error_text(e: BaseException) -> str:

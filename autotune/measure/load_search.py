@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from autotune.measure.client import BenchmarkError, BenchmarkResult, MissLimit, Workload
 
@@ -206,7 +206,17 @@ async def search_load(
         load_bracket=(
             lowest_miss - highest_pass if highest_pass is not None and lowest_miss is not None else None
         ),
+        load_missed=_missed(plan, missed_step) if best is not None else None,
     )
+
+
+def _missed(plan: LoadSearchPlan, step: BenchmarkResult | None) -> dict[str, Any] | None:
+    """What the step missed at just above the max_load showed (`load_missed`); None where none says."""
+    if step is None or step.slo_over is None:
+        return None
+    in_flight = step.request_throughput * step.mean_e2e_latency_ms / 1000  # Little's law
+    load = plan.load_of(step.workload)
+    return {"load": load, "over": dict(step.slo_over), "in_flight": round(in_flight, 2)}
 
 
 def decided_steps(searched: BenchmarkResult) -> str | None:

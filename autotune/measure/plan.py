@@ -47,6 +47,8 @@ _NOT_AVERAGED = (
     "load_warning",
     "load_below",
     "load_bracket",
+    "load_missed",
+    "slo_over",
     "decided_after",
 )
 

@@ -64,11 +64,19 @@ class Slo:
             raise rule_error("an SLO needs a limit", value={}, fix="Set ttft_ms, tpot_ms or e2el_ms.")
         return self
 
+    @property
+    def limits(self) -> dict[str, float]:
+        """The limits set, by their keys in the study file."""
+        named = {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2el_ms": self.e2el_ms}
+        return {name: limit for name, limit in named.items() if limit is not None}
+
+    def over(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> tuple[str, ...]:
+        """The limits a request broke, by their keys in the study file."""
+        observed = {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms}
+        return tuple(name for name, limit in self.limits.items() if observed[name] > limit)
+
     def met(self, ttft_ms: float, tpot_ms: float, e2el_ms: float) -> bool:
-        return all(
-            limit is None or observed <= limit
-            for limit, observed in ((self.ttft_ms, ttft_ms), (self.tpot_ms, tpot_ms), (self.e2el_ms, e2el_ms))
-        )
+        return not self.over(ttft_ms, tpot_ms, e2el_ms)
 
 
 @pydantic_dataclasses.dataclass(frozen=True, config=_STRICT)

@@ -98,6 +98,7 @@ def _measured(study: Study, trial: optuna.Trial, measured: BenchmarkResult) -> O
         load_decided=decided_steps(measured),
         load_below=measured.load_below,
         load_bracket=measured.load_bracket,
+        load_missed=measured.load_missed,
         prefix_cache={
             "hit_rate": measured.cache_hit_rate,
             "designed": measured.designed_hit_rate,

@@ -34,6 +34,7 @@ LOAD_STOPPED_BY_ATTR = "load_stopped_by"
 LOAD_WARNING_ATTR = "load_warning"  # a load search that ran out of steps before its tolerance
 LOAD_DECIDED_ATTR = "load_decided"  # a load search's steps that stopped sending once decided
 LOAD_BELOW_ATTR = "load_below"  # a load search stopped below its cutoff: the load its max_load lies below
+LOAD_MISSED_ATTR = "load_missed"  # the load step missed just above the max_load: its limits broken, in flight
 LOAD_BRACKET_ATTR = "load_bracket"  # the width of the bracket a load search ended in (its resolution)
 SERVER_PGID_ATTR = "server_pgid"
 SERVER_MEMORY_ATTR = "server_memory"
@@ -314,6 +315,13 @@ class TrialRecord:
         return _float(self.user.get(LOAD_BRACKET_ATTR))
 
     @property
+    def load_missed(self) -> Mapping[str, Any] | None:
+        """The load step missed just above the max_load: `load`, `over` (requests over each SLO limit) and
+        `in_flight` (requests running at once on average); None where the search recorded none."""
+        value = self.user.get(LOAD_MISSED_ATTR)
+        return value if isinstance(value, Mapping) else None
+
+    @property
     def load_below(self) -> float | None:
         """The load a load search stopped below its cutoff missed at: the launch's max_load lies below it."""
         return _float(self.user.get(LOAD_BELOW_ATTR))
@@ -522,6 +530,7 @@ def record_measurement(
     load_decided: str | None = None,
     load_below: float | None = None,
     load_bracket: float | None = None,
+    load_missed: Mapping[str, Any] | None = None,
 ) -> None:
     """What a measurement showed beside its value: broken limits, acceptance, the load search, the cache."""
     _set(trial, OVER_LIMITS_ATTR, {k: dict(v) for k, v in over_limits.items()})
@@ -531,6 +540,7 @@ def record_measurement(
     _set(trial, LOAD_DECIDED_ATTR, load_decided)
     _set(trial, LOAD_BELOW_ATTR, load_below)
     _set(trial, LOAD_BRACKET_ATTR, load_bracket)
+    _set(trial, LOAD_MISSED_ATTR, dict(load_missed) if load_missed is not None else None)
     _set(trial, PREFIX_CACHE_ATTR, dict(prefix_cache) if prefix_cache is not None else None)
 
 

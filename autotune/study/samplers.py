@@ -63,6 +63,8 @@ LINE_SEARCH = "a line search"  # how `autotune status` names its trials (PROPOSE
 # to 0.93 was slower than 0.83 every time; benchmarks/RESULTS.md, "The KV pool's shortfall").
 POOL_STEPS = 3
 MAX_RUNNING = "--max-running-requests"  # SGLang's cap on the requests it runs at once
+RUNNING_CAP = "a cap on running requests"  # how `autotune status` names them (IncumbentMoves._running_cap)
+TPOT_LIMIT = "tpot_ms"  # the SLO's limit on the time per output token (workloads.Slo)
 # Where a line search finds the memory's edge, the flag whose smaller value moves it, by how the launch past
 # it failed (beside FailureKind.flag_to_lower's): a prefill batch's activations grow with the chunk.
 EDGE_KNOBS = {FailureKind.OOM_UNDER_LOAD.value: "--chunked-prefill-size"}
@@ -487,6 +489,9 @@ class IncumbentMoves(_Wrapper):
         ]
         if branches:  # in turn, fewer trials so far first: each finds what the other's moves miss
             return min(branches, key=lambda branch: sum(why.startswith(branch[0]) for why in proposed))[1]
+        capped = self._running_cap(best, tried)
+        if capped is not None:
+            return capped
         climb = self._climb(study, best, finished, tried) if self.climb else None
         if climb is not None or self._rng.random() >= self.share:
             return climb
@@ -524,6 +529,38 @@ class IncumbentMoves(_Wrapper):
         defaults.params = params
         defaults.distributions = {n: template.distributions[n] for n in params}
         return defaults
+
+    def _running_cap(self, best: FrozenTrial, tried: set[ConfigKey]) -> _Planned | None:
+        """The best trial with SGLang's cap on running requests (MAX_RUNNING) at the smallest value the space
+        offers at or above the requests it ran at once on average at the load it missed the SLO at, where
+        more of that step's requests broke the time per output token (`tpot_ms`) than any other limit: the
+        bursts above the cap then wait in the queue instead of slowing every decode past the limit. On 4x
+        L40S the best known config is EAGLE-3's with a cap of 8 (0.875 req/s; 0.818 unset, at 16, 32 and
+        64), which the sweep's one random move of the knob seldom found. None where nothing says, the cap is
+        held or already there, or that config ran."""
+        missed = TrialRecord.of(best).load_missed
+        distribution = best.distributions.get(MAX_RUNNING)
+        held = MAX_RUNNING in self.held
+        if missed is None or held or not isinstance(distribution, CategoricalDistribution):
+            return None  # nothing says, or the study holds the cap
+        over = {name: int(count) for name, count in dict(missed.get("over") or {}).items()}
+        tpot = over.get(TPOT_LIMIT, 0)
+        if not tpot or tpot < max(over.values()):
+            return None
+        in_flight = float(missed.get("in_flight") or 0.0)
+        cap = min((c for c in _numbers(distribution) if c >= in_flight), default=None)
+        current = best.params.get(MAX_RUNNING)
+        if cap is None or (isinstance(current, int | float) and current <= cap):
+            return None
+        plan = _as_asked({**best.params, MAX_RUNNING: cap}, self.held)
+        if config_key(plan) in tried:
+            return None
+        load = float(missed.get("load") or 0.0)
+        why = (
+            f"{RUNNING_CAP} from trial {best.number}, the best so far: {MAX_RUNNING} {cap} ({tpot} requests "
+            f"broke {TPOT_LIMIT} at {load:g}, {in_flight:g} running at once on average)"
+        )
+        return plan, why
 
     def _repair(
         self, finished: list[FrozenTrial], tried: set[ConfigKey]

@@ -852,12 +852,14 @@ def measurement_metrics(measured: BenchmarkResult) -> dict[str, float]:
         if measured.max_load is None:
             metrics.update(figures(level, f"c{level.workload.concurrency}."))
             continue
-        # A load search's steps, in the order measured: each with the load it sent, and how many prompts
-        # (fewer than num_prompts when its outcome was decided early).
+        # A load search's steps, in the order measured: each with the load it sent, how many prompts (fewer
+        # than num_prompts when its outcome was decided early) and how many broke each SLO limit.
         metrics.update(figures(level, f"step{index}."))
         metrics[f"step{index}.request_rate"] = level.workload.request_rate or 0.0
         metrics[f"step{index}.concurrency"] = float(level.workload.concurrency)
         metrics[f"step{index}.prompts_sent"] = float(level.decided_after or level.workload.num_prompts)
+        for limit, count in (level.slo_over or {}).items():  # which limits its misses broke
+            metrics[f"step{index}.over.{limit}"] = float(count)
     if measured.short is not None:
         metrics.update(figures(measured.short, "short."))
     return metrics

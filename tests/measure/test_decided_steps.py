@@ -159,6 +159,9 @@ def test_a_launched_servers_steps_stop_sending_once_decided_and_let_those_in_fli
     assert result.benchmark.max_load == 0.0
     sent = measurement_metrics(result.benchmark)  # MLflow's step figures
     assert [sent[f"step{i}.prompts_sent"] for i in range(3)] == [s.decided_after for s in steps]
+    # Each broke the TTFT limit nobody meets: the step's count of it, in MLflow too.
+    assert [s.slo_over for s in steps] == [{"ttft_ms": s.completed} for s in steps]
+    assert [sent[f"step{i}.over.ttft_ms"] for i in range(3)] == [s.completed for s in steps]
 
 
 def test_a_client_run_on_the_node_gets_the_limit_on_its_command_line() -> None:

@@ -183,3 +183,23 @@ def test_the_budget_never_floors_the_search_above_its_start() -> None:
     result = search(plan, lambda load: 0.5)
     assert [s.workload.request_rate for s in result.levels] == [0.5]
     assert (result.load_stopped_by or "").startswith("the SLO missed down to the lowest load tried (0.5)")
+
+
+def test_a_search_records_which_limits_the_step_above_its_max_load_broke_and_how_many_ran_at_once() -> None:
+    # The default sampler caps the running requests of a best whose misses broke the TPOT limit
+    # (samplers.IncumbentMoves._running_cap): it reads them here.
+    plan = LoadSearchPlan("request_rate", start=1.0, max=8, steps=4)
+
+    def measure(workload: Workload, _index: int) -> BenchmarkResult:
+        load = plan.load_of(workload)
+        over = {"ttft_ms": 1, "tpot_ms": 0 if load <= 1 else 9}
+        result = step(workload, 1.0 if load <= 1 else 0.5)
+        # Every request 3 s long: load x 3 of them at once on average (Little's law).
+        return replace(result, request_throughput=load, mean_e2e_latency_ms=3000.0, slo_over=over)
+
+    searched = run_plan_sync(replace(MeasurementPlan.single(BASE), load_search=plan), measure)
+    lowest_miss = min(s.workload.request_rate or 0 for s in searched.levels if (s.slo_attainment or 0) < 0.9)
+    assert searched.max_load is not None and 1 <= searched.max_load < lowest_miss < 2
+    missed = searched.load_missed
+    assert missed == {"load": lowest_miss, "over": {"ttft_ms": 1, "tpot_ms": 9}, "in_flight": lowest_miss * 3}
+    assert search(replace(plan, max=2), lambda load: 1.0).load_missed is None  # it missed nowhere

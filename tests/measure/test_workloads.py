@@ -169,6 +169,7 @@ def test_goodput_counts_requests_that_meet_every_limit_as_sglang_does() -> None:
     result = summarize(outcomes, duration_s=2.0, workload=workload)
     assert result.request_goodput == pytest.approx(2 / 2.0)
     assert result.slo_attainment == pytest.approx(2 / 5)
+    assert result.slo_over == {"ttft_ms": 1, "tpot_ms": 1}  # each limit's misses, of the requests served
     assert summarize(outcomes, 2.0, replace(workload, slo=None)).request_goodput is None
     again = BenchmarkResult.from_json(result.to_json())
     assert again == result and again.workload.slo == Slo(ttft_ms=500, tpot_ms=150)
