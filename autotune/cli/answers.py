@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.cli.common import existing_study, no_such_trial
@@ -136,6 +137,7 @@ def _trial_record(trial: Any) -> dict[str, Any]:
         "pruned_by": record.pruned_by,
         "load_warning": record.load_warning,
         "load_decided": record.load_decided,
+        "load_missed": dict(record.load_missed) if record.load_missed is not None else None,
         "prefix_cache": record.prefix_cache,
         "short_value": record.short_value,
         "remeasure_of": record.remeasure_of,
@@ -255,6 +257,16 @@ def _trust_record(answer: StudyAnswer | None) -> dict[str, Any]:
     }
 
 
+def _missed_text(missed: Mapping[str, Any] | None) -> str | None:
+    """Which SLO limits the requests broke at the load a load search missed at just above its max_load."""
+    over = (missed or {}).get("over")
+    if not missed or not over:
+        return None
+    counts = ", ".join(f"{count} over {limit}" for limit, count in over.items())
+    running = f"; {missed['in_flight']:g} running at once on average" if missed.get("in_flight") else ""
+    return f"the SLO missed at {missed['load']:g}: {counts}{running}"
+
+
 def _status_notes(t: dict[str, Any]) -> list[str]:
     """What a trial's row alone does not say: a broken limit and by how much, a pruning, a re-measurement,
     how the node started its server."""
@@ -265,6 +277,8 @@ def _status_notes(t: dict[str, Any]) -> list[str]:
         notes.append(f"warning: {t['load_warning']}")
     if t.get("load_decided"):
         notes.append(t["load_decided"])
+    if missed := _missed_text(t.get("load_missed")):
+        notes.append(missed)
     if cache := prefix_cache_text(t.get("prefix_cache")):
         notes.append(cache)
     if t["confirm"] is not None:

@@ -1173,6 +1173,11 @@ def test_a_best_whose_slo_misses_broke_the_tpot_limit_runs_again_with_its_runnin
         "(10 requests broke tpot_ms at 0.875, 6.6 running at once on average)"
     )
     assert ask_cap(cap_study({"tpot_ms": 10}, in_flight=9.5)).params[MAX_RUNNING] == 16
+    # `autotune status` says what the best's misses broke, and the capped trial why it ran.
+    assert "the SLO missed at 0.875: 1 over ttft_ms, 10 over tpot_ms; 6.6 running at once on average" in (
+        _status_notes(_trial_record(study.trials[0]))
+    )
+    assert why in _status_notes(_trial_record(study.trials[capped.number]))
 
 
 @pytest.mark.parametrize(
