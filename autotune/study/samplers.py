@@ -93,9 +93,9 @@ ALLREDUCE_PLAN: tuple[tuple[str, dict[str, Any]], ...] = (
 # How `autotune status` names the branches' trials (PROPOSED_ATTR).
 SPECULATIVE_BRANCH = f"exploring {SpeculativeRules.ALGORITHM}"
 ALLREDUCE_BRANCH = "exploring the all-reduce path"
-# NGRAM has no tree (SpeculativeRules): its branch tries SGLang's own draft tokens, then half and twice them.
 # Why a start speculates where SGLang's defaults met the SLO at no rate (DefaultsStartSampler).
 NO_RATE_SAID = "SGLang's defaults met your SLO at no rate"
+# NGRAM has no tree (SpeculativeRules): its branch tries SGLang's own draft tokens, then half and twice them.
 NGRAM_PLAN = (
     f"SGLang's ngram default of {SpeculativeRules.NGRAM_DEFAULT_DRAFT_TOKENS} draft tokens",
     "half the ngram draft tokens",
