@@ -531,26 +531,30 @@ class IncumbentMoves(_Wrapper):
         return defaults
 
     def _running_cap(self, best: FrozenTrial, tried: set[ConfigKey]) -> _Planned | None:
-        """The best trial with SGLang's cap on running requests (MAX_RUNNING) at the smallest value the space
-        offers at or above the requests it ran at once on average at the load it missed the SLO at, where
-        more of that step's requests broke the time per output token (`tpot_ms`) than any other limit: the
-        bursts above the cap then wait in the queue instead of slowing every decode past the limit. On 4x
-        L40S the best known config is EAGLE-3's with a cap of 8 (0.875 req/s; 0.818 unset, at 16, 32 and
-        64), which the sweep's one random move of the knob seldom found. None where nothing says, the cap is
-        held or already there, or that config ran."""
+        """The best trial with SGLang's cap on running requests (MAX_RUNNING) lowered, where more of the
+        requests at the load it missed the SLO at broke the time per output token (`tpot_ms`) than any other
+        limit: to the smallest value the space offers at or above the requests it ran at once on average
+        there, or, where its cap is at or below that already, to the next value down. The bursts above the
+        cap then wait in the queue instead of slowing every decode past the limit; a best still missing on
+        TPOT steps down again, one launch a step, until its misses break another limit or a lower cap loses.
+        On 4x L40S the best known config is EAGLE-3's with a cap of 8 (0.875 req/s; 0.818 unset, at 16, 32
+        and 64), which the sweep's one random move of the knob seldom found; on real SGLang a 1.1B model's
+        defaults missed 4 ms a token with 30 running at once (benchmarks/RESULTS-sglang-h200.md). None where
+        nothing says, the cap is held or at the space's smallest, or that config ran."""
         missed = TrialRecord.of(best).load_missed
         distribution = best.distributions.get(MAX_RUNNING)
         held = MAX_RUNNING in self.held
         if missed is None or held or not isinstance(distribution, CategoricalDistribution):
             return None  # nothing says, or the study holds the cap
         over = {name: int(count) for name, count in dict(missed.get("over") or {}).items()}
-        tpot = over.get(TPOT_LIMIT, 0)
-        if not tpot or tpot < max(over.values()):
-            return None
+        tpot = over.pop(TPOT_LIMIT, 0)
+        if tpot <= max(over.values(), default=0):
+            return None  # its misses broke another limit as often: fewer at once would queue more
         in_flight = float(missed.get("in_flight") or 0.0)
-        cap = min((c for c in _numbers(distribution) if c >= in_flight), default=None)
         current = best.params.get(MAX_RUNNING)
-        if cap is None or (isinstance(current, int | float) and current <= cap):
+        lower = [c for c in _numbers(distribution) if not isinstance(current, int | float) or c < current]
+        cap = min((c for c in lower if c >= in_flight), default=max(lower, default=None))
+        if cap is None:
             return None
         plan = _as_asked({**best.params, MAX_RUNNING: cap}, self.held)
         if config_key(plan) in tried:
