@@ -307,7 +307,7 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         launched.setdefault(mark["round"], {})[of] = trial.number
         if of == base and stopped_below(trial):
             below.append(trial.number)
-            bound = max(bound, TrialRecord.of(trial).load_below or 0.0)
+            bound = max(bound, record.load_below or 0.0)
     searched = settings.get(SEARCH_ROUNDS_KEY) or []
     if searched:
         values = {t.number: t.value for t in optuna_study.get_trials(deepcopy=False)}
@@ -329,7 +329,9 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
         return Confirmation(base, configs, rounds, queued, leader, None, met, defaults_at_zero=at_zero)
     confidence = look_confidence(settings, len(configs))
     # Stores from before `pool_noise` keep the rule their rounds began under.
-    groups = measurement_groups(optuna_study) if settings.get("pool_noise", False) else None
+    pool = bool(settings.get("pool_noise", False))
+    measured = measurement_groups(optuna_study) if pool or zero else None
+    groups = measured if pool else None
 
     def noise_of(config: int) -> NoiseEstimate | None:
         """The study's noise apart from the launches of the config's pairs with the defaults."""
@@ -342,7 +344,7 @@ def confirmation(optuna_study: optuna.Study) -> Confirmation | None:
     best: tuple[int | None, Gain | None, int] = (None, None, 0)
     pooled_dof = None
     # The defaults at 0 in the search, above it in a round: `floor_gain`, on the rounds' resolution.
-    floor = {of: g.resolutions for of, g in groups_by_trial(optuna_study).items()} if zero else None
+    floor = {of: g.resolutions for of, g in groups_by_trial(optuna_study, measured).items()} if zero else None
     for config in configs:
         gain, pairs, dof = _pooled(rounds, base, config, maximize, confidence, noise_of(config), floor)
         if gain is not None and (best[1] is None or gain.pct > best[1].pct):

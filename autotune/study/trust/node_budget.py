@@ -308,8 +308,7 @@ class NodeHours:
         if self.left_s is None or self.launch_s is None:
             return True  # no budget, or nothing measured yet: the baseline runs first
         reserve = 0.0 if self.reserve_unpaid and not defaults else self.search_reserve_s
-        price_s = self.defaults_s if defaults else None
-        price = price_s or self.next_price_s or 0.0
+        price = (self.defaults_s if defaults else None) or self.next_price_s or 0.0
         return running * (self.next_price_s or 0.0) + price + reserve <= self.left_s
 
     def text(self, pace: float | None = None) -> str:
